@@ -1,0 +1,1 @@
+"""bpf: BPF map specs, codecs and backends (kernel maps via libbpf, and an in-memory twin)."""

@@ -1,0 +1,103 @@
+"""The catalogue of Statewright's maps, with Cilium's default capacities (configurable)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from bpf import endpoints, ipcache, lb
+from bpf.codec import BE16, U8, U32
+from bpf.spec import MapFlag, MapSpec, MapType
+
+NO_PREALLOC = int(MapFlag.NO_PREALLOC)
+
+
+def _is_prime(n: int) -> bool:
+    if n < 2:
+        return False
+    i = 2
+    while i * i <= n:
+        if n % i == 0:
+            return False
+        i += 1
+    return True
+
+
+def maglev_inner_spec(family: int, table_size: int = lb.MAGLEV_TABLE_SIZE) -> MapSpec[int, Any]:
+    """Inner maglev map: an array of one entry holding ``table_size`` backend ids."""
+    if not _is_prime(table_size):
+        raise ValueError(f"maglev table size must be prime, got {table_size}")
+    return MapSpec(
+        f"lb{family}_maglev_inner", MapType.ARRAY, U32, lb.maglev_table_codec(table_size), 1
+    )
+
+
+def lb_specs(
+    max_entries: int = lb.LB_MAP_MAX_ENTRIES, maglev_table_size: int = lb.MAGLEV_TABLE_SIZE
+) -> list[MapSpec[Any, Any]]:
+    """Every load-balancer map, each with ``max_entries`` capacity."""
+    n = max_entries
+    return [
+        MapSpec("lb4_services", MapType.HASH, lb.SERVICE4_KEY, lb.SERVICE4_VALUE, n, NO_PREALLOC),
+        MapSpec("lb6_services", MapType.HASH, lb.SERVICE6_KEY, lb.SERVICE6_VALUE, n, NO_PREALLOC),
+        MapSpec("lb4_backends", MapType.HASH, U32, lb.BACKEND4, n, NO_PREALLOC),
+        MapSpec("lb6_backends", MapType.HASH, U32, lb.BACKEND6, n, NO_PREALLOC),
+        MapSpec("lb4_reverse_nat", MapType.HASH, BE16, lb.REVNAT4, n, NO_PREALLOC),
+        MapSpec("lb6_reverse_nat", MapType.HASH, BE16, lb.REVNAT6, n, NO_PREALLOC),
+        MapSpec("lb_affinity_match", MapType.HASH, lb.AFFINITY_MATCH_KEY, U8, n, NO_PREALLOC),
+        MapSpec("lb4_affinity", MapType.LRU_HASH, lb.AFFINITY4_KEY, lb.AFFINITY_VALUE, n),
+        MapSpec("lb6_affinity", MapType.LRU_HASH, lb.AFFINITY6_KEY, lb.AFFINITY_VALUE, n),
+        MapSpec("lb4_source_range", MapType.LPM_TRIE, lb.SOURCE_RANGE4_KEY, U8, n, NO_PREALLOC),
+        MapSpec("lb6_source_range", MapType.LPM_TRIE, lb.SOURCE_RANGE6_KEY, U8, n, NO_PREALLOC),
+        MapSpec(
+            "lb4_maglev",
+            MapType.HASH_OF_MAPS,
+            BE16,
+            U32,
+            n,
+            NO_PREALLOC,
+            inner=maglev_inner_spec(4, maglev_table_size),
+        ),
+        MapSpec(
+            "lb6_maglev",
+            MapType.HASH_OF_MAPS,
+            BE16,
+            U32,
+            n,
+            NO_PREALLOC,
+            inner=maglev_inner_spec(6, maglev_table_size),
+        ),
+    ]
+
+
+def endpoints_spec(
+    max_entries: int = endpoints.ENDPOINTS_MAP_MAX_ENTRIES,
+) -> MapSpec[endpoints.EndpointKey, endpoints.EndpointInfo]:
+    """The endpoints (lxc) map."""
+    return MapSpec(
+        "endpoints",
+        MapType.HASH,
+        endpoints.ENDPOINT_KEY,
+        endpoints.ENDPOINT_INFO,
+        max_entries,
+        NO_PREALLOC,
+    )
+
+
+def ipcache_spec(
+    max_entries: int = ipcache.IPCACHE_MAP_MAX_ENTRIES,
+) -> MapSpec[ipcache.IPCacheKey, ipcache.RemoteEndpointInfo]:
+    """The ipcache LPM map."""
+    return MapSpec(
+        "ipcache",
+        MapType.LPM_TRIE,
+        ipcache.IPCACHE_KEY,
+        ipcache.REMOTE_ENDPOINT_INFO,
+        max_entries,
+        NO_PREALLOC,
+    )
+
+
+def all_specs() -> dict[str, MapSpec[Any, Any]]:
+    """Every map by name, with default capacities."""
+    specs = [*lb_specs(), endpoints_spec(), ipcache_spec()]
+    return {s.name: s for s in specs}

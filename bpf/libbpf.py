@@ -1,0 +1,228 @@
+"""Thin ctypes binding to Debian's libbpf.so.1: the only module in Statewright that uses ctypes.
+
+Functions return a non-negative result or ``-errno`` exactly like libbpf 1.x, so callers
+decide how to report errors. Key/value arguments accept ``bytes`` (zero-copy) or a
+buffer from ``new_buffer``.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import errno
+import os
+import struct
+from functools import cache
+from typing import Any
+
+LIBBPF_SONAME = "libbpf.so.1"
+
+Buffer = ctypes.Array[ctypes.c_char]
+
+_c_int = ctypes.c_int
+_c_u32 = ctypes.c_uint32
+_c_u64 = ctypes.c_uint64
+_c_void_p = ctypes.c_void_p
+_c_char_p = ctypes.c_char_p
+
+
+class _MapCreateOpts(ctypes.Structure):
+    _fields_ = [
+        ("sz", ctypes.c_size_t),
+        ("btf_fd", _c_u32),
+        ("btf_key_type_id", _c_u32),
+        ("btf_value_type_id", _c_u32),
+        ("btf_vmlinux_value_type_id", _c_u32),
+        ("inner_map_fd", _c_u32),
+        ("map_flags", _c_u32),
+        ("map_extra", _c_u64),
+        ("numa_node", _c_u32),
+        ("map_ifindex", _c_u32),
+    ]
+
+
+class _BatchOpts(ctypes.Structure):
+    _fields_ = [("sz", ctypes.c_size_t), ("elem_flags", _c_u64), ("flags", _c_u64)]
+
+
+# struct bpf_map_info prefix: type, id, key_size, value_size, max_entries, map_flags, name[16]
+_MAP_INFO = struct.Struct("<6I16s")
+_MAP_INFO_LEN = 80
+
+
+class LibBpfUnavailable(OSError):
+    """libbpf.so.1 could not be loaded (package libbpf1 missing)."""
+
+
+class _Lib:
+    """Loaded libbpf with typed function prototypes."""
+
+    def __init__(self) -> None:
+        path = ctypes.util.find_library("bpf") or LIBBPF_SONAME
+        try:
+            lib = ctypes.CDLL(LIBBPF_SONAME)
+        except OSError:
+            try:
+                lib = ctypes.CDLL(path)
+            except OSError as exc:
+                raise LibBpfUnavailable(
+                    errno.ENOENT, f"cannot load {LIBBPF_SONAME} (install libbpf1): {exc}"
+                ) from exc
+        self.lib = lib
+
+        def proto(name: str, restype: Any, *argtypes: Any) -> Any:
+            fn = getattr(lib, name)
+            fn.restype = restype
+            fn.argtypes = list(argtypes)
+            return fn
+
+        self.map_create = proto(
+            "bpf_map_create",
+            _c_int,
+            _c_int,
+            _c_char_p,
+            _c_u32,
+            _c_u32,
+            _c_u32,
+            ctypes.POINTER(_MapCreateOpts),
+        )
+        self.update_elem = proto(
+            "bpf_map_update_elem", _c_int, _c_int, _c_void_p, _c_void_p, _c_u64
+        )
+        self.lookup_elem = proto("bpf_map_lookup_elem", _c_int, _c_int, _c_void_p, _c_void_p)
+        self.delete_elem = proto("bpf_map_delete_elem", _c_int, _c_int, _c_void_p)
+        self.get_next_key = proto("bpf_map_get_next_key", _c_int, _c_int, _c_void_p, _c_void_p)
+        self.update_batch = proto(
+            "bpf_map_update_batch",
+            _c_int,
+            _c_int,
+            _c_void_p,
+            _c_void_p,
+            ctypes.POINTER(_c_u32),
+            ctypes.POINTER(_BatchOpts),
+        )
+        self.delete_batch = proto(
+            "bpf_map_delete_batch",
+            _c_int,
+            _c_int,
+            _c_void_p,
+            ctypes.POINTER(_c_u32),
+            ctypes.POINTER(_BatchOpts),
+        )
+        self.lookup_batch = proto(
+            "bpf_map_lookup_batch",
+            _c_int,
+            _c_int,
+            _c_void_p,
+            _c_void_p,
+            _c_void_p,
+            _c_void_p,
+            ctypes.POINTER(_c_u32),
+            ctypes.POINTER(_BatchOpts),
+        )
+        self.obj_pin = proto("bpf_obj_pin", _c_int, _c_int, _c_char_p)
+        self.obj_get = proto("bpf_obj_get", _c_int, _c_char_p)
+        self.map_get_fd_by_id = proto("bpf_map_get_fd_by_id", _c_int, _c_u32)
+        self.obj_get_info_by_fd = proto(
+            "bpf_obj_get_info_by_fd", _c_int, _c_int, _c_void_p, ctypes.POINTER(_c_u32)
+        )
+
+
+@cache
+def lib() -> _Lib:
+    """The loaded library (raises LibBpfUnavailable once per process if missing)."""
+    return _Lib()
+
+
+def new_buffer(size: int) -> Buffer:
+    """A zeroed, reusable C buffer (``.raw`` gives its bytes)."""
+    return ctypes.create_string_buffer(size)
+
+
+def map_create(
+    map_type: int,
+    name: str,
+    key_size: int,
+    value_size: int,
+    max_entries: int,
+    flags: int,
+    inner_map_fd: int = 0,
+) -> int:
+    """Create a map; returns its fd or -errno. Kernel names are cut to 15 characters."""
+    opts = _MapCreateOpts(sz=ctypes.sizeof(_MapCreateOpts), map_flags=flags)
+    opts.inner_map_fd = inner_map_fd
+    kname = name[:15].encode()
+    fd: int = lib().map_create(map_type, kname, key_size, value_size, max_entries, opts)
+    return fd
+
+
+def obj_pin(fd: int, path: str) -> int:
+    """Pin ``fd`` at ``path`` on bpffs; 0 or -errno."""
+    ret: int = lib().obj_pin(fd, os.fsencode(path))
+    return ret
+
+
+def obj_get(path: str) -> int:
+    """Open the object pinned at ``path``; fd or -errno."""
+    fd: int = lib().obj_get(os.fsencode(path))
+    return fd
+
+
+def map_fd_by_id(map_id: int) -> int:
+    """Open a map by kernel id (inner maps of map-in-map); fd or -errno."""
+    fd: int = lib().map_get_fd_by_id(map_id)
+    return fd
+
+
+def map_info(fd: int) -> tuple[int, int, int, int, int, int, str] | int:
+    """(type, id, key_size, value_size, max_entries, flags, name) of a map fd, or -errno."""
+    buf = ctypes.create_string_buffer(_MAP_INFO_LEN)
+    length = _c_u32(_MAP_INFO_LEN)
+    ret: int = lib().obj_get_info_by_fd(fd, buf, ctypes.byref(length))
+    if ret < 0:
+        return ret
+    mtype, mid, ksz, vsz, maxe, flags, name = _MAP_INFO.unpack_from(buf.raw)
+    return mtype, mid, ksz, vsz, maxe, flags, name.rstrip(b"\0").decode(errors="replace")
+
+
+class BatchCall:
+    """Reusable argument block for the batch syscalls (count in/out and element flags)."""
+
+    def __init__(self) -> None:
+        self._count = _c_u32(0)
+        self._count_ref = ctypes.byref(self._count)
+        self._opts = _BatchOpts(sz=ctypes.sizeof(_BatchOpts))
+        self._opts_ref = ctypes.byref(self._opts)
+
+    def update(
+        self, fd: int, keys: bytes, values: bytes, count: int, elem_flags: int
+    ) -> tuple[int, int]:
+        """bpf_map_update_batch: (0 or -errno, elements applied)."""
+        self._count.value = count
+        self._opts.elem_flags = elem_flags
+        ret: int = lib().update_batch(fd, keys, values, self._count_ref, self._opts_ref)
+        return ret, self._count.value
+
+    def delete(self, fd: int, keys: bytes, count: int) -> tuple[int, int]:
+        """bpf_map_delete_batch: (0 or -errno, elements deleted)."""
+        self._count.value = count
+        self._opts.elem_flags = 0
+        ret: int = lib().delete_batch(fd, keys, self._count_ref, self._opts_ref)
+        return ret, self._count.value
+
+    def lookup(
+        self,
+        fd: int,
+        in_token: Buffer | None,
+        out_token: Buffer,
+        keys: Buffer,
+        values: Buffer,
+        count: int,
+    ) -> tuple[int, int]:
+        """bpf_map_lookup_batch: (0 or -errno, elements returned). -ENOENT marks the end."""
+        self._count.value = count
+        self._opts.elem_flags = 0
+        ret: int = lib().lookup_batch(
+            fd, in_token, out_token, keys, values, self._count_ref, self._opts_ref
+        )
+        return ret, self._count.value

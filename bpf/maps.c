@@ -1,0 +1,10 @@
+// SPDX-License-Identifier: Apache-2.0
+/* Statewright: instantiates every map declared in bpf/include so that the
+ * compiled object's BTF describes all structs and maps. Built by the layout
+ * test (clang -target bpf -g); never loaded. */
+#define SW_DEFINE_MAPS
+#include "include/lb.h"
+#include "include/eps.h"
+#include "include/ipcache.h"
+
+char LICENSE[] SEC("license") = "Dual BSD/GPL";
