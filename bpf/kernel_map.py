@@ -247,14 +247,18 @@ class KernelMap(MapBackend):
     def update_batch(
         self, keys: Sequence[bytes] | bytes, values: Sequence[bytes] | bytes, flags: int = 0
     ) -> int:
-        """BPF_MAP_UPDATE_BATCH, or per-element updates when the map type lacks it."""
+        """BPF_MAP_UPDATE_BATCH, or per-element updates when the map type lacks it.
+
+        The kernel's batch accepts no NOEXIST/EXIST element flags (EINVAL), so those
+        batches run element by element with the same stop-at-first-error result.
+        """
         kbuf, n = join_fixed(self.name, "update_batch", keys, self._ksize)
         vbuf, nv = join_fixed(self.name, "update_batch", values, self._vsize)
         if n != nv:
             raise MapError(self.name, "update_batch", errno.EINVAL, f"{n} keys but {nv} values")
         if n == 0:
             return 0
-        if self._batch_supported:
+        if self._batch_supported and flags == UpdateFlag.ANY:
             ret, done = self._batch.update(self.fd, kbuf, vbuf, n, flags)
             if ret == 0:
                 return n

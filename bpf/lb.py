@@ -266,5 +266,5 @@ SOURCE_RANGE6_KEY = StructCodec(
 
 
 def maglev_table_codec(table_size: int = MAGLEV_TABLE_SIZE) -> U32ArrayCodec:
-    """Codec for the inner maglev value: ``table_size`` backend ids (lb_maglev_table)."""
-    return U32ArrayCodec(table_size, "lb_maglev_table")
+    """Codec for the inner maglev value: ``table_size`` backend ids (``__u32[table_size]``)."""
+    return U32ArrayCodec(table_size, f"__u32[{table_size}]")

@@ -52,6 +52,9 @@ class TypedMap(Generic[K, V]):
         """All keys."""
         return map(self._dk, self._be.keys())
 
+    def __iter__(self) -> Iterator[K]:
+        return self.keys()
+
     def items(self) -> Iterator[tuple[K, V]]:
         """All entries (one lookup per key)."""
         dk, dv = self._dk, self._dv

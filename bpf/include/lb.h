@@ -154,10 +154,8 @@ struct lb6_src_range_key {
 };
 
 /* Maglev: the outer hash-of-maps is keyed by a __be16 rev-NAT id; each inner
- * map is an array with one entry holding the lookup table of backend ids. */
-struct lb_maglev_table {
-	__u32 backend_ids[SW_LB_MAGLEV_TABLE_SIZE];
-};
+ * map is an array with one entry whose value is the lookup table itself,
+ * __u32 backend_ids[SW_LB_MAGLEV_TABLE_SIZE] (see sw_lb_maglev_inner below). */
 
 #ifdef SW_DEFINE_MAPS
 /* Map definitions (BTF style); compiled only where SW_DEFINE_MAPS is set, e.g.
@@ -218,7 +216,7 @@ struct {
 struct sw_lb_maglev_inner {
 	__uint(type, BPF_MAP_TYPE_ARRAY);
 	__type(key, __u32);
-	__type(value, struct lb_maglev_table);
+	__type(value, __u32[SW_LB_MAGLEV_TABLE_SIZE]);
 	__uint(max_entries, 1);
 };
 

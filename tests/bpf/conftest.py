@@ -1,0 +1,88 @@
+"""Fixtures for the BPF map tests: backend parametrization and self-cleaning pin directories."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import uuid
+from collections.abc import Iterator
+
+import pytest
+
+from bpf.kernel_map import KernelMap
+from bpf.memory_map import MemoryMap
+from bpf.pinning import MapOpener
+
+BPFFS = "/sys/fs/bpf"
+
+
+def remove_pin_dir(path: str) -> None:
+    """Unlink every pin under ``path`` (bpffs has no rmtree semantics for us to rely on)."""
+    if not os.path.isdir(path):
+        return
+    for root, dirs, files in os.walk(path, topdown=False):
+        for name in files:
+            os.unlink(os.path.join(root, name))
+        for name in dirs:
+            os.rmdir(os.path.join(root, name))
+    os.rmdir(path)
+
+
+@pytest.fixture
+def kernel_pin_dir() -> Iterator[str]:
+    """A unique directory on bpffs, removed with everything pinned in it."""
+    path = os.path.join(BPFFS, f"statewright-test-{uuid.uuid4().hex[:12]}")
+    os.makedirs(path)
+    try:
+        yield path
+    finally:
+        remove_pin_dir(path)
+
+
+@pytest.fixture
+def memory_pin_dir() -> Iterator[str]:
+    """A unique prefix for memory pins, whose pins are dropped afterwards."""
+    path = f"/memory/statewright-test-{uuid.uuid4().hex[:12]}"
+    try:
+        yield path
+    finally:
+        for pinned in MemoryMap.pinned_paths():
+            if pinned.startswith(path + "/"):
+                MemoryMap.remove_pin(pinned)
+
+
+@pytest.fixture(
+    params=[
+        pytest.param("memory"),
+        pytest.param("kernel", marks=pytest.mark.kernel),
+    ]
+)
+def backend_kind(request: pytest.FixtureRequest) -> str:
+    """Runs a test once per backend (kernel only where kernel BPF works)."""
+    kind: str = request.param
+    return kind
+
+
+@pytest.fixture
+def opener(backend_kind: str) -> MapOpener:
+    """The backend class under test."""
+    return KernelMap if backend_kind == "kernel" else MemoryMap
+
+
+@pytest.fixture
+def pin_dir(backend_kind: str, request: pytest.FixtureRequest) -> str:
+    """A clean pin directory for the backend under test."""
+    name = "kernel_pin_dir" if backend_kind == "kernel" else "memory_pin_dir"
+    path: str = request.getfixturevalue(name)
+    return path
+
+
+def tool(name: str) -> str:
+    """Path of a build tool the layout tests need; skip (fail under CI=true) if absent."""
+    found = shutil.which(name)
+    if found is None:
+        msg = f"{name} not installed (make system-deps installs it)"
+        if os.environ.get("CI", "").lower() == "true":
+            pytest.fail(msg, pytrace=False)
+        pytest.skip(msg)
+    return found
