@@ -1,0 +1,47 @@
+# Statewright: `make run` starts the agent's main job, `make test` runs every check.
+# Both do all set-up on a fresh machine (Debian packages when root, a .venv with pinned deps).
+
+VENV   ?= .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.installed
+APT_PKGS := clang llvm libbpf-dev bpftool iproute2
+
+.PHONY: setup system-deps test lint pytest run bench conformance clean
+
+setup: system-deps $(STAMP)
+
+# Debian packages for the BPF toolchain and network tests; installed only when root and missing.
+system-deps:
+	@missing=""; for p in $(APT_PKGS); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
+	if [ -n "$$missing" ]; then \
+	  if [ "$$(id -u)" = 0 ]; then \
+	    echo "setup: installing Debian packages:$$missing"; \
+	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing >/dev/null; \
+	  else echo "setup: not root, cannot install Debian packages:$$missing (kernel tests will skip)"; fi; \
+	fi
+	@if [ "$$(id -u)" = 0 ] && [ -d /sys/fs/bpf ] && ! mountpoint -q /sys/fs/bpf; then \
+	  mount -t bpf bpf /sys/fs/bpf && echo "setup: mounted bpffs on /sys/fs/bpf"; fi
+
+$(STAMP): pyproject.toml constraints.txt
+	python3 -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -c constraints.txt -e '.[test]'
+	touch $@
+
+lint: setup
+	$(PY) -m ruff check .
+	$(PY) -m mypy
+
+pytest: setup
+	$(PY) -m pytest -q
+
+test: lint pytest
+
+run: setup
+	$(PY) -m statewright run
+
+bench: setup
+	$(PY) benchmarks/statedb.py --quick
+
+clean:
+	rm -rf $(VENV) build *.egg-info

@@ -1,0 +1,1 @@
+"""bpfops: reconciler Operations that turn table rows into BPF map entries."""

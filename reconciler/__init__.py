@@ -1,0 +1,1 @@
+"""reconciler: drives a statedb table into any target through an Operations object."""

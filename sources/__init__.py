@@ -1,0 +1,1 @@
+"""sources: what fills the tables (manifests, Kubernetes, netlink)."""

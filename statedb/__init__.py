@@ -1,0 +1,69 @@
+"""statedb: a transactional in-memory database with snapshots, indexes, watch channels and
+change tracking.
+
+Quick tour::
+
+    from dataclasses import dataclass
+    from statedb import DB, Index, Table, keys
+
+    @dataclass(frozen=True, slots=True)
+    class Host:
+        name: str
+        zone: str
+
+    by_name = Index("name", key=lambda h: h.name)
+    by_zone = Index("zone", key=lambda h: h.zone, unique=False)
+    hosts = Table("hosts", by_name, by_zone)
+    db = DB(hosts)
+
+    with db.write_txn(hosts) as txn:
+        hosts.insert(txn, Host("a", "eu"))
+    rtxn = db.read_txn()
+    hosts.get(rtxn, "a")                      # primary key lookup
+    list(hosts.list(rtxn, by_zone.query("eu")))
+"""
+
+from statedb import keys
+from statedb.changes import Change, ChangeIterator
+from statedb.db import DB
+from statedb.errors import (
+    DuplicateTableError,
+    ObjectNotFoundError,
+    ObjectReusedError,
+    RevisionMismatchError,
+    StateDBError,
+    TableNotLockedError,
+    TableNotRegisteredError,
+    TransactionClosedError,
+    UniqueIndexConflictError,
+    UnknownIndexError,
+)
+from statedb.index import Index, Query
+from statedb.table import Table
+from statedb.txn import ReadTxn, WriteTxn
+from statedb.watch import Watch, WatchSet, closed_watch
+
+__all__ = [
+    "DB",
+    "Change",
+    "ChangeIterator",
+    "DuplicateTableError",
+    "Index",
+    "ObjectNotFoundError",
+    "ObjectReusedError",
+    "Query",
+    "ReadTxn",
+    "RevisionMismatchError",
+    "StateDBError",
+    "Table",
+    "TableNotLockedError",
+    "TableNotRegisteredError",
+    "TransactionClosedError",
+    "UniqueIndexConflictError",
+    "UnknownIndexError",
+    "Watch",
+    "WatchSet",
+    "WriteTxn",
+    "closed_watch",
+    "keys",
+]

@@ -1,0 +1,62 @@
+"""The database: a set of registered tables and the current root snapshot of all of them."""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+from statedb.errors import DuplicateTableError, TableNotRegisteredError
+from statedb.metrics import DBMetrics
+from statedb.table import Table
+from statedb.table_state import TableState
+from statedb.txn import ReadTxn, WriteTxn
+
+
+class DB:
+    """An in-memory database of tables with snapshot reads and multi-table write transactions."""
+
+    def __init__(self, *tables: Table[Any]) -> None:
+        self.root: dict[str, TableState] = {}
+        self.commit_lock = threading.Lock()
+        self.metrics = DBMetrics()
+        self._tables: dict[str, Table[Any]] = {}
+        self.register(*tables)
+
+    def register(self, *tables: Table[Any]) -> None:
+        """Register tables; their position fixes the global lock order."""
+        with self.commit_lock:
+            root = dict(self.root)
+            for t in tables:
+                if t.name in self._tables:
+                    raise DuplicateTableError(t.name)
+                if t.db is not None:
+                    raise ValueError(f"table {t.name!r} is already registered with another DB")
+                t.db = self
+                t.lock_order = len(self._tables)
+                self._tables[t.name] = t
+                root[t.name] = TableState(len(t.secondary))
+            self.root = root
+
+    @property
+    def tables(self) -> list[Table[Any]]:
+        """The registered tables in registration order."""
+        return list(self._tables.values())
+
+    def table(self, name: str) -> Table[Any]:
+        """Return the registered table called ``name``."""
+        t = self._tables.get(name)
+        if t is None:
+            raise TableNotRegisteredError(name)
+        return t
+
+    def read_txn(self) -> ReadTxn:
+        """Return a snapshot of every table (O(1); never blocks)."""
+        return ReadTxn(self, self.root)
+
+    def write_txn(self, *tables: Table[Any]) -> WriteTxn:
+        """Lock ``tables`` (in the global order) and return a write transaction over them."""
+        for t in tables:
+            if t.db is not self:
+                raise TableNotRegisteredError(t.name)
+        ordered = sorted(set(tables), key=lambda t: t.lock_order)
+        return WriteTxn(self, ordered)

@@ -1,0 +1,99 @@
+"""Errors raised by statedb; each names the table (and key or index) it concerns."""
+
+from __future__ import annotations
+
+
+class StateDBError(Exception):
+    """Base class of every statedb error."""
+
+
+class TableNotLockedError(StateDBError):
+    """A write went to a table the write transaction did not lock."""
+
+    def __init__(self, table: str, locked: list[str]) -> None:
+        super().__init__(
+            f"table {table!r} is not locked by this write transaction "
+            f"(locked: {', '.join(locked) or 'none'}); pass it to db.write_txn()"
+        )
+        self.table = table
+
+
+class TableNotRegisteredError(StateDBError):
+    """A table was used with a DB it was not registered with."""
+
+    def __init__(self, table: str) -> None:
+        super().__init__(f"table {table!r} is not registered with this DB")
+        self.table = table
+
+
+class DuplicateTableError(StateDBError):
+    """Two tables with the same name were registered."""
+
+    def __init__(self, table: str) -> None:
+        super().__init__(f"a table named {table!r} is already registered")
+        self.table = table
+
+
+class TransactionClosedError(StateDBError):
+    """A write transaction was used after commit() or abort()."""
+
+    def __init__(self, state: str) -> None:
+        super().__init__(f"write transaction already {state}; start a new one")
+
+
+class ObjectReusedError(StateDBError):
+    """The very object already stored was inserted again (rows must be new, immutable objects)."""
+
+    def __init__(self, table: str, key: bytes) -> None:
+        super().__init__(
+            f"table {table!r}: the object stored under key {key!r} was inserted again; "
+            "rows are immutable, insert a new object (e.g. dataclasses.replace)"
+        )
+        self.table = table
+        self.key = key
+
+
+class ObjectNotFoundError(StateDBError):
+    """A compare-and-swap or compare-and-delete found no object under the key."""
+
+    def __init__(self, table: str, key: bytes) -> None:
+        super().__init__(f"table {table!r}: no object with key {key!r}")
+        self.table = table
+        self.key = key
+
+
+class RevisionMismatchError(StateDBError):
+    """A compare-and-swap or compare-and-delete found a different revision than expected."""
+
+    def __init__(self, table: str, key: bytes, expected: int, actual: int) -> None:
+        super().__init__(
+            f"table {table!r}: key {key!r} is at revision {actual}, expected {expected}"
+        )
+        self.table = table
+        self.key = key
+        self.expected = expected
+        self.actual = actual
+
+
+class UniqueIndexConflictError(StateDBError):
+    """A unique secondary index key is already used by another object."""
+
+    def __init__(self, table: str, index: str, key: bytes) -> None:
+        super().__init__(
+            f"table {table!r}: unique index {index!r} already has key {key!r} "
+            "for a different object"
+        )
+        self.table = table
+        self.index = index
+        self.key = key
+
+
+class UnknownIndexError(StateDBError):
+    """A query named an index the table does not have."""
+
+    def __init__(self, table: str, index: str, known: list[str]) -> None:
+        super().__init__(
+            f"table {table!r} has no index {index!r} (indexes: {', '.join(known)})"
+        )
+        self.table = table
+        self.index = index

@@ -1,0 +1,280 @@
+"""A persistent sorted map built from copy-on-write chunks.
+
+`SortedMap` keeps its keys in a list of sorted chunks (each at most
+``2 * LOAD`` long) with a parallel list of value chunks and a list of each
+chunk's largest key, the layout sortedcontainers uses. What makes it
+persistent is ownership: a *frozen* map is never mutated, and
+`SortedMap.transient()` makes a writable map that shares every chunk with
+the frozen one and copies a chunk only the first time it writes to it.
+
+Complexity, for n keys and chunk size B = LOAD (1024):
+
+- ``get``, ``floor``: O(log n) (two C-level bisects).
+- ``set``/``pop`` on a transient: O(log n + B), plus O(B) once per chunk
+  per transaction for the copy, plus O(n / B) once per transaction to copy
+  the outer chunk lists.
+- ``freeze`` (a snapshot of a transient): O(n / B); ``transient``: O(n / B).
+- iteration: O(1) per item, at C speed within a chunk.
+
+Keys of one map must be mutually comparable (all ``bytes`` or all ``int``).
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_left, bisect_right
+from collections.abc import Iterator
+from itertools import islice
+from typing import Any
+
+LOAD = 512
+
+
+class SortedMap:
+    """An ordered key -> value map; frozen maps are immutable, transients are owned by one writer."""
+
+    __slots__ = ("_keys", "_len", "_maxes", "_owned", "_vals")
+
+    def __init__(self) -> None:
+        self._keys: list[list[Any]] = []
+        self._vals: list[list[Any]] = []
+        self._maxes: list[Any] = []
+        self._len = 0
+        # ids of chunks this map may mutate in place; None means frozen.
+        self._owned: set[int] | None = None
+
+    # ----- snapshots -------------------------------------------------
+    def transient(self) -> SortedMap:
+        """Return a writable copy that shares all chunks with this map (O(n / B))."""
+        m = SortedMap.__new__(SortedMap)
+        m._keys = self._keys.copy()
+        m._vals = self._vals.copy()
+        m._maxes = self._maxes.copy()
+        m._len = self._len
+        m._owned = set()
+        return m
+
+    def freeze(self) -> SortedMap:
+        """Return an immutable snapshot of this map; later writes to self copy chunks again."""
+        if self._owned is None:
+            return self
+        m = SortedMap.__new__(SortedMap)
+        m._keys = self._keys.copy()
+        m._vals = self._vals.copy()
+        m._maxes = self._maxes.copy()
+        m._len = self._len
+        m._owned = None
+        self._owned = set()
+        return m
+
+    def seal(self) -> SortedMap:
+        """Turn this transient into a frozen map in place (the writer gives it up)."""
+        self._owned = None
+        return self
+
+    @property
+    def frozen(self) -> bool:
+        """True when this map can no longer change."""
+        return self._owned is None
+
+    # ----- reads -----------------------------------------------------
+    def __len__(self) -> int:
+        return self._len
+
+    def get(self, key: Any) -> Any:
+        """Return the value stored under ``key``, or None."""
+        maxes = self._maxes
+        i = bisect_left(maxes, key)
+        if i == len(maxes):
+            return None
+        keys = self._keys[i]
+        j = bisect_left(keys, key)
+        if keys[j] == key:
+            return self._vals[i][j]
+        return None
+
+    def _locate(self, key: Any) -> tuple[int, int]:
+        """Return (chunk, position) of the first key >= ``key``; chunk == len when past the end."""
+        maxes = self._maxes
+        i = bisect_left(maxes, key)
+        if i == len(maxes):
+            return i, 0
+        return i, bisect_left(self._keys[i], key)
+
+    def items_from(self, key: Any = None) -> Iterator[tuple[Any, Any]]:
+        """Yield (key, value) pairs with key >= ``key`` (all when None), in key order."""
+        keys, vals = self._keys, self._vals
+        if key is None:
+            i, j = 0, 0
+        else:
+            i, j = self._locate(key)
+        n = len(keys)
+        if i < n and j:
+            yield from zip(islice(keys[i], j, None), islice(vals[i], j, None))
+            i += 1
+        while i < n:
+            yield from zip(keys[i], vals[i])
+            i += 1
+
+    def values_from(self, key: Any = None) -> Iterator[Any]:
+        """Yield values whose key >= ``key`` (all when None), in key order."""
+        vals = self._vals
+        if key is None:
+            i, j = 0, 0
+        else:
+            i, j = self._locate(key)
+        n = len(vals)
+        if i < n and j:
+            yield from islice(vals[i], j, None)
+            i += 1
+        while i < n:
+            yield from vals[i]
+            i += 1
+
+    def items_prefix(self, prefix: bytes) -> Iterator[tuple[bytes, Any]]:
+        """Yield (key, value) pairs whose bytes key starts with ``prefix``, in key order."""
+        for k, v in self.items_from(prefix):
+            if not k.startswith(prefix):
+                return
+            yield k, v
+
+    def first(self) -> tuple[Any, Any] | None:
+        """Return the smallest (key, value) pair, or None when empty."""
+        if not self._len:
+            return None
+        return self._keys[0][0], self._vals[0][0]
+
+    # ----- writes (transient only) ------------------------------------
+    def _own(self, i: int) -> tuple[list[Any], list[Any]]:
+        owned = self._owned
+        if owned is None:
+            raise RuntimeError("SortedMap is frozen; take a transient() to write")
+        keys = self._keys[i]
+        if id(keys) in owned:
+            return keys, self._vals[i]
+        keys = keys.copy()
+        vals = self._vals[i].copy()
+        self._keys[i] = keys
+        self._vals[i] = vals
+        owned.add(id(keys))
+        return keys, vals
+
+    def set(self, key: Any, value: Any) -> Any:
+        """Store ``value`` under ``key``; return the value it replaced, or None."""
+        maxes = self._maxes
+        if not maxes:
+            if self._owned is None:
+                raise RuntimeError("SortedMap is frozen; take a transient() to write")
+            keys, vals = [key], [value]
+            self._keys.append(keys)
+            self._vals.append(vals)
+            maxes.append(key)
+            self._owned.add(id(keys))
+            self._len = 1
+            return None
+        i = bisect_left(maxes, key)
+        if i == len(maxes):
+            # Past the largest key: append to the last chunk (the common case for
+            # monotonically growing keys such as revisions).
+            i -= 1
+            keys, vals = self._own(i)
+            keys.append(key)
+            vals.append(value)
+            maxes[i] = key
+        else:
+            keys, vals = self._own(i)
+            j = bisect_left(keys, key)
+            if keys[j] == key:
+                old = vals[j]
+                vals[j] = value
+                return old
+            keys.insert(j, key)
+            vals.insert(j, value)
+        self._len += 1
+        if len(keys) > 2 * LOAD:
+            self._split(i)
+        return None
+
+    def _split(self, i: int) -> None:
+        keys, vals = self._keys[i], self._vals[i]
+        half = len(keys) // 2
+        right_k, right_v = keys[half:], vals[half:]
+        del keys[half:]
+        del vals[half:]
+        self._keys.insert(i + 1, right_k)
+        self._vals.insert(i + 1, right_v)
+        self._maxes[i] = keys[-1]
+        self._maxes.insert(i + 1, right_k[-1])
+        assert self._owned is not None
+        self._owned.add(id(right_k))
+
+    def pop(self, key: Any) -> Any:
+        """Remove ``key``; return its value, or None when it was absent."""
+        maxes = self._maxes
+        i = bisect_left(maxes, key)
+        if i == len(maxes):
+            return None
+        j = bisect_left(self._keys[i], key)
+        if self._keys[i][j] != key:
+            return None
+        keys, vals = self._own(i)
+        old = vals[j]
+        del keys[j]
+        del vals[j]
+        self._len -= 1
+        if not keys:
+            del self._keys[i]
+            del self._vals[i]
+            del maxes[i]
+        else:
+            maxes[i] = keys[-1]
+            if len(keys) < LOAD // 4 and len(maxes) > 1:
+                self._merge(i)
+        return old
+
+    def _merge(self, i: int) -> None:
+        """Merge small chunk i into a neighbour so chunks stay reasonably full."""
+        j = i + 1 if i + 1 < len(self._maxes) else i - 1
+        lo, hi = min(i, j), max(i, j)
+        if len(self._keys[lo]) + len(self._keys[hi]) > 2 * LOAD:
+            return
+        keys, vals = self._own(lo)
+        keys.extend(self._keys[hi])
+        vals.extend(self._vals[hi])
+        assert self._owned is not None
+        self._owned.discard(id(self._keys[hi]))
+        del self._keys[hi]
+        del self._vals[hi]
+        del self._maxes[hi]
+        self._maxes[lo] = keys[-1]
+
+    def pop_through(self, key: Any) -> int:
+        """Remove every key <= ``key``; return how many were removed."""
+        removed = 0
+        while self._maxes and self._maxes[0] <= key:
+            if self._owned is None:
+                raise RuntimeError("SortedMap is frozen; take a transient() to write")
+            removed += len(self._keys[0])
+            del self._keys[0]
+            del self._vals[0]
+            del self._maxes[0]
+        if self._maxes:
+            j = bisect_right(self._keys[0], key)
+            if j:
+                keys, vals = self._own(0)
+                del keys[:j]
+                del vals[:j]
+                removed += j
+        self._len -= removed
+        return removed
+
+    def clear(self) -> None:
+        """Remove everything (transient only)."""
+        if self._owned is None:
+            raise RuntimeError("SortedMap is frozen; take a transient() to write")
+        self._keys, self._vals, self._maxes = [], [], []
+        self._owned = set()
+        self._len = 0
+
+
+EMPTY = SortedMap()
+EMPTY._owned = None

@@ -1,0 +1,391 @@
+"""Tables: a named set of immutable rows with a primary index, secondary indexes and queries.
+
+Every query takes a transaction (a `ReadTxn` snapshot or a `WriteTxn`, which
+sees its own writes) and returns results in key order. A query's key is a
+`Query` built from an index (``index.query(value)``) or, for the primary
+index, the plain key value. The ``*_watch`` variants also return a `Watch`
+that closes once the query's result may have changed after that snapshot.
+"""
+
+from __future__ import annotations
+
+import threading
+import weakref
+from collections.abc import Callable, Iterator
+from operator import itemgetter
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
+
+from statedb.errors import (
+    ObjectNotFoundError,
+    RevisionMismatchError,
+    UnknownIndexError,
+)
+from statedb.index import Index, Query
+from statedb.table_state import TableState, TableTxn
+from statedb.watch import Watch, closed_watch
+
+if TYPE_CHECKING:
+    from statedb.changes import ChangeIterator
+    from statedb.db import DB
+    from statedb.txn import ReadTxn, WriteTxn
+
+O = TypeVar("O")
+
+_obj = itemgetter(0)
+
+
+class Table(Generic[O]):
+    """A table of rows of type O, registered with one `DB`."""
+
+    def __init__(self, name: str, primary: Index[O, Any], *secondary: Index[O, Any]) -> None:
+        if not primary.unique or primary.key is None:
+            raise ValueError(f"table {name!r}: the primary index must be unique and single-key")
+        names = [primary.name] + [i.name for i in secondary]
+        if len(set(names)) != len(names):
+            raise ValueError(f"table {name!r}: index names must be distinct: {names}")
+        self.name = name
+        self.primary = primary
+        self.secondary: tuple[Index[O, Any], ...] = secondary
+        self._index_pos = {idx.name: i for i, idx in enumerate(secondary)}
+        self._pk_key = primary.key
+        self._pk_encode = primary.encode
+        # Set when registered with a DB.
+        self.db: DB | None = None
+        self.lock_order = -1
+        self.lock = threading.Lock()
+        # Watch registries, shared by all snapshots: index position (0 = primary,
+        # i + 1 = secondary i) -> key -> watch. Weak values: a watch nobody holds
+        # is forgotten instead of piling up.
+        self.key_watches: list[weakref.WeakValueDictionary[bytes, Watch]] = [
+            weakref.WeakValueDictionary() for _ in range(len(secondary) + 1)
+        ]
+        self.prefix_watches: list[weakref.WeakValueDictionary[bytes, Watch]] = [
+            weakref.WeakValueDictionary() for _ in range(len(secondary) + 1)
+        ]
+        self.table_watch = Watch()
+        self.init_watch = Watch()
+        # Change iterators that still need deletions: id -> [last seen revision].
+        self.delete_trackers: dict[int, list[int]] = {}
+
+    def __repr__(self) -> str:
+        return f"<Table {self.name}>"
+
+    @property
+    def indexes(self) -> list[Index[O, Any]]:
+        """The primary index followed by the secondary indexes."""
+        return [self.primary, *self.secondary]
+
+    def index(self, name: str) -> Index[O, Any]:
+        """Return the index called ``name``."""
+        if name == self.primary.name:
+            return self.primary
+        pos = self._index_pos.get(name)
+        if pos is None:
+            raise UnknownIndexError(self.name, name, [i.name for i in self.indexes])
+        return self.secondary[pos]
+
+    def primary_key_of(self, obj: O) -> bytes:
+        """Return the encoded primary key of ``obj``."""
+        return self._pk_encode(self._pk_key(obj))  # type: ignore[misc]
+
+    # ----- plumbing ----------------------------------------------------
+    def _state(self, txn: ReadTxn) -> TableState:
+        try:
+            return txn.states[self.name]
+        except KeyError:
+            from statedb.errors import TableNotRegisteredError
+
+            raise TableNotRegisteredError(self.name) from None
+
+    def _resolve(self, q: Query | Any) -> tuple[int, bool, bytes]:
+        """Return (index position, unique, encoded key); position 0 is the primary index."""
+        if type(q) is Query:
+            if q.index == self.primary.name:
+                return 0, True, q.key
+            pos = self._index_pos.get(q.index)
+            if pos is None:
+                raise UnknownIndexError(self.name, q.index, [i.name for i in self.indexes])
+            return pos + 1, self.secondary[pos].unique, q.key
+        return 0, True, self._pk_encode(q)
+
+    @staticmethod
+    def _ordered(smap: Any) -> Any:
+        # Iterating a write transaction's map needs a frozen view so later writes
+        # in the same transaction cannot disturb the iteration.
+        return smap if smap.frozen else smap.freeze()
+
+    def _index_map(self, st: TableState, pos: int) -> Any:
+        return self._ordered(st.primary if pos == 0 else st.secondary[pos - 1])
+
+    # ----- queries ---------------------------------------------------------
+    def get(self, txn: ReadTxn, q: Query | Any) -> O | None:
+        """Return the first row matching the key exactly, or None."""
+        e = self._get_entry(txn, q)
+        return e[0] if e is not None else None
+
+    def get_revision(self, txn: ReadTxn, q: Query | Any) -> tuple[O, int] | None:
+        """Return (row, revision) of the first row matching the key exactly, or None."""
+        return self._get_entry(txn, q)
+
+    def _get_entry(self, txn: ReadTxn, q: Query | Any) -> tuple[O, int] | None:
+        st = txn.states[self.name]
+        if type(q) is not Query:
+            e: tuple[O, int] | None = st.hash.get(self._pk_encode(q))
+            return e
+        pos, unique, key = self._resolve(q)
+        if pos == 0:
+            e = st.hash.get(key)
+            return e
+        smap = st.secondary[pos - 1]
+        if unique:
+            e = smap.get(key)
+            return e
+        for e in self._list_nonunique(smap, key):
+            return e
+        return None
+
+    def get_watch(self, txn: ReadTxn, q: Query | Any) -> tuple[O | None, Watch]:
+        """Like `get`, plus a watch that closes when the row under this key changes."""
+        pos, unique, key = self._resolve(q)
+        watch = self._key_watch(pos, key)
+        e = self._get_entry(txn, q)
+        return (e[0] if e is not None else None), self._validate(txn, watch, pos, key, e)
+
+    def list(self, txn: ReadTxn, q: Query | Any) -> Iterator[O]:
+        """Yield every row whose key equals the query key, in key order."""
+        return map(_obj, self._list_entries(txn, q))
+
+    def list_revisions(self, txn: ReadTxn, q: Query | Any) -> Iterator[tuple[O, int]]:
+        """Like `list`, yielding (row, revision) pairs."""
+        return self._list_entries(txn, q)
+
+    def _list_entries(self, txn: ReadTxn, q: Query | Any) -> Iterator[tuple[O, int]]:
+        pos, unique, key = self._resolve(q)
+        st = self._state(txn)
+        if unique:
+            smap = st.hash if pos == 0 else st.secondary[pos - 1]
+            e = smap.get(key)
+            return iter((e,) if e is not None else ())
+        return self._list_nonunique(self._ordered(st.secondary[pos - 1]), key)
+
+    @staticmethod
+    def _list_nonunique(smap: Any, key: bytes) -> Iterator[tuple[Any, int]]:
+        klen = len(key)
+        tail = klen.to_bytes(2, "big")
+        for k, e in smap.items_prefix(key):
+            if k[-2:] == tail:
+                yield e
+
+    def list_watch(self, txn: ReadTxn, q: Query | Any) -> tuple[Iterator[O], Watch]:
+        """Like `list`, plus a watch that closes when a row under this key changes."""
+        pos, _, key = self._resolve(q)
+        watch = self._key_watch(pos, key)
+        return self.list(txn, q), self._validate(txn, watch, pos, key)
+
+    def prefix(self, txn: ReadTxn, q: Query | Any) -> Iterator[O]:
+        """Yield every row with a key starting with the query key, in key order."""
+        return map(_obj, self._prefix_entries(txn, q))
+
+    def prefix_revisions(self, txn: ReadTxn, q: Query | Any) -> Iterator[tuple[O, int]]:
+        """Like `prefix`, yielding (row, revision) pairs."""
+        return self._prefix_entries(txn, q)
+
+    def _prefix_entries(self, txn: ReadTxn, q: Query | Any) -> Iterator[tuple[O, int]]:
+        pos, unique, key = self._resolve(q)
+        smap = self._index_map(self._state(txn), pos)
+        if unique:
+            return (e for _, e in smap.items_prefix(key))
+        return self._prefix_nonunique(smap, key)
+
+    @staticmethod
+    def _prefix_nonunique(smap: Any, key: bytes) -> Iterator[tuple[Any, int]]:
+        klen = len(key)
+        seen: set[int] = set()
+        for k, e in smap.items_prefix(key):
+            if int.from_bytes(k[-2:], "big") >= klen and id(e) not in seen:
+                seen.add(id(e))
+                yield e
+
+    def prefix_watch(self, txn: ReadTxn, q: Query | Any) -> tuple[Iterator[O], Watch]:
+        """Like `prefix`, plus a watch that closes when any row under the prefix changes."""
+        pos, _, key = self._resolve(q)
+        reg = self.prefix_watches[pos]
+        watch = reg.get(key)
+        if watch is None:
+            watch = reg.setdefault(key, Watch())
+        return self.prefix(txn, q), self._validate(txn, watch, pos, key)
+
+    def lower_bound(self, txn: ReadTxn, q: Query | Any) -> Iterator[O]:
+        """Yield every row with a key >= the query key, in key order."""
+        return map(_obj, self._lower_bound_entries(txn, q))
+
+    def lower_bound_revisions(self, txn: ReadTxn, q: Query | Any) -> Iterator[tuple[O, int]]:
+        """Like `lower_bound`, yielding (row, revision) pairs."""
+        return self._lower_bound_entries(txn, q)
+
+    def _lower_bound_entries(self, txn: ReadTxn, q: Query | Any) -> Iterator[tuple[O, int]]:
+        pos, unique, key = self._resolve(q)
+        smap = self._index_map(self._state(txn), pos)
+        if unique:
+            return smap.values_from(key)  # type: ignore[no-any-return]
+        return self._lower_bound_nonunique(smap, key)
+
+    @staticmethod
+    def _lower_bound_nonunique(smap: Any, key: bytes) -> Iterator[tuple[Any, int]]:
+        seen: set[int] = set()
+        for k, e in smap.items_from(key):
+            klen = int.from_bytes(k[-2:], "big")
+            if k[:klen] >= key and id(e) not in seen:
+                seen.add(id(e))
+                yield e
+
+    def lower_bound_watch(self, txn: ReadTxn, q: Query | Any) -> tuple[Iterator[O], Watch]:
+        """Like `lower_bound`, plus a watch that closes when the table changes."""
+        return self.lower_bound(txn, q), self._table_watch(txn)
+
+    def all(self, txn: ReadTxn) -> Iterator[O]:
+        """Yield every row in primary key order."""
+        return map(_obj, self._ordered(self._state(txn).primary).values_from())
+
+    def all_revisions(self, txn: ReadTxn) -> Iterator[tuple[O, int]]:
+        """Yield every (row, revision) in primary key order."""
+        return self._ordered(self._state(txn).primary).values_from()  # type: ignore[no-any-return]
+
+    def all_watch(self, txn: ReadTxn) -> tuple[Iterator[O], Watch]:
+        """Like `all`, plus a watch that closes when the table changes."""
+        return self.all(txn), self._table_watch(txn)
+
+    def count(self, txn: ReadTxn) -> int:
+        """Return the number of rows."""
+        return len(self._state(txn).primary)
+
+    def revision(self, txn: ReadTxn) -> int:
+        """Return the table's revision in this transaction (the revision of its last write)."""
+        return self._state(txn).revision
+
+    def graveyard_size(self, txn: ReadTxn) -> int:
+        """Return how many deleted rows are kept for change iterators."""
+        return len(self._state(txn).graveyard)
+
+    # ----- watches -----------------------------------------------------
+    def _key_watch(self, pos: int, key: bytes) -> Watch:
+        reg = self.key_watches[pos]
+        watch = reg.get(key)
+        if watch is None:
+            watch = reg.setdefault(key, Watch())
+        return watch
+
+    def _latest(self) -> TableState:
+        assert self.db is not None
+        return self.db.root[self.name]
+
+    def _validate(
+        self, txn: ReadTxn, watch: Watch, pos: int, key: bytes, entry: Any = ...
+    ) -> Watch:
+        """Return ``watch`` if it still describes this snapshot, else a closed watch.
+
+        The watch was registered before the latest state is read, so a commit either
+        closes it or is visible here. A primary-key get compares the row itself; other
+        queries on a snapshot older than the latest commit get a closed watch (the
+        result may have changed). A write transaction's watches close at its commit.
+        """
+        st = self._state(txn)
+        if isinstance(st, TableTxn):
+            return watch
+        latest = self._latest()
+        if latest is st or latest.revision == st.revision:
+            return watch
+        if pos == 0 and entry is not ... and latest.hash.get(key) is entry:
+            return watch
+        return closed_watch()
+
+    def _table_watch(self, txn: ReadTxn) -> Watch:
+        watch = self.table_watch
+        st = self._state(txn)
+        if isinstance(st, TableTxn):
+            return watch
+        if self._latest().revision == st.revision:
+            return watch
+        return closed_watch()
+
+    # ----- writes ------------------------------------------------------------
+    def insert(self, txn: WriteTxn, obj: O) -> O | None:
+        """Insert ``obj``, replacing the row with the same primary key; return the old row."""
+        return txn.table_txn(self).insert(obj)  # type: ignore[no-any-return]
+
+    def modify(self, txn: WriteTxn, obj: O, merge: Callable[[O, O], O]) -> O | None:
+        """Insert ``merge(old, obj)`` if a row with obj's key exists, else ``obj``; return old."""
+        tt = txn.table_txn(self)
+        old = tt.hash.get(self.primary_key_of(obj))
+        return tt.insert(merge(old[0], obj) if old is not None else obj)  # type: ignore[no-any-return]
+
+    def compare_and_swap(self, txn: WriteTxn, revision: int, obj: O) -> O:
+        """Replace the row with obj's key only if it is still at ``revision``; return the old row.
+
+        Raises ObjectNotFoundError when there is no such row and RevisionMismatchError
+        when it changed since.
+        """
+        tt = txn.table_txn(self)
+        pk = self.primary_key_of(obj)
+        old = tt.hash.get(pk)
+        if old is None:
+            raise ObjectNotFoundError(self.name, pk)
+        if old[1] != revision:
+            raise RevisionMismatchError(self.name, pk, revision, old[1])
+        tt.insert(obj)
+        return old[0]  # type: ignore[no-any-return]
+
+    def delete(self, txn: WriteTxn, obj: O) -> O | None:
+        """Delete the row with obj's primary key; return it, or None when absent."""
+        return txn.table_txn(self).delete(obj)  # type: ignore[no-any-return]
+
+    def compare_and_delete(self, txn: WriteTxn, revision: int, obj: O) -> O:
+        """Delete the row with obj's key only if it is still at ``revision``; return it."""
+        tt = txn.table_txn(self)
+        pk = self.primary_key_of(obj)
+        old = tt.hash.get(pk)
+        if old is None:
+            raise ObjectNotFoundError(self.name, pk)
+        if old[1] != revision:
+            raise RevisionMismatchError(self.name, pk, revision, old[1])
+        return tt.delete(obj)  # type: ignore[no-any-return]
+
+    def delete_all(self, txn: WriteTxn) -> int:
+        """Delete every row; return how many."""
+        return txn.table_txn(self).delete_all()
+
+    # ----- change tracking and initialization ---------------------------------
+    def changes(self, txn: WriteTxn) -> ChangeIterator[O]:
+        """Start tracking changes (including deletions) from this write transaction on."""
+        from statedb.changes import ChangeIterator
+
+        tt = txn.table_txn(self)
+        return ChangeIterator(self, tt.revision)
+
+    def register_initializer(self, txn: WriteTxn, name: str) -> Callable[[WriteTxn], None]:
+        """Mark the table uninitialized until the returned function is called in a write txn."""
+        tt = txn.table_txn(self)
+        tt.pending_init = tt.pending_init | {name}
+        tt.modified = True
+
+        def done(wtxn: WriteTxn) -> None:
+            t = wtxn.table_txn(self)
+            if name in t.pending_init:
+                t.pending_init = t.pending_init - {name}
+                t.modified = True
+
+        return done
+
+    def initialized(self, txn: ReadTxn) -> tuple[bool, Watch]:
+        """Return (whether every registered initializer is done, a watch closing when it is)."""
+        st = self._state(txn)
+        if not st.pending_init:
+            return True, closed_watch()
+        watch = self.init_watch
+        if not isinstance(st, TableTxn) and not self._latest().pending_init:
+            return False, closed_watch()
+        return False, watch
+
+    def pending_initializers(self, txn: ReadTxn) -> list[str]:
+        """Return the names of initializers not yet done."""
+        return sorted(self._state(txn).pending_init)

@@ -1,0 +1,166 @@
+"""Read and write transactions.
+
+A `ReadTxn` is a snapshot of every table: taking one reads a single
+reference (the DB's current root), so it is O(1), never waits for writers
+and never sees later commits. A `WriteTxn` locks the tables it names, in
+the DB's fixed global order so writers cannot deadlock, and sees its own
+uncommitted writes; `commit` publishes a new root and closes the watches of
+everything that changed, `abort` discards the writes and closes nothing.
+"""
+
+from __future__ import annotations
+
+import time
+from types import TracebackType
+from typing import TYPE_CHECKING, Any
+
+from statedb.errors import TableNotLockedError, TransactionClosedError
+from statedb.table_state import TableState, TableTxn
+from statedb.watch import Watch
+
+if TYPE_CHECKING:
+    from statedb.db import DB
+    from statedb.table import Table
+
+
+class ReadTxn:
+    """A consistent, immutable snapshot of every table in a DB."""
+
+    __slots__ = ("db", "states")
+
+    def __init__(self, db: DB, states: dict[str, TableState]) -> None:
+        self.db = db
+        self.states = states
+
+    def __repr__(self) -> str:
+        revs = ", ".join(f"{n}@{s.revision}" for n, s in self.states.items())
+        return f"<{type(self).__name__} {revs}>"
+
+
+class WriteTxn(ReadTxn):
+    """A transaction that may write the tables it locked; use as a context manager."""
+
+    __slots__ = ("_done", "_locked", "_started", "_tables", "_wait_s")
+
+    def __init__(self, db: DB, tables: list[Table[Any]]) -> None:
+        start = time.perf_counter()
+        for t in tables:
+            t.lock.acquire()
+        acquired = time.perf_counter()
+        self._wait_s = acquired - start
+        self._started = acquired
+        root = db.root
+        super().__init__(db, dict(root))
+        self._tables = tables
+        self._locked: dict[str, TableTxn] = {}
+        self._done: str | None = None
+
+    def table_txn(self, table: Table[Any]) -> TableTxn:
+        """Return the writable state of ``table``; raise if it is not locked or txn is over."""
+        tt = self._locked.get(table.name)
+        if tt is not None:
+            return tt
+        if self._done is not None:
+            raise TransactionClosedError(self._done)
+        if table not in self._tables:
+            raise TableNotLockedError(table.name, [t.name for t in self._tables])
+        tt = TableTxn(table, self.states[table.name])
+        self._locked[table.name] = tt
+        self.states[table.name] = tt
+        return tt
+
+    @property
+    def done(self) -> bool:
+        """True after commit() or abort()."""
+        return self._done is not None
+
+    def commit(self) -> ReadTxn:
+        """Publish the writes atomically, close affected watches, and return the new snapshot."""
+        if self._done is not None:
+            raise TransactionClosedError(self._done)
+        db = self.db
+        sealed: list[tuple[TableTxn, TableState]] = []
+        try:
+            for tt in self._locked.values():
+                tt.collect_garbage()
+                if tt.modified:
+                    sealed.append((tt, tt.seal()))
+            with db.commit_lock:
+                root = dict(db.root)
+                for tt, st in sealed:
+                    root[tt.table.name] = st
+                db.root = root
+        finally:
+            self._finish("committed")
+        for tt, st in sealed:
+            self.states[tt.table.name] = st
+        for tt, st in sealed:
+            _close_watches(tt, st)
+        return ReadTxn(db, root)
+
+    def abort(self) -> None:
+        """Discard every write of this transaction; closes no watch."""
+        if self._done is not None:
+            return
+        self._finish("aborted")
+
+    def _finish(self, state: str) -> None:
+        self._done = state
+        for name, tt in self._locked.items():
+            self.states[name] = tt.base
+        self._locked = {}
+        for t in reversed(self._tables):
+            t.lock.release()
+        held = time.perf_counter() - self._started
+        self.db.metrics.record_write_txn(self._tables, self._wait_s, held, state)
+
+    def __enter__(self) -> WriteTxn:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        if self._done is not None:
+            return
+        if exc_type is None:
+            self.commit()
+        else:
+            self.abort()
+
+    def __del__(self) -> None:
+        # A forgotten transaction must not keep its tables locked forever.
+        if getattr(self, "_done", "x") is None:
+            self.abort()
+
+
+def _close_watches(tt: TableTxn, st: TableState) -> None:
+    """Close the watches of every key, prefix and table query this commit changed."""
+    table = tt.table
+    for pos, changed in enumerate(tt.changed):
+        if not changed:
+            continue
+        reg = table.key_watches[pos]
+        if len(reg):
+            for key in changed:
+                w = reg.pop(key, None)
+                if w is not None:
+                    w.close()
+        preg = table.prefix_watches[pos]
+        if len(preg):
+            for key in changed:
+                for n in range(len(key) + 1):
+                    w = preg.pop(key[:n], None)
+                    if w is not None:
+                        w.close()
+    if st.revision != tt.base.revision:
+        old, table.table_watch = table.table_watch, Watch()
+        old.close()
+    if tt.base.pending_init != st.pending_init:
+        if st.pending_init:
+            if table.init_watch.closed:
+                table.init_watch = Watch()
+        else:
+            table.init_watch.close()

@@ -1,0 +1,1 @@
+"""statewright: the agent runtime and command-line interface."""

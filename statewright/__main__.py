@@ -1,0 +1,5 @@
+"""Entry point for ``python -m statewright``."""
+
+from statewright.cli import main
+
+raise SystemExit(main())

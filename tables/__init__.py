@@ -1,0 +1,1 @@
+"""tables: the agent's schemas and write APIs (services, frontends, backends, node addresses, devices)."""
