@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import abc
 from collections.abc import Iterator, Sequence
-from typing import Any
+from typing import Any, Self
 
 from bpf.errors import MapError
 from bpf.spec import MapInfo, MapSpec, UpdateFlag
@@ -114,7 +114,7 @@ class MapBackend(abc.ABC):
     def close(self) -> None:
         """Release this handle (idempotent)."""
 
-    def __enter__(self) -> MapBackend:
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *exc: object) -> None:

@@ -24,7 +24,8 @@ class Field:
 
     ``render`` says how the CLI shows the value: "int", "hex", "ipv4", "ipv6",
     "ip_by_family" (16 bytes, IPv4 in the first four when the sibling ``family`` is 1)
-    or "mac" (a u64 whose first six bytes in memory are the MAC).
+    "ip_auto" (16 bytes shown as IPv4 when the last twelve are zero) or "mac" (a u64
+    whose first six bytes in memory are the MAC).
     """
 
     name: str
@@ -125,6 +126,10 @@ def _render(value: Any, render: str, family: int | None) -> Any:
         return str(ipaddress.IPv6Address(value))
     if render == "ip_by_family":
         if family == 1:
+            return str(ipaddress.IPv4Address(value[:4]))
+        return str(ipaddress.IPv6Address(value))
+    if render == "ip_auto":
+        if not any(value[4:]):
             return str(ipaddress.IPv4Address(value[:4]))
         return str(ipaddress.IPv6Address(value))
     if render == "mac":

@@ -69,7 +69,7 @@ REMOTE_ENDPOINT_INFO = StructCodec(
     "remote_endpoint_info",
     [
         u32("sec_identity"),
-        ipv6("tunnel_endpoint", render="hex"),
+        ipv6("tunnel_endpoint", render="ip_auto"),
         pad("pad", 2),
         u8("key"),
         u8("flags"),

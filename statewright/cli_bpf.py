@@ -1,0 +1,182 @@
+"""``statewright bpf maps`` and ``statewright bpf dump MAP``: inspect pinned kernel maps.
+
+They open the pins read-only from any process (the agent need not run) and decode
+entries with the catalogue's codecs; maps of unknown layout are shown as hex.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from typing import Any
+
+from bpf import catalog
+from bpf.codec import RawCodec
+from bpf.errors import MapError
+from bpf.kernel_map import KernelMap
+from bpf.probe import DEFAULT_PIN_DIR, kernel_support
+from bpf.spec import MAP_OF_MAPS, MapInfo, MapSpec, MapType
+
+PIN_DIR_ENV = "STATEWRIGHT_BPF_PIN_DIR"
+
+
+def add_commands(subparsers: Any) -> None:
+    """Register the ``bpf`` command group; each leaf sets ``func(args) -> int``."""
+    bpf = subparsers.add_parser("bpf", help="inspect the agent's pinned BPF maps")
+    sub = bpf.add_subparsers(dest="bpf_command", required=True)
+    default_dir = os.environ.get(PIN_DIR_ENV, DEFAULT_PIN_DIR)
+
+    maps = sub.add_parser("maps", help="list pinned maps (name, type, entries, max, path)")
+    maps.add_argument("--pin-dir", default=default_dir, help=f"default {default_dir}")
+    maps.add_argument("-o", "--output", choices=("table", "json"), default="table")
+    maps.set_defaults(func=cmd_maps)
+
+    dump = sub.add_parser("dump", help="print a pinned map's decoded entries")
+    dump.add_argument("map", help="map name (e.g. lb4_services) or pinned path")
+    dump.add_argument("--pin-dir", default=default_dir, help=f"default {default_dir}")
+    dump.add_argument("-o", "--output", choices=("table", "json"), default="table")
+    dump.set_defaults(func=cmd_dump)
+
+
+def _type_name(map_type: int) -> str:
+    try:
+        return MapType(map_type).name.lower()
+    except ValueError:
+        return str(map_type)
+
+
+def _raw_spec(name: str, info: MapInfo) -> MapSpec[Any, Any]:
+    return MapSpec(
+        name,
+        MapType.HASH,
+        RawCodec(info.key_size),
+        RawCodec(info.value_size),
+        info.max_entries,
+        info.flags,
+    )
+
+
+def _open(path: str) -> KernelMap:
+    name = os.path.basename(path)
+    probe = KernelMap.open_pinned(path, _raw_spec(name, MapInfo(0, 1, 1, 1, 0)))
+    info = probe.info()
+    probe.close()
+    spec = _raw_spec(name, info)
+    return KernelMap.open_pinned(path, spec)
+
+
+def _check_kernel(pin_dir: str) -> str | None:
+    support = kernel_support(pin_dir)
+    return None if support.ok else f"kernel BPF maps unavailable: {support.reason}"
+
+
+def cmd_maps(args: argparse.Namespace) -> int:
+    """List every map pinned under the pin directory."""
+    pin_dir: str = args.pin_dir
+    problem = _check_kernel(pin_dir)
+    if problem:
+        print(f"statewright bpf maps: {problem}", file=sys.stderr)
+        return 1
+    if not os.path.isdir(pin_dir):
+        print(f"statewright bpf maps: no pin directory {pin_dir}", file=sys.stderr)
+        return 1
+    rows = []
+    for name in sorted(os.listdir(pin_dir)):
+        path = os.path.join(pin_dir, name)
+        if not os.path.isfile(path):
+            continue
+        try:
+            m = _open(path)
+        except MapError as exc:
+            print(f"statewright bpf maps: {exc}", file=sys.stderr)
+            continue
+        with m:
+            info = m.info()
+            rows.append(
+                {
+                    "name": name,
+                    "type": _type_name(info.type),
+                    "entries": m.count(),
+                    "max": info.max_entries,
+                    "pinned": path,
+                }
+            )
+    if args.output == "json":
+        print(json.dumps(rows, indent=2))
+    else:
+        _print_table(["NAME", "TYPE", "ENTRIES", "MAX", "PINNED"], [list(r.values()) for r in rows])
+    return 0
+
+
+def decode_entries(name: str, m: KernelMap) -> list[dict[str, Any]]:
+    """Entries of pinned map ``name`` decoded with the catalogue's codecs when layouts match."""
+    info = m.info()
+    spec = catalog.all_specs().get(name)
+    if spec is not None and (spec.key_size, spec.value_size) != (info.key_size, info.value_size):
+        spec = None
+    out = []
+    for kraw, vraw in m.dump():
+        if spec is None:
+            out.append({"key": kraw.hex(), "value": vraw.hex()})
+            continue
+        key = spec.key.to_json(spec.key.decode(kraw))
+        if info.type in MAP_OF_MAPS:
+            value: Any = {"inner_map_id": int.from_bytes(vraw, "little")}
+        else:
+            value = spec.value.to_json(spec.value.decode(vraw))
+        out.append({"key": key, "value": value})
+    return out
+
+
+def cmd_dump(args: argparse.Namespace) -> int:
+    """Print one pinned map's entries."""
+    target: str = args.map
+    path = target if os.sep in target else os.path.join(args.pin_dir, target)
+    problem = _check_kernel(os.path.dirname(path))
+    if problem:
+        print(f"statewright bpf dump: {problem}", file=sys.stderr)
+        return 1
+    if not os.path.exists(path):
+        print(f"statewright bpf dump: no map pinned at {path}", file=sys.stderr)
+        return 1
+    try:
+        with _open(path) as m:
+            entries = decode_entries(os.path.basename(path), m)
+    except MapError as exc:
+        print(f"statewright bpf dump: {exc}", file=sys.stderr)
+        return 1
+    if args.output == "json":
+        print(json.dumps(entries, indent=2))
+    else:
+        _print_table(["KEY", "VALUE"], [[_flat(e["key"]), _flat(e["value"])] for e in entries])
+    return 0
+
+
+def _flat(value: Any) -> str:
+    if isinstance(value, dict):
+        return " ".join(f"{k}={_flat(v)}" for k, v in value.items())
+    if isinstance(value, list):
+        return f"[{len(value)} values]"
+    return str(value)
+
+
+def _print_table(header: list[str], rows: list[list[Any]]) -> None:
+    cells = [header, *[[str(c) for c in row] for row in rows]]
+    widths = [max(len(r[i]) for r in cells) for i in range(len(header))]
+    for row in cells:
+        print("  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip())
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Standalone entry: ``python -m statewright.cli_bpf bpf maps``."""
+    parser = argparse.ArgumentParser(prog="statewright")
+    add_commands(parser.add_subparsers(dest="command", required=True))
+    args = parser.parse_args(argv)
+    result: int = args.func(args)
+    return result
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
