@@ -1,1 +1,54 @@
-"""reconciler: drives a statedb table into any target through an Operations object."""
+"""reconciler: drives a statedb table into any target through an Operations object.
+
+A table says what should be; a `Reconciler` makes a target (BPF maps, files,
+routes, anything) match it and keeps it matching: incremental rounds from the
+table's change stream, per-object retries with exponential backoff, pruning
+once the table is initialized and periodically, optional refreshes, health,
+metrics and progress. See docs/reconciler.md.
+"""
+
+from reconciler.clock import Clock, FakeClock, SystemClock
+from reconciler.config import Config, RateLimit
+from reconciler.health import Health, Level
+from reconciler.metrics import Duration, PrometheusCollector, ReconcilerMetrics
+from reconciler.operations import BatchEntry, BatchOperations, Operations
+from reconciler.reconciler import Reconciler
+from reconciler.retries import RetryItem, RetryQueue, backoff_delay
+from reconciler.status import (
+    Status,
+    StatusKind,
+    StatusSet,
+    status_done,
+    status_error,
+    status_pending,
+    status_refreshing,
+    status_set_accessors,
+)
+
+__all__ = [
+    "BatchEntry",
+    "BatchOperations",
+    "Clock",
+    "Config",
+    "Duration",
+    "FakeClock",
+    "Health",
+    "Level",
+    "Operations",
+    "PrometheusCollector",
+    "RateLimit",
+    "Reconciler",
+    "ReconcilerMetrics",
+    "RetryItem",
+    "RetryQueue",
+    "Status",
+    "StatusKind",
+    "StatusSet",
+    "SystemClock",
+    "backoff_delay",
+    "status_done",
+    "status_error",
+    "status_pending",
+    "status_refreshing",
+    "status_set_accessors",
+]

@@ -1,0 +1,89 @@
+"""Configuration of one reconciler: which table, which target, how to read and write row status,
+and the tuning knobs (round size, pacing, backoff, prune and refresh intervals)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Generic, TypeVar
+
+from reconciler.clock import Clock, SystemClock
+from reconciler.metrics import ReconcilerMetrics
+from reconciler.operations import BatchOperations, Operations
+from reconciler.status import Status
+from statedb import Table
+
+O = TypeVar("O")
+
+
+@dataclass(frozen=True, slots=True)
+class RateLimit:
+    """Pace of reconciliation rounds: ``rate`` rounds per second, bursts of ``burst``."""
+
+    rate: float = 1000.0
+    burst: int = 10
+
+
+@dataclass(frozen=True, slots=True)
+class Config(Generic[O]):
+    """Everything a `Reconciler` needs; `validate` explains what is wrong with a bad config.
+
+    ``set_object_status`` must return a NEW row equal to the given one but with the
+    status replaced (rows are immutable). Intervals are seconds; ``None`` disables
+    periodic pruning / refreshing.
+    """
+
+    table: Table[O]
+    operations: Operations[O]
+    get_object_status: Callable[[O], Status]
+    set_object_status: Callable[[O, Status], O]
+    name: str = "reconciler"
+    batch_operations: BatchOperations[O] | None = None
+    incremental_round_size: int = 1000
+    rate_limit: RateLimit | None = field(default_factory=RateLimit)
+    retry_min_backoff: float = 0.01
+    retry_max_backoff: float = 30.0
+    prune_interval: float | None = None
+    refresh_interval: float | None = None
+    refresh_batch_size: int = 100
+    health_max_messages: int = 3
+    metrics: ReconcilerMetrics | None = None
+    clock: Clock = field(default_factory=SystemClock)
+
+    def validate(self) -> None:
+        """Raise ValueError naming the reconciler and the offending setting."""
+        problems: list[str] = []
+        if self.incremental_round_size <= 0:
+            problems.append(
+                f"incremental_round_size must be > 0, got {self.incremental_round_size}"
+            )
+        if self.retry_min_backoff <= 0:
+            problems.append(f"retry_min_backoff must be > 0, got {self.retry_min_backoff}")
+        if self.retry_max_backoff < self.retry_min_backoff:
+            problems.append(
+                f"retry_max_backoff ({self.retry_max_backoff}) must be >= retry_min_backoff "
+                f"({self.retry_min_backoff})"
+            )
+        if self.prune_interval is not None and self.prune_interval <= 0:
+            problems.append(f"prune_interval must be > 0 or None, got {self.prune_interval}")
+        if self.refresh_interval is not None and self.refresh_interval <= 0:
+            problems.append(f"refresh_interval must be > 0 or None, got {self.refresh_interval}")
+        if self.refresh_batch_size <= 0:
+            problems.append(f"refresh_batch_size must be > 0, got {self.refresh_batch_size}")
+        for attr in ("update", "delete", "prune"):
+            if not callable(getattr(self.operations, attr, None)):
+                problems.append(f"operations has no callable {attr}()")
+        if self.batch_operations is not None:
+            for attr in ("update_batch", "delete_batch"):
+                if not callable(getattr(self.batch_operations, attr, None)):
+                    problems.append(f"batch_operations has no callable {attr}()")
+        if problems:
+            raise ValueError(
+                f"reconciler {self.name!r} of table {self.table.name!r}: " + "; ".join(problems)
+            )
+
+    def with_changes(self, **changes: Any) -> Config[O]:
+        """Return a copy with some settings replaced."""
+        import dataclasses
+
+        return dataclasses.replace(self, **changes)

@@ -1,0 +1,55 @@
+"""Health of a reconciler: OK with the number of objects, or Degraded with the number of errors
+and the first few messages (what the agent's health report shows)."""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+
+class Level(enum.Enum):
+    """Health level."""
+
+    OK = "OK"
+    DEGRADED = "Degraded"
+    STOPPED = "Stopped"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+@dataclass(frozen=True, slots=True)
+class Health:
+    """A health report of one reconciler."""
+
+    name: str
+    level: Level
+    message: str
+    errors: tuple[str, ...] = ()
+
+    @property
+    def ok(self) -> bool:
+        """True when the level is OK."""
+        return self.level is Level.OK
+
+    def __str__(self) -> str:
+        return f"reconciler-{self.name} level={self.level} message={self.message}"
+
+
+def health_ok(name: str, objects: int) -> Health:
+    """OK, with the number of rows in the table."""
+    return Health(name, Level.OK, f"OK, {objects} object(s)")
+
+
+def health_degraded(name: str, errors: Sequence[str], max_messages: int = 3) -> Health:
+    """Degraded, with the error count and the first ``max_messages`` messages."""
+    shown = list(errors[:max_messages])
+    more = len(errors) - len(shown)
+    text = "; ".join(shown) + (f"; and {more} more" if more > 0 else "")
+    return Health(name, Level.DEGRADED, f"{len(errors)} error(s): {text}", tuple(errors))
+
+
+def health_stopped(name: str) -> Health:
+    """The reconciler is not running."""
+    return Health(name, Level.STOPPED, "stopped")

@@ -1,0 +1,331 @@
+"""Incremental reconciliation: one bounded round of work from the table's change stream and the
+retry queue, applied to the target, with the verdicts written back to the rows.
+
+A round collects deletions and Pending/Refreshing rows (skipping unchanged
+Done/Error rows) plus due retries, up to the round size; runs deletes before
+updates (a snapshot never holds a live row older than a deletion of its key);
+then writes Done/Error with compare-and-swap on the row's revision so a newer
+write is never overwritten.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any, Generic, TypeVar
+
+import anyio
+
+from reconciler.config import Config
+from reconciler.metrics import ReconcilerMetrics
+from reconciler.operations import BatchEntry, settle
+from reconciler.retries import RetryItem, RetryQueue
+from reconciler.status import Status, StatusKind, status_done, status_error
+from statedb import (
+    DB,
+    Change,
+    ChangeIterator,
+    ObjectNotFoundError,
+    ReadTxn,
+    RevisionMismatchError,
+    Watch,
+    WriteTxn,
+)
+
+O = TypeVar("O")
+
+log = logging.getLogger(__name__)
+
+_NEEDS_WORK = (StatusKind.PENDING, StatusKind.REFRESHING)
+# Changes examined between two yields to the event loop while skipping Done/Error rows.
+_CHECKPOINT_EVERY = 4096
+
+
+@dataclass(slots=True)
+class UpdateWork(Generic[O]):
+    """An update to perform: ``op_obj`` goes to the target, the verdict is written onto ``row``
+    at ``revision`` if the row's own status is still ``expected``."""
+
+    op_obj: O
+    row: O
+    revision: int
+    expected: Status
+    error: BaseException | None = None
+
+
+def error_text(exc: BaseException) -> str:
+    """The message stored in a row's Error status: the exception text, or its type when empty."""
+    text = str(exc)
+    return text if text else type(exc).__name__
+
+
+class Incremental(Generic[O]):
+    """Runs incremental rounds for one reconciler; owns the table's change iterator."""
+
+    def __init__(
+        self, db: DB, config: Config[O], retries: RetryQueue, metrics: ReconcilerMetrics
+    ) -> None:
+        self.db = db
+        self.config = config
+        self.table = config.table
+        self.retries = retries
+        self.metrics = metrics
+        self._iter: ChangeIterator[O] | None = None
+        self._changes: Iterator[Change[O]] | None = None
+        self._changes_revision = 0
+        # Revision of the newest snapshot whose changes were all attempted.
+        self.attempted_revision = -1
+
+    # ----- change stream -------------------------------------------------
+    def open(self) -> None:
+        """Start tracking the table's changes (the first round sees every row)."""
+        with self.db.write_txn(self.table) as wtxn:
+            self._iter = self.table.changes(wtxn)
+
+    def close(self) -> None:
+        """Stop tracking changes so the table can drop deleted rows kept for us."""
+        if self._iter is not None:
+            self._iter.close()
+            self._iter = None
+        self._changes = None
+
+    @property
+    def backlog(self) -> bool:
+        """True when changes of an earlier snapshot are still waiting (the last round was full)."""
+        return self._changes is not None
+
+    def _key_text(self, obj: Any) -> str:
+        try:
+            return repr(self.table.primary.key(obj))  # type: ignore[misc]
+        except Exception:  # a broken key function must not hide the real error
+            return "<unknown key>"
+
+    def _context(self, op: str, obj: Any, exc: BaseException) -> str:
+        return f"{op} {self.table.name} key={self._key_text(obj)}: {error_text(exc)}"
+
+    # ----- one round ----------------------------------------------------------
+    async def run_round(self, txn: ReadTxn) -> Watch | None:
+        """Process one bounded round against snapshot ``txn``.
+
+        Returns the change stream's watch when this round read new changes, else None.
+        """
+        assert self._iter is not None, "Incremental.open() was not called"
+        watch: Watch | None = None
+        if self._changes is None:
+            changes, watch = self._iter.next(txn)
+            self._changes = changes
+            self._changes_revision = self.table.revision(txn)
+        deletes: list[tuple[O, int]] = []
+        updates: list[UpdateWork[O]] = []
+        budget = self.config.incremental_round_size
+        taken = await self._collect_changes(self._changes, deletes, updates, budget)
+        if taken < budget:
+            self._changes = None
+            stream_revision = self._changes_revision
+        else:
+            stream_revision = -1
+        self._collect_retries(txn, deletes, updates, budget - taken)
+        if deletes:
+            await self._run_deletes(txn, deletes)
+        if updates:
+            await self._run_updates(txn, updates)
+            self._commit_statuses(updates)
+        if stream_revision >= 0:
+            self.attempted_revision = stream_revision
+        self.metrics.current_errors = len(self.retries)
+        return watch
+
+    async def _collect_changes(
+        self,
+        changes: Iterator[Change[O]],
+        deletes: list[tuple[O, int]],
+        updates: list[UpdateWork[O]],
+        budget: int,
+    ) -> int:
+        get_status = self.config.get_object_status
+        retries = self.retries
+        pk = self.table.primary_key_of
+        taken = 0
+        examined = 0
+        for ch in changes:
+            obj = ch.obj
+            if ch.deleted:
+                if retries:
+                    retries.clear(pk(obj))
+                deletes.append((obj, ch.revision))
+            else:
+                status = get_status(obj)
+                if status.kind not in _NEEDS_WORK:
+                    examined += 1
+                    if examined >= _CHECKPOINT_EVERY:
+                        examined = 0
+                        await anyio.lowlevel.checkpoint()
+                    continue
+                if retries:
+                    retries.clear(pk(obj))
+                updates.append(UpdateWork(obj, obj, ch.revision, status))
+            taken += 1
+            if taken >= budget:
+                break
+        return taken
+
+    def _collect_retries(
+        self,
+        txn: ReadTxn,
+        deletes: list[tuple[O, int]],
+        updates: list[UpdateWork[O]],
+        budget: int,
+    ) -> None:
+        if not self.retries or budget <= 0:
+            return
+        table = self.table
+        get_status = self.config.get_object_status
+        for item in list(self.retries.pop_due(self.config.clock.now(), budget)):
+            cur = table.get_revision(txn, table.primary.query_bytes(item.key))
+            if item.delete:
+                if cur is not None:
+                    # The key was inserted again after the failed delete: deleting now
+                    # would undo that insert. The insert is (or was) reconciled instead.
+                    self.retries.clear(item.key)
+                    continue
+                deletes.append((item.obj, item.revision))
+                continue
+            if cur is None:
+                # Deleted since; its deletion comes through the change stream.
+                self.retries.clear(item.key)
+                continue
+            row, rev = cur
+            own = get_status(row)
+            if own.kind is not StatusKind.ERROR:
+                # Pending/Refreshing: a newer write is queued in the change stream.
+                # Done: already reconciled. Either way this retry is obsolete.
+                self.retries.clear(item.key)
+                continue
+            op_obj = item.obj if rev == item.revision else row
+            updates.append(UpdateWork(op_obj, row, rev, own))
+
+    # ----- deletes ----------------------------------------------------------------
+    async def _run_deletes(self, txn: ReadTxn, deletes: list[tuple[O, int]]) -> None:
+        m = self.metrics
+        failed: list[tuple[O, int, BaseException]] = []
+        start = time.perf_counter()
+        batch_ops = self.config.batch_operations
+        if batch_ops is not None:
+            entries = [BatchEntry(obj, rev) for obj, rev in deletes]
+            try:
+                await settle(batch_ops.delete_batch(txn, entries))
+            except Exception as exc:
+                log.warning("delete_batch of %s failed: %s", self.table.name, exc)
+                for e in entries:
+                    if e.result is None:
+                        e.result = exc
+            failed = [(e.obj, e.revision, e.result) for e in entries if e.result is not None]
+            succeeded = [e.obj for e in entries if e.result is None]
+        else:
+            delete = self.config.operations.delete
+            succeeded = []
+            for obj, rev in deletes:
+                try:
+                    await settle(delete(txn, rev, obj))
+                except Exception as exc:
+                    failed.append((obj, rev, exc))
+                else:
+                    succeeded.append(obj)
+        m.deletes.observe(time.perf_counter() - start, len(deletes))
+        if self.retries:
+            pk = self.table.primary_key_of
+            for obj in succeeded:
+                self.retries.clear(pk(obj))
+        if failed:
+            now = self.config.clock.now()
+            m.delete_errors_total += len(failed)
+            for obj, rev, err in failed:
+                msg = self._context("delete", obj, err)
+                log.debug("%s", msg)
+                self.retries.add(self.table.primary_key_of(obj), obj, rev, True, msg, now)
+
+    # ----- updates ----------------------------------------------------------------
+    async def _run_updates(self, txn: ReadTxn, updates: list[UpdateWork[O]]) -> None:
+        start = time.perf_counter()
+        batch_ops = self.config.batch_operations
+        if batch_ops is not None:
+            entries = [BatchEntry(w.op_obj, w.revision) for w in updates]
+            try:
+                await settle(batch_ops.update_batch(txn, entries))
+            except Exception as exc:
+                log.warning("update_batch of %s failed: %s", self.table.name, exc)
+                for e in entries:
+                    if e.result is None:
+                        e.result = exc
+            for w, e in zip(updates, entries):
+                w.error = e.result
+        else:
+            update = self.config.operations.update
+            for w in updates:
+                try:
+                    await settle(update(txn, w.revision, w.op_obj))
+                except Exception as exc:
+                    w.error = exc
+        self.metrics.updates.observe(time.perf_counter() - start, len(updates))
+
+    def _commit_statuses(self, updates: list[UpdateWork[O]]) -> None:
+        """Write Done/Error onto each row unless the row's own status changed meanwhile."""
+        cfg = self.config
+        table = self.table
+        set_status = cfg.set_object_status
+        cas = table.compare_and_swap
+        wall = cfg.clock.wall()
+        done = status_done(wall)
+        failed: list[tuple[UpdateWork[O], int, str]] = []
+        succeeded: list[UpdateWork[O]] = []
+        with self.db.write_txn(table) as wtxn:
+            for w in updates:
+                exc: BaseException | None = w.error
+                status = done if exc is None else status_error(error_text(exc), wall)
+                try:
+                    try:
+                        cas(wtxn, w.revision, set_status(w.row, status))
+                        written = True
+                    except RevisionMismatchError:
+                        written = self._write_if_own_status_unchanged(wtxn, w, status)
+                    except ObjectNotFoundError:
+                        written = False  # deleted meanwhile: the deletion is in the stream
+                except Exception as write_exc:
+                    log.error(
+                        "reconciler %s: cannot write status of %s key=%s: %s",
+                        cfg.name, table.name, self._key_text(w.row), write_exc,
+                    )
+                    written = False
+                    if exc is None:
+                        exc = write_exc
+                if exc is None:
+                    succeeded.append(w)
+                elif written:
+                    failed.append((w, table.revision(wtxn), self._context("update", w.op_obj, exc)))
+        if self.retries:
+            pk = table.primary_key_of
+            for w in succeeded:
+                self.retries.clear(pk(w.row))
+        if failed:
+            now = cfg.clock.now()
+            self.metrics.update_errors_total += len(failed)
+            for w, rev, msg in failed:
+                log.debug("%s", msg)
+                self.retries.add(table.primary_key_of(w.row), w.op_obj, rev, False, msg, now)
+
+    def _write_if_own_status_unchanged(
+        self, wtxn: WriteTxn, w: UpdateWork[O], status: Status
+    ) -> bool:
+        # The row changed. When only other reconcilers' statuses changed (our own status is
+        # exactly what we started from) our verdict still holds: write it onto the new row.
+        table = self.table
+        cur = table.get_revision(wtxn, table.primary.query_bytes(table.primary_key_of(w.row)))
+        if cur is None or self.config.get_object_status(cur[0]) != w.expected:
+            return False
+        table.insert(wtxn, self.config.set_object_status(cur[0], status))
+        return True
+
+
+__all__ = ["Incremental", "RetryItem", "UpdateWork", "error_text"]

@@ -1,0 +1,190 @@
+"""The Reconciler: an anyio task that keeps a target matching a table, whatever fails on the way.
+
+Run it in a task group (``await tg.start(reconciler.run)``); cancelling the group
+stops it cleanly. Each loop iteration waits for a table change, a due retry, a
+prune trigger or the table's initialization, then runs one bounded incremental
+round, prunes when due, and publishes health, metrics and progress.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import threading
+from typing import Generic, TypeVar
+
+import anyio
+import anyio.abc
+
+from reconciler.config import Config
+from reconciler.health import Health, health_degraded, health_ok, health_stopped
+from reconciler.incremental import Incremental, error_text
+from reconciler.metrics import ReconcilerMetrics
+from reconciler.prune import Pruner
+from reconciler.ratelimit import RateLimiter
+from reconciler.refresh import Refresher
+from reconciler.retries import RetryQueue
+from statedb import DB, ReadTxn, Watch, closed_watch
+
+O = TypeVar("O")
+
+log = logging.getLogger(__name__)
+
+
+class Reconciler(Generic[O]):
+    """Reconciles ``config.table`` into ``config.operations``' target; see `run`."""
+
+    def __init__(self, db: DB, config: Config[O]) -> None:
+        config.validate()
+        if config.table.db is not db:
+            raise ValueError(
+                f"reconciler {config.name!r}: table {config.table.name!r} is not registered "
+                "with the given DB"
+            )
+        self.db = db
+        self.config = config
+        self.metrics = config.metrics if config.metrics is not None else ReconcilerMetrics(
+            name=config.name
+        )
+        self.retries = RetryQueue(config.retry_min_backoff, config.retry_max_backoff)
+        self._incremental = Incremental(db, config, self.retries, self.metrics)
+        self._pruner = Pruner(config, self.metrics)
+        self._health = health_stopped(config.name)
+        self._round_error: str | None = None
+        self._lock = threading.Lock()
+        self._trigger = Watch()
+        self._progress = Watch()
+        self._running = False
+
+    # ----- public API ------------------------------------------------------------
+    @property
+    def name(self) -> str:
+        """The reconciler's name (metrics, health, status sets)."""
+        return self.config.name
+
+    @property
+    def health(self) -> Health:
+        """The latest health report."""
+        return self._health
+
+    @property
+    def reconciled_revision(self) -> int:
+        """Table revision up to which every change has been attempted (-1 before the first)."""
+        return self._incremental.attempted_revision
+
+    def prune(self) -> None:
+        """Request a prune at the next round (deferred until the table is initialized).
+
+        Safe to call from any thread.
+        """
+        self._pruner.request()
+        with self._lock:
+            trigger = self._trigger
+        trigger.close()
+
+    async def wait_until_reconciled(self, revision: int, timeout: float | None = None) -> int:
+        """Wait until every change of the table up to ``revision`` has been attempted; return
+        how many objects are still waiting for a retry. Raises TimeoutError after ``timeout``."""
+        cm = anyio.fail_after(timeout) if timeout is not None else contextlib.nullcontext()
+        with cm:
+            while self._incremental.attempted_revision < revision:
+                watch = self._progress
+                if self._incremental.attempted_revision >= revision:
+                    break
+                await watch.wait_async()
+        return len(self.retries)
+
+    async def run(
+        self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED
+    ) -> None:
+        """Reconcile until cancelled; signals ``task_status`` once changes are being tracked."""
+        if self._running:
+            raise RuntimeError(f"reconciler {self.name!r} is already running")
+        self._running = True
+        self._incremental.open()
+        try:
+            async with anyio.create_task_group() as tg:
+                if self.config.refresh_interval is not None:
+                    tg.start_soon(Refresher(self.db, self.config, self.metrics).run)
+                task_status.started()
+                await self._loop()
+        finally:
+            self._incremental.close()
+            self._health = health_stopped(self.name)
+            self._running = False
+
+    # ----- the loop --------------------------------------------------------------------
+    async def _loop(self) -> None:
+        cfg = self.config
+        clock = cfg.clock
+        table = cfg.table
+        limiter = (
+            RateLimiter(cfg.rate_limit.rate, cfg.rate_limit.burst, clock)
+            if cfg.rate_limit is not None
+            else None
+        )
+        txn = self.db.read_txn()
+        initialized, init_watch = table.initialized(txn)
+        if initialized:
+            self._pruner.on_initialized(clock.now())
+        table_watch = closed_watch()  # the first round reads every row
+        while True:
+            if limiter is not None:
+                await limiter.wait()
+            if not self._incremental.backlog:
+                watches = [table_watch, self._trigger]
+                if not initialized:
+                    watches.append(init_watch)
+                await clock.sleep(self._next_wake(), watches)
+            with self._lock:
+                if self._trigger.closed:
+                    self._trigger = Watch()
+            txn = self.db.read_txn()
+            if not initialized:
+                initialized, init_watch = table.initialized(txn)
+                if initialized:
+                    self._pruner.on_initialized(clock.now())
+            try:
+                watch = await self._round(txn)
+            except Exception as exc:  # a bug in user callbacks must not kill the loop
+                self._round_error = f"round of {table.name} failed: {error_text(exc)}"
+                log.exception("reconciler %s: %s", self.name, self._round_error)
+                self._publish(txn)
+                await clock.sleep(cfg.retry_min_backoff)
+                continue
+            self._round_error = None
+            if watch is not None:
+                table_watch = watch
+            self._publish(txn)
+            await anyio.lowlevel.checkpoint()
+
+    def _next_wake(self) -> float | None:
+        now = self.config.clock.now()
+        times = [t for t in (self.retries.next_due(), self._pruner.wake_at()) if t is not None]
+        if not times:
+            return None
+        return max(0.0, min(times) - now)
+
+    async def _round(self, txn: ReadTxn) -> Watch | None:
+        import time
+
+        start = time.perf_counter()
+        watch = await self._incremental.run_round(txn)
+        if self._pruner.due(self.config.clock.now()):
+            await self._pruner.run(txn)
+        self.metrics.rounds.observe(time.perf_counter() - start)
+        return watch
+
+    def _publish(self, txn: ReadTxn) -> None:
+        errors = [item.error for item in self.retries.errors()]
+        if self._pruner.error is not None:
+            errors.append(self._pruner.error)
+        if self._round_error is not None:
+            errors.append(self._round_error)
+        self.metrics.current_errors = len(self.retries)
+        if errors:
+            self._health = health_degraded(self.name, errors, self.config.health_max_messages)
+        else:
+            self._health = health_ok(self.name, self.config.table.count(txn))
+        old, self._progress = self._progress, Watch()
+        old.close()

@@ -1,0 +1,109 @@
+"""Refreshing: re-apply Done rows older than the refresh interval, to repair targets changed
+behind the reconciler's back.
+
+A separate task follows the table's change stream and remembers, per Done row,
+when it becomes due. A due row that is still unchanged is marked Refreshing
+(compare-and-swap on its revision), which the incremental rounds then update.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import logging
+from typing import Any, Generic, TypeVar
+
+import anyio
+
+from reconciler.config import Config
+from reconciler.metrics import ReconcilerMetrics
+from reconciler.status import StatusKind, status_refreshing
+from statedb import DB, ReadTxn
+
+O = TypeVar("O")
+
+log = logging.getLogger(__name__)
+
+
+class Refresher(Generic[O]):
+    """Marks stale Done rows Refreshing; run it as a task next to the reconciler loop."""
+
+    def __init__(self, db: DB, config: Config[O], metrics: ReconcilerMetrics) -> None:
+        assert config.refresh_interval is not None
+        self.db = db
+        self.config = config
+        self.metrics = metrics
+        self.interval = config.refresh_interval
+        # (due wall time, sequence, primary key, revision seen Done)
+        self._due: list[tuple[float, int, bytes, int]] = []
+        self._seq = itertools.count()
+
+    async def run(self) -> None:
+        """Loop until cancelled."""
+        cfg = self.config
+        table = cfg.table
+        with self.db.write_txn(table) as wtxn:
+            it = table.changes(wtxn)
+        try:
+            while True:
+                txn = self.db.read_txn()
+                changes, watch = it.next(txn)
+                for n, ch in enumerate(changes, 1):
+                    if not ch.deleted:
+                        self._track(ch.obj, ch.revision)
+                    if n % 4096 == 0:
+                        await anyio.lowlevel.checkpoint()
+                if len(self._due) > 2 * table.count(txn) + 1024:
+                    self._rebuild(txn)
+                marked = self._mark_due()
+                if marked:
+                    await anyio.lowlevel.checkpoint()
+                    continue
+                delay = None
+                if self._due:
+                    delay = max(0.0, self._due[0][0] - cfg.clock.wall())
+                await cfg.clock.sleep(delay, [watch])
+        finally:
+            it.close()
+
+    def _track(self, obj: Any, revision: int) -> None:
+        status = self.config.get_object_status(obj)
+        if status.kind is StatusKind.DONE:
+            key = self.config.table.primary_key_of(obj)
+            heapq.heappush(
+                self._due, (status.updated_at + self.interval, next(self._seq), key, revision)
+            )
+
+    def _rebuild(self, txn: ReadTxn) -> None:
+        self._due = []
+        for obj, rev in self.config.table.all_revisions(txn):
+            self._track(obj, rev)
+
+    def _mark_due(self) -> int:
+        """Mark up to refresh_batch_size due rows Refreshing in one write transaction."""
+        cfg = self.config
+        table = cfg.table
+        now = cfg.clock.wall()
+        due: list[tuple[bytes, int]] = []
+        while self._due and self._due[0][0] <= now and len(due) < cfg.refresh_batch_size:
+            _, _, key, rev = heapq.heappop(self._due)
+            due.append((key, rev))
+        if not due:
+            return 0
+        marked = 0
+        with self.db.write_txn(table) as wtxn:
+            for key, rev in due:
+                cur = table.get_revision(wtxn, table.primary.query_bytes(key))
+                if cur is None or cur[1] != rev:
+                    continue  # changed or deleted since: its newer version is tracked
+                obj = cur[0]
+                if cfg.get_object_status(obj).kind is not StatusKind.DONE:
+                    continue
+                try:
+                    table.insert(wtxn, cfg.set_object_status(obj, status_refreshing(now)))
+                except Exception as exc:
+                    log.error("refresh of %s key=%r failed: %s", table.name, key, exc)
+                    continue
+                marked += 1
+        self.metrics.refreshes_total += marked
+        return len(due)
