@@ -72,6 +72,11 @@ class MapBackend(abc.ABC):
     def lookup_batch(self, batch_size: int = 4096) -> Iterator[list[tuple[bytes, bytes]]]:
         """All entries in chunks (the kernel's batch lookup where available)."""
 
+    def dump_chunks(self, batch_size: int = 4096) -> Iterator[tuple[bytes, bytes]]:
+        """All entries as (concatenated keys, concatenated values) chunks, for bulk decoding."""
+        for chunk in self.lookup_batch(batch_size):
+            yield b"".join(k for k, _ in chunk), b"".join(v for _, v in chunk)
+
     def dump(self) -> list[tuple[bytes, bytes]]:
         """All entries, fetched in batches."""
         out: list[tuple[bytes, bytes]] = []

@@ -14,7 +14,7 @@ from bpf.spec import MAP_OF_MAPS, MapInfo, MapSpec, MapType, UpdateFlag
 
 _ENOTSUPP = 524
 _UNSUPPORTED = frozenset({_ENOTSUPP, errno.EOPNOTSUPP})
-_MAX_UPDATE_FLAG = UpdateFlag.EXIST
+_flag_arg = libbpf.update_flags
 
 
 class KernelMap(MapBackend):
@@ -162,7 +162,7 @@ class KernelMap(MapBackend):
         if len(key) != self._ksize or len(value) != self._vsize:
             self._check_key("update", key)
             self._check_value("update", value)
-        ret = self._update(self._fd, key, value, flags)
+        ret = self._update(self._fd, key, value, _flag_arg(flags))
         if ret:
             raise self._error("update", -ret)
 
@@ -201,8 +201,14 @@ class KernelMap(MapBackend):
 
     def lookup_batch(self, batch_size: int = 4096) -> Iterator[list[tuple[bytes, bytes]]]:
         """Entries in chunks via BPF_MAP_LOOKUP_BATCH; per-key fallback when unsupported."""
+        ksz, vsz = self._ksize, self._vsize
+        for kraw, vraw in self.dump_chunks(batch_size):
+            yield list(zip(split_fixed(kraw, ksz), split_fixed(vraw, vsz)))
+
+    def dump_chunks(self, batch_size: int = 4096) -> Iterator[tuple[bytes, bytes]]:
+        """Raw (keys, values) buffers straight from BPF_MAP_LOOKUP_BATCH."""
         if not self._batch_supported or self.spec.type == MapType.LPM_TRIE:
-            yield from self._lookup_batch_fallback(batch_size)
+            yield from self._dump_chunks_fallback(batch_size)
             return
         ksz, vsz = self._ksize, self._vsize
         token_size = max(ksz, 8)
@@ -218,7 +224,7 @@ class KernelMap(MapBackend):
                 unsupported = -ret in _UNSUPPORTED or ret == -errno.EINVAL
                 if unsupported and in_token is None:
                     self._batch_supported = False
-                    yield from self._lookup_batch_fallback(batch_size)
+                    yield from self._dump_chunks_fallback(batch_size)
                     return
                 if ret == -errno.ENOSPC and n == 0:
                     size *= 2  # a hash bucket holds more entries than the buffer
@@ -226,13 +232,15 @@ class KernelMap(MapBackend):
                     continue
                 raise self._error("lookup_batch", -ret)
             if n:
-                kraw = keys.raw[: n * ksz]
-                vraw = values.raw[: n * vsz]
-                yield list(zip(split_fixed(kraw, ksz), split_fixed(vraw, vsz)))
+                yield keys.raw[: n * ksz], values.raw[: n * vsz]
             if ret == -errno.ENOENT:
                 return
             in_token = out_token
             turn ^= 1
+
+    def _dump_chunks_fallback(self, batch_size: int) -> Iterator[tuple[bytes, bytes]]:
+        for chunk in self._lookup_batch_fallback(batch_size):
+            yield b"".join(k for k, _ in chunk), b"".join(v for _, v in chunk)
 
     def _lookup_batch_fallback(self, batch_size: int) -> Iterator[list[tuple[bytes, bytes]]]:
         chunk: list[tuple[bytes, bytes]] = []
@@ -270,7 +278,7 @@ class KernelMap(MapBackend):
                 self.fd,
                 kbuf[i * self._ksize : (i + 1) * self._ksize],
                 vbuf[i * self._vsize : (i + 1) * self._vsize],
-                flags,
+                _flag_arg(flags),
             )
             if ret:
                 raise BatchError(self.name, "update_batch", -ret, i)

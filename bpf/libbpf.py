@@ -86,12 +86,18 @@ class _Lib:
             _c_u32,
             ctypes.POINTER(_MapCreateOpts),
         )
-        self.update_elem = proto(
-            "bpf_map_update_elem", _c_int, _c_int, _c_void_p, _c_void_p, _c_u64
-        )
-        self.lookup_elem = proto("bpf_map_lookup_elem", _c_int, _c_int, _c_void_p, _c_void_p)
-        self.delete_elem = proto("bpf_map_delete_elem", _c_int, _c_int, _c_void_p)
-        self.get_next_key = proto("bpf_map_get_next_key", _c_int, _c_int, _c_void_p, _c_void_p)
+        # Hot-path element calls are declared without argtypes: ctypes then passes an
+        # int fd, bytes/buffers/None as pointers and a c_uint64 flag object as is, which
+        # saves about a third of the per-call cost. Callers pass exactly those types
+        # (flags via update_flags()).
+        self.update_elem = proto("bpf_map_update_elem", _c_int)
+        self.update_elem.argtypes = None
+        self.lookup_elem = proto("bpf_map_lookup_elem", _c_int)
+        self.lookup_elem.argtypes = None
+        self.delete_elem = proto("bpf_map_delete_elem", _c_int)
+        self.delete_elem.argtypes = None
+        self.get_next_key = proto("bpf_map_get_next_key", _c_int)
+        self.get_next_key.argtypes = None
         self.update_batch = proto(
             "bpf_map_update_batch",
             _c_int,
@@ -132,6 +138,16 @@ class _Lib:
 def lib() -> _Lib:
     """The loaded library (raises LibBpfUnavailable once per process if missing)."""
     return _Lib()
+
+
+_UPDATE_FLAGS = tuple(_c_u64(i) for i in range(8))
+
+
+def update_flags(flags: int) -> Any:
+    """The u64 flags argument for update_elem (cached for the common values)."""
+    if 0 <= flags < len(_UPDATE_FLAGS):
+        return _UPDATE_FLAGS[flags]
+    return _c_u64(flags)
 
 
 def new_buffer(size: int) -> Buffer:

@@ -67,7 +67,8 @@ class MemoryMap(MapBackend):
         self.spec = store.spec
         self._store: _Store | None = store
         self._pinned_path = pinned_path
-        self._type = store.spec.type
+        self._type = MapType(store.spec.type)
+        self._plain = self._type in (MapType.HASH, MapType.LRU_HASH, MapType.ARRAY)
 
     # -- lifecycle -----------------------------------------------------------------
 
@@ -177,6 +178,9 @@ class MemoryMap(MapBackend):
 
     def lookup(self, key: bytes) -> bytes | None:
         """Value for ``key``; LPM tries return the longest matching prefix."""
+        st = self._store
+        if self._plain and st is not None and len(key) == st.ksize:
+            return st.data.get(key)  # fast path: hash, LRU, array
         st = self._check("lookup", key)
         if self._type == MapType.LPM_TRIE:
             plen = min(int.from_bytes(key[:4], "little"), 8 * (len(key) - 4))
@@ -200,6 +204,19 @@ class MemoryMap(MapBackend):
 
     def update(self, key: bytes, value: bytes, flags: int = UpdateFlag.ANY) -> None:
         """Create/replace per ``flags`` with the kernel's errnos."""
+        st = self._store
+        if (
+            self._type is MapType.HASH
+            and not flags
+            and st is not None
+            and len(key) == st.ksize
+            and len(value) == st.vsize
+        ):
+            table = st.data  # fast path: plain hash, BPF_ANY
+            if key in table or len(table) < st.max_entries:
+                table[key] = value
+                return
+            raise self._error("update", errno.E2BIG)
         st = self._check("update", key, value)
         if flags not in (0, 1, 2):
             raise self._error("update", errno.EINVAL)

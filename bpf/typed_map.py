@@ -65,10 +65,8 @@ class TypedMap(Generic[K, V]):
         """All entries, fetched with batch lookups and decoded in bulk."""
         out: list[tuple[K, V]] = []
         key_codec, value_codec = self.spec.key, self.spec.value
-        for chunk in self._be.lookup_batch():
-            ks = key_codec.decode_many(b"".join(k for k, _ in chunk))
-            vs = value_codec.decode_many(b"".join(v for _, v in chunk))
-            out.extend(zip(ks, vs))
+        for kraw, vraw in self._be.dump_chunks():
+            out.extend(zip(key_codec.decode_many(kraw), value_codec.decode_many(vraw)))
         return out
 
     def update_batch(self, keys: Iterable[K], values: Iterable[V], flags: int = 0) -> int:
