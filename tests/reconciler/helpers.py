@@ -8,13 +8,14 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import anyio
 from anyio.from_thread import BlockingPortal, start_blocking_portal
 
 from reconciler import (
     BatchEntry,
+    BatchOperations,
     Config,
     RateLimit,
     Reconciler,
@@ -162,7 +163,7 @@ class Harness:
             operations=self.ops,
             get_object_status=get_status,
             set_object_status=set_status,
-            batch_operations=self.ops if batch else None,
+            batch_operations=cast("BatchOperations[TestObject]", self.ops) if batch else None,
             **settings,
         )
         self.reconciler = Reconciler(self.db, self.config)
