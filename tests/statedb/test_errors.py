@@ -210,7 +210,7 @@ def test_unknown_index() -> None:
     bad = Query("nope", b"x")
     for query in (t1.get, t1.list, t1.prefix, t1.lower_bound, t1.get_watch, t1.prefix_watch):
         with pytest.raises(UnknownIndexError, match="id, tags, prefix"):
-            query(txn, bad)  # type: ignore[operator]
+            query(txn, bad)
     with pytest.raises(UnknownIndexError):
         t1.index("nope")
     assert t1.index("tags") is TAGS_INDEX
