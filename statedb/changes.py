@@ -1,21 +1,24 @@
 """Change iterators: every upsert and deletion of a table, each exactly once, in revision order.
 
 The first `ChangeIterator.next` returns every current row as an upsert; each
-later call returns what was committed since, merging the revision index
-(upserts) with the graveyard (deletions). While an iterator is open the
-table keeps deleted rows in its graveyard; commits drop graveyard entries
-every open iterator has seen, and `close` releases the iterator's hold.
+later call returns what was committed since, read from the table's change
+log: every deletion, and each row's latest upsert (an upsert superseded by a
+later write is skipped, the later one is reported). While an iterator is
+open, log compaction keeps the deletions it has not seen; `close` releases
+that hold.
 """
 
 from __future__ import annotations
 
-import heapq
 import itertools
 import weakref
 from collections.abc import Iterator
 from dataclasses import dataclass
+from itertools import islice
 from typing import TYPE_CHECKING, Generic, TypeVar
 
+from statedb.ordered import log_position
+from statedb.table_state import TableState, TableTxn
 from statedb.watch import Watch
 
 if TYPE_CHECKING:
@@ -64,6 +67,8 @@ class ChangeIterator(Generic[O]):
         if self.closed:
             raise RuntimeError(f"change iterator of table {self.table.name!r} is closed")
         st = self.table._state(txn)
+        if isinstance(st, TableTxn):
+            st = st.base  # changes are reported once committed
         if st.revision < self._start:
             raise ValueError(
                 f"table {self.table.name!r}: snapshot at revision {st.revision} is older than "
@@ -71,31 +76,30 @@ class ChangeIterator(Generic[O]):
             )
         seen, upto = self._seen, st.revision
         if seen < 0:
-            changes = self._all(st.revisions.values_from())
+            changes = self._current(st)
         elif upto <= seen:
             changes = iter(())
         else:
-            ups = st.revisions.items_from(seen + 1)
-            dels = st.graveyard.items_from(seen + 1)
-            changes = self._merge(ups, dels, upto)
+            changes = self._since(st, seen)
         self._seen = upto
         self._tracker[0] = upto
         return changes, self.table._table_watch(txn)
 
     @staticmethod
-    def _all(entries: Iterator[tuple[O, int]]) -> Iterator[Change[O]]:
-        for obj, rev in entries:
-            yield Change(obj, rev, False)
+    def _current(st: TableState) -> Iterator[Change[O]]:
+        """Every row of the snapshot, as upserts in revision order."""
+        h = st.hash
+        for e in islice(st.log, 0, st.log_len):
+            if len(e) == 3 and h.get(e[2]) is e:
+                yield Change(e[0], e[1], False)
 
     @staticmethod
-    def _merge(
-        ups: Iterator[tuple[int, tuple[O, int]]],
-        dels: Iterator[tuple[int, tuple[O, int]]],
-        upto: int,
-    ) -> Iterator[Change[O]]:
-        tagged_ups = ((rev, e[0], False) for rev, e in ups)
-        tagged_dels = ((rev, e[0], True) for rev, e in dels)
-        for rev, obj, deleted in heapq.merge(tagged_ups, tagged_dels, key=lambda c: c[0]):
-            if rev > upto:
-                return
-            yield Change(obj, rev, deleted)
+    def _since(st: TableState, seen: int) -> Iterator[Change[O]]:
+        """Deletions and latest upserts after revision ``seen``, in revision order."""
+        h = st.hash
+        start = log_position(st.log, st.log_len, seen)
+        for e in islice(st.log, start, st.log_len):
+            if len(e) == 4:
+                yield Change(e[0], e[1], True)
+            elif h.get(e[2]) is e:
+                yield Change(e[0], e[1], False)

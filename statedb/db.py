@@ -34,7 +34,9 @@ class DB:
                 t.db = self
                 t.lock_order = len(self._tables)
                 self._tables[t.name] = t
-                root[t.name] = TableState(len(t.secondary))
+                st = TableState(len(t.secondary))
+                st.secondary = [m if i.unique else None for m, i in zip(st.secondary, t.secondary)]
+                root[t.name] = st
             self.root = root
 
     @property

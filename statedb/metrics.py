@@ -66,9 +66,9 @@ class DBMetrics:
         for name, st in txn.states.items():
             m = self.tables.get(name, TableMetrics())
             out[name] = {
-                "objects": len(st.primary),
+                "objects": len(st.hash),
                 "revision": st.revision,
-                "graveyard_objects": len(st.graveyard),
+                "graveyard_objects": st.tombstones,
                 "write_txn_lock_wait_seconds_total": m.lock_wait.total_s,
                 "write_txn_lock_wait_seconds_max": m.lock_wait.max_s,
                 "write_txn_duration_seconds_total": m.txn_duration.total_s,

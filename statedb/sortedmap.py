@@ -21,7 +21,7 @@ Keys of one map must be mutually comparable (all ``bytes`` or all ``int``).
 
 from __future__ import annotations
 
-from bisect import bisect_left, bisect_right
+from bisect import bisect_left
 from collections.abc import Iterator
 from itertools import islice
 from typing import Any
@@ -30,7 +30,7 @@ LOAD = 512
 
 
 class SortedMap:
-    """An ordered key -> value map; frozen maps are immutable, transients are owned by one writer."""
+    """An ordered key -> value map: frozen maps are immutable, a transient has one writer."""
 
     __slots__ = ("_keys", "_len", "_maxes", "_owned", "_vals")
 
@@ -41,6 +41,18 @@ class SortedMap:
         self._len = 0
         # ids of chunks this map may mutate in place; None means frozen.
         self._owned: set[int] | None = None
+
+    @classmethod
+    def from_sorted(cls, keys: list[Any], values: list[Any]) -> SortedMap:
+        """Return a frozen map of already sorted, distinct ``keys`` and their ``values`` (O(n))."""
+        m = cls()
+        for i in range(0, len(keys), LOAD):
+            m._keys.append(keys[i : i + LOAD])
+            m._vals.append(values[i : i + LOAD])
+            m._maxes.append(m._keys[-1][-1])
+        m._len = len(keys)
+        m._owned = None
+        return m
 
     # ----- snapshots -------------------------------------------------
     def transient(self) -> SortedMap:
@@ -136,12 +148,6 @@ class SortedMap:
             if not k.startswith(prefix):
                 return
             yield k, v
-
-    def first(self) -> tuple[Any, Any] | None:
-        """Return the smallest (key, value) pair, or None when empty."""
-        if not self._len:
-            return None
-        return self._keys[0][0], self._vals[0][0]
 
     # ----- writes (transient only) ------------------------------------
     def _own(self, i: int) -> tuple[list[Any], list[Any]]:
@@ -246,34 +252,6 @@ class SortedMap:
         del self._vals[hi]
         del self._maxes[hi]
         self._maxes[lo] = keys[-1]
-
-    def pop_through(self, key: Any) -> int:
-        """Remove every key <= ``key``; return how many were removed."""
-        removed = 0
-        while self._maxes and self._maxes[0] <= key:
-            if self._owned is None:
-                raise RuntimeError("SortedMap is frozen; take a transient() to write")
-            removed += len(self._keys[0])
-            del self._keys[0]
-            del self._vals[0]
-            del self._maxes[0]
-        if self._maxes:
-            j = bisect_right(self._keys[0], key)
-            if j:
-                keys, vals = self._own(0)
-                del keys[:j]
-                del vals[:j]
-                removed += j
-        self._len -= removed
-        return removed
-
-    def clear(self) -> None:
-        """Remove everything (transient only)."""
-        if self._owned is None:
-            raise RuntimeError("SortedMap is frozen; take a transient() to write")
-        self._keys, self._vals, self._maxes = [], [], []
-        self._owned = set()
-        self._len = 0
 
 
 EMPTY = SortedMap()

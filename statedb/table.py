@@ -9,6 +9,7 @@ that closes once the query's result may have changed after that snapshot.
 
 from __future__ import annotations
 
+import builtins
 import threading
 import weakref
 from collections.abc import Callable, Iterator
@@ -21,6 +22,8 @@ from statedb.errors import (
     UnknownIndexError,
 )
 from statedb.index import Index, Query
+from statedb.ordered import ordered_view
+from statedb.sortedmap import SortedMap
 from statedb.table_state import TableState, TableTxn
 from statedb.watch import Watch, closed_watch
 
@@ -32,6 +35,7 @@ if TYPE_CHECKING:
 O = TypeVar("O")
 
 _obj = itemgetter(0)
+_obj_rev = itemgetter(0, 1)
 
 
 class Table(Generic[O]):
@@ -47,8 +51,17 @@ class Table(Generic[O]):
         self.primary = primary
         self.secondary: tuple[Index[O, Any], ...] = secondary
         self._index_pos = {idx.name: i for i, idx in enumerate(secondary)}
-        self._pk_key = primary.key
-        self._pk_encode = primary.encode
+        self.pk_key: Callable[[O], Any] = primary.key
+        self.pk_encode: Callable[[Any], bytes] = primary.encode
+        # (key, keys, encode, unique) per secondary index, for the write path.
+        # (position, key, keys, encode) per unique secondary index, for the write path.
+        self.unique_specs: list[tuple[int, Any, Any, Any]] = [
+            (pos, i.key, i.keys, i.encode) for pos, i in enumerate(secondary) if i.unique
+        ]
+        # Newest ordered view built per index position: (state, view).
+        self.ordered_cache: list[tuple[TableState, SortedMap] | None] = [None] * (
+            len(secondary) + 1
+        )
         # Set when registered with a DB.
         self.db: DB | None = None
         self.lock_order = -1
@@ -63,6 +76,8 @@ class Table(Generic[O]):
             weakref.WeakValueDictionary() for _ in range(len(secondary) + 1)
         ]
         self.table_watch = Watch()
+        # Set when table_watch was handed out; commits replace and close it only then.
+        self.table_watch_taken = False
         self.init_watch = Watch()
         # Change iterators that still need deletions: id -> [last seen revision].
         self.delete_trackers: dict[int, list[int]] = {}
@@ -86,7 +101,7 @@ class Table(Generic[O]):
 
     def primary_key_of(self, obj: O) -> bytes:
         """Return the encoded primary key of ``obj``."""
-        return self._pk_encode(self._pk_key(obj))  # type: ignore[misc]
+        return self.pk_encode(self.pk_key(obj))
 
     # ----- plumbing ----------------------------------------------------
     def _state(self, txn: ReadTxn) -> TableState:
@@ -106,73 +121,63 @@ class Table(Generic[O]):
             if pos is None:
                 raise UnknownIndexError(self.name, q.index, [i.name for i in self.indexes])
             return pos + 1, self.secondary[pos].unique, q.key
-        return 0, True, self._pk_encode(q)
+        return 0, True, self.pk_encode(q)
 
-    @staticmethod
-    def _ordered(smap: Any) -> Any:
-        # Iterating a write transaction's map needs a frozen view so later writes
-        # in the same transaction cannot disturb the iteration.
-        return smap if smap.frozen else smap.freeze()
-
-    def _index_map(self, st: TableState, pos: int) -> Any:
-        return self._ordered(st.primary if pos == 0 else st.secondary[pos - 1])
+    def _view(self, txn: ReadTxn, pos: int) -> SortedMap:
+        return ordered_view(self, self._state(txn), pos)
 
     # ----- queries ---------------------------------------------------------
     def get(self, txn: ReadTxn, q: Query | Any) -> O | None:
         """Return the first row matching the key exactly, or None."""
+        if type(q) is not Query:
+            e = txn.states[self.name].hash.get(self.pk_encode(q))
+            return e[0] if e is not None else None
         e = self._get_entry(txn, q)
         return e[0] if e is not None else None
 
     def get_revision(self, txn: ReadTxn, q: Query | Any) -> tuple[O, int] | None:
         """Return (row, revision) of the first row matching the key exactly, or None."""
-        return self._get_entry(txn, q)
+        e = self._get_entry(txn, q)
+        return (e[0], e[1]) if e is not None else None
 
-    def _get_entry(self, txn: ReadTxn, q: Query | Any) -> tuple[O, int] | None:
-        st = txn.states[self.name]
-        if type(q) is not Query:
-            e: tuple[O, int] | None = st.hash.get(self._pk_encode(q))
-            return e
+    def _get_entry(self, txn: ReadTxn, q: Query | Any) -> Any:
+        st = self._state(txn)
         pos, unique, key = self._resolve(q)
         if pos == 0:
-            e = st.hash.get(key)
-            return e
-        smap = st.secondary[pos - 1]
+            return st.hash.get(key)
         if unique:
-            e = smap.get(key)
-            return e
-        for e in self._list_nonunique(smap, key):
+            return st.secondary[pos - 1].get(key)
+        for e in self._list_nonunique(self._view(txn, pos), key):
             return e
         return None
 
     def get_watch(self, txn: ReadTxn, q: Query | Any) -> tuple[O | None, Watch]:
         """Like `get`, plus a watch that closes when the row under this key changes."""
-        pos, unique, key = self._resolve(q)
+        pos, _, key = self._resolve(q)
         watch = self._key_watch(pos, key)
         e = self._get_entry(txn, q)
         return (e[0] if e is not None else None), self._validate(txn, watch, pos, key, e)
 
     def list(self, txn: ReadTxn, q: Query | Any) -> Iterator[O]:
-        """Yield every row whose key equals the query key, in key order."""
+        """Yield every row whose key equals the query key, in primary key order."""
         return map(_obj, self._list_entries(txn, q))
 
     def list_revisions(self, txn: ReadTxn, q: Query | Any) -> Iterator[tuple[O, int]]:
         """Like `list`, yielding (row, revision) pairs."""
-        return self._list_entries(txn, q)
+        return map(_obj_rev, self._list_entries(txn, q))
 
-    def _list_entries(self, txn: ReadTxn, q: Query | Any) -> Iterator[tuple[O, int]]:
-        pos, unique, key = self._resolve(q)
+    def _list_entries(self, txn: ReadTxn, q: Query | Any) -> Iterator[Any]:
         st = self._state(txn)
+        pos, unique, key = self._resolve(q)
         if unique:
-            smap = st.hash if pos == 0 else st.secondary[pos - 1]
-            e = smap.get(key)
-            return iter((e,) if e is not None else ())
-        return self._list_nonunique(self._ordered(st.secondary[pos - 1]), key)
+            found = st.hash.get(key) if pos == 0 else st.secondary[pos - 1].get(key)
+            return iter((found,) if found is not None else ())
+        return self._list_nonunique(ordered_view(self, st, pos), key)
 
     @staticmethod
-    def _list_nonunique(smap: Any, key: bytes) -> Iterator[tuple[Any, int]]:
-        klen = len(key)
-        tail = klen.to_bytes(2, "big")
-        for k, e in smap.items_prefix(key):
+    def _list_nonunique(view: SortedMap, key: bytes) -> Iterator[Any]:
+        tail = len(key).to_bytes(2, "big")
+        for k, e in view.items_prefix(key):
             if k[-2:] == tail:
                 yield e
 
@@ -188,20 +193,21 @@ class Table(Generic[O]):
 
     def prefix_revisions(self, txn: ReadTxn, q: Query | Any) -> Iterator[tuple[O, int]]:
         """Like `prefix`, yielding (row, revision) pairs."""
-        return self._prefix_entries(txn, q)
+        return map(_obj_rev, self._prefix_entries(txn, q))
 
-    def _prefix_entries(self, txn: ReadTxn, q: Query | Any) -> Iterator[tuple[O, int]]:
+    def _prefix_entries(self, txn: ReadTxn, q: Query | Any) -> Iterator[Any]:
         pos, unique, key = self._resolve(q)
-        smap = self._index_map(self._state(txn), pos)
+        view = self._view(txn, pos)
         if unique:
-            return (e for _, e in smap.items_prefix(key))
-        return self._prefix_nonunique(smap, key)
+            return (e for _, e in view.items_prefix(key))
+        return self._prefix_nonunique(view, key)
 
     @staticmethod
-    def _prefix_nonunique(smap: Any, key: bytes) -> Iterator[tuple[Any, int]]:
+    def _prefix_nonunique(view: SortedMap, key: bytes) -> Iterator[Any]:
+        # A row with several keys under the prefix is reported once.
         klen = len(key)
         seen: set[int] = set()
-        for k, e in smap.items_prefix(key):
+        for k, e in view.items_prefix(key):
             if int.from_bytes(k[-2:], "big") >= klen and id(e) not in seen:
                 seen.add(id(e))
                 yield e
@@ -221,19 +227,19 @@ class Table(Generic[O]):
 
     def lower_bound_revisions(self, txn: ReadTxn, q: Query | Any) -> Iterator[tuple[O, int]]:
         """Like `lower_bound`, yielding (row, revision) pairs."""
-        return self._lower_bound_entries(txn, q)
+        return map(_obj_rev, self._lower_bound_entries(txn, q))
 
-    def _lower_bound_entries(self, txn: ReadTxn, q: Query | Any) -> Iterator[tuple[O, int]]:
+    def _lower_bound_entries(self, txn: ReadTxn, q: Query | Any) -> Iterator[Any]:
         pos, unique, key = self._resolve(q)
-        smap = self._index_map(self._state(txn), pos)
+        view = self._view(txn, pos)
         if unique:
-            return smap.values_from(key)  # type: ignore[no-any-return]
-        return self._lower_bound_nonunique(smap, key)
+            return view.values_from(key)
+        return self._lower_bound_nonunique(view, key)
 
     @staticmethod
-    def _lower_bound_nonunique(smap: Any, key: bytes) -> Iterator[tuple[Any, int]]:
+    def _lower_bound_nonunique(view: SortedMap, key: bytes) -> Iterator[Any]:
         seen: set[int] = set()
-        for k, e in smap.items_from(key):
+        for k, e in view.items_from(key):
             klen = int.from_bytes(k[-2:], "big")
             if k[:klen] >= key and id(e) not in seen:
                 seen.add(id(e))
@@ -245,11 +251,11 @@ class Table(Generic[O]):
 
     def all(self, txn: ReadTxn) -> Iterator[O]:
         """Yield every row in primary key order."""
-        return map(_obj, self._ordered(self._state(txn).primary).values_from())
+        return map(_obj, self._view(txn, 0).values_from())
 
     def all_revisions(self, txn: ReadTxn) -> Iterator[tuple[O, int]]:
         """Yield every (row, revision) in primary key order."""
-        return self._ordered(self._state(txn).primary).values_from()  # type: ignore[no-any-return]
+        return map(_obj_rev, self._view(txn, 0).values_from())
 
     def all_watch(self, txn: ReadTxn) -> tuple[Iterator[O], Watch]:
         """Like `all`, plus a watch that closes when the table changes."""
@@ -257,15 +263,15 @@ class Table(Generic[O]):
 
     def count(self, txn: ReadTxn) -> int:
         """Return the number of rows."""
-        return len(self._state(txn).primary)
+        return len(self._state(txn).hash)
 
     def revision(self, txn: ReadTxn) -> int:
         """Return the table's revision in this transaction (the revision of its last write)."""
         return self._state(txn).revision
 
     def graveyard_size(self, txn: ReadTxn) -> int:
-        """Return how many deleted rows are kept for change iterators."""
-        return len(self._state(txn).graveyard)
+        """Return how many deletion records the change log still holds."""
+        return self._state(txn).tombstones
 
     # ----- watches -----------------------------------------------------
     def _key_watch(self, pos: int, key: bytes) -> Watch:
@@ -300,7 +306,10 @@ class Table(Generic[O]):
         return closed_watch()
 
     def _table_watch(self, txn: ReadTxn) -> Watch:
+        # Order matters: take the watch, then flag it, then compare revisions; a
+        # commit in between either closes this watch or is seen by the comparison.
         watch = self.table_watch
+        self.table_watch_taken = True
         st = self._state(txn)
         if isinstance(st, TableTxn):
             return watch
@@ -311,13 +320,13 @@ class Table(Generic[O]):
     # ----- writes ------------------------------------------------------------
     def insert(self, txn: WriteTxn, obj: O) -> O | None:
         """Insert ``obj``, replacing the row with the same primary key; return the old row."""
-        return txn.table_txn(self).insert(obj)  # type: ignore[no-any-return]
+        return txn.table_txn(self).insert(obj)
 
     def modify(self, txn: WriteTxn, obj: O, merge: Callable[[O, O], O]) -> O | None:
         """Insert ``merge(old, obj)`` if a row with obj's key exists, else ``obj``; return old."""
         tt = txn.table_txn(self)
         old = tt.hash.get(self.primary_key_of(obj))
-        return tt.insert(merge(old[0], obj) if old is not None else obj)  # type: ignore[no-any-return]
+        return tt.insert(merge(old[0], obj) if old is not None else obj)
 
     def compare_and_swap(self, txn: WriteTxn, revision: int, obj: O) -> O:
         """Replace the row with obj's key only if it is still at ``revision``; return the old row.
@@ -333,11 +342,11 @@ class Table(Generic[O]):
         if old[1] != revision:
             raise RevisionMismatchError(self.name, pk, revision, old[1])
         tt.insert(obj)
-        return old[0]  # type: ignore[no-any-return]
+        return old[0]
 
     def delete(self, txn: WriteTxn, obj: O) -> O | None:
         """Delete the row with obj's primary key; return it, or None when absent."""
-        return txn.table_txn(self).delete(obj)  # type: ignore[no-any-return]
+        return txn.table_txn(self).delete(obj)
 
     def compare_and_delete(self, txn: WriteTxn, revision: int, obj: O) -> O:
         """Delete the row with obj's key only if it is still at ``revision``; return it."""
@@ -348,7 +357,7 @@ class Table(Generic[O]):
             raise ObjectNotFoundError(self.name, pk)
         if old[1] != revision:
             raise RevisionMismatchError(self.name, pk, revision, old[1])
-        return tt.delete(obj)  # type: ignore[no-any-return]
+        return tt.delete(obj)
 
     def delete_all(self, txn: WriteTxn) -> int:
         """Delete every row; return how many."""
@@ -386,6 +395,6 @@ class Table(Generic[O]):
             return False, closed_watch()
         return False, watch
 
-    def pending_initializers(self, txn: ReadTxn) -> list[str]:
+    def pending_initializers(self, txn: ReadTxn) -> builtins.list[str]:
         """Return the names of initializers not yet done."""
         return sorted(self._state(txn).pending_init)

@@ -1,15 +1,23 @@
 """The stored state of one table, and the per-table part of a write transaction.
 
-A `TableState` is the committed, immutable contents of a table at one
-revision: the primary index (ordered map and hash map, both keyed by the
-encoded primary key), one ordered map per secondary index, the revision
-index (revision -> row, for change iteration) and the graveyard (deletions
-kept for change iterators). Rows are stored as ``(obj, revision)`` entries
-shared by every index.
+A `TableState` is a table's committed, immutable contents at one revision.
+Point data lives in persistent hash maps (immutables' HAMT, written in C):
 
-A `TableTxn` is a `TableState` whose maps are transients owned by one write
-transaction; it applies inserts and deletes and records which keys changed
-so that commit can close exactly the affected watches.
+- ``hash``: encoded primary key -> entry ``(obj, revision, primary key)``;
+- ``secondary[i]``: for a unique index, key -> entry (None for non-unique
+  indexes, which exist only as ordered views);
+- ``log``: the change log, a list of entries and tombstones
+  ``(obj, revision, primary key, DELETED)`` in revision order, appended by
+  writers and read by snapshots only up to their own ``log_len``.
+
+Ordered views (sorted maps used by prefix, lower_bound and all) are not
+kept up to date by writers; `statedb.ordered` builds them on demand from
+the nearest earlier view plus the log, so a write costs only a few HAMT
+updates and one list append.
+
+A `TableTxn` is the writable version of a `TableState` inside one write
+transaction: its maps are HAMT mutations and it appends to the shared log
+(an abort truncates what it appended).
 """
 
 from __future__ import annotations
@@ -19,121 +27,127 @@ from typing import TYPE_CHECKING, Any
 import immutables
 
 from statedb.errors import ObjectReusedError, UniqueIndexConflictError
-from statedb.sortedmap import EMPTY, SortedMap
+from statedb.sortedmap import SortedMap
 
 if TYPE_CHECKING:
     from statedb.table import Table
 
-Entry = tuple[Any, int]
+# An entry is (obj, revision, primary key); a tombstone adds a fourth item.
+Entry = tuple[Any, ...]
+DELETED = True
+EMPTY_MAP: Any = immutables.Map()
 
 
-def nonunique_key(key: bytes, primary: bytes) -> bytes:
-    """Key of a non-unique index entry: secondary key, primary key, secondary length."""
-    return key + primary + len(key).to_bytes(2, "big")
+def is_tombstone(e: Entry) -> bool:
+    """True for a deletion record in the log."""
+    return len(e) == 4
 
 
 class TableState:
     """One table's contents at one revision (immutable once committed)."""
 
     __slots__ = (
-        "graveyard",
         "hash",
+        "log",
+        "log_len",
+        "ordered",
         "pending_init",
-        "primary",
         "revision",
-        "revisions",
         "secondary",
+        "tombstones",
     )
 
     def __init__(self, n_secondary: int) -> None:
         self.revision = 0
-        self.primary: SortedMap = EMPTY
-        self.hash: Any = immutables.Map()
-        self.secondary: list[SortedMap] = [EMPTY] * n_secondary
-        self.revisions: SortedMap = EMPTY
-        self.graveyard: SortedMap = EMPTY
+        self.hash: Any = EMPTY_MAP
+        self.secondary: list[Any] = [EMPTY_MAP] * n_secondary  # None: non-unique
+        self.log: list[Entry] = []
+        self.log_len = 0
+        self.tombstones = 0
         self.pending_init: frozenset[str] = frozenset()
+        # Ordered views built on demand, per index position (0 = primary).
+        self.ordered: list[SortedMap | None] = [None] * (n_secondary + 1)
 
     def __len__(self) -> int:
-        return len(self.primary)
+        return len(self.hash)
 
 
 class TableTxn(TableState):
     """The writable state of one table inside a write transaction."""
 
-    __slots__ = ("base", "changed", "modified", "table")
+    __slots__ = ("base", "modified", "table", "view_cache")
 
     def __init__(self, table: Table[Any], base: TableState) -> None:
         self.table = table
         self.base = base
         self.revision = base.revision
-        self.primary = base.primary.transient()
         self.hash = base.hash.mutate()
-        self.secondary = [m.transient() for m in base.secondary]
-        self.revisions = base.revisions.transient()
-        self.graveyard = base.graveyard.transient()
+        self.secondary = [m.mutate() if m is not None else None for m in base.secondary]
+        self.log = base.log
+        self.log_len = base.log_len
+        if len(self.log) != base.log_len:
+            # A previous transaction died without abort(); drop its leftovers.
+            del self.log[base.log_len :]
+        self.tombstones = base.tombstones
         self.pending_init = base.pending_init
-        # changed[0]: primary keys; changed[i + 1]: keys of secondary index i.
-        self.changed: list[set[bytes]] = [set() for _ in range(len(base.secondary) + 1)]
+        self.ordered = [None] * len(base.ordered)
+        # Ordered views of this transaction's contents: index -> (log length, view).
+        self.view_cache: dict[int, tuple[int, SortedMap]] = {}
         self.modified = False
 
     # ----- writes --------------------------------------------------
     def insert(self, obj: Any) -> Any:
         """Insert or replace the row with obj's primary key; return the replaced row or None."""
         table = self.table
-        pk = table.primary_key_of(obj)
-        old = self.hash.get(pk)
+        pk = table.pk_encode(table.pk_key(obj))
+        h = self.hash
+        old = h.get(pk)
         if old is not None and old[0] is obj:
             raise ObjectReusedError(table.name, pk)
-        indexes = table.secondary
-        if indexes:
-            new_keys = [idx.keys_of(obj) for idx in indexes]
-            self._check_unique(pk, new_keys)
         rev = self.revision + 1
+        entry = (obj, rev, pk)
+        if table.unique_specs:
+            self._index(pk, entry, old)
         self.revision = rev
-        entry = (obj, rev)
-        self.hash[pk] = entry
-        self.primary.set(pk, entry)
-        if old is not None:
-            self.revisions.pop(old[1])
-        self.revisions.set(rev, entry)
-        self.changed[0].add(pk)
+        h[pk] = entry
+        self.log.append(entry)
         self.modified = True
-        if indexes:
-            old_obj = old[0] if old is not None else None
-            for i, idx in enumerate(indexes):
-                self._update_secondary(i, idx.unique, pk, entry, old_obj, new_keys[i])
         return old[0] if old is not None else None
+
+    def _index(self, pk: bytes, entry: Entry, old: Entry | None) -> None:
+        """Update the unique secondary indexes for ``entry`` replacing ``old`` (checks first)."""
+        table = self.table
+        obj = entry[0]
+        old_obj = old[0] if old is not None else None
+        specs = table.unique_specs
+        new_keys = [
+            [enc(one(obj))] if one is not None else [enc(k) for k in many(obj)]
+            for _, one, many, enc in specs
+        ]
+        self._check_unique(pk, new_keys)
+        for (i, one, many, enc), nks in zip(specs, new_keys):
+            smap = self.secondary[i]
+            if old_obj is not None:
+                oks = [enc(one(old_obj))] if one is not None else [enc(k) for k in many(old_obj)]
+                for k in oks:
+                    if k not in nks:
+                        del smap[k]
+            for k in nks:
+                smap[k] = entry
 
     def _check_unique(self, pk: bytes, new_keys: list[list[bytes]]) -> None:
         table = self.table
-        for i, idx in enumerate(table.secondary):
-            if not idx.unique:
-                continue
+        for (i, _, _, _), keys in zip(table.unique_specs, new_keys):
             smap = self.secondary[i]
-            for k in new_keys[i]:
+            for k in keys:
                 existing = smap.get(k)
-                if existing is not None and table.primary_key_of(existing[0]) != pk:
-                    raise UniqueIndexConflictError(table.name, idx.name, k)
-
-    def _update_secondary(
-        self, i: int, unique: bool, pk: bytes, entry: Entry, old_obj: Any, new_keys: list[bytes]
-    ) -> None:
-        smap = self.secondary[i]
-        changed = self.changed[i + 1]
-        if old_obj is not None:
-            for k in self.table.secondary[i].keys_of(old_obj):
-                if k not in new_keys:
-                    smap.pop(k if unique else nonunique_key(k, pk))
-                    changed.add(k)
-        for k in new_keys:
-            smap.set(k if unique else nonunique_key(k, pk), entry)
-            changed.add(k)
+                if existing is not None and existing[2] != pk:
+                    raise UniqueIndexConflictError(table.name, table.secondary[i].name, k)
 
     def delete(self, obj: Any) -> Any:
         """Delete the row with obj's primary key; return the deleted row or None."""
         table = self.table
-        pk = table.primary_key_of(obj)
+        pk = table.pk_encode(table.pk_key(obj))
         old = self.hash.get(pk)
         if old is None:
             return None
@@ -141,53 +155,40 @@ class TableTxn(TableState):
         return old[0]
 
     def _delete_entry(self, pk: bytes, old: Entry) -> None:
-        table = self.table
         rev = self.revision + 1
         self.revision = rev
         del self.hash[pk]
-        self.primary.pop(pk)
-        self.revisions.pop(old[1])
-        self.changed[0].add(pk)
-        self.modified = True
         old_obj = old[0]
-        for i, idx in enumerate(table.secondary):
-            smap = self.secondary[i]
-            changed = self.changed[i + 1]
-            for k in idx.keys_of(old_obj):
-                smap.pop(k if idx.unique else nonunique_key(k, pk))
-                changed.add(k)
-        if table.delete_trackers:
-            self.graveyard.set(rev, (old_obj, rev))
+        self.log.append((old_obj, rev, pk, DELETED))
+        self.tombstones += 1
+        self.modified = True
+        for i, idx in enumerate(self.table.secondary):
+            if idx.unique:
+                smap = self.secondary[i]
+                for k in idx.keys_of(old_obj):
+                    del smap[k]
 
     def delete_all(self) -> int:
         """Delete every row; return how many were deleted."""
-        items = list(self.primary.freeze().items_from())
+        items = list(self.hash.items())
         for pk, entry in items:
             self._delete_entry(pk, entry)
         return len(items)
 
-    # ----- commit ---------------------------------------------------
-    def collect_garbage(self) -> None:
-        """Drop graveyard entries every change iterator has already seen."""
-        if not len(self.graveyard):
-            return
-        trackers = list(self.table.delete_trackers.values())
-        if not trackers:
-            self.graveyard.clear()
-            self.modified = True
-            return
-        low = min(t[0] for t in trackers)
-        if self.graveyard.pop_through(low):
-            self.modified = True
-
+    # ----- commit and abort -----------------------------------------
     def seal(self) -> TableState:
-        """Turn this transaction's maps into an immutable TableState (the txn gives them up)."""
+        """Return this transaction's contents as an immutable TableState."""
         st = TableState.__new__(TableState)
         st.revision = self.revision
-        st.primary = self.primary.seal()
         st.hash = self.hash.finish()
-        st.secondary = [m.seal() for m in self.secondary]
-        st.revisions = self.revisions.seal()
-        st.graveyard = self.graveyard.seal()
+        st.secondary = [m.finish() if m is not None else None for m in self.secondary]
+        st.log = self.log
+        st.log_len = len(self.log)
+        st.tombstones = self.tombstones
         st.pending_init = self.pending_init
+        st.ordered = [None] * len(self.ordered)
         return st
+
+    def discard(self) -> None:
+        """Undo this transaction's log appends (abort)."""
+        del self.log[self.base.log_len :]

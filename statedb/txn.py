@@ -15,6 +15,7 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
 from statedb.errors import TableNotLockedError, TransactionClosedError
+from statedb.ordered import compact_log
 from statedb.table_state import TableState, TableTxn
 from statedb.watch import Watch
 
@@ -82,9 +83,10 @@ class WriteTxn(ReadTxn):
         sealed: list[tuple[TableTxn, TableState]] = []
         try:
             for tt in self._locked.values():
-                tt.collect_garbage()
                 if tt.modified:
-                    sealed.append((tt, tt.seal()))
+                    st = tt.seal()
+                    compact_log(tt.table, tt, st)
+                    sealed.append((tt, st))
             with db.commit_lock:
                 root = dict(db.root)
                 for tt, st in sealed:
@@ -102,6 +104,8 @@ class WriteTxn(ReadTxn):
         """Discard every write of this transaction; closes no watch."""
         if self._done is not None:
             return
+        for tt in self._locked.values():
+            tt.discard()
         self._finish("aborted")
 
     def _finish(self, state: str) -> None:
@@ -139,23 +143,27 @@ class WriteTxn(ReadTxn):
 def _close_watches(tt: TableTxn, st: TableState) -> None:
     """Close the watches of every key, prefix and table query this commit changed."""
     table = tt.table
-    for pos, changed in enumerate(tt.changed):
-        if not changed:
-            continue
+    # This transaction's log records are still in the log list it appended to.
+    mine = tt.log[tt.base.log_len :]
+    for pos in range(len(table.key_watches)):
         reg = table.key_watches[pos]
-        if len(reg):
+        preg = table.prefix_watches[pos]
+        if not reg.data and not preg.data:
+            continue
+        changed = _changed_index_keys(tt, st, pos, mine)
+        if reg.data:
             for key in changed:
                 w = reg.pop(key, None)
                 if w is not None:
                     w.close()
-        preg = table.prefix_watches[pos]
-        if len(preg):
+        if preg.data:
             for key in changed:
                 for n in range(len(key) + 1):
                     w = preg.pop(key[:n], None)
                     if w is not None:
                         w.close()
-    if st.revision != tt.base.revision:
+    if st.revision != tt.base.revision and table.table_watch_taken:
+        table.table_watch_taken = False
         old, table.table_watch = table.table_watch, Watch()
         old.close()
     if tt.base.pending_init != st.pending_init:
@@ -164,3 +172,19 @@ def _close_watches(tt: TableTxn, st: TableState) -> None:
                 table.init_watch = Watch()
         else:
             table.init_watch.close()
+
+
+def _changed_index_keys(
+    tt: TableTxn, st: TableState, pos: int, records: list[Any]
+) -> set[bytes]:
+    """Return the keys of index ``pos`` whose rows this transaction changed."""
+    pks = {e[2] for e in records}
+    if pos == 0:
+        return pks
+    idx = tt.table.secondary[pos - 1]
+    keys: set[bytes] = set()
+    for pk in pks:
+        for e in (tt.base.hash.get(pk), st.hash.get(pk)):
+            if e is not None:
+                keys.update(idx.keys_of(e[0]))
+    return keys

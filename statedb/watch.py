@@ -135,7 +135,7 @@ class WatchSet:
         return self._closed()
 
     async def wait_async(self, timeout: float | None = None) -> list[Watch]:
-        """Wait in an anyio task until any watch closes or ``timeout`` passes; return closed ones."""
+        """Wait in an anyio task until any watch closes or ``timeout`` passes; return those."""
         import anyio
 
         done = self._closed()

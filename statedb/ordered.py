@@ -1,0 +1,158 @@
+"""Ordered views of a table, built on demand, and compaction of the change log.
+
+Writers keep only hash maps current. An ordered query asks `ordered_view`
+for a `SortedMap` of one index at one state. Views are cached on the state
+and the table remembers its newest view per index; a view for another
+state is derived from that one by replaying the primary keys the log says
+changed in between (O(k log n + chunks touched) for k changes), and only
+built from scratch (O(n log n)) when no usable view exists. Derivation
+works backwards too, so an old snapshot can reuse a newer view.
+
+Keys of ordered views: the primary key for the primary index, the index key
+for unique secondary indexes, and ``key + primary key + len(key)`` for
+non-unique ones (see `nonunique_key`).
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_right
+from itertools import islice
+from operator import itemgetter
+from typing import TYPE_CHECKING, Any
+
+from statedb.sortedmap import SortedMap
+from statedb.table_state import Entry, TableState, TableTxn, is_tombstone
+
+if TYPE_CHECKING:
+    from statedb.table import Table
+
+_rev = itemgetter(1)
+
+
+def nonunique_key(key: bytes, primary: bytes) -> bytes:
+    """Ordered-view key of a non-unique index entry: key, primary key, key length."""
+    return key + primary + len(key).to_bytes(2, "big")
+
+
+def log_position(log: list[Entry], log_len: int, revision: int) -> int:
+    """Return the position of the first log record with a revision above ``revision``."""
+    return bisect_right(log, revision, 0, log_len, key=_rev)
+
+
+def changed_keys(st: TableState, lo_rev: int, hi_rev: int) -> set[bytes]:
+    """Return the primary keys written in revisions (lo_rev, hi_rev] of st's log."""
+    start = log_position(st.log, st.log_len, lo_rev)
+    end = log_position(st.log, st.log_len, hi_rev)
+    return {e[2] for e in islice(st.log, start, end)}
+
+
+def _view_items(table: Table[Any], pos: int, entry: Entry) -> list[bytes]:
+    if pos == 0:
+        return [entry[2]]
+    idx = table.secondary[pos - 1]
+    keys = idx.keys_of(entry[0])
+    if idx.unique:
+        return keys
+    return [nonunique_key(k, entry[2]) for k in keys]
+
+
+def build_view(table: Table[Any], st: TableState, pos: int) -> SortedMap:
+    """Build the ordered view of index ``pos`` from scratch (O(n log n))."""
+    if pos == 0:
+        pairs = sorted(st.hash.items())
+    else:
+        pairs = []
+        for entry in st.hash.values():
+            for k in _view_items(table, pos, entry):
+                pairs.append((k, entry))
+        pairs.sort(key=itemgetter(0))
+    return SortedMap.from_sorted([k for k, _ in pairs], [v for _, v in pairs])
+
+
+def replay(
+    table: Table[Any], view: SortedMap, src: Any, dst: Any, keys: set[bytes], pos: int
+) -> SortedMap:
+    """Turn ``view`` (of hash map ``src``) into the view of hash map ``dst``.
+
+    ``keys`` must hold every primary key whose entry differs between the two.
+    """
+    out = view.transient()
+    for pk in keys:
+        old = src.get(pk)
+        new = dst.get(pk)
+        if old is new:
+            continue
+        new_items = _view_items(table, pos, new) if new is not None else []
+        if old is not None:
+            for k in _view_items(table, pos, old):
+                if k not in new_items:
+                    out.pop(k)
+        for k in new_items:
+            out.set(k, new)
+    return out.seal()
+
+
+def ordered_view(table: Table[Any], st: TableState, pos: int) -> SortedMap:
+    """Return the ordered view of index ``pos`` (0 = primary) for state ``st``."""
+    if isinstance(st, TableTxn):
+        return _txn_view(table, st, pos)
+    view = st.ordered[pos]
+    if view is not None:
+        return view
+    cached = table.ordered_cache[pos]
+    if cached is not None and cached[0].log is st.log:
+        base, base_view = cached
+        newer = st if st.revision >= base.revision else base
+        lo, hi = sorted((base.revision, st.revision))
+        keys = changed_keys(newer, lo, hi)
+        view = replay(table, base_view, base.hash, st.hash, keys, pos)
+    else:
+        view = build_view(table, st, pos)
+    st.ordered[pos] = view
+    if cached is None or cached[0].revision <= st.revision:
+        table.ordered_cache[pos] = (st, view)
+    return view
+
+
+def _txn_view(table: Table[Any], tt: TableTxn, pos: int) -> SortedMap:
+    """Ordered view of a write transaction's contents: its base view plus its own writes."""
+    n = len(tt.log)
+    cached = tt.view_cache.get(pos)
+    if cached is not None and cached[0] == n:
+        return cached[1]
+    base_view = ordered_view(table, tt.base, pos)
+    keys = {e[2] for e in islice(tt.log, tt.base.log_len, n)}
+    view = replay(table, base_view, tt.base.hash, tt.hash, keys, pos)
+    tt.view_cache[pos] = (n, view)
+    return view
+
+
+def compact_log(table: Table[Any], tt: TableTxn, st: TableState) -> None:
+    """Rewrite st's log without superseded entries and seen tombstones, when worth it.
+
+    Runs at commit under the table lock. The log keeps every live row's latest
+    entry and the tombstones some change iterator has not seen yet. Ordered views
+    cached for the table are first brought up to ``st`` so they stay derivable.
+    """
+    live = len(st.hash)
+    if st.log_len <= 2 * live + 1024:
+        return
+    for pos, cached in enumerate(table.ordered_cache):
+        if cached is not None and cached[0].log is st.log:
+            ordered_view(table, st, pos)
+        else:
+            table.ordered_cache[pos] = None
+    trackers = list(table.delete_trackers.values())
+    low = min(t[0] for t in trackers) if trackers else st.revision
+    h = st.hash
+    log = [
+        e
+        for e in islice(st.log, 0, st.log_len)
+        if (e[1] > low if is_tombstone(e) else h.get(e[2]) is e)
+    ]
+    st.log = log
+    st.log_len = len(log)
+    st.tombstones = sum(1 for e in log if is_tombstone(e))
+    for pos, cached in enumerate(table.ordered_cache):
+        if cached is not None:
+            table.ordered_cache[pos] = (st, cached[1])
