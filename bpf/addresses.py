@@ -6,4 +6,5 @@ from __future__ import annotations
 def check_length(owner: object, field: str, value: bytes, length: int) -> None:
     """Raise ValueError unless ``value`` is exactly ``length`` bytes (struct would pad it)."""
     if not isinstance(value, bytes) or len(value) != length:
-        raise ValueError(f"{type(owner).__name__}.{field}: need {length} bytes, got {value!r}")
+        cls = owner if isinstance(owner, type) else type(owner)
+        raise ValueError(f"{cls.__name__}.{field}: need {length} bytes, got {value!r}")

@@ -7,6 +7,7 @@ Every failure raises MapError (map name, operation, errno), with kernel errnos.
 from __future__ import annotations
 
 import abc
+import errno
 from collections.abc import Iterator, Sequence
 from typing import Any, Self
 
@@ -131,8 +132,6 @@ class MapBackend(abc.ABC):
 
 def join_fixed(name: str, op: str, items: Sequence[bytes] | bytes, size: int) -> tuple[bytes, int]:
     """Concatenate fixed-size items (or check a pre-joined buffer); returns (buffer, count)."""
-    import errno
-
     buf = items if isinstance(items, bytes) else b"".join(items)
     if size == 0 or len(buf) % size:
         raise MapError(

@@ -48,25 +48,26 @@ def lb_specs(
         MapSpec("lb6_affinity", MapType.LRU_HASH, lb.AFFINITY6_KEY, lb.AFFINITY_VALUE, n),
         MapSpec("lb4_source_range", MapType.LPM_TRIE, lb.SOURCE_RANGE4_KEY, U8, n, NO_PREALLOC),
         MapSpec("lb6_source_range", MapType.LPM_TRIE, lb.SOURCE_RANGE6_KEY, U8, n, NO_PREALLOC),
-        MapSpec(
-            "lb4_maglev",
-            MapType.HASH_OF_MAPS,
-            BE16,
-            U32,
-            n,
-            NO_PREALLOC,
-            inner=maglev_inner_spec(4, maglev_table_size),
-        ),
-        MapSpec(
-            "lb6_maglev",
-            MapType.HASH_OF_MAPS,
-            BE16,
-            U32,
-            n,
-            NO_PREALLOC,
-            inner=maglev_inner_spec(6, maglev_table_size),
-        ),
+        maglev_spec(4, n, maglev_table_size),
+        maglev_spec(6, n, maglev_table_size),
     ]
+
+
+def maglev_spec(
+    family: int,
+    max_entries: int = lb.LB_MAP_MAX_ENTRIES,
+    table_size: int = lb.MAGLEV_TABLE_SIZE,
+) -> MapSpec[int, int]:
+    """Outer maglev map (hash of maps keyed by __be16 rev-NAT id) for family 4 or 6."""
+    return MapSpec(
+        f"lb{family}_maglev",
+        MapType.HASH_OF_MAPS,
+        BE16,
+        U32,
+        max_entries,
+        NO_PREALLOC,
+        inner=maglev_inner_spec(family, table_size),
+    )
 
 
 def endpoints_spec(

@@ -67,7 +67,7 @@ class KernelMap(MapBackend):
 
     @classmethod
     def open_pinned(cls, path: str, spec: MapSpec[Any, Any]) -> KernelMap:
-        """Open the map pinned at ``path``; check compatibility with MapSpec.mismatch."""
+        """Open the map pinned at ``path`` as ``spec`` (bpf.pinning checks the layout first)."""
         fd = libbpf.obj_get(path)
         if fd < 0:
             raise MapError(spec.name, f"open {path}", -fd)

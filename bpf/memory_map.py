@@ -334,6 +334,17 @@ class MemoryMap(MapBackend):
         if chunk:
             yield chunk
 
+    def dump_chunks(self, batch_size: int = 4096) -> Iterator[tuple[bytes, bytes]]:
+        """Snapshot of the entries as (keys, values) buffers, without per-key lookups."""
+        st = self.store
+        if self._type in MAP_OF_MAPS:
+            rows = [(k, m.id.to_bytes(4, "little")) for k, m in st.inner.items()]
+        else:
+            rows = list(st.data.items())
+        for i in range(0, len(rows), batch_size):
+            chunk = rows[i : i + batch_size]
+            yield b"".join(k for k, _ in chunk), b"".join(v for _, v in chunk)
+
     def update_batch(
         self, keys: Sequence[bytes] | bytes, values: Sequence[bytes] | bytes, flags: int = 0
     ) -> int:
@@ -343,11 +354,15 @@ class MemoryMap(MapBackend):
         vbuf, nv = join_fixed(self.name, "update_batch", values, st.vsize)
         if n != nv:
             raise MapError(self.name, "update_batch", errno.EINVAL, f"{n} keys but {nv} values")
-        for i, (k, v) in enumerate(zip(split_fixed(kbuf, st.ksize), split_fixed(vbuf, st.vsize))):
-            try:
-                self.update(k, v, flags)
-            except MapError as exc:
-                raise BatchError(self.name, "update_batch", exc.errno or 0, i) from exc
+        update = self.update
+        i = 0
+        try:
+            for i, (k, v) in enumerate(  # noqa: B007 (i is read in the handler)
+                zip(split_fixed(kbuf, st.ksize), split_fixed(vbuf, st.vsize))
+            ):
+                update(k, v, flags)
+        except MapError as exc:
+            raise BatchError(self.name, "update_batch", exc.errno or 0, i) from exc
         return n
 
     def delete_batch(self, keys: Sequence[bytes] | bytes) -> int:

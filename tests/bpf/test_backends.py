@@ -251,8 +251,8 @@ def test_batch_on_lpm_falls_back(opener: MapOpener) -> None:
 
 def test_map_in_map(opener: MapOpener) -> None:
     """Maglev: inner arrays installed per service, read back, replaced and removed."""
-    spec = catalog.lb_specs(max_entries=4, maglev_table_size=251)[11]
-    assert spec.name == "lb4_maglev" and spec.inner is not None
+    spec = catalog.maglev_spec(4, max_entries=4, table_size=251)
+    assert spec.inner is not None
     with open_typed(opener, spec) as outer:
         tables = []
         for rev_nat in (1, 2):
@@ -279,7 +279,7 @@ def test_map_in_map(opener: MapOpener) -> None:
 
 def test_map_in_map_capacity(opener: MapOpener) -> None:
     """The outer map of maps has a capacity like any hash."""
-    spec = catalog.lb_specs(max_entries=2, maglev_table_size=251)[11]
+    spec = catalog.maglev_spec(4, max_entries=2, table_size=251)
     assert spec.inner is not None
     with open_typed(opener, spec) as outer, open_typed(opener, spec.inner) as inner:
         outer.set_inner(1, inner)
@@ -335,8 +335,8 @@ def test_maglev_table_size_change_recreates(
     opener: MapOpener, pin_dir: str, caplog: pytest.LogCaptureFixture
 ) -> None:
     """A new maglev table size is a layout change of the inner maps."""
-    old = catalog.lb_specs(max_entries=4, maglev_table_size=251)[11]
-    new = catalog.lb_specs(max_entries=4, maglev_table_size=257)[11]
+    old = catalog.maglev_spec(4, max_entries=4, table_size=251)
+    new = catalog.maglev_spec(4, max_entries=4, table_size=257)
     assert old.inner is not None
     with closing(open_or_create(opener, old, pin_dir)) as m, open_typed(opener, old.inner) as t:
         t.update(0, tuple(range(251)))
