@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import errno
 import os
+import threading
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -34,6 +35,8 @@ class KernelMap(MapBackend):
         self._vbuf = libbpf.new_buffer(self._vsize)
         self._kbuf = libbpf.new_buffer(self._ksize)
         self._batch = libbpf.BatchCall()
+        self._batch_lock = threading.Lock()
+        self._buf_lock = threading.Lock()
         self._batch_supported = True
 
     # -- lifecycle -----------------------------------------------------------------
@@ -150,9 +153,10 @@ class KernelMap(MapBackend):
         """The value for ``key`` or None."""
         if len(key) != self._ksize:
             self._check_key("lookup", key)
-        ret = self._lookup(self._fd, key, self._vbuf)
-        if ret == 0:
-            return self._vbuf.raw
+        with self._buf_lock:  # the shared output buffer; ctypes releases the GIL
+            ret = self._lookup(self._fd, key, self._vbuf)
+            if ret == 0:
+                return self._vbuf.raw
         if ret == -errno.ENOENT:
             return None
         raise self._error("lookup", -ret)
@@ -175,12 +179,14 @@ class KernelMap(MapBackend):
             raise self._error("delete", -ret)
 
     def _first_key(self) -> bytes | None:
-        ret = self._next_key(self.fd, None, self._kbuf)
+        with self._buf_lock:
+            ret = self._next_key(self.fd, None, self._kbuf)
+            first = self._kbuf.raw
         if ret == -errno.ENOENT:
             return None
         if ret:
             raise self._error("iterate", -ret)
-        return self._kbuf.raw
+        return first
 
     def keys(self) -> Iterator[bytes]:
         """Keys via get_next_key, fetching the next key before yielding the current one."""
@@ -219,7 +225,8 @@ class KernelMap(MapBackend):
         turn = 0
         while True:
             out_token = tokens[turn]
-            ret, n = self._batch.lookup(self.fd, in_token, out_token, keys, values, size)
+            with self._batch_lock:  # BatchCall's count/opts are shared
+                ret, n = self._batch.lookup(self.fd, in_token, out_token, keys, values, size)
             if ret and ret != -errno.ENOENT:
                 unsupported = -ret in _UNSUPPORTED or ret == -errno.EINVAL
                 if unsupported and in_token is None:
@@ -267,7 +274,8 @@ class KernelMap(MapBackend):
         if n == 0:
             return 0
         if self._batch_supported and flags == UpdateFlag.ANY:
-            ret, done = self._batch.update(self.fd, kbuf, vbuf, n, flags)
+            with self._batch_lock:  # BatchCall's count/opts are shared
+                ret, done = self._batch.update(self.fd, kbuf, vbuf, n, flags)
             if ret == 0:
                 return n
             if -ret not in _UNSUPPORTED:
@@ -290,7 +298,8 @@ class KernelMap(MapBackend):
         if n == 0:
             return 0
         if self._batch_supported:
-            ret, done = self._batch.delete(self.fd, kbuf, n)
+            with self._batch_lock:  # BatchCall's count/opts are shared
+                ret, done = self._batch.delete(self.fd, kbuf, n)
             if ret == 0:
                 return n
             if -ret not in _UNSUPPORTED:

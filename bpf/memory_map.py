@@ -39,6 +39,7 @@ class _Store:
         # LPM: (prefixlen, masked data) -> stored key; prefix lengths in use with counts
         self.lpm_index: dict[tuple[int, bytes], bytes] = {}
         self.lpm_lens: dict[int, int] = {}
+        self.lock = threading.RLock()  # compound updates stay atomic across threads
         if spec.type in (MapType.ARRAY, MapType.ARRAY_OF_MAPS):
             zero = bytes(self.vsize)
             for i in range(spec.max_entries):
@@ -182,6 +183,10 @@ class MemoryMap(MapBackend):
         if self._plain and st is not None and len(key) == st.ksize:
             return st.data.get(key)  # fast path: hash, LRU, array
         st = self._check("lookup", key)
+        with st.lock:
+            return self._lookup_slow(st, key)
+
+    def _lookup_slow(self, st: _Store, key: bytes) -> bytes | None:
         if self._type == MapType.LPM_TRIE:
             plen = min(int.from_bytes(key[:4], "little"), 8 * (len(key) - 4))
             data = key[4:]
@@ -204,6 +209,10 @@ class MemoryMap(MapBackend):
 
     def update(self, key: bytes, value: bytes, flags: int = UpdateFlag.ANY) -> None:
         """Create/replace per ``flags`` with the kernel's errnos."""
+        with self.store.lock:
+            self._update(key, value, flags)
+
+    def _update(self, key: bytes, value: bytes, flags: int) -> None:
         st = self._store
         if (
             self._type is MapType.HASH
@@ -285,6 +294,10 @@ class MemoryMap(MapBackend):
 
     def delete(self, key: bytes) -> None:
         """Remove ``key`` (ENOENT when absent, EINVAL for arrays)."""
+        with self.store.lock:
+            self._delete(key)
+
+    def _delete(self, key: bytes) -> None:
         st = self._check("delete", key)
         t = self._type
         if t in (MapType.ARRAY, MapType.ARRAY_OF_MAPS):
@@ -354,26 +367,29 @@ class MemoryMap(MapBackend):
         vbuf, nv = join_fixed(self.name, "update_batch", values, st.vsize)
         if n != nv:
             raise MapError(self.name, "update_batch", errno.EINVAL, f"{n} keys but {nv} values")
-        update = self.update
-        i = 0
-        try:
-            for i, (k, v) in enumerate(  # noqa: B007 (i is read in the handler)
-                zip(split_fixed(kbuf, st.ksize), split_fixed(vbuf, st.vsize))
-            ):
-                update(k, v, flags)
-        except MapError as exc:
-            raise BatchError(self.name, "update_batch", exc.errno or 0, i) from exc
+        update = self._update
+        done = 0
+        with st.lock:
+            try:
+                for k, v in zip(split_fixed(kbuf, st.ksize), split_fixed(vbuf, st.vsize)):
+                    update(k, v, flags)
+                    done += 1
+            except MapError as exc:
+                raise BatchError(self.name, "update_batch", exc.errno or 0, done) from exc
         return n
 
     def delete_batch(self, keys: Sequence[bytes] | bytes) -> int:
         """Deletes in order; stops at the first failure."""
         st = self.store
         kbuf, n = join_fixed(self.name, "delete_batch", keys, st.ksize)
-        for i, k in enumerate(split_fixed(kbuf, st.ksize)):
+        done = 0
+        with st.lock:
             try:
-                self.delete(k)
+                for k in split_fixed(kbuf, st.ksize):
+                    self._delete(k)
+                    done += 1
             except MapError as exc:
-                raise BatchError(self.name, "delete_batch", exc.errno or 0, i) from exc
+                raise BatchError(self.name, "delete_batch", exc.errno or 0, done) from exc
         return n
 
     # -- map-in-map ------------------------------------------------------------------

@@ -347,3 +347,30 @@ def test_maglev_table_size_change_recreates(
     ):
         assert m.count() == 0
     assert "inner map: value_size 1004 (want 1028)" in caplog.text
+
+
+def test_concurrent_threads_see_their_own_values(opener: MapOpener) -> None:
+    """One handle shared by threads: lookups never return another thread's value and
+    concurrent inserts never overfill the map."""
+    import threading
+
+    with open_typed(opener, BACKENDS.resized(64)) as m:
+        errors: list[BaseException] = []
+
+        def worker(base: int) -> None:
+            try:
+                for round_ in range(300):
+                    key = base + round_ % 8
+                    m.update(key, backend4(key))
+                    got = m.lookup(key)
+                    assert got == backend4(key), (key, got)
+            except BaseException as exc:
+                errors.append(exc)
+
+        threads = [threading.Thread(target=worker, args=(t * 8,)) for t in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert not errors, errors[0]
+        assert m.count() == 32
