@@ -157,56 +157,59 @@ class StructCodec(Generic[T]):
         if names != [f.name for f in data_fields]:
             raise TypeError(f"{cls.__name__}: dataclass fields {names} do not match codec members")
         self._data_fields = data_fields
-        self.encode: Callable[[T], bytes]
-        self._from_tuple: Callable[[tuple[Any, ...]], T]
-        self.encode, self._from_tuple = self._generate(data_fields)
+        generated = self._generate(data_fields)
+        self.encode: Callable[[T], bytes] = generated["encode"]
+        self.decode: Callable[[bytes], T] = generated["decode"]
+        self.encode_many: Callable[[Iterable[T]], bytes] = generated["encode_many"]
+        self.decode_many: Callable[[bytes], list[T]] = generated["decode_many"]
 
-    def _generate(
-        self, data_fields: list[Field]
-    ) -> tuple[Callable[[T], bytes], Callable[[tuple[Any, ...]], T]]:
-        """Build encode(obj) and from_tuple(unpacked) specialised for this layout.
+    def _generate(self, data_fields: list[Field]) -> dict[str, Any]:
+        """Build encode, decode, encode_many and decode_many specialised for this layout.
 
-        from_tuple fills the slots through their descriptors instead of running the
-        frozen dataclass __init__ (about twice as fast); struct already guarantees the
-        sizes that __post_init__ would check.
+        Decoders fill the slots through their descriptors instead of running the frozen
+        dataclass __init__ (about twice as fast; struct already guarantees the sizes that
+        __post_init__ checks), and the *_many variants loop inside one function so a
+        batch costs no Python call per entry.
         """
         enc_args = []
         dec_lines = []
         namespace: dict[str, Any] = {
             "_pack": self._struct.pack,
+            "_unpack": self._struct.unpack,
+            "_iter_unpack": self._struct.iter_unpack,
             "_cls": self.cls,
             "_new": object.__new__,
+            "_join": b"".join,
         }
         for i, f in enumerate(data_fields):
             setter = f"_set{i}"
             namespace[setter] = self.cls.__dict__[f.name].__set__
             if f.network_order:
                 enc_args.append(f"(((_v := o.{f.name}) & 0xff) << 8) | (_v >> 8)")
-                dec_lines.append(f"    {setter}(o, ((t[{i}] & 0xff) << 8) | (t[{i}] >> 8))\n")
+                dec_lines.append(f"{setter}(o, ((t[{i}] & 0xff) << 8) | (t[{i}] >> 8))")
             else:
                 enc_args.append(f"o.{f.name}")
-                dec_lines.append(f"    {setter}(o, t[{i}])\n")
-        defaults = ", ".join(f"_set{i}=_set{i}" for i in range(len(data_fields)))
+                dec_lines.append(f"{setter}(o, t[{i}])")
+        setters = ", ".join(f"_set{i}=_set{i}" for i in range(len(data_fields)))
+        packed = f"_pack({', '.join(enc_args)})"
+        fill = "".join(f"        {line}\n" for line in dec_lines)
         src = (
             "def encode(o, _pack=_pack):\n"
-            f"    return _pack({', '.join(enc_args)})\n"
-            f"def from_tuple(t, _cls=_cls, _new=_new, {defaults}):\n"
-            "    o = _new(_cls)\n" + "".join(dec_lines) + "    return o\n"
+            f"    return {packed}\n"
+            "def encode_many(objs, _pack=_pack, _join=_join):\n"
+            f"    return _join([{packed} for o in objs])\n"
+            f"def decode(data, _unpack=_unpack, _cls=_cls, _new=_new, {setters}):\n"
+            "    t = _unpack(data)\n"
+            "    o = _new(_cls)\n" + fill.replace("        ", "    ") + "    return o\n"
+            f"def decode_many(data, _iter_unpack=_iter_unpack, _cls=_cls, _new=_new, {setters}):\n"
+            "    out = []\n"
+            "    append = out.append\n"
+            "    for t in _iter_unpack(data):\n"
+            "        o = _new(_cls)\n" + fill + "        append(o)\n"
+            "    return out\n"
         )
         exec(compile(src, f"<codec {self.c_name}>", "exec"), namespace)
-        return namespace["encode"], namespace["from_tuple"]
-
-    def decode(self, data: bytes) -> T:
-        """The dataclass encoded in ``data``."""
-        return self._from_tuple(self._struct.unpack(data))
-
-    def encode_many(self, values: Iterable[T]) -> bytes:
-        """Concatenated encodings, for batch updates."""
-        return b"".join(map(self.encode, values))
-
-    def decode_many(self, data: bytes) -> list[T]:
-        """Decode consecutive encodings, for batch lookups."""
-        return list(map(self._from_tuple, self._struct.iter_unpack(data)))
+        return namespace
 
     def layout(self) -> list[FieldLayout]:
         """Offsets and sizes of every member, pads included, in C order."""
