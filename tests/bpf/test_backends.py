@@ -374,3 +374,42 @@ def test_concurrent_threads_see_their_own_values(opener: MapOpener) -> None:
             t.join()
         assert not errors, errors[0]
         assert m.count() == 32
+
+
+@pytest.mark.parametrize(
+    ("change", "logged"),
+    [
+        ("key_size", "key_size 12 (want 24)"),
+        ("type", "type 1 (want 9)"),
+        ("flags", "flags 1 (want 0)"),
+    ],
+)
+def test_layout_change_kinds(
+    opener: MapOpener,
+    pin_dir: str,
+    caplog: pytest.LogCaptureFixture,
+    change: str,
+    logged: str,
+) -> None:
+    """Key size, map type and flag changes are all detected and lead to recreation."""
+    from dataclasses import replace
+
+    from bpf.spec import MapType
+
+    spec: Any = SPECS["lb4_services"].resized(16)
+    if change == "key_size":
+        changed: Any = replace(spec, key=SPECS["lb6_services"].key)
+    elif change == "type":
+        changed = replace(spec, type=MapType.LRU_HASH, flags=0)
+        logged = "type 1 (want 9), flags 1 (want 0)"
+    else:
+        changed = replace(spec, flags=0)
+    with closing(open_or_create(opener, spec, pin_dir)) as m:
+        m.update(bytes(12), bytes(12))
+    with (
+        caplog.at_level(logging.WARNING, logger="statewright.bpf"),
+        closing(open_or_create(opener, changed, pin_dir)) as m,
+    ):
+        assert m.count() == 0
+        assert changed.mismatch(m.info()) is None
+    assert logged in caplog.text
