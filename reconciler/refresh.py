@@ -18,7 +18,7 @@ import anyio
 from reconciler.config import Config
 from reconciler.metrics import ReconcilerMetrics
 from reconciler.status import StatusKind, status_refreshing
-from statedb import DB, ReadTxn
+from statedb import DB, ChangeIterator, ReadTxn, Watch
 
 O = TypeVar("O")
 
@@ -46,25 +46,37 @@ class Refresher(Generic[O]):
             it = table.changes(wtxn)
         try:
             while True:
-                txn = self.db.read_txn()
-                changes, watch = it.next(txn)
-                for n, ch in enumerate(changes, 1):
-                    if not ch.deleted:
-                        self._track(ch.obj, ch.revision)
-                    if n % 4096 == 0:
-                        await anyio.lowlevel.checkpoint()
-                if len(self._due) > 2 * table.count(txn) + 1024:
-                    self._rebuild(txn)
-                marked = self._mark_due()
-                if marked:
-                    await anyio.lowlevel.checkpoint()
+                try:
+                    delay, watch = await self._step(it)
+                except Exception:  # a broken status callback must not stop the reconciler
+                    log.exception("reconciler %s: refresh of %s failed", cfg.name, table.name)
+                    await cfg.clock.sleep(cfg.retry_max_backoff)
                     continue
-                delay = None
-                if self._due:
-                    delay = max(0.0, self._due[0][0] - cfg.clock.wall())
-                await cfg.clock.sleep(delay, [watch])
+                if delay is None or delay > 0:
+                    await cfg.clock.sleep(delay, [watch])
+                else:
+                    await anyio.lowlevel.checkpoint()
         finally:
             it.close()
+
+    async def _step(self, it: ChangeIterator[O]) -> tuple[float | None, Watch]:
+        """Track new changes and mark due rows; return (delay until the next due row, watch)."""
+        cfg = self.config
+        table = cfg.table
+        txn = self.db.read_txn()
+        changes, watch = it.next(txn)
+        for n, ch in enumerate(changes, 1):
+            if not ch.deleted:
+                self._track(ch.obj, ch.revision)
+            if n % 4096 == 0:
+                await anyio.lowlevel.checkpoint()
+        if len(self._due) > 2 * table.count(txn) + 1024:
+            self._rebuild(txn)
+        if self._mark_due():
+            return 0.0, watch
+        if not self._due:
+            return None, watch
+        return max(0.0, self._due[0][0] - cfg.clock.wall()), watch
 
     def _track(self, obj: Any, revision: int) -> None:
         status = self.config.get_object_status(obj)
