@@ -14,7 +14,6 @@ import itertools
 import weakref
 from collections.abc import Iterator
 from dataclasses import dataclass
-from itertools import islice
 from typing import TYPE_CHECKING, Generic, TypeVar
 
 from statedb.ordered import log_position
@@ -78,7 +77,8 @@ class ChangeIterator(Generic[O]):
         if seen < 0:
             changes = self._current(st)
         elif upto <= seen:
-            changes = iter(())
+            # An older (or the same) snapshot: nothing new, and no rewinding.
+            return iter(()), self.table._table_watch(txn)
         else:
             changes = self._since(st, seen)
         self._seen = upto
@@ -89,17 +89,17 @@ class ChangeIterator(Generic[O]):
     def _current(st: TableState) -> Iterator[Change[O]]:
         """Every row of the snapshot, as upserts in revision order."""
         h = st.hash
-        for e in islice(st.log, 0, st.log_len):
-            if len(e) == 3 and h.get(e[2]) is e:
-                yield Change(e[0], e[1], False)
+        records = st.log[: st.log_len]  # copied now: see TableTxn.release_tombstones
+        return (Change(e[0], e[1], False) for e in records if len(e) == 3 and h.get(e[2]) is e)
 
     @staticmethod
     def _since(st: TableState, seen: int) -> Iterator[Change[O]]:
         """Deletions and latest upserts after revision ``seen``, in revision order."""
         h = st.hash
         start = log_position(st.log, st.log_len, seen)
-        for e in islice(st.log, start, st.log_len):
-            if len(e) == 4:
-                yield Change(e[0], e[1], True)
-            elif h.get(e[2]) is e:
-                yield Change(e[0], e[1], False)
+        records = st.log[start : st.log_len]  # copied now: see TableTxn.release_tombstones
+        return (
+            Change(e[0], e[1], True) if len(e) == 4 else Change(e[0], e[1], False)
+            for e in records
+            if len(e) == 4 or h.get(e[2]) is e
+        )

@@ -9,8 +9,8 @@ built from scratch (O(n log n)) when no usable view exists. Derivation
 works backwards too, so an old snapshot can reuse a newer view.
 
 Keys of ordered views: the primary key for the primary index, the index key
-for unique secondary indexes, and ``key + primary key + len(key)`` for
-non-unique ones (see `nonunique_key`).
+for unique secondary indexes, and the escaped key, a terminator and the
+primary key for non-unique ones (see `nonunique_key`).
 """
 
 from __future__ import annotations
@@ -29,9 +29,21 @@ if TYPE_CHECKING:
 _rev = itemgetter(1)
 
 
+def escape_key(key: bytes) -> bytes:
+    """Escape a non-unique index key so that a terminator can follow it (order-preserving)."""
+    return key.replace(b"\x00", b"\x00\xff")
+
+
+KEY_END = b"\x00\x01"
+
+
 def nonunique_key(key: bytes, primary: bytes) -> bytes:
-    """Ordered-view key of a non-unique index entry: key, primary key, key length."""
-    return key + primary + len(key).to_bytes(2, "big")
+    """Ordered-view key of a non-unique index entry: escaped key, terminator, primary key.
+
+    Ordered by index key first and primary key second, even when one index key is a
+    prefix of another.
+    """
+    return escape_key(key) + KEY_END + primary
 
 
 def log_position(log: list[Entry], log_len: int, revision: int) -> int:
@@ -43,7 +55,7 @@ def changed_keys(st: TableState, lo_rev: int, hi_rev: int) -> set[bytes]:
     """Return the primary keys written in revisions (lo_rev, hi_rev] of st's log."""
     start = log_position(st.log, st.log_len, lo_rev)
     end = log_position(st.log, st.log_len, hi_rev)
-    return {e[2] for e in islice(st.log, start, end)}
+    return {e[2] for e in st.log[start:end]}
 
 
 def _view_items(table: Table[Any], pos: int, entry: Entry) -> list[bytes]:
@@ -121,7 +133,7 @@ def _txn_view(table: Table[Any], tt: TableTxn, pos: int) -> SortedMap:
     if cached is not None and cached[0] == n:
         return cached[1]
     base_view = ordered_view(table, tt.base, pos)
-    keys = {e[2] for e in islice(tt.log, tt.base.log_len, n)}
+    keys = {e[2] for e in tt.log[tt.base.log_len : n]}
     view = replay(table, base_view, tt.base.hash, tt.hash, keys, pos)
     tt.view_cache[pos] = (n, view)
     return view
@@ -142,17 +154,19 @@ def compact_log(table: Table[Any], tt: TableTxn, st: TableState) -> None:
             ordered_view(table, st, pos)
         else:
             table.ordered_cache[pos] = None
-    trackers = list(table.delete_trackers.values())
-    low = min(t[0] for t in trackers) if trackers else st.revision
     h = st.hash
     log = [
         e
         for e in islice(st.log, 0, st.log_len)
-        if (e[1] > low if is_tombstone(e) else h.get(e[2]) is e)
+        if (e[0] is not None if is_tombstone(e) else h.get(e[2]) is e)
     ]
     st.log = log
     st.log_len = len(log)
-    st.tombstones = sum(1 for e in log if is_tombstone(e))
+    table.held_tombstones.clear()
+    table.held_tombstones.extend(
+        (e[1], i) for i, e in enumerate(log) if is_tombstone(e) and e[0] is not None
+    )
+    st.tombstones = len(table.held_tombstones)
     for pos, cached in enumerate(table.ordered_cache):
         if cached is not None:
             table.ordered_cache[pos] = (st, cached[1])

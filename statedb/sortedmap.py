@@ -7,7 +7,7 @@ persistent is ownership: a *frozen* map is never mutated, and
 `SortedMap.transient()` makes a writable map that shares every chunk with
 the frozen one and copies a chunk only the first time it writes to it.
 
-Complexity, for n keys and chunk size B = LOAD (1024):
+Complexity, for n keys and chunk size B = LOAD (256):
 
 - ``get``, ``floor``: O(log n) (two C-level bisects).
 - ``set``/``pop`` on a transient: O(log n + B), plus O(B) once per chunk
@@ -26,7 +26,7 @@ from collections.abc import Iterator
 from itertools import islice
 from typing import Any
 
-LOAD = 512
+LOAD = 256
 
 
 class SortedMap:

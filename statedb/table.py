@@ -10,6 +10,7 @@ that closes once the query's result may have changed after that snapshot.
 from __future__ import annotations
 
 import builtins
+import collections
 import threading
 import weakref
 from collections.abc import Callable, Iterator
@@ -22,7 +23,7 @@ from statedb.errors import (
     UnknownIndexError,
 )
 from statedb.index import Index, Query
-from statedb.ordered import ordered_view
+from statedb.ordered import KEY_END, escape_key, ordered_view
 from statedb.sortedmap import SortedMap
 from statedb.table_state import TableState, TableTxn
 from statedb.watch import Watch, closed_watch
@@ -81,6 +82,8 @@ class Table(Generic[O]):
         self.init_watch = Watch()
         # Change iterators that still need deletions: id -> [last seen revision].
         self.delete_trackers: dict[int, list[int]] = {}
+        # (revision, log position) of deletions kept for change iterators; writer-owned.
+        self.held_tombstones: collections.deque[tuple[int, int]] = collections.deque()
 
     def __repr__(self) -> str:
         return f"<Table {self.name}>"
@@ -122,6 +125,9 @@ class Table(Generic[O]):
                 raise UnknownIndexError(self.name, q.index, [i.name for i in self.indexes])
             return pos + 1, self.secondary[pos].unique, q.key
         return 0, True, self.pk_encode(q)
+
+    def _multi_key(self, pos: int) -> bool:
+        return pos > 0 and self.secondary[pos - 1].keys is not None
 
     def _view(self, txn: ReadTxn, pos: int) -> SortedMap:
         return ordered_view(self, self._state(txn), pos)
@@ -176,10 +182,7 @@ class Table(Generic[O]):
 
     @staticmethod
     def _list_nonunique(view: SortedMap, key: bytes) -> Iterator[Any]:
-        tail = len(key).to_bytes(2, "big")
-        for k, e in view.items_prefix(key):
-            if k[-2:] == tail:
-                yield e
+        return (e for _, e in view.items_prefix(escape_key(key) + KEY_END))
 
     def list_watch(self, txn: ReadTxn, q: Query | Any) -> tuple[Iterator[O], Watch]:
         """Like `list`, plus a watch that closes when a row under this key changes."""
@@ -199,18 +202,9 @@ class Table(Generic[O]):
         pos, unique, key = self._resolve(q)
         view = self._view(txn, pos)
         if unique:
-            return (e for _, e in view.items_prefix(key))
-        return self._prefix_nonunique(view, key)
-
-    @staticmethod
-    def _prefix_nonunique(view: SortedMap, key: bytes) -> Iterator[Any]:
-        # A row with several keys under the prefix is reported once.
-        klen = len(key)
-        seen: set[int] = set()
-        for k, e in view.items_prefix(key):
-            if int.from_bytes(k[-2:], "big") >= klen and id(e) not in seen:
-                seen.add(id(e))
-                yield e
+            entries = (e for _, e in view.items_prefix(key))
+            return _distinct(entries) if self._multi_key(pos) else entries
+        return _distinct(e for _, e in view.items_prefix(escape_key(key)))
 
     def prefix_watch(self, txn: ReadTxn, q: Query | Any) -> tuple[Iterator[O], Watch]:
         """Like `prefix`, plus a watch that closes when any row under the prefix changes."""
@@ -233,17 +227,9 @@ class Table(Generic[O]):
         pos, unique, key = self._resolve(q)
         view = self._view(txn, pos)
         if unique:
-            return view.values_from(key)
-        return self._lower_bound_nonunique(view, key)
-
-    @staticmethod
-    def _lower_bound_nonunique(view: SortedMap, key: bytes) -> Iterator[Any]:
-        seen: set[int] = set()
-        for k, e in view.items_from(key):
-            klen = int.from_bytes(k[-2:], "big")
-            if k[:klen] >= key and id(e) not in seen:
-                seen.add(id(e))
-                yield e
+            entries = view.values_from(key)
+            return _distinct(entries) if self._multi_key(pos) else entries
+        return _distinct(view.values_from(escape_key(key)))
 
     def lower_bound_watch(self, txn: ReadTxn, q: Query | Any) -> tuple[Iterator[O], Watch]:
         """Like `lower_bound`, plus a watch that closes when the table changes."""
@@ -398,3 +384,12 @@ class Table(Generic[O]):
     def pending_initializers(self, txn: ReadTxn) -> builtins.list[str]:
         """Return the names of initializers not yet done."""
         return sorted(self._state(txn).pending_init)
+
+
+def _distinct(entries: Iterator[Any]) -> Iterator[Any]:
+    """Yield each row once, even when several of its keys match (multi-key indexes)."""
+    seen: set[int] = set()
+    for e in entries:
+        if id(e) not in seen:
+            seen.add(id(e))
+            yield e

@@ -63,7 +63,7 @@ class TableState:
         self.secondary: list[Any] = [EMPTY_MAP] * n_secondary  # None: non-unique
         self.log: list[Entry] = []
         self.log_len = 0
-        self.tombstones = 0
+        self.tombstones = 0  # deletions held for change iterators (the graveyard)
         self.pending_init: frozenset[str] = frozenset()
         # Ordered views built on demand, per index position (0 = primary).
         self.ordered: list[SortedMap | None] = [None] * (n_secondary + 1)
@@ -159,10 +159,15 @@ class TableTxn(TableState):
         self.revision = rev
         del self.hash[pk]
         old_obj = old[0]
-        self.log.append((old_obj, rev, pk, DELETED))
-        self.tombstones += 1
+        table = self.table
+        if table.delete_trackers:
+            # Held for change iterators: the graveyard, released by release_tombstones.
+            table.held_tombstones.append((rev, len(self.log)))
+            self.log.append((old_obj, rev, pk, DELETED))
+        else:
+            self.log.append((None, rev, pk, DELETED))
         self.modified = True
-        for i, idx in enumerate(self.table.secondary):
+        for i, idx in enumerate(table.secondary):
             if idx.unique:
                 smap = self.secondary[i]
                 for k in idx.keys_of(old_obj):
@@ -170,7 +175,10 @@ class TableTxn(TableState):
 
     def delete_all(self) -> int:
         """Delete every row; return how many were deleted."""
-        items = list(self.hash.items())
+        # A HAMT mutation cannot be iterated: finish it, read it, and mutate anew.
+        current = self.hash.finish()
+        self.hash = current.mutate()
+        items = list(current.items())
         for pk, entry in items:
             self._delete_entry(pk, entry)
         return len(items)
@@ -191,4 +199,26 @@ class TableTxn(TableState):
 
     def discard(self) -> None:
         """Undo this transaction's log appends (abort)."""
-        del self.log[self.base.log_len :]
+        end = self.base.log_len
+        held = self.table.held_tombstones
+        while held and held[-1][1] >= end:
+            held.pop()
+        del self.log[end:]
+
+    def release_tombstones(self) -> None:
+        """Drop the objects of deletions every change iterator has seen (graveyard GC).
+
+        The log keeps an object-less record (the key is still needed to derive ordered
+        views); iterators copy their records when next() is called, so rewriting a slot
+        in place cannot disturb one.
+        """
+        held = self.table.held_tombstones
+        if held:
+            trackers = list(self.table.delete_trackers.values())
+            low = min(t[0] for t in trackers) if trackers else self.revision
+            log = self.log
+            while held and held[0][0] <= low:
+                _, pos = held.popleft()
+                e = log[pos]
+                log[pos] = (None, e[1], e[2], DELETED)
+        self.tombstones = len(held)

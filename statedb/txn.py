@@ -11,6 +11,7 @@ everything that changed, `abort` discards the writes and closes nothing.
 from __future__ import annotations
 
 import time
+import weakref
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
@@ -84,6 +85,7 @@ class WriteTxn(ReadTxn):
         try:
             for tt in self._locked.values():
                 if tt.modified:
+                    tt.release_tombstones()
                     st = tt.seal()
                     compact_log(tt.table, tt, st)
                     sealed.append((tt, st))
@@ -148,15 +150,15 @@ def _close_watches(tt: TableTxn, st: TableState) -> None:
     for pos in range(len(table.key_watches)):
         reg = table.key_watches[pos]
         preg = table.prefix_watches[pos]
-        if not reg.data and not preg.data:
+        if not _nonempty(reg) and not _nonempty(preg):
             continue
         changed = _changed_index_keys(tt, st, pos, mine)
-        if reg.data:
+        if _nonempty(reg):
             for key in changed:
                 w = reg.pop(key, None)
                 if w is not None:
                     w.close()
-        if preg.data:
+        if _nonempty(preg):
             for key in changed:
                 for n in range(len(key) + 1):
                     w = preg.pop(key[:n], None)
@@ -172,6 +174,11 @@ def _close_watches(tt: TableTxn, st: TableState) -> None:
                 table.init_watch = Watch()
         else:
             table.init_watch.close()
+
+
+def _nonempty(reg: weakref.WeakValueDictionary[bytes, Watch]) -> bool:
+    """True when a watch registry may hold watches (cheaper than len() of a weak dict)."""
+    return bool(reg.data)  # type: ignore[attr-defined]
 
 
 def _changed_index_keys(

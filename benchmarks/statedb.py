@@ -1,0 +1,262 @@
+"""statedb benchmark: prints one JSON object of throughput, latency and memory figures.
+
+Run ``python benchmarks/statedb.py`` (full sizes) or ``--quick`` (reduced sizes,
+under a minute). The garbage collector is left at Python's defaults, as a
+library user would have it; ``--gc-frozen`` also measures with ``gc.freeze()``
+after set-up and a raised gen-0 threshold, as a long-running agent may run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import os
+import platform
+import random
+import statistics
+import sys
+import time
+import tracemalloc
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import anyio
+
+from statedb import DB, Index, Table, Watch, keys
+
+
+@dataclass(frozen=True, slots=True)
+class Row:
+    """A benchmark row: numeric id, a name for prefix queries, a group for a non-unique index."""
+
+    id: int
+    name: str
+    group: str
+
+
+BY_ID: Index[Row, int] = Index("id", key=lambda r: r.id, encode=keys.uint64)
+BY_NAME: Index[Row, str] = Index("name", key=lambda r: r.name)
+BY_GROUP: Index[Row, str] = Index("group", key=lambda r: r.group, unique=False)
+
+
+def make_rows(n: int) -> list[Row]:
+    """Rows with ids 0..n-1 in random order (so inserts are not in key order)."""
+    ids = list(range(n))
+    random.Random(7).shuffle(ids)
+    return [Row(i, f"row-{i:08d}", f"group-{i % 1000:04d}") for i in ids]
+
+
+def insert_rate(rows: list[Row], per_txn: int, secondary: bool) -> float:
+    """Rows inserted per second at ``per_txn`` rows per write transaction."""
+    table = Table("t", BY_ID, BY_GROUP) if secondary else Table("t", BY_ID)
+    db = DB(table)
+    start = time.perf_counter()
+    for s in range(0, len(rows), per_txn):
+        with db.write_txn(table) as txn:
+            for r in rows[s : s + per_txn]:
+                table.insert(txn, r)
+    return len(rows) / (time.perf_counter() - start)
+
+
+def loaded(rows: list[Row]) -> tuple[DB, Table[Row]]:
+    """A DB whose table holds ``rows`` (primary, unique name index, non-unique group index)."""
+    table = Table("t", BY_ID, BY_NAME, BY_GROUP)
+    db = DB(table)
+    for s in range(0, len(rows), 1000):
+        with db.write_txn(table) as txn:
+            for r in rows[s : s + 1000]:
+                table.insert(txn, r)
+    return db, table
+
+
+def read_rates(db: DB, table: Table[Row], n: int, gets: int) -> dict[str, float]:
+    """Gets/s, ordered view build rate, prefix rows/s, iteration rows/s."""
+    rtxn = db.read_txn()
+    ids = [random.randrange(n) for _ in range(gets)]
+    get = table.get
+    start = time.perf_counter()
+    for i in ids:
+        get(rtxn, i)
+    get_s = gets / (time.perf_counter() - start)
+
+    start = time.perf_counter()
+    table.all(rtxn)  # first ordered query of this snapshot builds the view
+    build_s = time.perf_counter() - start
+
+    start = time.perf_counter()
+    rows = 0
+    for _ in range(3):
+        for _row in table.all(rtxn):
+            rows += 1
+    iterate = rows / (time.perf_counter() - start)
+
+    q = BY_NAME.query("row-000")
+    start = time.perf_counter()
+    rows = 0
+    for _ in range(20):
+        for _row in table.prefix(rtxn, q):
+            rows += 1
+    prefix = rows / (time.perf_counter() - start)
+    return {
+        "get_per_s": get_s,
+        "ordered_view_build_rows_per_s": n / build_s,
+        "iterate_rows_per_s": iterate,
+        "prefix_rows_per_s": prefix,
+    }
+
+
+def replay_rate(db: DB, table: Table[Row], n: int) -> dict[str, float]:
+    """Cost of ordered queries after writes: each round writes 100 rows, then lists one group."""
+    rnd = random.Random(3)
+    rounds = 200
+    start = time.perf_counter()
+    for _ in range(rounds):
+        with db.write_txn(table) as txn:
+            for _ in range(100):
+                i = rnd.randrange(n)
+                old = table.get(txn, i)
+                if old is not None:
+                    table.insert(txn, replace(old, group=f"group-{rnd.randrange(1000):04d}"))
+        list(table.list(db.read_txn(), BY_GROUP.query("group-0001")))
+    return {"write100_then_list_per_s": rounds / (time.perf_counter() - start)}
+
+
+def changes_rate(db: DB, table: Table[Row], n: int) -> float:
+    """Rows/s delivered by a change iterator: a full first pass, then a pass over n updates.
+
+    Only the time spent consuming changes counts, not the writes in between.
+    """
+    with db.write_txn(table) as txn:
+        it = table.changes(txn)
+    start = time.perf_counter()
+    delivered = sum(1 for _ in it.next(db.read_txn())[0])
+    first = time.perf_counter() - start
+    rows = list(table.all(db.read_txn()))
+    for s in range(0, len(rows), 1000):
+        with db.write_txn(table) as txn:
+            for r in rows[s : s + 1000]:
+                table.insert(txn, replace(r, name=r.name + "x"))
+    start = time.perf_counter()
+    delivered2 = sum(1 for _ in it.next(db.read_txn())[0])
+    second = time.perf_counter() - start
+    it.close()
+    if delivered != n or delivered2 != n:
+        raise AssertionError(f"change iterator delivered {delivered}/{delivered2}, expected {n}")
+    return (delivered + delivered2) / (first + second)
+
+
+async def _wakeups(samples: int) -> list[float]:
+    table: Table[Row] = Table("w", BY_ID)
+    db = DB(table)
+    with db.write_txn(table) as txn:
+        table.insert(txn, Row(0, "a", "g"))
+    out: list[float] = []
+    committed_at = [0.0]
+
+    async def waiter(w: Watch) -> None:
+        await w.wait_async()
+        out.append((time.perf_counter() - committed_at[0]) * 1e6)
+
+    for i in range(samples):
+        _, watch = table.get_watch(db.read_txn(), 0)
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(waiter, watch)
+            await anyio.sleep(0)
+            txn = db.write_txn(table)
+            table.insert(txn, Row(0, f"a{i}", "g"))
+            committed_at[0] = time.perf_counter()
+            txn.commit()
+    return out
+
+
+def wakeup_latency(samples: int, backend: str) -> dict[str, float]:
+    """Commit-to-wakeup latency of an anyio task awaiting a get() watch, p50/p99 in us."""
+    lat = sorted(anyio.run(_wakeups, samples, backend=backend))
+    return {
+        "p50": statistics.median(lat),
+        "p99": lat[min(len(lat) - 1, int(len(lat) * 0.99))],
+    }
+
+
+def bytes_per_row(n: int) -> dict[str, float]:
+    """tracemalloc bytes per row beyond the row objects: primary index only, then with views."""
+    rows = make_rows(n)
+    gc.collect()
+    tracemalloc.start()
+    base = tracemalloc.get_traced_memory()[0]
+    table = Table("m", BY_ID, BY_GROUP)
+    db = DB(table)
+    for s in range(0, n, 1000):
+        with db.write_txn(table) as txn:
+            for r in rows[s : s + 1000]:
+                table.insert(txn, r)
+    gc.collect()
+    stored = tracemalloc.get_traced_memory()[0] - base
+    rtxn = db.read_txn()
+    table.all(rtxn)
+    list(table.list(rtxn, BY_GROUP.query("group-0001")))
+    with_views = tracemalloc.get_traced_memory()[0] - base
+    tracemalloc.stop()
+    return {"stored": stored / n, "with_views": with_views / n}
+
+
+def main() -> None:
+    """Run every measurement and print one JSON object."""
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--quick", action="store_true", help="reduced sizes (< 60 s)")
+    ap.add_argument("--gc-frozen", action="store_true", help="also measure with gc tuned")
+    args = ap.parse_args()
+    n = 100_000 if args.quick else 1_000_000
+    n_insert = 50_000 if args.quick else 200_000
+    mem_rows = 200_000 if args.quick else 1_000_000
+    random.seed(1)
+
+    rows = make_rows(n_insert)
+    out: dict[str, object] = {}
+    for per in (1, 10, 100, 1000):
+        count = min(len(rows), 20_000) if per == 1 else len(rows)
+        out[f"insert_per_s_txn{per}"] = insert_rate(rows[:count], per, False)
+        out[f"insert_per_s_txn{per}_secondary"] = insert_rate(rows[:count], per, True)
+
+    big = make_rows(n)
+    db, table = loaded(big)
+    out.update(read_rates(db, table, n, 200_000 if args.quick else 1_000_000))
+    out.update(replay_rate(db, table, n))
+    out["changes_rows_per_s"] = changes_rate(db, table, n)
+    del db, table, big
+    gc.collect()
+
+    lat = wakeup_latency(500 if args.quick else 3000, "asyncio")
+    out["wakeup_p50_us"], out["wakeup_p99_us"] = lat["p50"], lat["p99"]
+    lat_trio = wakeup_latency(300 if args.quick else 1000, "trio")
+    out["wakeup_trio_p50_us"], out["wakeup_trio_p99_us"] = lat_trio["p50"], lat_trio["p99"]
+
+    mem = bytes_per_row(mem_rows)
+    out["bytes_per_row_overhead"] = mem["stored"]
+    out["bytes_per_row_with_ordered_views"] = mem["with_views"]
+    out["memory_rows"] = mem_rows
+
+    if args.gc_frozen:
+        gc.collect()
+        gc.freeze()
+        gc.set_threshold(100_000, 50, 1000)
+        out["insert_per_s_txn100_secondary_gc_tuned"] = insert_rate(rows, 100, True)
+
+    out["machine"] = {
+        "python": platform.python_version(),
+        "cpus": os.cpu_count(),
+        "platform": platform.platform(),
+        "quick": args.quick,
+    }
+    for k, v in out.items():
+        if isinstance(v, float):
+            out[k] = round(v, 1)
+    print(json.dumps(out, indent=2))
+
+
+if __name__ == "__main__":
+    main()
