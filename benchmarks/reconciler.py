@@ -9,12 +9,15 @@
   on the same event loop; changes are isolated (one every ~5 ms).
 - single_change_cross_thread_p50_us / p99: the same with the writer in another thread.
 
-``--quick`` uses smaller sizes and finishes in well under a minute.
+``--quick`` uses smaller sizes and finishes in well under a minute. The garbage
+collector runs with Python's defaults; ``--gc-tuned`` adds throughput figures with
+``gc.freeze()`` and raised thresholds, as a long-running agent may configure it.
 """
 
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import resource
 import statistics
@@ -197,6 +200,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--rows", type=int, default=None, help="rows for the throughput runs")
     ap.add_argument("--per-txn", type=int, default=10_000, help="rows per insert transaction")
     ap.add_argument("--round-size", type=int, default=1000, help="incremental round size")
+    ap.add_argument(
+        "--gc-tuned", action="store_true",
+        help="also measure throughput with gc.freeze() and raised gc thresholds",
+    )
     args = ap.parse_args(argv)
     n = args.rows or (200_000 if args.quick else 1_000_000)
     samples = 300 if args.quick else 2000
@@ -211,6 +218,16 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p50, p99 = single_change_latency_cross_thread(latency_rows, samples)
     result["single_change_cross_thread_p50_us"] = round(p50, 1)
     result["single_change_cross_thread_p99_us"] = round(p99, 1)
+    if args.gc_tuned:
+        gc.collect()
+        gc.freeze()
+        gc.set_threshold(100_000, 50, 1000)
+        result["objects_per_s_gc_tuned"] = round(
+            throughput(n, args.per_txn, False, args.round_size)
+        )
+        result["objects_per_s_batch_gc_tuned"] = round(
+            throughput(n, args.per_txn, True, args.round_size)
+        )
     result["peak_mem_mb"] = round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)
     result["rows"] = n
     result["latency_rows"] = latency_rows
