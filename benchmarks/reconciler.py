@@ -66,21 +66,22 @@ class NoopTarget:
         self.on_seen: Callable[[], None] = lambda: None
 
     def update(self, txn: ReadTxn, revision: int, obj: Row) -> None:
+        """Accept the update; note the time when it is the watched row."""
         if obj.id == self.watch_id:
             self.seen_at = time.perf_counter()
             self.on_seen()
 
     def delete(self, txn: ReadTxn, revision: int, obj: Row) -> None:
-        pass
+        """Accept the delete."""
 
     def prune(self, txn: ReadTxn, objects: Iterator[Row]) -> None:
-        pass
+        """Accept the prune."""
 
     def update_batch(self, txn: ReadTxn, batch: list[BatchEntry[Row]]) -> None:
-        pass
+        """Accept every entry."""
 
     def delete_batch(self, txn: ReadTxn, batch: list[BatchEntry[Row]]) -> None:
-        pass
+        """Accept every entry."""
 
 
 def new_setup(batch: bool, round_size: int) -> tuple[DB, Table[Row], NoopTarget, Reconciler[Row]]:

@@ -16,6 +16,8 @@ from statedb import DB, Index, ReadTxn, Table
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class File:
+    """A row: the file's name and text, and its reconciliation status."""
+
     name: str
     text: str
     status: Status = dataclasses.field(default_factory=status_pending)
@@ -41,6 +43,7 @@ class Directory:
 
 
 async def main(root: Path) -> None:
+    """Reconcile a small table into ``root`` and check the directory matches it."""
     files: Table[File] = Table("files", Index("name", key=lambda f: f.name))
     db = DB(files)
     rec = Reconciler(db, Config(

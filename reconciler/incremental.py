@@ -146,13 +146,15 @@ class Incremental(Generic[O]):
     ) -> int:
         get_status = self.config.get_object_status
         retries = self.retries
+        # Retries are only added after collection, so "is the queue empty" holds throughout.
+        has_retries = bool(retries)
         pk = self.table.primary_key_of
         taken = 0
         examined = 0
         for ch in changes:
             obj = ch.obj
             if ch.deleted:
-                if retries:
+                if has_retries:
                     retries.clear(pk(obj))
                 deletes.append((obj, ch.revision))
             else:
@@ -163,7 +165,7 @@ class Incremental(Generic[O]):
                         examined = 0
                         await anyio.lowlevel.checkpoint()
                     continue
-                if retries:
+                if has_retries:
                     retries.clear(pk(obj))
                 updates.append(UpdateWork(obj, obj, ch.revision, status))
             taken += 1
