@@ -245,6 +245,12 @@ class KernelMap(MapBackend):
             in_token = out_token
             turn ^= 1
 
+    def count(self) -> int:
+        """Number of entries, via batch lookups where the map type has them."""
+        if not self._batch_supported or self.spec.type == MapType.LPM_TRIE:
+            return super().count()
+        return sum(len(kraw) for kraw, _ in self.dump_chunks()) // self._ksize
+
     def _dump_chunks_fallback(self, batch_size: int) -> Iterator[tuple[bytes, bytes]]:
         for chunk in self._lookup_batch_fallback(batch_size):
             yield b"".join(k for k, _ in chunk), b"".join(v for _, v in chunk)
