@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import shutil
 import uuid
 from collections.abc import Iterator
 
@@ -75,14 +74,3 @@ def pin_dir(backend_kind: str, request: pytest.FixtureRequest) -> str:
     name = "kernel_pin_dir" if backend_kind == "kernel" else "memory_pin_dir"
     path: str = request.getfixturevalue(name)
     return path
-
-
-def tool(name: str) -> str:
-    """Path of a build tool the layout tests need; skip (fail under CI=true) if absent."""
-    found = shutil.which(name)
-    if found is None:
-        msg = f"{name} not installed (make system-deps installs it)"
-        if os.environ.get("CI", "").lower() == "true":
-            pytest.fail(msg, pytrace=False)
-        pytest.skip(msg)
-    return found

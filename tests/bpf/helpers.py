@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import os
+import shutil
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
+
+import pytest
 
 from bpf import catalog, lb
 from bpf.backend import MapBackend
@@ -44,3 +48,14 @@ def closing(backend: MapBackend) -> Iterator[MapBackend]:
         yield backend
     finally:
         backend.close()
+
+
+def tool(name: str) -> str:
+    """Path of a build tool the layout tests need; skip (fail under CI=true) if absent."""
+    found = shutil.which(name)
+    if found is None:
+        msg = f"{name} not installed (make system-deps installs it)"
+        if os.environ.get("CI", "").lower() == "true":
+            pytest.fail(msg, pytrace=False)
+        pytest.skip(msg)
+    return found

@@ -19,8 +19,7 @@ from bpf.kernel_map import KernelMap
 from bpf.pinning import open_or_create, pin_path
 from bpf.typed_map import TypedMap
 
-from .conftest import tool
-from .helpers import SPECS, backend4, closing, ip4
+from .helpers import SPECS, backend4, closing, ip4, tool
 
 pytestmark = pytest.mark.kernel
 

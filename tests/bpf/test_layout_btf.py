@@ -17,7 +17,7 @@ from bpf.codec import ScalarCodec, StructCodec, U32ArrayCodec
 from bpf.spec import MapSpec
 
 from .btf import BTF
-from .conftest import tool
+from .helpers import tool
 
 BPF_DIR = Path(__file__).resolve().parents[2] / "bpf"
 
