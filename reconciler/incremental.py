@@ -91,6 +91,13 @@ class Incremental(Generic[O]):
             self._iter = None
         self._changes = None
 
+    def resync(self) -> None:
+        """Start over from a full listing of the table (after a round failed part way, its
+        changes may be half processed; Pending rows are found again, stale target entries are
+        left to the next prune)."""
+        self.close()
+        self.open()
+
     @property
     def backlog(self) -> bool:
         """True when changes of an earlier snapshot are still waiting (the last round was full)."""

@@ -23,7 +23,7 @@ from reconciler.metrics import ReconcilerMetrics
 from reconciler.prune import Pruner
 from reconciler.ratelimit import RateLimiter
 from reconciler.refresh import Refresher
-from reconciler.retries import RetryQueue
+from reconciler.retries import RetryQueue, backoff_delay
 from statedb import DB, ReadTxn, Watch, closed_watch
 
 O = TypeVar("O")
@@ -128,6 +128,7 @@ class Reconciler(Generic[O]):
         if initialized:
             self._pruner.on_initialized(clock.now())
         table_watch = closed_watch()  # the first round reads every row
+        failed_rounds = 0
         while True:
             if limiter is not None:
                 await limiter.wait()
@@ -147,11 +148,17 @@ class Reconciler(Generic[O]):
             try:
                 watch = await self._round(txn)
             except Exception as exc:  # a bug in user callbacks must not kill the loop
+                failed_rounds += 1
                 self._round_error = f"round of {table.name} failed: {error_text(exc)}"
                 log.exception("reconciler %s: %s", self.name, self._round_error)
+                self._incremental.resync()
+                table_watch = closed_watch()
                 self._publish(txn)
-                await clock.sleep(cfg.retry_min_backoff)
+                await clock.sleep(
+                    backoff_delay(failed_rounds, cfg.retry_min_backoff, cfg.retry_max_backoff)
+                )
                 continue
+            failed_rounds = 0
             self._round_error = None
             if watch is not None:
                 table_watch = watch

@@ -156,13 +156,13 @@ class Harness:
             "retry_min_backoff": 0.05,
             "retry_max_backoff": 0.05,
             "rate_limit": RateLimit(1000.0, 10),
+            "get_object_status": get_status,
+            "set_object_status": set_status,
         }
         settings.update(config)
         self.config: Config[TestObject] = Config(
             table=self.table,
             operations=self.ops,
-            get_object_status=get_status,
-            set_object_status=set_status,
             batch_operations=cast("BatchOperations[TestObject]", self.ops) if batch else None,
             **settings,
         )

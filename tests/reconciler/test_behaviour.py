@@ -19,6 +19,7 @@ from reconciler import (
     Config,
     PrometheusCollector,
     Reconciler,
+    Status,
     StatusKind,
     StatusSet,
     status_pending,
@@ -332,3 +333,21 @@ def test_status_helpers() -> None:
     assert s2.get("x").kind is StatusKind.DONE and s2.get("y").kind is StatusKind.PENDING
     assert s.get("x").id == s.get("y").id == s.pending_id
     assert s2.pending().get("x").kind is StatusKind.PENDING
+
+
+def test_failing_status_callback_degrades_health_and_recovers() -> None:
+    broken = {"on": True}
+
+    def flaky_get_status(obj: TestObject) -> Status:
+        if broken["on"] and obj.id == 2:
+            raise RuntimeError("status accessor broke")
+        return obj.status
+
+    with Harness(get_object_status=flaky_get_status) as h:
+        h.insert(TestObject(1))
+        h.insert(TestObject(2))
+        h.expect_health(r"Degraded.*round of test-objects failed: status accessor broke")
+        broken["on"] = False
+        # The reconciler starts over from a full listing: nothing is lost.
+        h.expect_table({1: DONE, 2: DONE})
+        h.expect_health(r"level=OK.*2 object")
