@@ -26,7 +26,8 @@ class Health:
     name: str
     level: Level
     message: str
-    errors: tuple[str, ...] = ()
+    error_count: int = 0
+    errors: tuple[str, ...] = ()  # the first few error messages
 
     @property
     def ok(self) -> bool:
@@ -42,12 +43,11 @@ def health_ok(name: str, objects: int) -> Health:
     return Health(name, Level.OK, f"OK, {objects} object(s)")
 
 
-def health_degraded(name: str, errors: Sequence[str], max_messages: int = 3) -> Health:
-    """Degraded, with the error count and the first ``max_messages`` messages."""
-    shown = list(errors[:max_messages])
-    more = len(errors) - len(shown)
-    text = "; ".join(shown) + (f"; and {more} more" if more > 0 else "")
-    return Health(name, Level.DEGRADED, f"{len(errors)} error(s): {text}", tuple(errors))
+def health_degraded(name: str, count: int, first: Sequence[str]) -> Health:
+    """Degraded, with the number of errors and the first few messages (``first``)."""
+    more = count - len(first)
+    text = "; ".join(first) + (f"; and {more} more" if more > 0 else "")
+    return Health(name, Level.DEGRADED, f"{count} error(s): {text}", count, tuple(first))
 
 
 def health_stopped(name: str) -> Health:

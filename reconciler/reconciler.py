@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import threading
+import time
 from typing import Generic, TypeVar
 
 import anyio
@@ -173,8 +174,6 @@ class Reconciler(Generic[O]):
         return max(0.0, min(times) - now)
 
     async def _round(self, txn: ReadTxn) -> Watch | None:
-        import time
-
         start = time.perf_counter()
         watch = await self._incremental.run_round(txn)
         if self._pruner.due(self.config.clock.now()):
@@ -183,14 +182,13 @@ class Reconciler(Generic[O]):
         return watch
 
     def _publish(self, txn: ReadTxn) -> None:
-        errors = [item.error for item in self.retries.errors()]
-        if self._pruner.error is not None:
-            errors.append(self._pruner.error)
-        if self._round_error is not None:
-            errors.append(self._round_error)
+        shown = self.config.health_max_messages
+        others = [e for e in (self._round_error, self._pruner.error) if e is not None]
+        count = len(self.retries) + len(others)
         self.metrics.current_errors = len(self.retries)
-        if errors:
-            self._health = health_degraded(self.name, errors, self.config.health_max_messages)
+        if count:
+            first = others + [item.error for item in self.retries.first(shown)]
+            self._health = health_degraded(self.name, count, first[:shown])
         else:
             self._health = health_ok(self.name, self.config.table.count(txn))
         old, self._progress = self._progress, Watch()

@@ -95,9 +95,9 @@ class RetryQueue:
             n += 1
             yield self._items[key]
 
-    def errors(self) -> list[RetryItem]:
-        """Every pending retry, oldest failure first (for health messages)."""
-        return sorted(self._items.values(), key=lambda i: i.retry_at)
+    def first(self, n: int) -> list[RetryItem]:
+        """Up to ``n`` pending retries, in the order their keys first failed (O(n), for health)."""
+        return list(itertools.islice(self._items.values(), n))
 
     def _drop_stale(self) -> None:
         heap, items = self._heap, self._items
