@@ -1,1 +1,2 @@
-"""tables: the agent's schemas and write APIs (services, frontends, backends, node addresses, devices)."""
+"""tables: the agent's schemas and write APIs (services, frontends, backends, node
+addresses, devices)."""

@@ -1,0 +1,283 @@
+"""The backends table: one row per backend address, holding one instance per (service, source).
+
+Following Cilium's model, a backend row is keyed by its L3n4 address alone and
+carries the per-service *instances* of that address: each service that uses the
+address has an instance (port names, weight, node, zone, state, source). When
+several sources give the same service an instance, the one with the highest
+priority (smallest number, see `tables.services.SOURCE_PRIORITY`) is the
+*preferred* instance; the others are *shadows*. The same address used by two
+services is one row with two instances, so the BPF backends map can share the
+entry, and the corpus tables (``Address Instances Shadows NodeName``) compare
+directly.
+
+Indexes: ``address`` (primary; accepts ``ip:port/PROTO``, a CIDR prefix or a
+bare IP in queries) and ``service`` (non-unique, one key per service of a
+preferred instance).
+"""
+
+from __future__ import annotations
+
+import datetime
+import enum
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from statedb import Index, Table
+from statedb import keys as keycodec
+from tables.l3n4 import L3n4Addr, encode_addr_key, parse_addr_key
+from tables.services import ServiceName
+
+BACKENDS_TABLE = "backends"
+
+#: Default backend weight (Kubernetes has none; Cilium uses 100).
+DEFAULT_WEIGHT = 100
+
+
+class BackendState(enum.IntEnum):
+    """The lifecycle state of a backend instance (numbers as in Cilium's marshalling)."""
+
+    ACTIVE = 0
+    TERMINATING = 1
+    QUARANTINED = 2
+    MAINTENANCE = 3
+    TERMINATING_NOT_SERVING = 4
+
+    @property
+    def text(self) -> str:
+        """Lower-case name as the tables and maps dump show it (``terminating``)."""
+        return self.name.lower().replace("_", "-")
+
+    @classmethod
+    def parse(cls, text: str) -> BackendState:
+        """Parse ``active``, ``terminating``, ... ; raise ValueError."""
+        try:
+            return cls[text.strip().upper().replace("-", "_")]
+        except KeyError:
+            raise ValueError(f"unknown backend state {text!r}") from None
+
+
+@dataclass(frozen=True, slots=True)
+class BackendParams:
+    """One service's view of a backend address (a backend instance)."""
+
+    address: L3n4Addr
+    port_names: tuple[str, ...] = ()
+    weight: int = DEFAULT_WEIGHT
+    node_name: str = ""
+    zone: str = ""
+    #: Topology hints: zones this backend should serve; () when there are no hints.
+    for_zones: tuple[str, ...] = ()
+    cluster_id: int = 0
+    source: str = "k8s"
+    state: BackendState = BackendState.ACTIVE
+    unhealthy: bool = False
+    unhealthy_updated_at: float = 0.0
+
+    @property
+    def effective_state(self) -> BackendState:
+        """The state after health checks: an unhealthy backend counts as quarantined."""
+        return BackendState.QUARANTINED if self.unhealthy else self.state
+
+    def to_json(self) -> dict[str, Any]:
+        """JSON form (Cilium's field names)."""
+        return {
+            "Address": _addr_json(self.address),
+            "PortNames": list(self.port_names) or None,
+            "Weight": self.weight,
+            "NodeName": self.node_name,
+            "Zone": self.zone,
+            "ForZones": list(self.for_zones) or None,
+            "Source": self.source,
+            "State": int(self.state),
+            "Unhealthy": self.unhealthy,
+            "UnhealthyUpdatedAt": _time_text(self.unhealthy_updated_at),
+        }
+
+    def to_yaml(self) -> dict[str, Any]:
+        """YAML form (lower-cased names, addresses as text)."""
+        return {
+            "address": str(self.address),
+            "portnames": list(self.port_names) or None,
+            "weight": self.weight,
+            "nodename": self.node_name,
+            "zone": self.zone,
+            "forzones": list(self.for_zones),
+            "source": self.source,
+            "state": int(self.state),
+            "unhealthy": self.unhealthy,
+            "unhealthyupdatedat": _time_text(self.unhealthy_updated_at),
+        }
+
+
+def _addr_json(a: L3n4Addr) -> dict[str, Any]:
+    return {"AddrCluster": str(a.address), "Protocol": a.protocol, "Port": a.port, "Scope": a.scope}
+
+
+def _time_text(ts: float) -> str:
+    if not ts:
+        return "0001-01-01T00:00:00Z"
+    dt = datetime.datetime.fromtimestamp(ts, tz=datetime.UTC)
+    return dt.strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+#: Key of an instance: (service name, source priority).
+InstanceKey = tuple[ServiceName, int]
+
+
+@dataclass(frozen=True, slots=True)
+class Backend:
+    """A backend address with its instances, sorted by (service name, source priority)."""
+
+    address: L3n4Addr
+    instances: tuple[tuple[InstanceKey, BackendParams], ...] = ()
+
+    # ----- instance access -------------------------------------------------
+    def preferred_instances(self) -> Iterator[tuple[InstanceKey, BackendParams]]:
+        """Yield the highest-priority instance of each service, in service order."""
+        last: str | None = None
+        for key, inst in self.instances:
+            if key[0] != last:
+                last = key[0]
+                yield key, inst
+
+    def instance(self, service: ServiceName) -> BackendParams | None:
+        """The preferred instance for ``service``, or None."""
+        for key, inst in self.instances:
+            if key[0] == service:
+                return inst
+        return None
+
+    def instances_of(self, service: ServiceName) -> list[tuple[InstanceKey, BackendParams]]:
+        """Every instance (all sources) for ``service``, best first."""
+        return [(k, i) for k, i in self.instances if k[0] == service]
+
+    def service_names(self) -> list[ServiceName]:
+        """The services that have an instance of this backend, sorted."""
+        return [k[0] for k, _ in self.preferred_instances()]
+
+    def with_instance(self, key: InstanceKey, params: BackendParams) -> Backend:
+        """Return a copy with the instance under ``key`` set to ``params``."""
+        rest = [(k, i) for k, i in self.instances if k != key]
+        rest.append((key, params))
+        rest.sort(key=lambda ki: ki[0])
+        return Backend(self.address, tuple(rest))
+
+    def without_instance(self, key: InstanceKey) -> Backend:
+        """Return a copy without the instance under ``key`` (may leave no instance)."""
+        return Backend(self.address, tuple((k, i) for k, i in self.instances if k != key))
+
+    def is_alive(self) -> bool:
+        """True if an instance is healthy and active or terminating (connections worth keeping)."""
+        return any(
+            not i.unhealthy and i.state in (BackendState.ACTIVE, BackendState.TERMINATING)
+            for _, i in self.instances
+        )
+
+    # ----- show ------------------------------------------------------------------
+    @staticmethod
+    def table_header() -> list[str]:
+        """Columns of ``db/show backends``: Cilium's four, then per-instance details of the
+        first instance (older corpus files compare ``Service``/``State``/... columns)."""
+        return [
+            "Address",
+            "Instances",
+            "Shadows",
+            "NodeName",
+            "Service",
+            "Source",
+            "Priority",
+            "State",
+            "PortNames",
+            "Weight",
+            "Zone",
+        ]
+
+    def instances_text(self) -> str:
+        """``svc [state] (port names)`` per preferred instance, comma separated."""
+        parts: list[str] = []
+        for (svc, _), inst in self.preferred_instances():
+            s = svc
+            if inst.unhealthy:
+                s += " [unhealthy]"
+            elif inst.state is not BackendState.ACTIVE:
+                s += f" [{inst.state.text}]"
+            if inst.port_names:
+                s += " (" + " ".join(inst.port_names) + ")"
+            parts.append(s)
+        return ", ".join(parts)
+
+    def shadows_text(self) -> str:
+        """The non-preferred instances: ``svc [source (ports), ...]`` per service."""
+        out: list[str] = []
+        svc: str | None = None
+        shadows: list[str] = []
+        for (name, _), inst in self.instances:
+            if name != svc:
+                if shadows:
+                    out.append(f"{svc} [{', '.join(shadows)}]")
+                svc, shadows = name, []
+                continue
+            text = inst.source
+            if inst.port_names:
+                text += " (" + " ".join(inst.port_names) + ")"
+            shadows.append(text)
+        if shadows:
+            out.append(f"{svc} [{', '.join(shadows)}]")
+        return ", ".join(out)
+
+    def table_row(self) -> list[str]:
+        """Cells of ``db/show backends``."""
+        node = next((i.node_name for _, i in self.instances if i.node_name), "")
+        first = next(iter(self.preferred_instances()), None)
+        if first is None:
+            extra = ["", "", "", "", "", "", ""]
+        else:
+            (_svc, prio), inst = first
+            extra = [
+                ", ".join(self.service_names()),
+                inst.source,
+                str(prio),
+                inst.effective_state.text,
+                ", ".join(inst.port_names),
+                str(inst.weight),
+                inst.zone,
+            ]
+        return [str(self.address), self.instances_text(), self.shadows_text(), node, *extra]
+
+    def to_json(self) -> dict[str, Any]:
+        """JSON form (Cilium's field names)."""
+        insts = []
+        for (svc, prio), inst in self.instances:
+            v = inst.to_json()
+            v["Address"] = {**_addr_json(inst.address), "AddrCluster": {}}
+            insts.append({"k": {"ServiceName": svc, "SourcePriority": prio}, "v": v})
+        return {"Address": _addr_json(self.address), "Instances": insts}
+
+    def to_yaml(self) -> dict[str, Any]:
+        """YAML form (lower-cased names)."""
+        return {
+            "address": str(self.address),
+            "instances": [
+                {"k": {"servicename": svc, "sourcepriority": prio}, "v": inst.to_yaml()}
+                for (svc, prio), inst in self.instances
+            ],
+        }
+
+
+#: Primary index: the backend address.
+backend_address_index: Index[Backend, Any] = Index(
+    "address", key=lambda b: b.address, encode=encode_addr_key, parse=parse_addr_key
+)
+
+#: Secondary index: every service with a preferred instance of the backend.
+backend_service_index: Index[Backend, str] = Index(
+    "service", keys=lambda b: b.service_names(), encode=keycodec.string, unique=False
+)
+
+
+def new_backends_table() -> Table[Backend]:
+    """Return a new, unregistered backends table."""
+    table: Table[Backend] = Table(BACKENDS_TABLE, backend_address_index, backend_service_index)
+    table.row_type = Backend  # type: ignore[attr-defined]
+    return table

@@ -1,0 +1,184 @@
+"""L3n4Addr: an IP address, an L4 port and protocol, and a scope, as used by every LB table.
+
+Text form (what the tables show and the corpus writes): ``10.0.0.1:80/TCP``,
+``[2001::1]:443/UDP``, and a ``/i`` suffix for the internal scope of a
+two-scope service (``1.1.1.1:80/TCP/i``). The ``/PROTO`` part may be omitted
+when parsing (TCP is assumed).
+
+Index keys: 16 bytes of address (IPv4 mapped into IPv6 space, so both
+families share one order and a CIDR prefix query matches whole bytes of the
+address), 2 bytes of port, 1 byte of protocol, 1 byte of scope. Keys therefore
+order by address, then port, then protocol, then scope.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+from dataclasses import dataclass
+from typing import Any
+
+from statedb import keys as keycodec
+
+IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
+IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
+
+TCP = "TCP"
+UDP = "UDP"
+SCTP = "SCTP"
+ANY = "ANY"
+
+#: Protocols in the order of their key byte (ANY sorts first, as "no protocol").
+PROTOCOLS: tuple[str, ...] = (ANY, TCP, UDP, SCTP)
+_PROTO_CODE = {p: i for i, p in enumerate(PROTOCOLS)}
+
+#: Scope of a frontend: external (the default) or internal (``/i``, two-scope services).
+SCOPE_EXTERNAL = 0
+SCOPE_INTERNAL = 1
+
+
+class AddressError(ValueError):
+    """A malformed address, port, protocol or scope; the message names what is wrong."""
+
+
+def parse_protocol(text: str) -> str:
+    """Return the canonical protocol name for ``text`` (case-insensitive) or raise AddressError."""
+    p = text.strip().upper()
+    if p not in _PROTO_CODE:
+        raise AddressError(f"unknown protocol {text!r} (expected one of TCP, UDP, SCTP, ANY)")
+    return p
+
+
+def parse_ip(text: str) -> IPAddress:
+    """Parse an IPv4/IPv6 address (brackets around IPv6 allowed) or raise AddressError."""
+    t = text.strip()
+    if t.startswith("[") and t.endswith("]"):
+        t = t[1:-1]
+    try:
+        return ipaddress.ip_address(t)
+    except ValueError:
+        raise AddressError(f"invalid IP address {text!r}") from None
+
+
+@dataclass(frozen=True, slots=True)
+class L3n4Addr:
+    """An address + port + protocol + scope (frontend or backend address)."""
+
+    address: IPAddress
+    port: int
+    protocol: str = TCP
+    scope: int = SCOPE_EXTERNAL
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.address, ipaddress.IPv4Address | ipaddress.IPv6Address):
+            raise AddressError(f"invalid IP address {self.address!r}")
+        if not isinstance(self.port, int) or isinstance(self.port, bool):
+            raise AddressError(f"invalid port {self.port!r}: not an integer")
+        if not 0 <= self.port <= 65535:
+            raise AddressError(f"invalid port {self.port}: out of range 0..65535")
+        if self.protocol not in _PROTO_CODE:
+            raise AddressError(f"unknown protocol {self.protocol!r}")
+        if self.scope not in (SCOPE_EXTERNAL, SCOPE_INTERNAL):
+            raise AddressError(f"invalid scope {self.scope!r}")
+
+    # ----- construction ---------------------------------------------------
+    @classmethod
+    def make(
+        cls, address: str | IPAddress, port: int, protocol: str = TCP, scope: int = SCOPE_EXTERNAL
+    ) -> L3n4Addr:
+        """Build from loose parts (address text, protocol in any case)."""
+        addr = parse_ip(address) if isinstance(address, str) else address
+        return cls(addr, port, parse_protocol(protocol), scope)
+
+    @classmethod
+    def parse(cls, text: str) -> L3n4Addr:
+        """Parse ``ip:port[/PROTO][/i]`` or ``[v6]:port[/PROTO][/i]``; raise AddressError."""
+        t = text.strip()
+        scope = SCOPE_EXTERNAL
+        if t.endswith("/i"):
+            scope = SCOPE_INTERNAL
+            t = t[:-2]
+        proto = TCP
+        hostport = t
+        if "/" in t:
+            hostport, _, ptext = t.rpartition("/")
+            proto = parse_protocol(ptext)
+        if hostport.startswith("["):
+            end = hostport.find("]")
+            if end < 0 or hostport[end + 1 : end + 2] != ":":
+                raise AddressError(f"invalid address {text!r}: expected [ipv6]:port")
+            host, port_text = hostport[1:end], hostport[end + 2 :]
+        else:
+            host, sep, port_text = hostport.rpartition(":")
+            if not sep or ":" in host:
+                raise AddressError(f"invalid address {text!r}: expected ip:port (IPv6 in [])")
+        try:
+            port = int(port_text)
+        except ValueError:
+            raise AddressError(f"invalid port {port_text!r} in {text!r}") from None
+        return cls(parse_ip(host), port, proto, scope)
+
+    # ----- views -------------------------------------------------------------
+    @property
+    def is_ipv6(self) -> bool:
+        """True for an IPv6 address."""
+        return self.address.version == 6
+
+    @property
+    def is_unspecified(self) -> bool:
+        """True for 0.0.0.0 / :: (the NodePort/HostPort surrogate frontends)."""
+        return self.address.is_unspecified
+
+    def addr_port(self) -> str:
+        """``ip:port`` with IPv6 in brackets, without protocol (the REV: format)."""
+        if self.address.version == 6:
+            return f"[{self.address}]:{self.port}"
+        return f"{self.address}:{self.port}"
+
+    def __str__(self) -> str:
+        s = f"{self.addr_port()}/{self.protocol}"
+        return s + "/i" if self.scope == SCOPE_INTERNAL else s
+
+    def with_scope(self, scope: int) -> L3n4Addr:
+        """Return the same address in another scope."""
+        return L3n4Addr(self.address, self.port, self.protocol, scope)
+
+    def with_protocol(self, protocol: str) -> L3n4Addr:
+        """Return the same address with another protocol."""
+        return L3n4Addr(self.address, self.port, parse_protocol(protocol), self.scope)
+
+    def key(self) -> bytes:
+        """The ordered index key (address, port, protocol, scope)."""
+        return (
+            keycodec.ip_address(self.address)
+            + self.port.to_bytes(2, "big")
+            + bytes((_PROTO_CODE[self.protocol], self.scope))
+        )
+
+
+def encode_addr_key(value: Any) -> bytes:
+    """Index encoder for L3n4Addr keys; also accepts a network (a prefix query by CIDR)
+    or a bare IP address (a prefix query for every port/protocol of that address)."""
+    if isinstance(value, L3n4Addr):
+        return value.key()
+    if isinstance(value, ipaddress.IPv4Network | ipaddress.IPv6Network):
+        return keycodec.ip_network_prefix(value)
+    if isinstance(value, ipaddress.IPv4Address | ipaddress.IPv6Address):
+        return keycodec.ip_address(value)
+    raise TypeError(f"cannot use {value!r} as an address key")
+
+
+def parse_addr_key(text: str) -> L3n4Addr | IPNetwork | IPAddress:
+    """Command-line parser for address index queries: ``ip:port/PROTO``, a CIDR or an IP."""
+    t = text.strip()
+    try:
+        return L3n4Addr.parse(t)
+    except AddressError:
+        pass
+    try:
+        return ipaddress.ip_network(t, strict=False)
+    except ValueError:
+        pass
+    try:
+        return ipaddress.ip_address(t.strip("[]"))
+    except ValueError:
+        raise AddressError(f"invalid address query {text!r}") from None

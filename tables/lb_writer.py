@@ -1,0 +1,464 @@
+"""LBWriter: the one write API that keeps services, frontends and backends consistent.
+
+Every method takes an open write transaction from `LBWriter.write_txn` (which
+locks all four LB tables), so a source can apply one object's worth of changes
+atomically: e.g. a Service becomes one `upsert_service_and_frontends` call, an
+EndpointSlice one `set_backends` call. A method that raises leaves the tables
+as they were *for that call* (it validates before writing); the caller normally
+lets the exception abort the whole transaction (``with writer.write_txn():``).
+
+Invariants kept here:
+
+* every frontend belongs to an existing service (``service_name``), and its
+  ``service`` field is the current service row;
+* a frontend address belongs to one service: claiming another service's
+  address raises `FrontendConflictError`;
+* a frontend's ``backends`` are the preferred instances, for its service (or
+  ``redirect_to``), of the backends that match its IP family, port name,
+  traffic policy (Local: ``node_name`` equal to the configured node name),
+  topology zone and PreferSameNode preference, sorted by address; terminating
+  instances stay in the list (the BPF ops use them only when no active backend
+  remains);
+* whenever any of that input changes (service, backends, node addresses for
+  NodePort/HostPort surrogates, node zone), the frontend is re-written with a
+  fresh Pending status so the BPF reconciler applies it again; its ``id`` is
+  kept;
+* a backend row exists only while it has at least one instance.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from statedb import DB, Table, WriteTxn
+from tables.backends import Backend, BackendParams, BackendState, new_backends_table
+from tables.frontends import Frontend, FrontendParams, SVCType, new_frontends_table
+from tables.l3n4 import SCOPE_INTERNAL, L3n4Addr
+from tables.lb_config import LBConfig
+from tables.node_addresses import NodeAddress, new_node_addresses_table
+from tables.services import Service, ServiceName, TrafficPolicy, new_services_table, source_priority
+
+#: Node label holding the node's zone (topology-aware routing).
+ZONE_LABEL = "topology.kubernetes.io/zone"
+
+
+class LBWriterError(ValueError):
+    """A write was refused; the message names the object and the reason."""
+
+
+class FrontendConflictError(LBWriterError):
+    """A frontend address is already owned by another service."""
+
+    def __init__(self, address: L3n4Addr, owner: ServiceName, claimant: ServiceName) -> None:
+        super().__init__(
+            f"frontend {address} of service {claimant} conflicts with service {owner}, "
+            f"which already owns it"
+        )
+        self.address = address
+        self.owner = owner
+        self.claimant = claimant
+
+
+class ServiceNotFoundError(LBWriterError):
+    """A frontend was given for a service that is not in the services table."""
+
+
+class LBWriter:
+    """Writes the LB tables in one transaction, keeping frontends' backends up to date."""
+
+    def __init__(
+        self,
+        db: DB,
+        config: LBConfig | None = None,
+        *,
+        services: Table[Service],
+        frontends: Table[Frontend],
+        backends: Table[Backend],
+        node_addresses: Table[NodeAddress],
+    ) -> None:
+        self.db = db
+        self.config = config if config is not None else LBConfig()
+        self.services = services
+        self.frontends = frontends
+        self.backends = backends
+        self.node_addresses = node_addresses
+        self._node_labels: dict[str, str] = {}
+        # Frontends redirected to another service (rare): address -> target service.
+        # A hint for refreshes only; the frontend row stays the truth.
+        self._redirect_targets: dict[L3n4Addr, ServiceName] = {}
+
+    @classmethod
+    def create(cls, db: DB, config: LBConfig | None = None) -> LBWriter:
+        """Create the four LB tables, register them with ``db`` and return a writer on them."""
+        services = new_services_table()
+        frontends = new_frontends_table()
+        backends = new_backends_table()
+        node_addresses = new_node_addresses_table()
+        db.register(services, frontends, backends, node_addresses)
+        return cls(
+            db,
+            config,
+            services=services,
+            frontends=frontends,
+            backends=backends,
+            node_addresses=node_addresses,
+        )
+
+    @property
+    def tables(self) -> tuple[Table[Any], ...]:
+        """(services, frontends, backends, node_addresses)."""
+        return (self.services, self.frontends, self.backends, self.node_addresses)
+
+    def write_txn(self) -> WriteTxn:
+        """Open a write transaction locking all LB tables (use as a context manager)."""
+        return self.db.write_txn(*self.tables)
+
+    @property
+    def node_zone(self) -> str:
+        """The local node's zone (from `set_node_labels`), or ""."""
+        return self._node_labels.get(ZONE_LABEL, "")
+
+    # ----- services and frontends -------------------------------------------------
+    def upsert_service(self, txn: WriteTxn, svc: Service) -> None:
+        """Insert or replace a service row; its existing frontends are refreshed (Pending)."""
+        self.services.insert(txn, svc)
+        self._refresh_service(txn, svc.name, force=True)
+
+    def upsert_service_and_frontends(
+        self, txn: WriteTxn, svc: Service, frontends: Iterable[FrontendParams]
+    ) -> None:
+        """Insert or replace a service and make ``frontends`` its complete frontend set.
+
+        Frontends of the service not in ``frontends`` are deleted. Raises
+        `FrontendConflictError` (before writing anything) when one of the addresses
+        belongs to another service, and LBWriterError for a frontend naming another
+        service or a duplicate address.
+        """
+        params = list(frontends)
+        seen: set[L3n4Addr] = set()
+        for p in params:
+            if p.service_name != svc.name:
+                raise LBWriterError(
+                    f"frontend {p.address} names service {p.service_name}, expected {svc.name}"
+                )
+            if p.address in seen:
+                raise LBWriterError(f"service {svc.name}: duplicate frontend {p.address}")
+            seen.add(p.address)
+            old = self.frontends.get(txn, p.address)
+            if old is not None and old.service_name != svc.name:
+                raise FrontendConflictError(p.address, old.service_name, svc.name)
+        self.services.insert(txn, svc)
+        for fe in list(self.frontends.list(txn, _by_service(self.frontends, svc.name))):
+            if fe.address not in seen:
+                self.frontends.delete(txn, fe)
+        for p in params:
+            self._put_frontend(txn, svc, p, force=True)
+
+    def delete_service_and_frontends(self, txn: WriteTxn, name: ServiceName) -> Service | None:
+        """Delete a service and all its frontends (backends stay); return the old service."""
+        old = self.services.get(txn, name)
+        for fe in list(self.frontends.list(txn, _by_service(self.frontends, name))):
+            self.frontends.delete(txn, fe)
+        if old is not None:
+            self.services.delete(txn, old)
+        return old
+
+    def upsert_frontend(self, txn: WriteTxn, params: FrontendParams) -> None:
+        """Insert or update one frontend of an existing service (conflict-checked)."""
+        svc = self.services.get(txn, params.service_name)
+        if svc is None:
+            raise ServiceNotFoundError(
+                f"frontend {params.address}: service {params.service_name} does not exist"
+            )
+        old = self.frontends.get(txn, params.address)
+        if old is not None and old.service_name != params.service_name:
+            raise FrontendConflictError(params.address, old.service_name, params.service_name)
+        self._put_frontend(txn, svc, params, force=True)
+
+    def delete_frontend(self, txn: WriteTxn, address: L3n4Addr) -> Frontend | None:
+        """Delete the frontend at ``address``; return it, or None."""
+        old = self.frontends.get(txn, address)
+        if old is not None:
+            self.frontends.delete(txn, old)
+        return old
+
+    def set_redirect(
+        self, txn: WriteTxn, address: L3n4Addr, redirect_to: ServiceName | None
+    ) -> None:
+        """Make the frontend at ``address`` take its backends from ``redirect_to`` (or stop)."""
+        fe = self.frontends.get(txn, address)
+        if fe is None:
+            raise LBWriterError(f"frontend {address} does not exist")
+        fe = dataclasses.replace(fe, redirect_to=redirect_to)
+        if redirect_to is None:
+            self._redirect_targets.pop(address, None)
+        else:
+            self._redirect_targets[address] = redirect_to
+        self.frontends.insert(txn, fe.pending(backends=self.select_backends(txn, fe)))
+
+    # ----- backends -------------------------------------------------------------------------
+    def upsert_backends(
+        self, txn: WriteTxn, service: ServiceName, backends: Iterable[BackendParams]
+    ) -> None:
+        """Add or update the instances of ``backends`` for ``service`` (keyed by each backend's
+        address and source); other instances are left alone."""
+        changed = False
+        for params in backends:
+            changed |= self._put_instance(txn, service, params)
+        if changed:
+            self._refresh_service(txn, service)
+
+    def set_backends(
+        self,
+        txn: WriteTxn,
+        service: ServiceName,
+        source: str,
+        backends: Iterable[BackendParams],
+    ) -> None:
+        """Make ``backends`` the complete set of ``service``'s instances from ``source``:
+        instances from that source not listed are released."""
+        prio = source_priority(source)
+        wanted: dict[L3n4Addr, BackendParams] = {}
+        for params in backends:
+            if params.source != source:
+                raise LBWriterError(
+                    f"backend {params.address} of service {service}: source {params.source!r} "
+                    f"given to set_backends for source {source!r}"
+                )
+            wanted[params.address] = params
+        changed = False
+        for be in list(self.backends.list(txn, _by_service(self.backends, service))):
+            if be.address not in wanted and any(k == (service, prio) for k, _ in be.instances):
+                changed |= self._drop_instance(txn, be, (service, prio))
+        for params in wanted.values():
+            changed |= self._put_instance(txn, service, params)
+        if changed:
+            self._refresh_service(txn, service)
+
+    def release_backends(
+        self, txn: WriteTxn, service: ServiceName, source: str, addresses: Iterable[L3n4Addr]
+    ) -> None:
+        """Remove ``service``'s instances from ``source`` at ``addresses``."""
+        prio = source_priority(source)
+        changed = False
+        for addr in addresses:
+            be = self.backends.get(txn, addr)
+            if be is not None:
+                changed |= self._drop_instance(txn, be, (service, prio))
+        if changed:
+            self._refresh_service(txn, service)
+
+    def release_backends_of_service(
+        self, txn: WriteTxn, service: ServiceName, source: str | None = None
+    ) -> None:
+        """Remove every instance of ``service`` (only those from ``source`` when given)."""
+        prio = None if source is None else source_priority(source)
+        changed = False
+        for be in list(self.backends.list(txn, _by_service(self.backends, service))):
+            for key, _ in be.instances:
+                if key[0] == service and (prio is None or key[1] == prio):
+                    cur = self.backends.get(txn, be.address)
+                    if cur is not None:
+                        changed |= self._drop_instance(txn, cur, key)
+        if changed:
+            self._refresh_service(txn, service)
+
+    def release_backends_from_source(self, txn: WriteTxn, source: str) -> None:
+        """Remove every instance from ``source``, of every service (e.g. a source resync)."""
+        prio = source_priority(source)
+        touched: set[ServiceName] = set()
+        for be in list(self.backends.all(txn)):
+            cur = be
+            for key, _ in be.instances:
+                if key[1] == prio:
+                    self._drop_instance(txn, cur, key)
+                    touched.add(key[0])
+                    nxt = self.backends.get(txn, be.address)
+                    if nxt is None:
+                        break
+                    cur = nxt
+        for name in sorted(touched):
+            self._refresh_service(txn, name)
+
+    def set_backend_health(
+        self, txn: WriteTxn, service: ServiceName, address: L3n4Addr, healthy: bool, now: float
+    ) -> bool:
+        """Mark ``service``'s instances at ``address`` (un)healthy; return True if changed."""
+        be = self.backends.get(txn, address)
+        if be is None:
+            return False
+        new = be
+        for key, inst in be.instances:
+            if key[0] == service and inst.unhealthy == healthy:
+                new = new.with_instance(
+                    key, dataclasses.replace(inst, unhealthy=not healthy, unhealthy_updated_at=now)
+                )
+        if new is be:
+            return False
+        self.backends.insert(txn, new)
+        self._refresh_service(txn, service)
+        return True
+
+    # ----- node addresses and labels -----------------------------------------------------------
+    def upsert_node_address(self, txn: WriteTxn, addr: NodeAddress) -> None:
+        """Insert or replace a node address; NodePort/HostPort and same-address frontends are
+        marked Pending so their expansion (and wildcard entries) are refreshed."""
+        old = self.node_addresses.get(txn, (addr.address, addr.device_name))
+        if old == addr:
+            return
+        self.node_addresses.insert(txn, addr)
+        self._refresh_for_node_address(txn, addr)
+
+    def delete_node_address(self, txn: WriteTxn, addr: NodeAddress) -> None:
+        """Delete a node address (by address and device) and refresh the affected frontends."""
+        old = self.node_addresses.get(txn, (addr.address, addr.device_name))
+        if old is None:
+            return
+        self.node_addresses.delete(txn, old)
+        self._refresh_for_node_address(txn, old)
+
+    def set_node_labels(self, txn: WriteTxn, labels: Mapping[str, str]) -> None:
+        """Set the local node's labels (the zone drives topology-aware backend selection)."""
+        old_zone = self.node_zone
+        self._node_labels = dict(labels)
+        if self.node_zone != old_zone:
+            for svc in list(self.services.all(txn)):
+                if svc.traffic_distribution == "PreferClose":
+                    self._refresh_service(txn, svc.name)
+
+    # ----- backend selection --------------------------------------------------------------------
+    def select_backends(self, txn: WriteTxn, fe: Frontend) -> tuple[BackendParams, ...]:
+        """Compute the backends ``fe`` selects now (see the module docstring for the rules)."""
+        name = fe.redirect_to or fe.service_name
+        svc = fe.service if fe.redirect_to is None else self.services.get(txn, name)
+        v6 = fe.address.is_ipv6
+        candidates: list[BackendParams] = []
+        for be in self.backends.list(txn, _by_service(self.backends, name)):
+            if be.address.is_ipv6 != v6:
+                continue
+            inst = be.instance(name)
+            if inst is None:
+                continue
+            if fe.port_name and fe.port_name not in inst.port_names:
+                continue
+            candidates.append(inst)
+        if svc is None:
+            return tuple(candidates)
+        node = self.config.node_name
+        if _policy_for(fe, svc) is TrafficPolicy.LOCAL:
+            candidates = [b for b in candidates if b.node_name == node]
+        if svc.traffic_distribution == "PreferClose":
+            zone = self.node_zone
+            if zone:
+                candidates = [b for b in candidates if not b.for_zones or zone in b.for_zones]
+        elif svc.traffic_distribution == "PreferSameNode":
+            local = [b for b in candidates if b.node_name == node]
+            if local:
+                candidates = local
+        return tuple(candidates)
+
+    # ----- internals ----------------------------------------------------------------------------
+    def _put_frontend(
+        self, txn: WriteTxn, svc: Service, p: FrontendParams, *, force: bool
+    ) -> None:
+        old = self.frontends.get(txn, p.address)
+        if old is None:
+            fe = Frontend(
+                address=p.address,
+                type=p.type,
+                service_name=p.service_name,
+                port_name=p.port_name,
+                service_port=p.service_port,
+                service=svc,
+            )
+        else:
+            fe = dataclasses.replace(
+                old,
+                type=p.type,
+                port_name=p.port_name,
+                service_port=p.service_port,
+                service=svc,
+            )
+        bes = self.select_backends(txn, fe)
+        if (
+            old is not None
+            and not force
+            and old.params == fe.params
+            and old.backends == bes
+            and old.service is svc
+        ):
+            return
+        self.frontends.insert(txn, fe.pending(backends=bes))
+
+    def _refresh_service(self, txn: WriteTxn, name: ServiceName, *, force: bool = False) -> None:
+        """Recompute the backends of ``name``'s frontends (and of frontends redirected to it);
+        re-mark those whose input changed (all of them when ``force``)."""
+        svc = self.services.get(txn, name)
+        fes = list(self.frontends.list(txn, _by_service(self.frontends, name)))
+        if svc is not None:
+            for fe in fes:
+                self._refresh_frontend(txn, fe, svc, force)
+        if name in self._redirect_targets.values():
+            for addr, target in list(self._redirect_targets.items()):
+                rfe = self.frontends.get(txn, addr)
+                if target == name and rfe is not None and rfe.redirect_to == name and rfe.service:
+                    self._refresh_frontend(txn, rfe, rfe.service, force)
+
+    def _refresh_frontend(self, txn: WriteTxn, fe: Frontend, svc: Service, force: bool) -> None:
+        cur = dataclasses.replace(fe, service=svc) if fe.service is not svc else fe
+        bes = self.select_backends(txn, cur)
+        if not force and bes == fe.backends and fe.service is svc:
+            return
+        self.frontends.insert(txn, cur.pending(backends=bes))
+
+    def _refresh_for_node_address(self, txn: WriteTxn, addr: NodeAddress) -> None:
+        for fe in list(self.frontends.all(txn)):
+            if fe.type in (SVCType.NODE_PORT, SVCType.HOST_PORT) or fe.address.address == (
+                addr.address
+            ):
+                self.frontends.insert(txn, fe.pending())
+
+    def _put_instance(self, txn: WriteTxn, service: ServiceName, params: BackendParams) -> bool:
+        _validate_backend(service, params)
+        key = (service, source_priority(params.source))
+        be = self.backends.get(txn, params.address)
+        if be is None:
+            self.backends.insert(txn, Backend(params.address, ((key, params),)))
+            return True
+        for k, inst in be.instances:
+            if k == key and inst == params:
+                return False
+        self.backends.insert(txn, be.with_instance(key, params))
+        return True
+
+    def _drop_instance(self, txn: WriteTxn, be: Backend, key: tuple[str, int]) -> bool:
+        if not any(k == key for k, _ in be.instances):
+            return False
+        new = be.without_instance(key)
+        if new.instances:
+            self.backends.insert(txn, new)
+        else:
+            self.backends.delete(txn, be)
+        return True
+
+
+def _by_service(table: Table[Any], name: ServiceName) -> Any:
+    return table.index("service").query(name)
+
+
+def _policy_for(fe: Frontend, svc: Service) -> TrafficPolicy:
+    """The traffic policy governing ``fe``: internal for ClusterIP and /i frontends."""
+    if fe.address.scope == SCOPE_INTERNAL or not fe.type.is_external:
+        return svc.int_traffic_policy
+    return svc.ext_traffic_policy
+
+
+def _validate_backend(service: ServiceName, p: BackendParams) -> None:
+    if p.address.port == 0:
+        raise LBWriterError(f"backend {p.address} of service {service}: port 0 is not allowed")
+    if not 0 <= p.weight <= 65535:
+        raise LBWriterError(f"backend {p.address} of service {service}: invalid weight {p.weight}")
+    if not isinstance(p.state, BackendState):
+        raise LBWriterError(f"backend {p.address} of service {service}: invalid state {p.state!r}")
