@@ -1,0 +1,812 @@
+"""FrontendOps: the reconciler Operations that write frontends into Cilium's LB maps.
+
+For each frontend (``bpfops.model.FrontendSpec``) the ops keep these entries right:
+
+* services map: slots ``1..N`` hold the backend ids in a stable order (healthy before
+  unhealthy, then by state - active, terminating, quarantined - then address and port;
+  maintenance backends get no slot); the master slot 0, written *last*, holds the active
+  count, the inactive count (``qcount``), the flags, the algorithm and the affinity
+  timeout. Terminating backends count as active only when no active backend is left.
+  Slots beyond a shrunk backend list are deleted after the new master is in place.
+* backends map: one entry per backend address, shared by every frontend that uses it
+  (reference counted) and deleted with its id released when the last reference goes.
+* rev-NAT map: service id -> frontend address (rev-NAT id = service id).
+* affinity match entries for active backends of session-affinity services.
+* source-range LPM entries (and the flags) for LoadBalancer/ExternalIPs frontends, or all
+  types with ``source_range_all_types``.
+* maglev inner tables for frontends whose algorithm is maglev.
+* wildcard entries ``<vip>:0/ANY`` (id 0) for ClusterIP/LoadBalancer VIPs, shared by the
+  VIP's frontends, unless disabled or the VIP is a local node address.
+* NodePort (and HostPort without host IP) frontends are expanded over the node addresses
+  that have the NodePort flag, in addition to the ``0.0.0.0``/``::`` surrogate entry.
+
+Every operation is idempotent and records state only after the map writes it depends on
+succeeded, so a failure part-way (E2BIG, injected faults) is repaired by the retry.
+Errors are raised as ``LBOpsError`` naming the frontend and the step.
+
+``prune`` removes whatever the state does not explain: unknown service keys and slots,
+backends, rev-NAT, affinity, source-range and maglev entries, and wildcard entries without
+a parent; it also releases restored ids nobody claimed.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import logging
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field
+from typing import Any, Generic, Protocol, TypeVar
+
+from bpf import lb
+from bpf.errors import MapError
+from bpf.typed_map import TypedMap
+from bpfops import flags as svcflags
+from bpfops.ids import (
+    BACKEND_ID_LIMIT,
+    FIRST_BACKEND_ID,
+    FIRST_SERVICE_ID,
+    SERVICE_ID_LIMIT,
+    IDAllocator,
+    IDExhaustedError,
+)
+from bpfops.lb_maps import LBMaps, delete_quiet
+from bpfops.maglev import Maglev, MaglevBackend, hash_string
+from bpfops.maps_dump import AFFINITY_TIMEOUT_MASK, LB_ALG_NUMBERS, LB_ALG_SHIFT, dump_lines
+from bpfops.model import (
+    CLUSTER_IP,
+    EXTERNAL_IPS,
+    HOST_PORT,
+    LOAD_BALANCER,
+    NODE_PORT,
+    SCOPE_INTERNAL,
+    Addr,
+    BackendSpec,
+    FrontendSpec,
+    IPAddress,
+    IPNetwork,
+    LBOpsConfig,
+    proto_name,
+    proto_number,
+)
+from statedb import ReadTxn
+
+log = logging.getLogger("statewright.bpfops")
+
+R = TypeVar("R")
+
+BACKEND_ACTIVE = lb.BACKEND_ACTIVE
+BACKEND_TERMINATING = lb.BACKEND_TERMINATING
+BACKEND_QUARANTINED = lb.BACKEND_QUARANTINED
+BACKEND_MAINTENANCE = lb.BACKEND_MAINTENANCE
+
+
+class LBOpsError(RuntimeError):
+    """A frontend could not be written; the message names the frontend and the step."""
+
+
+class NodeView(Protocol):
+    """What the ops need to know about the node (from the node-addresses/frontends tables)."""
+
+    def nodeport_addresses(self, txn: ReadTxn, v6: bool) -> list[IPAddress]:
+        """Node addresses NodePort/HostPort frontends of family ``v6`` are expanded over."""
+        ...
+
+    def is_local_address(self, txn: ReadTxn, ip: IPAddress) -> bool:
+        """Whether ``ip`` is one of the node's addresses (no wildcard entry for it)."""
+        ...
+
+    def is_primary_frontend(self, txn: ReadTxn, addr: Addr) -> bool:
+        """Whether a non-expansion frontend (LB, ExternalIP...) owns ``addr``."""
+        ...
+
+
+class StaticNodeView:
+    """A NodeView over a fixed list of NodePort addresses (tests, tools)."""
+
+    def __init__(self, nodeport: Iterable[IPAddress] = (), local: Iterable[IPAddress] = ()):
+        self.nodeport = list(nodeport)
+        self.local = set(local) | set(self.nodeport)
+        self.primary: set[Addr] = set()
+
+    def nodeport_addresses(self, txn: ReadTxn, v6: bool) -> list[IPAddress]:
+        """The configured addresses of the family."""
+        return [ip for ip in self.nodeport if (ip.version == 6) == v6]
+
+    def is_local_address(self, txn: ReadTxn, ip: IPAddress) -> bool:
+        """Membership in the configured local addresses."""
+        return ip in self.local
+
+    def is_primary_frontend(self, txn: ReadTxn, addr: Addr) -> bool:
+        """Membership in ``primary``."""
+        return addr in self.primary
+
+
+@dataclass(slots=True)
+class _BackendState:
+    addr: Addr
+    id: int
+    refcount: int = 0
+    written: Any = None  # the backends-map value last written
+
+
+@dataclass(slots=True)
+class _FrontendState:
+    """What is in the maps for one frontend address (only what was written successfully)."""
+
+    id: int
+    v6: bool
+    backends: set[Addr] = field(default_factory=set)
+    slots: list[lb.ServiceValue] = field(default_factory=list)  # slot 1.. values written
+    master: lb.ServiceValue | None = None
+    affinity: set[int] = field(default_factory=set)  # backend ids with a match entry
+    source_ranges: set[IPNetwork] = field(default_factory=set)
+    maglev: bool = False
+    wildcard: tuple[IPAddress, int] | None = None
+    revnat: bool = False
+
+
+def _swap16(port: int) -> int:
+    return int.from_bytes((port & 0xFFFF).to_bytes(2, "little"), "big")
+
+
+def _ip_of(raw: bytes) -> IPAddress:
+    return ipaddress.ip_address(raw)
+
+
+class FrontendOps(Generic[R]):
+    """reconciler Operations (update/delete/prune) for frontend rows of type ``R``.
+
+    ``to_spec(txn, row)`` turns a row into a FrontendSpec (see bpfops.adapter for the
+    tables' rows); rows that are already FrontendSpec pass through when it is omitted.
+    """
+
+    def __init__(
+        self,
+        maps: LBMaps,
+        config: LBOpsConfig | None = None,
+        node: NodeView | None = None,
+        to_spec: Callable[[ReadTxn, R], FrontendSpec] | None = None,
+        maglev: Maglev | None = None,
+        restore: bool = True,
+    ) -> None:
+        self.maps = maps
+        self.config = config or LBOpsConfig()
+        self.node: NodeView = node or StaticNodeView()
+        self._to_spec = to_spec
+        self.maglev = maglev or Maglev(maps.maglev_table_size, self.config.maglev_hash_seed)
+        if self.maglev.table_size != maps.maglev_table_size:
+            raise ValueError(
+                f"maglev table size {self.maglev.table_size} differs from the maps' "
+                f"{maps.maglev_table_size}"
+            )
+        self.service_ids: IDAllocator[Addr] = IDAllocator(
+            "service", FIRST_SERVICE_ID, SERVICE_ID_LIMIT
+        )
+        self.backend_ids: IDAllocator[Addr] = IDAllocator(
+            "backend", FIRST_BACKEND_ID, BACKEND_ID_LIMIT
+        )
+        self.frontends: dict[Addr, _FrontendState] = {}
+        self.backend_states: dict[Addr, _BackendState] = {}
+        self.wildcard_refs: dict[tuple[IPAddress, int], set[int]] = {}
+        self.expansions: dict[Addr, list[Addr]] = {}
+        self.restored_quarantined: dict[Addr, set[Addr]] = {}
+        self.prune_count = 0
+        if restore:
+            self.reset_and_restore()
+
+    # -- restore ---------------------------------------------------------------------
+
+    def reset_and_restore(self) -> None:
+        """Forget all state, then reserve the ids found in the maps (restart model)."""
+        self.service_ids.reset()
+        self.backend_ids.reset()
+        self.frontends.clear()
+        self.backend_states.clear()
+        self.wildcard_refs.clear()
+        self.expansions.clear()
+        self.restored_quarantined.clear()
+        be_addr_by_id: dict[int, tuple[Addr, int]] = {}
+        for v6 in (False, True):
+            for be_id, value in self.maps.backends(v6).dump():
+                addr = Addr(_ip_of(value.address), value.port, proto_name(value.proto))
+                be_addr_by_id[be_id] = (addr, value.flags)
+                for alias in self._aliases(addr):
+                    self.backend_ids.reserve(alias, be_id)
+        for v6 in (False, True):
+            slots_by_addr: dict[Addr, dict[int, lb.ServiceValue]] = {}
+            for key, value in self.maps.services(v6).dump():
+                if key.dport == 0 and key.proto == 0:
+                    continue  # wildcard entries carry no id
+                addr = Addr(_ip_of(key.address), key.dport, proto_name(key.proto), key.scope)
+                slots_by_addr.setdefault(addr, {})[key.backend_slot] = value
+            for addr, slots in slots_by_addr.items():
+                master = slots.get(0)
+                if master is None or master.rev_nat_index == 0:
+                    continue
+                for alias in self._aliases(addr):
+                    self.service_ids.reserve(alias, master.rev_nat_index)
+                # Backends in the inactive tail that are still active in the backends
+                # map were quarantined (unhealthy) before the restart.
+                first = 1 + master.count
+                for slot in range(first, first + master.qcount):
+                    sv = slots.get(slot)
+                    if sv is None or sv.backend_id not in be_addr_by_id:
+                        continue
+                    be_addr, state = be_addr_by_id[sv.backend_id]
+                    if state == BACKEND_ACTIVE:
+                        self.restored_quarantined.setdefault(addr, set()).add(be_addr)
+
+    @staticmethod
+    def _aliases(addr: Addr) -> list[Addr]:
+        """Entries written with protocol ANY by older versions map to TCP, UDP and SCTP."""
+        if addr.proto != "ANY":
+            return [addr]
+        return [Addr(addr.ip, addr.port, p, addr.scope) for p in ("TCP", "UDP", "SCTP")]
+
+    # -- reconciler Operations ---------------------------------------------------------
+
+    def spec_of(self, txn: ReadTxn, obj: R) -> FrontendSpec:
+        """The FrontendSpec of a row."""
+        if self._to_spec is None:
+            if isinstance(obj, FrontendSpec):
+                return obj
+            raise TypeError(f"FrontendOps got {type(obj).__name__} and has no to_spec")
+        return self._to_spec(txn, obj)
+
+    def update(self, txn: ReadTxn, revision: int, obj: R) -> None:
+        """Write the frontend (and its NodePort expansion) into the maps."""
+        fe = self.spec_of(txn, obj)
+        self.update_spec(txn, fe)
+
+    def delete(self, txn: ReadTxn, revision: int, obj: R) -> None:
+        """Remove the frontend (and its expansion) from the maps."""
+        fe = self.spec_of(txn, obj)
+        self.delete_spec(txn, fe)
+
+    def prune(self, txn: ReadTxn, objects: Iterator[R]) -> None:
+        """Remove everything the given rows (all desired frontends) do not explain."""
+        wanted: set[Addr] = set()
+        for obj in objects:
+            try:
+                fe = self.spec_of(txn, obj)
+            except Exception:  # a malformed row keeps its entries; its update reports it
+                log.debug("prune: cannot read a row", exc_info=True)
+                continue
+            wanted.add(fe.addr)
+            wanted.update(self.expansions.get(fe.addr, ()))
+        errors: list[str] = []
+        for addr in [a for a in self.frontends if a not in wanted]:
+            try:
+                self._delete_frontend(addr)
+            except Exception as exc:
+                errors.append(f"{addr}: {exc}")
+        for parent in [p for p in self.expansions if p not in wanted]:
+            del self.expansions[parent]
+        self.prune_maps(errors)
+        self.prune_count += 1
+        if errors:
+            raise LBOpsError("prune: " + "; ".join(errors[:5]))
+
+    # -- update ------------------------------------------------------------------------
+
+    def _enabled(self, addr: Addr) -> bool:
+        return self.config.enable_ipv6 if addr.is_v6 else self.config.enable_ipv4
+
+    def _is_candidate(self, fe: FrontendSpec) -> bool:
+        """Whether the frontend belongs in the datapath (everything with kube-proxy
+        replacement; only ClusterIP, ExternalIPs and LocalRedirect without)."""
+        if self.config.kube_proxy_replacement:
+            return True
+        return fe.type in (CLUSTER_IP, EXTERNAL_IPS, "LocalRedirect")
+
+    @staticmethod
+    def _is_expansion(fe: FrontendSpec) -> bool:
+        return fe.type == NODE_PORT or (fe.type == HOST_PORT and fe.addr.is_unspecified)
+
+    def update_spec(self, txn: ReadTxn, fe: FrontendSpec) -> None:
+        """Write ``fe`` and its expansion; raises LBOpsError naming the frontend."""
+        if not self._enabled(fe.addr):
+            return
+        candidate = self._is_candidate(fe)
+        try:
+            if candidate:
+                self._update_frontend(fe, lambda ip: self.node.is_local_address(txn, ip))
+            else:
+                self._delete_frontend(fe.addr)
+        except LBOpsError:
+            raise
+        except (MapError, ValueError, IDExhaustedError) as exc:
+            raise LBOpsError(f"frontend {fe.addr} ({fe.service.name}): {exc}") from exc
+        if not self._is_expansion(fe):
+            return
+        old = list(self.expansions.get(fe.addr, ()))
+        new: list[Addr] = []
+        if candidate:
+            for ip in self.node.nodeport_addresses(txn, fe.addr.is_v6):
+                addr = fe.addr.with_ip(ip)
+                if self.node.is_primary_frontend(txn, addr):
+                    continue
+                new.append(addr)
+        done: list[Addr] = []
+        for addr in new:
+            try:
+                self._update_frontend(_with_addr(fe, addr), None)
+            except (MapError, ValueError, IDExhaustedError) as exc:
+                self.expansions[fe.addr] = _merge(old, done)
+                raise LBOpsError(
+                    f"frontend {addr} (node address expansion of {fe.addr}, "
+                    f"{fe.service.name}): {exc}"
+                ) from exc
+            done.append(addr)
+        for addr in old:
+            if addr in new or self.node.is_primary_frontend(txn, addr):
+                continue
+            try:
+                self._delete_frontend(addr)
+            except MapError as exc:
+                self.expansions[fe.addr] = _merge(old, done)
+                raise LBOpsError(f"frontend {addr} (stale expansion of {fe.addr}): {exc}") from exc
+        if new:
+            self.expansions[fe.addr] = new
+        else:
+            self.expansions.pop(fe.addr, None)
+
+    def _lb_algorithm(self, fe: FrontendSpec) -> int:
+        if not self.config.algorithm_annotation:
+            return 0
+        return LB_ALG_NUMBERS.get(fe.service.lb_algorithm, 0)
+
+    def _use_maglev(self, fe: FrontendSpec) -> bool:
+        if fe.addr.is_unspecified:
+            return False
+        alg = self._lb_algorithm(fe)
+        if alg != 0:
+            return alg == LB_ALG_NUMBERS["maglev"]
+        if self.config.algorithm != "maglev":
+            return False
+        if fe.type == CLUSTER_IP and not self.config.external_clusterip:
+            return False
+        return fe.type in (CLUSTER_IP, NODE_PORT, LOAD_BALANCER, HOST_PORT, EXTERNAL_IPS)
+
+    def _dsr(self, fe: FrontendSpec) -> bool:
+        mode = self.config.lb_mode
+        if mode == "hybrid":
+            mode = "dsr" if fe.addr.proto == "TCP" else "snat"
+        if self.config.mode_annotation and fe.service.forwarding_mode in ("dsr", "snat"):
+            mode = fe.service.forwarding_mode
+        return mode == "dsr"
+
+    def _wildcard_class(self, fe: FrontendSpec) -> bool:
+        cls = fe.service.load_balancer_class
+        if cls is None:
+            return self.config.default_lb_class_is_lbipam
+        return cls in self.config.managed_lb_classes
+
+    @staticmethod
+    def _wildcard_candidate(fe: FrontendSpec) -> bool:
+        return fe.type in (CLUSTER_IP, LOAD_BALANCER) and not fe.addr.is_unspecified
+
+    def _sorted_backends(self, fe: FrontendSpec) -> list[BackendSpec]:
+        quarantined = self.restored_quarantined.get(fe.addr)
+        bes = list(fe.backends)
+        if quarantined:
+            bes = [
+                _unhealthy(be) if be.addr in quarantined and not be.unhealthy else be for be in bes
+            ]
+        bes.sort(key=lambda b: (b.unhealthy, b.state, b.addr.sort_key()))
+        return bes
+
+    def _svc_key(self, addr: Addr, slot: int) -> Any:
+        cls = lb.Service6Key if addr.is_v6 else lb.Service4Key
+        return cls(addr.ip.packed, addr.port, slot, proto_number(addr.proto), addr.scope)
+
+    def _update_frontend(
+        self, fe: FrontendSpec, is_local: Callable[[IPAddress], bool] | None
+    ) -> None:
+        addr, svc, cfg, maps = fe.addr, fe.service, self.config, self.maps
+        if svc.session_affinity and svc.l7_proxy_port:
+            raise ValueError("session affinity with an L7 proxy redirect is not supported")
+        if addr.port == 0 and addr.proto != "ANY":
+            raise ValueError("port 0")
+        proto_number(addr.proto)
+        v6 = addr.is_v6
+        state = self.frontends.get(addr)
+        fe_id = state.id if state is not None else self.service_ids.acquire(addr)
+        if state is None:
+            state = _FrontendState(fe_id, v6)
+            self.frontends[addr] = state
+        svc_map = maps.services(v6)
+
+        routable = not addr.is_unspecified and (fe.type != CLUSTER_IP or cfg.external_clusterip)
+        has_ranges = bool(svc.source_ranges)
+        check_sr = has_ranges and (
+            cfg.source_range_all_types or fe.type in (LOAD_BALANCER, EXTERNAL_IPS)
+        )
+        params = svcflags.FlagParams(
+            svc_type=fe.type,
+            ext_local=svc.ext_local,
+            int_local=svc.int_local,
+            session_affinity=svc.session_affinity,
+            routable=routable,
+            check_source_range=check_sr,
+            source_range_deny=check_sr and svc.source_ranges_deny,
+            dsr=self._dsr(fe),
+            l7_load_balancer=bool(svc.l7_proxy_port),
+            loopback=svc.loopback_hostport or svc.proxy_delegation,
+        )
+        master_flags = svcflags.service_flags(params)
+        slot_flags = master_flags
+        quarantined_flags = master_flags
+
+        ordered = self._sorted_backends(fe)
+        wanted = {be.addr for be in ordered}
+
+        # Orphaned backends go first: that makes room in a full backends map.
+        for be_addr in sorted(state.backends - wanted):
+            bstate = self.backend_states.get(be_addr)
+            if bstate is None:
+                continue
+            if bstate.id in state.affinity:
+                delete_quiet(maps.aff_match, lb.AffinityMatchKey(bstate.id, fe_id))
+                state.affinity.discard(bstate.id)
+            if bstate.refcount <= 1:
+                delete_quiet(maps.backends(bstate.addr.is_v6), bstate.id)
+                del self.backend_states[be_addr]
+                self.backend_ids.release(be_addr)
+            else:
+                bstate.refcount -= 1
+            state.backends.discard(be_addr)
+
+        active = terminating = inactive = 0
+        slot = 1
+        slot_backends: list[BackendSpec] = []
+        for be in ordered:
+            bstate = self.backend_states.get(be.addr)
+            if bstate is None:
+                be_id = self.backend_ids.acquire(be.addr)
+                bstate = _BackendState(be.addr, be_id)
+                self.backend_states[be.addr] = bstate
+            be_id = bstate.id
+            value = self._backend_value(be)
+            if bstate.written != value:
+                maps.backends(be.addr.is_v6).update(be_id, value)
+                bstate.written = value
+            if be.addr not in state.backends:
+                state.backends.add(be.addr)
+                bstate.refcount += 1
+            if be.state == BACKEND_MAINTENANCE:
+                continue
+            eff_state = BACKEND_QUARANTINED if be.unhealthy else be.state
+            flags = quarantined_flags if eff_state == BACKEND_QUARANTINED else slot_flags
+            f1, f2 = svcflags.split(flags)
+            sv = lb.ServiceValue(be_id, 0, fe_id, f1, f2, 0)
+            idx = slot - 1
+            if idx >= len(state.slots) or state.slots[idx] != sv:
+                svc_map.update(self._svc_key(addr, slot), sv)
+                if idx < len(state.slots):
+                    state.slots[idx] = sv
+                else:
+                    state.slots.append(sv)
+            want_aff = svc.session_affinity and be.state == BACKEND_ACTIVE
+            if want_aff and be_id not in state.affinity:
+                maps.aff_match.update(lb.AffinityMatchKey(be_id, fe_id), 0)
+                state.affinity.add(be_id)
+            elif not want_aff and be_id in state.affinity:
+                delete_quiet(maps.aff_match, lb.AffinityMatchKey(be_id, fe_id))
+                state.affinity.discard(be_id)
+            if eff_state == BACKEND_ACTIVE:
+                active += 1
+            elif eff_state == BACKEND_TERMINATING:
+                terminating += 1
+            else:
+                inactive += 1
+            slot_backends.append(be)
+            slot += 1
+        if active == 0:
+            active = terminating
+        else:
+            inactive += terminating
+
+        if self._use_maglev(fe):
+            chosen = slot_backends[:active]
+            if chosen:
+                table = self.maglev.lookup_table(
+                    MaglevBackend(
+                        self.backend_states[b.addr].id,
+                        hash_string(
+                            str(b.addr.ip),
+                            b.addr.port,
+                            b.addr.proto,
+                            b.addr.scope == SCOPE_INTERNAL,
+                        ),
+                        b.weight,
+                    )
+                    for b in chosen
+                )
+                maps.set_maglev(fe_id, table, v6)
+                state.maglev = True
+            elif state.maglev:
+                maps.delete_maglev(fe_id, v6)
+                state.maglev = False
+        elif state.maglev:
+            maps.delete_maglev(fe_id, v6)
+            state.maglev = False
+
+        wanted_ranges = (
+            {n for n in svc.source_ranges if (n.version == 6) == v6} if check_sr else set()
+        )
+        src_map = maps.source_ranges(v6)
+        src_cls = lb.SourceRange6Key if v6 else lb.SourceRange4Key
+        for net in sorted(wanted_ranges - state.source_ranges, key=str):
+            src_map.update(src_cls.for_cidr(fe_id, net.network_address.packed, net.prefixlen), 0)
+            state.source_ranges.add(net)
+        for net in sorted(state.source_ranges - wanted_ranges, key=str):
+            delete_quiet(
+                src_map, src_cls.for_cidr(fe_id, net.network_address.packed, net.prefixlen)
+            )
+            state.source_ranges.discard(net)
+
+        rev_cls = lb.RevNat6 if v6 else lb.RevNat4
+        maps.revnat(v6).update(fe_id, rev_cls(addr.ip.packed, addr.port))
+        state.revnat = True
+
+        if svc.l7_proxy_port:
+            head = _swap16(svc.l7_proxy_port)
+        else:
+            timeout = svc.affinity_timeout & AFFINITY_TIMEOUT_MASK if svc.session_affinity else 0
+            head = (self._lb_algorithm(fe) << LB_ALG_SHIFT) | timeout
+        f1, f2 = svcflags.split(master_flags)
+        master = lb.ServiceValue(head, active, fe_id, f1, f2, inactive)
+        svc_map.update(self._svc_key(addr, 0), master)
+        state.master = master
+
+        if self._wildcard_candidate(fe) and self._wildcard_class(fe):
+            if cfg.wildcard_entries and (is_local is None or not is_local(addr.ip)):
+                self._upsert_wildcard(fe, state)
+            else:
+                self._delete_wildcard(addr, state)
+
+        new_count = slot - 1
+        while len(state.slots) > new_count:
+            stale = self._svc_key(addr, len(state.slots))
+            delete_quiet(svc_map, stale)
+            state.slots.pop()
+
+    def _backend_value(self, be: BackendSpec) -> Any:
+        proto = proto_number(be.addr.proto)
+        if be.addr.port == 0:
+            raise ValueError(f"backend {be.addr}: port 0")
+        cls = lb.Backend6 if be.addr.is_v6 else lb.Backend4
+        return cls(be.addr.ip.packed, be.addr.port, proto, be.state, be.cluster_id, be.zone)
+
+    def _upsert_wildcard(self, fe: FrontendSpec, state: _FrontendState) -> None:
+        key = (fe.addr.ip, fe.addr.scope)
+        refs = self.wildcard_refs.get(key)
+        if refs and state.id in refs:
+            return
+        if not refs:
+            cls = lb.Service6Key if fe.addr.is_v6 else lb.Service4Key
+            f1, f2 = svcflags.split(svcflags.service_flags(svcflags.FlagParams(fe.type)))
+            self.maps.services(fe.addr.is_v6).update(
+                cls(fe.addr.ip.packed, 0, 0, 0, fe.addr.scope), lb.ServiceValue(0, 0, 0, f1, f2, 0)
+            )
+        self.wildcard_refs.setdefault(key, set()).add(state.id)
+        state.wildcard = key
+
+    def _delete_wildcard(self, addr: Addr, state: _FrontendState) -> None:
+        key = state.wildcard
+        if key is None:
+            return
+        refs = self.wildcard_refs.get(key, set())
+        if refs - {state.id}:
+            refs.discard(state.id)
+            state.wildcard = None
+            return
+        cls = lb.Service6Key if addr.is_v6 else lb.Service4Key
+        wkey = cls(key[0].packed, 0, 0, 0, key[1])
+        delete_quiet(self.maps.services(addr.is_v6), wkey)
+        self.wildcard_refs.pop(key, None)
+        state.wildcard = None
+
+    # -- delete ------------------------------------------------------------------------
+
+    def delete_spec(self, txn: ReadTxn, fe: FrontendSpec) -> None:
+        """Remove ``fe`` and its expansion; raises LBOpsError naming the frontend."""
+        if not self._enabled(fe.addr):
+            return
+        try:
+            self._delete_frontend(fe.addr)
+        except MapError as exc:
+            raise LBOpsError(f"frontend {fe.addr} ({fe.service.name}): delete: {exc}") from exc
+        if not self._is_expansion(fe):
+            return
+        remaining = list(self.expansions.get(fe.addr, ()))
+        for addr in list(remaining):
+            if self.node.is_primary_frontend(txn, addr):
+                remaining.remove(addr)
+                continue
+            try:
+                self._delete_frontend(addr)
+            except MapError as exc:
+                self.expansions[fe.addr] = remaining
+                raise LBOpsError(
+                    f"frontend {addr} (expansion of {fe.addr}): delete: {exc}"
+                ) from exc
+            remaining.remove(addr)
+        self.expansions.pop(fe.addr, None)
+
+    def _delete_frontend(self, addr: Addr) -> None:
+        """Remove every entry of the frontend at ``addr``; state goes as entries go."""
+        state = self.frontends.get(addr)
+        if state is None:
+            return
+        maps, fe_id, v6 = self.maps, state.id, state.v6
+        if state.maglev:
+            maps.delete_maglev(fe_id, v6)
+            state.maglev = False
+        for be_id in sorted(state.affinity):
+            delete_quiet(maps.aff_match, lb.AffinityMatchKey(be_id, fe_id))
+            state.affinity.discard(be_id)
+        for be_addr in sorted(state.backends):
+            bstate = self.backend_states.get(be_addr)
+            if bstate is not None and bstate.refcount <= 1:
+                delete_quiet(maps.backends(bstate.addr.is_v6), bstate.id)
+                del self.backend_states[be_addr]
+                self.backend_ids.release(be_addr)
+            elif bstate is not None:
+                bstate.refcount -= 1
+            state.backends.discard(be_addr)
+        svc_map = maps.services(v6)
+        while state.slots:
+            stale = self._svc_key(addr, len(state.slots))
+            delete_quiet(svc_map, stale)
+            state.slots.pop()
+        delete_quiet(svc_map, self._svc_key(addr, 0))
+        state.master = None
+        if state.revnat:
+            delete_quiet(maps.revnat(v6), fe_id)
+            state.revnat = False
+        src_cls = lb.SourceRange6Key if v6 else lb.SourceRange4Key
+        for net in sorted(state.source_ranges, key=str):
+            delete_quiet(
+                maps.source_ranges(v6),
+                src_cls.for_cidr(fe_id, net.network_address.packed, net.prefixlen),
+            )
+            state.source_ranges.discard(net)
+        self._delete_wildcard(addr, state)
+        self.restored_quarantined.pop(addr, None)
+        del self.frontends[addr]
+        self.service_ids.release(addr)
+
+    # -- prune -------------------------------------------------------------------------
+
+    def prune_maps(self, errors: list[str] | None = None) -> None:
+        """Delete map entries the state does not explain; release unclaimed restored ids."""
+        errs = errors if errors is not None else []
+        self.service_ids.release_unclaimed()
+        self.backend_ids.release_unclaimed()
+        self.restored_quarantined = {
+            a: s for a, s in self.restored_quarantined.items() if a in self.frontends
+        }
+        maps = self.maps
+        for be_addr, bstate in list(self.backend_states.items()):
+            if bstate.refcount <= 0:  # allocated by an update that failed before using it
+                be_map_ = maps.backends(be_addr.is_v6)
+                self._prune_delete(errs, be_map_, bstate.id)
+                del self.backend_states[be_addr]
+                self.backend_ids.release(be_addr)
+        live_ids = {st.id: (a, st) for a, st in self.frontends.items()}
+        for v6 in (False, True):
+            svc_map = maps.services(v6)
+            for key, _value in svc_map.dump():
+                addr = Addr(_ip_of(key.address), key.dport, proto_name(key.proto), key.scope)
+                if key.dport == 0 and key.proto == 0:
+                    keep = (addr.ip, key.scope) in self.wildcard_refs
+                else:
+                    st = self.frontends.get(addr)
+                    keep = (
+                        st is not None
+                        and st.v6 == v6
+                        and key.backend_slot <= len(st.slots)
+                        and (key.backend_slot > 0 or st.master is not None)
+                    )
+                if not keep:
+                    self._prune_delete(errs, svc_map, key)
+            be_map = maps.backends(v6)
+            for be_id, value in be_map.dump():
+                be_addr = Addr(_ip_of(value.address), value.port, proto_name(value.proto))
+                known = self.backend_states.get(be_addr)
+                if known is None or known.id != be_id:
+                    self._prune_delete(errs, be_map, be_id)
+            rev_map = maps.revnat(v6)
+            for rev_id, _ in rev_map.dump():
+                hit = live_ids.get(rev_id)
+                if hit is None or hit[1].v6 != v6 or not hit[1].revnat:
+                    self._prune_delete(errs, rev_map, rev_id)
+            src_map = maps.source_ranges(v6)
+            for key, _ in src_map.dump():
+                hit = live_ids.get(key.rev_nat_id)
+                ok = False
+                if hit is not None and hit[1].v6 == v6:
+                    net = ipaddress.ip_network(
+                        (ipaddress.ip_address(key.address), key.prefixlen - 32), strict=False
+                    )
+                    ok = net in hit[1].source_ranges
+                if not ok:
+                    self._prune_delete(errs, src_map, key)
+            mg_map = maps.maglev(v6)
+            for rev_id in list(mg_map.keys()):
+                hit = live_ids.get(rev_id)
+                if hit is None or hit[1].v6 != v6 or not hit[1].maglev:
+                    self._prune_delete(errs, mg_map, rev_id)
+        aff = maps.aff_match
+        for key, _ in aff.dump():
+            hit = live_ids.get(key.rev_nat_id)
+            if hit is None or key.backend_id not in hit[1].affinity:
+                self._prune_delete(errs, aff, key)
+
+    @staticmethod
+    def _prune_delete(errs: list[str], m: TypedMap[Any, Any], key: Any) -> None:
+        try:
+            delete_quiet(m, key)
+        except MapError as exc:
+            errs.append(str(exc))
+
+    # -- introspection -----------------------------------------------------------------
+
+    def service_id(self, addr: Addr) -> int | None:
+        """The service id of the frontend at ``addr`` (None when not in the maps)."""
+        st = self.frontends.get(addr)
+        return st.id if st is not None else None
+
+    def backend_id(self, addr: Addr) -> int | None:
+        """The backend id of ``addr`` (None when not in the maps)."""
+        st = self.backend_states.get(addr)
+        return st.id if st is not None else None
+
+    def state_is_empty(self) -> bool:
+        """Whether the ops hold no state (everything deleted)."""
+        return not (
+            self.frontends
+            or self.backend_states
+            or self.expansions
+            or len(self.service_ids)
+            or len(self.backend_ids)
+            or self.wildcard_refs
+        )
+
+    def state_summary(self) -> str:
+        """A multi-line summary of the state (the corpus's ``test/bpfops-summary``)."""
+        lines = [
+            f"serviceIDs: {len(self.service_ids)}",
+            f"restoredServiceIDs: {len(self.service_ids.restored)}",
+            f"backendIDs: {len(self.backend_ids)}",
+            f"restoredBackendIDs: {len(self.backend_ids.restored)}",
+            f"backendStates: {len(self.backend_states)}",
+            f"backendReferences: {len(self.frontends)}",
+            f"nodePortAddrByPort: {len(self.expansions)}",
+            f"prevSourceRanges: {sum(1 for st in self.frontends.values() if st.source_ranges)}",
+            f"restoredQuarantines: {len(self.restored_quarantined)}",
+            f"wildcardReferences: {len(self.wildcard_refs)}",
+        ]
+        return "\n".join(lines) + "\n"
+
+    def dump_lines(self) -> list[str]:
+        """The maps in the corpus dump format (see bpfops.maps_dump)."""
+        return dump_lines(self.maps)
+
+
+def _with_addr(fe: FrontendSpec, addr: Addr) -> FrontendSpec:
+    return FrontendSpec(addr, fe.type, fe.service, fe.backends, fe.service_port)
+
+
+def _unhealthy(be: BackendSpec) -> BackendSpec:
+    return BackendSpec(be.addr, be.state, be.weight, True, be.cluster_id, be.zone, be.revision)
+
+
+def _merge(a: list[Addr], b: list[Addr]) -> list[Addr]:
+    out = list(a)
+    for x in b:
+        if x not in out:
+            out.append(x)
+    return out

@@ -1,0 +1,157 @@
+"""Service and backend id allocation: next-fit with wrap-around, plus restore from pinned maps.
+
+Cilium hands out load-balancer ids by walking forward from the id after the last one
+given out and wrapping around at the end of the range. A freed id is therefore not
+reused until the walk comes back to it, which keeps a stale datapath reference (a
+conntrack entry naming an old rev-NAT id, say) from pointing at a new, unrelated
+service for as long as possible. Service ids double as rev-NAT ids, so they live in
+``[1, 0xFFFF)``; backend ids in ``[1, 0xFFFFFFFF)`` (0 means "no backend" in the
+datapath).
+
+Restoring: after a restart the ids found in the pinned maps are *reserved* for the
+addresses that held them (``reserve``), so nobody else can take them, and the walk
+resumes after the highest one. The first frontend or backend with that address
+*claims* its old id (``claim_restored``); ``release_unclaimed`` drops the reservations
+nobody claimed (prune calls it once the tables are initialized).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable
+from typing import Generic, TypeVar
+
+A = TypeVar("A", bound=Hashable)
+
+FIRST_SERVICE_ID = 1
+SERVICE_ID_LIMIT = 0xFFFF  # exclusive; rev-NAT ids are __be16 and 0 is invalid
+FIRST_BACKEND_ID = 1
+BACKEND_ID_LIMIT = 0xFFFFFFFF  # exclusive
+
+
+class IDExhaustedError(RuntimeError):
+    """No free id is left in the allocator's range."""
+
+
+class IDAllocator(Generic[A]):
+    """Maps addresses to ids from ``[first, limit)``, next-fit with wrap-around.
+
+    An id may have several owners: an address that holds it (``addr_to_id``) and
+    restored addresses that merely reserve it. It is free once it has no owner.
+    """
+
+    __slots__ = ("addr_to_id", "first", "id_to_owners", "limit", "name", "next_id", "restored")
+
+    def __init__(self, name: str, first: int, limit: int) -> None:
+        if not 0 <= first < limit:
+            raise ValueError(f"{name} id range [{first}, {limit}) is empty")
+        self.name = name
+        self.first = first
+        self.limit = limit
+        self.next_id = first
+        self.id_to_owners: dict[int, set[A]] = {}
+        self.addr_to_id: dict[A, int] = {}
+        self.restored: dict[A, int] = {}
+
+    def __len__(self) -> int:
+        return len(self.addr_to_id)
+
+    def lookup(self, addr: A) -> int | None:
+        """The id ``addr`` holds, or None."""
+        return self.addr_to_id.get(addr)
+
+    def owner_of(self, id_: int) -> A | None:
+        """The address holding ``id_`` (reservations do not count), or None."""
+        for owner in self.id_to_owners.get(id_, ()):
+            if self.addr_to_id.get(owner) == id_:
+                return owner
+        return None
+
+    def is_taken(self, id_: int) -> bool:
+        """Whether ``id_`` is held or reserved."""
+        return id_ in self.id_to_owners
+
+    def _own(self, addr: A, id_: int) -> None:
+        self.id_to_owners.setdefault(id_, set()).add(addr)
+
+    def _disown(self, addr: A, id_: int) -> None:
+        owners = self.id_to_owners.get(id_)
+        if owners is None:
+            return
+        owners.discard(addr)
+        if not owners:
+            del self.id_to_owners[id_]
+
+    def acquire(self, addr: A) -> int:
+        """The id of ``addr``: its current one, its restored one, or the next free one.
+
+        Raises IDExhaustedError naming the allocator when the range is full.
+        """
+        current = self.addr_to_id.get(addr)
+        if current is not None:
+            return current
+        restored = self.claim_restored(addr)
+        if restored is not None:
+            return restored
+        span = self.limit - self.first
+        candidate = self.next_id
+        for _ in range(span):
+            if candidate >= self.limit:
+                candidate = self.first
+            if candidate not in self.id_to_owners:
+                self._own(addr, candidate)
+                self.addr_to_id[addr] = candidate
+                self.next_id = candidate + 1
+                return candidate
+            candidate += 1
+        raise IDExhaustedError(
+            f"no free {self.name} id: all {span} ids in [{self.first}, {self.limit}) are in use"
+        )
+
+    def release(self, addr: A) -> int | None:
+        """Give up the id ``addr`` holds (it becomes free once no one else owns it)."""
+        id_ = self.addr_to_id.pop(addr, None)
+        if id_ is not None:
+            self._disown(addr, id_)
+        return id_
+
+    # -- restore -----------------------------------------------------------------
+
+    def reserve(self, addr: A, id_: int) -> None:
+        """Reserve ``id_`` for ``addr`` (found in the maps after a restart)."""
+        if not self.first <= id_ < self.limit:
+            return
+        self.restored[addr] = id_
+        self._own(addr, id_)
+        self.next_id = max(self.next_id, id_ + 1)
+        if self.next_id >= self.limit:
+            self.next_id = self.first
+
+    def claim_restored(self, addr: A) -> int | None:
+        """Turn ``addr``'s reservation into its id; None when it has none."""
+        id_ = self.restored.pop(addr, None)
+        if id_ is None:
+            return None
+        holder = self.owner_of(id_)
+        if holder is not None and holder != addr:
+            # Another address already holds it (e.g. restored protocol aliases): give up.
+            self._disown(addr, id_)
+            return None
+        self.addr_to_id[addr] = id_
+        return id_
+
+    def release_unclaimed(self) -> int:
+        """Drop every reservation not claimed yet; returns how many."""
+        n = 0
+        for addr, id_ in list(self.restored.items()):
+            if self.addr_to_id.get(addr) != id_:
+                self._disown(addr, id_)
+            n += 1
+        self.restored.clear()
+        return n
+
+    def reset(self) -> None:
+        """Forget everything (used before restoring from the maps again)."""
+        self.next_id = self.first
+        self.id_to_owners.clear()
+        self.addr_to_id.clear()
+        self.restored.clear()
