@@ -1,0 +1,764 @@
+"""Kubernetes objects to LB table writes: v1 Service, discovery.k8s.io/v1 EndpointSlice, v1 Pod.
+
+Objects are plain dicts as parsed from YAML/JSON. The pure functions
+(`convert_service`, `convert_endpoint_slice`, `convert_pod_host_ports`) turn
+one object into rows/parameters and raise `ConversionError` naming the object
+(``Service test/echo``) and the field (``spec.ports[0].port``) for bad input.
+`K8sConverter` applies them through an `LBWriter`, remembering each
+EndpointSlice's backends so that several slices of one service merge, and a
+deleted slice releases exactly its own backends.
+
+What is converted (following Cilium's semantics):
+
+* Service: ClusterIP(s) (dual stack), NodePort (a ``0.0.0.0``/``::`` surrogate
+  frontend per port and family; the BPF ops expand it over node addresses),
+  LoadBalancer ingress IPs, ExternalIPs (unless ``--enable-external-ips=false``),
+  port names, headless services (``clusterIP: None`` or the
+  ``service.kubernetes.io/headless`` label: a service row without frontends),
+  session affinity and its timeout, external/internal traffic policies and,
+  when they differ, internal-scope (``/i``) frontends for the external types,
+  source ranges and ``service.cilium.io/src-ranges-policy``, health-check node
+  port, load-balancer class, topology mode / trafficDistribution, and the
+  annotations ``service.cilium.io/type`` (which frontend types to expose),
+  ``service.cilium.io/scope``, ``service.cilium.io/lb-algorithm`` (with
+  ``--bpf-lb-algorithm-annotation``), ``service.cilium.io/forwarding-mode``
+  (with ``--bpf-lb-mode-annotation``), ``service.cilium.io/proxy-delegation``
+  and ``service.cilium.io/scale-to-zero``.
+* EndpointSlice: every address x port becomes a backend instance of the
+  service named by the ``kubernetes.io/service-name`` label; conditions map to
+  states (ready -> active, terminating+serving -> terminating,
+  terminating+not serving -> terminating-not-serving, not ready and not
+  terminating -> left out); node name, zone and ``hints.forZones``.
+* Pod: every container port with a hostPort becomes a HostPort service named
+  ``namespace/pod:host-port:<port>:<uid>`` with a ``0.0.0.0``/``::`` (or host IP)
+  frontend and the pod IPs as backends.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from statedb import WriteTxn
+from tables.backends import BackendParams, BackendState
+from tables.frontends import FrontendParams, SVCType
+from tables.l3n4 import SCOPE_INTERNAL, AddressError, IPAddress, L3n4Addr, parse_protocol
+from tables.lb_config import LBConfig
+from tables.lb_writer import LBWriter
+from tables.services import (
+    ForwardingMode,
+    LBAlgorithm,
+    Service,
+    ServiceName,
+    SourceRangesPolicy,
+    TrafficPolicy,
+    parse_cidr,
+)
+
+SERVICE_NAME_LABEL = "kubernetes.io/service-name"
+HEADLESS_LABEL = "service.kubernetes.io/headless"
+SERVICE_PROXY_NAME_LABEL = "service.kubernetes.io/service-proxy-name"
+TOPOLOGY_MODE_ANNOTATION = "service.kubernetes.io/topology-mode"
+TOPOLOGY_HINTS_ANNOTATION = "service.kubernetes.io/topology-aware-hints"
+ANN_TYPE = "service.cilium.io/type"
+ANN_SCOPE = "service.cilium.io/scope"
+ANN_LB_ALGORITHM = "service.cilium.io/lb-algorithm"
+ANN_FORWARDING_MODE = "service.cilium.io/forwarding-mode"
+ANN_SRC_RANGES_POLICY = "service.cilium.io/src-ranges-policy"
+ANN_PROXY_DELEGATION = "service.cilium.io/proxy-delegation"
+ANN_SCALE_TO_ZERO = "service.cilium.io/scale-to-zero"
+
+#: Default session-affinity timeout (Kubernetes: 3 hours).
+DEFAULT_AFFINITY_TIMEOUT = 10800
+
+KIND_SERVICE = "Service"
+KIND_ENDPOINT_SLICE = "EndpointSlice"
+KIND_POD = "Pod"
+
+
+class ConversionError(ValueError):
+    """An object cannot be converted; the message names the object and the field."""
+
+    def __init__(self, obj_ref: str, field_path: str, reason: str) -> None:
+        super().__init__(f"{obj_ref}: field {field_path}: {reason}")
+        self.obj_ref = obj_ref
+        self.field = field_path
+        self.reason = reason
+
+
+# ----- object helpers ---------------------------------------------------------------
+def object_kind(obj: Mapping[str, Any]) -> str:
+    """The ``kind`` of an object ("" when missing)."""
+    kind = obj.get("kind", "")
+    return kind if isinstance(kind, str) else ""
+
+
+def object_ref(obj: Mapping[str, Any]) -> str:
+    """``Kind namespace/name`` for messages (best effort on malformed objects)."""
+    meta = obj.get("metadata")
+    ns = name = "?"
+    if isinstance(meta, Mapping):
+        ns = str(meta.get("namespace") or "default")
+        name = str(meta.get("name") or "?")
+    return f"{object_kind(obj) or 'object'} {ns}/{name}"
+
+
+def namespaced_name(obj: Mapping[str, Any]) -> str:
+    """``namespace/name`` of an object; raise ConversionError when the name is missing."""
+    ref = object_ref(obj)
+    meta = obj.get("metadata")
+    if not isinstance(meta, Mapping):
+        raise ConversionError(ref, "metadata", "missing or not a mapping")
+    name = meta.get("name")
+    if not isinstance(name, str) or not name:
+        raise ConversionError(ref, "metadata.name", "missing or not a string")
+    ns = meta.get("namespace") or "default"
+    if not isinstance(ns, str):
+        raise ConversionError(ref, "metadata.namespace", "not a string")
+    return f"{ns}/{name}"
+
+
+def _mapping(ref: str, path: str, value: Any) -> Mapping[str, Any]:
+    if value is None:
+        return {}
+    if not isinstance(value, Mapping):
+        raise ConversionError(ref, path, f"expected a mapping, got {type(value).__name__}")
+    return value
+
+
+def _list(ref: str, path: str, value: Any) -> Sequence[Any]:
+    if value is None:
+        return []
+    if not isinstance(value, list):
+        raise ConversionError(ref, path, f"expected a list, got {type(value).__name__}")
+    return value
+
+
+def _str(ref: str, path: str, value: Any, default: str = "") -> str:
+    if value is None:
+        return default
+    if not isinstance(value, str):
+        raise ConversionError(ref, path, f"expected a string, got {value!r}")
+    return value
+
+
+def _str_map(ref: str, path: str, value: Any) -> dict[str, str]:
+    m = _mapping(ref, path, value)
+    out: dict[str, str] = {}
+    for k, v in m.items():
+        if v is None:
+            v = ""
+        if not isinstance(v, str | int | float | bool):
+            raise ConversionError(ref, f"{path}.{k}", f"expected a string, got {v!r}")
+        out[str(k)] = v if isinstance(v, str) else str(v).lower() if isinstance(v, bool) else str(v)
+    return out
+
+
+def _port(ref: str, path: str, value: Any, *, allow_zero: bool = False) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ConversionError(ref, path, f"expected a port number, got {value!r}")
+    if value == 0 and not allow_zero:
+        raise ConversionError(ref, path, "port 0 is not allowed")
+    if not 0 <= value <= 65535:
+        raise ConversionError(ref, path, f"port {value} out of range 1..65535")
+    return value
+
+
+def _ip(ref: str, path: str, value: Any) -> IPAddress:
+    if not isinstance(value, str):
+        raise ConversionError(ref, path, f"expected an IP address, got {value!r}")
+    try:
+        return ipaddress.ip_address(value.strip())
+    except ValueError:
+        raise ConversionError(ref, path, f"invalid IP address {value!r}") from None
+
+
+def _proto(ref: str, path: str, value: Any) -> str:
+    try:
+        return parse_protocol(_str(ref, path, value, "TCP"))
+    except AddressError as e:
+        raise ConversionError(ref, path, str(e)) from None
+
+
+def _family_enabled(addr: IPAddress, config: LBConfig) -> bool:
+    return config.enable_ipv6 if addr.version == 6 else config.enable_ipv4
+
+
+# ----- Service ----------------------------------------------------------------------------
+@dataclass(frozen=True, slots=True)
+class ServicePort:
+    """One entry of spec.ports."""
+
+    name: str
+    port: int
+    protocol: str
+    node_port: int
+
+
+@dataclass(frozen=True, slots=True)
+class ConvertedService:
+    """A Service object as a service row plus its complete frontend set."""
+
+    service: Service
+    frontends: tuple[FrontendParams, ...] = ()
+
+
+def _policy(ref: str, path: str, value: Any) -> TrafficPolicy:
+    text = _str(ref, path, value, "Cluster")
+    if text in ("", "Cluster"):
+        return TrafficPolicy.CLUSTER
+    if text == "Local":
+        return TrafficPolicy.LOCAL
+    raise ConversionError(ref, path, f"unknown traffic policy {text!r} (Cluster or Local)")
+
+
+def convert_service(obj: Mapping[str, Any], config: LBConfig | None = None) -> ConvertedService:
+    """Convert a v1 Service; raise ConversionError naming the object and field."""
+    cfg = config if config is not None else LBConfig()
+    ref = object_ref(obj)
+    name = namespaced_name(obj)
+    meta = _mapping(ref, "metadata", obj.get("metadata"))
+    spec = _mapping(ref, "spec", obj.get("spec"))
+    status = _mapping(ref, "status", obj.get("status"))
+    labels = _str_map(ref, "metadata.labels", meta.get("labels"))
+    annotations = _str_map(ref, "metadata.annotations", meta.get("annotations"))
+    selector = _str_map(ref, "spec.selector", spec.get("selector"))
+    svc_type = _str(ref, "spec.type", spec.get("type"), "ClusterIP")
+    if svc_type not in ("ClusterIP", "NodePort", "LoadBalancer", "ExternalName"):
+        raise ConversionError(ref, "spec.type", f"unknown service type {svc_type!r}")
+
+    # Ports.
+    ports: list[ServicePort] = []
+    port_names: dict[str, int] = {}
+    for i, p in enumerate(_list(ref, "spec.ports", spec.get("ports"))):
+        path = f"spec.ports[{i}]"
+        pm = _mapping(ref, path, p)
+        pname = _str(ref, f"{path}.name", pm.get("name"))
+        port = _port(ref, f"{path}.port", pm.get("port"))
+        proto = _proto(ref, f"{path}.protocol", pm.get("protocol"))
+        np = pm.get("nodePort")
+        node_port = 0 if np is None else _port(ref, f"{path}.nodePort", np, allow_zero=True)
+        ports.append(ServicePort(pname, port, proto, node_port))
+        port_names[pname] = port
+
+    # Policies and options.
+    ext_policy = _policy(ref, "spec.externalTrafficPolicy", spec.get("externalTrafficPolicy"))
+    int_policy = _policy(ref, "spec.internalTrafficPolicy", spec.get("internalTrafficPolicy"))
+    if not cfg.enable_internal_traffic_policy:
+        int_policy = TrafficPolicy.CLUSTER
+    affinity_text = _str(ref, "spec.sessionAffinity", spec.get("sessionAffinity"), "None")
+    if affinity_text not in ("None", "ClientIP"):
+        raise ConversionError(ref, "spec.sessionAffinity", f"unknown value {affinity_text!r}")
+    affinity = affinity_text == "ClientIP" and cfg.enable_session_affinity
+    timeout = 0
+    if affinity:
+        timeout = DEFAULT_AFFINITY_TIMEOUT
+        cfgmap = _mapping(ref, "spec.sessionAffinityConfig", spec.get("sessionAffinityConfig"))
+        client = _mapping(ref, "spec.sessionAffinityConfig.clientIP", cfgmap.get("clientIP"))
+        t = client.get("timeoutSeconds")
+        if t is not None:
+            if isinstance(t, bool) or not isinstance(t, int) or not 0 < t <= 86400:
+                raise ConversionError(
+                    ref,
+                    "spec.sessionAffinityConfig.clientIP.timeoutSeconds",
+                    f"expected 1..86400 seconds, got {t!r}",
+                )
+            timeout = t
+    ranges = []
+    for i, c in enumerate(
+        _list(ref, "spec.loadBalancerSourceRanges", spec.get("loadBalancerSourceRanges"))
+    ):
+        try:
+            ranges.append(parse_cidr(_str(ref, f"spec.loadBalancerSourceRanges[{i}]", c)))
+        except ValueError as e:
+            raise ConversionError(ref, f"spec.loadBalancerSourceRanges[{i}]", str(e)) from None
+    ranges_policy = SourceRangesPolicy.ALLOW
+    if annotations.get(ANN_SRC_RANGES_POLICY, "").strip().lower() == "deny":
+        ranges_policy = SourceRangesPolicy.DENY
+    hc = spec.get("healthCheckNodePort")
+    health_port = 0 if hc is None else _port(ref, "spec.healthCheckNodePort", hc, allow_zero=True)
+    lb_class = spec.get("loadBalancerClass")
+    if lb_class is not None:
+        lb_class = _str(ref, "spec.loadBalancerClass", lb_class)
+    traffic_dist = _str(ref, "spec.trafficDistribution", spec.get("trafficDistribution"))
+    if traffic_dist not in ("", "PreferClose", "PreferSameNode", "PreferSameZone"):
+        traffic_dist = ""
+    if traffic_dist == "PreferSameZone":
+        traffic_dist = "PreferClose"
+    topo = annotations.get(TOPOLOGY_MODE_ANNOTATION, annotations.get(TOPOLOGY_HINTS_ANNOTATION))
+    if not traffic_dist and topo is not None and topo.strip().lower() in ("auto", "true"):
+        traffic_dist = "PreferClose"
+    algorithm = LBAlgorithm.UNDEF
+    if cfg.algorithm_annotation and ANN_LB_ALGORITHM in annotations:
+        alg = annotations[ANN_LB_ALGORITHM].strip().lower()
+        try:
+            algorithm = LBAlgorithm(alg)
+        except ValueError:
+            raise ConversionError(
+                ref, f"metadata.annotations[{ANN_LB_ALGORITHM}]", f"unknown algorithm {alg!r}"
+            ) from None
+    fwd = ForwardingMode.UNDEF
+    if cfg.mode_annotation and ANN_FORWARDING_MODE in annotations:
+        mode = annotations[ANN_FORWARDING_MODE].strip().lower()
+        try:
+            fwd = ForwardingMode(mode)
+        except ValueError:
+            raise ConversionError(
+                ref, f"metadata.annotations[{ANN_FORWARDING_MODE}]", f"unknown mode {mode!r}"
+            ) from None
+    scope_ann = annotations.get(ANN_SCOPE, "").strip().lower()
+    delegation = annotations.get(ANN_PROXY_DELEGATION, "").strip().lower()
+    service = Service(
+        name=name,
+        source="k8s",
+        labels=tuple(sorted(labels.items())),
+        annotations=tuple(sorted(annotations.items())),
+        selector=tuple(sorted(selector.items())),
+        ext_traffic_policy=ext_policy,
+        int_traffic_policy=int_policy,
+        forwarding_mode=fwd,
+        session_affinity=affinity,
+        session_affinity_timeout=timeout,
+        load_balancer_class=lb_class,
+        health_check_node_port=health_port,
+        source_ranges=tuple(ranges),
+        source_ranges_policy=ranges_policy,
+        port_names=tuple(sorted(port_names.items())),
+        traffic_distribution=traffic_dist,
+        lb_algorithm=algorithm,
+        internal_scope_enabled=scope_ann != "external-only",
+        proxy_delegation="delegate-if-local" if delegation == "delegate-if-local" else "",
+        scale_to_zero=annotations.get(ANN_SCALE_TO_ZERO, "").strip().lower() == "true",
+    )
+    if svc_type == "ExternalName" or SERVICE_PROXY_NAME_LABEL in labels:
+        return ConvertedService(service, ())
+
+    # Frontend addresses.
+    cluster_ips: list[IPAddress] = []
+    raw_ips = spec.get("clusterIPs")
+    ip_list = _list(ref, "spec.clusterIPs", raw_ips) if raw_ips is not None else []
+    ip_path = "spec.clusterIPs"
+    if not ip_list and spec.get("clusterIP") is not None:
+        ip_list, ip_path = [spec.get("clusterIP")], "spec.clusterIP"
+    headless = HEADLESS_LABEL in labels
+    for i, ip in enumerate(ip_list):
+        if ip in ("None", ""):
+            headless = True
+            continue
+        cluster_ips.append(_ip(ref, f"{ip_path}[{i}]" if raw_ips else ip_path, ip))
+    lb_ips: list[IPAddress] = []
+    lb = _mapping(ref, "status.loadBalancer", status.get("loadBalancer"))
+    for i, ing in enumerate(_list(ref, "status.loadBalancer.ingress", lb.get("ingress"))):
+        im = _mapping(ref, f"status.loadBalancer.ingress[{i}]", ing)
+        if im.get("ip") is not None:
+            lb_ips.append(_ip(ref, f"status.loadBalancer.ingress[{i}].ip", im.get("ip")))
+    ext_ips = [
+        _ip(ref, f"spec.externalIPs[{i}]", ip)
+        for i, ip in enumerate(_list(ref, "spec.externalIPs", spec.get("externalIPs")))
+    ]
+    if headless:
+        return ConvertedService(service, ())
+
+    allowed = _exposed_types(ref, annotations)
+    families = {ip.version for ip in cluster_ips if _family_enabled(ip, cfg)}
+    for i, fam in enumerate(_list(ref, "spec.ipFamilies", spec.get("ipFamilies"))):
+        if fam not in ("IPv4", "IPv6"):
+            raise ConversionError(ref, f"spec.ipFamilies[{i}]", f"unknown IP family {fam!r}")
+    fes: dict[L3n4Addr, FrontendParams] = {}
+
+    def add(addr: IPAddress, port: int, p: ServicePort, t: SVCType) -> None:
+        if not _family_enabled(addr, cfg) or t not in allowed:
+            return
+        a = L3n4Addr(addr, port, p.protocol)
+        fes.setdefault(a, FrontendParams(a, t, name, p.name, p.port))
+        if t is not SVCType.CLUSTER_IP and service.two_scopes:
+            ai = a.with_scope(SCOPE_INTERNAL)
+            fes.setdefault(ai, FrontendParams(ai, t, name, p.name, p.port))
+
+    for p in ports:
+        for ip in cluster_ips:
+            add(ip, p.port, p, SVCType.CLUSTER_IP)
+        if svc_type in ("NodePort", "LoadBalancer") and p.node_port and cfg.enable_node_port:
+            for fam in sorted(families) or [4]:
+                unspec = ipaddress.ip_address("0.0.0.0" if fam == 4 else "::")
+                add(unspec, p.node_port, p, SVCType.NODE_PORT)
+        if svc_type == "LoadBalancer":
+            for ip in lb_ips:
+                add(ip, p.port, p, SVCType.LOAD_BALANCER)
+        if cfg.enable_external_ips:
+            for ip in ext_ips:
+                add(ip, p.port, p, SVCType.EXTERNAL_IPS)
+    return ConvertedService(service, tuple(fes.values()))
+
+
+def _exposed_types(ref: str, annotations: Mapping[str, str]) -> frozenset[SVCType]:
+    """Frontend types to expose: all, or those named by service.cilium.io/type."""
+    text = annotations.get(ANN_TYPE)
+    if text is None or not text.strip():
+        return frozenset(SVCType)
+    out: set[SVCType] = set()
+    for part in text.split(","):
+        try:
+            out.add(SVCType(part.strip()))
+        except ValueError:
+            raise ConversionError(
+                ref, f"metadata.annotations[{ANN_TYPE}]", f"unknown service type {part!r}"
+            ) from None
+    return frozenset(out)
+
+
+# ----- EndpointSlice ----------------------------------------------------------------------
+@dataclass(frozen=True, slots=True)
+class ConvertedEndpoints:
+    """An EndpointSlice as the backends it gives one service."""
+
+    slice_name: str
+    service_name: ServiceName
+    backends: tuple[BackendParams, ...] = ()
+
+
+def _cond(ref: str, path: str, value: Any, default: bool) -> bool:
+    if value is None:
+        return default
+    if not isinstance(value, bool):
+        raise ConversionError(ref, path, f"expected true/false, got {value!r}")
+    return value
+
+
+def endpoint_state(ref: str, path: str, conditions: Any) -> BackendState | None:
+    """Backend state for an endpoint's conditions, or None when it must be left out."""
+    cond = _mapping(ref, path, conditions)
+    ready = _cond(ref, f"{path}.ready", cond.get("ready"), True)
+    serving = _cond(ref, f"{path}.serving", cond.get("serving"), ready)
+    terminating = _cond(ref, f"{path}.terminating", cond.get("terminating"), False)
+    if terminating:
+        return BackendState.TERMINATING if serving else BackendState.TERMINATING_NOT_SERVING
+    return BackendState.ACTIVE if ready else None
+
+
+def convert_endpoint_slice(
+    obj: Mapping[str, Any], config: LBConfig | None = None, source: str = "k8s"
+) -> ConvertedEndpoints:
+    """Convert a discovery.k8s.io/v1 EndpointSlice; raise ConversionError naming the field."""
+    cfg = config if config is not None else LBConfig()
+    ref = object_ref(obj)
+    slice_name = namespaced_name(obj)
+    meta = _mapping(ref, "metadata", obj.get("metadata"))
+    labels = _str_map(ref, "metadata.labels", meta.get("labels"))
+    svc = labels.get(SERVICE_NAME_LABEL, "")
+    if not svc:
+        raise ConversionError(ref, f"metadata.labels[{SERVICE_NAME_LABEL}]", "missing")
+    service_name = f"{slice_name.split('/', 1)[0]}/{svc}"
+    addr_type = _str(ref, "addressType", obj.get("addressType"), "IPv4")
+    if addr_type not in ("IPv4", "IPv6", "FQDN"):
+        raise ConversionError(ref, "addressType", f"unknown address type {addr_type!r}")
+    if addr_type == "FQDN":
+        return ConvertedEndpoints(slice_name, service_name, ())
+    ports: list[tuple[str, int, str]] = []
+    for i, p in enumerate(_list(ref, "ports", obj.get("ports"))):
+        pm = _mapping(ref, f"ports[{i}]", p)
+        if pm.get("port") is None:
+            continue
+        ports.append(
+            (
+                _str(ref, f"ports[{i}].name", pm.get("name")),
+                _port(ref, f"ports[{i}].port", pm.get("port")),
+                _proto(ref, f"ports[{i}].protocol", pm.get("protocol")),
+            )
+        )
+    merged: dict[L3n4Addr, BackendParams] = {}
+    for i, ep in enumerate(_list(ref, "endpoints", obj.get("endpoints"))):
+        path = f"endpoints[{i}]"
+        em = _mapping(ref, path, ep)
+        state = endpoint_state(ref, f"{path}.conditions", em.get("conditions"))
+        node = _str(ref, f"{path}.nodeName", em.get("nodeName"))
+        zone = _str(ref, f"{path}.zone", em.get("zone"))
+        hints = _mapping(ref, f"{path}.hints", em.get("hints"))
+        for_zones: list[str] = []
+        for j, z in enumerate(_list(ref, f"{path}.hints.forZones", hints.get("forZones"))):
+            zm = _mapping(ref, f"{path}.hints.forZones[{j}]", z)
+            for_zones.append(_str(ref, f"{path}.hints.forZones[{j}].name", zm.get("name")))
+        addrs = _list(ref, f"{path}.addresses", em.get("addresses"))
+        ips = [_ip(ref, f"{path}.addresses[{j}]", a) for j, a in enumerate(addrs)]
+        for j, ip in enumerate(ips):
+            if (ip.version == 6) != (addr_type == "IPv6"):
+                raise ConversionError(
+                    ref, f"{path}.addresses[{j}]", f"{ip} does not match addressType {addr_type}"
+                )
+        if state is None:
+            continue
+        for ip in ips:
+            if not _family_enabled(ip, cfg):
+                continue
+            for pname, port, proto in ports:
+                a = L3n4Addr(ip, port, proto)
+                prev = merged.get(a)
+                names = set(prev.port_names) if prev else set()
+                if pname:
+                    names.add(pname)
+                merged[a] = BackendParams(
+                    address=a,
+                    port_names=tuple(sorted(names)),
+                    node_name=node,
+                    zone=zone,
+                    for_zones=tuple(sorted(for_zones)),
+                    source=source,
+                    state=state,
+                )
+    return ConvertedEndpoints(slice_name, service_name, tuple(merged.values()))
+
+
+# ----- Pod host ports ----------------------------------------------------------------------
+def convert_pod_host_ports(
+    obj: Mapping[str, Any], config: LBConfig | None = None
+) -> list[tuple[ConvertedService, tuple[BackendParams, ...]]]:
+    """Convert a Pod's host ports into HostPort services with their backends."""
+    cfg = config if config is not None else LBConfig()
+    ref = object_ref(obj)
+    pod_name = namespaced_name(obj)
+    meta = _mapping(ref, "metadata", obj.get("metadata"))
+    uid = _str(ref, "metadata.uid", meta.get("uid"))
+    spec = _mapping(ref, "spec", obj.get("spec"))
+    status = _mapping(ref, "status", obj.get("status"))
+    phase = _str(ref, "status.phase", status.get("phase"))
+    if not cfg.enable_host_port or phase in ("Succeeded", "Failed"):
+        return []
+    pod_ips: list[IPAddress] = []
+    for i, pip in enumerate(_list(ref, "status.podIPs", status.get("podIPs"))):
+        pm = _mapping(ref, f"status.podIPs[{i}]", pip)
+        pod_ips.append(_ip(ref, f"status.podIPs[{i}].ip", pm.get("ip")))
+    if not pod_ips and status.get("podIP"):
+        pod_ips.append(_ip(ref, "status.podIP", status.get("podIP")))
+    node = _str(ref, "spec.nodeName", spec.get("nodeName"))
+    out: list[tuple[ConvertedService, tuple[BackendParams, ...]]] = []
+    for ci, c in enumerate(_list(ref, "spec.containers", spec.get("containers"))):
+        cm = _mapping(ref, f"spec.containers[{ci}]", c)
+        for pi, p in enumerate(_list(ref, f"spec.containers[{ci}].ports", cm.get("ports"))):
+            path = f"spec.containers[{ci}].ports[{pi}]"
+            pm = _mapping(ref, path, p)
+            if not pm.get("hostPort"):
+                continue
+            host_port = _port(ref, f"{path}.hostPort", pm.get("hostPort"))
+            cport = _port(ref, f"{path}.containerPort", pm.get("containerPort"))
+            proto = _proto(ref, f"{path}.protocol", pm.get("protocol"))
+            host_ip = pm.get("hostIP")
+            hip = None if not host_ip else _ip(ref, f"{path}.hostIP", host_ip)
+            name = f"{pod_name}:host-port:{host_port}:{uid}"
+            svc = Service(
+                name=name,
+                source="k8s",
+                loopback_host_port=bool(hip is not None and hip.is_loopback),
+            )
+            fes: list[FrontendParams] = []
+            bes: list[BackendParams] = []
+            for fam in sorted({ip.version for ip in pod_ips if _family_enabled(ip, cfg)}):
+                if hip is not None and not hip.is_unspecified and not hip.is_loopback:
+                    if hip.version != fam:
+                        continue
+                    fa = hip
+                else:
+                    fa = ipaddress.ip_address("0.0.0.0" if fam == 4 else "::")
+                a = L3n4Addr(fa, host_port, proto)
+                fes.append(FrontendParams(a, SVCType.HOST_PORT, name, "", host_port))
+            for ip in pod_ips:
+                if _family_enabled(ip, cfg):
+                    bes.append(
+                        BackendParams(L3n4Addr(ip, cport, proto), node_name=node, source="k8s")
+                    )
+            out.append((ConvertedService(svc, tuple(fes)), tuple(bes)))
+    return out
+
+
+# ----- the stateful converter ------------------------------------------------------------
+@dataclass(slots=True)
+class _State:
+    """What the converter has applied, to merge slices and undo deletions."""
+
+    services: dict[ServiceName, ConvertedService] = field(default_factory=dict)
+    # service -> slice name -> backends of that slice
+    slices: dict[ServiceName, dict[str, tuple[BackendParams, ...]]] = field(default_factory=dict)
+    slice_service: dict[str, ServiceName] = field(default_factory=dict)
+    pods: dict[str, list[ServiceName]] = field(default_factory=dict)
+
+
+class K8sConverter:
+    """Applies Kubernetes objects to the LB tables through an `LBWriter`.
+
+    Call its methods inside ``with writer.write_txn() as txn:``. A method that
+    raises (ConversionError, FrontendConflictError, ...) has changed neither the
+    converter's memory nor, when the caller aborts the transaction, the tables.
+    """
+
+    def __init__(self, writer: LBWriter, config: LBConfig | None = None) -> None:
+        self.writer = writer
+        self.config = config if config is not None else writer.config
+        self._st = _State()
+
+    def checkpoint(self) -> object:
+        """Return a copy of the converter's memory, for `rollback` when a txn is aborted."""
+        st = self._st
+        return _State(
+            dict(st.services),
+            {k: dict(v) for k, v in st.slices.items()},
+            dict(st.slice_service),
+            {k: list(v) for k, v in st.pods.items()},
+        )
+
+    def rollback(self, checkpoint: object) -> None:
+        """Restore the memory saved by `checkpoint` (after aborting the write txn)."""
+        assert isinstance(checkpoint, _State)
+        self._st = checkpoint
+
+    # ----- dispatch -----------------------------------------------------------------------
+    def upsert(self, txn: WriteTxn, obj: Mapping[str, Any]) -> None:
+        """Add or update any supported object (by ``kind``)."""
+        kind = object_kind(obj)
+        if kind == KIND_SERVICE:
+            self.upsert_service(txn, obj)
+        elif kind == KIND_ENDPOINT_SLICE:
+            self.upsert_endpoint_slice(txn, obj)
+        elif kind == KIND_POD:
+            self.upsert_pod(txn, obj)
+        else:
+            raise ConversionError(object_ref(obj), "kind", f"unsupported kind {kind!r}")
+
+    def delete(self, txn: WriteTxn, obj: Mapping[str, Any]) -> None:
+        """Delete any supported object (by ``kind``); only its name is needed."""
+        kind = object_kind(obj)
+        name = namespaced_name(obj)
+        if kind == KIND_SERVICE:
+            self.delete_service(txn, name)
+        elif kind == KIND_ENDPOINT_SLICE:
+            self.delete_endpoint_slice(txn, name)
+        elif kind == KIND_POD:
+            self.delete_pod(txn, name)
+        else:
+            raise ConversionError(object_ref(obj), "kind", f"unsupported kind {kind!r}")
+
+    @staticmethod
+    def supports(obj: Mapping[str, Any]) -> bool:
+        """True for the kinds this converter handles."""
+        return object_kind(obj) in (KIND_SERVICE, KIND_ENDPOINT_SLICE, KIND_POD)
+
+    # ----- services ------------------------------------------------------------------------
+    def upsert_service(self, txn: WriteTxn, obj: Mapping[str, Any]) -> None:
+        """Add or update a Service (its row and complete frontend set)."""
+        conv = convert_service(obj, self.config)
+        self.writer.upsert_service_and_frontends(txn, conv.service, conv.frontends)
+        self._st.services[conv.service.name] = conv
+
+    def delete_service(self, txn: WriteTxn, name: ServiceName) -> None:
+        """Delete a Service and its frontends (its backends stay until their slices go)."""
+        self.writer.delete_service_and_frontends(txn, name)
+        self._st.services.pop(name, None)
+
+    # ----- endpoint slices ------------------------------------------------------------------
+    def upsert_endpoint_slice(self, txn: WriteTxn, obj: Mapping[str, Any]) -> None:
+        """Add or update an EndpointSlice; the service's backends become the union of its
+        slices."""
+        conv = convert_endpoint_slice(obj, self.config)
+        old_svc = self._st.slice_service.get(conv.slice_name)
+        if old_svc is not None and old_svc != conv.service_name:
+            self._apply_slices(txn, old_svc, drop=conv.slice_name)
+        self._apply_slices(txn, conv.service_name, put=(conv.slice_name, conv.backends))
+        if old_svc is not None and old_svc != conv.service_name:
+            self._st.slices.get(old_svc, {}).pop(conv.slice_name, None)
+        self._st.slices.setdefault(conv.service_name, {})[conv.slice_name] = conv.backends
+        self._st.slice_service[conv.slice_name] = conv.service_name
+
+    def delete_endpoint_slice(self, txn: WriteTxn, slice_name: str) -> None:
+        """Delete an EndpointSlice by ``namespace/name``, releasing its backends."""
+        svc = self._st.slice_service.get(slice_name)
+        if svc is None:
+            return
+        self._apply_slices(txn, svc, drop=slice_name)
+        slices = self._st.slices.get(svc, {})
+        slices.pop(slice_name, None)
+        if not slices:
+            self._st.slices.pop(svc, None)
+        del self._st.slice_service[slice_name]
+
+    def _apply_slices(
+        self,
+        txn: WriteTxn,
+        service: ServiceName,
+        put: tuple[str, tuple[BackendParams, ...]] | None = None,
+        drop: str | None = None,
+    ) -> None:
+        slices = dict(self._st.slices.get(service, {}))
+        if put is not None:
+            slices[put[0]] = put[1]
+        if drop is not None:
+            slices.pop(drop, None)
+        union: dict[L3n4Addr, BackendParams] = {}
+        for name in sorted(slices):
+            for be in slices[name]:
+                prev = union.get(be.address)
+                # An address in several slices (a transition): prefer an active instance.
+                if prev is None or _state_rank(be) < _state_rank(prev):
+                    union[be.address] = be
+        self.writer.set_backends(txn, service, "k8s", union.values())
+
+    # ----- pods (host ports) -------------------------------------------------------------
+    def upsert_pod(self, txn: WriteTxn, obj: Mapping[str, Any]) -> None:
+        """Add or update a Pod's HostPort services."""
+        pod = namespaced_name(obj)
+        converted = convert_pod_host_ports(obj, self.config)
+        new_names = [c.service.name for c, _ in converted]
+        for c, bes in converted:
+            self.writer.upsert_service_and_frontends(txn, c.service, c.frontends)
+            self.writer.set_backends(txn, c.service.name, "k8s", bes)
+        for old in self._st.pods.get(pod, []):
+            if old not in new_names:
+                self.writer.delete_service_and_frontends(txn, old)
+                self.writer.release_backends_of_service(txn, old)
+        if new_names:
+            self._st.pods[pod] = new_names
+        else:
+            self._st.pods.pop(pod, None)
+
+    def delete_pod(self, txn: WriteTxn, pod: str) -> None:
+        """Delete a Pod's HostPort services and backends."""
+        for old in self._st.pods.pop(pod, []):
+            self.writer.delete_service_and_frontends(txn, old)
+            self.writer.release_backends_of_service(txn, old)
+
+    # ----- resync ---------------------------------------------------------------------------
+    def known_objects(self, kind: str) -> list[str]:
+        """Names of the objects of ``kind`` currently applied (for resyncs)."""
+        if kind == KIND_SERVICE:
+            return sorted(self._st.services)
+        if kind == KIND_ENDPOINT_SLICE:
+            return sorted(self._st.slice_service)
+        if kind == KIND_POD:
+            return sorted(self._st.pods)
+        return []
+
+    def resync(self, txn: WriteTxn, kind: str, objs: Iterable[Mapping[str, Any]]) -> None:
+        """Make ``objs`` the complete set of objects of ``kind``: upsert them, delete the rest."""
+        keep: set[str] = set()
+        items = list(objs)
+        for obj in items:
+            if object_kind(obj) != kind:
+                raise ConversionError(object_ref(obj), "kind", f"expected {kind}")
+            keep.add(namespaced_name(obj))
+        for name in self.known_objects(kind):
+            if name not in keep:
+                if kind == KIND_SERVICE:
+                    self.delete_service(txn, name)
+                elif kind == KIND_ENDPOINT_SLICE:
+                    self.delete_endpoint_slice(txn, name)
+                else:
+                    self.delete_pod(txn, name)
+        for obj in items:
+            self.upsert(txn, obj)
+
+
+def _state_rank(be: BackendParams) -> int:
+    return {
+        BackendState.ACTIVE: 0,
+        BackendState.TERMINATING: 1,
+        BackendState.TERMINATING_NOT_SERVING: 2,
+    }.get(be.state, 3)
