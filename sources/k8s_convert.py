@@ -28,7 +28,8 @@ What is converted (following Cilium's semantics):
   service named by the ``kubernetes.io/service-name`` label; conditions map to
   states (ready -> active, terminating+serving -> terminating,
   terminating+not serving -> terminating-not-serving, not ready and not
-  terminating -> left out); node name, zone and ``hints.forZones``.
+  terminating -> maintenance: kept, but never load-balanced); node name, zone
+  and ``hints.forZones``.
 * Pod: every container port with a hostPort becomes a HostPort service named
   ``namespace/pod:host-port:<port>:<uid>`` with a ``0.0.0.0``/``::`` (or host IP)
   frontend and the pod IPs as backends.
@@ -69,6 +70,7 @@ ANN_FORWARDING_MODE = "service.cilium.io/forwarding-mode"
 ANN_SRC_RANGES_POLICY = "service.cilium.io/src-ranges-policy"
 ANN_PROXY_DELEGATION = "service.cilium.io/proxy-delegation"
 ANN_SCALE_TO_ZERO = "service.cilium.io/scale-to-zero"
+ANN_NODE = "service.cilium.io/node"
 
 #: Default session-affinity timeout (Kubernetes: 3 hours).
 DEFAULT_AFFINITY_TIMEOUT = 10800
@@ -203,6 +205,9 @@ class ConvertedService:
 
     service: Service
     frontends: tuple[FrontendParams, ...] = ()
+    #: Set when the service must not exist on this node (service.cilium.io/node does not
+    #: match the node's label): the converter deletes it instead.
+    not_exposed: str = ""
 
 
 def _policy(ref: str, path: str, value: Any) -> TrafficPolicy:
@@ -214,8 +219,16 @@ def _policy(ref: str, path: str, value: Any) -> TrafficPolicy:
     raise ConversionError(ref, path, f"unknown traffic policy {text!r} (Cluster or Local)")
 
 
-def convert_service(obj: Mapping[str, Any], config: LBConfig | None = None) -> ConvertedService:
-    """Convert a v1 Service; raise ConversionError naming the object and field."""
+def convert_service(
+    obj: Mapping[str, Any],
+    config: LBConfig | None = None,
+    node_labels: Mapping[str, str] | None = None,
+) -> ConvertedService:
+    """Convert a v1 Service; raise ConversionError naming the object and field.
+
+    ``node_labels`` are the local node's labels, for the ``service.cilium.io/node``
+    exposure annotation (the service exists only on nodes whose label of the same
+    name has the annotation's value)."""
     cfg = config if config is not None else LBConfig()
     ref = object_ref(obj)
     name = namespaced_name(obj)
@@ -334,6 +347,14 @@ def convert_service(obj: Mapping[str, Any], config: LBConfig | None = None) -> C
     )
     if svc_type == "ExternalName" or SERVICE_PROXY_NAME_LABEL in labels:
         return ConvertedService(service, ())
+    exposure = annotations.get(ANN_NODE)
+    if exposure is not None:
+        node_value = (node_labels or {}).get(ANN_NODE)
+        wanted = {v.strip() for v in exposure.split(",")}
+        if node_value not in wanted:
+            return ConvertedService(
+                service, (), f"{ANN_NODE}={exposure} does not match node label {node_value!r}"
+            )
 
     # Frontend addresses.
     cluster_ips: list[IPAddress] = []
@@ -344,7 +365,7 @@ def convert_service(obj: Mapping[str, Any], config: LBConfig | None = None) -> C
         ip_list, ip_path = [spec.get("clusterIP")], "spec.clusterIP"
     headless = HEADLESS_LABEL in labels
     for i, ip in enumerate(ip_list):
-        if ip in ("None", ""):
+        if isinstance(ip, str) and ip.strip().lower() in ("none", ""):
             headless = True
             continue
         cluster_ips.append(_ip(ref, f"{ip_path}[{i}]" if raw_ips else ip_path, ip))
@@ -352,7 +373,8 @@ def convert_service(obj: Mapping[str, Any], config: LBConfig | None = None) -> C
     lb = _mapping(ref, "status.loadBalancer", status.get("loadBalancer"))
     for i, ing in enumerate(_list(ref, "status.loadBalancer.ingress", lb.get("ingress"))):
         im = _mapping(ref, f"status.loadBalancer.ingress[{i}]", ing)
-        if im.get("ip") is not None:
+        mode = _str(ref, f"status.loadBalancer.ingress[{i}].ipMode", im.get("ipMode"), "VIP")
+        if im.get("ip") is not None and mode == "VIP":
             lb_ips.append(_ip(ref, f"status.loadBalancer.ingress[{i}].ip", im.get("ip")))
     ext_ips = [
         _ip(ref, f"spec.externalIPs[{i}]", ip)
@@ -435,7 +457,7 @@ def endpoint_state(ref: str, path: str, conditions: Any) -> BackendState | None:
     terminating = _cond(ref, f"{path}.terminating", cond.get("terminating"), False)
     if terminating:
         return BackendState.TERMINATING if serving else BackendState.TERMINATING_NOT_SERVING
-    return BackendState.ACTIVE if ready else None
+    return BackendState.ACTIVE if ready else BackendState.MAINTENANCE
 
 
 def convert_endpoint_slice(
@@ -645,7 +667,10 @@ class K8sConverter:
     # ----- services ------------------------------------------------------------------------
     def upsert_service(self, txn: WriteTxn, obj: Mapping[str, Any]) -> None:
         """Add or update a Service (its row and complete frontend set)."""
-        conv = convert_service(obj, self.config)
+        conv = convert_service(obj, self.config, self.writer.node_labels)
+        if conv.not_exposed:
+            self.delete_service(txn, conv.service.name)
+            return
         self.writer.upsert_service_and_frontends(txn, conv.service, conv.frontends)
         self._st.services[conv.service.name] = conv
 

@@ -127,7 +127,8 @@ class Frontend:
     # ----- show --------------------------------------------------------------------
     @staticmethod
     def table_header() -> list[str]:
-        """Columns of ``db/show frontends`` (Cilium's, then the service id)."""
+        """Columns of ``db/show frontends``: Cilium's, then the service id and the service's
+        flags (an older corpus generation compares ``Address Flags``)."""
         return [
             "Address",
             "Type",
@@ -139,6 +140,7 @@ class Frontend:
             "Since",
             "Error",
             "ID",
+            "Flags",
         ]
 
     def backends_text(self) -> str:
@@ -165,6 +167,7 @@ class Frontend:
             since,
             self.status.error if self.status.kind is StatusKind.ERROR else "",
             str(self.id),
+            self.service.flags_text() if self.service is not None else "",
         ]
 
     def _status_json(self) -> dict[str, Any]:

@@ -29,13 +29,14 @@ Invariants kept here:
 from __future__ import annotations
 
 import dataclasses
+import time
 from collections.abc import Iterable, Mapping
 from typing import Any
 
 from statedb import DB, Table, WriteTxn
 from tables.backends import Backend, BackendParams, BackendState, new_backends_table
 from tables.frontends import Frontend, FrontendParams, SVCType, new_frontends_table
-from tables.l3n4 import SCOPE_INTERNAL, L3n4Addr
+from tables.l3n4 import SCOPE_INTERNAL, IPAddress, L3n4Addr
 from tables.lb_config import LBConfig
 from tables.node_addresses import NodeAddress, new_node_addresses_table
 from tables.services import Service, ServiceName, TrafficPolicy, new_services_table, source_priority
@@ -85,6 +86,7 @@ class LBWriter:
         self.backends = backends
         self.node_addresses = node_addresses
         self._node_labels: dict[str, str] = {}
+        self._node_ip: IPAddress | None = None
         # Frontends redirected to another service (rare): address -> target service.
         # A hint for refreshes only; the frontend row stays the truth.
         self._redirect_targets: dict[L3n4Addr, ServiceName] = {}
@@ -116,6 +118,16 @@ class LBWriter:
         return self.db.write_txn(*self.tables)
 
     @property
+    def node_labels(self) -> dict[str, str]:
+        """The local node's labels (from `set_node_labels`)."""
+        return dict(self._node_labels)
+
+    @property
+    def node_ip(self) -> IPAddress | None:
+        """The local node's IP (from `set_node_ip`), used for proxy-delegation locality."""
+        return self._node_ip
+
+    @property
     def node_zone(self) -> str:
         """The local node's zone (from `set_node_labels`), or ""."""
         return self._node_labels.get(ZONE_LABEL, "")
@@ -136,7 +148,7 @@ class LBWriter:
         belongs to another service, and LBWriterError for a frontend naming another
         service or a duplicate address.
         """
-        params = list(frontends)
+        params = [p for p in frontends if not self._shadows_node_port(txn, p)]
         seen: set[L3n4Addr] = set()
         for p in params:
             if p.service_name != svc.name:
@@ -155,6 +167,15 @@ class LBWriter:
                 self.frontends.delete(txn, fe)
         for p in params:
             self._put_frontend(txn, svc, p, force=True)
+
+    def _shadows_node_port(self, txn: WriteTxn, p: FrontendParams) -> bool:
+        """True for a LoadBalancer/ExternalIPs frontend on a node address with a port in the
+        NodePort range: it would hide the NodePort expansion there, so it is skipped."""
+        if p.type not in (SVCType.LOAD_BALANCER, SVCType.EXTERNAL_IPS):
+            return False
+        if not self.config.in_node_port_range(p.address.port):
+            return False
+        return any(n.address == p.address.address for n in self.node_addresses.all(txn))
 
     def delete_service_and_frontends(self, txn: WriteTxn, name: ServiceName) -> Service | None:
         """Delete a service and all its frontends (backends stay); return the old service."""
@@ -283,7 +304,12 @@ class LBWriter:
             self._refresh_service(txn, name)
 
     def set_backend_health(
-        self, txn: WriteTxn, service: ServiceName, address: L3n4Addr, healthy: bool, now: float
+        self,
+        txn: WriteTxn,
+        service: ServiceName,
+        address: L3n4Addr,
+        healthy: bool,
+        now: float | None = None,
     ) -> bool:
         """Mark ``service``'s instances at ``address`` (un)healthy; return True if changed."""
         be = self.backends.get(txn, address)
@@ -293,7 +319,12 @@ class LBWriter:
         for key, inst in be.instances:
             if key[0] == service and inst.unhealthy == healthy:
                 new = new.with_instance(
-                    key, dataclasses.replace(inst, unhealthy=not healthy, unhealthy_updated_at=now)
+                    key,
+                    dataclasses.replace(
+                        inst,
+                        unhealthy=not healthy,
+                        unhealthy_updated_at=time.time() if now is None else now,
+                    ),
                 )
         if new is be:
             return False
@@ -328,6 +359,27 @@ class LBWriter:
                 if svc.traffic_distribution == "PreferClose":
                     self._refresh_service(txn, svc.name)
 
+    def set_node_ip(self, txn: WriteTxn, ip: IPAddress | None) -> None:
+        """Set the local node's IP: with proxy delegation, a backend without node name at
+        this address counts as local."""
+        if ip == self._node_ip:
+            return
+        self._node_ip = ip
+        for svc in list(self.services.all(txn)):
+            if svc.proxy_delegation:
+                self._refresh_service(txn, svc.name)
+
+    def is_local(self, svc: Service | None, be: BackendParams) -> bool:
+        """True when ``be`` runs on this node (node name, or node IP with proxy delegation)."""
+        if be.node_name:
+            return be.node_name == self.config.node_name
+        return (
+            svc is not None
+            and bool(svc.proxy_delegation)
+            and self._node_ip is not None
+            and be.address.address == self._node_ip
+        )
+
     # ----- backend selection --------------------------------------------------------------------
     def select_backends(self, txn: WriteTxn, fe: Frontend) -> tuple[BackendParams, ...]:
         """Compute the backends ``fe`` selects now (see the module docstring for the rules)."""
@@ -346,15 +398,19 @@ class LBWriter:
             candidates.append(inst)
         if svc is None:
             return tuple(candidates)
-        node = self.config.node_name
         if _policy_for(fe, svc) is TrafficPolicy.LOCAL:
-            candidates = [b for b in candidates if b.node_name == node]
+            candidates = [b for b in candidates if self.is_local(svc, b)]
         if svc.traffic_distribution == "PreferClose":
             zone = self.node_zone
             if zone:
                 candidates = [b for b in candidates if not b.for_zones or zone in b.for_zones]
         elif svc.traffic_distribution == "PreferSameNode":
-            local = [b for b in candidates if b.node_name == node]
+            # Only serving (active) local backends may win the preference.
+            local = [
+                b
+                for b in candidates
+                if self.is_local(svc, b) and b.effective_state is BackendState.ACTIVE
+            ]
             if local:
                 candidates = local
         return tuple(candidates)
