@@ -40,6 +40,11 @@ test: lint pytest
 run: setup
 	$(PY) -m statewright run
 
+# Cilium's LB script-test corpus: `make conformance [CORPUS=DIR] [BACKEND=memory|kernel|both]
+# [JSON=results.json]`; ends with `conformance: N passed, M failed`.
+conformance: setup
+	$(PY) -m tests.conformance $(if $(CORPUS),--corpus $(CORPUS)) $(if $(BACKEND),--backend $(BACKEND)) $(if $(JSON),--json $(JSON))
+
 bench: setup
 	$(PY) benchmarks/statedb.py --quick
 

@@ -1,0 +1,397 @@
+"""The load-balancer harness and its script commands (hive/*, k8s/*, lb/*, test/*).
+
+`LBHarness` plays the part of the upstream test hive: it holds the fake
+Kubernetes store (which outlives ``hive/recreate``), the current
+`statewright.lb_system.LBSystem`, and the pin location of its maps. Flags of
+the ``#!`` line (and of ``hive/recreate``) that Statewright does not implement
+fail ``hive start`` with ``unsupported: flag ...`` instead of being ignored.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Hashable
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+import anyio
+import anyio.abc
+import yaml
+
+from statedb import Table
+from statewright.lb_system import FakeKubernetes, LBSystem, MapsLocation, SystemOptions
+from tests.conformance.engine import (
+    Command,
+    CommandError,
+    State,
+    Unsupported,
+    parse_flags,
+)
+
+#: How long lb/prune and test/init-wait wait for the system.
+WAIT_TIMEOUT = 5.0
+
+
+class LBHarness:
+    """The hive of one script: builds, starts, stops and recreates an LBSystem."""
+
+    def __init__(self, flags: list[str], maps: MapsLocation) -> None:
+        self.flags = flags
+        self.maps = maps
+        self.k8s = FakeKubernetes()
+        self._system: LBSystem | None = None
+        self._tg: anyio.abc.TaskGroup | None = None
+        self._tg_cm: Any = None
+        self.snapshot: dict[str, Any] | None = None
+
+    # ----- async context manager ---------------------------------------------------------
+    async def __aenter__(self) -> LBHarness:
+        self._tg_cm = anyio.create_task_group()
+        self._tg = await self._tg_cm.__aenter__()
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        try:
+            if self._system is not None:
+                with anyio.CancelScope(shield=True):
+                    await self._system.stop()
+        finally:
+            assert self._tg is not None
+            self._tg.cancel_scope.cancel()
+            await self._tg_cm.__aexit__(exc_type, exc, tb)
+            self.maps.cleanup()
+
+    # ----- the system ------------------------------------------------------------------
+    def _build(self, flags: list[str]) -> LBSystem:
+        bad = LBSystem.unsupported_flags(flags)
+        if bad:
+            raise Unsupported("flag " + " ".join(bad))
+        try:
+            return LBSystem(
+                flags,
+                SystemOptions(maps=self.maps, harness_defaults=True),
+                self.k8s,
+            )
+        except ValueError as e:
+            raise CommandError(f"bad flags: {e}") from None
+
+    @property
+    def system(self) -> LBSystem:
+        """The current system (built on first use from the ``#!`` flags)."""
+        if self._system is None:
+            self._system = self._build(self.flags)
+        return self._system
+
+    @property
+    def db(self) -> Any:
+        """The current system's database."""
+        return self.system.db
+
+    async def start(self) -> None:
+        """``hive start``."""
+        assert self._tg is not None
+        try:
+            await self.system.start(self._tg)
+        except Unsupported:
+            raise
+        except Exception as e:
+            raise CommandError(f"hive start failed: {type(e).__name__}: {e}") from None
+
+    async def stop(self) -> None:
+        """``hive stop``."""
+        await self.system.stop()
+
+    def recreate(self, extra: list[str]) -> None:
+        """``hive/recreate [flags]``: new system, same k8s store and pinned maps."""
+        if self._system is not None and self._system.running:
+            raise CommandError("hive/recreate: stop the hive first")
+        bad = LBSystem.unsupported_flags(extra)
+        if bad:
+            raise Unsupported("flag " + " ".join(bad))
+        self.flags = [*self.flags, *extra]
+        self._system = self._build(self.flags)
+
+    async def quiescence(self, state: State) -> Hashable | None:
+        """A token of the system's state when nothing is in flight, else None."""
+        sys = self._system
+        if sys is None:
+            return ("not built", self.k8s.version)
+        if not sys.idle():
+            return None
+        txn = sys.db.read_txn()
+        return (
+            self.k8s.version,
+            tuple(t.revision(txn) for t in sys.db.tables),
+            sys.prune_count(),
+            sys.running,
+        )
+
+    # ----- db/insert and db/delete -----------------------------------------------------------
+    def decode_row(self, table: str, doc: dict[str, Any]) -> Any:
+        """A row of ``table`` from YAML (only node-addresses can be written this way)."""
+        if table == "node-addresses":
+            from tables.node_addresses import NodeAddress
+
+            return NodeAddress.from_dict(doc)
+        raise Unsupported(f"db/insert into table {table}")
+
+    async def write_rows(self, table: Table[Any], rows: list[Any], insert: bool) -> None:
+        """Write node addresses through the LB writer (so frontends are refreshed)."""
+        self.system.upsert_node_addresses(rows, insert)
+
+
+# ----- helpers --------------------------------------------------------------------------
+def _harness(state: State) -> LBHarness:
+    h = state.harness
+    if not isinstance(h, LBHarness):
+        raise CommandError("this command needs the load-balancer harness")
+    return h
+
+
+def _k8s_objects(state: State, names: list[str]) -> list[dict[str, Any]]:
+    objs: list[dict[str, Any]] = []
+    for name in names:
+        try:
+            docs = list(yaml.safe_load_all(state.read(name)))
+        except yaml.YAMLError as e:
+            raise CommandError(f"{name}: invalid YAML: {e}") from None
+        for doc in docs:
+            if doc is None:
+                continue
+            if not isinstance(doc, dict) or "kind" not in doc:
+                raise CommandError(f"{name}: not a Kubernetes object")
+            if doc.get("kind") == "List":
+                objs.extend(doc.get("items") or [])
+            else:
+                objs.append(doc)
+    return objs
+
+
+# ----- hive ----------------------------------------------------------------------------
+async def cmd_hive(state: State, args: list[str]) -> None:
+    """``hive start|stop``."""
+    if args == ["start"]:
+        await _harness(state).start()
+    elif args == ["stop"]:
+        await _harness(state).stop()
+    else:
+        raise CommandError("usage: hive start|stop")
+
+
+async def cmd_hive_start(state: State, args: list[str]) -> None:
+    """``hive/start``."""
+    await _harness(state).start()
+
+
+async def cmd_hive_stop(state: State, args: list[str]) -> None:
+    """``hive/stop``."""
+    await _harness(state).stop()
+
+
+async def cmd_hive_recreate(state: State, args: list[str]) -> None:
+    """``hive/recreate [flags...]``."""
+    _harness(state).recreate([a.replace("$WORK", str(state.workdir)) for a in args])
+
+
+# ----- k8s -------------------------------------------------------------------------------
+async def cmd_k8s_add(state: State, args: list[str]) -> None:
+    """``k8s/add file...``: create (or replace) the objects."""
+    h = _harness(state)
+    for obj in _k8s_objects(state, args):
+        try:
+            h.k8s.upsert(obj)
+        except ValueError as e:
+            raise CommandError(f"k8s/add: {e}") from None
+
+
+async def cmd_k8s_delete(state: State, args: list[str]) -> None:
+    """``k8s/delete file...``: delete the objects."""
+    h = _harness(state)
+    for obj in _k8s_objects(state, args):
+        try:
+            h.k8s.delete(obj)
+        except ValueError as e:
+            raise CommandError(f"k8s/delete: {e}") from None
+
+
+async def cmd_k8s_resync(state: State, args: list[str]) -> None:
+    """``k8s/resync resource [file...]``: replace the resource's objects, force a re-list."""
+    if not args:
+        raise CommandError("usage: k8s/resync resource [file...]")
+    h = _harness(state)
+    objs = _k8s_objects(state, args[1:])
+    current = h.k8s.list(args[0])
+    try:
+        h.k8s.replace(args[0], objs if args[1:] else current)
+    except ValueError as e:
+        raise CommandError(f"k8s/resync: {e}") from None
+
+
+# ----- lb ---------------------------------------------------------------------------------
+async def cmd_maps_dump(state: State, args: list[str]) -> str | None:
+    """``lb/maps-dump [file]``."""
+    text = _maps_call(state, lambda s: s.maps_dump())
+    if args:
+        state.write(args[0], text)
+        return None
+    return text
+
+
+def _maps_call(state: State, fn: Any) -> Any:
+    try:
+        return fn(_harness(state).system)
+    except CommandError:
+        raise
+    except Exception as e:
+        raise CommandError(f"{type(e).__name__}: {e}") from None
+
+
+async def cmd_maps_empty(state: State, args: list[str]) -> None:
+    """``lb/maps-empty``: no LB map entry may remain."""
+    left = _maps_call(state, lambda s: s.maps_leftovers())
+    if left:
+        raise CommandError(f"{len(left)} map entries remain", "\n".join(left) + "\n")
+
+
+async def cmd_prune(state: State, args: list[str]) -> None:
+    """``lb/prune``: prune the maps and wait until the prune has run."""
+    sys = _harness(state).system
+    before = sys.prune_count()
+    try:
+        sys.request_prune()
+    except Exception as e:
+        raise CommandError(str(e)) from None
+    with anyio.move_on_after(WAIT_TIMEOUT):
+        while sys.prune_count() <= before:
+            await anyio.sleep(0.005)
+        return
+    raise CommandError("lb/prune: the prune did not run")
+
+
+async def cmd_init_wait(state: State, args: list[str]) -> None:
+    """``test/init-wait``: wait until the tables are initialized and the maps reconciled."""
+    sys = _harness(state).system
+    with anyio.move_on_after(WAIT_TIMEOUT):
+        while True:
+            done, _ = sys.frontends.initialized(sys.db.read_txn())
+            if done and sys.running and sys.idle() and sys.prune_count() > 0:
+                return
+            await anyio.sleep(0.005)
+    raise CommandError("test/init-wait: not initialized in time")
+
+
+async def cmd_set_node_labels(state: State, args: list[str]) -> None:
+    """``test/set-node-labels k=v...``."""
+    labels: dict[str, str] = {}
+    for a in args:
+        k, eq, v = a.partition("=")
+        if not eq:
+            raise CommandError(f"bad label {a!r}, want key=value")
+        labels[k] = v
+    _harness(state).system.set_node_labels(labels)
+
+
+async def cmd_update_backend_health(state: State, args: list[str]) -> None:
+    """``test/update-backend-health ns/name ip:port/PROTO true|false``."""
+    if len(args) != 3 or args[2] not in ("true", "false"):
+        raise CommandError("usage: test/update-backend-health ns/name addr true|false")
+    from tables.l3n4 import L3n4Addr
+
+    sys = _harness(state).system
+    try:
+        addr = L3n4Addr.parse(args[1])
+    except ValueError as e:
+        raise CommandError(str(e)) from None
+    with sys.writer.write_txn() as txn:
+        changed = sys.writer.set_backend_health(txn, args[0], addr, args[2] == "true", time.time())
+    if not changed:
+        state.log.append("(backend health unchanged)")
+
+
+async def cmd_maps_snapshot(state: State, args: list[str]) -> None:
+    """``lb/maps-snapshot``: remember the maps' contents."""
+    h = _harness(state)
+    h.snapshot = _maps_call(state, lambda s: snapshot_maps(s.plain_maps))
+
+
+async def cmd_maps_restore(state: State, args: list[str]) -> None:
+    """``lb/maps-restore [--any-proto]``: write the snapshot back (without clearing)."""
+    flags, _ = parse_flags(args, {"any-proto": False})
+    h = _harness(state)
+    if h.snapshot is None:
+        raise CommandError("lb/maps-restore: no snapshot")
+    snap = h.snapshot
+    any_proto = flags.get("any-proto") == "true"
+    _maps_call(state, lambda s: restore_maps(s.plain_maps, snap, any_proto))
+
+
+def snapshot_maps(maps: Any) -> dict[str, Any]:
+    """Every entry of every LB map (maglev as tables per rev-NAT id)."""
+    from bpfops.lb_maps import CONTROL_MAP_NAMES, MAGLEV4, MAGLEV6
+
+    out: dict[str, Any] = {}
+    for name in CONTROL_MAP_NAMES:
+        if name == MAGLEV4:
+            out[name] = list(maps.maglev_tables(False))
+        elif name == MAGLEV6:
+            out[name] = list(maps.maglev_tables(True))
+        else:
+            out[name] = maps.maps[name].dump()
+    return out
+
+
+def restore_maps(maps: Any, snap: dict[str, Any], any_proto: bool) -> None:
+    """Write a snapshot back; ``any_proto`` rewrites service keys to protocol ANY (0)."""
+    from bpfops.lb_maps import MAGLEV4, MAGLEV6, SERVICES4, SERVICES6
+
+    for name, entries in snap.items():
+        if name in (MAGLEV4, MAGLEV6):
+            for rev, table in entries:
+                maps.set_maglev(rev, table, name == MAGLEV6)
+            continue
+        m = maps.maps[name]
+        for key, value in entries:
+            if any_proto and name in (SERVICES4, SERVICES6):
+                key = dataclasses.replace(key, proto=0)
+            m.update(key, value)
+
+
+def lb_commands() -> dict[str, Command]:
+    """The load-balancer commands."""
+    return {
+        "hive": cmd_hive,
+        "hive/start": cmd_hive_start,
+        "hive/stop": cmd_hive_stop,
+        "hive/recreate": cmd_hive_recreate,
+        "k8s/add": cmd_k8s_add,
+        "k8s/update": cmd_k8s_add,
+        "k8s/delete": cmd_k8s_delete,
+        "k8s/resync": cmd_k8s_resync,
+        "lb/maps-dump": cmd_maps_dump,
+        "lb/maps-empty": cmd_maps_empty,
+        "lb/maps-snapshot": cmd_maps_snapshot,
+        "lb/maps-restore": cmd_maps_restore,
+        "lb/prune": cmd_prune,
+        "test/init-wait": cmd_init_wait,
+        "test/set-node-labels": cmd_set_node_labels,
+        "test/update-backend-health": cmd_update_backend_health,
+    }
+
+
+def harness_factory(backend: str, pin_root: str) -> Any:
+    """A runner harness factory: each script gets its own pin directory under ``pin_root``."""
+    counter = [0]
+
+    def make(flags: list[str], workdir: Path) -> LBHarness:
+        counter[0] += 1
+        pin_dir = f"{pin_root.rstrip('/')}/{workdir.name}-{counter[0]}"
+        return LBHarness(flags, MapsLocation(backend=backend, pin_dir=pin_dir))
+
+    return make
