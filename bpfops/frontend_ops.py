@@ -34,7 +34,7 @@ from __future__ import annotations
 import ipaddress
 import logging
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Generic, Protocol, TypeVar
 
 from bpf import lb
@@ -390,6 +390,11 @@ class FrontendOps(Generic[R]):
         quarantined = self.restored_quarantined.get(fe.addr)
         bes = list(fe.backends)
         if quarantined:
+            for be in bes:
+                if be.health_known:
+                    quarantined.discard(be.addr)
+            if not quarantined:
+                del self.restored_quarantined[fe.addr]
             bes = [
                 _unhealthy(be) if be.addr in quarantined and not be.unhealthy else be for be in bes
             ]
@@ -474,7 +479,7 @@ class FrontendOps(Generic[R]):
             if be.addr not in state.backends:
                 state.backends.add(be.addr)
                 bstate.refcount += 1
-            if be.state == BACKEND_MAINTENANCE:
+            if be.state == BACKEND_MAINTENANCE or be.not_serving:
                 continue
             eff_state = BACKEND_QUARANTINED if be.unhealthy else be.state
             flags = quarantined_flags if eff_state == BACKEND_QUARANTINED else slot_flags
@@ -557,6 +562,10 @@ class FrontendOps(Generic[R]):
             head = (self._lb_algorithm(fe) << LB_ALG_SHIFT) | timeout
         f1, f2 = svcflags.split(master_flags)
         master = lb.ServiceValue(head, active, fe_id, f1, f2, inactive)
+        if state.master is None:
+            # No master in the map yet, so no reader of the slots: stale slots of a failed
+            # earlier attempt can go first, which frees room in a full services map.
+            self._trim_slots(addr, state, slot - 1)
         svc_map.update(self._svc_key(addr, 0), master)
         state.master = master
 
@@ -566,10 +575,13 @@ class FrontendOps(Generic[R]):
             else:
                 self._delete_wildcard(addr, state)
 
-        new_count = slot - 1
-        while len(state.slots) > new_count:
-            stale = self._svc_key(addr, len(state.slots))
-            delete_quiet(svc_map, stale)
+        self._trim_slots(addr, state, slot - 1)
+
+    def _trim_slots(self, addr: Addr, state: _FrontendState, count: int) -> None:
+        """Delete the slots above ``count`` (after the master no longer counts them)."""
+        svc_map = self.maps.services(state.v6)
+        while len(state.slots) > count:
+            delete_quiet(svc_map, self._svc_key(addr, len(state.slots)))
             state.slots.pop()
 
     def _backend_value(self, be: BackendSpec) -> Any:
@@ -801,7 +813,7 @@ def _with_addr(fe: FrontendSpec, addr: Addr) -> FrontendSpec:
 
 
 def _unhealthy(be: BackendSpec) -> BackendSpec:
-    return BackendSpec(be.addr, be.state, be.weight, True, be.cluster_id, be.zone, be.revision)
+    return replace(be, unhealthy=True)
 
 
 def _merge(a: list[Addr], b: list[Addr]) -> list[Addr]:

@@ -127,6 +127,11 @@ class BackendSpec:
     cluster_id: int = 0
     zone: int = 0
     revision: int = 0
+    #: True once a health check reported on this backend; until then a quarantine
+    #: restored from the maps after a restart stands in for its health.
+    health_known: bool = False
+    #: Terminating and no longer serving: kept in the backends map, never given a slot.
+    not_serving: bool = False
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,0 +1,200 @@
+"""Glue between the LB tables (tables/) and the LB Ops: rows -> FrontendSpec, node view, config.
+
+``frontend_ops_for(writer, maps, lb_config)`` builds the FrontendOps a frontends
+reconciler runs with; ``reconciler_config(...)`` the reconciler Config for it (its
+``set_object_status`` also records the assigned service id in the row's ``id``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any
+
+from bpfops.frontend_ops import FrontendOps
+from bpfops.lb_maps import LBMaps
+from bpfops.model import (
+    LOCAL_REDIRECT,
+    Addr,
+    BackendSpec,
+    FrontendSpec,
+    IPAddress,
+    LBOpsConfig,
+    ServiceSpec,
+)
+from reconciler.config import Config
+from reconciler.status import Status
+from statedb import ReadTxn, Table
+from tables.backends import BackendParams, BackendState
+from tables.frontends import Frontend, SVCType
+from tables.l3n4 import L3n4Addr
+from tables.lb_config import LBConfig
+from tables.lb_writer import LBWriter
+from tables.node_addresses import NodeAddress
+from tables.services import ForwardingMode, LBAlgorithm, Service, TrafficPolicy
+
+_STATE = {
+    BackendState.ACTIVE: 0,
+    BackendState.TERMINATING: 1,
+    BackendState.QUARANTINED: 2,
+    BackendState.MAINTENANCE: 3,
+    BackendState.TERMINATING_NOT_SERVING: 1,
+}
+
+
+def ops_config(cfg: LBConfig) -> LBOpsConfig:
+    """The LB Ops' view of the agent's LB options."""
+    return LBOpsConfig(
+        algorithm=cfg.algorithm,
+        algorithm_annotation=cfg.algorithm_annotation,
+        external_clusterip=cfg.external_clusterip,
+        wildcard_entries=cfg.enable_wildcard_entries,
+        lb_mode=cfg.mode,
+        mode_annotation=cfg.mode_annotation,
+        source_range_all_types=cfg.source_range_all_types,
+        maglev_table_size=cfg.maglev_table_size,
+        nodeport_min=cfg.node_port_min,
+        nodeport_max=cfg.node_port_max,
+        kube_proxy_replacement=cfg.kube_proxy_replacement,
+        enable_ipv4=getattr(cfg, "enable_ipv4", True),
+        enable_ipv6=getattr(cfg, "enable_ipv6", True),
+    )
+
+
+def addr_of(a: L3n4Addr) -> Addr:
+    """The ops' address type for a table address."""
+    return Addr(a.address, a.port, a.protocol, a.scope)
+
+
+def l3n4_of(a: Addr) -> L3n4Addr:
+    """The table address type for an ops address."""
+    return L3n4Addr(a.ip, a.port, a.proto, a.scope)
+
+
+def service_spec(svc: Service | None, name: str, service_port: int, cfg: LBConfig) -> ServiceSpec:
+    """The service settings the map entries depend on."""
+    if svc is None:
+        return ServiceSpec(name)
+    l7 = 0
+    if svc.proxy_redirect is not None and svc.proxy_redirect.redirects(service_port):
+        l7 = svc.proxy_redirect.proxy_port
+    affinity = svc.session_affinity and cfg.enable_session_affinity
+    return ServiceSpec(
+        name=svc.name,
+        session_affinity=affinity,
+        affinity_timeout=svc.session_affinity_timeout if affinity else 0,
+        ext_local=svc.ext_traffic_policy is TrafficPolicy.LOCAL,
+        int_local=svc.int_traffic_policy is TrafficPolicy.LOCAL,
+        source_ranges=tuple(svc.source_ranges),
+        source_ranges_deny=svc.source_ranges_policy.value == "deny",
+        lb_algorithm="" if svc.lb_algorithm is LBAlgorithm.UNDEF else svc.lb_algorithm.value,
+        forwarding_mode=(
+            "" if svc.forwarding_mode is ForwardingMode.UNDEF else svc.forwarding_mode.value
+        ),
+        proxy_delegation=svc.proxy_delegation == "delegate-if-local",
+        loopback_hostport=svc.loopback_host_port,
+        load_balancer_class=svc.load_balancer_class,
+        l7_proxy_port=l7,
+    )
+
+
+def backend_spec(be: BackendParams) -> BackendSpec:
+    """One backend instance as the ops see it."""
+    return BackendSpec(
+        addr=addr_of(be.address),
+        state=_STATE.get(be.state, 0),
+        weight=be.weight,
+        unhealthy=be.unhealthy,
+        cluster_id=be.cluster_id,
+        health_known=bool(be.unhealthy_updated_at),
+        not_serving=be.state is BackendState.TERMINATING_NOT_SERVING,
+    )
+
+
+def frontend_spec(fe: Frontend, cfg: LBConfig) -> FrontendSpec:
+    """A frontend row as the ops see it."""
+    svc_type = LOCAL_REDIRECT if fe.redirect_to else fe.type.value
+    port = fe.effective_service_port()
+    return FrontendSpec(
+        addr=addr_of(fe.address),
+        type=svc_type,
+        service=service_spec(fe.service, fe.service_name, port, cfg),
+        backends=tuple(backend_spec(b) for b in fe.backends),
+        service_port=port,
+    )
+
+
+class TablesNodeView:
+    """NodeView over the node-addresses and frontends tables."""
+
+    def __init__(
+        self,
+        node_addresses: Table[NodeAddress],
+        frontends: Table[Frontend],
+        cfg: LBConfig,
+    ) -> None:
+        self.node_addresses = node_addresses
+        self.frontends = frontends
+        self.cfg = cfg
+
+    def nodeport_addresses(self, txn: ReadTxn, v6: bool) -> list[IPAddress]:
+        """NodePort-flagged node addresses of the family, sorted, without duplicates."""
+        ips = {
+            na.address
+            for na in self.node_addresses.all(txn)
+            if na.nodeport and (na.address.version == 6) == v6
+        }
+        return sorted(ips)
+
+    def is_local_address(self, txn: ReadTxn, ip: IPAddress) -> bool:
+        """Whether ``ip`` is an address of this node."""
+        return any(na.address == ip for na in self.node_addresses.all(txn))
+
+    def is_primary_frontend(self, txn: ReadTxn, addr: Addr) -> bool:
+        """Whether a non-expansion frontend (LoadBalancer, ExternalIP, ...) owns ``addr``."""
+        if self.cfg.node_port_min <= addr.port <= self.cfg.node_port_max:
+            return False
+        existing = self.frontends.get(txn, l3n4_of(addr))
+        if existing is None:
+            return False
+        return not (
+            existing.type is SVCType.NODE_PORT
+            or (existing.type is SVCType.HOST_PORT and existing.address.is_unspecified)
+        )
+
+
+def frontend_ops_for(
+    writer: LBWriter, maps: LBMaps, cfg: LBConfig, restore: bool = True
+) -> FrontendOps[Frontend]:
+    """FrontendOps for the writer's frontends table, writing ``maps``."""
+    return FrontendOps(
+        maps,
+        ops_config(cfg),
+        node=TablesNodeView(writer.node_addresses, writer.frontends, cfg),
+        to_spec=lambda _txn, fe: frontend_spec(fe, cfg),
+        restore=restore,
+    )
+
+
+def reconciler_config(
+    writer: LBWriter, ops: FrontendOps[Frontend], cfg: LBConfig, **overrides: Any
+) -> Config[Frontend]:
+    """The reconciler Config of the frontends table for ``ops`` (overrides: Config fields)."""
+
+    def set_status(fe: Frontend, status: Status) -> Frontend:
+        fe_id = ops.service_id(addr_of(fe.address)) or 0
+        return replace(fe, status=status, id=fe_id)
+
+    settings: dict[str, Any] = {
+        "name": "bpf-lb",
+        "retry_min_backoff": cfg.retry_backoff_min,
+        "retry_max_backoff": max(cfg.retry_backoff_max, cfg.retry_backoff_min),
+        "prune_interval": 1800.0,
+    }
+    settings.update(overrides)
+    return Config(
+        table=writer.frontends,
+        operations=ops,
+        get_object_status=lambda fe: fe.status,
+        set_object_status=set_status,
+        **settings,
+    )

@@ -1,0 +1,88 @@
+"""Id allocation: next-fit with wrap-around, exhaustion, restore reservations."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from bpfops.ids import IDAllocator, IDExhaustedError
+
+
+def alloc(first: int = 1, limit: int = 6) -> IDAllocator[str]:
+    return IDAllocator("test", first, limit)
+
+
+def test_next_fit_does_not_reuse_a_freed_id_immediately() -> None:
+    a = alloc()
+    assert [a.acquire(x) for x in "abc"] == [1, 2, 3]
+    a.release("a")
+    assert a.acquire("d") == 4  # 1 is free but the walk goes on
+    assert a.acquire("a") == 5
+
+
+def test_wraps_around_to_free_ids() -> None:
+    a = alloc()
+    for x in "abcde":
+        a.acquire(x)
+    a.release("b")
+    a.release("d")
+    assert a.acquire("f") == 2
+    assert a.acquire("g") == 4
+
+
+def test_acquire_is_idempotent_per_address() -> None:
+    a = alloc()
+    assert a.acquire("x") == a.acquire("x") == 1
+    assert a.lookup("x") == 1 and a.lookup("y") is None
+
+
+def test_exhaustion_names_the_allocator() -> None:
+    a = alloc(limit=3)
+    a.acquire("a")
+    a.acquire("b")
+    with pytest.raises(IDExhaustedError, match="no free test id"):
+        a.acquire("c")
+    a.release("a")
+    assert a.acquire("c") == 1
+
+
+def test_restored_ids_are_reserved_claimed_and_released() -> None:
+    a = alloc(limit=20)
+    a.reserve("svc-a", 7)
+    a.reserve("svc-b", 3)
+    assert a.next_id == 8
+    assert a.acquire("new") == 8  # reservations are not handed out
+    assert a.acquire("svc-b") == 3  # the owner claims its old id
+    assert a.release_unclaimed() == 1  # svc-a never claimed its id
+    assert a.restored == {}
+    assert not a.is_taken(7)  # unclaimed: free again
+    assert a.lookup("svc-b") == 3
+
+
+def test_restored_alias_cannot_steal_a_claimed_id() -> None:
+    a = alloc(limit=20)
+    a.reserve("x/TCP", 4)
+    a.reserve("x/UDP", 4)
+    assert a.acquire("x/TCP") == 4
+    assert a.acquire("x/UDP") == 5
+    a.release_unclaimed()
+    assert a.lookup("x/TCP") == 4
+
+
+@settings(max_examples=200, deadline=None, derandomize=True)
+@given(st.lists(st.tuples(st.booleans(), st.integers(0, 9)), max_size=60))
+def test_ids_are_unique_and_in_range(ops: list[tuple[bool, int]]) -> None:
+    a = alloc(limit=8)
+    for acquire, n in ops:
+        name = f"a{n}"
+        if acquire:
+            try:
+                a.acquire(name)
+            except IDExhaustedError:
+                assert len(a) == 7
+        else:
+            a.release(name)
+        ids = list(a.addr_to_id.values())
+        assert len(ids) == len(set(ids))
+        assert all(1 <= i < 8 for i in ids)
