@@ -33,7 +33,7 @@ import errno
 import logging
 import os
 import shutil
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -48,6 +48,15 @@ log = logging.getLogger("statewright.lb")
 SERVICES = "v1.services"
 ENDPOINTSLICES = "discovery.k8s.io.v1.endpointslices"
 PODS = "v1.pods"
+
+
+#: Periodic full reconciliation of the maps; the first prune runs as soon as the frontends
+#: table is initialized (after the initial Kubernetes listing).
+PRUNE_INTERVAL = 3600.0
+
+#: Map operations the fault injection (--lb-test-fault-probability) may fail: the writes.
+#: Reads (dumps, restore of ids at start) are never faulted, as in Cilium's test maps.
+FAULTY_OPS = frozenset({"update", "delete", "update_batch", "delete_batch", "set_inner"})
 
 
 class LBSystemError(RuntimeError):
@@ -188,7 +197,9 @@ class LBSystem:
         self.services, self.frontends, self.backends, self.node_addresses = self.writer.tables
         from sources.k8s_convert import K8sConverter
 
-        self.converter = K8sConverter(self.writer, self.config)
+        self.converter = K8sConverter(
+            KeyOrderWriter(self.writer), self.config  # type: ignore[arg-type]
+        )
         self.maps: Any = None  # bpfops.lb_maps.LBMaps as the reconciler sees it (maybe faulty)
         self.plain_maps: Any = None  # the same maps without fault injection
         self.ops: Any = None
@@ -267,23 +278,16 @@ class LBSystem:
     # ----- maps ---------------------------------------------------------------------------
     def _open_maps(self) -> None:
         from bpf.faulty_map import FaultyMap
-        from bpfops.lb_maps import LBMaps, LBMapsConfig
+        from bpfops.lb_maps import LBMaps
 
-        loc = self.options.maps
-        cfg = LBMapsConfig(
-            backend="kernel" if loc.backend == "kernel" else "memory",
-            pin_dir=loc.pin_dir,
-            pin=bool(loc.pin_dir),
-            max_entries=self.config.lb_map_max,
-            maglev_table_size=self.config.maglev_table_size,
-        )
+        cfg = self._maps_config()
         probability = self.config.test_fault_probability
         wrap = None
         if probability > 0:
             seed = self.options.fault_seed
 
             def wrap(backend: Any) -> Any:
-                return FaultyMap(backend, probability, errno=errno.EIO, seed=seed)
+                return FaultyMap(backend, probability, errno=errno.EIO, seed=seed, ops=FAULTY_OPS)
 
         self.maps = LBMaps.open(cfg, wrap=wrap)
         if wrap is None:
@@ -302,6 +306,18 @@ class LBSystem:
                 self.maps.kind,
                 self.maps.pin_dir,
             )
+
+    def _maps_config(self) -> Any:
+        from bpfops.lb_maps import LBMapsConfig
+
+        loc = self.options.maps
+        return LBMapsConfig(
+            backend="kernel" if loc.backend == "kernel" else "memory",
+            pin_dir=loc.pin_dir,
+            pin=bool(loc.pin_dir),
+            max_entries=self.config.lb_map_max,
+            maglev_table_size=self.config.maglev_table_size,
+        )
 
     def _close_maps(self) -> None:
         if self.maps is not None:
@@ -325,7 +341,7 @@ class LBSystem:
                 retry_min_backoff=max(self.config.retry_backoff_min, 0.001),
                 retry_max_backoff=max(self.config.retry_backoff_max, self.config.retry_backoff_min,
                                       0.001),
-                prune_interval=None,
+                prune_interval=PRUNE_INTERVAL,
             ),
         )
 
@@ -447,18 +463,53 @@ class LBSystem:
         """The LB maps in the corpus line format (sorted, newline-terminated)."""
         from bpfops.maps_dump import dump_text
 
-        return dump_text(self._dump_view())
+        with self._dump_view() as maps:
+            return str(dump_text(maps))
 
     def maps_leftovers(self) -> list[str]:
         """Map entries that remain (empty when the maps are empty)."""
         from bpfops.maps_dump import maps_empty
 
-        return maps_empty(self._dump_view())
+        with self._dump_view() as maps:
+            return list(maps_empty(maps))
 
-    def _dump_view(self) -> Any:
+    @contextlib.contextmanager
+    def _dump_view(self) -> Iterator[Any]:
+        """The maps without fault injection: the open ones, or (while stopped) the pinned
+        ones opened just for reading."""
         if self.plain_maps is not None:
-            return self.plain_maps
-        raise LBSystemError("the LB maps are not open (start the load balancer first)")
+            yield self.plain_maps
+            return
+        if not self.options.maps.pin_dir:
+            raise LBSystemError("the LB maps are not open and not pinned")
+        from bpfops.lb_maps import LBMaps
+
+        maps = LBMaps.open(self._maps_config())
+        try:
+            yield maps
+        finally:
+            maps.close()
+
+
+class KeyOrderWriter:
+    """Passes everything to an LBWriter, but hands a service's frontends over in primary-key
+    order, so that one Kubernetes object's frontends are written, and therefore
+    reconciled and given service ids, in address order, as Cilium does (the corpus
+    expects e.g. ``0.0.0.0:30781`` to get a lower id than ``10.96.50.104:80`` of the
+    same service). Workaround kept here until the writer orders them itself."""
+
+    def __init__(self, writer: Any) -> None:
+        self._writer = writer
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._writer, name)
+
+    def upsert_service_and_frontends(self, txn: Any, svc: Any, frontends: Iterable[Any]) -> None:
+        """Delegate with ``frontends`` sorted by their encoded address key."""
+        from tables.l3n4 import encode_addr_key
+
+        ordered = sorted(frontends, key=lambda p: encode_addr_key(p.address))
+        self._writer.upsert_service_and_frontends(txn, svc, ordered)
 
 
 # ----- from table rows to what the BPF ops need ------------------------------------------------

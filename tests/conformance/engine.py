@@ -28,6 +28,7 @@ import os
 import re
 import shutil
 import time
+import traceback
 from collections.abc import Awaitable, Callable, Hashable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -269,6 +270,9 @@ class Engine:
                 raise
             state.log.append(f"[expected failure: {e.message}]")
             return
+        except Exception as e:  # a bug or crash below the command: fail this file, clearly
+            tb = traceback.format_exc(limit=-8)
+            raise CommandError(f"internal error: {type(e).__name__}: {e}", tb) from None
         state.stdout, state.stderr = out or "", ""
         if out:
             state.log.append(out.rstrip("\n"))

@@ -227,9 +227,8 @@ async def cmd_k8s_resync(state: State, args: list[str]) -> None:
         raise CommandError("usage: k8s/resync resource [file...]")
     h = _harness(state)
     objs = _k8s_objects(state, args[1:])
-    current = h.k8s.list(args[0])
     try:
-        h.k8s.replace(args[0], objs if args[1:] else current)
+        h.k8s.replace(args[0], objs)
     except ValueError as e:
         raise CommandError(f"k8s/resync: {e}") from None
 
@@ -363,6 +362,30 @@ def restore_maps(maps: Any, snap: dict[str, Any], any_proto: bool) -> None:
             m.update(key, value)
 
 
+def _ops(state: State) -> Any:
+    ops = _harness(state).system.ops
+    if ops is None:
+        raise CommandError("the BPF ops are not running (hive not started)")
+    return ops
+
+
+async def cmd_bpfops_reset(state: State, args: list[str]) -> None:
+    """``test/bpfops-reset``: forget the ops' state and restore it from the maps."""
+    _ops(state).reset_and_restore()
+
+
+async def cmd_bpfops_summary(state: State, args: list[str]) -> str:
+    """``test/bpfops-summary``: print the ops' state summary."""
+    return str(_ops(state).state_summary())
+
+
+async def cmd_bpfops_state_empty(state: State, args: list[str]) -> None:
+    """``test/bpfops-state-empty``: the ops must hold no state."""
+    ops = _ops(state)
+    if not ops.state_is_empty():
+        raise CommandError("BPF ops state is not empty", str(ops.state_summary()))
+
+
 def lb_commands() -> dict[str, Command]:
     """The load-balancer commands."""
     return {
@@ -379,6 +402,9 @@ def lb_commands() -> dict[str, Command]:
         "lb/maps-snapshot": cmd_maps_snapshot,
         "lb/maps-restore": cmd_maps_restore,
         "lb/prune": cmd_prune,
+        "test/bpfops-reset": cmd_bpfops_reset,
+        "test/bpfops-state-empty": cmd_bpfops_state_empty,
+        "test/bpfops-summary": cmd_bpfops_summary,
         "test/init-wait": cmd_init_wait,
         "test/set-node-labels": cmd_set_node_labels,
         "test/update-backend-health": cmd_update_backend_health,
