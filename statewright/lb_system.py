@@ -29,6 +29,7 @@ from __future__ import annotations
 import builtins
 import contextlib
 import copy
+import dataclasses
 import errno
 import logging
 import os
@@ -327,7 +328,7 @@ class LBSystem:
     # ----- the reconciler -------------------------------------------------------------------
     def _build_reconciler(self) -> None:
         from reconciler import Config, Reconciler
-        from tables.frontends import get_frontend_status, set_frontend_status
+        from tables.frontends import get_frontend_status
 
         self.ops = self._build_ops()
         self.reconciler = Reconciler(
@@ -336,7 +337,7 @@ class LBSystem:
                 table=self.frontends,
                 operations=self.ops,
                 get_object_status=get_frontend_status,
-                set_object_status=set_frontend_status,
+                set_object_status=self._set_frontend_status,
                 name="lb-frontends",
                 retry_min_backoff=max(self.config.retry_backoff_min, 0.001),
                 retry_max_backoff=max(self.config.retry_backoff_max, self.config.retry_backoff_min,
@@ -344,6 +345,15 @@ class LBSystem:
                 prune_interval=PRUNE_INTERVAL,
             ),
         )
+
+    def _set_frontend_status(self, fe: Any, status: Any) -> Any:
+        """The reconciler's status write-back; it also records the service id the BPF ops
+        assigned to the frontend (the ``ID`` column), which only the ops know."""
+        from bpfops.model import Addr
+
+        a = fe.address
+        sid = self.ops.service_id(Addr.of(a.address, a.port, a.protocol, a.scope))
+        return dataclasses.replace(fe, status=status, id=sid if sid is not None else fe.id)
 
     def _build_ops(self) -> Any:
         from bpfops.frontend_ops import FrontendOps

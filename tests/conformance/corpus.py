@@ -83,5 +83,5 @@ def run_file(path: Path, backend: str, root: str, engine: Engine | None = None) 
         path,
         engine or make_engine(),
         harness_factory(backend, root),
-        privileged=backend == "kernel",
+        privileged=False,
     )

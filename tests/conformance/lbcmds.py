@@ -347,8 +347,9 @@ def snapshot_maps(maps: Any) -> dict[str, Any]:
 
 
 def restore_maps(maps: Any, snap: dict[str, Any], any_proto: bool) -> None:
-    """Write a snapshot back; ``any_proto`` rewrites service keys to protocol ANY (0)."""
-    from bpfops.lb_maps import MAGLEV4, MAGLEV6, SERVICES4, SERVICES6
+    """Write a snapshot back; ``any_proto`` rewrites the protocol of service keys and
+    backends to ANY (0), as entries written by older versions look."""
+    from bpfops.lb_maps import BACKENDS4, BACKENDS6, MAGLEV4, MAGLEV6, SERVICES4, SERVICES6
 
     for name, entries in snap.items():
         if name in (MAGLEV4, MAGLEV6):
@@ -359,6 +360,8 @@ def restore_maps(maps: Any, snap: dict[str, Any], any_proto: bool) -> None:
         for key, value in entries:
             if any_proto and name in (SERVICES4, SERVICES6):
                 key = dataclasses.replace(key, proto=0)
+            if any_proto and name in (BACKENDS4, BACKENDS6):
+                value = dataclasses.replace(value, proto=0)
             m.update(key, value)
 
 
