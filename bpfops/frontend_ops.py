@@ -123,10 +123,22 @@ class StaticNodeView:
 
 @dataclass(slots=True)
 class _BackendState:
+    """A backends-map entry shared by frontends: its id, references and value.
+
+    Frontends of different services may see one address in different states; the
+    entry holds the "most alive" of the values they want (lowest state number), so
+    the result does not depend on the order the frontends were written in.
+    """
+
     addr: Addr
     id: int
     refcount: int = 0
     written: Any = None  # the backends-map value last written
+    wants: dict[Addr, Any] = field(default_factory=dict)  # frontend -> wanted value
+
+    def effective(self) -> Any:
+        """The value the entry should hold."""
+        return min(self.wants.values(), key=lambda v: (v.flags, v.proto, v.cluster_id, v.zone))
 
 
 @dataclass(slots=True)
@@ -196,8 +208,21 @@ class FrontendOps(Generic[R]):
 
     # -- restore ---------------------------------------------------------------------
 
-    def reset_and_restore(self) -> None:
-        """Forget all state, then reserve the ids found in the maps (restart model)."""
+    def reset_and_restore(self, attempts: int = 10) -> None:
+        """Forget all state, then reserve the ids found in the maps (restart model).
+
+        Reading the maps is retried (``attempts`` times) when it fails transiently.
+        """
+        for attempt in range(attempts):
+            try:
+                self._reset_and_restore()
+                return
+            except MapError:
+                if attempt == attempts - 1:
+                    raise
+                log.warning("bpfops: restoring ids from the maps failed, retrying", exc_info=True)
+
+    def _reset_and_restore(self) -> None:
         self.service_ids.reset()
         self.backend_ids.reset()
         self.frontends.clear()
@@ -454,12 +479,7 @@ class FrontendOps(Generic[R]):
             if bstate.id in state.affinity:
                 delete_quiet(maps.aff_match, lb.AffinityMatchKey(bstate.id, fe_id))
                 state.affinity.discard(bstate.id)
-            if bstate.refcount <= 1:
-                delete_quiet(maps.backends(bstate.addr.is_v6), bstate.id)
-                del self.backend_states[be_addr]
-                self.backend_ids.release(be_addr)
-            else:
-                bstate.refcount -= 1
+            self._drop_reference(addr, bstate)
             state.backends.discard(be_addr)
 
         active = terminating = inactive = 0
@@ -472,13 +492,15 @@ class FrontendOps(Generic[R]):
                 bstate = _BackendState(be.addr, be_id)
                 self.backend_states[be.addr] = bstate
             be_id = bstate.id
-            value = self._backend_value(be)
+            if be.addr not in state.backends:
+                # Referenced before written: a failure below leaves it for delete to drop.
+                state.backends.add(be.addr)
+                bstate.refcount += 1
+            bstate.wants[addr] = self._backend_value(be)
+            value = bstate.effective()
             if bstate.written != value:
                 maps.backends(be.addr.is_v6).update(be_id, value)
                 bstate.written = value
-            if be.addr not in state.backends:
-                state.backends.add(be.addr)
-                bstate.refcount += 1
             if be.state == BACKEND_MAINTENANCE or be.not_serving:
                 continue
             eff_state = BACKEND_QUARANTINED if be.unhealthy else be.state
@@ -584,6 +606,23 @@ class FrontendOps(Generic[R]):
             delete_quiet(svc_map, self._svc_key(addr, len(state.slots)))
             state.slots.pop()
 
+    def _drop_reference(self, fe_addr: Addr, bstate: _BackendState) -> None:
+        """The frontend at ``fe_addr`` no longer uses the backend: delete the entry with its
+        last reference, else rewrite it if the remaining frontends want another value."""
+        be_map = self.maps.backends(bstate.addr.is_v6)
+        if bstate.refcount <= 1:
+            delete_quiet(be_map, bstate.id)
+            del self.backend_states[bstate.addr]
+            self.backend_ids.release(bstate.addr)
+            return
+        bstate.wants.pop(fe_addr, None)
+        if bstate.wants:
+            value = bstate.effective()
+            if value != bstate.written:
+                be_map.update(bstate.id, value)
+                bstate.written = value
+        bstate.refcount -= 1
+
     def _backend_value(self, be: BackendSpec) -> Any:
         proto = proto_number(be.addr.proto)
         if be.addr.port == 0:
@@ -661,12 +700,8 @@ class FrontendOps(Generic[R]):
             state.affinity.discard(be_id)
         for be_addr in sorted(state.backends):
             bstate = self.backend_states.get(be_addr)
-            if bstate is not None and bstate.refcount <= 1:
-                delete_quiet(maps.backends(bstate.addr.is_v6), bstate.id)
-                del self.backend_states[be_addr]
-                self.backend_ids.release(be_addr)
-            elif bstate is not None:
-                bstate.refcount -= 1
+            if bstate is not None:
+                self._drop_reference(addr, bstate)
             state.backends.discard(be_addr)
         svc_map = maps.services(v6)
         while state.slots:

@@ -161,6 +161,20 @@ class LBMaps:
             maps[spec.name] = TypedMap(spec, wrap(backend) if wrap else backend)
         return cls(maps, MemoryMap, maglev_table_size, "memory", None)
 
+    @property
+    def inner_opener(self) -> MapOpener:
+        """Creates the maglev inner maps (the backend class of these maps)."""
+        return self._inner_opener
+
+    def unwrapped(self) -> LBMaps:
+        """The same maps without the wrappers given to ``open``/``in_memory`` (e.g. to dump
+        them without injected faults). Shares the handles: close only one of the two."""
+        plain = {
+            name: TypedMap(m.spec, getattr(m.backend, "inner", m.backend))
+            for name, m in self.maps.items()
+        }
+        return LBMaps(plain, self._inner_opener, self.maglev_table_size, self.kind, self.pin_dir)
+
     def close(self) -> None:
         """Close every handle (pinned maps live on)."""
         for m in self.maps.values():
