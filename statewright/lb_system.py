@@ -29,7 +29,6 @@ from __future__ import annotations
 import builtins
 import contextlib
 import copy
-import dataclasses
 import errno
 import logging
 import os
@@ -291,22 +290,7 @@ class LBSystem:
                 return FaultyMap(backend, probability, errno=errno.EIO, seed=seed, ops=FAULTY_OPS)
 
         self.maps = LBMaps.open(cfg, wrap=wrap)
-        if wrap is None:
-            self.plain_maps = self.maps
-        else:
-            from bpf.typed_map import TypedMap
-
-            plain = {
-                name: TypedMap(m.spec, getattr(m.backend, "inner", m.backend))
-                for name, m in self.maps.maps.items()
-            }
-            self.plain_maps = LBMaps(
-                plain,
-                self.maps._inner_opener,
-                self.maps.maglev_table_size,
-                self.maps.kind,
-                self.maps.pin_dir,
-            )
+        self.plain_maps = self.maps if wrap is None else self.maps.unwrapped()
 
     def _maps_config(self) -> Any:
         from bpfops.lb_maps import LBMapsConfig
@@ -327,59 +311,25 @@ class LBSystem:
 
     # ----- the reconciler -------------------------------------------------------------------
     def _build_reconciler(self) -> None:
-        from reconciler import Config, Reconciler
-        from tables.frontends import get_frontend_status
+        """FrontendOps on the (possibly faulty) maps and the frontends reconciler, both from
+        bpfops.adapter. The ops restore service and backend ids from the maps."""
+        from bpfops.adapter import frontend_ops_for, reconciler_config
+        from reconciler import Reconciler
 
-        self.ops = self._build_ops()
+        self.ops = frontend_ops_for(self.writer, self.maps, self.config)
         self.reconciler = Reconciler(
             self.db,
-            Config(
-                table=self.frontends,
-                operations=self.ops,
-                get_object_status=get_frontend_status,
-                set_object_status=self._set_frontend_status,
+            reconciler_config(
+                self.writer,
+                self.ops,
+                self.config,
                 name="lb-frontends",
                 retry_min_backoff=max(self.config.retry_backoff_min, 0.001),
-                retry_max_backoff=max(self.config.retry_backoff_max, self.config.retry_backoff_min,
-                                      0.001),
+                retry_max_backoff=max(
+                    self.config.retry_backoff_max, self.config.retry_backoff_min, 0.001
+                ),
                 prune_interval=PRUNE_INTERVAL,
             ),
-        )
-
-    def _set_frontend_status(self, fe: Any, status: Any) -> Any:
-        """The reconciler's status write-back; it also records the service id the BPF ops
-        assigned to the frontend (the ``ID`` column), which only the ops know."""
-        from bpfops.model import Addr
-
-        a = fe.address
-        sid = self.ops.service_id(Addr.of(a.address, a.port, a.protocol, a.scope))
-        return dataclasses.replace(fe, status=status, id=sid if sid is not None else fe.id)
-
-    def _build_ops(self) -> Any:
-        from bpfops.frontend_ops import FrontendOps
-        from bpfops.model import LBOpsConfig
-
-        c = self.config
-        ops_config = LBOpsConfig(
-            algorithm=c.algorithm,
-            algorithm_annotation=c.algorithm_annotation,
-            external_clusterip=c.external_clusterip,
-            wildcard_entries=c.enable_wildcard_entries,
-            lb_mode=c.mode,
-            mode_annotation=c.mode_annotation,
-            source_range_all_types=c.source_range_all_types,
-            maglev_table_size=c.maglev_table_size,
-            nodeport_min=c.node_port_min,
-            nodeport_max=c.node_port_max,
-            kube_proxy_replacement=c.kube_proxy_replacement,
-            enable_ipv4=c.enable_ipv4,
-            enable_ipv6=c.enable_ipv6,
-        )
-        return FrontendOps(
-            self.maps,
-            ops_config,
-            node=TablesNodeView(self.node_addresses, self.frontends),
-            to_spec=frontend_spec,
         )
 
     def request_prune(self) -> None:
@@ -520,97 +470,3 @@ class KeyOrderWriter:
 
         ordered = sorted(frontends, key=lambda p: encode_addr_key(p.address))
         self._writer.upsert_service_and_frontends(txn, svc, ordered)
-
-
-# ----- from table rows to what the BPF ops need ------------------------------------------------
-class TablesNodeView:
-    """bpfops NodeView over the node-addresses and frontends tables."""
-
-    def __init__(self, node_addresses: Any, frontends: Any) -> None:
-        self.node_addresses = node_addresses
-        self.frontends = frontends
-
-    def nodeport_addresses(self, txn: Any, v6: bool) -> list[Any]:
-        """Addresses flagged for NodePort, of one family, sorted and without duplicates."""
-        addrs = {
-            na.address
-            for na in self.node_addresses.all(txn)
-            if na.nodeport and (na.address.version == 6) == v6
-        }
-        return sorted(addrs)
-
-    def is_local_address(self, txn: Any, ip: Any) -> bool:
-        """Whether ``ip`` is an address of this node."""
-        return any(na.address == ip for na in self.node_addresses.all(txn))
-
-    def is_primary_frontend(self, txn: Any, addr: Any) -> bool:
-        """Whether a frontend other than a NodePort/HostPort expansion owns ``addr``."""
-        from tables.frontends import SVCType
-        from tables.l3n4 import L3n4Addr
-
-        try:
-            key = L3n4Addr(addr.ip, addr.port, addr.proto, addr.scope)
-        except ValueError:
-            return False
-        fe = self.frontends.get(txn, key)
-        return fe is not None and fe.type not in (SVCType.NODE_PORT, SVCType.HOST_PORT)
-
-
-def frontend_spec(txn: Any, fe: Any) -> Any:
-    """The bpfops FrontendSpec of a frontends-table row (its service and selected backends)."""
-    from bpf import lb
-    from bpfops.model import Addr, BackendSpec, FrontendSpec, ServiceSpec
-    from tables.backends import BackendState
-    from tables.services import ForwardingMode, LBAlgorithm, SourceRangesPolicy, TrafficPolicy
-
-    svc = fe.service
-    if svc is None:
-        raise LBSystemError(f"frontend {fe.address}: no service row")
-    a = fe.address
-    states = {
-        BackendState.ACTIVE: lb.BACKEND_ACTIVE,
-        BackendState.TERMINATING: lb.BACKEND_TERMINATING,
-        BackendState.QUARANTINED: lb.BACKEND_QUARANTINED,
-        BackendState.MAINTENANCE: lb.BACKEND_MAINTENANCE,
-    }
-    backends = []
-    for be in fe.backends:
-        state = states.get(be.state)
-        if state is None:  # terminating and not serving: never a destination
-            continue
-        b = be.address
-        backends.append(
-            BackendSpec(
-                Addr.of(b.address, b.port, b.protocol, 0),
-                state=state,
-                weight=be.weight,
-                unhealthy=be.unhealthy,
-                cluster_id=be.cluster_id,
-            )
-        )
-    l7 = 0
-    if svc.proxy_redirect is not None and svc.proxy_redirect.redirects(fe.effective_service_port()):
-        l7 = svc.proxy_redirect.proxy_port
-    spec = ServiceSpec(
-        name=svc.name,
-        session_affinity=svc.session_affinity,
-        affinity_timeout=svc.session_affinity_timeout,
-        ext_local=svc.ext_traffic_policy == TrafficPolicy.LOCAL,
-        int_local=svc.int_traffic_policy == TrafficPolicy.LOCAL,
-        source_ranges=tuple(svc.source_ranges),
-        source_ranges_deny=svc.source_ranges_policy == SourceRangesPolicy.DENY,
-        lb_algorithm="" if svc.lb_algorithm == LBAlgorithm.UNDEF else str(svc.lb_algorithm),
-        forwarding_mode="" if svc.forwarding_mode == ForwardingMode.UNDEF
-        else str(svc.forwarding_mode),
-        proxy_delegation=svc.proxy_delegation == "delegate-if-local",
-        loopback_hostport=svc.loopback_host_port,
-        load_balancer_class=svc.load_balancer_class,
-        l7_proxy_port=l7,
-    )
-    return FrontendSpec(
-        Addr.of(a.address, a.port, a.protocol, a.scope),
-        str(fe.type.value),
-        spec,
-        tuple(backends),
-        fe.effective_service_port(),
-    )

@@ -12,6 +12,8 @@ the timeout passes.
 from __future__ import annotations
 
 import dataclasses
+import json
+import re
 import time
 from collections.abc import Iterable, Sequence
 from typing import Any
@@ -266,8 +268,94 @@ def _show_text(table: Table[Any], rows: list[Any], fmt: str, columns: list[str] 
     if fmt == "json":
         return show.format_json(rows)
     if fmt == "yaml":
-        return show.format_yaml(rows)
+        return format_yaml_go(rows)
     raise CommandError(f"unknown format {fmt!r}")
+
+
+_TIMESTAMP = re.compile(r"^\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}(\.\d+)?(Z|[+-]\d{2}:\d{2})$")
+_NUMBER = re.compile(
+    r"^[-+]?(\.?[0-9][0-9_]*(\.[0-9_]*)?([eE][-+]?[0-9]+)?|0x[0-9a-fA-F_]+|0o[0-7_]+|"
+    r"\.(inf|Inf|INF)|\.(nan|NaN|NAN))$"
+)
+_OTHER_TYPES = {"true", "false", "True", "False", "TRUE", "FALSE", "yes", "no", "Yes", "No",
+                "YES", "NO", "on", "off", "On", "Off", "ON", "OFF", "y", "n", "Y", "N",
+                "null", "Null", "NULL", "~"}
+
+
+def _go_scalar(value: Any) -> str:
+    """One scalar as Go's yaml.v3 writes it (quoting only where needed)."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int | float):
+        return str(value)
+    text = str(value)
+    if text == "" or text in _OTHER_TYPES or _NUMBER.match(text):
+        return '"' + text + '"'
+    if _TIMESTAMP.match(text):
+        return text  # time values are written plain
+    if "\n" in text or any(ord(c) < 32 for c in text):
+        return json.dumps(text)
+    if (
+        text[0] in "-?:,[]{}#&*!|>'\"%@` "
+        or text[-1] in ": "
+        or ": " in text
+        or " #" in text
+    ):
+        return "'" + text.replace("'", "''") + "'"
+    return text
+
+
+def _go_block(value: Any, indent: int, out: list[str], first_prefix: str | None = None) -> None:
+    """Emit a mapping or sequence at logical ``indent``. ``first_prefix`` is the ``- `` line a
+    mapping inside a sequence item starts on (its other keys go 2 columns in)."""
+    if isinstance(value, dict):
+        for n, (k, v) in enumerate(value.items()):
+            if first_prefix is not None:
+                lead = first_prefix if n == 0 else " " * (indent + 2)
+            else:
+                lead = " " * indent
+            key = _go_scalar(k)
+            if isinstance(v, dict | list) and v:
+                out.append(f"{lead}{key}:")
+                _go_block(v, indent + 4, out)
+            elif isinstance(v, dict):
+                out.append(f"{lead}{key}: {{}}")
+            elif isinstance(v, list):
+                out.append(f"{lead}{key}: []")
+            else:
+                out.append(f"{lead}{key}: {_go_scalar(v)}")
+        return
+    for item in value:
+        dash = " " * indent + "- "
+        if isinstance(item, dict) and item:
+            _go_block(item, indent, out, first_prefix=dash)
+        elif isinstance(item, list) and item:
+            out.append(dash.rstrip())
+            _go_block(item, indent + 4, out)
+        elif isinstance(item, dict):
+            out.append(dash + "{}")
+        elif isinstance(item, list):
+            out.append(dash + "[]")
+        else:
+            out.append(dash + _go_scalar(item))
+
+
+def format_yaml_go(rows: Iterable[Any]) -> str:
+    """Rows as YAML documents separated by ``---``, laid out and quoted like Go's yaml.v3
+    with an indent of 4 (the upstream ``db/show -f yaml``); each row's ``to_yaml()`` when
+    it has one."""
+    docs: list[str] = []
+    for row in rows:
+        doc = show.to_plain(row.to_yaml() if hasattr(row, "to_yaml") else row)
+        lines: list[str] = []
+        if isinstance(doc, dict | list) and doc:
+            _go_block(doc, 0, lines)
+        else:
+            lines.append(_go_scalar(doc))
+        docs.append("\n".join(lines) + "\n")
+    return "---\n".join(docs)
 
 
 def _emit(state: State, out_file: str | None, text: str) -> str | None:

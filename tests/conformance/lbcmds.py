@@ -25,6 +25,7 @@ from statewright.lb_system import FakeKubernetes, LBSystem, MapsLocation, System
 from tests.conformance.engine import (
     Command,
     CommandError,
+    ScriptFailure,
     State,
     Unsupported,
     parse_flags,
@@ -48,6 +49,11 @@ class LBHarness:
 
     # ----- async context manager ---------------------------------------------------------
     async def __aenter__(self) -> LBHarness:
+        bad = LBSystem.unsupported_flags(self.flags)
+        if bad:
+            # Upstream builds the hive from these flags before the script runs.
+            line = "#! " + " ".join(self.flags)
+            raise ScriptFailure(1, line, "unsupported: flag " + " ".join(bad))
         self._tg_cm = anyio.create_task_group()
         self._tg = await self._tg_cm.__aenter__()
         return self
