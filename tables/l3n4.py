@@ -174,10 +174,11 @@ def parse_addr_key(text: str) -> L3n4Addr | IPNetwork | IPAddress:
         return L3n4Addr.parse(t)
     except AddressError:
         pass
-    try:
-        return ipaddress.ip_network(t, strict=False)
-    except ValueError:
-        pass
+    if "/" in t:
+        try:
+            return ipaddress.ip_network(t, strict=False)
+        except ValueError:
+            pass
     try:
         return ipaddress.ip_address(t.strip("[]"))
     except ValueError:
