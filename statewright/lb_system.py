@@ -212,6 +212,11 @@ class LBSystem:
         self.running = False
         self.started_once = False
 
+    @property
+    def source_errors(self) -> list[str]:
+        """Kubernetes objects that could not be applied, with the reason (newest last)."""
+        return list(self._source_errors)
+
     # ----- flags ---------------------------------------------------------------------
     @staticmethod
     def unsupported_flags(flags: Iterable[str]) -> list[str]:
@@ -417,6 +422,11 @@ class LBSystem:
         """Set the local node's labels (zone, node exposure)."""
         with self.writer.write_txn() as txn:
             self.writer.set_node_labels(txn, labels)
+
+    def set_node_ip(self, ip: Any) -> None:
+        """Set the local node's IP (backends at it count as local with proxy delegation)."""
+        with self.writer.write_txn() as txn:
+            self.writer.set_node_ip(txn, ip)
 
     # ----- maps views -------------------------------------------------------------------------
     def maps_dump(self) -> str:

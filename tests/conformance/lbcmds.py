@@ -303,6 +303,19 @@ async def cmd_set_node_labels(state: State, args: list[str]) -> None:
     _harness(state).system.set_node_labels(labels)
 
 
+async def cmd_set_node_ip(state: State, args: list[str]) -> None:
+    """``test/set-node-ip <ip>``: the local node's IP (proxy delegation)."""
+    if len(args) != 1:
+        raise CommandError("usage: test/set-node-ip ip")
+    from tables.l3n4 import parse_ip
+
+    try:
+        ip = parse_ip(args[0])
+    except ValueError as e:
+        raise CommandError(str(e)) from None
+    _harness(state).system.set_node_ip(ip)
+
+
 async def cmd_update_backend_health(state: State, args: list[str]) -> None:
     """``test/update-backend-health ns/name ip:port/PROTO true|false``."""
     if len(args) != 3 or args[2] not in ("true", "false"):
@@ -415,6 +428,7 @@ def lb_commands() -> dict[str, Command]:
         "test/bpfops-state-empty": cmd_bpfops_state_empty,
         "test/bpfops-summary": cmd_bpfops_summary,
         "test/init-wait": cmd_init_wait,
+        "test/set-node-ip": cmd_set_node_ip,
         "test/set-node-labels": cmd_set_node_labels,
         "test/update-backend-health": cmd_update_backend_health,
     }

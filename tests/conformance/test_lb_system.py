@@ -1,0 +1,124 @@
+"""LBSystem on its own (no corpus): objects in, maps out, restart keeps ids, bad objects are
+reported and disturb nothing else. Runs on memory maps and, marked ``kernel``, on pinned
+kernel maps under a temporary bpffs directory."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import anyio
+import pytest
+
+from statewright.lb_system import FakeKubernetes, LBSystem, MapsLocation, SystemOptions
+from tests.conformance.corpus import pin_root
+
+SERVICE: dict[str, Any] = {
+    "apiVersion": "v1",
+    "kind": "Service",
+    "metadata": {"name": "web", "namespace": "shop"},
+    "spec": {
+        "clusterIP": "10.96.0.10",
+        "ports": [{"name": "http", "port": 80, "protocol": "TCP"}],
+        "type": "ClusterIP",
+    },
+}
+SLICE: dict[str, Any] = {
+    "apiVersion": "discovery.k8s.io/v1",
+    "kind": "EndpointSlice",
+    "metadata": {
+        "name": "web-1",
+        "namespace": "shop",
+        "labels": {"kubernetes.io/service-name": "web"},
+    },
+    "addressType": "IPv4",
+    "endpoints": [
+        {"addresses": ["10.244.0.7"], "conditions": {"ready": True}},
+        {"addresses": ["10.244.0.8"], "conditions": {"ready": True}},
+    ],
+    "ports": [{"name": "http", "port": 8080, "protocol": "TCP"}],
+}
+BAD_SERVICE: dict[str, Any] = {
+    "apiVersion": "v1",
+    "kind": "Service",
+    "metadata": {"name": "broken", "namespace": "shop"},
+    "spec": {"clusterIP": "10.96.0.300", "ports": [{"port": 80}]},
+}
+
+
+async def _settle(system: LBSystem) -> None:
+    with anyio.fail_after(10):
+        while not system.idle():
+            await anyio.sleep(0.01)
+
+
+def _scenario(backend: str, root: str) -> None:
+    loc = MapsLocation(backend=backend, pin_dir=f"{root}/{uuid.uuid4().hex[:8]}")
+    flags = ["--lb-test-fault-probability=0.0", "--bpf-lb-enable-wildcard-entries=false"]
+
+    async def main() -> None:
+        k8s = FakeKubernetes()
+        system = LBSystem(flags, SystemOptions(maps=loc, harness_defaults=True), k8s)
+        try:
+            async with anyio.create_task_group() as tg:
+                k8s.upsert(SERVICE)
+                await system.start(tg)
+                k8s.upsert(SLICE)
+                k8s.upsert(BAD_SERVICE)  # reported, changes nothing
+                await _settle(system)
+                dump = system.maps_dump()
+                assert "SVC: ID=1 ADDR=10.96.0.10:80/TCP SLOT=0" in dump
+                assert dump.count("BE: ") == 2
+                assert any("shop/broken" in e for e in system.source_errors)
+                assert system.services.count(system.db.read_txn()) == 1
+                await system.stop()
+
+                # Restart: same store and pinned maps, fresh database; ids are kept.
+                again = system.recreate()
+                await again.start(tg)
+                await _settle(again)
+                assert again.maps_dump() == dump
+                k8s.delete(SERVICE)
+                k8s.delete(SLICE)
+                await _settle(again)
+                assert again.maps_leftovers() == []
+                await again.stop()
+                tg.cancel_scope.cancel()
+        finally:
+            loc.cleanup()
+
+    anyio.run(main)
+
+
+@pytest.fixture
+def memory_root() -> Iterator[str]:
+    """A unique memory pin namespace."""
+    with pin_root("memory") as root:
+        yield root
+
+
+@pytest.fixture
+def kernel_root() -> Iterator[str]:
+    """A unique bpffs directory, removed afterwards."""
+    with pin_root("kernel") as root:
+        yield root
+
+
+def test_lb_system_memory(memory_root: str) -> None:
+    """Objects in, maps out, restart, deletion, on memory maps."""
+    _scenario("memory", memory_root)
+
+
+@pytest.mark.kernel
+def test_lb_system_kernel(kernel_root: str) -> None:
+    """The same on pinned kernel maps."""
+    _scenario("kernel", kernel_root)
+
+
+def test_unsupported_flags_are_named() -> None:
+    """Flags Statewright does not implement are listed, known ones are not."""
+    bad = LBSystem.unsupported_flags(
+        ["--bpf-lb-algorithm=maglev", "--enable-scale-to-zero", "--no-such-flag=1"]
+    )
+    assert bad == ["--enable-scale-to-zero", "--no-such-flag=1"]
