@@ -732,13 +732,15 @@ class K8sConverter:
         pod = namespaced_name(obj)
         converted = convert_pod_host_ports(obj, self.config)
         new_names = [c.service.name for c, _ in converted]
-        for c, bes in converted:
-            self.writer.upsert_service_and_frontends(txn, c.service, c.frontends)
-            self.writer.set_backends(txn, c.service.name, "k8s", bes)
+        # Remove services of a previous incarnation (another uid) first: they hold the
+        # same host-port frontends.
         for old in self._st.pods.get(pod, []):
             if old not in new_names:
                 self.writer.delete_service_and_frontends(txn, old)
                 self.writer.release_backends_of_service(txn, old)
+        for c, bes in converted:
+            self.writer.upsert_service_and_frontends(txn, c.service, c.frontends)
+            self.writer.set_backends(txn, c.service.name, "k8s", bes)
         if new_names:
             self._st.pods[pod] = new_names
         else:
