@@ -402,7 +402,8 @@ def convert_service(
     for p in ports:
         for ip in cluster_ips:
             add(ip, p.port, p, SVCType.CLUSTER_IP)
-        if svc_type in ("NodePort", "LoadBalancer") and p.node_port and cfg.enable_node_port:
+        node_port_on = cfg.enable_node_port and cfg.kube_proxy_replacement
+        if svc_type in ("NodePort", "LoadBalancer") and p.node_port and node_port_on:
             for fam in sorted(families) or [4]:
                 unspec = ipaddress.ip_address("0.0.0.0" if fam == 4 else "::")
                 add(unspec, p.node_port, p, SVCType.NODE_PORT)

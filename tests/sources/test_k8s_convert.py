@@ -394,3 +394,10 @@ def test_unsupported_kind() -> None:
     assert not K8sConverter.supports({"kind": "Deployment"})
     with pytest.raises(ConversionError, match="unsupported kind"), w.write_txn() as t:
         c.upsert(t, {"kind": "Deployment", "metadata": {"name": "x"}})
+
+
+def test_no_nodeport_frontends_without_kube_proxy_replacement() -> None:
+    obj = service(type="LoadBalancer", ports=[{"name": "http", "port": 80, "nodePort": 30781}],
+                  status={"loadBalancer": {"ingress": [{"ip": "172.16.1.1"}]}})
+    assert fe_addrs(convert_service(obj, LBConfig(kube_proxy_replacement=False))) == [
+        "10.96.50.104:80/TCP", "172.16.1.1:80/TCP"]
