@@ -172,7 +172,6 @@ class SystemOptions:
     harness_defaults: bool = False
     #: Seed of the fault-injecting map wrapper (when --lb-test-fault-probability > 0).
     fault_seed: int = 1
-    node_name: str = "testnode"
 
 
 class LBSystem:
@@ -205,7 +204,7 @@ class LBSystem:
         self.ops: Any = None
         self.reconciler: Any = None
         self._cancel: anyio.CancelScope | None = None
-        self._stopped = anyio.Event()
+        self._stopped: anyio.Event | None = None
         self._source_errors: list[str] = []
         self._applied: dict[str, dict[str, dict[str, Any]]] = {}
         self._init_done: Callable[[Any], None] | None = None
@@ -233,11 +232,16 @@ class LBSystem:
         if self.started_once:
             raise LBSystemError("a stopped load balancer cannot be restarted; recreate it")
         self.started_once = True
+        self._stopped = anyio.Event()
         self._open_maps()
-        self._build_reconciler()
-        with self.db.write_txn(self.frontends, self.backends, self.services) as txn:
-            self._init_done = self.frontends.register_initializer(txn, "k8s")
-        await tg.start(self._run_reconciler)
+        try:
+            self._build_reconciler()
+            with self.db.write_txn(self.frontends) as txn:
+                self._init_done = self.frontends.register_initializer(txn, "k8s")
+            await tg.start(self._run_reconciler)
+        except BaseException:
+            self._close_maps()
+            raise
         self.running = True
         # The reflector: list everything, then follow changes.
         self.k8s.listener = self._on_k8s_event
@@ -259,6 +263,7 @@ class LBSystem:
                     await tg.start(self.reconciler.run)
                     task_status.started()
             finally:
+                assert self._stopped is not None
                 self._stopped.set()
 
     async def stop(self) -> None:
@@ -268,7 +273,7 @@ class LBSystem:
         self.running = False
         if self.k8s.listener == self._on_k8s_event:
             self.k8s.listener = None
-        if self._cancel is not None:
+        if self._cancel is not None and self._stopped is not None:
             self._cancel.cancel()
             await self._stopped.wait()
         self._close_maps()
