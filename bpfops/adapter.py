@@ -24,7 +24,7 @@ from bpfops.model import (
 from reconciler.config import Config
 from reconciler.status import Status
 from statedb import ReadTxn, Table
-from tables.backends import BackendParams, BackendState
+from tables.backends import Backend, BackendParams, BackendState
 from tables.frontends import Frontend, SVCType
 from tables.l3n4 import L3n4Addr
 from tables.lb_config import LBConfig
@@ -131,10 +131,12 @@ class TablesNodeView:
         node_addresses: Table[NodeAddress],
         frontends: Table[Frontend],
         cfg: LBConfig,
+        backends: Table[Backend] | None = None,
     ) -> None:
         self.node_addresses = node_addresses
         self.frontends = frontends
         self.cfg = cfg
+        self.backends = backends
 
     def nodeport_addresses(self, txn: ReadTxn, v6: bool) -> list[IPAddress]:
         """NodePort-flagged node addresses of the family, sorted, without duplicates."""
@@ -161,6 +163,24 @@ class TablesNodeView:
             or (existing.type is SVCType.HOST_PORT and existing.address.is_unspecified)
         )
 
+    def backend_referenced(self, txn: ReadTxn, be_addr: Addr, other_than: Addr) -> bool:
+        """Whether a frontend other than ``other_than`` selects the backend at ``be_addr``
+        (looked up through the services the backend belongs to)."""
+        if self.backends is None:
+            return False
+        key = l3n4_of(be_addr)
+        row = self.backends.get(txn, key)
+        if row is None:
+            return False
+        by_service = self.frontends.index("service")
+        for name in row.service_names():
+            for fe in self.frontends.list(txn, by_service.query(name)):
+                if addr_of(fe.address) == other_than:
+                    continue
+                if any(b.address == key for b in fe.backends):
+                    return True
+        return False
+
 
 def frontend_ops_for(
     writer: LBWriter, maps: LBMaps, cfg: LBConfig, restore: bool = True
@@ -169,7 +189,7 @@ def frontend_ops_for(
     return FrontendOps(
         maps,
         ops_config(cfg),
-        node=TablesNodeView(writer.node_addresses, writer.frontends, cfg),
+        node=TablesNodeView(writer.node_addresses, writer.frontends, cfg, writer.backends),
         to_spec=lambda _txn, fe: frontend_spec(fe, cfg),
         restore=restore,
     )

@@ -99,6 +99,10 @@ class NodeView(Protocol):
         """Whether a non-expansion frontend (LB, ExternalIP...) owns ``addr``."""
         ...
 
+    # Optional: ``backend_referenced(txn, be_addr, other_than) -> bool``, whether another
+    # frontend of the snapshot selects the backend (keeps its entry and id alive while
+    # that frontend is still to be written).
+
 
 class StaticNodeView:
     """A NodeView over a fixed list of NodePort addresses (tests, tools)."""
@@ -107,6 +111,7 @@ class StaticNodeView:
         self.nodeport = list(nodeport)
         self.local = set(local) | set(self.nodeport)
         self.primary: set[Addr] = set()
+        self.referenced: set[Addr] = set()
 
     def nodeport_addresses(self, txn: ReadTxn, v6: bool) -> list[IPAddress]:
         """The configured addresses of the family."""
@@ -119,6 +124,10 @@ class StaticNodeView:
     def is_primary_frontend(self, txn: ReadTxn, addr: Addr) -> bool:
         """Membership in ``primary``."""
         return addr in self.primary
+
+    def backend_referenced(self, txn: ReadTxn, be_addr: Addr, other_than: Addr) -> bool:
+        """Membership in ``referenced``."""
+        return be_addr in self.referenced
 
 
 @dataclass(slots=True)
@@ -302,7 +311,7 @@ class FrontendOps(Generic[R]):
         errors: list[str] = []
         for addr in [a for a in self.frontends if a not in wanted]:
             try:
-                self._delete_frontend(addr)
+                self._delete_frontend(txn, addr)
             except Exception as exc:
                 errors.append(f"{addr}: {exc}")
         for parent in [p for p in self.expansions if p not in wanted]:
@@ -335,9 +344,9 @@ class FrontendOps(Generic[R]):
         candidate = self._is_candidate(fe)
         try:
             if candidate:
-                self._update_frontend(fe, lambda ip: self.node.is_local_address(txn, ip))
+                self._update_frontend(txn, fe, lambda ip: self.node.is_local_address(txn, ip))
             else:
-                self._delete_frontend(fe.addr)
+                self._delete_frontend(txn, fe.addr)
         except LBOpsError:
             raise
         except (MapError, ValueError, IDExhaustedError) as exc:
@@ -355,7 +364,7 @@ class FrontendOps(Generic[R]):
         done: list[Addr] = []
         for addr in new:
             try:
-                self._update_frontend(_with_addr(fe, addr), None)
+                self._update_frontend(txn, _with_addr(fe, addr), None)
             except (MapError, ValueError, IDExhaustedError) as exc:
                 self.expansions[fe.addr] = _merge(old, done)
                 raise LBOpsError(
@@ -367,7 +376,7 @@ class FrontendOps(Generic[R]):
             if addr in new or self.node.is_primary_frontend(txn, addr):
                 continue
             try:
-                self._delete_frontend(addr)
+                self._delete_frontend(txn, addr)
             except MapError as exc:
                 self.expansions[fe.addr] = _merge(old, done)
                 raise LBOpsError(f"frontend {addr} (stale expansion of {fe.addr}): {exc}") from exc
@@ -431,7 +440,7 @@ class FrontendOps(Generic[R]):
         return cls(addr.ip.packed, addr.port, slot, proto_number(addr.proto), addr.scope)
 
     def _update_frontend(
-        self, fe: FrontendSpec, is_local: Callable[[IPAddress], bool] | None
+        self, txn: ReadTxn, fe: FrontendSpec, is_local: Callable[[IPAddress], bool] | None
     ) -> None:
         addr, svc, cfg, maps = fe.addr, fe.service, self.config, self.maps
         if svc.session_affinity and svc.l7_proxy_port:
@@ -465,8 +474,10 @@ class FrontendOps(Generic[R]):
             loopback=svc.loopback_hostport or svc.proxy_delegation,
         )
         master_flags = svcflags.service_flags(params)
-        slot_flags = master_flags
-        quarantined_flags = master_flags
+        # Source-range bits live on the master only (the deny bit doubles as the slots'
+        # quarantine bit).
+        slot_flags = master_flags & ~(svcflags.SOURCE_RANGE | svcflags.SOURCE_RANGE_DENY)
+        quarantined_flags = slot_flags
 
         ordered = self._sorted_backends(fe)
         wanted = {be.addr for be in ordered}
@@ -479,7 +490,7 @@ class FrontendOps(Generic[R]):
             if bstate.id in state.affinity:
                 delete_quiet(maps.aff_match, lb.AffinityMatchKey(bstate.id, fe_id))
                 state.affinity.discard(bstate.id)
-            self._drop_reference(addr, bstate)
+            self._drop_reference(txn, addr, bstate)
             state.backends.discard(be_addr)
 
         active = terminating = inactive = 0
@@ -559,9 +570,9 @@ class FrontendOps(Generic[R]):
             maps.delete_maglev(fe_id, v6)
             state.maglev = False
 
-        wanted_ranges = (
-            {n for n in svc.source_ranges if (n.version == 6) == v6} if check_sr else set()
-        )
+        # The ranges are written for every frontend of the service; only the flags decide
+        # whether the datapath checks them.
+        wanted_ranges = {n for n in svc.source_ranges if (n.version == 6) == v6}
         src_map = maps.source_ranges(v6)
         src_cls = lb.SourceRange6Key if v6 else lb.SourceRange4Key
         for net in sorted(wanted_ranges - state.source_ranges, key=str):
@@ -606,11 +617,22 @@ class FrontendOps(Generic[R]):
             delete_quiet(svc_map, self._svc_key(addr, len(state.slots)))
             state.slots.pop()
 
-    def _drop_reference(self, fe_addr: Addr, bstate: _BackendState) -> None:
+    def _drop_reference(self, txn: ReadTxn, fe_addr: Addr, bstate: _BackendState) -> None:
         """The frontend at ``fe_addr`` no longer uses the backend: delete the entry with its
-        last reference, else rewrite it if the remaining frontends want another value."""
+        last reference, else rewrite it if the remaining frontends want another value.
+
+        A last reference is kept (entry and id, with no reference) when another frontend
+        of the snapshot selects the backend but has not been written yet, e.g. a HostPort
+        moved to a new port: the reconciler applies the deletion first and the new
+        frontend right after, and the backend keeps its id. Prune drops such an entry if
+        no frontend takes it up."""
         be_map = self.maps.backends(bstate.addr.is_v6)
         if bstate.refcount <= 1:
+            bstate.wants.pop(fe_addr, None)
+            referenced = getattr(self.node, "backend_referenced", None)
+            if referenced is not None and referenced(txn, bstate.addr, fe_addr):
+                bstate.refcount = 0
+                return
             delete_quiet(be_map, bstate.id)
             del self.backend_states[bstate.addr]
             self.backend_ids.release(bstate.addr)
@@ -666,7 +688,7 @@ class FrontendOps(Generic[R]):
         if not self._enabled(fe.addr):
             return
         try:
-            self._delete_frontend(fe.addr)
+            self._delete_frontend(txn, fe.addr)
         except MapError as exc:
             raise LBOpsError(f"frontend {fe.addr} ({fe.service.name}): delete: {exc}") from exc
         if not self._is_expansion(fe):
@@ -677,7 +699,7 @@ class FrontendOps(Generic[R]):
                 remaining.remove(addr)
                 continue
             try:
-                self._delete_frontend(addr)
+                self._delete_frontend(txn, addr)
             except MapError as exc:
                 self.expansions[fe.addr] = remaining
                 raise LBOpsError(
@@ -686,7 +708,7 @@ class FrontendOps(Generic[R]):
             remaining.remove(addr)
         self.expansions.pop(fe.addr, None)
 
-    def _delete_frontend(self, addr: Addr) -> None:
+    def _delete_frontend(self, txn: ReadTxn, addr: Addr) -> None:
         """Remove every entry of the frontend at ``addr``; state goes as entries go."""
         state = self.frontends.get(addr)
         if state is None:
@@ -701,7 +723,7 @@ class FrontendOps(Generic[R]):
         for be_addr in sorted(state.backends):
             bstate = self.backend_states.get(be_addr)
             if bstate is not None:
-                self._drop_reference(addr, bstate)
+                self._drop_reference(txn, addr, bstate)
             state.backends.discard(be_addr)
         svc_map = maps.services(v6)
         while state.slots:

@@ -141,18 +141,29 @@ def test_source_ranges_and_deny(lbmaps: LBMaps) -> None:
     ops.update(NO_TXN, 1, cip)
     ops.update(NO_TXN, 2, lbf)
     lines = dump_lines(lbmaps)
-    assert [ln for ln in lines if ln.startswith("SRCRANGE")] == ["SRCRANGE: ID=2 CIDR=10.0.0.0/8"]
-    assert lines[-2].endswith("FLAGS=LoadBalancer+check source-range")
-    assert lines[-1].endswith("FLAGS=LoadBalancer+check source-range")
+    # Entries for every frontend of the service; the check only where the type asks.
+    assert [ln for ln in lines if ln.startswith("SRCRANGE")] == [
+        "SRCRANGE: ID=1 CIDR=10.0.0.0/8",
+        "SRCRANGE: ID=2 CIDR=10.0.0.0/8",
+    ]
+    assert lines[-2].endswith(
+        "SLOT=0 LBALG=undef AFFTimeout=0 COUNT=1 QCOUNT=0 FLAGS=LoadBalancer+check source-range"
+    )
+    assert lines[-1].endswith("SLOT=1 BEID=1 COUNT=0 QCOUNT=0 FLAGS=LoadBalancer")  # master only
     assert svc_lines(lines)[0].endswith(f"FLAGS={CIP}")
     deny = dataclasses.replace(svc, source_ranges_deny=True)
     ops.update(NO_TXN, 3, dataclasses.replace(lbf, service=deny))
-    assert dump_lines(lbmaps)[-1].endswith("+check source-range+deny")
+    assert dump_lines(lbmaps)[-2].endswith("+check source-range+deny")
     ops.update(NO_TXN, 4, dataclasses.replace(lbf, service=ServiceSpec("test/echo")))
-    assert not any(ln.startswith("SRCRANGE") for ln in dump_lines(lbmaps))
+    assert [ln for ln in dump_lines(lbmaps) if ln.startswith("SRCRANGE")] == [
+        "SRCRANGE: ID=1 CIDR=10.0.0.0/8"
+    ]
     all_types = new_ops(lbmaps, source_range_all_types=True)
     all_types.update(NO_TXN, 5, fe("10.0.0.3:80", service=svc))
-    assert any("SRCRANGE" in ln and "10.0.0.0/8" in ln for ln in dump_lines(lbmaps))
+    assert any(
+        ln.startswith("SVC: ID=3 ") and ln.endswith("non-routable+check source-range")
+        for ln in dump_lines(lbmaps)
+    )
 
 
 def test_nodeport_expansion_and_maglev(lbmaps: LBMaps) -> None:
@@ -278,3 +289,25 @@ def test_bad_input_names_the_frontend(lbmaps: LBMaps) -> None:
         ops.update(NO_TXN, 2, fe("10.96.0.2:80", backends=(be("10.1.0.1:0"),)))
     ops.prune(NO_TXN, iter([]))
     assert dump_lines(lbmaps) == []
+
+
+def test_backend_moving_to_a_later_frontend_keeps_its_id(lbmaps: LBMaps) -> None:
+    node = StaticNodeView()
+    ops = new_ops(lbmaps, node=node)
+    backend = be("10.244.1.114:80")
+    ops.update(NO_TXN, 1, fe("10.96.0.1:80", backends=(be("10.244.1.1:80"),)))
+    old = fe("0.0.0.0:4444", "HostPort", backends=(backend,))
+    new = fe("0.0.0.0:5555", "HostPort", backends=(backend,))
+    ops.update(NO_TXN, 2, old)
+    be_id = ops.backend_id(backend.addr)
+    # The reconciler deletes the old frontend before it writes the new one of the round.
+    node.referenced = {backend.addr}
+    ops.delete(NO_TXN, 3, old)
+    assert f"BE: ID={be_id} ADDR=10.244.1.114:80/TCP STATE=active" in dump_lines(lbmaps)
+    ops.update(NO_TXN, 4, new)
+    assert ops.backend_id(backend.addr) == be_id
+    # Without a taker, prune drops the kept entry.
+    node.referenced = {backend.addr}
+    ops.delete(NO_TXN, 5, new)
+    ops.prune(NO_TXN, iter([fe("10.96.0.1:80", backends=(be("10.244.1.1:80"),))]))
+    assert not any("10.244.1.114" in ln for ln in dump_lines(lbmaps))
