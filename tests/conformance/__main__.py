@@ -69,10 +69,18 @@ def main(argv: list[str] | None = None) -> int:
             "results": [{"backend": b, **r.to_json()} for b, r in results],
         }
         Path(args.json).write_text(json.dumps(payload, indent=2) + "\n")
+    differ: list[str] = []
+    if len(backends) == 2:
+        by_file: dict[str, set[str]] = {}
+        for _, r in results:
+            by_file.setdefault(r.file, set()).add(r.status)
+        differ = sorted(f for f, statuses in by_file.items() if len(statuses) > 1)
+        print("backends agree on every file" if not differ
+              else f"backends differ on: {', '.join(differ)}")
     n_pass = sum(1 for _, r in results if r.passed)
     n_fail = len(results) - n_pass
     print(f"conformance: {n_pass} passed, {n_fail} failed")
-    return 0 if n_fail == 0 else 1
+    return 0 if n_fail == 0 and not differ else 1
 
 
 if __name__ == "__main__":

@@ -21,7 +21,13 @@ import anyio.abc
 import yaml
 
 from statedb import Table
-from statewright.lb_system import FakeKubernetes, LBSystem, MapsLocation, SystemOptions
+from statewright.lb_system import (
+    FakeKubernetes,
+    LBSystem,
+    MapsLocation,
+    SystemOptions,
+    key_of,
+)
 from tests.conformance.engine import (
     Command,
     CommandError,
@@ -222,9 +228,13 @@ async def cmd_k8s_delete(state: State, args: list[str]) -> None:
     h = _harness(state)
     for obj in _k8s_objects(state, args):
         try:
-            h.k8s.delete(obj)
+            found = h.k8s.delete(obj)
         except ValueError as e:
             raise CommandError(f"k8s/delete: {e}") from None
+        if not found:
+            # Not an error: a retried section runs its k8s/delete again (as upstream, whose
+            # scripts rely on it, e.g. a delete followed by `* lb/maps-empty`).
+            state.log.append(f"({obj.get('kind')} {key_of(obj)} was already gone)")
 
 
 async def cmd_k8s_resync(state: State, args: list[str]) -> None:
