@@ -29,6 +29,9 @@ DEFAULT_CORPUS = REPO.parent / "shared" / "conformance" / "cilium-lb"
 CORPUS_ENV = "STATEWRIGHT_LB_CORPUS"
 #: Seconds a retried (``*``) command may keep retrying (the upstream script deadline).
 RETRY_TIMEOUT = float(os.environ.get("STATEWRIGHT_LB_RETRY_TIMEOUT", "10"))
+#: Seconds one script may spend waiting in retries overall (upstream: a 10 s context; more
+#: here because the kernel backend on a loaded CI machine is slower).
+SCRIPT_TIMEOUT = float(os.environ.get("STATEWRIGHT_LB_SCRIPT_TIMEOUT", "60"))
 BPFFS = "/sys/fs/bpf"
 
 
@@ -42,7 +45,9 @@ def corpus_files(directory: Path) -> list[Path]:
     return sorted(p for p in directory.glob("*.txtar") if p.is_file())
 
 
-def make_engine(retry_timeout: float = RETRY_TIMEOUT) -> Engine:
+def make_engine(
+    retry_timeout: float = RETRY_TIMEOUT, script_timeout: float = SCRIPT_TIMEOUT
+) -> Engine:
     """The engine with the generic, db and LB commands and the harness quiescence probe."""
 
     async def quiescence(state: object) -> object:
@@ -52,7 +57,12 @@ def make_engine(retry_timeout: float = RETRY_TIMEOUT) -> Engine:
         return None
 
     commands = {**db_commands(), **lb_commands()}
-    return Engine(commands, retry_timeout=retry_timeout, quiescence=quiescence)
+    return Engine(
+        commands,
+        retry_timeout=retry_timeout,
+        script_timeout=script_timeout,
+        quiescence=quiescence,
+    )
 
 
 @contextmanager

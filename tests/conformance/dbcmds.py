@@ -188,7 +188,7 @@ async def cmd_db_cmp(state: State, args: list[str]) -> None:
     names, positions = split_header(lines[0])
     expected = lines[1:]
     db = _db(state)
-    deadline = time.monotonic() + timeout
+    deadline = min(time.monotonic() + timeout, state.deadline)
     probe = getattr(state.harness, "quiescence", None)
     quiet = 0
     while True:

@@ -188,6 +188,8 @@ class State:
     log: list[str] = field(default_factory=list)
     #: The object the domain commands work on (the LB harness); None for plain scripts.
     harness: Any = None
+    #: time.monotonic() after which waiting commands stop waiting (the script deadline).
+    deadline: float = float("inf")
 
     def path(self, name: str) -> Path:
         """The file ``name`` relative to the work directory."""
@@ -229,6 +231,7 @@ class Engine:
         retry_interval: float = 0.02,
         max_retry_interval: float = 0.5,
         retry_timeout: float = 10.0,
+        script_timeout: float = 60.0,
         quiescence: QuiescenceProbe | None = None,
         quiet_attempts: int = 3,
     ) -> None:
@@ -239,6 +242,7 @@ class Engine:
         self.retry_interval = retry_interval
         self.max_retry_interval = max_retry_interval
         self.retry_timeout = retry_timeout
+        self.script_timeout = script_timeout
         self.quiescence = quiescence
         self.quiet_attempts = quiet_attempts
 
@@ -285,6 +289,7 @@ class Engine:
         Returns normally at the end of the script or at ``stop``.
         """
         section: list[Line] = []
+        state.deadline = time.monotonic() + self.script_timeout
         for offset, text in enumerate(script.splitlines()):
             lineno = first_lineno + offset
             if text.startswith("#"):
@@ -315,7 +320,7 @@ class Engine:
 
     async def _retry(self, state: State, section: list[Line]) -> None:
         """Re-run ``section`` with backoff until every command in it meets its prefix."""
-        deadline = time.monotonic() + self.retry_timeout
+        deadline = min(time.monotonic() + self.retry_timeout, state.deadline)
         interval = self.retry_interval
         quiet = 0
         while True:
@@ -339,7 +344,7 @@ class Engine:
                 err.message += " (system idle, giving up retrying)"
                 raise err
             if time.monotonic() >= deadline:
-                err.message += f" (retried for {self.retry_timeout:g}s)"
+                err.message += " (retry deadline passed)"
                 raise err
 
 

@@ -205,7 +205,15 @@ def test_retry_until_failure_and_timeout(tmp_path: Path) -> None:
     engine = Engine(retry_timeout=0.2)
     (tmp_path / "f").write_text("x\n")
     _run_script("!* grep y f\n", engine, tmp_path)
-    with pytest.raises(ScriptFailure, match="retried"):
+    with pytest.raises(ScriptFailure, match="retry deadline"):
+        _run_script("* grep y f\n", engine, tmp_path)
+
+
+def test_script_deadline_bounds_retries(tmp_path: Path) -> None:
+    """Retries stop at the script deadline even when the per-command timeout is longer."""
+    engine = Engine(retry_timeout=60.0, script_timeout=0.3)
+    (tmp_path / "f").write_text("x\n")
+    with pytest.raises(ScriptFailure, match="retry deadline"):
         _run_script("* grep y f\n", engine, tmp_path)
 
 
@@ -219,7 +227,7 @@ def test_retry_gives_up_when_idle(tmp_path: Path) -> None:
     (tmp_path / "f").write_text("x\n")
     with pytest.raises(ScriptFailure, match="idle") as info:
         _run_script("* grep y f\n", engine, tmp_path)
-    assert "retried for" not in str(info.value)
+    assert "retry deadline" not in str(info.value)
 
 
 def test_unsupported_command_and_condition(tmp_path: Path) -> None:
