@@ -290,6 +290,7 @@ class Incremental(Generic[O]):
         failed: list[tuple[UpdateWork[O], int, str]] = []
         succeeded: list[UpdateWork[O]] = []
         with self.db.write_txn(table) as wtxn:
+            base_revision = table.revision(wtxn)
             for w in updates:
                 exc: BaseException | None = w.error
                 status = done if exc is None else status_error(error_text(exc), wall)
@@ -313,6 +314,10 @@ class Incremental(Generic[O]):
                     succeeded.append(w)
                 elif written:
                     failed.append((w, table.revision(wtxn), self._context("update", w.op_obj, exc)))
+            own_revision = table.revision(wtxn)
+        # The status writes are ours: do not read them back through the change stream.
+        if self._iter is not None:
+            self._iter.mark_seen(base_revision, own_revision)
         if self.retries:
             pk = table.primary_key_of
             for w in succeeded:

@@ -85,6 +85,20 @@ class ChangeIterator(Generic[O]):
         self._tracker[0] = upto
         return changes, self.table._table_watch(txn)
 
+    def mark_seen(self, from_revision: int, to_revision: int) -> bool:
+        """Skip revisions (from_revision, to_revision] if the iterator stands at from_revision.
+
+        For a writer that iterates its own table: every revision of its own write
+        transaction is its own (the table lock excludes other writers), so it can skip
+        re-reading them. Returns False (and changes nothing) when the iterator is
+        elsewhere, i.e. when other commits might be in between.
+        """
+        if self._seen < 0 or self._seen != from_revision or to_revision < from_revision:
+            return False
+        self._seen = to_revision
+        self._tracker[0] = to_revision
+        return True
+
     @staticmethod
     def _current(st: TableState) -> Iterator[Change[O]]:
         """Every row of the snapshot, as upserts in revision order."""

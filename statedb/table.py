@@ -327,7 +327,7 @@ class Table(Generic[O]):
             raise ObjectNotFoundError(self.name, pk)
         if old[1] != revision:
             raise RevisionMismatchError(self.name, pk, revision, old[1])
-        tt.insert(obj)
+        tt.insert(obj, pk)
         return old[0]
 
     def delete(self, txn: WriteTxn, obj: O) -> O | None:

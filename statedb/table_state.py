@@ -96,10 +96,14 @@ class TableTxn(TableState):
         self.modified = False
 
     # ----- writes --------------------------------------------------
-    def insert(self, obj: Any) -> Any:
-        """Insert or replace the row with obj's primary key; return the replaced row or None."""
+    def insert(self, obj: Any, pk: bytes | None = None) -> Any:
+        """Insert or replace the row with obj's primary key; return the replaced row or None.
+
+        ``pk`` is obj's encoded primary key when the caller already has it.
+        """
         table = self.table
-        pk = table.pk_encode(table.pk_key(obj))
+        if pk is None:
+            pk = table.pk_encode(table.pk_key(obj))
         h = self.hash
         old = h.get(pk)
         if old is not None and old[0] is obj:
