@@ -70,6 +70,11 @@ class Addr:
         proto_number(proto)
         return cls(parsed, port, proto.upper(), scope)
 
+    def __hash__(self) -> int:
+        # ipaddress hashes through hex(); the integer form is much cheaper and the ops
+        # hash addresses in every map-state lookup.
+        return hash((int(self.ip), self.port, self.proto, self.scope))
+
     @property
     def is_v6(self) -> bool:
         """Whether this is an IPv6 address."""

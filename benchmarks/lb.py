@@ -1,0 +1,232 @@
+"""LB benchmark: Kubernetes objects to reconciled LB maps; prints one JSON object.
+
+- services_per_s_kernel / services_per_s_memory: N Services (one ClusterIP frontend each)
+  with an EndpointSlice of 10 backends, written through the Kubernetes converter in write
+  transactions of 20 objects while the frontends reconciler runs, from the first write
+  until every frontend is reconciled into kernel maps (resp. in-memory maps).
+- bytes_per_service: growth of the resident set per service during the kernel run (the
+  control plane's memory: tables, ops state; the maps live in the kernel).
+- peak_rss_mb: peak resident set size of the process.
+- ops_only_services_per_s_kernel / _memory: the LB Ops alone (FrontendOps.update of the
+  same frontends, no tables), to separate the map writing from the rest.
+- backend_change_p50_us / p99: with all N services in place (kernel maps), time from
+  committing one changed EndpointSlice (one backend address replaced) until the new
+  backend's entry is in the backends map.
+
+Cilium's Go control plane reports about 50,000 services/s and about 3.3 KB per service;
+the goal here is >= 10,000 services/s and <= 4 KB per service. ``--quick`` uses 2,000
+services and finishes in well under a minute.
+
+Measured on the 2-core development machine (Nov 2026): about 250 services/s end to end,
+dominated by the table writer (backend selection queries in write transactions); the
+LB Ops alone (FrontendOps.update on 10-backend ClusterIP frontends) do about 1,300
+services/s on both map backends. Both are far from the 10,000/s goal.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import ipaddress
+import json
+import resource
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import anyio
+
+from bpf.probe import kernel_support
+from bpfops.adapter import frontend_ops_for, reconciler_config
+from bpfops.lb_maps import LBMaps, LBMapsConfig
+from reconciler import Reconciler
+from sources.k8s_convert import K8sConverter
+from statedb import DB
+from tables.lb_config import LBConfig
+from tables.lb_writer import LBWriter
+
+BACKENDS_PER_SERVICE = 10
+TXN_OBJECTS = 20
+
+
+def _rss_bytes() -> int:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * resource.getpagesize()
+
+
+def service_obj(i: int) -> dict[str, Any]:
+    """The i-th Service: one ClusterIP, one TCP port."""
+    ip = ipaddress.ip_address("10.96.0.0") + i + 1
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": {"name": f"svc-{i}", "namespace": "bench"},
+        "spec": {
+            "type": "ClusterIP",
+            "clusterIP": str(ip),
+            "clusterIPs": [str(ip)],
+            "ports": [{"name": "http", "port": 80, "protocol": "TCP", "targetPort": 8080}],
+        },
+    }
+
+
+def slice_obj(i: int, generation: int = 0) -> dict[str, Any]:
+    """The EndpointSlice of the i-th Service; ``generation`` moves its first backend."""
+    base = int(ipaddress.ip_address("10.128.0.0")) + i * 16
+    addrs = [str(ipaddress.ip_address(base + j + 1)) for j in range(BACKENDS_PER_SERVICE)]
+    if generation:
+        addrs[0] = str(ipaddress.ip_address(int(ipaddress.ip_address("10.200.0.0")) + generation))
+    return {
+        "apiVersion": "discovery.k8s.io/v1",
+        "kind": "EndpointSlice",
+        "metadata": {
+            "name": f"svc-{i}-abcde",
+            "namespace": "bench",
+            "labels": {"kubernetes.io/service-name": f"svc-{i}"},
+        },
+        "addressType": "IPv4",
+        "endpoints": [
+            {"addresses": [a], "conditions": {"ready": True, "serving": True}} for a in addrs
+        ],
+        "ports": [{"name": "http", "port": 8080, "protocol": "TCP"}],
+    }
+
+
+async def _run(backend: str, n: int, changes: int) -> dict[str, Any]:
+    cfg = LBConfig()
+    db = DB()
+    writer = LBWriter.create(db, cfg)
+    conv = K8sConverter(writer, cfg)
+    entries = max(65536, n * (BACKENDS_PER_SERVICE + 2) * 2)
+    maps_cfg = LBMapsConfig(
+        backend=backend,  # type: ignore[arg-type]
+        pin=False,
+        max_entries=entries,
+        maglev_table_size=1021,
+    )
+    maps = LBMaps.open(maps_cfg)
+    ops = frontend_ops_for(writer, maps, cfg, restore=False)
+    rec = Reconciler(db, reconciler_config(writer, ops, cfg, prune_interval=None))
+    result: dict[str, Any] = {}
+    try:
+        async with anyio.create_task_group() as tg:
+            await tg.start(rec.run)
+            gc.collect()
+            rss0 = _rss_bytes()
+            t0 = time.perf_counter()
+            objs: list[dict[str, Any]] = []
+            for i in range(n):
+                objs.append(service_obj(i))
+                objs.append(slice_obj(i))
+            for start in range(0, len(objs), TXN_OBJECTS):
+                with writer.write_txn() as txn:
+                    for obj in objs[start : start + TXN_OBJECTS]:
+                        conv.upsert(txn, obj)
+                    txn.commit()
+                await anyio.sleep(0)
+            rev = writer.frontends.revision(db.read_txn())
+            retrying = await rec.wait_until_reconciled(rev)
+            elapsed = time.perf_counter() - t0
+            if retrying:
+                raise RuntimeError(f"{retrying} frontends failed: {rec.health}")
+            del objs
+            gc.collect()
+            result["services_per_s"] = n / elapsed
+            result["bytes_per_service"] = (_rss_bytes() - rss0) / n
+            if maps.svc4.count() < n * (BACKENDS_PER_SERVICE + 1):
+                raise RuntimeError("the services map is missing entries")
+            lat: list[float] = []
+            for k in range(changes):
+                i = (k * 7919) % n
+                new_ip = ipaddress.ip_address(int(ipaddress.ip_address("10.200.0.0")) + k + 1)
+                t = time.perf_counter()
+                with writer.write_txn() as txn:
+                    conv.upsert(txn, slice_obj(i, k + 1))
+                    txn.commit()
+                rev = writer.frontends.revision(db.read_txn())
+                await rec.wait_until_reconciled(rev)
+                lat.append((time.perf_counter() - t) * 1e6)
+                want = ops.backend_id(_addr(new_ip))
+                if want is None or maps.be4.lookup(want) is None:
+                    raise RuntimeError(f"backend {new_ip} did not reach the map")
+            if lat:
+                lat.sort()
+                result["p50_us"] = statistics.median(lat)
+                result["p99_us"] = lat[min(len(lat) - 1, int(len(lat) * 0.99))]
+            tg.cancel_scope.cancel()
+    finally:
+        maps.close()
+    return result
+
+
+def ops_only(backend: str, n: int) -> float:
+    """FrontendOps.update alone on ``n`` 10-backend ClusterIP frontends: services/s."""
+    from bpfops.frontend_ops import FrontendOps
+    from bpfops.model import Addr, BackendSpec, FrontendSpec, LBOpsConfig, ServiceSpec
+
+    specs = []
+    for i in range(n):
+        base = int(ipaddress.ip_address("10.128.0.0")) + i * 16
+        bes = tuple(
+            BackendSpec(Addr(ipaddress.ip_address(base + j + 1), 8080))
+            for j in range(BACKENDS_PER_SERVICE)
+        )
+        vip = Addr(ipaddress.ip_address("10.96.0.0") + i + 1, 80)
+        specs.append(FrontendSpec(vip, "ClusterIP", ServiceSpec(f"bench/svc-{i}"), bes))
+    entries = max(65536, n * (BACKENDS_PER_SERVICE + 2) * 2)
+    cfg = LBMapsConfig(backend=backend, pin=False, max_entries=entries, maglev_table_size=1021)  # type: ignore[arg-type]
+    maps = LBMaps.open(cfg)
+    try:
+        ops: FrontendOps[FrontendSpec] = FrontendOps(maps, LBOpsConfig(), restore=False)
+        t = time.perf_counter()
+        for spec in specs:
+            ops.update(None, 0, spec)
+        return n / (time.perf_counter() - t)
+    finally:
+        maps.close()
+
+
+def _addr(ip: Any) -> Any:
+    from bpfops.model import Addr
+
+    return Addr(ip, 8080, "TCP", 0)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the benchmark and print its JSON."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="500 services (< 60 s)")
+    parser.add_argument("--services", type=int, default=0, help="override the service count")
+    args = parser.parse_args(argv)
+    n = args.services or (500 if args.quick else 10000)
+    changes = 100 if args.quick else 1000
+    out: dict[str, Any] = {"services": n, "backends_per_service": BACKENDS_PER_SERVICE}
+    mem = anyio.run(_run, "memory", n, 0)
+    out["services_per_s_memory"] = round(mem["services_per_s"], 1)
+    out["ops_only_services_per_s_memory"] = round(ops_only("memory", n), 1)
+    support = kernel_support()
+    if support.ok:
+        ker = anyio.run(_run, "kernel", n, changes)
+        out["services_per_s_kernel"] = round(ker["services_per_s"], 1)
+        out["ops_only_services_per_s_kernel"] = round(ops_only("kernel", n), 1)
+        out["bytes_per_service"] = round(ker["bytes_per_service"])
+        out["backend_change_p50_us"] = round(ker["p50_us"], 1)
+        out["backend_change_p99_us"] = round(ker["p99_us"], 1)
+    else:
+        out["services_per_s_kernel"] = None
+        out["kernel_unavailable"] = support.reason
+        out["bytes_per_service"] = round(mem["bytes_per_service"])
+        again = anyio.run(_run, "memory", n, changes)
+        out["backend_change_p50_us"] = round(again["p50_us"], 1)
+        out["backend_change_p99_us"] = round(again["p99_us"], 1)
+    out["peak_rss_mb"] = round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)
+    print(json.dumps(out))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
