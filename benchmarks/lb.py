@@ -182,9 +182,10 @@ def ops_only(backend: str, n: int) -> float:
     maps = LBMaps.open(cfg)
     try:
         ops: FrontendOps[FrontendSpec] = FrontendOps(maps, LBOpsConfig(), restore=False)
+        txn = DB().read_txn()
         t = time.perf_counter()
         for spec in specs:
-            ops.update(None, 0, spec)
+            ops.update(txn, 0, spec)
         return n / (time.perf_counter() - t)
     finally:
         maps.close()
