@@ -132,6 +132,40 @@ class _Lib:
         self.obj_get_info_by_fd = proto(
             "bpf_obj_get_info_by_fd", _c_int, _c_int, _c_void_p, ctypes.POINTER(_c_u32)
         )
+        # Object/program/link API (bpf/datapath.py). Calls returning pointers report
+        # failures through errno, so they go through a handle that saves errno.
+        elib = ctypes.CDLL(lib._name, use_errno=True)
+
+        def eproto(name: str, restype: Any, *argtypes: Any) -> Any:
+            fn = getattr(elib, name)
+            fn.restype = restype
+            fn.argtypes = list(argtypes)
+            return fn
+
+        self.object_open_file = eproto("bpf_object__open_file", _c_void_p, _c_char_p, _c_void_p)
+        self.object_load = eproto("bpf_object__load", _c_int, _c_void_p)
+        self.object_close = eproto("bpf_object__close", None, _c_void_p)
+        self.object_find_map = eproto(
+            "bpf_object__find_map_by_name", _c_void_p, _c_void_p, _c_char_p
+        )
+        self.object_next_map = eproto("bpf_object__next_map", _c_void_p, _c_void_p, _c_void_p)
+        self.object_next_program = eproto(
+            "bpf_object__next_program", _c_void_p, _c_void_p, _c_void_p
+        )
+        self.map_name = eproto("bpf_map__name", _c_char_p, _c_void_p)
+        self.map_reuse_fd = eproto("bpf_map__reuse_fd", _c_int, _c_void_p, _c_int)
+        self.map_set_pin_path = eproto("bpf_map__set_pin_path", _c_int, _c_void_p, _c_char_p)
+        self.program_name = eproto("bpf_program__name", _c_char_p, _c_void_p)
+        self.program_section = eproto("bpf_program__section_name", _c_char_p, _c_void_p)
+        self.program_fd = eproto("bpf_program__fd", _c_int, _c_void_p)
+        self.program_attach_cgroup = eproto(
+            "bpf_program__attach_cgroup", _c_void_p, _c_void_p, _c_int
+        )
+        self.link_fd = eproto("bpf_link__fd", _c_int, _c_void_p)
+        self.link_disconnect = eproto("bpf_link__disconnect", None, _c_void_p)
+        self.link_destroy = eproto("bpf_link__destroy", _c_int, _c_void_p)
+        self.link_update = eproto("bpf_link_update", _c_int, _c_int, _c_int, _c_void_p)
+        self.link_detach = eproto("bpf_link_detach", _c_int, _c_int)
 
 
 @cache
@@ -242,3 +276,115 @@ class BatchCall:
             fd, in_token, out_token, keys, values, self._count_ref, self._opts_ref
         )
         return ret, self._count.value
+
+
+# -- objects, programs and links (bpf/datapath.py) ------------------------------------
+
+# struct bpf_link_info prefix: type, id, prog_id, pad, then for cgroup links
+# cgroup_id (u64) and attach_type.
+_LINK_INFO = struct.Struct("<3I4xQI")
+_LINK_INFO_LEN = 40
+
+
+def _errno_result(ptr: int | None) -> int:
+    """The pointer, or -errno when libbpf returned NULL."""
+    if ptr:
+        return ptr
+    return -(ctypes.get_errno() or errno.EINVAL)
+
+
+def object_open(path: str) -> int:
+    """bpf_object__open_file: an object pointer (as int) or -errno."""
+    ctypes.set_errno(0)
+    return _errno_result(lib().object_open_file(os.fsencode(path), None))
+
+
+def object_load(obj: int) -> int:
+    """bpf_object__load: 0 or -errno (libbpf prints a rejected program's verifier log)."""
+    ret: int = lib().object_load(obj)
+    return ret
+
+
+def object_close(obj: int) -> None:
+    """bpf_object__close: frees the object and closes its map and program fds."""
+    lib().object_close(obj)
+
+
+def object_maps(obj: int) -> list[tuple[str, int]]:
+    """(name, map pointer) of every map of an opened object."""
+    out: list[tuple[str, int]] = []
+    m = lib().object_next_map(obj, None)
+    while m:
+        out.append((lib().map_name(m).decode(), m))
+        m = lib().object_next_map(obj, m)
+    return out
+
+
+def object_programs(obj: int) -> list[tuple[str, str, int]]:
+    """(name, section, program pointer) of every program of an opened object."""
+    out: list[tuple[str, str, int]] = []
+    p = lib().object_next_program(obj, None)
+    while p:
+        out.append((lib().program_name(p).decode(), lib().program_section(p).decode(), p))
+        p = lib().object_next_program(obj, p)
+    return out
+
+
+def map_reuse_fd(map_ptr: int, fd: int) -> int:
+    """bpf_map__reuse_fd (libbpf dups ``fd``): 0 or -errno."""
+    ret: int = lib().map_reuse_fd(map_ptr, fd)
+    return ret
+
+
+def map_set_pin_path(map_ptr: int, path: str) -> int:
+    """bpf_map__set_pin_path: reuse the map pinned there at load, else create and pin it."""
+    ret: int = lib().map_set_pin_path(map_ptr, os.fsencode(path))
+    return ret
+
+
+def program_fd(prog: int) -> int:
+    """The fd of a loaded program, or -errno."""
+    fd: int = lib().program_fd(prog)
+    return fd
+
+
+def program_attach_cgroup(prog: int, cgroup_fd: int) -> int:
+    """bpf_program__attach_cgroup, then keep only the link's fd: a new link fd or -errno.
+
+    The libbpf link object is disconnected and freed, so closing the returned fd is all
+    that is left to do (the link lives on while pinned or while the fd is open).
+    """
+    ctypes.set_errno(0)
+    link = _errno_result(lib().program_attach_cgroup(prog, cgroup_fd))
+    if link < 0:
+        return link
+    try:
+        fd = os.dup(lib().link_fd(link))
+    except OSError as exc:
+        fd = -(exc.errno or errno.EBADF)
+    lib().link_disconnect(link)
+    lib().link_destroy(link)
+    return fd
+
+
+def link_update(link_fd: int, prog_fd: int) -> int:
+    """bpf_link_update: swap the link's program atomically; 0 or -errno."""
+    ret: int = lib().link_update(link_fd, prog_fd, None)
+    return ret
+
+
+def link_detach(link_fd: int) -> int:
+    """bpf_link_detach: detach the link now, whoever else holds it; 0 or -errno."""
+    ret: int = lib().link_detach(link_fd)
+    return ret
+
+
+def link_info(fd: int) -> tuple[int, int, int, int, int] | int:
+    """(type, id, prog_id, cgroup_id, attach_type) of a link fd, or -errno."""
+    buf = ctypes.create_string_buffer(_LINK_INFO_LEN)
+    length = _c_u32(_LINK_INFO_LEN)
+    ret: int = lib().obj_get_info_by_fd(fd, buf, ctypes.byref(length))
+    if ret < 0:
+        return ret
+    ltype, lid, prog_id, cgroup_id, attach_type = _LINK_INFO.unpack_from(buf.raw)
+    return ltype, lid, prog_id, cgroup_id, attach_type

@@ -1,0 +1,591 @@
+// SPDX-License-Identifier: Apache-2.0
+/* Statewright: socket-level load balancer for cgroup v2.
+ *
+ * The programs run when a process of the cgroup connects a socket (TCP and
+ * connected UDP), sends an unconnected UDP datagram, receives one with its
+ * source address, or asks for its peer's address. A destination that is a
+ * service frontend in lb{4,6}_services is rewritten to one of the service's
+ * backends before the kernel routes anything, so no packet ever carries the
+ * service address; recvmsg and getpeername rewrite the backend back to the
+ * service address so applications only ever see the address they asked for.
+ *
+ * Maps: every LB map of include/lb.h (written by bpfops' FrontendOps and
+ * reused from their pins by bpf/datapath.py), plus the datapath's own
+ * reverse-translation maps of include/sock_lb.h.
+ *
+ * Frontend lookup: the exact (address, port, protocol) entry, then the same
+ * with protocol ANY (entries written by older versions), preferring the
+ * internal-scope entry of a two-scope service (a socket's client is always
+ * inside the cluster), then the NodePort/HostPort surrogate 0.0.0.0:port for
+ * loopback destinations, then the VIP's wildcard entry <vip>:0/ANY. The
+ * wildcard entry has no backends, so traffic to an unknown port of a service
+ * address is refused rather than leaked to the network.
+ *
+ * Backend choice, in order: the session-affinity entry of the client's
+ * network namespace (lb4_affinity keyed by the netns cookie, valid while
+ * younger than the service's affinity timeout and while the backend is still
+ * in lb_affinity_match); the maglev table of the service when its algorithm
+ * is maglev, or undefined and a table is installed (the control plane only
+ * installs tables for maglev frontends), indexed by a hash of the client
+ * netns cookie, the socket's bound source address and port and the service
+ * address; else a uniformly random slot among the `count` active slots.
+ *
+ * Refusal: a service with no active backend (count 0, the wildcard entry, a
+ * slot or backend missing during an update) makes connect()/sendmsg() fail
+ * with ECONNREFUSED, as a client of a kube-proxy REJECT rule sees it: the
+ * program sets the error with bpf_set_retval() and returns the cgroup deny
+ * verdict (without bpf_set_retval the kernel would report EPERM).
+ *
+ * Not handled here: source ranges (not checked at the socket), L7 proxy
+ * redirection, IPv4-mapped IPv6 destinations on dual-stack sockets.
+ */
+#define SW_DEFINE_MAPS
+#include <stdbool.h>
+#include <linux/bpf.h>
+#include <bpf/bpf_helpers.h>
+#include <bpf/bpf_endian.h>
+
+#include "include/lb.h"
+#include "include/sock_lb.h"
+
+#define SW_IPPROTO_TCP 6
+#define SW_IPPROTO_UDP 17
+#define SW_ECONNREFUSED 111
+
+/* cgroup sock_addr verdicts. */
+#define SW_SYS_REJECT 0
+#define SW_SYS_PROCEED 1
+
+/* Service flag bits (flags | flags2 << 8), as bpfops/flags.py writes them. */
+#define SW_SVC_F_NODE_PORT (1 << 1)
+#define SW_SVC_F_HOST_PORT (1 << 3)
+#define SW_SVC_F_AFFINITY (1 << 4)
+#define SW_SVC_F2_TWO_SCOPES (1 << (13 - 8))
+
+/* The master slot's first word: algorithm in the top 8 bits, affinity timeout
+ * (seconds) in the low 24 bits. */
+#define SW_LB_ALG_SHIFT 24
+#define SW_LB_ALG_RANDOM 1
+#define SW_LB_ALG_MAGLEV 2
+#define SW_AFFINITY_TIMEOUT_MASK ((1U << SW_LB_ALG_SHIFT) - 1)
+
+#define SW_SCOPE_EXTERNAL 0
+#define SW_SCOPE_INTERNAL 1
+
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__type(key, struct sw_sock_revnat4_key);
+	__type(value, struct sw_sock_revnat4_val);
+	__uint(max_entries, SW_SOCK_REVNAT_MAX_ENTRIES);
+} lb4_sock_revnat SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__type(key, struct sw_sock_revnat6_key);
+	__type(value, struct sw_sock_revnat6_val);
+	__uint(max_entries, SW_SOCK_REVNAT_MAX_ENTRIES);
+} lb6_sock_revnat SEC(".maps");
+
+/* Keeps the compiler from reasoning about a value, so that the bounds check
+ * that follows stays in the program for the verifier to see. */
+#define sw_barrier_var(v) asm volatile("" : "+r"(v))
+
+static __always_inline __u64 sw_now_sec(void)
+{
+	/* CLOCK_MONOTONIC, the clock of lb_affinity_val.last_used. */
+	return bpf_ktime_get_ns() / 1000000000ULL;
+}
+
+/* A small multiplicative mixing hash (murmur3's block and finaliser steps):
+ * only needs to spread clients over the maglev table, not resist attackers. */
+static __always_inline __u32 sw_hash_mix(__u32 h, __u32 k)
+{
+	k *= 0xcc9e2d51;
+	k = (k << 15) | (k >> 17);
+	k *= 0x1b873593;
+	h ^= k;
+	h = (h << 13) | (h >> 19);
+	return h * 5 + 0xe6546b64;
+}
+
+static __always_inline __u32 sw_hash_final(__u32 h)
+{
+	h ^= h >> 16;
+	h *= 0x85ebca6b;
+	h ^= h >> 13;
+	h *= 0xc2b2ae35;
+	h ^= h >> 16;
+	return h;
+}
+
+/* The reject verdict with ECONNREFUSED as the syscall's error. */
+static __always_inline int sw_refuse(void)
+{
+	bpf_set_retval(-SW_ECONNREFUSED);
+	return SW_SYS_REJECT;
+}
+
+/* A backend id from the service's maglev table, 0 when it has none. */
+static __always_inline __u32 sw_maglev_backend(void *outer, __be16 rev_nat_index, __u32 hash)
+{
+	__u32 zero = 0, idx;
+	__u32 *table;
+	void *inner;
+
+	inner = bpf_map_lookup_elem(outer, &rev_nat_index);
+	if (!inner)
+		return 0;
+	table = bpf_map_lookup_elem(inner, &zero);
+	if (!table)
+		return 0;
+	idx = hash % SW_LB_MAGLEV_TABLE_SIZE;
+	sw_barrier_var(idx);
+	if (idx >= SW_LB_MAGLEV_TABLE_SIZE)
+		return 0;
+	return table[idx];
+}
+
+/* ------------------------------------------------------------------ IPv4 */
+
+/* The frontend entry for the destination in `key` (address and dport set);
+ * on return `key` is the key that matched, so its slots can be read. */
+static __always_inline struct lb4_service *sw_lookup4(struct lb4_key *key, __u8 proto)
+{
+	struct lb4_service *svc, *internal;
+	__be32 address = key->address;
+
+	key->backend_slot = 0;
+	key->scope = SW_SCOPE_EXTERNAL;
+	key->proto = proto;
+	svc = bpf_map_lookup_elem(&lb4_services, key);
+	if (!svc) {
+		key->proto = 0;
+		svc = bpf_map_lookup_elem(&lb4_services, key);
+	}
+	if (!svc && (bpf_ntohl(address) >> 24) == 127) {
+		key->address = 0;
+		key->proto = proto;
+		svc = bpf_map_lookup_elem(&lb4_services, key);
+		if (svc && !(svc->flags & (SW_SVC_F_NODE_PORT | SW_SVC_F_HOST_PORT)))
+			svc = NULL;
+		if (!svc)
+			key->address = address;
+	}
+	if (svc && (svc->flags2 & SW_SVC_F2_TWO_SCOPES)) {
+		key->scope = SW_SCOPE_INTERNAL;
+		internal = bpf_map_lookup_elem(&lb4_services, key);
+		if (internal)
+			return internal;
+		key->scope = SW_SCOPE_EXTERNAL;
+	}
+	if (!svc) {
+		key->dport = 0;
+		key->proto = 0;
+		svc = bpf_map_lookup_elem(&lb4_services, key);
+	}
+	return svc;
+}
+
+static __always_inline __u32 sw_slot_backend4(struct lb4_key *key, __u16 slot)
+{
+	struct lb4_service *s;
+
+	key->backend_slot = slot;
+	s = bpf_map_lookup_elem(&lb4_services, key);
+	return s ? s->backend_id : 0;
+}
+
+static __always_inline __u32 sw_hash4(struct bpf_sock_addr *ctx, __u64 netns, __be32 daddr,
+				      __be16 dport)
+{
+	struct bpf_sock *sk = ctx->sk;
+	__u32 h = 0x5357; /* arbitrary seed */
+
+	h = sw_hash_mix(h, (__u32)netns);
+	h = sw_hash_mix(h, (__u32)(netns >> 32));
+	if (sk) {
+		h = sw_hash_mix(h, sk->src_ip4);
+		h = sw_hash_mix(h, sk->src_port);
+	}
+	h = sw_hash_mix(h, daddr);
+	h = sw_hash_mix(h, dport);
+	return sw_hash_final(h);
+}
+
+/* The backend id for a connection to the service `svc` (master copy), or 0. */
+static __always_inline __u32 sw_select4(struct bpf_sock_addr *ctx, struct lb4_key *key,
+					const struct lb4_service *svc, __be32 daddr, __be16 dport)
+{
+	struct lb4_affinity_key akey = {};
+	struct lb_affinity_match match = {};
+	struct lb_affinity_val aval = {};
+	struct lb_affinity_val *cur;
+	__u32 alg = svc->backend_id >> SW_LB_ALG_SHIFT;
+	__u32 timeout = svc->affinity_timeout & SW_AFFINITY_TIMEOUT_MASK;
+	bool affinity = svc->flags & SW_SVC_F_AFFINITY;
+	__u64 netns = bpf_get_netns_cookie(ctx);
+	__u64 now = sw_now_sec();
+	__u32 backend_id = 0;
+
+	if (affinity) {
+		akey.client_id.client_cookie = netns;
+		akey.rev_nat_id = bpf_ntohs(svc->rev_nat_index);
+		akey.netns_cookie = 1;
+		cur = bpf_map_lookup_elem(&lb4_affinity, &akey);
+		if (cur) {
+			match.backend_id = cur->backend_id;
+			match.rev_nat_id = svc->rev_nat_index;
+			if (cur->last_used + timeout > now &&
+			    bpf_map_lookup_elem(&lb_affinity_match, &match) &&
+			    bpf_map_lookup_elem(&lb4_backends, &match.backend_id)) {
+				cur->last_used = now;
+				return match.backend_id;
+			}
+			bpf_map_delete_elem(&lb4_affinity, &akey);
+		}
+	}
+	if (alg != SW_LB_ALG_RANDOM)
+		backend_id = sw_maglev_backend(&lb4_maglev, svc->rev_nat_index,
+					       sw_hash4(ctx, netns, daddr, dport));
+	if (!backend_id)
+		backend_id = sw_slot_backend4(key, bpf_get_prandom_u32() % svc->count + 1);
+	if (affinity && backend_id) {
+		aval.last_used = now;
+		aval.backend_id = backend_id;
+		bpf_map_update_elem(&lb4_affinity, &akey, &aval, BPF_ANY);
+	}
+	return backend_id;
+}
+
+/* Translate the destination of ctx if it is a service: 0 when done or not a
+ * service, -ECONNREFUSED when the service has no backend to offer. */
+static __always_inline int sw_xlate4(struct bpf_sock_addr *ctx, __u8 proto)
+{
+	__be32 daddr = ctx->user_ip4;
+	__be16 dport = (__be16)ctx->user_port;
+	struct lb4_key key = { .address = daddr, .dport = dport };
+	struct sw_sock_revnat4_key rkey = {};
+	struct sw_sock_revnat4_val rval = {};
+	struct lb4_service *found, svc;
+	struct lb4_backend *be;
+	__u32 backend_id;
+
+	found = sw_lookup4(&key, proto);
+	if (!found)
+		return 0;
+	svc = *found;
+	if (svc.count == 0)
+		return -SW_ECONNREFUSED;
+	backend_id = sw_select4(ctx, &key, &svc, daddr, dport);
+	if (!backend_id)
+		return -SW_ECONNREFUSED;
+	be = bpf_map_lookup_elem(&lb4_backends, &backend_id);
+	if (!be)
+		return -SW_ECONNREFUSED;
+
+	rkey.cookie = bpf_get_socket_cookie(ctx);
+	rkey.address = be->address;
+	rkey.port = be->port;
+	rval.address = daddr;
+	rval.port = dport;
+	rval.rev_nat_index = svc.rev_nat_index;
+	bpf_map_update_elem(&lb4_sock_revnat, &rkey, &rval, BPF_ANY);
+
+	ctx->user_ip4 = be->address;
+	ctx->user_port = be->port;
+	return 0;
+}
+
+/* Show the service address instead of the backend a translated socket talks to. */
+static __always_inline void sw_rev_xlate4(struct bpf_sock_addr *ctx)
+{
+	struct sw_sock_revnat4_key rkey = {};
+	struct sw_sock_revnat4_val *rval;
+	__be16 rev_nat_index;
+
+	rkey.cookie = bpf_get_socket_cookie(ctx);
+	rkey.address = ctx->user_ip4;
+	rkey.port = (__be16)ctx->user_port;
+	rval = bpf_map_lookup_elem(&lb4_sock_revnat, &rkey);
+	if (!rval)
+		return;
+	rev_nat_index = rval->rev_nat_index;
+	if (!bpf_map_lookup_elem(&lb4_reverse_nat, &rev_nat_index)) {
+		/* The service is gone: the backend is all there is to show. */
+		bpf_map_delete_elem(&lb4_sock_revnat, &rkey);
+		return;
+	}
+	ctx->user_ip4 = rval->address;
+	ctx->user_port = rval->port;
+}
+
+SEC("cgroup/connect4")
+int sw_sock4_connect(struct bpf_sock_addr *ctx)
+{
+	__u32 proto = ctx->protocol;
+
+	if (proto != SW_IPPROTO_TCP && proto != SW_IPPROTO_UDP)
+		return SW_SYS_PROCEED;
+	if (sw_xlate4(ctx, proto) < 0)
+		return sw_refuse();
+	return SW_SYS_PROCEED;
+}
+
+SEC("cgroup/sendmsg4")
+int sw_sock4_sendmsg(struct bpf_sock_addr *ctx)
+{
+	if (ctx->protocol != SW_IPPROTO_UDP)
+		return SW_SYS_PROCEED;
+	if (sw_xlate4(ctx, SW_IPPROTO_UDP) < 0)
+		return sw_refuse();
+	return SW_SYS_PROCEED;
+}
+
+SEC("cgroup/recvmsg4")
+int sw_sock4_recvmsg(struct bpf_sock_addr *ctx)
+{
+	sw_rev_xlate4(ctx);
+	return SW_SYS_PROCEED;
+}
+
+SEC("cgroup/getpeername4")
+int sw_sock4_getpeername(struct bpf_sock_addr *ctx)
+{
+	sw_rev_xlate4(ctx);
+	return SW_SYS_PROCEED;
+}
+
+/* ------------------------------------------------------------------ IPv6 */
+
+static __always_inline void sw_ctx_ip6(const struct bpf_sock_addr *ctx, union sw_v6addr *a)
+{
+	a->p1 = ctx->user_ip6[0];
+	a->p2 = ctx->user_ip6[1];
+	a->p3 = ctx->user_ip6[2];
+	a->p4 = ctx->user_ip6[3];
+}
+
+static __always_inline void sw_set_ctx_ip6(struct bpf_sock_addr *ctx, const union sw_v6addr *a)
+{
+	ctx->user_ip6[0] = a->p1;
+	ctx->user_ip6[1] = a->p2;
+	ctx->user_ip6[2] = a->p3;
+	ctx->user_ip6[3] = a->p4;
+}
+
+static __always_inline bool sw_is_loopback6(const union sw_v6addr *a)
+{
+	return (a->p1 | a->p2 | a->p3) == 0 && a->p4 == bpf_htonl(1);
+}
+
+static __always_inline struct lb6_service *sw_lookup6(struct lb6_key *key, __u8 proto)
+{
+	struct lb6_service *svc, *internal;
+	union sw_v6addr address = key->address;
+
+	key->backend_slot = 0;
+	key->scope = SW_SCOPE_EXTERNAL;
+	key->proto = proto;
+	svc = bpf_map_lookup_elem(&lb6_services, key);
+	if (!svc) {
+		key->proto = 0;
+		svc = bpf_map_lookup_elem(&lb6_services, key);
+	}
+	if (!svc && sw_is_loopback6(&address)) {
+		__builtin_memset(&key->address, 0, sizeof(key->address));
+		key->proto = proto;
+		svc = bpf_map_lookup_elem(&lb6_services, key);
+		if (svc && !(svc->flags & (SW_SVC_F_NODE_PORT | SW_SVC_F_HOST_PORT)))
+			svc = NULL;
+		if (!svc)
+			key->address = address;
+	}
+	if (svc && (svc->flags2 & SW_SVC_F2_TWO_SCOPES)) {
+		key->scope = SW_SCOPE_INTERNAL;
+		internal = bpf_map_lookup_elem(&lb6_services, key);
+		if (internal)
+			return internal;
+		key->scope = SW_SCOPE_EXTERNAL;
+	}
+	if (!svc) {
+		key->dport = 0;
+		key->proto = 0;
+		svc = bpf_map_lookup_elem(&lb6_services, key);
+	}
+	return svc;
+}
+
+static __always_inline __u32 sw_slot_backend6(struct lb6_key *key, __u16 slot)
+{
+	struct lb6_service *s;
+
+	key->backend_slot = slot;
+	s = bpf_map_lookup_elem(&lb6_services, key);
+	return s ? s->backend_id : 0;
+}
+
+static __always_inline __u32 sw_hash6(struct bpf_sock_addr *ctx, __u64 netns,
+				      const union sw_v6addr *daddr, __be16 dport)
+{
+	struct bpf_sock *sk = ctx->sk;
+	__u32 h = 0x5357;
+
+	h = sw_hash_mix(h, (__u32)netns);
+	h = sw_hash_mix(h, (__u32)(netns >> 32));
+	if (sk) {
+		h = sw_hash_mix(h, sk->src_ip6[0]);
+		h = sw_hash_mix(h, sk->src_ip6[1]);
+		h = sw_hash_mix(h, sk->src_ip6[2]);
+		h = sw_hash_mix(h, sk->src_ip6[3]);
+		h = sw_hash_mix(h, sk->src_port);
+	}
+	h = sw_hash_mix(h, daddr->p1);
+	h = sw_hash_mix(h, daddr->p2);
+	h = sw_hash_mix(h, daddr->p3);
+	h = sw_hash_mix(h, daddr->p4);
+	h = sw_hash_mix(h, dport);
+	return sw_hash_final(h);
+}
+
+static __always_inline __u32 sw_select6(struct bpf_sock_addr *ctx, struct lb6_key *key,
+					const struct lb6_service *svc,
+					const union sw_v6addr *daddr, __be16 dport)
+{
+	struct lb6_affinity_key akey = {};
+	struct lb_affinity_match match = {};
+	struct lb_affinity_val aval = {};
+	struct lb_affinity_val *cur;
+	__u32 alg = svc->backend_id >> SW_LB_ALG_SHIFT;
+	__u32 timeout = svc->affinity_timeout & SW_AFFINITY_TIMEOUT_MASK;
+	bool affinity = svc->flags & SW_SVC_F_AFFINITY;
+	__u64 netns = bpf_get_netns_cookie(ctx);
+	__u64 now = sw_now_sec();
+	__u32 backend_id = 0;
+
+	if (affinity) {
+		akey.client_id.client_cookie = netns;
+		akey.rev_nat_id = bpf_ntohs(svc->rev_nat_index);
+		akey.netns_cookie = 1;
+		cur = bpf_map_lookup_elem(&lb6_affinity, &akey);
+		if (cur) {
+			match.backend_id = cur->backend_id;
+			match.rev_nat_id = svc->rev_nat_index;
+			if (cur->last_used + timeout > now &&
+			    bpf_map_lookup_elem(&lb_affinity_match, &match) &&
+			    bpf_map_lookup_elem(&lb6_backends, &match.backend_id)) {
+				cur->last_used = now;
+				return match.backend_id;
+			}
+			bpf_map_delete_elem(&lb6_affinity, &akey);
+		}
+	}
+	if (alg != SW_LB_ALG_RANDOM)
+		backend_id = sw_maglev_backend(&lb6_maglev, svc->rev_nat_index,
+					       sw_hash6(ctx, netns, daddr, dport));
+	if (!backend_id)
+		backend_id = sw_slot_backend6(key, bpf_get_prandom_u32() % svc->count + 1);
+	if (affinity && backend_id) {
+		aval.last_used = now;
+		aval.backend_id = backend_id;
+		bpf_map_update_elem(&lb6_affinity, &akey, &aval, BPF_ANY);
+	}
+	return backend_id;
+}
+
+static __always_inline int sw_xlate6(struct bpf_sock_addr *ctx, __u8 proto)
+{
+	__be16 dport = (__be16)ctx->user_port;
+	struct lb6_key key = { .dport = dport };
+	struct sw_sock_revnat6_key rkey = {};
+	struct sw_sock_revnat6_val rval = {};
+	struct lb6_service *found, svc;
+	struct lb6_backend *be;
+	union sw_v6addr daddr;
+	__u32 backend_id;
+
+	sw_ctx_ip6(ctx, &daddr);
+	key.address = daddr;
+	found = sw_lookup6(&key, proto);
+	if (!found)
+		return 0;
+	svc = *found;
+	if (svc.count == 0)
+		return -SW_ECONNREFUSED;
+	backend_id = sw_select6(ctx, &key, &svc, &daddr, dport);
+	if (!backend_id)
+		return -SW_ECONNREFUSED;
+	be = bpf_map_lookup_elem(&lb6_backends, &backend_id);
+	if (!be)
+		return -SW_ECONNREFUSED;
+
+	rkey.cookie = bpf_get_socket_cookie(ctx);
+	rkey.address = be->address;
+	rkey.port = be->port;
+	rval.address = daddr;
+	rval.port = dport;
+	rval.rev_nat_index = svc.rev_nat_index;
+	bpf_map_update_elem(&lb6_sock_revnat, &rkey, &rval, BPF_ANY);
+
+	sw_set_ctx_ip6(ctx, &be->address);
+	ctx->user_port = be->port;
+	return 0;
+}
+
+static __always_inline void sw_rev_xlate6(struct bpf_sock_addr *ctx)
+{
+	struct sw_sock_revnat6_key rkey = {};
+	struct sw_sock_revnat6_val *rval;
+	__be16 rev_nat_index;
+
+	rkey.cookie = bpf_get_socket_cookie(ctx);
+	sw_ctx_ip6(ctx, &rkey.address);
+	rkey.port = (__be16)ctx->user_port;
+	rval = bpf_map_lookup_elem(&lb6_sock_revnat, &rkey);
+	if (!rval)
+		return;
+	rev_nat_index = rval->rev_nat_index;
+	if (!bpf_map_lookup_elem(&lb6_reverse_nat, &rev_nat_index)) {
+		bpf_map_delete_elem(&lb6_sock_revnat, &rkey);
+		return;
+	}
+	sw_set_ctx_ip6(ctx, &rval->address);
+	ctx->user_port = rval->port;
+}
+
+SEC("cgroup/connect6")
+int sw_sock6_connect(struct bpf_sock_addr *ctx)
+{
+	__u32 proto = ctx->protocol;
+
+	if (proto != SW_IPPROTO_TCP && proto != SW_IPPROTO_UDP)
+		return SW_SYS_PROCEED;
+	if (sw_xlate6(ctx, proto) < 0)
+		return sw_refuse();
+	return SW_SYS_PROCEED;
+}
+
+SEC("cgroup/sendmsg6")
+int sw_sock6_sendmsg(struct bpf_sock_addr *ctx)
+{
+	if (ctx->protocol != SW_IPPROTO_UDP)
+		return SW_SYS_PROCEED;
+	if (sw_xlate6(ctx, SW_IPPROTO_UDP) < 0)
+		return sw_refuse();
+	return SW_SYS_PROCEED;
+}
+
+SEC("cgroup/recvmsg6")
+int sw_sock6_recvmsg(struct bpf_sock_addr *ctx)
+{
+	sw_rev_xlate6(ctx);
+	return SW_SYS_PROCEED;
+}
+
+SEC("cgroup/getpeername6")
+int sw_sock6_getpeername(struct bpf_sock_addr *ctx)
+{
+	sw_rev_xlate6(ctx);
+	return SW_SYS_PROCEED;
+}
+
+char LICENSE[] SEC("license") = "Dual BSD/GPL";
