@@ -5,10 +5,19 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 APT_PKGS := clang llvm libbpf-dev bpftool iproute2
+BPF_OBJ  := build/sock_lb.o
+MULTIARCH ?= $(shell python3 -c 'import sysconfig; print(sysconfig.get_config_var("MULTIARCH") or "")' 2>/dev/null)
 
 .PHONY: setup system-deps test lint pytest run bench conformance clean
 
-setup: system-deps $(STAMP)
+setup: system-deps $(STAMP) $(BPF_OBJ)
+
+# The socket load balancer (bpf/sock_lb.c); without clang the datapath tests skip.
+$(BPF_OBJ): bpf/sock_lb.c $(wildcard bpf/include/*.h) | system-deps
+	@mkdir -p $(dir $@)
+	@if command -v clang >/dev/null; then \
+	  clang -O2 -g -Wall -target bpf $(if $(MULTIARCH),-I/usr/include/$(MULTIARCH)) -c $< -o $@ && echo "setup: built $@"; \
+	else echo "setup: clang not installed, $@ not built (datapath tests will skip)"; fi
 
 # Debian packages for the BPF toolchain and network tests; installed only when root and missing.
 system-deps:
