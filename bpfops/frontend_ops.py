@@ -143,10 +143,14 @@ class _BackendState:
     id: int
     refcount: int = 0
     written: Any = None  # the backends-map value last written
+    last_params: tuple[int, int, int] | None = None  # cache of _backend_value
+    last_value: Any = None
     wants: dict[Addr, Any] = field(default_factory=dict)  # frontend -> wanted value
 
     def effective(self) -> Any:
         """The value the entry should hold."""
+        if len(self.wants) == 1:
+            return next(iter(self.wants.values()))
         return min(self.wants.values(), key=lambda v: (v.flags, v.proto, v.cluster_id, v.zone))
 
 
@@ -455,6 +459,9 @@ class FrontendOps(Generic[R]):
             state = _FrontendState(fe_id, v6)
             self.frontends[addr] = state
         svc_map = maps.services(v6)
+        key_cls = lb.Service6Key if v6 else lb.Service4Key
+        key_ip, key_port, key_scope = addr.ip.packed, addr.port, addr.scope
+        key_proto = proto_number(addr.proto)
 
         routable = not addr.is_unspecified and (fe.type != CLUSTER_IP or cfg.external_clusterip)
         has_ranges = bool(svc.source_ranges)
@@ -507,7 +514,7 @@ class FrontendOps(Generic[R]):
                 # Referenced before written: a failure below leaves it for delete to drop.
                 state.backends.add(be.addr)
                 bstate.refcount += 1
-            bstate.wants[addr] = self._backend_value(be)
+            bstate.wants[addr] = self._backend_value(be, bstate)
             value = bstate.effective()
             if bstate.written != value:
                 maps.backends(be.addr.is_v6).update(be_id, value)
@@ -520,7 +527,7 @@ class FrontendOps(Generic[R]):
             sv = lb.ServiceValue(be_id, 0, fe_id, f1, f2, 0)
             idx = slot - 1
             if idx >= len(state.slots) or state.slots[idx] != sv:
-                svc_map.update(self._svc_key(addr, slot), sv)
+                svc_map.update(key_cls(key_ip, key_port, slot, key_proto, key_scope), sv)
                 if idx < len(state.slots):
                     state.slots[idx] = sv
                 else:
@@ -645,12 +652,19 @@ class FrontendOps(Generic[R]):
                 bstate.written = value
         bstate.refcount -= 1
 
-    def _backend_value(self, be: BackendSpec) -> Any:
+    def _backend_value(self, be: BackendSpec, bstate: _BackendState | None = None) -> Any:
+        """The backends-map value of ``be`` (reusing the last one built for ``bstate``)."""
+        params = (be.state, be.cluster_id, be.zone)
+        if bstate is not None and bstate.last_params == params:
+            return bstate.last_value
         proto = proto_number(be.addr.proto)
         if be.addr.port == 0:
             raise ValueError(f"backend {be.addr}: port 0")
         cls = lb.Backend6 if be.addr.is_v6 else lb.Backend4
-        return cls(be.addr.ip.packed, be.addr.port, proto, be.state, be.cluster_id, be.zone)
+        value = cls(be.addr.ip.packed, be.addr.port, proto, be.state, be.cluster_id, be.zone)
+        if bstate is not None:
+            bstate.last_params, bstate.last_value = params, value
+        return value
 
     def _upsert_wildcard(self, fe: FrontendSpec, state: _FrontendState) -> None:
         key = (fe.addr.ip, fe.addr.scope)

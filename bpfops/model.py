@@ -60,6 +60,12 @@ class Addr:
     port: int
     proto: str = "TCP"
     scope: int = SCOPE_EXTERNAL
+    _hash: int = field(default=0, init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        # ipaddress hashes through hex(); the ops hash addresses in every state lookup,
+        # so the hash of the integer form is computed once.
+        object.__setattr__(self, "_hash", hash((int(self.ip), self.port, self.proto, self.scope)))
 
     @classmethod
     def of(cls, ip: str | IPAddress, port: int, proto: str = "TCP", scope: int = 0) -> Addr:
@@ -71,9 +77,7 @@ class Addr:
         return cls(parsed, port, proto.upper(), scope)
 
     def __hash__(self) -> int:
-        # ipaddress hashes through hex(); the integer form is much cheaper and the ops
-        # hash addresses in every map-state lookup.
-        return hash((int(self.ip), self.port, self.proto, self.scope))
+        return self._hash
 
     @property
     def is_v6(self) -> bool:
