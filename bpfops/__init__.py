@@ -1,1 +1,23 @@
-"""bpfops: reconciler Operations that turn table rows into BPF map entries."""
+"""LB Ops: the frontends reconciler's target, writing Cilium-compatible load-balancer maps.
+
+Modules:
+
+* ``bpfops.lb_maps``: ``LBMaps`` - the LB map set (v4+v6 services, backends, rev-NAT,
+  affinity, source ranges, maglev) opened through ``bpf.factory`` (``LBMaps.open(
+  LBMapsConfig(backend=, pin_dir=, pin=, max_entries=, maglev_table_size=), wrap=)``) or
+  ``LBMaps.in_memory()``; ``unwrapped()``, ``snapshot()``/``restore(any_proto=)``,
+  ``set_maglev``/``maglev_tables``, ``is_empty()``.
+* ``bpfops.frontend_ops``: ``FrontendOps(maps, LBOpsConfig, node=NodeView, to_spec=)`` with
+  ``update/delete/prune`` (reconciler Operations), ``reset_and_restore()``,
+  ``service_id(addr)``, ``backend_id(addr)``, ``state_is_empty()``, ``state_summary()``,
+  ``dump_lines()``; errors are ``LBOpsError`` naming the frontend.
+* ``bpfops.adapter``: the tables glue - ``frontend_ops_for(writer, maps, lb_config)``,
+  ``reconciler_config(writer, ops, lb_config, **overrides)``, ``frontend_spec``,
+  ``ops_config``, ``TablesNodeView``.
+* ``bpfops.maps_dump``: ``dump_lines(maps)``, ``dump_text(maps)``, ``maps_empty(maps)`` - the
+  corpus ``lb/maps-dump`` format.
+* ``bpfops.model``: ``Addr``, ``FrontendSpec``, ``ServiceSpec``, ``BackendSpec``,
+  ``LBOpsConfig``; ``bpfops.flags``: service flag bits and names; ``bpfops.ids``:
+  ``IDAllocator`` (next-fit, wrap-around, restore reservations); ``bpfops.maglev``:
+  ``Maglev`` (Cilium's table computation, MurmurHash3).
+"""

@@ -20,6 +20,7 @@ import errno
 import random
 from typing import Any
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -193,3 +194,28 @@ def test_retry_at_once_gives_identical_maps(
             raise AssertionError(f"{op} never succeeded")
     final_prune(ops, desired)
     assert dump_lines(broken.unwrapped()) == dump_lines(clean)
+
+
+def kernel_maps(wrap: Any = None) -> LBMaps:
+    """Unpinned kernel LB maps (closed by the caller)."""
+    from bpfops.lb_maps import LBMapsConfig
+
+    cfg = LBMapsConfig(backend="kernel", pin=False, max_entries=256, maglev_table_size=251)
+    return LBMaps.open(cfg, wrap=wrap)
+
+
+@pytest.mark.kernel
+@settings(max_examples=15, deadline=None, derandomize=True)
+@given(st.lists(step, min_size=1, max_size=20), st.integers(0, 2**16))
+def test_churn_with_faults_converges_on_kernel_maps(
+    steps: list[tuple[int, bool, list[tuple[int, int]], int]], seed: int
+) -> None:
+    clean = kernel_maps()
+    broken = kernel_maps(faulty(seed, 0.2))
+    try:
+        run(steps, clean, None)
+        run(steps, broken, random.Random(seed))
+        assert normalize_ids(dump_lines(broken.unwrapped())) == normalize_ids(dump_lines(clean))
+    finally:
+        clean.close()
+        broken.close()
