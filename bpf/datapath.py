@@ -177,7 +177,7 @@ class SockLB:
                 errno.ENOENT,
                 f"sock_lb: object {self.config.object_path} not built (run `make setup`)",
             )
-        os.makedirs(self.links_dir(cg_id), exist_ok=True)
+        os.makedirs(self.base_dir, exist_ok=True)  # libbpf pins the own maps there
         try:
             cg_fd = os.open(cg, os.O_RDONLY | os.O_DIRECTORY)
         except OSError as exc:
@@ -193,6 +193,7 @@ class SockLB:
                     "log is on stderr)",
                 )
             progs = {name: ptr for name, _sec, ptr in libbpf.object_programs(obj)}
+            os.makedirs(self.links_dir(cg_id), exist_ok=True)
             for name in self.config.programs:
                 if name not in progs:
                     raise DatapathError(

@@ -27,8 +27,10 @@
  * in lb_affinity_match); the maglev table of the service when its algorithm
  * is maglev, or undefined and a table is installed (the control plane only
  * installs tables for maglev frontends), indexed by a hash of the client
- * netns cookie, the socket's bound source address and port and the service
- * address; else a uniformly random slot among the `count` active slots.
+ * (its netns cookie and the socket's bound source address, if any; not the
+ * source port, which is usually an ephemeral one, so a client keeps its
+ * backend across connections) and the service address; else a uniformly
+ * random slot among the `count` active slots.
  *
  * Refusal: a service with no active backend (count 0, the wildcard entry, a
  * slot or backend missing during an update) makes connect()/sendmsg() fail
@@ -205,7 +207,6 @@ static __always_inline __u32 sw_hash4(struct bpf_sock_addr *ctx, __u64 netns, __
 	h = sw_hash_mix(h, (__u32)(netns >> 32));
 	if (sk) {
 		h = sw_hash_mix(h, sk->src_ip4);
-		h = sw_hash_mix(h, sk->src_port);
 	}
 	h = sw_hash_mix(h, daddr);
 	h = sw_hash_mix(h, dport);
@@ -437,7 +438,6 @@ static __always_inline __u32 sw_hash6(struct bpf_sock_addr *ctx, __u64 netns,
 		h = sw_hash_mix(h, sk->src_ip6[1]);
 		h = sw_hash_mix(h, sk->src_ip6[2]);
 		h = sw_hash_mix(h, sk->src_ip6[3]);
-		h = sw_hash_mix(h, sk->src_port);
 	}
 	h = sw_hash_mix(h, daddr->p1);
 	h = sw_hash_mix(h, daddr->p2);
