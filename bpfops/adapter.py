@@ -191,6 +191,7 @@ def frontend_ops_for(
         ops_config(cfg),
         node=TablesNodeView(writer.node_addresses, writer.frontends, cfg, writer.backends),
         to_spec=lambda _txn, fe: frontend_spec(fe, cfg),
+        key_of=lambda fe: addr_of(fe.address),
         restore=restore,
     )
 

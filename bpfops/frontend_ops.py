@@ -183,6 +183,7 @@ class FrontendOps(Generic[R]):
 
     ``to_spec(txn, row)`` turns a row into a FrontendSpec (see bpfops.adapter for the
     tables' rows); rows that are already FrontendSpec pass through when it is omitted.
+    ``key_of(row)`` gives a row's frontend address cheaply for prune (else ``to_spec``).
     """
 
     def __init__(
@@ -191,6 +192,7 @@ class FrontendOps(Generic[R]):
         config: LBOpsConfig | None = None,
         node: NodeView | None = None,
         to_spec: Callable[[ReadTxn, R], FrontendSpec] | None = None,
+        key_of: Callable[[R], Addr] | None = None,
         maglev: Maglev | None = None,
         restore: bool = True,
     ) -> None:
@@ -198,6 +200,7 @@ class FrontendOps(Generic[R]):
         self.config = config or LBOpsConfig()
         self.node: NodeView = node or StaticNodeView()
         self._to_spec = to_spec
+        self._key_of = key_of
         self.maglev = maglev or Maglev(maps.maglev_table_size, self.config.maglev_hash_seed)
         if self.maglev.table_size != maps.maglev_table_size:
             raise ValueError(
@@ -306,12 +309,12 @@ class FrontendOps(Generic[R]):
         wanted: set[Addr] = set()
         for obj in objects:
             try:
-                fe = self.spec_of(txn, obj)
-            except Exception:  # a malformed row keeps its entries; its update reports it
+                key = self._key_of(obj) if self._key_of else self.spec_of(txn, obj).addr
+            except Exception:  # a malformed row keeps no entries; its update reports it
                 log.debug("prune: cannot read a row", exc_info=True)
                 continue
-            wanted.add(fe.addr)
-            wanted.update(self.expansions.get(fe.addr, ()))
+            wanted.add(key)
+            wanted.update(self.expansions.get(key, ()))
         errors: list[str] = []
         for addr in [a for a in self.frontends if a not in wanted]:
             try:
