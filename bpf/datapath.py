@@ -29,6 +29,7 @@ import errno
 import logging
 import os
 import shutil
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -45,8 +46,8 @@ DEFAULT_OBJECT = str(REPO_ROOT / "build" / "sock_lb.o")
 SUBDIR = "sock_lb"
 #: The maps of sock_lb.c that are the datapath's own (pinned under SUBDIR).
 OWN_MAPS = ("lb4_sock_revnat", "lb6_sock_revnat")
-#: The maglev table size the object is compiled for (SW_LB_MAGLEV_TABLE_SIZE in lb.h).
-COMPILED_MAGLEV_TABLE_SIZE = lb.MAGLEV_TABLE_SIZE
+#: The object's section holding the maglev table size (set before loading).
+MAGLEV_SIZE_SECTION = ".rodata.maglev"
 #: The programs of sock_lb.c, by name, with their hooks.
 PROGRAMS = {
     "sw_sock4_connect": "cgroup/connect4",
@@ -165,11 +166,9 @@ class SockLB:
         Raises DatapathError naming the object, map or program, the cgroup and the errno.
         Idempotent: a second call swaps in a freshly loaded program again.
         """
-        if self.config.maglev_table_size != COMPILED_MAGLEV_TABLE_SIZE:
+        if not 0 < self.config.maglev_table_size < 1 << 20:
             raise DatapathError(
-                errno.EINVAL,
-                f"sock_lb: the object is built for maglev tables of {COMPILED_MAGLEV_TABLE_SIZE} "
-                f"entries, the LB maps use {self.config.maglev_table_size}",
+                errno.EINVAL, f"sock_lb: maglev table size {self.config.maglev_table_size}"
             )
         cg, cg_id = self._check_cgroup()
         if not os.path.exists(self.config.object_path):
@@ -214,6 +213,7 @@ class SockLB:
             raise DatapathError(-obj, f"sock_lb: open {path}")
         try:
             lb_names = {spec.name for spec in lb_specs()}
+            found_size = False
             for name, map_ptr in libbpf.object_maps(obj):
                 if name in OWN_MAPS:
                     ret = libbpf.map_set_pin_path(map_ptr, os.path.join(self.base_dir, name))
@@ -221,7 +221,17 @@ class SockLB:
                         raise DatapathError(-ret, f"sock_lb: map {name}: set pin path")
                 elif name in lb_names:
                     self._reuse_lb_map(name, map_ptr)
+                elif name == MAGLEV_SIZE_SECTION:
+                    size = self.config.maglev_table_size.to_bytes(4, sys.byteorder)
+                    ret = libbpf.map_set_initial_value(map_ptr, size)
+                    if ret < 0:
+                        raise DatapathError(-ret, f"sock_lb: set the maglev table size ({name})")
+                    found_size = True
                 # anything else (.rodata, .bss) is the object's own
+            if not found_size:
+                raise DatapathError(
+                    errno.ENOENT, f"sock_lb: no {MAGLEV_SIZE_SECTION} section in {path}"
+                )
         except BaseException:
             libbpf.object_close(obj)
             raise

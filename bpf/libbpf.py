@@ -155,6 +155,9 @@ class _Lib:
         self.map_name = eproto("bpf_map__name", _c_char_p, _c_void_p)
         self.map_reuse_fd = eproto("bpf_map__reuse_fd", _c_int, _c_void_p, _c_int)
         self.map_set_pin_path = eproto("bpf_map__set_pin_path", _c_int, _c_void_p, _c_char_p)
+        self.map_set_initial_value = eproto(
+            "bpf_map__set_initial_value", _c_int, _c_void_p, _c_char_p, ctypes.c_size_t
+        )
         self.program_name = eproto("bpf_program__name", _c_char_p, _c_void_p)
         self.program_section = eproto("bpf_program__section_name", _c_char_p, _c_void_p)
         self.program_fd = eproto("bpf_program__fd", _c_int, _c_void_p)
@@ -339,6 +342,13 @@ def map_reuse_fd(map_ptr: int, fd: int) -> int:
 def map_set_pin_path(map_ptr: int, path: str) -> int:
     """bpf_map__set_pin_path: reuse the map pinned there at load, else create and pin it."""
     ret: int = lib().map_set_pin_path(map_ptr, os.fsencode(path))
+    return ret
+
+
+def map_set_initial_value(map_ptr: int, data: bytes) -> int:
+    """bpf_map__set_initial_value of a global-data map (before load; ``data`` must be
+    exactly the section's size): 0 or -errno."""
+    ret: int = lib().map_set_initial_value(map_ptr, data, len(data))
     return ret
 
 

@@ -88,6 +88,12 @@ struct {
 	__uint(max_entries, SW_SOCK_REVNAT_MAX_ENTRIES);
 } lb6_sock_revnat SEC(".maps");
 
+/* Entries of the maglev tables: the agent's configured size, set by the
+ * loader before the program is loaded. The .rodata map is frozen, so the
+ * verifier knows the value and checks every table access against the inner
+ * map's real size. */
+const volatile __u32 sw_maglev_table_size SEC(".rodata.maglev") = SW_LB_MAGLEV_TABLE_SIZE;
+
 /* Keeps the compiler from reasoning about a value, so that the bounds check
  * that follows stays in the program for the verifier to see. */
 #define sw_barrier_var(v) asm volatile("" : "+r"(v))
@@ -130,7 +136,7 @@ static __always_inline int sw_refuse(void)
 /* A backend id from the service's maglev table, 0 when it has none. */
 static __always_inline __u32 sw_maglev_backend(void *outer, __be16 rev_nat_index, __u32 hash)
 {
-	__u32 zero = 0, idx;
+	__u32 zero = 0, idx, size;
 	__u32 *table;
 	void *inner;
 
@@ -140,9 +146,12 @@ static __always_inline __u32 sw_maglev_backend(void *outer, __be16 rev_nat_index
 	table = bpf_map_lookup_elem(inner, &zero);
 	if (!table)
 		return 0;
-	idx = hash % SW_LB_MAGLEV_TABLE_SIZE;
+	size = sw_maglev_table_size;
+	if (size == 0)
+		return 0;
+	idx = hash % size;
 	sw_barrier_var(idx);
-	if (idx >= SW_LB_MAGLEV_TABLE_SIZE)
+	if (idx >= size)
 		return 0;
 	return table[idx];
 }

@@ -16,7 +16,9 @@ import pytest
 
 from bpf import lb
 from bpf.datapath import DatapathConfig, DatapathError, SockLB, cgroup2_mount
-from bpfops.model import Addr, BackendSpec, FrontendSpec, ServiceSpec
+from bpfops.frontend_ops import FrontendOps
+from bpfops.lb_maps import LBMaps, LBMapsConfig
+from bpfops.model import Addr, BackendSpec, FrontendSpec, LBOpsConfig, ServiceSpec
 
 from .conftest import BACKEND_PORT, BACKENDS4, BACKENDS6, CLIENT_SOURCES, LOOPBACK_BACKENDS, Env
 
@@ -218,6 +220,42 @@ def test_datapath_survives_the_loader_and_detach_stops_it(env: Env) -> None:
         assert env.client.tcp("10.96.0.21", 80)[0].get("errno") == errno.ENETUNREACH
         env.dp.attach()
         assert len(ids(env.client.tcp("10.96.0.21", 80, count=5))) == 5
+
+
+def test_maglev_with_a_configured_table_size(env: Env) -> None:
+    """The agent may size maglev tables (bpf-lb-maglev-table-size): the loader passes the
+    size to the program, which indexes the smaller tables within bounds."""
+    pin_dir = env.pin_dir + "-m1021"
+    maps = LBMaps.open(LBMapsConfig(backend="kernel", pin_dir=pin_dir, maglev_table_size=1021))
+    dp = SockLB(DatapathConfig(cgroup=env.cgroup, pin_dir=pin_dir, maglev_table_size=1021))
+    env.dp.detach()
+    try:
+        ops: FrontendOps[Any] = FrontendOps(
+            maps, LBOpsConfig(algorithm_annotation=True, maglev_table_size=1021)
+        )
+        dp.attach()
+        fe = FrontendSpec(
+            Addr.of("10.96.0.22", 80),
+            "ClusterIP",
+            ServiceSpec("test/maglev-1021", lb_algorithm="maglev"),
+            tuple(BackendSpec(Addr.of(b, BACKEND_PORT)) for b in BACKENDS4),
+        )
+        ops.update_spec(NO_TXN, fe)
+        chosen = set()
+        for src in CLIENT_SOURCES:
+            seen = set(ids(env.client.tcp("10.96.0.22", 80, count=3, bind=src)))
+            assert len(seen) == 1, (src, seen)
+            chosen |= seen
+        assert len(chosen) > 1
+    finally:
+        try:
+            dp.detach()
+            SockLB.cleanup(pin_dir)
+        finally:
+            maps.unpin()
+            maps.close()
+            os.rmdir(pin_dir)
+            env.dp.attach()
 
 
 def test_root_cgroup_refused_unless_asked(env: Env) -> None:
