@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import ipaddress
+import re
 
 import pytest
 
@@ -311,3 +312,75 @@ def test_backend_moving_to_a_later_frontend_keeps_its_id(lbmaps: LBMaps) -> None
     ops.delete(NO_TXN, 5, new)
     ops.prune(NO_TXN, iter([fe("10.96.0.1:80", backends=(be("10.244.1.1:80"),))]))
     assert not any("10.244.1.114" in ln for ln in dump_lines(lbmaps))
+
+
+def test_any_protocol_entries_migrate_keeping_ids(lbmaps: LBMaps) -> None:
+    # Entries written by an older version with protocol ANY (0).
+    vip = ipaddress.ip_address("10.96.0.1").packed
+    bip = ipaddress.ip_address("10.244.0.1").packed
+    lbmaps.svc4.update(lb.Service4Key(vip, 80, 0, 0, 0), lb.ServiceValue(0, 1, 7, 0, 0, 0))
+    lbmaps.svc4.update(lb.Service4Key(vip, 80, 1, 0, 0), lb.ServiceValue(9, 0, 7, 0, 0, 0))
+    lbmaps.be4.update(9, lb.Backend4(bip, 8080, 0))
+    lbmaps.rev4.update(7, lb.RevNat4(vip, 80))
+    ops = new_ops(lbmaps)
+    assert "restoredServiceIDs: 3" in ops.state_summary()  # TCP, UDP and SCTP aliases
+    f = fe("10.96.0.1:80", backends=(be("10.244.0.1:8080"),))
+    ops.update(NO_TXN, 1, f)
+    ops.prune(NO_TXN, iter([f]))
+    assert dump_lines(lbmaps) == [
+        "BE: ID=9 ADDR=10.244.0.1:8080/TCP STATE=active",
+        "REV: ID=7 ADDR=10.96.0.1:80",
+        f"SVC: ID=7 ADDR=10.96.0.1:80/TCP SLOT=0 LBALG=undef AFFTimeout=0 COUNT=1 QCOUNT=0 "
+        f"FLAGS={CIP}",
+        f"SVC: ID=7 ADDR=10.96.0.1:80/TCP SLOT=1 BEID=9 COUNT=0 QCOUNT=0 FLAGS={CIP}",
+    ]
+
+
+def test_quarantine_survives_a_restart_until_health_is_known(make_maps: MapsMaker) -> None:
+    maps = make_maps()
+    ops = new_ops(maps)
+    healthy, sick = be("10.244.0.1:80"), be("10.244.0.2:80", unhealthy=True)
+    f = fe("10.96.0.1:80", backends=(healthy, sick))
+    ops.update(NO_TXN, 1, f)
+    assert "COUNT=1 QCOUNT=1" in svc_lines(dump_lines(maps))[0]
+    maps.close()
+    maps2 = make_maps()
+    ops2 = new_ops(maps2)
+    assert "restoredQuarantines: 1" in ops2.state_summary()
+    # The tables no longer know the health (fresh start): the restored quarantine holds.
+    unknown = dataclasses.replace(f, backends=(healthy, be("10.244.0.2:80")))
+    ops2.update(NO_TXN, 2, unknown)
+    assert "COUNT=1 QCOUNT=1" in svc_lines(dump_lines(maps2))[0]
+    # A health check reports the backend healthy: it is used again.
+    known = dataclasses.replace(f, backends=(healthy, be("10.244.0.2:80", health_known=True)))
+    ops2.update(NO_TXN, 3, known)
+    assert "COUNT=2 QCOUNT=0" in svc_lines(dump_lines(maps2))[0]
+    assert "restoredQuarantines: 0" in ops2.state_summary()
+
+
+def test_ipv6_local_redirect_and_kpr_off(lbmaps: LBMaps) -> None:
+    ops = new_ops(lbmaps, kube_proxy_replacement=False)
+    v6 = fe("[fd00::10]:53", backends=(be("[fd00:244::1]:53"),), proto="UDP")
+    redirect = fe("169.254.0.1:53", "LocalRedirect", (be("10.244.0.9:53"),), proto="UDP")
+    nodeport = fe("0.0.0.0:30053", "NodePort", (be("10.244.0.9:53"),))
+    for i, f in enumerate((v6, redirect, nodeport)):
+        ops.update(NO_TXN, i, f)
+    lines = dump_lines(lbmaps)
+    assert "REV: ID=1 ADDR=[fd00::10]:53" in lines
+    assert "BE: ID=1 ADDR=[fd00:244::1]:53/TCP STATE=active" in lines
+    assert any(
+        ln.startswith("SVC: ID=2 ADDR=169.254.0.1:53/UDP SLOT=0")
+        and ln.endswith("FLAGS=LocalRedirect")
+        for ln in lines
+    )
+    assert not any("30053" in ln for ln in lines)  # no NodePort without kube-proxy replacement
+
+
+def test_maglev_weights_in_the_table(lbmaps: LBMaps) -> None:
+    ops = new_ops(lbmaps, algorithm="maglev", external_clusterip=True)
+    bes = (be("10.244.0.1:80", weight=300), be("10.244.0.2:80", weight=100))
+    ops.update(NO_TXN, 1, fe("10.96.0.1:80", backends=bes))
+    (line,) = [ln for ln in dump_lines(lbmaps) if ln.startswith("MAGLEV")]
+    counts = [int(n) for n in re.findall(r"\((\d+)\)", line)]
+    assert sum(counts) == 1021 and counts[0] > 2.5 * counts[1]
+    assert not any(ln.endswith("non-routable") for ln in svc_lines(dump_lines(lbmaps)))
