@@ -177,6 +177,7 @@ class SockLB:
                 f"sock_lb: object {self.config.object_path} not built (run `make setup`)",
             )
         os.makedirs(self.base_dir, exist_ok=True)  # libbpf pins the own maps there
+        self._prune_stale_links()
         try:
             cg_fd = os.open(cg, os.O_RDONLY | os.O_DIRECTORY)
         except OSError as exc:
@@ -315,7 +316,60 @@ class SockLB:
             )
         return fd
 
+    def _prune_stale_links(self) -> None:
+        """Remove the pins of links whose cgroup is gone (the kernel detached them when the
+        cgroup was removed, and reports cgroup id 0 for them)."""
+        links = os.path.join(self.base_dir, "links")
+        if not os.path.isdir(links):
+            return
+        for sub in os.listdir(links):
+            d = os.path.join(links, sub)
+            stale = True
+            for name in os.listdir(d):
+                fd = libbpf.obj_get(os.path.join(d, name))
+                if fd < 0:
+                    continue
+                info = libbpf.link_info(fd)
+                os.close(fd)
+                if not isinstance(info, int) and info[3] != 0:
+                    stale = False
+            if stale:
+                log.info("sock_lb: removing pinned links of a removed cgroup: %s", d)
+                _remove_links(d)
+
     # -- status and teardown ----------------------------------------------------------------
+
+    @staticmethod
+    def pinned(pin_dir: str = DEFAULT_PIN_DIR) -> list[dict[str, int | str]]:
+        """Every link pinned by the datapath under ``pin_dir`` as the kernel reports it
+        (program, pin, link id, program id, cgroup id; cgroup id 0 once the cgroup is
+        gone). For health reports and tools; works from any process."""
+        out: list[dict[str, int | str]] = []
+        links = os.path.join(pin_dir, SUBDIR, "links")
+        if not os.path.isdir(links):
+            return out
+        for sub in sorted(os.listdir(links)):
+            for name in sorted(os.listdir(os.path.join(links, sub))):
+                pin = os.path.join(links, sub, name)
+                fd = libbpf.obj_get(pin)
+                if fd < 0:
+                    out.append({"program": name, "pin": pin, "error": errno.errorcode[-fd]})
+                    continue
+                info = libbpf.link_info(fd)
+                os.close(fd)
+                if isinstance(info, int):
+                    out.append({"program": name, "pin": pin, "error": errno.errorcode[-info]})
+                    continue
+                out.append(
+                    {
+                        "program": name,
+                        "pin": pin,
+                        "link_id": info[1],
+                        "prog_id": info[2],
+                        "cgroup_id": info[3],
+                    }
+                )
+        return out
 
     def is_attached(self) -> bool:
         """Whether every configured program is attached through this handle."""

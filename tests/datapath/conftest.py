@@ -28,7 +28,7 @@ from typing import Any
 
 import pytest
 
-from bpf.datapath import DEFAULT_OBJECT, DatapathConfig, SockLB, cgroup2_mount
+from bpf.datapath import DEFAULT_OBJECT, DatapathConfig, DatapathError, SockLB, cgroup2_mount
 from bpfops.frontend_ops import FrontendOps
 from bpfops.lb_maps import LBMaps, LBMapsConfig
 from bpfops.model import LBOpsConfig
@@ -190,9 +190,13 @@ def env() -> Iterator[Env]:
     """The namespace, servers, cgroup, maps, attached datapath and client (module scope)."""
     _need(shutil.which("ip") is not None, "iproute2 (ip) not installed")
     _need(os.path.exists(DEFAULT_OBJECT), f"{DEFAULT_OBJECT} not built (make setup builds it)")
+    try:
+        mount = cgroup2_mount()
+    except DatapathError as exc:
+        _need(False, str(exc))
     tag = f"{os.getpid()}-{uuid.uuid4().hex[:6]}"
     ns = f"swdp-{tag}"
-    cgroup = os.path.join(cgroup2_mount(), f"statewright-dptest-{tag}")
+    cgroup = os.path.join(mount, f"statewright-dptest-{tag}")
     pin_dir = os.path.join(BPFFS, f"statewright-dptest-{tag}")
     with ExitStack() as stack:
         _run("ip", "netns", "add", ns)

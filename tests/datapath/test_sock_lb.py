@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from bpf import lb
-from bpf.datapath import DatapathConfig, DatapathError, SockLB, cgroup2_mount
+from bpf.datapath import DatapathConfig, DatapathError, SockLB, cgroup2_mount, cgroup_id
 from bpfops.frontend_ops import FrontendOps
 from bpfops.lb_maps import LBMaps, LBMapsConfig
 from bpfops.model import Addr, BackendSpec, FrontendSpec, LBOpsConfig, ServiceSpec
@@ -256,6 +256,31 @@ def test_maglev_with_a_configured_table_size(env: Env) -> None:
             maps.close()
             os.rmdir(pin_dir)
             env.dp.attach()
+
+
+def test_links_of_a_removed_cgroup_are_pruned(env: Env) -> None:
+    sub = os.path.join(env.cgroup, "sub")
+    os.mkdir(sub)
+    try:
+        dp = SockLB(DatapathConfig(cgroup=sub, pin_dir=env.pin_dir))
+        dp.attach()
+        dp.close()  # pinned links stay behind, as after an agent crash
+        sub_id = cgroup_id(sub)
+        assert sum(1 for p in SockLB.pinned(env.pin_dir) if p["cgroup_id"] == sub_id) == 8
+    finally:
+        os.rmdir(sub)
+    deadline = time.monotonic() + 5
+    stale = os.path.join(env.pin_dir, "sock_lb", "links", f"cg{sub_id}")
+    while any(
+        p["pin"].startswith(stale) and p["cgroup_id"] != 0 for p in SockLB.pinned(env.pin_dir)
+    ):
+        assert time.monotonic() < deadline, "the kernel did not release the removed cgroup's links"
+        time.sleep(0.05)
+    env.dp.attach()  # adopts its own links and prunes the stale ones
+    assert not os.path.exists(stale)
+    mine = cgroup_id(env.cgroup)
+    assert {p["cgroup_id"] for p in SockLB.pinned(env.pin_dir)} == {mine}
+    assert len(SockLB.pinned(env.pin_dir)) == 8
 
 
 def test_root_cgroup_refused_unless_asked(env: Env) -> None:
