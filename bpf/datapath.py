@@ -120,6 +120,19 @@ class AttachedProgram:
     adopted: bool
 
 
+@dataclass(frozen=True, slots=True)
+class PinnedLink:
+    """A link pinned by the datapath: program, pin, kernel ids, and the cgroup id (0 once
+    the cgroup is gone and the kernel detached the link); ``error`` when unreadable."""
+
+    program: str
+    pin: str
+    link_id: int
+    prog_id: int
+    cgroup_id: int
+    error: str = ""
+
+
 class SockLB:
     """The socket load balancer attached to one cgroup (see the module docstring)."""
 
@@ -340,11 +353,10 @@ class SockLB:
     # -- status and teardown ----------------------------------------------------------------
 
     @staticmethod
-    def pinned(pin_dir: str = DEFAULT_PIN_DIR) -> list[dict[str, int | str]]:
-        """Every link pinned by the datapath under ``pin_dir`` as the kernel reports it
-        (program, pin, link id, program id, cgroup id; cgroup id 0 once the cgroup is
-        gone). For health reports and tools; works from any process."""
-        out: list[dict[str, int | str]] = []
+    def pinned(pin_dir: str = DEFAULT_PIN_DIR) -> list[PinnedLink]:
+        """Every link pinned by the datapath under ``pin_dir`` as the kernel reports it.
+        For health reports and tools; works from any process."""
+        out: list[PinnedLink] = []
         links = os.path.join(pin_dir, SUBDIR, "links")
         if not os.path.isdir(links):
             return out
@@ -352,23 +364,14 @@ class SockLB:
             for name in sorted(os.listdir(os.path.join(links, sub))):
                 pin = os.path.join(links, sub, name)
                 fd = libbpf.obj_get(pin)
-                if fd < 0:
-                    out.append({"program": name, "pin": pin, "error": errno.errorcode[-fd]})
-                    continue
-                info = libbpf.link_info(fd)
-                os.close(fd)
+                info = libbpf.link_info(fd) if fd >= 0 else fd
+                if fd >= 0:
+                    os.close(fd)
                 if isinstance(info, int):
-                    out.append({"program": name, "pin": pin, "error": errno.errorcode[-info]})
-                    continue
-                out.append(
-                    {
-                        "program": name,
-                        "pin": pin,
-                        "link_id": info[1],
-                        "prog_id": info[2],
-                        "cgroup_id": info[3],
-                    }
-                )
+                    err = errno.errorcode.get(-info, str(-info))
+                    out.append(PinnedLink(name, pin, 0, 0, 0, err))
+                else:
+                    out.append(PinnedLink(name, pin, info[1], info[2], info[3]))
         return out
 
     def is_attached(self) -> bool:

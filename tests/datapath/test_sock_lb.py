@@ -266,20 +266,18 @@ def test_links_of_a_removed_cgroup_are_pruned(env: Env) -> None:
         dp.attach()
         dp.close()  # pinned links stay behind, as after an agent crash
         sub_id = cgroup_id(sub)
-        assert sum(1 for p in SockLB.pinned(env.pin_dir) if p["cgroup_id"] == sub_id) == 8
+        assert sum(1 for p in SockLB.pinned(env.pin_dir) if p.cgroup_id == sub_id) == 8
     finally:
         os.rmdir(sub)
     deadline = time.monotonic() + 5
     stale = os.path.join(env.pin_dir, "sock_lb", "links", f"cg{sub_id}")
-    while any(
-        p["pin"].startswith(stale) and p["cgroup_id"] != 0 for p in SockLB.pinned(env.pin_dir)
-    ):
+    while any(p.pin.startswith(stale) and p.cgroup_id != 0 for p in SockLB.pinned(env.pin_dir)):
         assert time.monotonic() < deadline, "the kernel did not release the removed cgroup's links"
         time.sleep(0.05)
     env.dp.attach()  # adopts its own links and prunes the stale ones
     assert not os.path.exists(stale)
     mine = cgroup_id(env.cgroup)
-    assert {p["cgroup_id"] for p in SockLB.pinned(env.pin_dir)} == {mine}
+    assert {p.cgroup_id for p in SockLB.pinned(env.pin_dir)} == {mine}
     assert len(SockLB.pinned(env.pin_dir)) == 8
 
 
