@@ -583,6 +583,7 @@ class NetlinkStats:
     errors: int = 0
     last_error: str = ""
     last_error_at: float = 0.0
+    last_dump_at: float = 0.0
     error_codes: list[int] = field(default_factory=list)
 
 
@@ -652,6 +653,17 @@ class NetlinkSource:
     def initialized(self) -> bool:
         """True once the first full dump has been written to the tables."""
         return self._init_done is None
+
+    def health(self) -> tuple[bool, str]:
+        """(ok, reason) for the agent's health report: degraded until the first dump is in
+        the tables and while a rebuild after an error has not completed."""
+        st = self.stats
+        if not self.initialized:
+            why = f": {st.last_error}" if st.last_error else ""
+            return False, f"netlink: waiting for the first full dump{why}"
+        if st.last_error and st.last_error_at > st.last_dump_at:
+            return False, f"netlink: rebuilding after an error: {st.last_error}"
+        return True, f"netlink: {st.dumps} dump(s), {st.errors} error(s)"
 
     # ----- testing aids --------------------------------------------------------------------------
     def pause_reading(self) -> None:
@@ -735,6 +747,7 @@ class NetlinkSource:
         st = self.stats
         if isinstance(item, Snapshot):
             st.dumps += 1
+            st.last_dump_at = time.time()
             self.model.reset(item)
             self._have_dump = True
             log.debug(
