@@ -38,8 +38,11 @@
  * program sets the error with bpf_set_retval() and returns the cgroup deny
  * verdict (without bpf_set_retval the kernel would report EPERM).
  *
+ * IPv4-mapped destinations (::ffff:a.b.c.d) of dual-stack IPv6 sockets are
+ * balanced over the IPv4 service, with mapped backend addresses.
+ *
  * Not handled here: source ranges (not checked at the socket), L7 proxy
- * redirection, IPv4-mapped IPv6 destinations on dual-stack sockets.
+ * redirection.
  */
 #define SW_DEFINE_MAPS
 #include <stdbool.h>
@@ -267,15 +270,14 @@ static __always_inline __u32 sw_select4(struct bpf_sock_addr *ctx, struct lb4_ke
 	return backend_id;
 }
 
-/* Translate the destination of ctx if it is a service: 0 when done or not a
- * service, -ECONNREFUSED when the service has no backend to offer. */
-static __always_inline int sw_xlate4(struct bpf_sock_addr *ctx, __u8 proto)
+/* The backend for a socket of ctx going to daddr:dport: 1 with *out set when
+ * the destination is a service with a backend, 0 when it is no service,
+ * -ECONNREFUSED when the service has no backend to offer. Shared by the IPv4
+ * hooks and the IPv6 hooks for IPv4-mapped destinations. */
+static __always_inline int sw_fwd4(struct bpf_sock_addr *ctx, __u8 proto, __be32 daddr,
+				   __be16 dport, struct lb4_backend *out, __be16 *rev_nat_index)
 {
-	__be32 daddr = ctx->user_ip4;
-	__be16 dport = (__be16)ctx->user_port;
 	struct lb4_key key = { .address = daddr, .dport = dport };
-	struct sw_sock_revnat4_key rkey = {};
-	struct sw_sock_revnat4_val rval = {};
 	struct lb4_service *found, svc;
 	struct lb4_backend *be;
 	__u32 backend_id;
@@ -292,17 +294,37 @@ static __always_inline int sw_xlate4(struct bpf_sock_addr *ctx, __u8 proto)
 	be = bpf_map_lookup_elem(&lb4_backends, &backend_id);
 	if (!be)
 		return -SW_ECONNREFUSED;
+	*out = *be;
+	*rev_nat_index = svc.rev_nat_index;
+	return 1;
+}
+
+/* Translate the destination of ctx if it is a service: 0 when done or not a
+ * service, -ECONNREFUSED when the service has no backend to offer. */
+static __always_inline int sw_xlate4(struct bpf_sock_addr *ctx, __u8 proto)
+{
+	__be32 daddr = ctx->user_ip4;
+	__be16 dport = (__be16)ctx->user_port;
+	struct sw_sock_revnat4_key rkey = {};
+	struct sw_sock_revnat4_val rval = {};
+	struct lb4_backend be;
+	__be16 rev_nat_index;
+	int ret;
+
+	ret = sw_fwd4(ctx, proto, daddr, dport, &be, &rev_nat_index);
+	if (ret <= 0)
+		return ret;
 
 	rkey.cookie = bpf_get_socket_cookie(ctx);
-	rkey.address = be->address;
-	rkey.port = be->port;
+	rkey.address = be.address;
+	rkey.port = be.port;
 	rval.address = daddr;
 	rval.port = dport;
-	rval.rev_nat_index = svc.rev_nat_index;
+	rval.rev_nat_index = rev_nat_index;
 	bpf_map_update_elem(&lb4_sock_revnat, &rkey, &rval, BPF_ANY);
 
-	ctx->user_ip4 = be->address;
-	ctx->user_port = be->port;
+	ctx->user_ip4 = be.address;
+	ctx->user_port = be.port;
 	return 0;
 }
 
@@ -501,6 +523,74 @@ static __always_inline __u32 sw_select6(struct bpf_sock_addr *ctx, struct lb6_ke
 	return backend_id;
 }
 
+static __always_inline bool sw_is_v4mapped(const union sw_v6addr *a)
+{
+	return a->p1 == 0 && a->p2 == 0 && a->p3 == bpf_htonl(0xffff);
+}
+
+/* An IPv4-mapped destination (::ffff:a.b.c.d) of a dual-stack IPv6 socket goes
+ * to the IPv4 service. Its reverse entry is an IPv4 one in lb4_sock_revnat:
+ * the kernel runs sendmsg4 (not sendmsg6) for such datagrams, so replies of
+ * unconnected and connected sockets alike are found there. */
+static __always_inline int sw_xlate6_v4mapped(struct bpf_sock_addr *ctx, __u8 proto,
+					      const union sw_v6addr *daddr, __be16 dport)
+{
+	struct sw_sock_revnat4_key rkey = {};
+	struct sw_sock_revnat4_val rval = {};
+	struct lb4_backend be;
+	union sw_v6addr mapped;
+	__be16 rev_nat_index;
+	int ret;
+
+	ret = sw_fwd4(ctx, proto, daddr->p4, dport, &be, &rev_nat_index);
+	if (ret <= 0)
+		return ret;
+
+	rkey.cookie = bpf_get_socket_cookie(ctx);
+	rkey.address = be.address;
+	rkey.port = be.port;
+	rval.address = daddr->p4;
+	rval.port = dport;
+	rval.rev_nat_index = rev_nat_index;
+	bpf_map_update_elem(&lb4_sock_revnat, &rkey, &rval, BPF_ANY);
+
+	mapped.p1 = 0;
+	mapped.p2 = 0;
+	mapped.p3 = bpf_htonl(0xffff);
+	mapped.p4 = be.address;
+	sw_set_ctx_ip6(ctx, &mapped);
+	ctx->user_port = be.port;
+	return 0;
+}
+
+/* Reverse translation of an IPv4-mapped peer through lb4_sock_revnat. */
+static __always_inline void sw_rev_xlate6_v4mapped(struct bpf_sock_addr *ctx,
+						   const union sw_v6addr *peer)
+{
+	struct sw_sock_revnat4_key rkey = {};
+	struct sw_sock_revnat4_val *rval;
+	union sw_v6addr mapped;
+	__be16 rev_nat_index;
+
+	rkey.cookie = bpf_get_socket_cookie(ctx);
+	rkey.address = peer->p4;
+	rkey.port = (__be16)ctx->user_port;
+	rval = bpf_map_lookup_elem(&lb4_sock_revnat, &rkey);
+	if (!rval)
+		return;
+	rev_nat_index = rval->rev_nat_index;
+	if (!bpf_map_lookup_elem(&lb4_reverse_nat, &rev_nat_index)) {
+		bpf_map_delete_elem(&lb4_sock_revnat, &rkey);
+		return;
+	}
+	mapped.p1 = 0;
+	mapped.p2 = 0;
+	mapped.p3 = bpf_htonl(0xffff);
+	mapped.p4 = rval->address;
+	sw_set_ctx_ip6(ctx, &mapped);
+	ctx->user_port = rval->port;
+}
+
 static __always_inline int sw_xlate6(struct bpf_sock_addr *ctx, __u8 proto)
 {
 	__be16 dport = (__be16)ctx->user_port;
@@ -513,6 +603,8 @@ static __always_inline int sw_xlate6(struct bpf_sock_addr *ctx, __u8 proto)
 	__u32 backend_id;
 
 	sw_ctx_ip6(ctx, &daddr);
+	if (sw_is_v4mapped(&daddr))
+		return sw_xlate6_v4mapped(ctx, proto, &daddr, dport);
 	key.address = daddr;
 	found = sw_lookup6(&key, proto);
 	if (!found)
@@ -546,8 +638,12 @@ static __always_inline void sw_rev_xlate6(struct bpf_sock_addr *ctx)
 	struct sw_sock_revnat6_val *rval;
 	__be16 rev_nat_index;
 
-	rkey.cookie = bpf_get_socket_cookie(ctx);
 	sw_ctx_ip6(ctx, &rkey.address);
+	if (sw_is_v4mapped(&rkey.address)) {
+		sw_rev_xlate6_v4mapped(ctx, &rkey.address);
+		return;
+	}
+	rkey.cookie = bpf_get_socket_cookie(ctx);
 	rkey.port = (__be16)ctx->user_port;
 	rval = bpf_map_lookup_elem(&lb6_sock_revnat, &rkey);
 	if (!rval)

@@ -190,6 +190,23 @@ def test_ipv6_tcp_and_udp(env: Env) -> None:
         assert {(r["src"][0], r["src"][1]) for r in results} == {("fd00:96::10", 53)}
 
 
+def test_ipv4_mapped_destinations_of_dual_stack_sockets(env: Env) -> None:
+    with service(env, "10.96.0.23", 80, BACKENDS4):
+        results = env.client.tcp("::ffff:10.96.0.23", 80, count=30)
+        assert set(ids(results)) == {ident(b) for b in BACKENDS4}
+        assert {(r["peer"][0], r["peer"][1]) for r in results} == {("::ffff:10.96.0.23", 80)}
+    with service(env, "10.96.0.23", 53, BACKENDS4, proto="UDP"):
+        results = env.client.udp("::ffff:10.96.0.23", 53, count=10)
+        assert set(ids(results)) <= {ident(b) for b in BACKENDS4}
+        assert {(r["src"][0], r["src"][1]) for r in results} == {("::ffff:10.96.0.23", 53)}
+        results = env.client.udp("::ffff:10.96.0.23", 53, count=5, connected=True)
+        assert set(ids(results)) <= {ident(b) for b in BACKENDS4}
+        assert {(r["peer"][0], r["peer"][1]) for r in results} == {("::ffff:10.96.0.23", 53)}
+        assert {(r["src"][0], r["src"][1]) for r in results} == {("::ffff:10.96.0.23", 53)}
+    with service(env, "10.96.0.24", 80, ()):
+        assert env.client.tcp("::ffff:10.96.0.24", 80)[0].get("errno") == errno.ECONNREFUSED
+
+
 def test_other_destinations_are_untouched(env: Env) -> None:
     results = env.client.tcp(BACKENDS4[1], BACKEND_PORT, count=3)
     assert ids(results) == [ident(BACKENDS4[1])] * 3
