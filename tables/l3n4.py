@@ -14,7 +14,7 @@ order by address, then port, then protocol, then scope.
 from __future__ import annotations
 
 import ipaddress
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from statedb import keys as keycodec
@@ -67,6 +67,8 @@ class L3n4Addr:
     port: int
     protocol: str = TCP
     scope: int = SCOPE_EXTERNAL
+    #: The encoded index key, computed once (addresses are keys of every LB table).
+    _key: bytes = field(init=False, repr=False, compare=False, default=b"")
 
     def __post_init__(self) -> None:
         if not isinstance(self.address, ipaddress.IPv4Address | ipaddress.IPv6Address):
@@ -79,6 +81,12 @@ class L3n4Addr:
             raise AddressError(f"unknown protocol {self.protocol!r}")
         if self.scope not in (SCOPE_EXTERNAL, SCOPE_INTERNAL):
             raise AddressError(f"invalid scope {self.scope!r}")
+        key = (
+            keycodec.ip_address(self.address)
+            + self.port.to_bytes(2, "big")
+            + bytes((_PROTO_CODE[self.protocol], self.scope))
+        )
+        object.__setattr__(self, "_key", key)
 
     # ----- construction ---------------------------------------------------
     @classmethod
@@ -148,11 +156,7 @@ class L3n4Addr:
 
     def key(self) -> bytes:
         """The ordered index key (address, port, protocol, scope)."""
-        return (
-            keycodec.ip_address(self.address)
-            + self.port.to_bytes(2, "big")
-            + bytes((_PROTO_CODE[self.protocol], self.scope))
-        )
+        return self._key
 
 
 def encode_addr_key(value: Any) -> bytes:

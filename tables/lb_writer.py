@@ -90,6 +90,7 @@ class LBWriter:
         # Frontends redirected to another service (rare): address -> target service.
         # A hint for refreshes only; the frontend row stays the truth.
         self._redirect_targets: dict[L3n4Addr, ServiceName] = {}
+        self._touch: _Touched | None = None
 
     @classmethod
     def create(cls, db: DB, config: LBConfig | None = None) -> LBWriter:
@@ -162,9 +163,9 @@ class LBWriter:
             if old is not None and old.service_name != svc.name:
                 raise FrontendConflictError(p.address, old.service_name, svc.name)
         self.services.insert(txn, svc)
-        for fe in list(self.frontends.list(txn, _by_service(self.frontends, svc.name))):
+        for fe in self._frontends_of(txn, svc.name):
             if fe.address not in seen:
-                self.frontends.delete(txn, fe)
+                self._fe_del(txn, fe)
         for p in params:
             self._put_frontend(txn, svc, p, force=True)
 
@@ -180,8 +181,8 @@ class LBWriter:
     def delete_service_and_frontends(self, txn: WriteTxn, name: ServiceName) -> Service | None:
         """Delete a service and all its frontends (backends stay); return the old service."""
         old = self.services.get(txn, name)
-        for fe in list(self.frontends.list(txn, _by_service(self.frontends, name))):
-            self.frontends.delete(txn, fe)
+        for fe in self._frontends_of(txn, name):
+            self._fe_del(txn, fe)
         if old is not None:
             self.services.delete(txn, old)
         return old
@@ -202,7 +203,7 @@ class LBWriter:
         """Delete the frontend at ``address``; return it, or None."""
         old = self.frontends.get(txn, address)
         if old is not None:
-            self.frontends.delete(txn, old)
+            self._fe_del(txn, old)
         return old
 
     def set_redirect(
@@ -217,7 +218,7 @@ class LBWriter:
             self._redirect_targets.pop(address, None)
         else:
             self._redirect_targets[address] = redirect_to
-        self.frontends.insert(txn, fe.pending(backends=self.select_backends(txn, fe)))
+        self._fe_put(txn, fe.pending(backends=self.select_backends(txn, fe)))
 
     # ----- backends -------------------------------------------------------------------------
     def upsert_backends(
@@ -250,7 +251,7 @@ class LBWriter:
                 )
             wanted[params.address] = params
         changed = False
-        for be in list(self.backends.list(txn, _by_service(self.backends, service))):
+        for be in self._backends_of(txn, service):
             if be.address not in wanted and any(k == (service, prio) for k, _ in be.instances):
                 changed |= self._drop_instance(txn, be, (service, prio))
         for params in wanted.values():
@@ -277,7 +278,7 @@ class LBWriter:
         """Remove every instance of ``service`` (only those from ``source`` when given)."""
         prio = None if source is None else source_priority(source)
         changed = False
-        for be in list(self.backends.list(txn, _by_service(self.backends, service))):
+        for be in self._backends_of(txn, service):
             for key, _ in be.instances:
                 if key[0] == service and (prio is None or key[1] == prio):
                     cur = self.backends.get(txn, be.address)
@@ -328,7 +329,7 @@ class LBWriter:
                 )
         if new is be:
             return False
-        self.backends.insert(txn, new)
+        self._be_put(txn, new)
         self._refresh_service(txn, service)
         return True
 
@@ -387,7 +388,7 @@ class LBWriter:
         svc = fe.service if fe.redirect_to is None else self.services.get(txn, name)
         v6 = fe.address.is_ipv6
         candidates: list[BackendParams] = []
-        for be in self.backends.list(txn, _by_service(self.backends, name)):
+        for be in self._backends_of(txn, name):
             if be.address.is_ipv6 != v6:
                 continue
             inst = be.instance(name)
@@ -414,6 +415,61 @@ class LBWriter:
             if local:
                 candidates = local
         return tuple(candidates)
+
+    # ----- per-service lookups -----------------------------------------------------------------
+    # Queries on a non-unique index inside a write transaction re-derive the index's ordered
+    # view from the committed one plus every write of the transaction so far, which makes a
+    # large transaction quadratic. The writer therefore reads the service indexes from the
+    # committed snapshot (equal to the transaction's base, since the transaction holds the
+    # tables' locks) and adds the rows it wrote itself in this transaction, re-reading every
+    # candidate through the primary key (a hash lookup that sees the transaction's writes).
+    # All writes to the LB tables must go through the writer for this to hold.
+    def _touched(self, txn: WriteTxn) -> _Touched:
+        t = self._touch
+        if t is None or t.txn is not txn:
+            t = _Touched(txn)
+            self._touch = t
+        return t
+
+    def _backends_of(self, txn: WriteTxn, name: ServiceName) -> list[Backend]:
+        """The backends with an instance for ``name`` (as the txn sees them), by address."""
+        base = self.db.read_txn()
+        addrs = {b.address for b in self.backends.list(base, _by_service(self.backends, name))}
+        addrs |= self._touched(txn).backends.get(name, set())
+        out = []
+        for a in sorted(addrs, key=L3n4Addr.key):
+            b = self.backends.get(txn, a)
+            if b is not None and any(k[0] == name for k, _ in b.instances):
+                out.append(b)
+        return out
+
+    def _frontends_of(self, txn: WriteTxn, name: ServiceName) -> list[Frontend]:
+        """The frontends of service ``name`` (as the txn sees them), by address."""
+        base = self.db.read_txn()
+        addrs = {f.address for f in self.frontends.list(base, _by_service(self.frontends, name))}
+        addrs |= self._touched(txn).frontends.get(name, set())
+        out = []
+        for a in sorted(addrs, key=L3n4Addr.key):
+            f = self.frontends.get(txn, a)
+            if f is not None and f.service_name == name:
+                out.append(f)
+        return out
+
+    def _fe_put(self, txn: WriteTxn, fe: Frontend) -> None:
+        self._touched(txn).frontends.setdefault(fe.service_name, set()).add(fe.address)
+        self.frontends.insert(txn, fe)
+
+    def _fe_del(self, txn: WriteTxn, fe: Frontend) -> None:
+        self.frontends.delete(txn, fe)
+
+    def _be_put(self, txn: WriteTxn, be: Backend) -> None:
+        touched = self._touched(txn).backends
+        for key, _ in be.instances:
+            touched.setdefault(key[0], set()).add(be.address)
+        self.backends.insert(txn, be)
+
+    def _be_del(self, txn: WriteTxn, be: Backend) -> None:
+        self.backends.delete(txn, be)
 
     # ----- internals ----------------------------------------------------------------------------
     def _put_frontend(
@@ -446,13 +502,13 @@ class LBWriter:
             and old.service is svc
         ):
             return
-        self.frontends.insert(txn, fe.pending(backends=bes))
+        self._fe_put(txn, fe.pending(backends=bes))
 
     def _refresh_service(self, txn: WriteTxn, name: ServiceName, *, force: bool = False) -> None:
         """Recompute the backends of ``name``'s frontends (and of frontends redirected to it);
         re-mark those whose input changed (all of them when ``force``)."""
         svc = self.services.get(txn, name)
-        fes = list(self.frontends.list(txn, _by_service(self.frontends, name)))
+        fes = self._frontends_of(txn, name)
         if svc is not None:
             for fe in fes:
                 self._refresh_frontend(txn, fe, svc, force)
@@ -467,26 +523,26 @@ class LBWriter:
         bes = self.select_backends(txn, cur)
         if not force and bes == fe.backends and fe.service is svc:
             return
-        self.frontends.insert(txn, cur.pending(backends=bes))
+        self._fe_put(txn, cur.pending(backends=bes))
 
     def _refresh_for_node_address(self, txn: WriteTxn, addr: NodeAddress) -> None:
         for fe in list(self.frontends.all(txn)):
             if fe.type in (SVCType.NODE_PORT, SVCType.HOST_PORT) or fe.address.address == (
                 addr.address
             ):
-                self.frontends.insert(txn, fe.pending())
+                self._fe_put(txn, fe.pending())
 
     def _put_instance(self, txn: WriteTxn, service: ServiceName, params: BackendParams) -> bool:
         _validate_backend(service, params)
         key = (service, source_priority(params.source))
         be = self.backends.get(txn, params.address)
         if be is None:
-            self.backends.insert(txn, Backend(params.address, ((key, params),)))
+            self._be_put(txn, Backend(params.address, ((key, params),)))
             return True
         for k, inst in be.instances:
             if k == key and inst == params:
                 return False
-        self.backends.insert(txn, be.with_instance(key, params))
+        self._be_put(txn, be.with_instance(key, params))
         return True
 
     def _drop_instance(self, txn: WriteTxn, be: Backend, key: tuple[str, int]) -> bool:
@@ -494,10 +550,21 @@ class LBWriter:
             return False
         new = be.without_instance(key)
         if new.instances:
-            self.backends.insert(txn, new)
+            self._be_put(txn, new)
         else:
-            self.backends.delete(txn, be)
+            self._be_del(txn, be)
         return True
+
+
+class _Touched:
+    """Rows the writer wrote in one write transaction, by service name."""
+
+    __slots__ = ("backends", "frontends", "txn")
+
+    def __init__(self, txn: WriteTxn) -> None:
+        self.txn = txn
+        self.frontends: dict[ServiceName, set[L3n4Addr]] = {}
+        self.backends: dict[ServiceName, set[L3n4Addr]] = {}
 
 
 def _by_service(table: Table[Any], name: ServiceName) -> Any:

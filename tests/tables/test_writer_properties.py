@@ -1,7 +1,8 @@
 """Property test: random LBWriter operations keep the tables consistent with a simple model.
 
 The model keeps, per service, its frontend set and the backends per source; after
-every step the tables must equal what the model implies: every frontend belongs
+every step (inside or after a write transaction spanning several steps) the tables
+must equal what the model implies: every frontend belongs
 to an existing service and lists exactly the backends the selection rules give,
 every backend row has at least one instance, the service index agrees with the
 instances, and a failed (conflicting) write changes nothing.
@@ -9,11 +10,14 @@ instances, and a failed (conflicting) write changes nothing.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
+
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
-from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
+from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from statedb import DB
+from statedb import DB, ReadTxn, WriteTxn
 from tables.backends import BackendParams, BackendState
 from tables.frontends import FrontendParams, SVCType
 from tables.l3n4 import L3n4Addr
@@ -53,6 +57,35 @@ class WriterMachine(RuleBasedStateMachine):
         # model: service -> (Service, {addr: port_name}); backends: (svc, source) -> {addr: params}
         self.services: dict[str, tuple[Service, dict[L3n4Addr, str]]] = {}
         self.backends: dict[tuple[str, str], dict[L3n4Addr, BackendParams]] = {}
+        # An open write transaction spanning several rules (None: one txn per rule).
+        self.open: WriteTxn | None = None
+
+    @contextmanager
+    def _txn(self) -> Iterator[WriteTxn]:
+        if self.open is not None:
+            yield self.open
+        else:
+            with self.w.write_txn() as t:
+                yield t
+
+    def _reader(self) -> ReadTxn:
+        return self.open if self.open is not None else self.db.read_txn()
+
+    @precondition(lambda self: self.open is None)
+    @rule()
+    def begin(self) -> None:
+        self.open = self.w.write_txn()
+
+    @precondition(lambda self: self.open is not None)
+    @rule()
+    def commit(self) -> None:
+        assert self.open is not None
+        self.open.commit()
+        self.open = None
+
+    def teardown(self) -> None:
+        if self.open is not None:
+            self.open.abort()
 
     @rule(name=st.sampled_from(SERVICES), fes=st.lists(frontend_st, max_size=3),
           local=st.booleans())
@@ -64,23 +97,22 @@ class WriterMachine(RuleBasedStateMachine):
             params.setdefault(_addr(ip, port), pname)
         owners = {a: n for n, (_, fs) in self.services.items() if n != name for a in fs}
         conflict = any(a in owners for a in params)
-        before = [list(t.all(self.db.read_txn())) for t in self.w.tables]
-        try:
-            with self.w.write_txn() as t:
-                fparams = [
-                    FrontendParams(a, SVCType.CLUSTER_IP, name, pn) for a, pn in params.items()
-                ]
+        fparams = [FrontendParams(a, SVCType.CLUSTER_IP, name, pn) for a, pn in params.items()]
+        with self._txn() as t:
+            before = [list(tb.all(t)) for tb in self.w.tables]
+            try:
                 self.w.upsert_service_and_frontends(t, svc, fparams)
-        except FrontendConflictError:
-            assert conflict
-            assert [list(t.all(self.db.read_txn())) for t in self.w.tables] == before
-            return
+            except FrontendConflictError:
+                # The refused call wrote nothing, even inside the open transaction.
+                assert conflict
+                assert [list(tb.all(t)) for tb in self.w.tables] == before
+                return
         assert not conflict
         self.services[name] = (svc, params)
 
     @rule(name=st.sampled_from(SERVICES))
     def delete_service(self, name: str) -> None:
-        with self.w.write_txn() as t:
+        with self._txn() as t:
             self.w.delete_service_and_frontends(t, name)
         self.services.pop(name, None)
 
@@ -92,7 +124,7 @@ class WriterMachine(RuleBasedStateMachine):
         for ip, port, pname, node, state in bes:
             a = _addr(ip, port)
             wanted[a] = BackendParams(a, (pname,), node_name=node, state=state, source=source)
-        with self.w.write_txn() as t:
+        with self._txn() as t:
             self.w.set_backends(t, name, source, wanted.values())
         if wanted:
             self.backends[(name, source)] = wanted
@@ -102,7 +134,7 @@ class WriterMachine(RuleBasedStateMachine):
     @rule(name=st.sampled_from(SERVICES), source=st.sampled_from(SOURCES),
           ip=st.sampled_from(BACKEND_IPS), port=st.sampled_from([8080, 53]))
     def release(self, name: str, source: str, ip: str, port: int) -> None:
-        with self.w.write_txn() as t:
+        with self._txn() as t:
             self.w.release_backends(t, name, source, [_addr(ip, port)])
         cur = self.backends.get((name, source), {})
         cur.pop(_addr(ip, port), None)
@@ -130,7 +162,7 @@ class WriterMachine(RuleBasedStateMachine):
 
     @invariant()
     def tables_match_model(self) -> None:
-        r = self.db.read_txn()
+        r = self._reader()
         w = self.w
         assert {s.name for s in w.services.all(r)} == set(self.services)
         fes = {f.address: f for f in w.frontends.all(r)}
