@@ -306,6 +306,16 @@ def test_root_cgroup_refused_unless_asked(env: Env) -> None:
     assert "root cgroup" in str(err.value)
 
 
+def test_cgroup_errors_name_the_cgroup(env: Env) -> None:
+    missing = os.path.join(env.cgroup, "missing")
+    with pytest.raises(DatapathError) as err:
+        SockLB(DatapathConfig(cgroup=missing, pin_dir=env.pin_dir)).attach()
+    assert err.value.errno == errno.ENOENT and missing in str(err.value)
+    with pytest.raises(DatapathError) as err:
+        SockLB(DatapathConfig(cgroup="/tmp", pin_dir=env.pin_dir)).attach()
+    assert err.value.errno == errno.EINVAL and "cgroup2 mount" in str(err.value)
+
+
 def test_missing_lb_maps_are_named(env: Env) -> None:
     pin_dir = env.pin_dir + "-empty"
     os.mkdir(pin_dir)
