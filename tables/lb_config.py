@@ -147,15 +147,20 @@ class LBConfig:
         return cls.from_flags([*HARNESS_DEFAULTS, *flags])
 
     @staticmethod
-    def unsupported_flags(flags: Iterable[str]) -> list[str]:
-        """Return the flags in ``flags`` that are unknown or not implemented (as written)."""
+    def unsupported_flags(flags: Iterable[str], also_supported: Iterable[str] = ()) -> list[str]:
+        """Return the flags in ``flags`` that are unknown or not implemented (as written).
+
+        ``also_supported`` names flags (without ``--``) that the caller implements itself
+        although this module marks them unimplemented (e.g. a component that acts on
+        ``--enable-scale-to-zero``)."""
+        extra = set(also_supported)
         out: list[str] = []
         for tok in flags:
             if not tok.startswith("--"):
                 continue
             name = tok[2:].split("=", 1)[0]
             opt = OPTIONS_BY_FLAG.get(name)
-            if opt is None or not opt.implemented:
+            if opt is None or not (opt.implemented or name in extra):
                 out.append(tok)
         return out
 

@@ -70,3 +70,9 @@ def test_unsupported_flags_reported() -> None:
                                         ("2h", 7200.0), ("100us", 1e-4)])
 def test_parse_duration(text: str, secs: float) -> None:
     assert parse_duration(text) == pytest.approx(secs)
+
+
+def test_unsupported_flags_with_caller_extensions() -> None:
+    flags = ["--enable-scale-to-zero", "--bogus"]
+    assert LBConfig.unsupported_flags(flags, also_supported=["enable-scale-to-zero", "bogus"]) == [
+        "--bogus"]
