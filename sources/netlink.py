@@ -33,8 +33,10 @@ How it works:
 that network namespace (pyroute2 creates them there), so tests and the agent can
 target one; ``None`` is the agent's own namespace.
 
-The kernel flushes IPv4 routes of a device that goes down, and every route of
-a removed device, without sending RTM_DELROUTE; the model does the same. Link
+The kernel flushes the IPv4 routes of a device that goes down (all but the
+``local`` routes of its addresses), and every route of a removed device,
+without sending RTM_DELROUTE; the model does the same (a kernel test checks
+that the event-driven state equals a fresh dump after such churn). Link
 messages of the bridge family (AF_BRIDGE, bridge port state) are ignored.
 """
 
@@ -92,6 +94,7 @@ IFF_UP = 0x1
 IFA_F_SECONDARY = 0x01
 RT_TABLE_LOCAL = 255
 RTN_UNICAST = 1
+RTN_LOCAL = 2
 # Socket options not exported by the socket module.
 SO_RCVBUFFORCE = 33
 
@@ -308,7 +311,9 @@ class KernelModel:
                 return
             self.links[obj.index] = obj
             if not obj.flags & IFF_UP:
-                self._drop_routes(obj.index, 4)
+                # IPv4 flushes the device's routes (but not the local ones of its
+                # addresses) without telling; IPv6 sends RTM_DELROUTE for its own.
+                self._drop_routes(obj.index, 4, keep_local=True)
         elif isinstance(obj, AddrInfo):
             key = (obj.address, obj.prefixlen)
             if u.op == "delete":
@@ -324,11 +329,13 @@ class KernelModel:
         else:
             self.routes[obj.key] = obj
 
-    def _drop_routes(self, index: int, family: int | None) -> None:
+    def _drop_routes(self, index: int, family: int | None, keep_local: bool = False) -> None:
         for k in [
             k
             for k, r in self.routes.items()
-            if r.oif == index and (family is None or r.family == family)
+            if r.oif == index
+            and (family is None or r.family == family)
+            and not (keep_local and r.type == RTN_LOCAL)
         ]:
             del self.routes[k]
 
@@ -532,6 +539,10 @@ class NetlinkReader:
         sock = self._sock
         assert sock is not None
         marshal = MarshalRtnl()
+        # poll, not select: the agent may hold more than FD_SETSIZE descriptors.
+        poller = select.poll()
+        poller.register(sock.fileno(), select.POLLIN)
+        poller.register(self._wake_r, select.POLLIN)
         while True:
             if not self._resume.is_set():
                 self._resume.wait()
@@ -543,7 +554,7 @@ class NetlinkReader:
                 # Simulate an overflow: what is queued is lost, then the error.
                 self._discard_queued(sock)
                 raise OSError(injected, f"{os.strerror(injected)} (injected)")
-            ready, _, _ = select.select([sock.fileno(), self._wake_r], [], [])
+            ready = {fd for fd, _ in poller.poll()}
             if self._wake_r in ready:
                 try:
                     while os.read(self._wake_r, 512):

@@ -491,3 +491,65 @@ def test_missing_namespace_is_reported_not_created(netns: str) -> None:
 
     run(body)
     assert missing not in netns_names()
+
+
+# ----- events agree with a fresh dump --------------------------------------------------------
+CHURN = [
+    "link add c0 type veth peer name c1",
+    "addr add 10.1.0.1/24 dev c0",
+    "addr add 10.1.0.2/24 dev c0",
+    "addr add 2001:db8:1::1/64 dev c0 nodad",
+    "link set c0 up",
+    "link set c1 up",
+    "route add 10.9.0.0/16 dev c0",
+    "route add 2001:db8:9::/48 dev c0",
+    "addr add 203.0.113.10/32 dev c1",
+    "route add 203.0.113.128/25 dev c1",
+    "link set c0 mtu 1280",
+    "link set c0 down",
+    "link set c0 up",
+    "addr add 10.1.0.3/24 dev c0",
+    "addr del 10.1.0.1/24 dev c0",
+    "link set c1 down",
+    "link set c1 name c9",
+    "link set c9 up",
+    "link add e0 type veth peer name e1",
+    "addr add 192.168.50.1/24 dev e0",
+    "link set e0 up",
+    "link set e1 up",
+    "link del e0",
+]
+
+
+def test_events_converge_to_what_a_fresh_dump_shows(netns: str) -> None:
+    """After churn (addresses, routes, down/up with silently flushed routes, renames, link
+    removal), the event-driven tables equal those built from a new full dump."""
+
+    async def body() -> None:
+        await add_dummy(netns, "d0")
+        await ip(netns, "link", "set", "d0", "up")
+        await ip(netns, "addr", "add", "10.0.0.1/24", "dev", "d0")
+        _, _, src = new_source(netns)
+        async with running(src):
+            for cmd in CHURN:
+                await ip(netns, *cmd.split())
+            _, _, fresh = new_source(netns)
+            async with running(fresh):
+
+                def same() -> None:
+                    assert devices(src) == devices(fresh)
+                    assert node_addrs(src) == node_addrs(fresh)
+                    assert src.model.routes == fresh.model.routes
+
+                await eventually(same)
+                assert src.stats.dumps == 1  # converged by events alone
+                devs = devices(fresh)
+                assert "e0" not in devs and "c1" not in devs
+                # Deleting the primary 10.1.0.1 took its secondaries along, going down
+                # removed the IPv6 address: c0 has no global address left.
+                assert devs["c0"].reason == REASON_NO_GLOBAL_ADDRESS
+                # c1 (now c9) lost its static route, silently, when it went down.
+                assert devs["c9"].reason == REASON_NO_GLOBAL_ROUTE
+                assert devs["d0"].selected
+
+    run(body)

@@ -40,16 +40,16 @@ def addr(index: int, text: str, scope: int = 0, secondary: bool = False) -> Addr
     return AddrInfo(index, ipaddress.ip_address(a), int(plen), scope, secondary)
 
 
-def route(index: int, dst: str, table: int = 254) -> RouteInfo:
+def route(index: int, dst: str, table: int = 254, type_: int = 1) -> RouteInfo:
     net = ipaddress.ip_network(dst)
-    return RouteInfo(net.version, table, net, index)
+    return RouteInfo(net.version, table, net, index, type=type_)
 
 
 def eth0_snapshot(*extra_addrs: AddrInfo) -> Snapshot:
     return Snapshot(
         links=(link(1, "lo", 0x8 | UP, 65536), link(2, "eth0")),
         addrs=(addr(1, "127.0.0.1/8", 254), addr(2, "10.0.0.1/24"), *extra_addrs),
-        routes=(route(2, "10.0.0.0/24"), route(2, "10.0.0.1/32", table=255)),
+        routes=(route(2, "10.0.0.0/24"), route(2, "10.0.0.1/32", table=255, type_=2)),
     )
 
 
@@ -68,9 +68,11 @@ def test_model_selection_and_kernel_side_effects() -> None:
     m.apply(Update("set", route(2, "2001:db8::/64")))
     assert m.global_route_devices() == {2}
 
-    # Going down: the kernel flushes IPv4 routes silently, IPv6 ones are reported.
+    # Going down: the kernel flushes IPv4 routes silently (not the local ones of the
+    # device's addresses); IPv6 routes are deleted with RTM_DELROUTE (not modelled here).
     m.apply(Update("set", link(2, "eth0", flags=0)))
-    assert {r.family for r in m.routes.values() if r.oif == 2} == {6}
+    assert sorted(str(r.dst) for r in m.routes.values() if r.oif == 2) == [
+        "10.0.0.1/32", "2001:db8::/64"]
     assert m.devices(netlink.NodeAddressConfig())[1].reason == REASON_DOWN
 
     # Removal drops the link's addresses and routes.
