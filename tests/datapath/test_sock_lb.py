@@ -85,6 +85,26 @@ def test_backend_set_changes_take_effect(env: Env) -> None:
         assert set(ids(env.client.tcp("10.96.0.12", 80, count=20))) == {ident(BACKENDS4[0])}
 
 
+def test_only_active_backends_get_new_connections(env: Env) -> None:
+    a, b, c = BACKENDS4
+    states = {a: lb.BACKEND_ACTIVE, b: lb.BACKEND_TERMINATING, c: lb.BACKEND_MAINTENANCE}
+    fe = FrontendSpec(
+        Addr.of("10.96.0.25", 80),
+        "ClusterIP",
+        ServiceSpec("test/states"),
+        tuple(BackendSpec(Addr.of(ip, BACKEND_PORT), st) for ip, st in states.items()),
+    )
+    env.ops.update_spec(NO_TXN, fe)
+    try:
+        assert set(ids(env.client.tcp("10.96.0.25", 80, count=20))) == {ident(a)}
+        # With no active backend left, terminating ones still serve.
+        only_terminating = FrontendSpec(fe.addr, fe.type, fe.service, fe.backends[1:])
+        env.ops.update_spec(NO_TXN, only_terminating)
+        assert set(ids(env.client.tcp("10.96.0.25", 80, count=10))) == {ident(b)}
+    finally:
+        env.ops.delete_spec(NO_TXN, fe)
+
+
 def test_maglev_keeps_a_client_on_one_backend(env: Env) -> None:
     with service(env, "10.96.0.13", 80, BACKENDS4, lb_algorithm="maglev") as fe:
         v6 = False
