@@ -135,7 +135,11 @@ class LBWriter:
 
     # ----- services and frontends -------------------------------------------------
     def upsert_service(self, txn: WriteTxn, svc: Service) -> None:
-        """Insert or replace a service row; its existing frontends are refreshed (Pending)."""
+        """Insert or replace a service row; its existing frontends are refreshed (Pending)
+        unless the service is unchanged."""
+        old = self.services.get(txn, svc.name)
+        if old is not None and old == svc:
+            return
         self.services.insert(txn, svc)
         self._refresh_service(txn, svc.name, force=True)
 
@@ -144,7 +148,8 @@ class LBWriter:
     ) -> None:
         """Insert or replace a service and make ``frontends`` its complete frontend set.
 
-        Frontends of the service not in ``frontends`` are deleted. Raises
+        Frontends of the service not in ``frontends`` are deleted. When the service row is
+        unchanged, only new or changed frontends are written (and marked Pending). Raises
         `FrontendConflictError` (before writing anything) when one of the addresses
         belongs to another service, and LBWriterError for a frontend naming another
         service or a duplicate address.
@@ -162,12 +167,19 @@ class LBWriter:
             old = self.frontends.get(txn, p.address)
             if old is not None and old.service_name != svc.name:
                 raise FrontendConflictError(p.address, old.service_name, svc.name)
-        self.services.insert(txn, svc)
+        old_svc = self.services.get(txn, svc.name)
+        unchanged = old_svc is not None and old_svc == svc
+        if unchanged:
+            # Keep the stored row (frontends refer to it); rewrite only what changed.
+            assert old_svc is not None
+            svc = old_svc
+        else:
+            self.services.insert(txn, svc)
         for fe in self._frontends_of(txn, svc.name):
             if fe.address not in seen:
                 self._fe_del(txn, fe)
         for p in params:
-            self._put_frontend(txn, svc, p, force=True)
+            self._put_frontend(txn, svc, p, force=not unchanged)
 
     def _shadows_node_port(self, txn: WriteTxn, p: FrontendParams) -> bool:
         """True for a LoadBalancer/ExternalIPs frontend on a node address with a port in the

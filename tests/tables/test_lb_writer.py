@@ -343,3 +343,27 @@ def test_indexes_and_queries() -> None:
     got = w.frontends.get(r, w.frontends.primary.query_str("10.96.0.1:53/UDP"))
     assert got is not None and got.port_name == "dns"
     assert w.services.get(r, "test/echo") is not None
+
+
+def test_unchanged_service_upsert_rewrites_nothing() -> None:
+    db, w = new_writer()
+    _setup_echo(w)
+    _mark_done(db, w)
+    params = [fe("10.96.0.1:80/TCP", "test/echo", port_name="http"),
+              fe("10.96.0.1:53/UDP", "test/echo", port_name="dns"),
+              fe("[fd00::1]:80/TCP", "test/echo", port_name="http")]
+    same = Service("test/echo", port_names=(("http", 80), ("dns", 53)))
+    with w.write_txn() as t:
+        w.upsert_service_and_frontends(t, same, params)
+        w.upsert_service(t, same)
+    assert not _pending(db, w)
+    # One changed frontend: only it is rewritten.
+    params[1] = fe("10.96.0.1:53/UDP", "test/echo", port_name="http")
+    with w.write_txn() as t:
+        w.upsert_service_and_frontends(t, same, params)
+    assert _pending(db, w) == {"10.96.0.1:53/UDP"}
+    # Re-inserting the stored row object is harmless.
+    stored = w.services.get(db.read_txn(), "test/echo")
+    assert stored is not None
+    with w.write_txn() as t:
+        w.upsert_service(t, stored)
