@@ -223,6 +223,7 @@ def convert_service(
     obj: Mapping[str, Any],
     config: LBConfig | None = None,
     node_labels: Mapping[str, str] | None = None,
+    source: str = "k8s",
 ) -> ConvertedService:
     """Convert a v1 Service; raise ConversionError naming the object and field.
 
@@ -325,7 +326,7 @@ def convert_service(
     delegation = annotations.get(ANN_PROXY_DELEGATION, "").strip().lower()
     service = Service(
         name=name,
-        source="k8s",
+        source=source,
         labels=tuple(sorted(labels.items())),
         annotations=tuple(sorted(annotations.items())),
         selector=tuple(sorted(selector.items())),
@@ -614,9 +615,14 @@ class K8sConverter:
     converter's memory nor, when the caller aborts the transaction, the tables.
     """
 
-    def __init__(self, writer: LBWriter, config: LBConfig | None = None) -> None:
+    def __init__(
+        self, writer: LBWriter, config: LBConfig | None = None, source: str = "k8s"
+    ) -> None:
         self.writer = writer
         self.config = config if config is not None else writer.config
+        #: Source name written on services and backend instances ("k8s", or "api" for the
+        #: state file).
+        self.source = source
         self._st = _State()
 
     def checkpoint(self) -> object:
@@ -668,7 +674,7 @@ class K8sConverter:
     # ----- services ------------------------------------------------------------------------
     def upsert_service(self, txn: WriteTxn, obj: Mapping[str, Any]) -> None:
         """Add or update a Service (its row and complete frontend set)."""
-        conv = convert_service(obj, self.config, self.writer.node_labels)
+        conv = convert_service(obj, self.config, self.writer.node_labels, self.source)
         if conv.not_exposed:
             self.delete_service(txn, conv.service.name)
             return
@@ -684,7 +690,7 @@ class K8sConverter:
     def upsert_endpoint_slice(self, txn: WriteTxn, obj: Mapping[str, Any]) -> None:
         """Add or update an EndpointSlice; the service's backends become the union of its
         slices."""
-        conv = convert_endpoint_slice(obj, self.config)
+        conv = convert_endpoint_slice(obj, self.config, self.source)
         old_svc = self._st.slice_service.get(conv.slice_name)
         if old_svc is not None and old_svc != conv.service_name:
             self._apply_slices(txn, old_svc, drop=conv.slice_name)
@@ -725,7 +731,7 @@ class K8sConverter:
                 # An address in several slices (a transition): prefer an active instance.
                 if prev is None or _state_rank(be) < _state_rank(prev):
                     union[be.address] = be
-        self.writer.set_backends(txn, service, "k8s", union.values())
+        self.writer.set_backends(txn, service, self.source, union.values())
 
     # ----- pods (host ports) -------------------------------------------------------------
     def upsert_pod(self, txn: WriteTxn, obj: Mapping[str, Any]) -> None:

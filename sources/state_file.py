@@ -1,0 +1,135 @@
+"""The LB state file source (Cilium's ``--lb-state-file``): one YAML file holding the complete
+load-balancing state, re-read every ``--lb-state-file-interval``.
+
+The file is a mapping with two optional lists::
+
+    services:    # v1 Service objects (``kind``/``apiVersion`` may be omitted)
+      - metadata: {name: echo, namespace: test}
+        spec: {...}
+        status: {...}
+    endpoints:   # discovery.k8s.io/v1 EndpointSlice objects
+      - metadata: {name: echo-1, namespace: test, labels: {kubernetes.io/service-name: echo}}
+        addressType: IPv4
+        endpoints: [...]
+        ports: [...]
+
+A missing or empty file means "no state". Every change replaces the whole
+state of this source (source name ``api``) in one write transaction; a file
+that cannot be parsed or converted is reported (`StateFileSource.error`,
+naming the file, object and field) and changes nothing. Writers should
+replace the file atomically (write elsewhere, then rename).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import anyio
+import yaml
+
+from sources.k8s_convert import KIND_ENDPOINT_SLICE, KIND_SERVICE, K8sConverter
+from tables.lb_writer import LBWriter
+
+log = logging.getLogger(__name__)
+
+#: The source name of rows from the state file.
+STATE_FILE_SOURCE = "api"
+
+
+class StateFileError(ValueError):
+    """The state file cannot be applied; the message names the file and what is wrong."""
+
+
+def parse_state_file(text: str, path: str = "<state>") -> tuple[list[dict[str, Any]], ...]:
+    """Return (services, endpoint slices) from the state file's text, with ``kind`` set."""
+    try:
+        data = yaml.safe_load(text) if text.strip() else None
+    except yaml.YAMLError as e:
+        raise StateFileError(f"{path}: cannot parse: {e}") from None
+    if data is None:
+        return [], []
+    if not isinstance(data, Mapping):
+        raise StateFileError(f"{path}: expected a mapping with 'services' and 'endpoints'")
+    out: list[list[dict[str, Any]]] = []
+    for key, kind in (("services", KIND_SERVICE), ("endpoints", KIND_ENDPOINT_SLICE)):
+        items = data.get(key) or []
+        if not isinstance(items, list):
+            raise StateFileError(f"{path}: field {key}: expected a list")
+        objs = []
+        for i, item in enumerate(items):
+            if not isinstance(item, Mapping):
+                raise StateFileError(f"{path}: field {key}[{i}]: expected an object")
+            obj = dict(item)
+            obj.setdefault("kind", kind)
+            if obj["kind"] != kind:
+                raise StateFileError(f"{path}: field {key}[{i}].kind: expected {kind}")
+            objs.append(obj)
+        out.append(objs)
+    return out[0], out[1]
+
+
+class StateFileSource:
+    """Keeps the LB tables' ``api`` rows equal to the contents of one state file."""
+
+    def __init__(self, writer: LBWriter, path: str | Path, *, interval: float = 1.0) -> None:
+        if interval <= 0:
+            raise ValueError(f"state file source: interval must be > 0, got {interval}")
+        self.writer = writer
+        self.path = Path(path)
+        self.interval = interval
+        self.converter = K8sConverter(writer, source=STATE_FILE_SOURCE)
+        #: The current error ("" when the last read applied).
+        self.error = ""
+        self._digest: str | None = None
+
+    def sync(self) -> bool:
+        """Read the file once and apply it if it changed; return True when applied."""
+        try:
+            data = self.path.read_bytes()
+        except FileNotFoundError:
+            data = b""
+        except OSError as e:
+            return self._fail(f"{self.path}: cannot read: {e.strerror or e}")
+        digest = hashlib.sha256(data).hexdigest()
+        if digest == self._digest:
+            return False
+        try:
+            services, slices = parse_state_file(data.decode(), str(self.path))
+        except (StateFileError, UnicodeDecodeError) as e:
+            return self._fail(str(e) if isinstance(e, StateFileError) else f"{self.path}: {e}")
+        conv = self.converter
+        checkpoint = conv.checkpoint()
+        txn = self.writer.write_txn()
+        try:
+            conv.resync(txn, KIND_SERVICE, services)
+            conv.resync(txn, KIND_ENDPOINT_SLICE, slices)
+        except (ValueError, KeyError, TypeError) as e:
+            txn.abort()
+            conv.rollback(checkpoint)
+            return self._fail(f"{self.path}: {e}")
+        except BaseException:
+            txn.abort()
+            conv.rollback(checkpoint)
+            raise
+        txn.commit()
+        self._digest = digest
+        self.error = ""
+        return True
+
+    def _fail(self, message: str) -> bool:
+        if message != self.error:
+            log.error("state file source: %s", message)
+        self.error = message
+        return False
+
+    async def run(self, *, task_status: Any = anyio.TASK_STATUS_IGNORED) -> None:
+        """Poll forever, every ``interval`` seconds (cancel the task to stop)."""
+        self.sync()
+        task_status.started()
+        while True:
+            await anyio.sleep(self.interval)
+            self.sync()
