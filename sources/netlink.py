@@ -709,8 +709,10 @@ class NetlinkSource:
         self._reader = reader
 
         async def run_reader() -> None:
+            # Its own limiter: the long-lived reader must not hold a token of the
+            # shared worker-thread pool for the agent's lifetime.
             async with send:
-                await anyio.to_thread.run_sync(reader.run)
+                await anyio.to_thread.run_sync(reader.run, limiter=anyio.CapacityLimiter(1))
 
         try:
             async with anyio.create_task_group() as tg:
