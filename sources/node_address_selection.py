@@ -38,8 +38,9 @@ space, IPv6 unique local, plus loopback and link-local), not Python's
 from __future__ import annotations
 
 import ipaddress
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from tables.devices import SCOPE_LINK, Device, DeviceAddress
 from tables.l3n4 import IPAddress, IPNetwork
@@ -116,6 +117,43 @@ class NodeAddressConfig:
         for d in self.devices:
             if not d or d == "+":
                 raise ValueError(f"node address config: devices: invalid entry {d!r}")
+
+    @classmethod
+    def from_dict(
+        cls, obj: Mapping[str, Any], origin: str = "node address config"
+    ) -> NodeAddressConfig:
+        """Build from configuration (YAML/JSON): keys ``devices``, ``exclude-prefixes``,
+        ``address-cidrs``, ``nodeport-cidrs`` (``_`` also accepted), each a list of strings
+        or one comma-separated string (as a command-line override gives it). Raise
+        ValueError naming ``origin`` and the field; unknown keys are refused so a typo is
+        not silently ignored."""
+        if not isinstance(obj, Mapping):
+            raise ValueError(f"{origin}: expected a mapping, got {type(obj).__name__}")
+        fields = {"devices", "exclude_prefixes", "address_cidrs", "nodeport_cidrs"}
+        values: dict[str, tuple[str, ...]] = {}
+        for key, raw in obj.items():
+            name = str(key).replace("-", "_")
+            if name not in fields:
+                raise ValueError(
+                    f"{origin}: unknown field {key!r} (expected one of "
+                    f"{', '.join(sorted(f.replace('_', '-') for f in fields))})"
+                )
+            if isinstance(raw, str):
+                items = [x.strip() for x in raw.split(",") if x.strip()]
+            elif isinstance(raw, list | tuple) and all(isinstance(x, str) for x in raw):
+                items = [x.strip() for x in raw]
+            elif raw is None:
+                items = []
+            else:
+                raise ValueError(
+                    f"{origin}: field {key!r}: expected a list of strings, got {raw!r}"
+                )
+            values[name] = tuple(items)
+        try:
+            return cls(**values)  # type: ignore[arg-type]
+        except ValueError as e:
+            detail = str(e).removeprefix("node address config: ")
+            raise ValueError(f"{origin}: {detail}") from None
 
     def device_allowed(self, name: str) -> bool:
         """True when ``name`` is on the allow-list (exact, or by ``prefix+``)."""

@@ -93,6 +93,27 @@ def test_config_validates_cidrs_and_devices() -> None:
         NodeAddressConfig(devices=("+",))
 
 
+def test_config_from_dict() -> None:
+    c = NodeAddressConfig.from_dict({
+        "devices": ["eth0", "ens+"],
+        "address-cidrs": "10.0.0.0/8, 2001:db8::/32",
+        "nodeport_cidrs": ["10.1.0.0/16"],
+        "exclude-prefixes": None,
+    })
+    assert c.devices == ("eth0", "ens+") and c.exclude_prefixes == ()
+    assert [str(n) for n in c.address_cidrs] == ["10.0.0.0/8", "2001:db8::/32"]
+    assert c.device_allowed("ens5") and not c.device_allowed("eth1")
+    assert NodeAddressConfig.from_dict({}) == NodeAddressConfig()
+    with pytest.raises(ValueError, match=r"agent.yaml: unknown field 'device'"):
+        NodeAddressConfig.from_dict({"device": ["eth0"]}, "agent.yaml")
+    with pytest.raises(ValueError, match=r"cfg: field 'devices': expected a list of strings"):
+        NodeAddressConfig.from_dict({"devices": [1]}, "cfg")
+    with pytest.raises(ValueError, match=r"^cfg: address_cidrs: invalid CIDR '10.0.0.0/33'"):
+        NodeAddressConfig.from_dict({"address-cidrs": ["10.0.0.0/33"]}, "cfg")
+    with pytest.raises(ValueError, match="expected a mapping"):
+        NodeAddressConfig.from_dict(["eth0"], "cfg")  # type: ignore[arg-type]
+
+
 def test_public_and_private() -> None:
     for a in ("10.1.1.1", "172.16.0.1", "192.168.1.1", "100.64.0.1", "fd00::1"):
         assert not is_public(ipaddress.ip_address(a)), a
