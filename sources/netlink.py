@@ -42,6 +42,7 @@ messages of the bridge family (AF_BRIDGE, bridge port state) are ignored.
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import errno
 import ipaddress
@@ -405,6 +406,10 @@ class NetlinkReader:
         self._resume.set()
         self._wake_r, self._wake_w = os.pipe()
         os.set_blocking(self._wake_r, False)
+        os.set_blocking(self._wake_w, False)
+        # Guards the pipe: once the thread closed it, its numbers may belong to other files.
+        self._pipe_lock = threading.Lock()
+        self._pipe_open = True
         self._injected: list[int] = []
         self._lock = threading.Lock()
         self._sock: socket.socket | None = None
@@ -412,7 +417,7 @@ class NetlinkReader:
 
     # -- control (any thread) --
     def stop(self) -> None:
-        """Ask the reader to return soon (it wakes from select through a pipe)."""
+        """Ask the reader to return soon (it wakes from poll through a pipe)."""
         self._stop.set()
         self._resume.set()
         self._wake()
@@ -433,10 +438,13 @@ class NetlinkReader:
         self._wake()
 
     def _wake(self) -> None:
-        try:
-            os.write(self._wake_w, b"x")
-        except OSError:  # pipe full (already woken) or closed
-            pass
+        with self._pipe_lock:
+            if not self._pipe_open:
+                return
+            try:
+                os.write(self._wake_w, b"x")
+            except BlockingIOError:  # pipe full: already woken
+                pass
 
     # -- the thread --
     def run(self) -> None:
@@ -465,11 +473,10 @@ class NetlinkReader:
             pass
         finally:
             self._close()
-            for fd in (self._wake_r, self._wake_w):
-                try:
-                    os.close(fd)
-                except OSError:
-                    pass
+            with self._pipe_lock:
+                self._pipe_open = False
+                os.close(self._wake_r)
+                os.close(self._wake_w)
 
     def _open(self) -> None:
         """Subscribe to events first, then open the dump handle (no gap between them)."""
@@ -595,7 +602,10 @@ class NetlinkStats:
     last_error: str = ""
     last_error_at: float = 0.0
     last_dump_at: float = 0.0
-    error_codes: list[int] = field(default_factory=list)
+    #: errno of the most recent errors (the last 32).
+    error_codes: collections.deque[int] = field(
+        default_factory=lambda: collections.deque(maxlen=32)
+    )
 
 
 class NetlinkSource:
@@ -697,6 +707,9 @@ class NetlinkSource:
     # ----- running ---------------------------------------------------------------------------
     async def run(self, *, task_status: Any = anyio.TASK_STATUS_IGNORED) -> None:
         """Run until cancelled; ``task_status.started()`` once the first dump is applied."""
+        if self._reader is not None:
+            raise RuntimeError("netlink source: already running")
+        self._have_dump = False
         send, recv = anyio.create_memory_object_stream[ReaderItem](self.queue_size)
 
         def emit(item: ReaderItem) -> None:

@@ -186,7 +186,7 @@ def test_dump_after_error_replaces_state_and_keeps_foreign_rows(
     # by someone else stays.
     assert {d.name for d in src.devices.all(db.read_txn())} == {"lo", "eth1"}
     assert addresses(db, w) == {"192.168.0.5@eth1", "192.0.2.1@cfg"}
-    assert src.stats.errors == 1 and src.stats.error_codes == [105]
+    assert src.stats.errors == 1 and list(src.stats.error_codes) == [105]
     assert src.health()[0]
 
 
