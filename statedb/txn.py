@@ -94,12 +94,15 @@ class WriteTxn(ReadTxn):
                 for tt, st in sealed:
                     root[tt.table.name] = st
                 db.root = root
+            # Close watches while the tables are still locked: the next writer of a
+            # table must not swap its watches concurrently with this one, or a watch
+            # handed out in between is replaced without ever being closed.
+            for tt, st in sealed:
+                _close_watches(tt, st)
         finally:
             self._finish("committed")
         for tt, st in sealed:
             self.states[tt.table.name] = st
-        for tt, st in sealed:
-            _close_watches(tt, st)
         return ReadTxn(db, root)
 
     def abort(self) -> None:
