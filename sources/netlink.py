@@ -613,7 +613,18 @@ class NetlinkSource:
 
     Start it with ``await task_group.start(source.run)`` (returns once the first full
     dump is in the tables) or ``task_group.start_soon(source.run)``; cancel the task
-    group to stop it.
+    group to stop it::
+
+        writer = LBWriter.create(db)
+        source = NetlinkSource.create(db, writer, NodeAddressConfig.from_dict(cfg))
+        async with anyio.create_task_group() as tg:
+            await tg.start(source.run)      # devices + node addresses are in the tables
+            ...
+            ok, reason = source.health()
+            tg.cancel_scope.cancel()        # run returns after the reader thread exited
+
+    Constructing it registers the "netlink" initializer on both tables, so construct
+    it before anything that waits for them to be initialized.
     """
 
     def __init__(
