@@ -90,18 +90,23 @@ def replay(
     """
     out = view.transient()
     for pk in keys:
-        old = src.get(pk)
-        new = dst.get(pk)
-        if old is new:
-            continue
-        new_items = _view_items(table, pos, new) if new is not None else []
-        if old is not None:
-            for k in _view_items(table, pos, old):
-                if k not in new_items:
-                    out.pop(k)
-        for k in new_items:
-            out.set(k, new)
+        _move(table, pos, out, src.get(pk), dst.get(pk))
     return out.seal()
+
+
+def _move(table: Table[Any], pos: int, out: SortedMap, old: Any, new: Any) -> None:
+    """Replace ``old`` (an entry or None) by ``new`` in the writable view ``out``."""
+    if old is new:
+        return
+    new_items = _view_items(table, pos, new) if new is not None else []
+    if old is not None:
+        for k in _view_items(table, pos, old):
+            # Only drop the key if it still holds this row: within one batch of changes a
+            # unique key may already have moved to another row.
+            if k not in new_items and out.get(k) is old:
+                out.pop(k)
+    for k in new_items:
+        out.set(k, new)
 
 
 def ordered_view(table: Table[Any], st: TableState, pos: int) -> SortedMap:
@@ -126,17 +131,43 @@ def ordered_view(table: Table[Any], st: TableState, pos: int) -> SortedMap:
     return view
 
 
+class TxnView:
+    """A write transaction's ordered view of one index, kept current write by write.
+
+    ``view`` is a transient map updated with each new log record of the transaction;
+    ``in_view`` remembers which entry the view holds for every key the transaction
+    wrote, so that one more write costs O(log n) instead of a replay of all of them.
+    """
+
+    __slots__ = ("frozen", "in_view", "synced", "view")
+
+    def __init__(self, view: SortedMap, synced: int) -> None:
+        self.view = view
+        self.synced = synced
+        self.in_view: dict[bytes, Any] = {}
+        self.frozen: SortedMap | None = None
+
+
 def _txn_view(table: Table[Any], tt: TableTxn, pos: int) -> SortedMap:
     """Ordered view of a write transaction's contents: its base view plus its own writes."""
     n = len(tt.log)
-    cached = tt.view_cache.get(pos)
-    if cached is not None and cached[0] == n:
-        return cached[1]
-    base_view = ordered_view(table, tt.base, pos)
-    keys = {e[2] for e in tt.log[tt.base.log_len : n]}
-    view = replay(table, base_view, tt.base.hash, tt.hash, keys, pos)
-    tt.view_cache[pos] = (n, view)
-    return view
+    tv = tt.view_cache.get(pos)
+    if tv is None:
+        tv = TxnView(ordered_view(table, tt.base, pos).transient(), tt.base.log_len)
+        tt.view_cache[pos] = tv
+    if tv.synced < n:
+        base_hash = tt.base.hash
+        in_view = tv.in_view
+        for pk in {e[2] for e in tt.log[tv.synced : n]}:
+            old = in_view[pk] if pk in in_view else base_hash.get(pk)
+            new = tt.hash.get(pk)
+            _move(table, pos, tv.view, old, new)
+            in_view[pk] = new
+        tv.synced = n
+        tv.frozen = None
+    if tv.frozen is None:
+        tv.frozen = tv.view.freeze()
+    return tv.frozen
 
 
 def compact_log(table: Table[Any], tt: TableTxn, st: TableState) -> None:
@@ -167,6 +198,7 @@ def compact_log(table: Table[Any], tt: TableTxn, st: TableState) -> None:
         (e[1], i) for i, e in enumerate(log) if is_tombstone(e) and e[0] is not None
     )
     st.tombstones = len(table.held_tombstones)
-    for pos, cached in enumerate(table.ordered_cache):
-        if cached is not None:
-            table.ordered_cache[pos] = (st, cached[1])
+    # Relabel with st's own views (computed above), never with whatever the cache holds
+    # now: a reader may have stored an older snapshot's view there in the meantime.
+    for pos, view in enumerate(st.ordered):
+        table.ordered_cache[pos] = (st, view) if view is not None else None

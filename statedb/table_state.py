@@ -30,6 +30,7 @@ from statedb.errors import ObjectReusedError, UniqueIndexConflictError
 from statedb.sortedmap import SortedMap
 
 if TYPE_CHECKING:
+    from statedb.ordered import TxnView
     from statedb.table import Table
 
 # An entry is (obj, revision, primary key); a tombstone adds a fourth item.
@@ -91,8 +92,8 @@ class TableTxn(TableState):
         self.tombstones = base.tombstones
         self.pending_init = base.pending_init
         self.ordered = [None] * len(base.ordered)
-        # Ordered views of this transaction's contents: index -> (log length, view).
-        self.view_cache: dict[int, tuple[int, SortedMap]] = {}
+        # Ordered views of this transaction's contents, per index position.
+        self.view_cache: dict[int, TxnView] = {}
         self.modified = False
 
     # ----- writes --------------------------------------------------
