@@ -148,13 +148,19 @@ class LBWriter:
     ) -> None:
         """Insert or replace a service and make ``frontends`` its complete frontend set.
 
-        Frontends of the service not in ``frontends`` are deleted. When the service row is
+        Frontends are written in address order. Frontends of the service not in
+        ``frontends`` are deleted. When the service row is
         unchanged, only new or changed frontends are written (and marked Pending). Raises
         `FrontendConflictError` (before writing anything) when one of the addresses
         belongs to another service, and LBWriterError for a frontend naming another
         service or a duplicate address.
         """
-        params = [p for p in frontends if not self._shadows_node_port(txn, p)]
+        # Written in address order, so the reconciler (which follows the change order) gives
+        # one object's frontends their service ids in address order, as Cilium does.
+        params = sorted(
+            (p for p in frontends if not self._shadows_node_port(txn, p)),
+            key=lambda p: p.address.key(),
+        )
         seen: set[L3n4Addr] = set()
         for p in params:
             if p.service_name != svc.name:

@@ -367,3 +367,16 @@ def test_unchanged_service_upsert_rewrites_nothing() -> None:
     assert stored is not None
     with w.write_txn() as t:
         w.upsert_service(t, stored)
+
+
+def test_frontends_written_in_address_order() -> None:
+    db, w = new_writer()
+    with w.write_txn() as t:
+        changes = w.frontends.changes(t)
+    with w.write_txn() as t:
+        w.upsert_service_and_frontends(t, Service("a/b"), [
+            fe("10.96.0.1:80/TCP", "a/b"), fe("0.0.0.0:30001/TCP", "a/b", SVCType.NODE_PORT),
+            fe("[fd00::1]:80/TCP", "a/b"), fe("1.1.1.1:80/TCP", "a/b", SVCType.LOAD_BALANCER)])
+    order = [str(c.obj.address) for c in changes.next(db.read_txn())[0]]
+    assert order == ["0.0.0.0:30001/TCP", "1.1.1.1:80/TCP", "10.96.0.1:80/TCP",
+                     "[fd00::1]:80/TCP"]
