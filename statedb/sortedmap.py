@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from bisect import bisect_left
 from collections.abc import Iterator
-from itertools import islice
+from itertools import chain, islice
 from typing import Any
 
 LOAD = 256
@@ -112,35 +112,25 @@ class SortedMap:
             return i, 0
         return i, bisect_left(self._keys[i], key)
 
-    def items_from(self, key: Any = None) -> Iterator[tuple[Any, Any]]:
-        """Yield (key, value) pairs with key >= ``key`` (all when None), in key order."""
-        keys, vals = self._keys, self._vals
+    def _chunks_from(self, chunks: list[list[Any]], key: Any) -> Iterator[Any]:
+        """Chain the chunks from the first key >= ``key`` on, iterated in C."""
         if key is None:
-            i, j = 0, 0
-        else:
-            i, j = self._locate(key)
-        n = len(keys)
-        if i < n and j:
-            yield from zip(islice(keys[i], j, None), islice(vals[i], j, None))
-            i += 1
-        while i < n:
-            yield from zip(keys[i], vals[i])
-            i += 1
+            return chain.from_iterable(chunks)
+        i, j = self._locate(key)
+        if i >= len(chunks):
+            return iter(())
+        return chain(islice(chunks[i], j, None), chain.from_iterable(chunks[i + 1 :]))
+
+    def items_from(self, key: Any = None) -> Iterator[tuple[Any, Any]]:
+        """Iterate (key, value) pairs with key >= ``key`` (all when None), in key order.
+
+        Only for frozen maps (iteration runs over the chunk lists as they are).
+        """
+        return zip(self._chunks_from(self._keys, key), self._chunks_from(self._vals, key))
 
     def values_from(self, key: Any = None) -> Iterator[Any]:
-        """Yield values whose key >= ``key`` (all when None), in key order."""
-        vals = self._vals
-        if key is None:
-            i, j = 0, 0
-        else:
-            i, j = self._locate(key)
-        n = len(vals)
-        if i < n and j:
-            yield from islice(vals[i], j, None)
-            i += 1
-        while i < n:
-            yield from vals[i]
-            i += 1
+        """Iterate values whose key >= ``key`` (all when None), in key order (frozen maps)."""
+        return self._chunks_from(self._vals, key)
 
     def items_prefix(self, prefix: bytes) -> Iterator[tuple[bytes, Any]]:
         """Yield (key, value) pairs whose bytes key starts with ``prefix``, in key order."""
