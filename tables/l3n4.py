@@ -7,8 +7,9 @@ when parsing (TCP is assumed).
 
 Index keys: 16 bytes of address (IPv4 mapped into IPv6 space, so both
 families share one order and a CIDR prefix query matches whole bytes of the
-address), 2 bytes of port, 1 byte of protocol, 1 byte of scope. Keys therefore
-order by address, then port, then protocol, then scope.
+address), 2 bytes of port, 1 byte of protocol, 1 byte of scope and 1 byte of IP
+version (so that an IPv4 address and its IPv4-mapped IPv6 form stay distinct). Keys
+therefore order by address, then port, then protocol, then scope.
 """
 
 from __future__ import annotations
@@ -59,9 +60,12 @@ def parse_ip(text: str) -> IPAddress:
         raise AddressError(f"invalid IP address {text!r}") from None
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, eq=False)
 class L3n4Addr:
-    """An address + port + protocol + scope (frontend or backend address)."""
+    """An address + port + protocol + scope (frontend or backend address).
+
+    Equality and hashing use the encoded key, which is unique per field combination
+    (cheaper than hashing the ipaddress object on every dict/set operation)."""
 
     address: IPAddress
     port: int
@@ -84,9 +88,17 @@ class L3n4Addr:
         key = (
             keycodec.ip_address(self.address)
             + self.port.to_bytes(2, "big")
-            + bytes((_PROTO_CODE[self.protocol], self.scope))
+            + bytes((_PROTO_CODE[self.protocol], self.scope, self.address.version))
         )
         object.__setattr__(self, "_key", key)
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, L3n4Addr):
+            return NotImplemented
+        return self._key == other._key
+
+    def __hash__(self) -> int:
+        return hash(self._key)
 
     # ----- construction ---------------------------------------------------
     @classmethod

@@ -81,6 +81,12 @@ def test_roundtrip_property(ip: ipaddress.IPv4Address | ipaddress.IPv6Address, p
     assert L3n4Addr.parse(str(a)) == a
 
 
+def test_ipv4_and_mapped_ipv6_are_distinct() -> None:
+    a, b = L3n4Addr.parse("1.2.3.4:80/TCP"), L3n4Addr.parse("[::ffff:1.2.3.4]:80/TCP")
+    assert a != b and a.key() != b.key() and len({a, b}) == 2
+    assert a == L3n4Addr.make("1.2.3.4", 80, "tcp") and hash(a) == hash(L3n4Addr.parse(str(a)))
+
+
 def test_parse_addr_key_accepts_cidr_and_ip() -> None:
     assert isinstance(parse_addr_key("10.0.0.0/8"), ipaddress.IPv4Network)
     assert isinstance(parse_addr_key("10.244.1.1:80/TCP"), L3n4Addr)
