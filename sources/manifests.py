@@ -156,6 +156,11 @@ class ManifestSource:
         self._init_done: Callable[[WriteTxn], None] | None = None
         self.synced = False
 
+    @property
+    def files(self) -> list[str]:
+        """The manifest files whose objects are currently applied, sorted."""
+        return sorted(self._files)
+
     # ----- discovery ----------------------------------------------------------------------
     def discover(self) -> list[Path]:
         """The manifest files currently present (directories scanned recursively), sorted."""

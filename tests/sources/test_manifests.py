@@ -48,6 +48,7 @@ def test_add_update_delete(tmp_path: Path) -> None:
     _write(tmp_path / "echo.yaml", service(), eps())
     res = src.sync()
     assert res.applied == [str(tmp_path / "echo.yaml")] and not res.failed
+    assert src.files == [str(tmp_path / "echo.yaml")]
     assert _state(db, w) == {"services": ["test/echo"], "frontends": ["10.96.50.104:80/TCP"],
                              "backends": ["10.244.1.1:80/TCP"]}
     # Nothing changed: nothing applied.
