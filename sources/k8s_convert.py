@@ -451,8 +451,8 @@ def _cond(ref: str, path: str, value: Any, default: bool) -> bool:
     return value
 
 
-def endpoint_state(ref: str, path: str, conditions: Any) -> BackendState | None:
-    """Backend state for an endpoint's conditions, or None when it must be left out."""
+def endpoint_state(ref: str, path: str, conditions: Any) -> BackendState:
+    """Backend state for an endpoint's conditions (missing conditions: ready)."""
     cond = _mapping(ref, path, conditions)
     ready = _cond(ref, f"{path}.ready", cond.get("ready"), True)
     serving = _cond(ref, f"{path}.serving", cond.get("serving"), ready)
@@ -511,8 +511,6 @@ def convert_endpoint_slice(
                 raise ConversionError(
                     ref, f"{path}.addresses[{j}]", f"{ip} does not match addressType {addr_type}"
                 )
-        if state is None:
-            continue
         for ip in ips:
             if not _family_enabled(ip, cfg):
                 continue
