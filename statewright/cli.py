@@ -10,7 +10,12 @@ from typing import Any
 
 # Command groups: module -> it exposes add_commands(subparsers). Groups whose module
 # is not installed yet (later components) are simply absent from --help.
-COMMAND_MODULES = ("statewright.cli_run", "statewright.cli_bpf", "statewright.cli_lb")
+COMMAND_MODULES = (
+    "statewright.cli_run",
+    "statewright.cli_bpf",
+    "statewright.cli_lb",
+    "statewright.cli_agent",  # after cli_lb: it routes `lb list` through the agent
+)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -1,0 +1,101 @@
+"""A client of the agent's API (statewright/agent/api.py) over its unix socket, standard
+library only, so the CLI commands stay small and work in any process."""
+
+from __future__ import annotations
+
+import http.client
+import json
+import socket
+from collections.abc import Iterator
+from typing import Any
+
+
+class AgentUnavailable(ConnectionError):
+    """No agent answers on the socket; the message says where it looked and what to do."""
+
+
+class AgentRequestError(RuntimeError):
+    """The agent answered with an error status; the message is the agent's."""
+
+
+class _UnixConnection(http.client.HTTPConnection):
+    def __init__(self, path: str, timeout: float) -> None:
+        super().__init__("statewright-agent", timeout=timeout)
+        self.path = path
+
+    def connect(self) -> None:
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.settimeout(self.timeout)
+        try:
+            sock.connect(self.path)
+        except OSError:
+            sock.close()
+            raise
+        self.sock = sock
+
+
+class AgentClient:
+    """GET requests to the agent listening on ``socket_path``."""
+
+    def __init__(self, socket_path: str, timeout: float = 10.0) -> None:
+        self.socket_path = socket_path
+        self.timeout = timeout
+
+    def _open(self, path: str, timeout: float | None) -> tuple[Any, Any]:
+        conn = _UnixConnection(self.socket_path, self.timeout if timeout is None else timeout)
+        try:
+            conn.request("GET", path)
+            resp = conn.getresponse()
+        except (FileNotFoundError, ConnectionRefusedError) as e:
+            conn.close()
+            raise AgentUnavailable(
+                f"no agent is running (nothing answers on {self.socket_path}: "
+                f"{e.strerror or e}); start one with `statewright agent` or `make run`, "
+                "or point --socket / $STATEWRIGHT_SOCKET at its socket"
+            ) from None
+        except PermissionError as e:
+            conn.close()
+            raise AgentUnavailable(
+                f"cannot open the agent socket {self.socket_path}: {e.strerror} "
+                "(it is mode 0660: run as root or as a member of its group)"
+            ) from None
+        except OSError as e:
+            conn.close()
+            raise AgentUnavailable(f"agent socket {self.socket_path}: {e}") from None
+        if resp.status != 200:
+            body = resp.read().decode(errors="replace")
+            conn.close()
+            try:
+                msg = json.loads(body).get("error", body)
+            except ValueError:
+                msg = body
+            raise AgentRequestError(f"{path}: {msg.strip()}")
+        return conn, resp
+
+    def get(self, path: str) -> Any:
+        """The decoded JSON answer of ``path``."""
+        conn, resp = self._open(path, None)
+        try:
+            return json.loads(resp.read())
+        finally:
+            conn.close()
+
+    def get_text(self, path: str) -> str:
+        """The text answer of ``path``."""
+        conn, resp = self._open(path, None)
+        try:
+            return str(resp.read().decode())
+        finally:
+            conn.close()
+
+    def stream(self, path: str) -> Iterator[Any]:
+        """The documents of a newline-delimited JSON feed, as they arrive (no timeout)."""
+        conn, resp = self._open(path, None)
+        if conn.sock is not None:
+            conn.sock.settimeout(None)
+        try:
+            for line in resp:
+                if line.strip():
+                    yield json.loads(line)
+        finally:
+            conn.close()

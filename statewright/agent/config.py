@@ -1,0 +1,201 @@
+"""The agent's configuration: a YAML file, then command-line overrides, then defaults.
+
+Every key of the YAML file may be spelled with ``-`` or ``_``; unknown keys are
+refused (a typo must not be silently ignored). Example::
+
+    pin-dir: /sys/fs/bpf/statewright
+    backend: auto            # auto | kernel | memory
+    manifests: [examples/manifests]
+    cgroup: ""               # "": <cgroup2 mount>/statewright, created by the agent
+    allow-root-cgroup: false # attaching to the root cgroup affects every process
+    datapath: true
+    node-name: node-1
+    lb-flags: ["--bpf-lb-algorithm=maglev"]
+    api-socket: /run/statewright/agent.sock
+    metrics-port: 0          # 0: no metrics server; else bound to metrics-address
+    netlink: true
+    node-addresses: {devices: [eth0], nodeport-cidrs: [10.0.0.0/8]}
+    demo-netns: ""           # e.g. statewright-demo: example backends live there
+
+Why a frozen dataclass: the runtime and the API report it as-is (``to_json``) and
+nothing may change it behind the components' backs.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import socket
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from bpf.probe import DEFAULT_PIN_DIR
+from sources.node_address_selection import NodeAddressConfig
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+DEFAULT_MANIFESTS = str(REPO_ROOT / "examples" / "manifests")
+DEFAULT_SOCKET = "/run/statewright/agent.sock"
+#: Environment variable naming the API socket for the client commands.
+SOCKET_ENV = "STATEWRIGHT_SOCKET"
+#: The cgroup the agent creates under the cgroup2 mount when none is configured.
+DEFAULT_CGROUP_NAME = "statewright"
+BACKENDS = ("auto", "kernel", "memory")
+
+
+class ConfigError(ValueError):
+    """The configuration is invalid; the message names the file (or override) and field."""
+
+
+@dataclass(frozen=True, slots=True)
+class AgentConfig:
+    """Everything the agent needs to start (see the module docstring for the YAML form)."""
+
+    pin_dir: str = DEFAULT_PIN_DIR
+    backend: str = "auto"
+    manifests: tuple[str, ...] = (DEFAULT_MANIFESTS,)
+    manifests_interval: float = 1.0
+    cgroup: str = ""
+    allow_root_cgroup: bool = False
+    datapath: bool = True
+    node_name: str = field(default_factory=socket.gethostname)
+    lb_flags: tuple[str, ...] = ()
+    api_socket: str = DEFAULT_SOCKET
+    api_socket_mode: int = 0o660
+    metrics_port: int = 0
+    metrics_address: str = "127.0.0.1"
+    netlink: bool = True
+    node_addresses: NodeAddressConfig = field(default_factory=NodeAddressConfig)
+    demo_netns: str = ""
+    log_format: str = "text"
+
+    def __post_init__(self) -> None:
+        if self.backend not in BACKENDS:
+            raise ConfigError(f"backend: {self.backend!r} is not one of {', '.join(BACKENDS)}")
+        if not 0 <= self.metrics_port < 65536:
+            raise ConfigError(f"metrics-port: {self.metrics_port} is not a TCP port (0 = off)")
+        if self.manifests_interval <= 0:
+            raise ConfigError(f"manifests-interval: must be > 0, got {self.manifests_interval}")
+        if self.log_format not in ("text", "json"):
+            raise ConfigError(f"log-format: {self.log_format!r} is not text or json")
+        if not self.api_socket:
+            raise ConfigError("api-socket: must not be empty")
+        if not self.pin_dir:
+            raise ConfigError("pin-dir: must not be empty")
+
+    def to_json(self) -> dict[str, Any]:
+        """The configuration as plain data (for the API and logs)."""
+        out: dict[str, Any] = {}
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            if isinstance(value, NodeAddressConfig):
+                value = {
+                    "devices": list(value.devices),
+                    "exclude-prefixes": list(value.exclude_prefixes),
+                    "address-cidrs": [str(c) for c in value.address_cidrs],
+                    "nodeport-cidrs": [str(c) for c in value.nodeport_cidrs],
+                }
+            elif isinstance(value, tuple):
+                value = list(value)
+            out[f.name.replace("_", "-")] = value
+        out["api-socket-mode"] = oct(self.api_socket_mode)
+        return out
+
+
+_FIELDS = {f.name: f for f in dataclasses.fields(AgentConfig)}
+_TUPLES = {"manifests", "lb_flags"}
+_BOOLS = {"allow_root_cgroup", "datapath", "netlink"}
+_INTS = {"metrics_port", "api_socket_mode"}
+_FLOATS = {"manifests_interval"}
+
+
+def _convert(name: str, raw: Any, origin: str) -> Any:
+    """One field's value from YAML (or an override) with its type checked."""
+    where = f"{origin}: field {name.replace('_', '-')}"
+    if name == "node_addresses":
+        if raw is None:
+            return NodeAddressConfig()
+        try:
+            return NodeAddressConfig.from_dict(raw, where)
+        except ValueError as e:
+            raise ConfigError(str(e)) from None
+    if name in _TUPLES:
+        if isinstance(raw, str):
+            return tuple(x for x in (s.strip() for s in raw.split(",")) if x)
+        if isinstance(raw, list | tuple) and all(isinstance(x, str) for x in raw):
+            return tuple(raw)
+        raise ConfigError(f"{where}: expected a list of strings, got {raw!r}")
+    if name in _BOOLS:
+        if isinstance(raw, bool):
+            return raw
+        raise ConfigError(f"{where}: expected true or false, got {raw!r}")
+    if name in _INTS:
+        if name == "api_socket_mode" and isinstance(raw, str):
+            try:
+                return int(raw, 8)
+            except ValueError:
+                raise ConfigError(f"{where}: expected an octal mode, got {raw!r}") from None
+        if isinstance(raw, int) and not isinstance(raw, bool):
+            return raw
+        raise ConfigError(f"{where}: expected an integer, got {raw!r}")
+    if name in _FLOATS:
+        if isinstance(raw, int | float) and not isinstance(raw, bool):
+            return float(raw)
+        raise ConfigError(f"{where}: expected a number, got {raw!r}")
+    if raw is None:
+        raw = ""
+    if not isinstance(raw, str):
+        raise ConfigError(f"{where}: expected a string, got {raw!r}")
+    return raw
+
+
+def from_mapping(data: Mapping[str, Any], origin: str = "config") -> dict[str, Any]:
+    """Field values (converted and checked) from a YAML mapping; unknown keys are refused."""
+    if not isinstance(data, Mapping):
+        raise ConfigError(f"{origin}: expected a mapping at the top, got {type(data).__name__}")
+    out: dict[str, Any] = {}
+    for key, raw in data.items():
+        name = str(key).replace("-", "_")
+        if name not in _FIELDS:
+            known = ", ".join(sorted(n.replace("_", "-") for n in _FIELDS))
+            raise ConfigError(f"{origin}: unknown field {key!r} (known: {known})")
+        out[name] = _convert(name, raw, origin)
+    return out
+
+
+def load(path: str | None = None, overrides: Mapping[str, Any] | None = None) -> AgentConfig:
+    """The configuration: defaults, then the YAML file at ``path``, then ``overrides``
+    (field name -> value, None meaning "not given"). Relative manifest paths in the file
+    are taken relative to the file's directory."""
+    values: dict[str, Any] = {}
+    if path:
+        try:
+            text = Path(path).read_text(encoding="utf-8")
+        except OSError as e:
+            raise ConfigError(f"{path}: cannot read: {e.strerror or e}") from None
+        try:
+            data = yaml.safe_load(text)
+        except yaml.YAMLError as e:
+            raise ConfigError(f"{path}: cannot parse: {e}") from None
+        values = from_mapping(data or {}, path)
+        if "manifests" in values:
+            base = Path(path).resolve().parent
+            values["manifests"] = tuple(str(base / p) for p in values["manifests"])
+    for name, raw in (overrides or {}).items():
+        if raw is None:
+            continue
+        if name not in _FIELDS:
+            raise ConfigError(f"override {name!r}: no such field")
+        values[name] = _convert(name, raw, "command line")
+    try:
+        return AgentConfig(**values)
+    except ConfigError as e:
+        raise ConfigError(f"{path or 'configuration'}: {e}") from None
+
+
+def default_socket() -> str:
+    """The API socket the client commands use: $STATEWRIGHT_SOCKET or the default path."""
+    return os.environ.get(SOCKET_ENV) or DEFAULT_SOCKET

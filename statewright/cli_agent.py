@@ -1,0 +1,401 @@
+"""``statewright agent`` and the commands that talk to a running agent through its API socket:
+``status``, ``db show|list|watch``, ``exec -- CMD``; and ``lb list``, which asks the agent
+when one runs (any map backend) and otherwise reads the pinned maps as before.
+
+Client commands print tables for people and JSON with ``-o json`` for scripts; when no
+agent answers they say so (exit 2) instead of printing a traceback. The socket is
+``--socket``, else $STATEWRIGHT_SOCKET, else /run/statewright/agent.sock.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import logging
+import os
+import shutil
+import sys
+from typing import Any
+
+from statewright.agent import config as agent_config
+from statewright.agent.client import AgentClient, AgentRequestError, AgentUnavailable
+
+log = logging.getLogger("statewright.agent")
+
+#: The namespace ``--demo`` (and ``make run``) creates for the example backends.
+DEMO_NETNS = "statewright-demo"
+
+EXIT_NO_AGENT = 2
+
+
+def add_commands(subparsers: Any) -> None:
+    """Register ``agent``, ``status``, ``db``, ``exec`` and hook ``lb list`` up to the agent."""
+    ag = subparsers.add_parser(
+        "agent", help="run the node agent (foreground); --cleanup removes what it pinned"
+    )
+    ag.add_argument("--config", metavar="FILE", help="YAML configuration file")
+    ag.add_argument("--cleanup", action="store_true",
+                    help="detach the datapath links, unpin the agent's maps and exit")
+    ag.add_argument("--pin-dir")
+    ag.add_argument("--backend", choices=agent_config.BACKENDS)
+    ag.add_argument("--manifests", action="append", metavar="PATH",
+                    help="manifest file or directory (repeatable; default examples/manifests)")
+    ag.add_argument("--manifests-interval", type=float, metavar="SECONDS")
+    ag.add_argument("--cgroup", help="cgroup v2 directory for the datapath "
+                    "(default: <cgroup2 mount>/statewright, created by the agent)")
+    ag.add_argument("--allow-root-cgroup", action="store_true", default=None,
+                    help="allow attaching to the root cgroup (every process of the machine)")
+    ag.add_argument("--no-datapath", dest="datapath", action="store_false", default=None)
+    ag.add_argument("--node-name")
+    ag.add_argument("--lb-flag", dest="lb_flags", action="append", metavar="FLAG",
+                    help="Cilium-style LB flag, e.g. --lb-flag=--bpf-lb-algorithm=maglev")
+    ag.add_argument("--api-socket", metavar="PATH")
+    ag.add_argument("--metrics-port", type=int, metavar="PORT",
+                    help="serve Prometheus metrics on 127.0.0.1:PORT (default off)")
+    ag.add_argument("--no-netlink", dest="netlink", action="store_false", default=None)
+    ag.add_argument("--node-address", dest="node_addresses", action="append",
+                    metavar="KEY=VALUE",
+                    help="NodeAddressConfig field, e.g. devices=eth0 or nodeport-cidrs=10.0.0.0/8")
+    ag.add_argument("--demo-netns", metavar="NAME",
+                    help="create namespace NAME with the example backends (exec runs there)")
+    ag.add_argument("--demo", action="store_true",
+                    help=f"shorthand for --demo-netns {DEMO_NETNS}")
+    ag.add_argument("--log-format", choices=("text", "json"))
+    ag.add_argument("--status-line", action="store_true", help="print a live status line")
+    ag.set_defaults(func=cmd_agent)
+
+    st = subparsers.add_parser("status", help="health of the running agent")
+    _client_args(st)
+    st.set_defaults(func=cmd_status)
+
+    db = subparsers.add_parser("db", help="the running agent's statedb tables")
+    dbsub = db.add_subparsers(dest="db_command", required=True)
+    show = dbsub.add_parser("show", help="print a table")
+    show.add_argument("table")
+    _client_args(show, formats=("table", "json", "yaml"))
+    show.set_defaults(func=cmd_db_show)
+    lst = dbsub.add_parser("list", help="list the tables")
+    _client_args(lst)
+    lst.set_defaults(func=cmd_db_list)
+    watch = dbsub.add_parser("watch", help="follow a table's changes (newline-delimited JSON)")
+    watch.add_argument("table")
+    _client_args(watch, formats=None)
+    watch.set_defaults(func=cmd_db_watch)
+
+    ex = subparsers.add_parser(
+        "exec", help="run a command in the agent's cgroup (and demo namespace)"
+    )
+    ex.add_argument("--socket", default=None, help="agent API socket")
+    ex.add_argument("--no-netns", action="store_true", help="stay in this network namespace")
+    ex.add_argument("cmd", nargs=argparse.REMAINDER, help="-- CMD [ARGS...]")
+    ex.set_defaults(func=cmd_exec)
+
+    _hook_lb_list(subparsers)
+
+
+def _client_args(p: argparse.ArgumentParser, formats: tuple[str, ...] | None = ("table", "json")
+                 ) -> None:
+    p.add_argument("--socket", default=None,
+                   help=f"agent API socket (default ${agent_config.SOCKET_ENV} or "
+                   f"{agent_config.DEFAULT_SOCKET})")
+    if formats:
+        p.add_argument("-o", "--output", choices=formats, default="table")
+
+
+def _client(args: argparse.Namespace) -> AgentClient:
+    return AgentClient(args.socket or agent_config.default_socket())
+
+
+def _fail(cmd: str, err: Exception) -> int:
+    print(f"statewright {cmd}: {err}", file=sys.stderr)
+    return EXIT_NO_AGENT if isinstance(err, AgentUnavailable) else 1
+
+
+def _print_table(header: list[str], rows: list[list[str]]) -> None:
+    cells = [header, *rows]
+    widths = [max(len(r[i]) for r in cells) for i in range(len(header) - 1)]
+    for r in cells:
+        line = "".join(c.ljust(w + 3) for c, w in zip(r[:-1], widths)) + r[-1]
+        print(line.rstrip())
+
+
+# ----- agent -------------------------------------------------------------------------------
+def _overrides(args: argparse.Namespace) -> dict[str, Any]:
+    out: dict[str, Any] = {
+        name: getattr(args, name)
+        for name in ("pin_dir", "backend", "manifests", "manifests_interval", "cgroup",
+                     "allow_root_cgroup", "datapath", "node_name", "lb_flags", "api_socket",
+                     "metrics_port", "netlink", "demo_netns", "log_format")
+    }
+    if args.manifests:
+        out["manifests"] = [os.path.abspath(p) for p in args.manifests]
+    if args.demo and not args.demo_netns:
+        out["demo_netns"] = DEMO_NETNS
+    if args.node_addresses:
+        fields: dict[str, str] = {}
+        for item in args.node_addresses:
+            key, sep, value = item.partition("=")
+            if not sep:
+                raise agent_config.ConfigError(f"--node-address {item!r}: expected KEY=VALUE")
+            fields[key] = value
+        out["node_addresses"] = fields
+    return out
+
+
+def _unwrap(exc: BaseException) -> BaseException:
+    while isinstance(exc, BaseExceptionGroup) and len(exc.exceptions) == 1:
+        exc = exc.exceptions[0]
+    return exc
+
+
+def cmd_agent(args: argparse.Namespace) -> int:
+    """Run the agent in the foreground until SIGTERM/SIGINT, or clean up with --cleanup."""
+    import anyio
+
+    from statewright.agent.runtime import Agent, AgentError, JsonLogFormatter, status_printer
+
+    try:
+        cfg = agent_config.load(args.config, _overrides(args))
+    except agent_config.ConfigError as e:
+        print(f"statewright agent: {e}", file=sys.stderr)
+        return 2
+    if cfg.log_format == "json":
+        for h in logging.getLogger().handlers:
+            h.setFormatter(JsonLogFormatter())
+    if args.cleanup:
+        return cleanup(cfg)
+    try:
+        agent = Agent(cfg)
+    except AgentError as e:
+        print(f"statewright agent: {e}", file=sys.stderr)
+        return 2
+
+    async def main() -> None:
+        async with anyio.create_task_group() as tg:
+            if args.status_line:
+                tg.start_soon(status_printer, agent)
+            await agent.run()
+            tg.cancel_scope.cancel()
+
+    if args.status_line:
+        sock = cfg.api_socket
+        env = "" if sock == agent_config.DEFAULT_SOCKET else f"STATEWRIGHT_SOCKET={sock} "
+        print(
+            "statewright agent: in a second terminal try\n"
+            f"  {env}statewright status\n  {env}statewright lb list\n"
+            + (f"  {env}statewright exec -- curl -s http://10.96.10.10/\n"
+               if cfg.demo_netns else ""),
+            flush=True,
+        )
+    try:
+        anyio.run(main)
+    except BaseException as e:  # report start-up failures without a traceback
+        err = _unwrap(e)
+        if isinstance(err, AgentError):
+            print(f"\nstatewright agent: cannot start: {err}", file=sys.stderr)
+            return 1
+        if isinstance(err, KeyboardInterrupt):
+            return 0
+        raise
+    if args.status_line:
+        print()
+    return 0
+
+
+def cleanup(cfg: agent_config.AgentConfig) -> int:
+    """``agent --cleanup``: detach the datapath links, unpin the LB maps, remove the agent's
+    own cgroup (when it created it) and the demo namespace. Refused while an agent runs."""
+    with contextlib.suppress(AgentUnavailable, AgentRequestError):
+        AgentClient(cfg.api_socket, timeout=2).get("/health")
+        print(f"statewright agent --cleanup: an agent is running on {cfg.api_socket}; "
+              "stop it first", file=sys.stderr)
+        return 1
+    from bpf.datapath import SockLB, cgroup2_mount
+    from bpfops.lb_maps import LB_MAP_NAMES
+    from statewright.agent.demo_netns import delete_netns
+
+    removed: list[str] = []
+    errors: list[str] = []
+    try:
+        removed += SockLB.cleanup(cfg.pin_dir)
+    except OSError as e:
+        errors.append(str(e))
+    for name in LB_MAP_NAMES:
+        path = os.path.join(cfg.pin_dir, name)
+        if os.path.exists(path):
+            try:
+                os.unlink(path)
+                removed.append(path)
+            except OSError as e:
+                errors.append(f"unpin {path}: {e}")
+    if os.path.isdir(cfg.pin_dir):
+        try:
+            os.rmdir(cfg.pin_dir)
+            removed.append(cfg.pin_dir)
+        except OSError as e:
+            errors.append(f"remove {cfg.pin_dir}: {e} (other pins left in place)")
+    if not cfg.cgroup:
+        with contextlib.suppress(OSError):
+            cg = os.path.join(cgroup2_mount(), "statewright")
+            if os.path.isdir(cg):
+                try:
+                    os.rmdir(cg)
+                    removed.append(cg)
+                except OSError as e:
+                    errors.append(f"remove cgroup {cg}: {e} (processes still in it?)")
+    for ns in {cfg.demo_netns or DEMO_NETNS}:
+        try:
+            if delete_netns(ns):
+                removed.append(f"netns {ns}")
+        except Exception as e:
+            errors.append(str(e))
+    for r in removed:
+        print(f"removed {r}")
+    if not removed:
+        print(f"nothing to remove under {cfg.pin_dir}")
+    for msg in errors:
+        print(f"statewright agent --cleanup: {msg}", file=sys.stderr)
+    return 1 if errors else 0
+
+
+# ----- client commands ---------------------------------------------------------------------
+def cmd_status(args: argparse.Namespace) -> int:
+    """Print the agent's health (exit 0 when OK, 1 when Degraded, 2 when no agent runs)."""
+    try:
+        c = _client(args)
+        health = c.get("/health")
+        info = c.get("/agent")
+    except (AgentUnavailable, AgentRequestError) as e:
+        return _fail("status", e)
+    if args.output == "json":
+        print(json.dumps({"health": health, "agent": info}, indent=2))
+    else:
+        print(f"Agent:    {health['state']} (pid {info['pid']}, node {info['node']}, "
+              f"up {info['uptime_s']} s)")
+        print(f"Maps:     {info['maps']['kind']} under {info['maps']['pin_dir']}")
+        dp = info["datapath"]
+        print(f"Datapath: {dp['state']}: {dp['reason']}")
+        if info.get("netns"):
+            print(f"Demo:     namespace {info['netns']} (statewright exec -- CMD runs there)")
+        print()
+        _print_table(["Component", "State", "Message"],
+                     [[x["name"], x["state"], x["message"]] for x in health["components"]])
+    return 0 if health["state"] == "OK" else 1
+
+
+def cmd_db_show(args: argparse.Namespace) -> int:
+    """Print one table of the running agent."""
+    try:
+        c = _client(args)
+        if args.output == "json":
+            print(json.dumps(c.get(f"/tables/{args.table}"), indent=2))
+        else:
+            sys.stdout.write(c.get_text(f"/tables/{args.table}?format={args.output}"))
+    except (AgentUnavailable, AgentRequestError) as e:
+        return _fail("db show", e)
+    return 0
+
+
+def cmd_db_list(args: argparse.Namespace) -> int:
+    """List the agent's tables."""
+    try:
+        tables = _client(args).get("/tables")
+    except (AgentUnavailable, AgentRequestError) as e:
+        return _fail("db list", e)
+    if args.output == "json":
+        print(json.dumps(tables, indent=2))
+    else:
+        _print_table(["Table", "Rows", "Revision", "Initialized"],
+                     [[t["name"], str(t["rows"]), str(t["revision"]),
+                       "yes" if t["initialized"] else "waiting for " + ", ".join(t["pending"])]
+                      for t in tables])
+    return 0
+
+
+def cmd_db_watch(args: argparse.Namespace) -> int:
+    """Print a table's changes as they happen (newline-delimited JSON) until interrupted."""
+    try:
+        for doc in _client(args).stream(f"/tables/{args.table}/changes"):
+            print(json.dumps(doc), flush=True)
+    except (AgentUnavailable, AgentRequestError) as e:
+        return _fail("db watch", e)
+    except KeyboardInterrupt:
+        pass
+    return 0
+
+
+def cmd_exec(args: argparse.Namespace) -> int:
+    """Run the command in the agent's cgroup (so the datapath balances its connections) and,
+    when the agent runs the demo, in the demo namespace. Replaces this process."""
+    cmd = list(args.cmd)
+    if cmd and cmd[0] == "--":
+        cmd = cmd[1:]
+    if not cmd:
+        print("statewright exec: no command given (statewright exec -- CMD ...)", file=sys.stderr)
+        return 2
+    try:
+        info = _client(args).get("/agent")
+    except (AgentUnavailable, AgentRequestError) as e:
+        return _fail("exec", e)
+    dp = info["datapath"]
+    cgroup = dp.get("cgroup") or ""
+    if dp["state"] != "OK" or not cgroup:
+        print(f"statewright exec: warning: the datapath is not attached ({dp['reason']}); "
+              "service addresses are not translated", file=sys.stderr)
+    if cgroup:
+        try:
+            with open(os.path.join(cgroup, "cgroup.procs"), "w", encoding="ascii") as f:
+                f.write(str(os.getpid()))
+        except OSError as e:
+            print(f"statewright exec: cannot join cgroup {cgroup}: {e}", file=sys.stderr)
+            return 1
+    netns = "" if args.no_netns else info.get("netns") or ""
+    argv = ["ip", "netns", "exec", netns, *cmd] if netns else cmd
+    if shutil.which(argv[0]) is None:
+        print(f"statewright exec: {argv[0]}: command not found", file=sys.stderr)
+        return 127
+    sys.stdout.flush()
+    sys.stderr.flush()
+    try:
+        os.execvp(argv[0], argv)
+    except OSError as e:
+        print(f"statewright exec: {argv[0]}: {e}", file=sys.stderr)
+        return 126
+    return 0  # not reached
+
+
+# ----- lb list through the agent -----------------------------------------------------------
+def _hook_lb_list(subparsers: Any) -> None:
+    """Make ``lb list`` (statewright/cli_lb.py) ask the running agent first. argparse offers
+    no public way to reach a registered sub-command, hence the private attributes."""
+    lb_parser = subparsers.choices.get("lb")
+    if lb_parser is None:
+        return
+    for action in lb_parser._actions:
+        if isinstance(action, argparse._SubParsersAction) and "list" in action.choices:
+            lst = action.choices["list"]
+            lst.add_argument("--socket", default=None,
+                             help="agent API socket (used when an agent runs)")
+            lst.set_defaults(func=cmd_lb_list, pinned_func=lst.get_default("func"))
+
+
+def cmd_lb_list(args: argparse.Namespace) -> int:
+    """Frontends with their backends from the running agent; without an agent, from the
+    maps pinned under --pin-dir (kernel maps only), saying so."""
+    from statewright.cli_lb import format_list
+
+    try:
+        records = _client(args).get("/lb/services")
+    except AgentUnavailable as e:
+        print(f"statewright lb list: {e}\nstatewright lb list: reading the maps pinned under "
+              f"{args.pin_dir} instead", file=sys.stderr)
+        result: int = args.pinned_func(args)
+        return result
+    except AgentRequestError as e:
+        return _fail("lb list", e)
+    if args.output == "json":
+        print(json.dumps(records, indent=2))
+    else:
+        sys.stdout.write(format_list(records))
+    return 0
