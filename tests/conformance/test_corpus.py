@@ -4,7 +4,10 @@ The corpus is read from $STATEWRIGHT_LB_CORPUS (default ../shared/conformance/ci
 the tests skip with a message when it is absent. A file that fails because it
 needs something Statewright does not implement (its report starts with
 ``unsupported:``: an unknown command or an unimplemented ``#!`` flag) is an
-expected failure (xfail, with the reason); any other failure fails the test.
+expected failure (xfail, with the reason). A file listed in KNOWN_CONFLICTS is an
+expected failure too, strictly: it must fail at a maps-dump comparison, and if it starts
+passing the test fails so that the list (and docs/conformance.md) gets updated. Any other
+failure fails the test.
 """
 
 from __future__ import annotations
@@ -38,11 +41,30 @@ def kernel_root() -> Iterator[str]:
         yield root
 
 
+# Corpus files whose expected maps contradict other corpus files (they come from different
+# Cilium versions; see MANIFEST.tsv there and docs/conformance.md). Open work of issue 5.
+KNOWN_CONFLICTS = {
+    "external-ips": "check source-range on every slot; source-ranges-all expects slot 0 only",
+    "source-ranges": "older source-range flags (ClusterIP checked, flag on every slot)",
+    "loadbalancer": "wildcards for an unmanaged loadBalancerClass; class-wildcards expects none",
+    "proxy-delegation": "no wildcard for a LoadBalancer VIP; newer files expect one",
+}
+
+
 def _check(result: FileResult) -> None:
+    known = KNOWN_CONFLICTS.get(Path(result.file).stem)
     if result.passed:
+        if known is not None:
+            pytest.fail(
+                f"{result.file} passes now: remove it from KNOWN_CONFLICTS and "
+                "docs/conformance.md",
+                pytrace=False,
+            )
         return
     if result.reason.startswith("unsupported:"):
         pytest.xfail(f"{result.file}: {result.reason}")
+    if known is not None and "cmp" in result.command:
+        pytest.xfail(f"{result.file}: known corpus conflict: {known}")
     pytest.fail(result.describe(), pytrace=False)
 
 
