@@ -46,8 +46,10 @@ pytest: setup
 
 test: lint pytest
 
+# The agent in the foreground on examples/manifests (kernel maps + datapath on its own cgroup
+# when the machine allows, memory maps otherwise); Ctrl-C stops it. See README "Running the agent".
 run: setup
-	$(PY) -m statewright run
+	$(PY) -m statewright agent --demo --status-line $$([ "$$(id -u)" = 0 ] || echo --api-socket=$${XDG_RUNTIME_DIR:-/tmp}/statewright-agent.sock)
 
 # Cilium's LB script-test corpus: `make conformance [CORPUS=DIR] [BACKEND=memory|kernel|both]
 # [JSON=results.json]`; ends with `conformance: N passed, M failed`.

@@ -131,7 +131,11 @@ def _overrides(args: argparse.Namespace) -> dict[str, Any]:
     if args.manifests:
         out["manifests"] = [os.path.abspath(p) for p in args.manifests]
     if args.demo and not args.demo_netns:
-        out["demo_netns"] = DEMO_NETNS
+        if os.geteuid() == 0:
+            out["demo_netns"] = DEMO_NETNS
+        else:
+            print("statewright agent: --demo: not root, so no demo namespace (ip netns needs "
+                  "root); the example backends are not started", file=sys.stderr)
     if args.node_addresses:
         fields: dict[str, str] = {}
         for item in args.node_addresses:
