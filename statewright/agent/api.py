@@ -169,7 +169,8 @@ class ApiServer:
             maps = self._maps()
             await self._send_json(
                 stream,
-                [{"name": n, "entries": c, "kind": agent.maps_kind}
+                [{"name": n, "entries": c, "kind": agent.maps_kind,
+                  "id": _map_id(maps.maps[n]), "pinned": maps.maps[n].backend.pinned_path}
                  for n, c in sorted(maps.counts().items())],
             )
         elif len(parts) == 3 and parts[:2] == ["bpf", "maps"]:
@@ -258,6 +259,14 @@ class ApiServer:
             for key, value in _dump(m):
                 entries.append({"key": _plain(key), "value": _plain(value)})
         return {"name": name, "kind": self.agent.maps_kind, "entries": entries}
+
+
+def _map_id(m: Any) -> int:
+    """The kernel's id of a map (0 for in-memory maps or when it cannot be read)."""
+    try:
+        return int(m.backend.info().id)
+    except Exception:
+        return 0
 
 
 def _dump(m: Any) -> Iterator[tuple[Any, Any]]:

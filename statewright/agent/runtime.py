@@ -219,7 +219,7 @@ class Agent:
         self._start_maps()
         await self._start_reconciler(tg)
         await self._start_sources(tg)
-        await self._start_demo()
+        await self._start_demo(tg)
         self._start_datapath()
         self._start_metrics()
         await self._start_api(tg)
@@ -327,7 +327,7 @@ class Agent:
         log.info("agent: sources initialized; stale map entries may now be pruned")
 
     # ----- 5. demo namespace ----------------------------------------------------------------
-    async def _start_demo(self) -> None:
+    async def _start_demo(self, tg: anyio.abc.TaskGroup) -> None:
         if not self.config.demo_netns:
             return
         from statewright.agent.demo_netns import DemoNetns
@@ -347,6 +347,15 @@ class Agent:
             demo.stop()
 
         self._on_stop("demo", stop)
+        await self._spawn(tg, "demo-backends", self._demo_loop)
+
+    async def _demo_loop(self, *, task_status: Any = anyio.TASK_STATUS_IGNORED) -> None:
+        """Start demo backends for every backend that appears in the tables."""
+        task_status.started()
+        while True:
+            _, watch = self.writer.backends.all_watch(self.db.read_txn())
+            self.refresh_demo()
+            await watch.wait_async()
 
     def _backend_addresses(self) -> list[tuple[str, int, str]]:
         """(ip, port, protocol) of every backend in the tables."""
@@ -357,7 +366,7 @@ class Agent:
         return sorted(out)
 
     def refresh_demo(self) -> None:
-        """Start demo backends for backends that appeared since (called by the status loop)."""
+        """Start demo backends for backends that appeared since (failures are logged)."""
         if self.demo is not None:
             try:
                 self.demo.sync(self._backend_addresses())
@@ -570,14 +579,13 @@ class Agent:
 
 async def status_printer(agent: Agent, interval: float = 1.0) -> None:
     """Print `Agent.status_line` every ``interval`` seconds: rewritten in place on a
-    terminal, one line every 10 intervals otherwise. Also starts new demo backends."""
+    terminal, one line every 10 intervals otherwise."""
     tty = sys.stdout.isatty()
     n = 0
     while True:
         await anyio.sleep(interval)
         if not agent.ready:
             continue
-        agent.refresh_demo()
         with contextlib.suppress(Exception):
             line = agent.status_line()
             if tty:

@@ -1,0 +1,168 @@
+"""Fixtures of the agent tests: the agent as a subprocess on a temp socket, pin directory and
+manifests directory, and the CLI run in-process against it.
+
+Every agent process is started here and stopped here by its PID (SIGTERM, then SIGKILL
+after a timeout), also when a test fails; temp directories are pytest's.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from statewright import cli
+from statewright.agent.client import AgentClient, AgentUnavailable
+
+REPO = Path(__file__).resolve().parents[2]
+
+SERVICE = """\
+apiVersion: v1
+kind: Service
+metadata: {{name: {name}, namespace: test}}
+spec:
+  clusterIP: {vip}
+  ports: [{{name: http, port: 80, protocol: TCP, targetPort: 8080}}]
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata:
+  name: {name}-1
+  namespace: test
+  labels: {{kubernetes.io/service-name: {name}}}
+addressType: IPv4
+endpoints:
+{endpoints}
+ports: [{{name: http, port: 8080, protocol: TCP}}]
+"""
+
+
+def service_yaml(name: str, vip: str, backends: list[str]) -> str:
+    """A ClusterIP service ``test/<name>`` on ``vip``:80 with ``backends``:8080."""
+    eps = "\n".join(f"- addresses: [{b}]\n  conditions: {{ready: true}}" for b in backends)
+    return SERVICE.format(name=name, vip=vip, endpoints=eps or "[]")
+
+
+@dataclass
+class AgentProc:
+    """A running agent subprocess and what it was started with."""
+
+    proc: subprocess.Popen[str]
+    socket: str
+    manifests: Path
+    pin_dir: str
+    args: list[str]
+    log: Path
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def client(self) -> AgentClient:
+        """A client on the agent's socket."""
+        return AgentClient(self.socket, timeout=10)
+
+    def logs(self) -> str:
+        """What the agent logged so far."""
+        return self.log.read_text(errors="replace") if self.log.exists() else ""
+
+
+def start_agent(args: list[str], socket: str, log: Path, timeout: float = 20.0
+                ) -> subprocess.Popen[str]:
+    """Start ``statewright agent ARGS`` and wait until its API answers /health."""
+    f = open(log, "a", encoding="utf-8")  # noqa: SIM115 - owned by the process below
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "statewright", "agent", "--api-socket", socket, *args],
+        stdout=f, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, text=True, cwd=REPO,
+    )
+    f.close()
+    deadline = time.monotonic() + timeout
+    client = AgentClient(socket, timeout=5)
+    while True:
+        if proc.poll() is not None:
+            raise RuntimeError(f"agent exited with {proc.returncode}:\n{log.read_text()}")
+        with contextlib.suppress(AgentUnavailable):
+            client.get("/health")
+            return proc
+        if time.monotonic() > deadline:
+            stop_agent(proc)
+            raise RuntimeError(f"agent did not answer within {timeout} s:\n{log.read_text()}")
+        time.sleep(0.05)
+
+
+def stop_agent(proc: subprocess.Popen[str], sig: int = signal.SIGTERM, timeout: float = 10.0
+               ) -> int:
+    """Stop an agent this module started, by its PID; return its exit code."""
+    if proc.poll() is None:
+        os.kill(proc.pid, sig)
+        try:
+            proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            os.kill(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=10)
+    return proc.returncode
+
+
+@contextlib.contextmanager
+def running_agent(tmp: Path, *extra: str, backend: str = "memory",
+                  pin_dir: str | None = None) -> Iterator[AgentProc]:
+    """An agent on a temp socket, pin dir and manifests dir (no netlink unless asked)."""
+    manifests = tmp / "manifests"
+    manifests.mkdir(exist_ok=True)
+    sock = str(tmp / "agent.sock")
+    pins = pin_dir or str(tmp / "pins")
+    args = ["--backend", backend, "--pin-dir", pins, "--manifests", str(manifests),
+            "--manifests-interval", "0.1", *extra]
+    if "--netlink" not in extra:
+        args.append("--no-netlink")
+    else:
+        args.remove("--netlink")
+    log = tmp / "agent.log"
+    proc = start_agent(args, sock, log)
+    agent = AgentProc(proc, sock, manifests, pins, args, log)
+    try:
+        yield agent
+    finally:
+        stop_agent(proc)
+
+
+def run_cli(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
+    """Run ``statewright ARGV`` in-process; return (exit code, stdout, stderr)."""
+    capsys.readouterr()
+    code = cli.main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def cli_json(capsys: pytest.CaptureFixture[str], *argv: str) -> Any:
+    """Run a client command with ``-o json`` and decode its output."""
+    code, out, err = run_cli(capsys, *argv, "-o", "json")
+    assert code in (0, 1), f"statewright {' '.join(argv)}: exit {code}: {err}"
+    return json.loads(out)
+
+
+def wait_for(predicate: Any, timeout: float = 10.0, what: str = "condition") -> Any:
+    """Poll ``predicate()`` until it returns something truthy; return it."""
+    deadline = time.monotonic() + timeout
+    last: Any = None
+    while time.monotonic() < deadline:
+        last = predicate()
+        if last:
+            return last
+        time.sleep(0.05)
+    raise AssertionError(f"timed out after {timeout} s waiting for {what} (last: {last!r})")
+
+
+@pytest.fixture(scope="module")
+def agent(tmp_path_factory: pytest.TempPathFactory) -> Iterator[AgentProc]:
+    """One memory-maps agent shared by a module's tests."""
+    with running_agent(tmp_path_factory.mktemp("agent")) as a:
+        yield a

@@ -1,0 +1,239 @@
+"""Agent configuration, shutdown on signals, restart on pinned kernel maps (ids kept, stale
+entries pruned after the sources are in, datapath links adopted) and --cleanup."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+from statewright.agent import config
+from tests.agent.conftest import (
+    REPO,
+    cli_json,
+    run_cli,
+    running_agent,
+    service_yaml,
+    start_agent,
+    stop_agent,
+    wait_for,
+)
+
+# ----- configuration --------------------------------------------------------------------------
+
+
+def test_config_file_then_overrides(tmp_path: Path) -> None:
+    f = tmp_path / "agent.yaml"
+    f.write_text(
+        "backend: memory\nmanifests: [m1, /abs/m2]\nmetrics-port: 9999\nlb_flags: [--x=1]\n"
+        "node-addresses: {devices: [eth0], nodeport-cidrs: 10.0.0.0/8}\napi-socket-mode: '0600'\n"
+    )
+    cfg = config.load(str(f), {"metrics_port": 0, "node_name": None, "netlink": False})
+    assert cfg.backend == "memory"
+    assert cfg.manifests == (str(tmp_path / "m1"), "/abs/m2")
+    assert cfg.metrics_port == 0  # the override wins
+    assert cfg.netlink is False
+    assert cfg.lb_flags == ("--x=1",)
+    assert cfg.node_addresses.devices == ("eth0",)
+    assert cfg.api_socket_mode == 0o600
+    assert cfg.to_json()["backend"] == "memory"
+    default = config.load()
+    assert default.api_socket == "/run/statewright/agent.sock"
+    assert default.api_socket_mode == 0o660 and default.metrics_port == 0
+    assert default.metrics_address == "127.0.0.1" and default.cgroup == ""
+    assert default.manifests[0].endswith("examples/manifests")
+
+
+@pytest.mark.parametrize(
+    ("text", "needle"),
+    [
+        ("backnd: memory\n", "unknown field 'backnd'"),
+        ("backend: fast\n", "backend: 'fast'"),
+        ("metrics-port: 70000\n", "metrics-port"),
+        ("netlink: maybe\n", "field netlink: expected true or false"),
+        ("node-addresses: {devics: [x]}\n", "devics"),
+        ("- a\n", "expected a mapping"),
+    ],
+)
+def test_config_errors_name_the_file_and_field(tmp_path: Path, text: str, needle: str) -> None:
+    f = tmp_path / "bad.yaml"
+    f.write_text(text)
+    with pytest.raises(config.ConfigError) as exc:
+        config.load(str(f))
+    assert needle in str(exc.value) and "bad.yaml" in str(exc.value)
+
+
+def test_agent_refuses_a_bad_config(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    f = tmp_path / "bad.yaml"
+    f.write_text("backend: fast\n")
+    code, _, err = run_cli(capsys, "agent", "--config", str(f))
+    assert code == 2 and "bad.yaml" in err
+
+
+# ----- signals ----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_signal_stops_the_agent_cleanly(tmp_path: Path, sig: int) -> None:
+    with running_agent(tmp_path) as agent:
+        (agent.manifests / "a.yaml").write_text(service_yaml("a", "10.96.200.9", ["10.244.9.1"]))
+        t0 = time.monotonic()
+        assert stop_agent(agent.proc, sig) == 0
+        assert time.monotonic() - t0 < 5
+        log = agent.logs()
+        assert "agent: stopping" in log and "agent: stopped (pinned maps" in log
+        assert not os.path.exists(agent.socket)
+        assert "Traceback" not in log
+
+
+def test_second_agent_on_the_same_socket_is_refused(tmp_path: Path) -> None:
+    with running_agent(tmp_path) as agent:
+        res = subprocess.run(
+            [sys.executable, "-m", "statewright", "agent", "--backend", "memory", "--no-netlink",
+             "--pin-dir", str(tmp_path / "pins2"), "--api-socket", agent.socket,
+             "--manifests", str(agent.manifests)],
+            capture_output=True, text=True, timeout=30, cwd=REPO,
+        )
+        assert res.returncode == 1
+        assert "another agent is already listening" in res.stderr
+        assert agent.proc.poll() is None  # the first one keeps running
+        agent.client.get("/health")
+
+
+def test_metrics_are_served_on_localhost_when_asked(tmp_path: Path) -> None:
+    import socket
+    import urllib.request
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    with running_agent(tmp_path, "--metrics-port", str(port)) as agent:
+        text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read()
+        assert b"reconciler" in text
+        assert agent.client.get("/health")["state"] == "OK"
+
+
+# ----- restart on pinned kernel maps --------------------------------------------------------------
+
+
+def _ids(capsys: pytest.CaptureFixture[str], sock: str) -> dict[str, int]:
+    return {r["address"]: r["id"] for r in cli_json(capsys, "lb", "list", "--socket", sock)
+            if r["id"]}
+
+
+def _synced(capsys: pytest.CaptureFixture[str], sock: str) -> bool:
+    doc = cli_json(capsys, "status", "--socket", sock)
+    return bool(doc["health"]["state"] == "OK")
+
+
+def _connect_via_exec(sock: str, vip: str) -> subprocess.CompletedProcess[str]:
+    code = (
+        f"import socket; s = socket.create_connection(({vip!r}, 80), timeout=5); "
+        "s.sendall(b'GET / HTTP/1.0\\r\\n\\r\\n'); print(s.recv(4096).decode())"
+    )
+    return subprocess.run(
+        [sys.executable, "-m", "statewright", "exec", "--socket", sock, "--",
+         sys.executable, "-c", code],
+        capture_output=True, text=True, timeout=30, cwd=REPO,
+    )
+
+
+@pytest.mark.kernel
+def test_restart_keeps_ids_prunes_stale_entries_and_cleanup_removes_everything(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from bpf.datapath import DEFAULT_OBJECT, SockLB, cgroup2_mount
+    from statewright.agent.demo_netns import delete_netns
+
+    if shutil.which("ip") is None:
+        pytest.skip("iproute2 (ip) not installed")
+    tag = uuid.uuid4().hex[:8]
+    pin_dir = f"/sys/fs/bpf/swagent-test-{tag}"
+    cgroup = os.path.join(cgroup2_mount(), f"swagent-test-{tag}")
+    netns = f"swagent-{tag}"
+    os.makedirs(cgroup)
+    extra = ("--cgroup", cgroup, "--demo-netns", netns, "--netlink")
+    proc = None
+    try:
+        with running_agent(tmp_path, *extra, backend="kernel", pin_dir=pin_dir) as agent:
+            sock = agent.socket
+            (agent.manifests / "a.yaml").write_text(
+                service_yaml("a", "10.96.210.1", ["10.244.50.1", "10.244.50.2"]))
+            (agent.manifests / "b.yaml").write_text(
+                service_yaml("b", "10.96.210.2", ["10.244.50.3"]))
+            before = wait_for(
+                lambda: (ids := _ids(capsys, sock)).get("10.96.210.2:80/TCP") and ids,
+                what="both services in the maps")
+            maps_before = {m["name"]: m["id"] for m in agent.client.get("/bpf/maps")}
+            assert all(maps_before.values())
+            datapath = os.path.exists(DEFAULT_OBJECT)
+            if datapath:
+                # The demo backends need a moment; the datapath translates the VIP.
+                wait_for(lambda: _synced(capsys, sock), what="health OK")
+                res = wait_for(lambda: (r := _connect_via_exec(sock, "10.96.210.1")
+                                        ).returncode == 0 and r, what="a connection via exec")
+                assert "backend 10.244.50." in res.stdout
+            # SIGKILL: nothing is stopped gracefully; delete b while the agent is down.
+            assert stop_agent(agent.proc, signal.SIGKILL) == -signal.SIGKILL
+            (agent.manifests / "b.yaml").unlink()
+            proc = start_agent(agent.args, sock, agent.log)
+            after = wait_for(
+                lambda: "10.96.210.2:80/TCP" not in (ids := _ids(capsys, sock)) and ids,
+                what="the stale service pruned")
+            assert after["10.96.210.1:80/TCP"] == before["10.96.210.1:80/TCP"]
+            assert {k: v for k, v in after.items()} == {
+                k: v for k, v in before.items() if k != "10.96.210.2:80/TCP"}
+            maps_after = {m["name"]: m["id"] for m in agent.client.get("/bpf/maps")}
+            assert maps_after == maps_before  # the pinned maps were adopted
+            status = cli_json(capsys, "status", "--socket", sock)
+            if datapath:
+                assert "8 adopted links" in status["agent"]["datapath"]["reason"]
+                res = wait_for(lambda: (r := _connect_via_exec(sock, "10.96.210.1")
+                                        ).returncode == 0 and r, what="a connection via exec")
+                assert "backend 10.244.50." in res.stdout
+            assert stop_agent(proc, signal.SIGTERM) == 0
+            proc = None
+            # The pins outlive a graceful stop, and --cleanup removes them.
+            assert os.path.exists(os.path.join(pin_dir, "lb4_services"))
+            if datapath:
+                assert SockLB.pinned(pin_dir)
+            code, out, err = run_cli(capsys, "agent", "--cleanup", "--pin-dir", pin_dir,
+                                     "--api-socket", sock, "--cgroup", cgroup,
+                                     "--demo-netns", netns)
+            assert code == 0, err
+            assert not os.path.exists(pin_dir)
+            assert "lb4_services" in out
+            assert not os.path.exists(f"/var/run/netns/{netns}")
+    finally:
+        if proc is not None:
+            stop_agent(proc)
+        if os.path.isdir(pin_dir):
+            SockLB.cleanup(pin_dir)
+            shutil.rmtree(pin_dir, ignore_errors=True)
+        delete_netns(netns)
+        _remove_cgroup(cgroup)
+
+
+def _remove_cgroup(path: str) -> None:
+    """Move processes left in the test cgroup (exec'd clients) to its parent, remove it."""
+    deadline = time.monotonic() + 5
+    while os.path.isdir(path):
+        try:
+            with open(os.path.join(path, "cgroup.procs"), encoding="ascii") as f:
+                pids = f.read().split()
+            for pid in pids:
+                with open(os.path.join(os.path.dirname(path), "cgroup.procs"), "w",
+                          encoding="ascii") as f:
+                    f.write(pid)
+            os.rmdir(path)
+        except OSError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.05)
