@@ -131,7 +131,8 @@ def test_retried_delete_never_undoes_a_later_insert(batch: bool) -> None:
         ops.fail_deletes = True
         h.delete(1)
         h.expect_ops("delete(1) fail")
-        assert len(h.reconciler.retries) == 1
+        # The op is recorded before the round queues its retry: wait for the queue.
+        wait_for(lambda: len(h.reconciler.retries) == 1, "the failed delete queued for retry")
         # The key comes back before the delete is retried.
         h.insert(TestObject(1, value="v2"))
         h.expect_ops("update(1)")
@@ -152,10 +153,12 @@ def test_newer_change_replaces_pending_retry() -> None:
                  retry_max_backoff=10.0) as h:
         h.insert(TestObject(1, faulty=True))
         h.expect_ops("update(1) fail")
-        assert len(h.reconciler.retries) == 1
+        # The op is recorded before the round queues its retry: wait for the queue.
+        wait_for(lambda: len(h.reconciler.retries) == 1, "the failed update queued for retry")
         # The fixed row is applied at once, without waiting for the backoff.
         h.insert(TestObject(1))
         h.expect_ops("update(1)")
         h.expect_table({1: ("Done", "")})
-        assert len(h.reconciler.retries) == 0
+        # The status commit is visible before the round clears the retry: wait for it.
+        wait_for(lambda: len(h.reconciler.retries) == 0, "the retry dropped")
         assert h.wait_reconciled() == 0
