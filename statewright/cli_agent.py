@@ -92,6 +92,7 @@ def add_commands(subparsers: Any) -> None:
     ex.set_defaults(func=cmd_exec)
 
     _hook_lb_list(subparsers)
+    _hook_bpf_dump(subparsers)
 
 
 def _client_args(p: argparse.ArgumentParser, formats: tuple[str, ...] | None = ("table", "json")
@@ -382,6 +383,45 @@ def _hook_lb_list(subparsers: Any) -> None:
             lst.add_argument("--socket", default=None,
                              help="agent API socket (used when an agent runs)")
             lst.set_defaults(func=cmd_lb_list, pinned_func=lst.get_default("func"))
+
+
+def _hook_bpf_dump(subparsers: Any) -> None:
+    """Make ``bpf dump MAP`` (statewright/cli_bpf.py) ask the running agent when its maps are
+    in memory (only it can read them); pinned kernel maps are read directly as before."""
+    bpf_parser = subparsers.choices.get("bpf")
+    if bpf_parser is None:
+        return
+    for action in bpf_parser._actions:
+        if isinstance(action, argparse._SubParsersAction) and "dump" in action.choices:
+            dump = action.choices["dump"]
+            dump.add_argument("--socket", default=None, help="agent API socket")
+            dump.set_defaults(func=cmd_bpf_dump, pinned_func=dump.get_default("func"))
+
+
+def cmd_bpf_dump(args: argparse.Namespace) -> int:
+    """One LB map's entries from the agent when it runs on memory maps under --pin-dir."""
+    from statewright.cli_bpf import _flat, _print_table
+
+    pinned: int
+    if os.sep in args.map:
+        pinned = args.pinned_func(args)
+        return pinned
+    try:
+        client = _client(args)
+        info = client.get("/agent")
+        if info["maps"]["kind"] != "memory" or info["maps"]["pin_dir"] != args.pin_dir:
+            raise AgentUnavailable("the agent's maps are not in memory under --pin-dir")
+        entries = client.get(f"/bpf/maps/{args.map}")["entries"]
+    except AgentUnavailable:
+        pinned = args.pinned_func(args)
+        return pinned
+    except AgentRequestError as e:
+        return _fail("bpf dump", e)
+    if args.output == "json":
+        print(json.dumps(entries, indent=2))
+    else:
+        _print_table(["KEY", "VALUE"], [[_flat(e["key"]), _flat(e["value"])] for e in entries])
+    return 0
 
 
 def cmd_lb_list(args: argparse.Namespace) -> int:

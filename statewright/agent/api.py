@@ -27,7 +27,6 @@ import logging
 import os
 import socket
 import urllib.parse
-from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 import anyio
@@ -256,8 +255,9 @@ class ApiServer:
                 entries.append({"key": rev_nat_id, "value": {"size": len(table),
                                                              "backends": sorted(set(table))}})
         else:
-            for key, value in _dump(m):
-                entries.append({"key": _plain(key), "value": _plain(value)})
+            spec = m.spec
+            for key, value in m.dump():  # decoded as `statewright bpf dump -o json` does
+                entries.append({"key": spec.key.to_json(key), "value": spec.value.to_json(value)})
         return {"name": name, "kind": self.agent.maps_kind, "entries": entries}
 
 
@@ -267,23 +267,3 @@ def _map_id(m: Any) -> int:
         return int(m.backend.info().id)
     except Exception:
         return 0
-
-
-def _dump(m: Any) -> Iterator[tuple[Any, Any]]:
-    yield from m.dump()
-
-
-def _plain(value: Any) -> Any:
-    """Map keys/values for JSON: bytes that are addresses as text, the rest via to_plain."""
-    import dataclasses
-    import ipaddress
-
-    if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        out = {}
-        for f in dataclasses.fields(value):
-            v = getattr(value, f.name)
-            if isinstance(v, bytes) and len(v) in (4, 16) and "addr" in f.name:
-                v = str(ipaddress.ip_address(v))
-            out[f.name] = _plain(v)
-        return out
-    return to_plain(value)

@@ -185,3 +185,22 @@ def test_clients_say_when_no_agent_runs(tmp_path: Path, capsys: pytest.CaptureFi
                                "--socket", sock, *argv[(2 if argv[0] == "db" else 1):])
         assert code == 2, (argv, err)
         assert "no agent is running" in err and sock in err
+
+
+def test_bpf_dump_reads_memory_maps_through_the_agent(
+    agent: AgentProc, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = agent.manifests / "svc-dump.yaml"
+    path.write_text(service_yaml("dump", "10.96.202.1", ["10.244.9.7"]))
+    try:
+        entries = wait_for(
+            lambda: cli_json(capsys, "bpf", "dump", "lb4_backends", "--pin-dir", agent.pin_dir,
+                             "--socket", agent.socket),
+            what="backend entries via the agent",
+        )
+        assert any("10.244.9.7" in json.dumps(e["value"]) for e in entries), entries
+        code, out, _ = run_cli(capsys, "bpf", "dump", "lb4_backends", "--pin-dir", agent.pin_dir,
+                               "--socket", agent.socket)
+        assert code == 0 and out.startswith("KEY")
+    finally:
+        path.unlink()
