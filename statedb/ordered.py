@@ -71,13 +71,16 @@ def _view_items(table: Table[Any], pos: int, entry: Entry) -> list[bytes]:
 def build_view(table: Table[Any], st: TableState, pos: int) -> SortedMap:
     """Build the ordered view of index ``pos`` from scratch (O(n log n))."""
     if pos == 0:
-        pairs = sorted(st.hash.items())
-    else:
-        pairs = []
-        for entry in st.hash.values():
-            for k in _view_items(table, pos, entry):
-                pairs.append((k, entry))
-        pairs.sort(key=itemgetter(0))
+        # Sorting bare keys and looking the entries up again is several times faster than
+        # sorting (key, entry) pairs, whose comparisons touch every entry.
+        h = st.hash
+        keys = sorted(h.keys())
+        return SortedMap.from_sorted(keys, [h[k] for k in keys])
+    pairs = []
+    for entry in st.hash.values():
+        for k in _view_items(table, pos, entry):
+            pairs.append((k, entry))
+    pairs.sort(key=itemgetter(0))
     return SortedMap.from_sorted([k for k, _ in pairs], [v for _, v in pairs])
 
 
