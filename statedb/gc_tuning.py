@@ -1,0 +1,30 @@
+"""Garbage-collector settings for processes that keep large statedb tables.
+
+Every row, entry and hash-map node is a container object, so with CPython's default
+thresholds the cyclic collector's full passes over a large heap dominate write-heavy
+work (measured: about 2.7x fewer inserts/s at 100 rows per transaction). Rows are
+immutable and free of reference cycles, so a long-running agent loses nothing by
+collecting young objects less often and moving what it loaded at start-up out of the
+collector's reach. This is a process-wide choice, so statedb never makes it by itself:
+the application calls `tune_gc` (the Statewright agent does at start).
+"""
+
+from __future__ import annotations
+
+import gc
+
+DEFAULT_GEN0_THRESHOLD = 50_000
+
+
+def tune_gc(gen0_threshold: int = DEFAULT_GEN0_THRESHOLD, freeze: bool = True) -> tuple[int, ...]:
+    """Raise the young-generation threshold and optionally freeze the current heap.
+
+    Returns the previous thresholds so a caller (or a test) can restore them with
+    ``gc.set_threshold(*previous)``.
+    """
+    previous = gc.get_threshold()
+    gc.set_threshold(gen0_threshold, previous[1], previous[2])
+    if freeze:
+        gc.collect()
+        gc.freeze()
+    return previous
