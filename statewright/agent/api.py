@@ -100,8 +100,12 @@ class ApiServer:
         task_status.started()
         await self.listener.serve(self._handle)
 
-    def close(self) -> None:
-        """Remove the socket file (the listener is closed when `serve` is cancelled)."""
+    async def aclose(self) -> None:
+        """Close the listener and remove the socket file (after `serve` was cancelled)."""
+        if self.listener is not None:
+            with contextlib.suppress(Exception):
+                await self.listener.aclose()
+            self.listener = None
         with contextlib.suppress(FileNotFoundError):
             os.unlink(self.path)
 

@@ -18,7 +18,9 @@ Order (``Agent.run``):
    configured; statewright/agent/demo_netns.py);
 6. the socket load-balancing datapath (bpf/datapath.py) attached to the agent's cgroup
    (created by the agent under the cgroup2 mount unless configured), only on kernel maps;
-7. the metrics server (opt-in) and the HTTP API (statewright/agent/api.py).
+7. the metrics server (opt-in) and the HTTP API (statewright/agent/api.py). Its socket is
+   bound first of all (so a second agent on the same socket fails before touching the
+   maps, the cgroup or the demo namespace) and served last.
 
 Stopping (SIGTERM/SIGINT or ``request_stop``) runs the stop steps in reverse. Stopping
 never unpins anything: the maps keep their entries and the pinned datapath links keep
@@ -215,6 +217,7 @@ class Agent:
         self._on_stop(name, stop)
 
     async def _start_all(self, tg: anyio.abc.TaskGroup) -> None:
+        await self._bind_api()  # first: a second agent must fail before touching anything
         self._start_tables()
         self._start_maps()
         await self._start_reconciler(tg)
@@ -447,7 +450,7 @@ class Agent:
 
         self._on_stop("metrics", stop)
 
-    async def _start_api(self, tg: anyio.abc.TaskGroup) -> None:
+    async def _bind_api(self) -> None:
         from statewright.agent.api import ApiServer
 
         self.api = ApiServer(self)
@@ -457,9 +460,11 @@ class Agent:
             raise AgentError(f"API socket {self.config.api_socket}: {e}") from e
 
         async def unlink() -> None:
-            self.api.close()
+            await self.api.aclose()
 
-        self._on_stop("api-socket", unlink)  # runs after the server stopped
+        self._on_stop("api-socket", unlink)  # runs after everything else stopped
+
+    async def _start_api(self, tg: anyio.abc.TaskGroup) -> None:
         await self._spawn(tg, "api", self.api.serve)
         log.info("agent: API on unix socket %s", self.config.api_socket)
 
