@@ -237,3 +237,14 @@ def _remove_cgroup(path: str) -> None:
             if time.monotonic() > deadline:
                 raise
             time.sleep(0.05)
+
+
+def test_json_logs_are_one_object_per_line(tmp_path: Path) -> None:
+    import json
+
+    with running_agent(tmp_path, "--log-format", "json") as agent:
+        assert stop_agent(agent.proc) == 0
+        lines = [x for x in agent.logs().splitlines() if x.strip()]
+    docs = [json.loads(x) for x in lines]
+    assert any(d["msg"].startswith("agent: started") for d in docs)
+    assert all({"time", "level", "logger", "msg"} <= set(d) for d in docs)
