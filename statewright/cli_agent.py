@@ -175,6 +175,11 @@ def cmd_agent(args: argparse.Namespace) -> int:
     except AgentError as e:
         print(f"statewright agent: {e}", file=sys.stderr)
         return 2
+    # A long-running process with large tables: see statedb/gc_tuning.py (whole process,
+    # so only here, never in library code or in-process tests).
+    from statedb.gc_tuning import tune_gc
+
+    tune_gc()
 
     async def main() -> None:
         async with anyio.create_task_group() as tg:
