@@ -96,6 +96,22 @@ def test_session_affinity_holds_within_its_timeout(env: E2EEnv) -> None:
                  batch=20)
 
 
+def test_session_affinity_expires_after_its_timeout(env: E2EEnv) -> None:
+    # The datapath counts whole seconds and an entry holds while last_used + timeout > now:
+    # with a 2 s timeout a burst stays on one backend and a 3.1 s pause always expires it.
+    _publish(env, "expiry", "10.96.60.9", backends=BACKENDS, affinity_timeout=2)
+    picks = []
+    for _ in range(6):
+        burst = set(ids(env.client.tcp("10.96.60.9", 80, count=10)))
+        assert len(burst) == 1, burst
+        picks.append(burst.pop())
+        if len(set(picks)) > 1:
+            break
+        time.sleep(3.1)
+    # Six fresh random picks over six backends all equal: p = 6**-5, about 1e-4.
+    assert len(set(picks)) > 1, picks
+
+
 def test_backend_changes_and_deletion_take_effect_within_a_bound(env: E2EEnv) -> None:
     vip, name = "10.96.60.5", "changes"
     a, b, c, d = BACKENDS[:4]
