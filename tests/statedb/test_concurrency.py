@@ -143,7 +143,8 @@ class Fuzz:
     def reader(self) -> None:
         """Check every snapshot: constant sum, monotonic revisions, index agreement."""
         last_rev = dict.fromkeys(TABLE_NAMES, 0)
-        while not self.writers_done.is_set():
+        while True:
+            finished = self.writers_done.is_set()  # check once more after the last commit
             txn = self.db.read_txn()
             total = 0
             for name, t in self.tables.items():
@@ -165,6 +166,8 @@ class Fuzz:
             assert total == TOTAL, f"torn snapshot: sum {total} != {TOTAL} in {txn!r}"
             with self.lock:
                 self.reads += 1
+            if finished:
+                return
 
     def follower(self, result: dict[int, Account]) -> None:
         """Rebuild table "a" from a change iterator while the writers run."""
