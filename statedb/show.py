@@ -117,7 +117,7 @@ def format_cell(value: Any) -> str:
 
 
 # ----- text tables ----------------------------------------------------------------
-def _header_of(row_type: type | None, rows: list[Any]) -> list[str]:
+def header_of(row_type: type | None, rows: Sequence[Any]) -> list[str]:
     """Column names of ``row_type``: its ``table_header()`` or its dataclass fields."""
     if row_type is None and rows:
         row_type = type(rows[0])
@@ -177,7 +177,7 @@ def format_table(
     row's type is used.
     """
     items = list(rows)
-    header = _header_of(row_type, items)
+    header = header_of(row_type, items)
     pick = _select(header, columns)
     lines = [[header[i] for i in pick]]
     for row in items:

@@ -11,7 +11,6 @@ the timeout passes.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import re
 import time
@@ -54,23 +53,14 @@ def _table(state: State, name: str) -> Table[Any]:
 
 
 def table_header(table: Table[Any], rows: Sequence[Any] = ()) -> list[str]:
-    """The column names of ``table``'s rows."""
+    """The column names of ``table``'s rows (as ``db show`` prints them)."""
     row_type = show.row_type_of(table)
-    if row_type is None and rows:
-        row_type = type(rows[0])
-    if row_type is None:
+    if row_type is None and not rows:
         raise CommandError(f"table {table.name!r}: row type unknown, cannot show columns")
-    fn = getattr(row_type, "table_header", None)
-    if fn is not None:
-        try:
-            return list(fn())
-        except TypeError:
-            if rows:
-                return list(rows[0].table_header())
-            raise
-    if dataclasses.is_dataclass(row_type):
-        return [f.name for f in dataclasses.fields(row_type)]
-    raise CommandError(f"table {table.name!r}: rows have no table_header()")
+    try:
+        return show.header_of(row_type, rows)
+    except TypeError as err:
+        raise CommandError(f"table {table.name!r}: {err}") from err
 
 
 def table_cells(row: Any, header: Sequence[str]) -> list[str]:
