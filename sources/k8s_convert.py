@@ -38,6 +38,7 @@ What is converted (following Cilium's semantics):
 from __future__ import annotations
 
 import ipaddress
+import socket
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -168,11 +169,29 @@ def _port(ref: str, path: str, value: Any, *, allow_zero: bool = False) -> int:
     return value
 
 
+_AF_INET = socket.AF_INET
+_inet_pton = socket.inet_pton
+_IPv4Address = ipaddress.IPv4Address
+
+
+def _parse_ip(text: str) -> IPAddress:
+    """``ipaddress.ip_address(text)``, with a fast path for dotted-quad IPv4.
+
+    inet_pton(AF_INET) accepts exactly what ipaddress accepts for IPv4 (four decimal
+    octets of at most 255, no leading zeros); anything else (IPv6, errors) goes the
+    ipaddress way, which raises the same ValueError as before.
+    """
+    try:
+        return _IPv4Address(_inet_pton(_AF_INET, text))
+    except (OSError, ValueError):
+        return ipaddress.ip_address(text)
+
+
 def _ip(ref: str, path: str, value: Any) -> IPAddress:
     if not isinstance(value, str):
         raise ConversionError(ref, path, f"expected an IP address, got {value!r}")
     try:
-        return ipaddress.ip_address(value.strip())
+        return _parse_ip(value.strip())
     except ValueError:
         raise ConversionError(ref, path, f"invalid IP address {value!r}") from None
 
@@ -462,6 +481,109 @@ def endpoint_state(ref: str, path: str, conditions: Any) -> BackendState:
     return BackendState.ACTIVE if ready else BackendState.MAINTENANCE
 
 
+_EndpointFields = tuple[BackendState, str, str, tuple[str, ...], list[IPAddress]]
+
+
+def _endpoint_fast(ep: Any, want_v6: bool) -> _EndpointFields | None:
+    """(state, node, zone, sorted zones, ips) of a plainly well-formed endpoint, else None."""
+    if type(ep) is not dict:
+        return None
+    cond = ep.get("conditions")
+    if cond is None:
+        state = BackendState.ACTIVE
+    elif type(cond) is dict:
+        ready = cond.get("ready", True)
+        if ready is None:
+            ready = True
+        serving = cond.get("serving", ready)
+        if serving is None:
+            serving = ready
+        terminating = cond.get("terminating", False)
+        if terminating is None:
+            terminating = False
+        if type(ready) is not bool or type(serving) is not bool or type(terminating) is not bool:
+            return None
+        if terminating:
+            state = (
+                BackendState.TERMINATING if serving else BackendState.TERMINATING_NOT_SERVING
+            )
+        else:
+            state = BackendState.ACTIVE if ready else BackendState.MAINTENANCE
+    else:
+        return None
+    node = ep.get("nodeName")
+    if node is None:
+        node = ""
+    elif type(node) is not str:
+        return None
+    zone = ep.get("zone")
+    if zone is None:
+        zone = ""
+    elif type(zone) is not str:
+        return None
+    zones: tuple[str, ...] = ()
+    hints = ep.get("hints")
+    if hints is not None:
+        if type(hints) is not dict:
+            return None
+        fz = hints.get("forZones")
+        if fz is not None:
+            if type(fz) is not list:
+                return None
+            names = []
+            for z in fz:
+                if z is None:
+                    names.append("")
+                    continue
+                if type(z) is not dict:
+                    return None
+                zname = z.get("name")
+                if zname is None:
+                    zname = ""
+                elif type(zname) is not str:
+                    return None
+                names.append(zname)
+            zones = tuple(sorted(names))
+    addrs = ep.get("addresses")
+    ips: list[IPAddress] = []
+    if addrs is not None:
+        if type(addrs) is not list:
+            return None
+        for a in addrs:
+            if type(a) is not str:
+                return None
+            try:
+                ip = _parse_ip(a.strip())
+            except ValueError:
+                return None
+            if (ip.version == 6) != want_v6:
+                return None
+            ips.append(ip)
+    return state, node, zone, zones, ips
+
+
+def _endpoint_checked(ref: str, i: int, ep: Any, addr_type: str) -> _EndpointFields:
+    """Like `_endpoint_fast`, validating every field and raising ConversionError."""
+    path = f"endpoints[{i}]"
+    em = _mapping(ref, path, ep)
+    state = endpoint_state(ref, f"{path}.conditions", em.get("conditions"))
+    node = _str(ref, f"{path}.nodeName", em.get("nodeName"))
+    zone = _str(ref, f"{path}.zone", em.get("zone"))
+    hints = _mapping(ref, f"{path}.hints", em.get("hints"))
+    for_zones: list[str] = []
+    for j, z in enumerate(_list(ref, f"{path}.hints.forZones", hints.get("forZones"))):
+        zm = _mapping(ref, f"{path}.hints.forZones[{j}]", z)
+        for_zones.append(_str(ref, f"{path}.hints.forZones[{j}].name", zm.get("name")))
+    addrs = _list(ref, f"{path}.addresses", em.get("addresses"))
+    ips = [_ip(ref, f"{path}.addresses[{j}]", a) for j, a in enumerate(addrs)]
+    for j, ip in enumerate(ips):
+        if (ip.version == 6) != (addr_type == "IPv6"):
+            raise ConversionError(
+                ref, f"{path}.addresses[{j}]", f"{ip} does not match addressType {addr_type}"
+            )
+    return state, node, zone, tuple(sorted(for_zones)), ips
+
+
 def convert_endpoint_slice(
     obj: Mapping[str, Any], config: LBConfig | None = None, source: str = "k8s"
 ) -> ConvertedEndpoints:
@@ -493,39 +615,33 @@ def convert_endpoint_slice(
             )
         )
     merged: dict[L3n4Addr, BackendParams] = {}
+    want_v6 = addr_type == "IPv6"
     for i, ep in enumerate(_list(ref, "endpoints", obj.get("endpoints"))):
-        path = f"endpoints[{i}]"
-        em = _mapping(ref, path, ep)
-        state = endpoint_state(ref, f"{path}.conditions", em.get("conditions"))
-        node = _str(ref, f"{path}.nodeName", em.get("nodeName"))
-        zone = _str(ref, f"{path}.zone", em.get("zone"))
-        hints = _mapping(ref, f"{path}.hints", em.get("hints"))
-        for_zones: list[str] = []
-        for j, z in enumerate(_list(ref, f"{path}.hints.forZones", hints.get("forZones"))):
-            zm = _mapping(ref, f"{path}.hints.forZones[{j}]", z)
-            for_zones.append(_str(ref, f"{path}.hints.forZones[{j}].name", zm.get("name")))
-        addrs = _list(ref, f"{path}.addresses", em.get("addresses"))
-        ips = [_ip(ref, f"{path}.addresses[{j}]", a) for j, a in enumerate(addrs)]
-        for j, ip in enumerate(ips):
-            if (ip.version == 6) != (addr_type == "IPv6"):
-                raise ConversionError(
-                    ref, f"{path}.addresses[{j}]", f"{ip} does not match addressType {addr_type}"
-                )
+        # Well-formed endpoints take the fast path; anything unusual is validated (and
+        # reported) field by field by _endpoint_checked.
+        fields = _endpoint_fast(ep, want_v6)
+        if fields is None:
+            fields = _endpoint_checked(ref, i, ep, addr_type)
+        state, node, zone, zones, ips = fields
         for ip in ips:
             if not _family_enabled(ip, cfg):
                 continue
             for pname, port, proto in ports:
                 a = L3n4Addr(ip, port, proto)
                 prev = merged.get(a)
-                names = set(prev.port_names) if prev else set()
-                if pname:
-                    names.add(pname)
+                if prev is None:
+                    port_names: tuple[str, ...] = (pname,) if pname else ()
+                else:
+                    names = set(prev.port_names)
+                    if pname:
+                        names.add(pname)
+                    port_names = tuple(sorted(names))
                 merged[a] = BackendParams(
                     address=a,
-                    port_names=tuple(sorted(names)),
+                    port_names=port_names,
                     node_name=node,
                     zone=zone,
-                    for_zones=tuple(sorted(for_zones)),
+                    for_zones=zones,
                     source=source,
                     state=state,
                 )
