@@ -506,12 +506,15 @@ class FrontendOps(Generic[R]):
         active = terminating = inactive = 0
         slot = 1
         slot_backends: list[BackendSpec] = []
+        slot_split = svcflags.split(slot_flags)
+        quarantined_split = svcflags.split(quarantined_flags)
+        backend_states = self.backend_states
         for be in ordered:
-            bstate = self.backend_states.get(be.addr)
+            bstate = backend_states.get(be.addr)
             if bstate is None:
                 be_id = self.backend_ids.acquire(be.addr)
                 bstate = _BackendState(be.addr, be_id)
-                self.backend_states[be.addr] = bstate
+                backend_states[be.addr] = bstate
             be_id = bstate.id
             if be.addr not in state.backends:
                 # Referenced before written: a failure below leaves it for delete to drop.
@@ -525,8 +528,7 @@ class FrontendOps(Generic[R]):
             if be.state == BACKEND_MAINTENANCE or be.not_serving:
                 continue
             eff_state = BACKEND_QUARANTINED if be.unhealthy else be.state
-            flags = quarantined_flags if eff_state == BACKEND_QUARANTINED else slot_flags
-            f1, f2 = svcflags.split(flags)
+            f1, f2 = quarantined_split if eff_state == BACKEND_QUARANTINED else slot_split
             sv = lb.ServiceValue(be_id, 0, fe_id, f1, f2, 0)
             idx = slot - 1
             if idx >= len(state.slots) or state.slots[idx] != sv:

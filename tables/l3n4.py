@@ -37,6 +37,12 @@ SCOPE_EXTERNAL = 0
 SCOPE_INTERNAL = 1
 
 
+_IPv4 = ipaddress.IPv4Address
+_IPv6 = ipaddress.IPv6Address
+_IP_TYPES = (ipaddress.IPv4Address, ipaddress.IPv6Address)
+_V4_MAPPED = b"\x00" * 10 + b"\xff\xff"
+
+
 class AddressError(ValueError):
     """A malformed address, port, protocol or scope; the message names what is wrong."""
 
@@ -75,21 +81,28 @@ class L3n4Addr:
     _key: bytes = field(init=False, repr=False, compare=False, default=b"")
 
     def __post_init__(self) -> None:
-        if not isinstance(self.address, ipaddress.IPv4Address | ipaddress.IPv6Address):
-            raise AddressError(f"invalid IP address {self.address!r}")
-        if not isinstance(self.port, int) or isinstance(self.port, bool):
-            raise AddressError(f"invalid port {self.port!r}: not an integer")
-        if not 0 <= self.port <= 65535:
-            raise AddressError(f"invalid port {self.port}: out of range 0..65535")
-        if self.protocol not in _PROTO_CODE:
-            raise AddressError(f"unknown protocol {self.protocol!r}")
-        if self.scope not in (SCOPE_EXTERNAL, SCOPE_INTERNAL):
-            raise AddressError(f"invalid scope {self.scope!r}")
-        key = (
-            keycodec.ip_address(self.address)
-            + self.port.to_bytes(2, "big")
-            + bytes((_PROTO_CODE[self.protocol], self.scope, self.address.version))
-        )
+        address, port, scope = self.address, self.port, self.scope
+        cls = type(address)
+        if cls is _IPv4:  # the common case, checked and encoded inline
+            ip_key, version = _V4_MAPPED + address.packed, 4
+        elif cls is _IPv6:
+            ip_key, version = address.packed, 6
+        else:
+            if not isinstance(address, _IP_TYPES):
+                raise AddressError(f"invalid IP address {address!r}")
+            ip_key, version = keycodec.ip_address(address), address.version
+        if type(port) is not int and (not isinstance(port, int) or isinstance(port, bool)):
+            raise AddressError(f"invalid port {port!r}: not an integer")
+        if not 0 <= port <= 65535:
+            raise AddressError(f"invalid port {port}: out of range 0..65535")
+        code = _PROTO_CODE.get(self.protocol) if type(self.protocol) is str else None
+        if code is None:
+            if self.protocol not in _PROTO_CODE:
+                raise AddressError(f"unknown protocol {self.protocol!r}")
+            code = _PROTO_CODE[self.protocol]
+        if scope != SCOPE_EXTERNAL and scope != SCOPE_INTERNAL:
+            raise AddressError(f"invalid scope {scope!r}")
+        key = ip_key + port.to_bytes(2, "big") + bytes((code, scope, version))
         object.__setattr__(self, "_key", key)
 
     def __eq__(self, other: object) -> bool:
@@ -174,8 +187,8 @@ class L3n4Addr:
 def encode_addr_key(value: Any) -> bytes:
     """Index encoder for L3n4Addr keys; also accepts a network (a prefix query by CIDR)
     or a bare IP address (a prefix query for every port/protocol of that address)."""
-    if isinstance(value, L3n4Addr):
-        return value.key()
+    if type(value) is L3n4Addr or isinstance(value, L3n4Addr):
+        return value._key
     if isinstance(value, ipaddress.IPv4Network | ipaddress.IPv6Network):
         return keycodec.ip_network_prefix(value)
     if isinstance(value, ipaddress.IPv4Address | ipaddress.IPv6Address):

@@ -29,6 +29,7 @@ Invariants kept here:
 from __future__ import annotations
 
 import dataclasses
+import operator
 import time
 from collections.abc import Iterable, Mapping
 from typing import Any
@@ -269,11 +270,12 @@ class LBWriter:
                 )
             wanted[params.address] = params
         changed = False
+        key = (service, prio)
         for be in self._backends_of(txn, service):
-            if be.address not in wanted and any(k == (service, prio) for k, _ in be.instances):
-                changed |= self._drop_instance(txn, be, (service, prio))
+            if be.address not in wanted and any(k == key for k, _ in be.instances):
+                changed |= self._drop_instance(txn, be, key)
         for params in wanted.values():
-            changed |= self._put_instance(txn, service, params)
+            changed |= self._put_instance(txn, service, params, key)
         if changed:
             self._refresh_service(txn, service)
 
@@ -453,21 +455,29 @@ class LBWriter:
         """The backends with an instance for ``name`` (as the txn sees them), by address."""
         base = self.db.read_txn()
         addrs = {b.address for b in self.backends.list(base, _by_service(self.backends, name))}
-        addrs |= self._touched(txn).backends.get(name, set())
+        mine = self._touched(txn).backends.get(name)
+        if mine:
+            addrs |= mine
         out = []
-        for a in sorted(addrs, key=L3n4Addr.key):
-            b = self.backends.get(txn, a)
-            if b is not None and any(k[0] == name for k, _ in b.instances):
-                out.append(b)
+        get = self.backends.get
+        for a in sorted(addrs, key=_addr_key):
+            b = get(txn, a)
+            if b is not None:
+                for k, _ in b.instances:
+                    if k[0] == name:
+                        out.append(b)
+                        break
         return out
 
     def _frontends_of(self, txn: WriteTxn, name: ServiceName) -> list[Frontend]:
         """The frontends of service ``name`` (as the txn sees them), by address."""
         base = self.db.read_txn()
         addrs = {f.address for f in self.frontends.list(base, _by_service(self.frontends, name))}
-        addrs |= self._touched(txn).frontends.get(name, set())
+        mine = self._touched(txn).frontends.get(name)
+        if mine:
+            addrs |= mine
         out = []
-        for a in sorted(addrs, key=L3n4Addr.key):
+        for a in sorted(addrs, key=_addr_key):
             f = self.frontends.get(txn, a)
             if f is not None and f.service_name == name:
                 out.append(f)
@@ -550,9 +560,18 @@ class LBWriter:
             ):
                 self._fe_put(txn, fe.pending())
 
-    def _put_instance(self, txn: WriteTxn, service: ServiceName, params: BackendParams) -> bool:
+    def _put_instance(
+        self,
+        txn: WriteTxn,
+        service: ServiceName,
+        params: BackendParams,
+        key: tuple[str, int] | None = None,
+    ) -> bool:
+        """Set ``service``'s instance ``params``; ``key`` is its instance key when the caller
+        has it (one tuple shared by a service's backends instead of one per backend)."""
         _validate_backend(service, params)
-        key = (service, source_priority(params.source))
+        if key is None or key[1] != source_priority(params.source):
+            key = (service, source_priority(params.source))
         be = self.backends.get(txn, params.address)
         if be is None:
             self._be_put(txn, Backend(params.address, ((key, params),)))
@@ -583,6 +602,10 @@ class _Touched:
         self.txn = txn
         self.frontends: dict[ServiceName, set[L3n4Addr]] = {}
         self.backends: dict[ServiceName, set[L3n4Addr]] = {}
+
+
+#: Sort key of L3n4Addr (its encoded index key), without a method call per address.
+_addr_key = operator.attrgetter("_key")
 
 
 def _by_service(table: Table[Any], name: ServiceName) -> Any:
