@@ -143,8 +143,7 @@ class _BackendState:
     id: int
     refcount: int = 0
     written: Any = None  # the backends-map value last written
-    last_params: tuple[int, int, int] | None = None  # cache of _backend_value
-    last_value: Any = None
+    last_value: Any = None  # cache of _backend_value (its state/cluster/zone are the key)
     wants: dict[Addr, Any] = field(default_factory=dict)  # frontend -> wanted value
 
     def effective(self) -> Any:
@@ -659,16 +658,23 @@ class FrontendOps(Generic[R]):
 
     def _backend_value(self, be: BackendSpec, bstate: _BackendState | None = None) -> Any:
         """The backends-map value of ``be`` (reusing the last one built for ``bstate``)."""
-        params = (be.state, be.cluster_id, be.zone)
-        if bstate is not None and bstate.last_params == params:
-            return bstate.last_value
+        if bstate is not None:
+            last = bstate.last_value
+            # The address, port and protocol are the entry's own (bstate.addr == be.addr).
+            if (
+                last is not None
+                and last.flags == be.state
+                and last.cluster_id == be.cluster_id
+                and last.zone == be.zone
+            ):
+                return last
         proto = proto_number(be.addr.proto)
         if be.addr.port == 0:
             raise ValueError(f"backend {be.addr}: port 0")
         cls = lb.Backend6 if be.addr.is_v6 else lb.Backend4
         value = cls(be.addr.ip.packed, be.addr.port, proto, be.state, be.cluster_id, be.zone)
         if bstate is not None:
-            bstate.last_params, bstate.last_value = params, value
+            bstate.last_value = value
         return value
 
     def _upsert_wildcard(self, fe: FrontendSpec, state: _FrontendState) -> None:
