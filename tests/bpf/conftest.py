@@ -11,20 +11,7 @@ import pytest
 from bpf.kernel_map import KernelMap
 from bpf.memory_map import MemoryMap
 from bpf.pinning import MapOpener
-
-BPFFS = "/sys/fs/bpf"
-
-
-def remove_pin_dir(path: str) -> None:
-    """Unlink every pin under ``path`` (bpffs has no rmtree semantics for us to rely on)."""
-    if not os.path.isdir(path):
-        return
-    for root, dirs, files in os.walk(path, topdown=False):
-        for name in files:
-            os.unlink(os.path.join(root, name))
-        for name in dirs:
-            os.rmdir(os.path.join(root, name))
-    os.rmdir(path)
+from tests.pins import BPFFS, remove_memory_pins, remove_pin_dir
 
 
 @pytest.fixture
@@ -45,9 +32,7 @@ def memory_pin_dir() -> Iterator[str]:
     try:
         yield path
     finally:
-        for pinned in MemoryMap.pinned_paths():
-            if pinned.startswith(path + "/"):
-                MemoryMap.remove_pin(pinned)
+        remove_memory_pins(path)
 
 
 @pytest.fixture(

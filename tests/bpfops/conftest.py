@@ -8,26 +8,13 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
-from bpf.memory_map import MemoryMap
 from bpfops.lb_maps import LBMaps, LBMapsConfig, Wrapper
+from tests.pins import BPFFS, remove_memory_pins, remove_pin_dir
 
-BPFFS = "/sys/fs/bpf"
 TEST_MAX_ENTRIES = 1024
 TEST_MAGLEV_SIZE = 1021
 
 MapsMaker = Callable[..., LBMaps]
-
-
-def remove_pin_dir(path: str) -> None:
-    """Unlink every pin under ``path`` and the directory itself."""
-    if not os.path.isdir(path):
-        return
-    for root, dirs, files in os.walk(path, topdown=False):
-        for name in files:
-            os.unlink(os.path.join(root, name))
-        for name in dirs:
-            os.rmdir(os.path.join(root, name))
-    os.rmdir(path)
 
 
 @pytest.fixture
@@ -44,9 +31,7 @@ def pin_dir(backend_kind: str) -> Iterator[str]:
         try:
             yield path
         finally:
-            for pinned in MemoryMap.pinned_paths():
-                if pinned.startswith(path + "/"):
-                    MemoryMap.remove_pin(pinned)
+            remove_memory_pins(path)
 
 
 @pytest.fixture(
