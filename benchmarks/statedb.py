@@ -211,8 +211,8 @@ def main() -> None:
     ap.add_argument("--gc-frozen", action="store_true", help="also measure with gc tuned")
     args = ap.parse_args()
     n = 100_000 if args.quick else 1_000_000
-    n_insert = 50_000 if args.quick else 200_000
-    mem_rows = 200_000 if args.quick else 1_000_000
+    n_insert = 40_000 if args.quick else 200_000
+    mem_rows = 100_000 if args.quick else 1_000_000
     random.seed(1)
 
     rows = make_rows(n_insert)

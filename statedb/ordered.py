@@ -173,16 +173,18 @@ def _txn_view(table: Table[Any], tt: TableTxn, pos: int) -> SortedMap:
     return tv.frozen
 
 
-def compact_log(table: Table[Any], tt: TableTxn, st: TableState) -> None:
-    """Rewrite st's log without superseded entries and seen tombstones, when worth it.
+def compact_log(table: Table[Any], st: TableState) -> TableState:
+    """Return ``st`` with its log rewritten without superseded entries and seen tombstones,
+    or ``st`` itself when compaction is not worth it yet.
 
-    Runs at commit under the table lock. The log keeps every live row's latest
-    entry and the tombstones some change iterator has not seen yet. Ordered views
-    cached for the table are first brought up to ``st`` so they stay derivable.
+    Runs at commit under the table lock. The new log keeps every live row's latest entry
+    and the deletions some change iterator has not seen. Ordered views cached for the table
+    are first brought up to ``st`` so they stay derivable. The compacted state is a new
+    object: ``st`` may already be visible to readers through the view cache, and a state a
+    reader can see never changes.
     """
-    live = len(st.hash)
-    if st.log_len <= 2 * live + 1024:
-        return
+    if st.log_len <= 2 * len(st.hash) + 1024:
+        return st
     for pos, cached in enumerate(table.ordered_cache):
         if cached is not None and cached[0].log is st.log:
             ordered_view(table, st, pos)
@@ -194,14 +196,21 @@ def compact_log(table: Table[Any], tt: TableTxn, st: TableState) -> None:
         for e in islice(st.log, 0, st.log_len)
         if (e[0] is not None if is_tombstone(e) else h.get(e[2]) is e)
     ]
-    st.log = log
-    st.log_len = len(log)
+    out = TableState.__new__(TableState)
+    out.revision = st.revision
+    out.hash = st.hash
+    out.secondary = st.secondary
+    out.pending_init = st.pending_init
+    out.log = log
+    out.log_len = len(log)
+    out.ordered = list(st.ordered)  # same contents, same views
     table.held_tombstones.clear()
     table.held_tombstones.extend(
         (e[1], i) for i, e in enumerate(log) if is_tombstone(e) and e[0] is not None
     )
-    st.tombstones = len(table.held_tombstones)
-    # Relabel with st's own views (computed above), never with whatever the cache holds
-    # now: a reader may have stored an older snapshot's view there in the meantime.
-    for pos, view in enumerate(st.ordered):
-        table.ordered_cache[pos] = (st, view) if view is not None else None
+    out.tombstones = len(table.held_tombstones)
+    # Relabel with the views computed above, never with whatever the cache holds now: a
+    # reader may have stored an older snapshot's view there in the meantime.
+    for pos, view in enumerate(out.ordered):
+        table.ordered_cache[pos] = (out, view) if view is not None else None
+    return out

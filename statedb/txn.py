@@ -86,8 +86,7 @@ class WriteTxn(ReadTxn):
             for tt in self._locked.values():
                 if tt.modified:
                     tt.release_tombstones()
-                    st = tt.seal()
-                    compact_log(tt.table, tt, st)
+                    st = compact_log(tt.table, tt.seal())
                     sealed.append((tt, st))
             with db.commit_lock:
                 root = dict(db.root)
