@@ -201,18 +201,16 @@ class Table(Generic[O]):
     def _prefix_entries(self, txn: ReadTxn, q: Query | Any) -> Iterator[Any]:
         pos, unique, key = self._resolve(q)
         view = self._view(txn, pos)
-        if unique:
-            entries = (e for _, e in view.items_prefix(key))
-            return _distinct(entries) if self._multi_key(pos) else entries
-        return _distinct(e for _, e in view.items_prefix(escape_key(key)))
+        if not unique:
+            key = escape_key(key)
+        entries = (e for _, e in view.items_prefix(key))
+        # Only a multi-key index can hold one row under several matching keys.
+        return _distinct(entries) if self._multi_key(pos) else entries
 
     def prefix_watch(self, txn: ReadTxn, q: Query | Any) -> tuple[Iterator[O], Watch]:
         """Like `prefix`, plus a watch that closes when any row under the prefix changes."""
         pos, _, key = self._resolve(q)
-        reg = self.prefix_watches[pos]
-        watch = reg.get(key)
-        if watch is None:
-            watch = reg.setdefault(key, Watch())
+        watch = _registered(self.prefix_watches[pos], key)
         return self.prefix(txn, q), self._validate(txn, watch, pos, key)
 
     def lower_bound(self, txn: ReadTxn, q: Query | Any) -> Iterator[O]:
@@ -226,10 +224,8 @@ class Table(Generic[O]):
     def _lower_bound_entries(self, txn: ReadTxn, q: Query | Any) -> Iterator[Any]:
         pos, unique, key = self._resolve(q)
         view = self._view(txn, pos)
-        if unique:
-            entries = view.values_from(key)
-            return _distinct(entries) if self._multi_key(pos) else entries
-        return _distinct(view.values_from(escape_key(key)))
+        entries = view.values_from(key if unique else escape_key(key))
+        return _distinct(entries) if self._multi_key(pos) else entries
 
     def lower_bound_watch(self, txn: ReadTxn, q: Query | Any) -> tuple[Iterator[O], Watch]:
         """Like `lower_bound`, plus a watch that closes when the table changes."""
@@ -261,11 +257,7 @@ class Table(Generic[O]):
 
     # ----- watches -----------------------------------------------------
     def _key_watch(self, pos: int, key: bytes) -> Watch:
-        reg = self.key_watches[pos]
-        watch = reg.get(key)
-        if watch is None:
-            watch = reg.setdefault(key, Watch())
-        return watch
+        return _registered(self.key_watches[pos], key)
 
     def _latest(self) -> TableState:
         assert self.db is not None
@@ -393,3 +385,11 @@ def _distinct(entries: Iterator[Any]) -> Iterator[Any]:
         if id(e) not in seen:
             seen.add(id(e))
             yield e
+
+
+def _registered(reg: weakref.WeakValueDictionary[bytes, Watch], key: bytes) -> Watch:
+    """The watch registered under ``key``, registering a new one when there is none."""
+    watch = reg.get(key)
+    if watch is None:
+        watch = reg.setdefault(key, Watch())
+    return watch
