@@ -10,10 +10,10 @@ write is never overwritten.
 
 from __future__ import annotations
 
+import inspect
 import logging
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
 import anyio
@@ -23,16 +23,7 @@ from reconciler.metrics import ReconcilerMetrics
 from reconciler.operations import BatchEntry, settle
 from reconciler.retries import RetryItem, RetryQueue
 from reconciler.status import Status, StatusKind, status_done, status_error
-from statedb import (
-    DB,
-    Change,
-    ChangeIterator,
-    ObjectNotFoundError,
-    ReadTxn,
-    RevisionMismatchError,
-    Watch,
-    WriteTxn,
-)
+from statedb import DB, ChangeIterator, ReadTxn, Watch, WriteTxn
 
 O = TypeVar("O")
 
@@ -43,16 +34,10 @@ _NEEDS_WORK = (StatusKind.PENDING, StatusKind.REFRESHING)
 _CHECKPOINT_EVERY = 4096
 
 
-@dataclass(slots=True)
-class UpdateWork(Generic[O]):
-    """An update to perform: ``op_obj`` goes to the target, the verdict is written onto ``row``
-    at ``revision`` if the row's own status is still ``expected``."""
-
-    op_obj: O
-    row: O
-    revision: int
-    expected: Status
-    error: BaseException | None = None
+# One update to perform: (op_obj, row, revision, primary key, expected status). ``op_obj``
+# goes to the target; the verdict is written onto ``row`` at ``revision`` if the row's own
+# status is still ``expected``. Plain tuples: a round builds thousands of them.
+UpdateWork = tuple[Any, Any, int, bytes, Status]
 
 
 def error_text(exc: BaseException) -> str:
@@ -73,7 +58,7 @@ class Incremental(Generic[O]):
         self.retries = retries
         self.metrics = metrics
         self._iter: ChangeIterator[O] | None = None
-        self._changes: Iterator[Change[O]] | None = None
+        self._changes: Iterator[tuple[Any, ...]] | None = None
         self._changes_revision = 0
         # Revision of the newest snapshot whose changes were all attempted.
         self.attempted_revision = -1
@@ -121,11 +106,11 @@ class Incremental(Generic[O]):
         assert self._iter is not None, "Incremental.open() was not called"
         watch: Watch | None = None
         if self._changes is None:
-            changes, watch = self._iter.next(txn)
+            changes, watch = self._iter.next_records(txn)
             self._changes = changes
             self._changes_revision = self.table.revision(txn)
         deletes: list[tuple[O, int]] = []
-        updates: list[UpdateWork[O]] = []
+        updates: list[UpdateWork] = []
         budget = self.config.incremental_round_size
         taken = await self._collect_changes(self._changes, deletes, updates, budget)
         if taken < budget:
@@ -137,8 +122,8 @@ class Incremental(Generic[O]):
         if deletes:
             await self._run_deletes(txn, deletes)
         if updates:
-            await self._run_updates(txn, updates)
-            self._commit_statuses(updates)
+            errors = await self._run_updates(txn, updates)
+            self._commit_statuses(updates, errors)
         if stream_revision >= 0:
             self.attempted_revision = stream_revision
         self.metrics.current_errors = len(self.retries)
@@ -146,35 +131,36 @@ class Incremental(Generic[O]):
 
     async def _collect_changes(
         self,
-        changes: Iterator[Change[O]],
+        changes: Iterator[tuple[Any, ...]],
         deletes: list[tuple[O, int]],
-        updates: list[UpdateWork[O]],
+        updates: list[UpdateWork],
         budget: int,
     ) -> int:
         get_status = self.config.get_object_status
         retries = self.retries
         # Retries are only added after collection, so "is the queue empty" holds throughout.
         has_retries = bool(retries)
-        pk = self.table.primary_key_of
+        needs_work = _NEEDS_WORK
+        add_update = updates.append
         taken = 0
         examined = 0
-        for ch in changes:
-            obj = ch.obj
-            if ch.deleted:
+        for rec in changes:
+            obj = rec[0]
+            if len(rec) == 4:  # a deletion
                 if has_retries:
-                    retries.clear(pk(obj))
-                deletes.append((obj, ch.revision))
+                    retries.clear(rec[2])
+                deletes.append((obj, rec[1]))
             else:
                 status = get_status(obj)
-                if status.kind not in _NEEDS_WORK:
+                if status.kind not in needs_work:
                     examined += 1
                     if examined >= _CHECKPOINT_EVERY:
                         examined = 0
                         await anyio.lowlevel.checkpoint()
                     continue
                 if has_retries:
-                    retries.clear(pk(obj))
-                updates.append(UpdateWork(obj, obj, ch.revision, status))
+                    retries.clear(rec[2])
+                add_update((obj, obj, rec[1], rec[2], status))
             taken += 1
             if taken >= budget:
                 break
@@ -184,7 +170,7 @@ class Incremental(Generic[O]):
         self,
         txn: ReadTxn,
         deletes: list[tuple[O, int]],
-        updates: list[UpdateWork[O]],
+        updates: list[UpdateWork],
         budget: int,
     ) -> None:
         if not self.retries or budget <= 0:
@@ -213,7 +199,7 @@ class Incremental(Generic[O]):
                 self.retries.clear(item.key)
                 continue
             op_obj = item.obj if rev == item.revision else row
-            updates.append(UpdateWork(op_obj, row, rev, own))
+            updates.append((op_obj, row, rev, item.key, own))
 
     # ----- deletes ----------------------------------------------------------------
     async def _run_deletes(self, txn: ReadTxn, deletes: list[tuple[O, int]]) -> None:
@@ -256,11 +242,15 @@ class Incremental(Generic[O]):
                 self.retries.add(self.table.primary_key_of(obj), obj, rev, True, msg, now)
 
     # ----- updates ----------------------------------------------------------------
-    async def _run_updates(self, txn: ReadTxn, updates: list[UpdateWork[O]]) -> None:
+    async def _run_updates(
+        self, txn: ReadTxn, updates: list[UpdateWork]
+    ) -> dict[int, BaseException]:
+        """Apply the updates to the target; return the failures by position in ``updates``."""
         start = time.perf_counter()
+        errors: dict[int, BaseException] = {}
         batch_ops = self.config.batch_operations
         if batch_ops is not None:
-            entries = [BatchEntry(w.op_obj, w.revision) for w in updates]
+            entries = [BatchEntry(w[0], w[2]) for w in updates]
             try:
                 await settle(batch_ops.update_batch(txn, entries))
             except Exception as exc:
@@ -268,75 +258,105 @@ class Incremental(Generic[O]):
                 for e in entries:
                     if e.result is None:
                         e.result = exc
-            for w, e in zip(updates, entries):
-                w.error = e.result
+            for i, e in enumerate(entries):
+                if e.result is not None:
+                    errors[i] = e.result
         else:
             update = self.config.operations.update
-            for w in updates:
+            isawaitable = inspect.isawaitable
+            for i, (op_obj, _, revision, _, _) in enumerate(updates):
                 try:
-                    await settle(update(txn, w.revision, w.op_obj))
+                    result = update(txn, revision, op_obj)
+                    # Inline form of settle(): no coroutine per row for synchronous targets.
+                    if result is not None and isawaitable(result):
+                        await result
                 except Exception as exc:
-                    w.error = exc
+                    errors[i] = exc
         self.metrics.updates.observe(time.perf_counter() - start, len(updates))
+        return errors
 
-    def _commit_statuses(self, updates: list[UpdateWork[O]]) -> None:
+    def _commit_statuses(self, updates: list[UpdateWork], errors: dict[int, BaseException]) -> None:
         """Write Done/Error onto each row unless the row's own status changed meanwhile."""
         cfg = self.config
         table = self.table
         set_status = cfg.set_object_status
-        cas = table.compare_and_swap
         wall = cfg.clock.wall()
         done = status_done(wall)
-        failed: list[tuple[UpdateWork[O], int, str]] = []
-        succeeded: list[UpdateWork[O]] = []
+        # Position -> (error, status-write succeeded); only rows that did not end Done+written.
+        outcome: dict[int, tuple[BaseException | None, bool]] = {}
+        items: list[tuple[bytes, int, Any]] = []
+        positions: list[int] | None = None  # items[k] is updates[positions[k]] when not None
+        for i, (_, row, revision, pk, _) in enumerate(updates):
+            exc = errors.get(i) if errors else None
+            status = done if exc is None else status_error(error_text(exc), wall)
+            try:
+                new_row = set_status(row, status)
+            except Exception as write_exc:
+                self._log_status_write_error(row, write_exc)
+                outcome[i] = (exc if exc is not None else write_exc, False)
+                if positions is None:
+                    positions = list(range(len(items)))
+                continue
+            items.append((pk, revision, new_row))
+            if positions is not None:
+                positions.append(i)
+            if exc is not None:
+                outcome[i] = (exc, True)
         with self.db.write_txn(table) as wtxn:
             base_revision = table.revision(wtxn)
-            for w in updates:
-                exc: BaseException | None = w.error
-                status = done if exc is None else status_error(error_text(exc), wall)
-                try:
+            for k, swap_exc in table.compare_and_swap_many(wtxn, items):
+                i = positions[k] if positions is not None else k
+                exc = errors.get(i) if errors else None
+                problem: BaseException | None = swap_exc
+                written = False
+                if problem is None:
+                    # The row changed or went since the round read it.
+                    status = done if exc is None else status_error(error_text(exc), wall)
                     try:
-                        cas(wtxn, w.revision, set_status(w.row, status))
-                        written = True
-                    except RevisionMismatchError:
-                        written = self._write_if_own_status_unchanged(wtxn, w, status)
-                    except ObjectNotFoundError:
-                        written = False  # deleted meanwhile: the deletion is in the stream
-                except Exception as write_exc:
-                    log.error(
-                        "reconciler %s: cannot write status of %s key=%s: %s",
-                        cfg.name, table.name, self._key_text(w.row), write_exc,
-                    )
-                    written = False
+                        written = self._write_if_own_status_unchanged(wtxn, updates[i], status)
+                    except Exception as retry_exc:
+                        problem = retry_exc
+                if problem is not None:
+                    self._log_status_write_error(updates[i][1], problem)
                     if exc is None:
-                        exc = write_exc
-                if exc is None:
-                    succeeded.append(w)
-                elif written:
-                    failed.append((w, table.revision(wtxn), self._context("update", w.op_obj, exc)))
+                        exc = problem
+                outcome[i] = (exc, written)
+            failed: list[tuple[int, int, str]] = []
+            for i, (exc, written) in outcome.items():
+                if exc is not None and written:
+                    cur = table.get_revision(wtxn, table.primary.query_bytes(updates[i][3]))
+                    rev = cur[1] if cur is not None else table.revision(wtxn)
+                    failed.append((i, rev, self._context("update", updates[i][0], exc)))
             own_revision = table.revision(wtxn)
         # The status writes are ours: do not read them back through the change stream.
         if self._iter is not None:
             self._iter.mark_seen(base_revision, own_revision)
         if self.retries:
-            pk = table.primary_key_of
-            for w in succeeded:
-                self.retries.clear(pk(w.row))
+            clear = self.retries.clear
+            for i, w in enumerate(updates):
+                if i not in outcome or outcome[i][0] is None:
+                    clear(w[3])
         if failed:
             now = cfg.clock.now()
             self.metrics.update_errors_total += len(failed)
-            for w, rev, msg in failed:
+            for i, rev, msg in failed:
                 log.debug("%s", msg)
-                self.retries.add(table.primary_key_of(w.row), w.op_obj, rev, False, msg, now)
+                self.retries.add(updates[i][3], updates[i][0], rev, False, msg, now)
+
+    def _log_status_write_error(self, row: Any, exc: BaseException) -> None:
+        log.error(
+            "reconciler %s: cannot write status of %s key=%s: %s",
+            self.config.name, self.table.name, self._key_text(row), exc,
+        )
 
     def _write_if_own_status_unchanged(
-        self, wtxn: WriteTxn, w: UpdateWork[O], status: Status
+        self, wtxn: WriteTxn, w: UpdateWork, status: Status
     ) -> bool:
         # The row changed. When only other reconcilers' statuses changed (our own status is
         # exactly what we started from) our verdict still holds: write it onto the new row.
         table = self.table
-        cur = table.get_revision(wtxn, table.primary.query_bytes(table.primary_key_of(w.row)))
-        if cur is None or self.config.get_object_status(cur[0]) != w.expected:
+        cur = table.get_revision(wtxn, table.primary.query_bytes(w[3]))
+        if cur is None or self.config.get_object_status(cur[0]) != w[4]:
             return False
         table.insert(wtxn, self.config.set_object_status(cur[0], status))
         return True

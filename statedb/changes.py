@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Generic, TypeVar
 
 from statedb.ordered import log_position
-from statedb.table_state import TableState, TableTxn
+from statedb.table_state import Entry, TableState, TableTxn
 from statedb.watch import Watch
 
 if TYPE_CHECKING:
@@ -63,6 +63,17 @@ class ChangeIterator(Generic[O]):
     def next(self, txn: ReadTxn) -> tuple[Iterator[Change[O]], Watch]:
         """Return the changes committed up to ``txn``'s snapshot since the last call, and a
         watch that closes when more changes arrive."""
+        records, watch = self.next_records(txn)
+        return (Change(e[0], e[1], len(e) == 4) for e in records), watch
+
+    def next_records(self, txn: ReadTxn) -> tuple[Iterator[Entry], Watch]:
+        """Like `next`, but yield the change log's own records instead of `Change` objects.
+
+        An upsert is ``(obj, revision, primary key)``, a deletion
+        ``(obj, revision, primary key, True)``; the key is the encoded primary key.
+        For hot loops such as the reconciler's: no object is allocated per change and
+        the key need not be computed again.
+        """
         if self.closed:
             raise RuntimeError(f"change iterator of table {self.table.name!r} is closed")
         st = self.table._state(txn)
@@ -74,16 +85,17 @@ class ChangeIterator(Generic[O]):
                 f"the change iterator (created at {self._start}); take a new read_txn()"
             )
         seen, upto = self._seen, st.revision
+        records: Iterator[Entry]
         if seen < 0:
-            changes = self._current(st)
+            records = self._current(st)
         elif upto <= seen:
             # An older (or the same) snapshot: nothing new, and no rewinding.
             return iter(()), self.table._table_watch(txn)
         else:
-            changes = self._since(st, seen)
+            records = self._since(st, seen)
         self._seen = upto
         self._tracker[0] = upto
-        return changes, self.table._table_watch(txn)
+        return records, self.table._table_watch(txn)
 
     def mark_seen(self, from_revision: int, to_revision: int) -> bool:
         """Skip revisions (from_revision, to_revision] if the iterator stands at from_revision.
@@ -100,20 +112,16 @@ class ChangeIterator(Generic[O]):
         return True
 
     @staticmethod
-    def _current(st: TableState) -> Iterator[Change[O]]:
-        """Every row of the snapshot, as upserts in revision order."""
+    def _current(st: TableState) -> Iterator[Entry]:
+        """Every row of the snapshot, as upsert records in revision order."""
         h = st.hash
         records = st.log[: st.log_len]  # copied now: see TableTxn.release_tombstones
-        return (Change(e[0], e[1], False) for e in records if len(e) == 3 and h.get(e[2]) is e)
+        return (e for e in records if len(e) == 3 and h.get(e[2]) is e)
 
     @staticmethod
-    def _since(st: TableState, seen: int) -> Iterator[Change[O]]:
+    def _since(st: TableState, seen: int) -> Iterator[Entry]:
         """Deletions and latest upserts after revision ``seen``, in revision order."""
         h = st.hash
         start = log_position(st.log, st.log_len, seen)
         records = st.log[start : st.log_len]  # copied now: see TableTxn.release_tombstones
-        return (
-            Change(e[0], e[1], True) if len(e) == 4 else Change(e[0], e[1], False)
-            for e in records
-            if len(e) == 4 or h.get(e[2]) is e
-        )
+        return (e for e in records if len(e) == 4 or h.get(e[2]) is e)

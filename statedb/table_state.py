@@ -22,6 +22,7 @@ transaction: its maps are HAMT mutations and it appends to the shared log
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
 import immutables
@@ -118,6 +119,41 @@ class TableTxn(TableState):
         self.log.append(entry)
         self.modified = True
         return old[0] if old is not None else None
+
+    def swap_many(self, items: Iterable[tuple[bytes, int, Any]]) -> list[tuple[int, Any]]:
+        """Replace each row stored under key if still at revision (see
+        `Table.compare_and_swap_many`); return the positions not written, with the error or
+        None."""
+        table = self.table
+        key_of = table.pk_key
+        encode = table.pk_encode
+        indexed = bool(table.unique_specs)
+        h = self.hash
+        append = self.log.append
+        skipped: list[tuple[int, Any]] = []
+        for i, (pk, expected, obj) in enumerate(items):
+            old = h.get(pk)
+            if old is None or old[1] != expected:
+                skipped.append((i, None))
+                continue
+            try:
+                if encode(key_of(obj)) != pk:
+                    raise ValueError(
+                        f"table {table.name!r}: object's primary key is not {pk!r}"
+                    )
+                if old[0] is obj:
+                    raise ObjectReusedError(table.name, pk)
+                entry = (obj, self.revision + 1, pk)
+                if indexed:
+                    self._index(pk, entry, old)
+            except Exception as exc:
+                skipped.append((i, exc))
+                continue
+            self.revision += 1
+            h[pk] = entry
+            append(entry)
+            self.modified = True
+        return skipped
 
     def _index(self, pk: bytes, entry: Entry, old: Entry | None) -> None:
         """Update the unique secondary indexes for ``entry`` replacing ``old`` (checks first)."""

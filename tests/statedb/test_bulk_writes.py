@@ -1,0 +1,164 @@
+"""Bulk paths for hot loops: ChangeIterator.next_records and Table.compare_and_swap_many."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, TypeVar
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from statedb import DB, Index, ObjectReusedError, ReadTxn, Table, UniqueIndexConflictError, keys
+from tests.statedb.helpers import new_db, obj
+
+R = TypeVar("R")
+
+
+def revision_of(table: Table[R], txn: ReadTxn, row: Any) -> int:
+    """The revision at which ``row`` is stored in ``txn``."""
+    got = table.get_revision(txn, table.primary.query_bytes(table.primary_key_of(row)))
+    assert got is not None
+    return got[1]
+
+
+def test_next_records_match_next() -> None:
+    db, (t1,) = new_db("t1")
+    with db.write_txn(t1) as txn:
+        it_objects = t1.changes(txn)
+        it_records = t1.changes(txn)
+        for i in range(1, 5):
+            t1.insert(txn, obj(i))
+    with db.write_txn(t1) as txn:
+        t1.delete(txn, obj(2))
+        t1.insert(txn, obj(3, None, "x"))
+    for _ in range(2):
+        txn = db.read_txn()
+        changes, _ = it_objects.next(txn)
+        records, _ = it_records.next_records(txn)
+        expected = [(c.obj, c.revision, c.deleted) for c in changes]
+        got = [(r[0], r[1], len(r) == 4) for r in records]
+        assert got == expected
+    # The record carries the encoded primary key.
+    txn = db.read_txn()
+    with db.write_txn(t1) as w:
+        it = t1.changes(w)
+    records, _ = it.next_records(txn)
+    assert all(r[2] == t1.primary_key_of(r[0]) for r in records)
+
+
+def test_compare_and_swap_many_writes_unchanged_rows_only() -> None:
+    db, (t1,) = new_db("t1")
+    with db.write_txn(t1) as txn:
+        for i in range(1, 5):
+            t1.insert(txn, obj(i))
+    txn = db.read_txn()
+    revs = {o.id: revision_of(t1, txn, o) for o in t1.all(txn)}
+    with db.write_txn(t1) as w:
+        t1.insert(w, obj(2, None, "changed"))  # row 2 moves on
+        t1.delete(w, obj(3))  # row 3 goes
+    items = [
+        (t1.primary_key_of(obj(i)), revs[i], obj(i, None, "swapped")) for i in range(1, 5)
+    ]
+    with db.write_txn(t1) as w:
+        skipped = t1.compare_and_swap_many(w, items)
+    assert skipped == [(1, None), (2, None)]
+    rows = {o.id: o.tags for o in t1.all(db.read_txn())}
+    assert rows == {1: frozenset({"swapped"}), 2: frozenset({"changed"}), 4: frozenset({"swapped"})}
+
+
+def test_compare_and_swap_many_reports_errors_and_writes_the_rest() -> None:
+    db, (t1,) = new_db("t1")
+    with db.write_txn(t1) as txn:
+        for i in range(1, 4):
+            t1.insert(txn, obj(i))
+    txn = db.read_txn()
+    stored = {o.id: o for o in t1.all(txn)}
+    rev = t1.revision(txn)
+    revs = {i: revision_of(t1, txn, o) for i, o in stored.items()}
+    items = [
+        (t1.primary_key_of(stored[1]), revs[1], obj(9)),  # obj's key is not the item's key
+        (t1.primary_key_of(stored[2]), revs[2], stored[2]),  # the stored object itself
+        (t1.primary_key_of(stored[3]), revs[3], obj(3, None, "ok")),
+    ]
+    with db.write_txn(t1) as w:
+        skipped = t1.compare_and_swap_many(w, items)
+    assert [pos for pos, _ in skipped] == [0, 1]
+    assert isinstance(skipped[0][1], ValueError) and "t1" in str(skipped[0][1])
+    assert isinstance(skipped[1][1], ObjectReusedError)
+    after = db.read_txn()
+    assert t1.revision(after) == rev + 1
+    assert {o.id: o.tags for o in t1.all(after)} == {
+        1: frozenset(), 2: frozenset(), 3: frozenset({"ok"})
+    }
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Named:
+    """A row with a unique secondary index on ``name``."""
+
+    id: int
+    name: str
+
+
+def test_compare_and_swap_many_keeps_unique_indexes() -> None:
+    by_name: Index[Named, str] = Index("name", key=lambda r: r.name)
+    table: Table[Named] = Table(
+        "named", Index("id", key=lambda r: r.id, encode=keys.uint64), by_name
+    )
+    db = DB(table)
+    with db.write_txn(table) as w:
+        table.insert(w, Named(1, "a"))
+        table.insert(w, Named(2, "b"))
+    txn = db.read_txn()
+    items = []
+    for row in table.all(txn):
+        new_name = "b" if row.id == 1 else "c"  # row 1 would take row 2's name
+        pk = table.primary_key_of(row)
+        items.append((pk, revision_of(table, txn, row), Named(row.id, new_name)))
+    with db.write_txn(table) as w:
+        skipped = table.compare_and_swap_many(w, items)
+    # Row 1 first: "b" is still row 2's name, a conflict; then row 2 becomes "c".
+    assert len(skipped) == 1 and isinstance(skipped[0][1], UniqueIndexConflictError)
+    after = db.read_txn()
+    assert table.get(after, by_name.query("a")) == Named(1, "a")
+    assert table.get(after, by_name.query("c")) == Named(2, "c")
+    assert table.get(after, by_name.query("b")) is None
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.lists(st.integers(0, 20), max_size=30),
+    st.lists(st.tuples(st.integers(0, 20), st.booleans()), max_size=30),
+)
+def test_compare_and_swap_many_equals_one_cas_per_item(
+    initial: list[int], swaps: list[tuple[int, bool]]
+) -> None:
+    """Same outcome as calling compare_and_swap for each item, skipping the ones it refuses."""
+    results = []
+    for bulk in (True, False):
+        db, (t1,) = new_db("t1")
+        with db.write_txn(t1) as w:
+            for i in initial:
+                t1.insert(w, obj(i))
+        txn = db.read_txn()
+        items = []
+        for n, (i, stale) in enumerate(swaps):
+            pk = t1.primary_key_of(obj(i))
+            got = t1.get_revision(txn, t1.primary.query_bytes(pk))
+            rev = (got[1] if got is not None else 1) - (1 if stale else 0)
+            items.append((pk, rev, obj(i, None, f"v{n}")))
+        with db.write_txn(t1) as w:
+            if bulk:
+                skipped = [pos for pos, _ in t1.compare_and_swap_many(w, items)]
+            else:
+                skipped = []
+                for pos, (_, rev, o) in enumerate(items):
+                    try:
+                        t1.compare_and_swap(w, rev, o)
+                    except Exception:
+                        skipped.append(pos)
+        after = db.read_txn()
+        rows = sorted((o.id, tuple(o.tags)) for o in t1.all(after))
+        results.append((skipped, rows, t1.revision(after)))
+    assert results[0] == results[1]
+
