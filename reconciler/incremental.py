@@ -34,10 +34,17 @@ _NEEDS_WORK = (StatusKind.PENDING, StatusKind.REFRESHING)
 _CHECKPOINT_EVERY = 4096
 
 
-# One update to perform: (op_obj, row, revision, primary key, expected status). ``op_obj``
-# goes to the target; the verdict is written onto ``row`` at ``revision`` if the row's own
-# status is still ``expected``. Plain tuples: a round builds thousands of them.
-UpdateWork = tuple[Any, Any, int, bytes, Status]
+# One update to perform: ``(row, revision, primary key)``, the change log's own record, or
+# ``(row, revision, primary key, op_obj)`` for a retry whose target object differs from the
+# current row. The object goes to the target; the verdict is written onto ``row`` at
+# ``revision`` if the row's own status is still what it was. Plain tuples (mostly the log's
+# records themselves): a round handles thousands of them.
+UpdateWork = tuple[Any, ...]
+
+
+def op_object(w: UpdateWork) -> Any:
+    """The object an update hands to the target."""
+    return w[3] if len(w) > 3 else w[0]
 
 
 def error_text(exc: BaseException) -> str:
@@ -160,7 +167,7 @@ class Incremental(Generic[O]):
                     continue
                 if has_retries:
                     retries.clear(rec[2])
-                add_update((obj, obj, rec[1], rec[2], status))
+                add_update(rec)
             taken += 1
             if taken >= budget:
                 break
@@ -198,8 +205,10 @@ class Incremental(Generic[O]):
                 # Done: already reconciled. Either way this retry is obsolete.
                 self.retries.clear(item.key)
                 continue
-            op_obj = item.obj if rev == item.revision else row
-            updates.append((op_obj, row, rev, item.key, own))
+            if rev == item.revision and item.obj is not row:
+                updates.append((row, rev, item.key, item.obj))
+            else:
+                updates.append((row, rev, item.key))
 
     # ----- deletes ----------------------------------------------------------------
     async def _run_deletes(self, txn: ReadTxn, deletes: list[tuple[O, int]]) -> None:
@@ -250,7 +259,7 @@ class Incremental(Generic[O]):
         errors: dict[int, BaseException] = {}
         batch_ops = self.config.batch_operations
         if batch_ops is not None:
-            entries = [BatchEntry(w[0], w[2]) for w in updates]
+            entries = [BatchEntry(op_object(w), w[1]) for w in updates]
             try:
                 await settle(batch_ops.update_batch(txn, entries))
             except Exception as exc:
@@ -264,9 +273,9 @@ class Incremental(Generic[O]):
         else:
             update = self.config.operations.update
             isawaitable = inspect.isawaitable
-            for i, (op_obj, _, revision, _, _) in enumerate(updates):
+            for i, w in enumerate(updates):
                 try:
-                    result = update(txn, revision, op_obj)
+                    result = update(txn, w[1], w[3] if len(w) > 3 else w[0])
                     # Inline form of settle(): no coroutine per row for synchronous targets.
                     if result is not None and isawaitable(result):
                         await result
@@ -286,7 +295,7 @@ class Incremental(Generic[O]):
         outcome: dict[int, tuple[BaseException | None, bool]] = {}
         items: list[tuple[bytes, int, Any]] = []
         positions: list[int] | None = None  # items[k] is updates[positions[k]] when not None
-        for i, (_, row, revision, pk, _) in enumerate(updates):
+        for i, (row, revision, pk, *_) in enumerate(updates):
             exc = errors.get(i) if errors else None
             status = done if exc is None else status_error(error_text(exc), wall)
             try:
@@ -317,16 +326,16 @@ class Incremental(Generic[O]):
                     except Exception as retry_exc:
                         problem = retry_exc
                 if problem is not None:
-                    self._log_status_write_error(updates[i][1], problem)
+                    self._log_status_write_error(updates[i][0], problem)
                     if exc is None:
                         exc = problem
                 outcome[i] = (exc, written)
             failed: list[tuple[int, int, str]] = []
             for i, (exc, written) in outcome.items():
                 if exc is not None and written:
-                    cur = table.get_revision(wtxn, table.primary.query_bytes(updates[i][3]))
+                    cur = table.get_revision(wtxn, table.primary.query_bytes(updates[i][2]))
                     rev = cur[1] if cur is not None else table.revision(wtxn)
-                    failed.append((i, rev, self._context("update", updates[i][0], exc)))
+                    failed.append((i, rev, self._context("update", op_object(updates[i]), exc)))
             own_revision = table.revision(wtxn)
         # The status writes are ours: do not read them back through the change stream.
         if self._iter is not None:
@@ -335,13 +344,13 @@ class Incremental(Generic[O]):
             clear = self.retries.clear
             for i, w in enumerate(updates):
                 if i not in outcome or outcome[i][0] is None:
-                    clear(w[3])
+                    clear(w[2])
         if failed:
             now = cfg.clock.now()
             self.metrics.update_errors_total += len(failed)
             for i, rev, msg in failed:
                 log.debug("%s", msg)
-                self.retries.add(updates[i][3], updates[i][0], rev, False, msg, now)
+                self.retries.add(updates[i][2], op_object(updates[i]), rev, False, msg, now)
 
     def _log_status_write_error(self, row: Any, exc: BaseException) -> None:
         log.error(
@@ -355,11 +364,12 @@ class Incremental(Generic[O]):
         # The row changed. When only other reconcilers' statuses changed (our own status is
         # exactly what we started from) our verdict still holds: write it onto the new row.
         table = self.table
-        cur = table.get_revision(wtxn, table.primary.query_bytes(w[3]))
-        if cur is None or self.config.get_object_status(cur[0]) != w[4]:
+        get_status = self.config.get_object_status
+        cur = table.get_revision(wtxn, table.primary.query_bytes(w[2]))
+        if cur is None or get_status(cur[0]) != get_status(w[0]):
             return False
         table.insert(wtxn, self.config.set_object_status(cur[0], status))
         return True
 
 
-__all__ = ["Incremental", "RetryItem", "UpdateWork", "error_text"]
+__all__ = ["Incremental", "RetryItem", "UpdateWork", "error_text", "op_object"]
