@@ -112,8 +112,7 @@ def throughput(n: int, per_txn: int, batch: bool, round_size: int) -> float:
         last = 0
         for s in range(0, n, per_txn):
             with db.write_txn(table) as w:
-                for r in rows[s : s + per_txn]:
-                    table.insert(w, r)
+                table.insert_many(w, rows[s : s + per_txn])
         last = table.revision(db.read_txn())
         retrying = portal.call(rec.wait_until_reconciled, last, 600.0)
         elapsed = time.perf_counter() - start

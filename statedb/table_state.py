@@ -120,6 +120,38 @@ class TableTxn(TableState):
         self.modified = True
         return old[0] if old is not None else None
 
+    def insert_many(self, objs: Iterable[Any]) -> int:
+        """Insert or replace every object in turn (see `Table.insert_many`); return how many."""
+        table = self.table
+        if table.unique_specs:
+            n = 0
+            for obj in objs:
+                self.insert(obj)
+                n += 1
+            return n
+        key_of = table.pk_key
+        encode = table.pk_encode
+        h = self.hash
+        get = h.get
+        append = self.log.append
+        rev = start = self.revision
+        try:
+            for obj in objs:
+                pk = encode(key_of(obj))
+                old = get(pk)
+                if old is not None and old[0] is obj:
+                    raise ObjectReusedError(table.name, pk)
+                rev += 1
+                entry = (obj, rev, pk)
+                h[pk] = entry
+                append(entry)
+        finally:
+            # Also after an error: the rows written so far stay, as with one insert() each.
+            self.revision = rev
+            if rev != start:
+                self.modified = True
+        return rev - start
+
     def swap_many(self, items: Iterable[tuple[bytes, int, Any]]) -> list[tuple[int, Any]]:
         """Replace each row stored under key if still at revision (see
         `Table.compare_and_swap_many`); return the positions not written, with the error or

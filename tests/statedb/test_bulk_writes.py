@@ -162,3 +162,64 @@ def test_compare_and_swap_many_equals_one_cas_per_item(
         results.append((skipped, rows, t1.revision(after)))
     assert results[0] == results[1]
 
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 15), st.sampled_from(["a", "b", "c"])), max_size=40))
+def test_insert_many_equals_one_insert_per_object(rows: list[tuple[int, str]]) -> None:
+    """Same rows, revisions and change stream as calling insert for each object."""
+    results = []
+    for bulk in (True, False):
+        db, (t1,) = new_db("t1")
+        with db.write_txn(t1) as w:
+            it = t1.changes(w)
+        objs = [obj(i, None, tag) for i, tag in rows]
+        with db.write_txn(t1) as w:
+            if bulk:
+                assert t1.insert_many(w, objs) == len(objs)
+            else:
+                for o in objs:
+                    t1.insert(w, o)
+        txn = db.read_txn()
+        records, _ = it.next_records(txn)
+        results.append(
+            (
+                [(o.id, o.tags) for o in t1.all(txn)],
+                t1.revision(txn),
+                [(r[0].id, r[1], len(r)) for r in records],
+                [(o.id, sorted(o.tags)) for o in t1.list(txn, t1.index("tags").query("b"))],
+            )
+        )
+    assert results[0] == results[1]
+
+
+def test_insert_many_with_unique_secondary_index_and_errors() -> None:
+    by_name: Index[Named, str] = Index("name", key=lambda r: r.name)
+    table: Table[Named] = Table(
+        "named", Index("id", key=lambda r: r.id, encode=keys.uint64), by_name
+    )
+    db = DB(table)
+    with db.write_txn(table) as w:
+        assert table.insert_many(w, [Named(1, "a"), Named(2, "b")]) == 2
+    with db.write_txn(table) as w:
+        try:
+            table.insert_many(w, [Named(3, "c"), Named(4, "a")])
+        except UniqueIndexConflictError:
+            pass
+        else:
+            raise AssertionError("expected a unique index conflict")
+        assert table.get(w, by_name.query("c")) == Named(3, "c")  # written before the error
+        w.abort()
+    db2, (t1,) = new_db("t1")
+    first = obj(1)
+    with db2.write_txn(t1) as w:
+        t1.insert_many(w, [first])
+    with db2.write_txn(t1) as w:
+        try:
+            t1.insert_many(w, [obj(2), first])
+        except ObjectReusedError:
+            pass
+        else:
+            raise AssertionError("expected ObjectReusedError")
+        assert t1.revision(w) == 2  # obj(2) stays written in this transaction
+    assert sorted(o.id for o in t1.all(db2.read_txn())) == [1, 2]
