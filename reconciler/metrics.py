@@ -70,6 +70,24 @@ class ReconcilerMetrics:
         out["refreshes_total"] = self.refreshes_total
         return out
 
+    def samples(self, namespace: str = "statewright") -> list[tuple[str, dict[str, str], float]]:
+        """The current values as ``(metric name, labels, value)`` samples, named like the
+        reconciler metrics of Cilium's agent (``<namespace>_reconciler_count``,
+        ``..._prune_count`` ...) so tooling and scripts written for those apply here.
+        The label ``module_id`` is this reconciler's name; ``op`` names the operation."""
+        p = f"{namespace}_reconciler"
+        mod = {"module_id": self.name}
+        return [
+            (f"{p}_count", dict(mod), float(self.rounds.count)),
+            (f"{p}_duration_seconds", {**mod, "op": "update"}, self.updates.total_s),
+            (f"{p}_duration_seconds", {**mod, "op": "delete"}, self.deletes.total_s),
+            (f"{p}_errors_total", dict(mod), float(self.errors_total)),
+            (f"{p}_errors_current", dict(mod), float(self.current_errors)),
+            (f"{p}_prune_count", dict(mod), float(self.prunes.count)),
+            (f"{p}_prune_errors_total", dict(mod), float(self.prune_errors_total)),
+            (f"{p}_prune_duration_seconds", dict(mod), self.prunes.total_s),
+        ]
+
 
 class PrometheusCollector:
     """A prometheus-client collector over reconciler metrics, labelled by reconciler name.

@@ -174,6 +174,12 @@ class SystemOptions:
     fault_seed: int = 1
 
 
+#: Flags the system itself acts on rather than the LB configuration.
+#: ``--metrics-sampling-interval``: metrics are read when asked (`LBSystem.metric_samples`),
+#: so every read is a fresh sample and any interval is honoured.
+SYSTEM_FLAGS = ("metrics-sampling-interval",)
+
+
 class LBSystem:
     """One instance of the load balancer; see the module docstring."""
 
@@ -222,7 +228,7 @@ class LBSystem:
         """The flags among ``flags`` that Statewright does not implement (or does not know)."""
         from tables.lb_config import LBConfig
 
-        return LBConfig.unsupported_flags(flags)
+        return LBConfig.unsupported_flags(flags, also_supported=SYSTEM_FLAGS)
 
     # ----- lifecycle ------------------------------------------------------------------
     async def start(self, tg: anyio.abc.TaskGroup) -> None:
@@ -351,6 +357,13 @@ class LBSystem:
     def prune_count(self) -> int:
         """How many prunes have run."""
         return int(self.reconciler.metrics.prunes.count) if self.reconciler is not None else 0
+
+    def metric_samples(self) -> list[tuple[str, dict[str, str], float]]:
+        """The current metric samples of the system (its reconciler's, Cilium-style names)."""
+        if self.reconciler is None:
+            return []
+        samples: list[tuple[str, dict[str, str], float]] = self.reconciler.metrics.samples()
+        return samples
 
     def idle(self) -> bool:
         """True when every change of the frontends table has been applied without error."""

@@ -338,7 +338,10 @@ class LBWriter:
             return False
         new = be
         for key, inst in be.instances:
-            if key[0] == service and inst.unhealthy == healthy:
+            # The first report counts even when it repeats the default (healthy): it tells
+            # the LB ops that health is now known, which ends a quarantine restored from
+            # the maps after a restart.
+            if key[0] == service and (inst.unhealthy == healthy or not inst.unhealthy_updated_at):
                 new = new.with_instance(
                     key,
                     dataclasses.replace(

@@ -277,7 +277,11 @@ class Engine:
         except Exception as e:  # a bug or crash below the command: fail this file, clearly
             tb = traceback.format_exc(limit=-8)
             raise CommandError(f"internal error: {type(e).__name__}: {e}", tb) from None
-        state.stdout, state.stderr = out or "", ""
+        if out is not None:
+            # Like upstream's engine: only a command that produces output replaces the
+            # last output; checks (stdout, grep, cmp ...) and silent commands keep it, so
+            # `* stdout a` followed by `stdout b` both read the same output.
+            state.stdout, state.stderr = out, ""
         if out:
             state.log.append(out.rstrip("\n"))
         if line.want in ("!", "!*"):

@@ -418,6 +418,42 @@ async def cmd_bpfops_state_empty(state: State, args: list[str]) -> None:
         raise CommandError("BPF ops state is not empty", str(ops.state_summary()))
 
 
+_METRICS_FLAGS = {"sample": True, "out": True, "format": True}
+_METRICS_ALIASES = {"s": "sample", "o": "out"}
+
+
+async def cmd_metrics(state: State, args: list[str]) -> str | None:
+    """``metrics [-s REGEX] [-o FILE] [pattern]``: the system's current metric samples whose
+    name matches, as a ``Metric Labels Value`` table sorted by name."""
+    import re
+
+    flags, rest = parse_flags(args, _METRICS_FLAGS, _METRICS_ALIASES)
+    fmt = flags.get("format", "table")
+    if fmt != "table":
+        raise Unsupported(f"metrics --format={fmt}")
+    pattern = flags.get("sample") or (rest[0] if rest else "")
+    try:
+        regex = re.compile(pattern)
+    except re.error as e:
+        raise CommandError(f"metrics: bad pattern {pattern!r}: {e}") from None
+    rows = [
+        (name, ",".join(f"{k}={v}" for k, v in sorted(labels.items())), f"{value:g}")
+        for name, labels, value in _harness(state).system.metric_samples()
+        if regex.search(name)
+    ]
+    rows.sort()
+    header = ("Metric", "Labels", "Value")
+    widths = [max(len(r[i]) for r in [header, *rows]) for i in range(3)]
+    text = "".join(
+        f"{r[0]:<{widths[0]}}   {r[1]:<{widths[1]}}   {r[2]}\n" for r in [header, *rows]
+    )
+    out = flags.get("out")
+    if out:
+        state.write(out, text)
+        return None
+    return text
+
+
 def lb_commands() -> dict[str, Command]:
     """The load-balancer commands."""
     return {
@@ -434,6 +470,7 @@ def lb_commands() -> dict[str, Command]:
         "lb/maps-snapshot": cmd_maps_snapshot,
         "lb/maps-restore": cmd_maps_restore,
         "lb/prune": cmd_prune,
+        "metrics": cmd_metrics,
         "test/bpfops-reset": cmd_bpfops_reset,
         "test/bpfops-state-empty": cmd_bpfops_state_empty,
         "test/bpfops-summary": cmd_bpfops_summary,

@@ -255,3 +255,16 @@ def test_privileged_condition(tmp_path: Path) -> None:
 def test_unsupported_is_a_command_error() -> None:
     """Unsupported is reported with the 'unsupported: <what>' text."""
     assert Unsupported("x").message == "unsupported: x"
+
+
+def test_checks_and_silent_commands_keep_the_last_output(tmp_path: Path) -> None:
+    """As upstream: only a command with output replaces it, so two stdout checks (or a
+    silent command in between) read the same output."""
+    (tmp_path / "f").write_text("x\n")
+    _run_script(
+        "echo alpha beta\n* stdout alpha\nstdout beta\ncp f g\nstdout beta\n",
+        Engine(),
+        tmp_path,
+    )
+    with pytest.raises(ScriptFailure, match="no match"):
+        _run_script("echo alpha\necho beta\nstdout alpha\n", Engine(), tmp_path)

@@ -307,6 +307,15 @@ def test_prometheus_collector_exposes_metrics() -> None:
         assert 'statewright_reconciler_current_errors{name="test"} 1.0' in text
         snap = h.reconciler.metrics.snapshot()
         assert snap["update_errors_total"] >= 1 and snap["updates_total"] >= 2
+        samples = {
+            (name, tuple(sorted(labels.items()))): value
+            for name, labels, value in h.reconciler.metrics.samples()
+        }
+        mod = (("module_id", "test"),)
+        assert samples[("statewright_reconciler_errors_current", mod)] == 1
+        assert samples[("statewright_reconciler_errors_total", mod)] >= 1
+        assert samples[("statewright_reconciler_count", mod)] >= 1
+        assert ("statewright_reconciler_prune_count", mod) in samples
 
 
 def test_config_validation_names_the_problem() -> None:

@@ -311,6 +311,10 @@ def test_backend_health_and_redirect() -> None:
         assert w.set_backend_health(t, "test/echo", addr("10.244.1.2:8080/TCP"), False, now=5.0)
         assert not w.set_backend_health(t, "test/echo", addr("10.244.1.2:8080/TCP"), False)
         assert not w.set_backend_health(t, "test/echo", addr("10.9.9.9:1/TCP"), False)
+        # The first report on a backend counts even when it says "healthy" (the default):
+        # health becomes known, which ends a quarantine restored from the maps.
+        assert w.set_backend_health(t, "test/echo", addr("10.244.1.1:8080/TCP"), True, now=6.0)
+        assert not w.set_backend_health(t, "test/echo", addr("10.244.1.1:8080/TCP"), True)
     f = frontend_map(db, w)["10.96.0.1:80/TCP"]
     assert [b.effective_state for b in f.backends] == [BackendState.ACTIVE,
                                                       BackendState.QUARANTINED]
