@@ -177,7 +177,11 @@ class SystemOptions:
 #: Flags the system itself acts on rather than the LB configuration.
 #: ``--metrics-sampling-interval``: metrics are read when asked (`LBSystem.metric_samples`),
 #: so every read is a fresh sample and any interval is honoured.
-SYSTEM_FLAGS = ("metrics-sampling-interval",)
+#: ``--lb-state-file`` / ``--lb-state-file-interval``: a `sources.state_file.StateFileSource`
+#: runs beside the reconciler (default interval 1 s).
+SYSTEM_FLAGS = ("metrics-sampling-interval", "lb-state-file", "lb-state-file-interval")
+#: Poll interval of the state file when ``--lb-state-file-interval`` is not given.
+DEFAULT_STATE_FILE_INTERVAL = 1.0
 
 
 class LBSystem:
@@ -214,13 +218,19 @@ class LBSystem:
         self._source_errors: list[str] = []
         self._applied: dict[str, dict[str, dict[str, Any]]] = {}
         self._init_done: Callable[[Any], None] | None = None
+        self.state_file: Any = None  # sources.state_file.StateFileSource with --lb-state-file
+        self._state_file_init: Callable[[Any], None] | None = None
         self.running = False
         self.started_once = False
 
     @property
     def source_errors(self) -> list[str]:
-        """Kubernetes objects that could not be applied, with the reason (newest last)."""
-        return list(self._source_errors)
+        """Objects that could not be applied, with the reason (newest last): Kubernetes
+        objects, then the state file's current error if any."""
+        errors = list(self._source_errors)
+        if self.state_file is not None and self.state_file.error:
+            errors.append(self.state_file.error)
+        return errors
 
     # ----- flags ---------------------------------------------------------------------
     @staticmethod
@@ -244,6 +254,7 @@ class LBSystem:
             self._build_reconciler()
             with self.db.write_txn(self.frontends) as txn:
                 self._init_done = self.frontends.register_initializer(txn, "k8s")
+            self._build_state_file()
             await tg.start(self._run_reconciler)
         except BaseException:
             self._close_maps()
@@ -267,10 +278,36 @@ class LBSystem:
             try:
                 async with anyio.create_task_group() as tg:
                     await tg.start(self.reconciler.run)
+                    if self.state_file is not None:
+                        await tg.start(self._run_state_file)
                     task_status.started()
             finally:
                 assert self._stopped is not None
                 self._stopped.set()
+
+    def _build_state_file(self) -> None:
+        if not self.config.state_file:
+            return
+        from sources.state_file import StateFileSource
+
+        interval = self.config.state_file_interval or DEFAULT_STATE_FILE_INTERVAL
+        self.state_file = StateFileSource(self.writer, self.config.state_file, interval=interval)
+        with self.db.write_txn(self.frontends) as txn:
+            self._state_file_init = self.frontends.register_initializer(txn, "state-file")
+
+    async def _run_state_file(
+        self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED
+    ) -> None:
+        """Poll the state file; the table counts as initialized once it was read once."""
+        source = self.state_file
+        source.sync()
+        assert self._state_file_init is not None
+        with self.writer.write_txn() as txn:
+            self._state_file_init(txn)
+        task_status.started()
+        while True:
+            await anyio.sleep(source.interval)
+            source.sync()
 
     async def stop(self) -> None:
         """Stop the reconciler and close the maps (pinned maps keep their contents)."""

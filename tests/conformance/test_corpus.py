@@ -47,7 +47,8 @@ KNOWN_CONFLICTS = {
     "external-ips": "check source-range on every slot; source-ranges-all expects slot 0 only",
     "source-ranges": "older source-range flags (ClusterIP checked, flag on every slot)",
     "loadbalancer": "wildcards for an unmanaged loadBalancerClass; class-wildcards expects none",
-    "proxy-delegation": "no wildcard for a LoadBalancer VIP; newer files expect one",
+    "proxy-delegation": "expects no wildcard entries (passes with them off); newer files do",
+    "file": "expects no wildcard entries (passes with them off); newer files do",
 }
 
 

@@ -122,3 +122,64 @@ def test_unsupported_flags_are_named() -> None:
         ["--bpf-lb-algorithm=maglev", "--enable-scale-to-zero", "--no-such-flag=1"]
     )
     assert bad == ["--enable-scale-to-zero", "--no-such-flag=1"]
+
+
+def test_state_file_source_feeds_the_tables(memory_root: str, tmp_path: Any) -> None:
+    """``--lb-state-file``: the file's services and slices appear (source ``api``), the
+    frontends table counts as initialized once it was read, a broken file is reported and
+    changes nothing, and an empty file clears the state."""
+    import yaml
+
+    state = tmp_path / "state.yaml"
+    state.write_text(
+        yaml.safe_dump(
+            {
+                "services": [{k: v for k, v in SERVICE.items() if k != "kind"}],
+                "endpoints": [SLICE],
+            }
+        )
+    )
+    loc = MapsLocation(backend="memory", pin_dir=f"{memory_root}/{uuid.uuid4().hex[:8]}")
+    flags = [
+        "--lb-test-fault-probability=0.0",
+        "--bpf-lb-enable-wildcard-entries=false",
+        f"--lb-state-file={state}",
+        "--lb-state-file-interval=10ms",
+    ]
+    assert LBSystem.unsupported_flags(flags) == []
+
+    async def main() -> None:
+        system = LBSystem(flags, SystemOptions(maps=loc, harness_defaults=True))
+        try:
+            async with anyio.create_task_group() as tg:
+                await system.start(tg)
+                await _settle(system)
+                txn = system.db.read_txn()
+                assert system.frontends.initialized(txn)[0]
+                assert [s.source for s in system.services.all(txn)] == ["api"]
+                dump = system.maps_dump()
+                assert "ADDR=10.96.0.10:80/TCP SLOT=0" in dump and dump.count("BE: ") == 2
+
+                tmp = tmp_path / "next.yaml"
+                tmp.write_text("services: [\n")  # broken YAML
+                tmp.replace(state)
+                with anyio.fail_after(5):
+                    while not system.source_errors:
+                        await anyio.sleep(0.01)
+                assert "state.yaml" in system.source_errors[-1]
+                assert system.maps_dump() == dump  # nothing changed
+
+                tmp.write_text("")
+                tmp.replace(state)
+                with anyio.fail_after(5):
+                    while system.services.count(system.db.read_txn()):
+                        await anyio.sleep(0.01)
+                await _settle(system)
+                assert system.source_errors == []
+                assert system.maps_leftovers() == []
+                await system.stop()
+                tg.cancel_scope.cancel()
+        finally:
+            loc.cleanup()
+
+    anyio.run(main)
