@@ -295,7 +295,8 @@ class Incremental(Generic[O]):
         outcome: dict[int, tuple[BaseException | None, bool]] = {}
         items: list[tuple[bytes, int, Any]] = []
         positions: list[int] | None = None  # items[k] is updates[positions[k]] when not None
-        for i, (row, revision, pk, *_) in enumerate(updates):
+        for i, w in enumerate(updates):
+            row = w[0]  # indexing, not star-unpacking: no list per row
             exc = errors.get(i) if errors else None
             status = done if exc is None else status_error(error_text(exc), wall)
             try:
@@ -306,7 +307,7 @@ class Incremental(Generic[O]):
                 if positions is None:
                     positions = list(range(len(items)))
                 continue
-            items.append((pk, revision, new_row))
+            items.append((w[2], w[1], new_row))
             if positions is not None:
                 positions.append(i)
             if exc is not None:
