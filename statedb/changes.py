@@ -46,6 +46,8 @@ class ChangeIterator(Generic[O]):
         self._id = next(_ids)
         self._start = start_revision
         self._seen = -1  # -1: the first next() returns every row
+        # Revision ranges (lo, hi] after _seen that the owner wrote itself (mark_seen).
+        self._own: list[tuple[int, int]] = []
         # The tracker holds the last revision delivered; deletions after it are kept.
         self._tracker = [start_revision]
         table.delete_trackers[self._id] = self._tracker
@@ -93,22 +95,30 @@ class ChangeIterator(Generic[O]):
             return iter(()), self.table._table_watch(txn)
         else:
             records = self._since(st, seen)
+            if self._own:
+                records = _skip_ranges(records, [r for r in self._own if r[0] < upto])
+                self._own = [r for r in self._own if r[1] > upto]
         self._seen = upto
         self._tracker[0] = upto
         return records, self.table._table_watch(txn)
 
     def mark_seen(self, from_revision: int, to_revision: int) -> bool:
-        """Skip revisions (from_revision, to_revision] if the iterator stands at from_revision.
+        """Skip revisions (from_revision, to_revision]: the caller's own write transaction.
 
         For a writer that iterates its own table: every revision of its own write
-        transaction is its own (the table lock excludes other writers), so it can skip
-        re-reading them. Returns False (and changes nothing) when the iterator is
-        elsewhere, i.e. when other commits might be in between.
+        transaction is its own (the table lock excludes other writers), so it need not
+        read them back. Commits by others before or after that range are still reported.
+        Returns False (and changes nothing) before the first `next` (which lists every
+        row, own writes included) or for a range that is not after what was delivered.
         """
-        if self._seen < 0 or self._seen != from_revision or to_revision < from_revision:
+        seen = self._seen
+        if seen < 0 or to_revision < from_revision or from_revision < seen:
             return False
-        self._seen = to_revision
-        self._tracker[0] = to_revision
+        if from_revision == seen:
+            self._seen = to_revision
+            self._tracker[0] = to_revision
+        elif to_revision > from_revision:
+            self._own.append((from_revision, to_revision))
         return True
 
     @staticmethod
@@ -125,3 +135,11 @@ class ChangeIterator(Generic[O]):
         start = log_position(st.log, st.log_len, seen)
         records = st.log[start : st.log_len]  # copied now: see TableTxn.release_tombstones
         return (e for e in records if len(e) == 4 or h.get(e[2]) is e)
+
+
+def _skip_ranges(records: Iterator[Entry], ranges: list[tuple[int, int]]) -> Iterator[Entry]:
+    """``records`` without those whose revision lies in one of ``ranges`` ((lo, hi])."""
+    if len(ranges) == 1:
+        lo, hi = ranges[0]
+        return (e for e in records if not lo < e[1] <= hi)
+    return (e for e in records if not any(lo < e[1] <= hi for lo, hi in ranges))

@@ -30,17 +30,34 @@ def test_own_commit_is_skipped_when_the_iterator_stands_at_its_base() -> None:
     assert ids(it, db.read_txn()) == [(3, False)]
 
 
-def test_refused_when_other_commits_may_be_in_between() -> None:
+def test_refused_before_the_first_next_and_for_delivered_revisions() -> None:
     db, (t1,) = new_db("t1")
     with db.write_txn(t1) as txn:
         it = t1.changes(txn)
-    assert not it.mark_seen(0, 5)  # before the first next(): nothing is skipped
+        t1.insert(txn, OBJ1)
+    assert not it.mark_seen(0, 1)  # the first next() lists every row, own writes too
+    assert ids(it, db.read_txn()) == [(1, False)]
+    assert not it.mark_seen(0, 1)  # already delivered
+
+
+def test_other_commits_around_an_own_range_are_still_reported() -> None:
+    """The own range is skipped wherever it lies; commits before and after it are not."""
+    db, (t1,) = new_db("t1")
+    with db.write_txn(t1) as txn:
+        it = t1.changes(txn)
     assert ids(it, db.read_txn()) == []
     with db.write_txn(t1) as txn:  # someone else's commit, not yet read
         t1.insert(txn, OBJ1)
-    with db.write_txn(t1) as txn:
+    with db.write_txn(t1) as txn:  # our own
         base = t1.revision(txn)
         t1.insert(txn, OBJ2)
+        t1.insert(txn, obj(4))
         own = t1.revision(txn)
-    assert not it.mark_seen(base, own)
-    assert ids(it, db.read_txn()) == [(1, False), (2, False)]
+    assert it.mark_seen(base, own)
+    with db.write_txn(t1) as txn:  # someone else's again, after ours
+        t1.insert(txn, obj(3))
+        t1.delete(txn, obj(4))  # supersedes part of our range: the deletion is reported
+    assert ids(it, db.read_txn()) == [(1, False), (3, False), (4, True)]
+    with db.write_txn(t1) as txn:
+        t1.insert(txn, obj(5))
+    assert ids(it, db.read_txn()) == [(5, False)]
