@@ -94,9 +94,9 @@ class ChangeIterator(Generic[O]):
             # An older (or the same) snapshot: nothing new, and no rewinding.
             return iter(()), self.table._table_watch(txn)
         else:
-            records = self._since(st, seen)
+            own = sorted(r for r in self._own if r[0] < upto)
+            records = self._since(st, seen, own)
             if self._own:
-                records = _skip_ranges(records, [r for r in self._own if r[0] < upto])
                 self._own = [r for r in self._own if r[1] > upto]
         self._seen = upto
         self._tracker[0] = upto
@@ -129,17 +129,20 @@ class ChangeIterator(Generic[O]):
         return (e for e in records if len(e) == 3 and h.get(e[2]) is e)
 
     @staticmethod
-    def _since(st: TableState, seen: int) -> Iterator[Entry]:
-        """Deletions and latest upserts after revision ``seen``, in revision order."""
+    def _since(st: TableState, seen: int, own: list[tuple[int, int]]) -> Iterator[Entry]:
+        """Deletions and latest upserts after revision ``seen``, in revision order, leaving
+        out the revision ranges ``own`` ((lo, hi], ascending): the log slice is cut around
+        them by binary search, so skipping costs nothing per record."""
         h = st.hash
-        start = log_position(st.log, st.log_len, seen)
-        records = st.log[start : st.log_len]  # copied now: see TableTxn.release_tombstones
+        log, n = st.log, st.log_len
+        start = log_position(log, n, seen)
+        if not own:
+            records = log[start:n]  # copied now: see TableTxn.release_tombstones
+        else:
+            records = []
+            for lo, hi in own:
+                cut = log_position(log, n, lo)
+                records += log[start:cut]
+                start = max(start, log_position(log, n, hi))
+            records += log[start:n]
         return (e for e in records if len(e) == 4 or h.get(e[2]) is e)
-
-
-def _skip_ranges(records: Iterator[Entry], ranges: list[tuple[int, int]]) -> Iterator[Entry]:
-    """``records`` without those whose revision lies in one of ``ranges`` ((lo, hi])."""
-    if len(ranges) == 1:
-        lo, hi = ranges[0]
-        return (e for e in records if not lo < e[1] <= hi)
-    return (e for e in records if not any(lo < e[1] <= hi for lo, hi in ranges))

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
 from statedb import ChangeIterator, ReadTxn
 from tests.statedb.helpers import OBJ1, OBJ2, Obj, new_db, obj
 
@@ -61,3 +64,51 @@ def test_other_commits_around_an_own_range_are_still_reported() -> None:
     with db.write_txn(t1) as txn:
         t1.insert(txn, obj(5))
     assert ids(it, db.read_txn()) == [(5, False)]
+
+
+@settings(max_examples=80, deadline=None)
+@given(
+    st.lists(
+        st.one_of(
+            st.tuples(st.just("other"), st.integers(1, 8), st.booleans()),
+            st.tuples(st.just("own"), st.integers(1, 8), st.just(False)),
+            st.tuples(st.just("next"), st.just(0), st.just(False)),
+        ),
+        max_size=40,
+    )
+)
+def test_own_ranges_anywhere_hide_exactly_the_own_writes(
+    steps: list[tuple[str, int, bool]],
+) -> None:
+    """Own transactions (each marked seen) and others' commits in any order: every next()
+    reports exactly the others' changes since the previous one (latest per key), as a
+    reference iterator does once the own writes are taken out. Own writes only touch keys
+    whose last change was delivered already, as the reconciler's compare-and-swap ensures."""
+    db, (t1,) = new_db("t1")
+    with db.write_txn(t1) as txn:
+        it = t1.changes(txn)
+    ids(it, db.read_txn())  # the first next(): nothing yet
+    # Others' changes not yet delivered, in order: every deletion, and the latest upsert
+    # of each key (an upsert is superseded by any later write of its key).
+    pending: list[tuple[int, bool]] = []
+    version = 0
+    for kind, key, delete in steps:
+        if kind == "next":
+            assert ids(it, db.read_txn()) == pending
+            pending = []
+        elif kind == "other":
+            with db.write_txn(t1) as txn:
+                if delete:
+                    if t1.delete(txn, obj(key)) is not None:
+                        pending = [p for p in pending if p != (key, False)] + [(key, True)]
+                else:
+                    version += 1
+                    t1.insert(txn, obj(key, None, f"v{version}"))
+                    pending = [p for p in pending if p != (key, False)] + [(key, False)]
+        elif all(k != key for k, _ in pending):
+            with db.write_txn(t1) as txn:
+                base = t1.revision(txn)
+                version += 1
+                t1.insert(txn, obj(key, None, f"own{version}"))
+                own = t1.revision(txn)
+            assert it.mark_seen(base, own)
