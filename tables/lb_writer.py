@@ -92,6 +92,12 @@ class LBWriter:
         # A hint for refreshes only; the frontend row stays the truth.
         self._redirect_targets: dict[L3n4Addr, ServiceName] = {}
         self._touch: _Touched | None = None
+        # Names of the services that may have frontend or backend rows in the committed
+        # tables (every name the writer wrote rows for; rebuilt from the tables when it
+        # has grown well beyond them, and built on first use). A name not in it has no
+        # committed rows, so its per-service lookups need no index query.
+        self._names: set[ServiceName] | None = None
+        self._names_limit = 0
 
     @classmethod
     def create(cls, db: DB, config: LBConfig | None = None) -> LBWriter:
@@ -349,7 +355,7 @@ class LBWriter:
                 )
         if new is be:
             return False
-        self._be_put(txn, new)
+        self._be_put(txn, new, be)
         self._refresh_service(txn, service)
         return True
 
@@ -453,56 +459,122 @@ class LBWriter:
 
     def _backends_of(self, txn: WriteTxn, name: ServiceName) -> list[Backend]:
         """The backends with an instance for ``name`` (as the txn sees them), by address."""
-        base = self.db.read_txn()
-        addrs = {b.address for b in self.backends.list(base, _by_service(self.backends, name))}
-        mine = self._touched(txn).backends.get(name)
+        t = self._touched(txn)
+        rows = t.backends_of.get(name)
+        if rows is None:
+            rows = self._load_backends_of(txn, t, name)
+        return sorted(rows.values(), key=_row_addr_key)
+
+    def _load_backends_of(
+        self, txn: WriteTxn, t: _Touched, name: ServiceName
+    ) -> dict[L3n4Addr, Backend]:
+        """Read ``name``'s backends once per transaction; ``_be_put``/``_be_del`` keep the
+        result current for the rest of it."""
+        addrs: set[L3n4Addr] = set()
+        if self._may_have_rows(txn, name):
+            base = self.db.read_txn()
+            addrs = {b.address for b in self.backends.list(base, _by_service(self.backends, name))}
+        mine = t.backends.get(name)
         if mine:
             addrs |= mine
-        out = []
+        rows: dict[L3n4Addr, Backend] = {}
         get = self.backends.get
-        for a in sorted(addrs, key=_addr_key):
+        for a in addrs:
             b = get(txn, a)
             if b is not None:
                 for k, _ in b.instances:
                     if k[0] == name:
-                        out.append(b)
+                        rows[a] = b
                         break
-        return out
+        t.backends_of[name] = rows
+        return rows
 
     def _frontends_of(self, txn: WriteTxn, name: ServiceName) -> list[Frontend]:
         """The frontends of service ``name`` (as the txn sees them), by address."""
-        base = self.db.read_txn()
-        addrs = {f.address for f in self.frontends.list(base, _by_service(self.frontends, name))}
-        mine = self._touched(txn).frontends.get(name)
-        if mine:
-            addrs |= mine
-        out = []
-        for a in sorted(addrs, key=_addr_key):
-            f = self.frontends.get(txn, a)
-            if f is not None and f.service_name == name:
-                out.append(f)
-        return out
+        t = self._touched(txn)
+        rows = t.frontends_of.get(name)
+        if rows is None:
+            addrs: set[L3n4Addr] = set()
+            if self._may_have_rows(txn, name):
+                base = self.db.read_txn()
+                addrs = {
+                    f.address for f in self.frontends.list(base, _by_service(self.frontends, name))
+                }
+            mine = t.frontends.get(name)
+            if mine:
+                addrs |= mine
+            rows = {}
+            for a in addrs:
+                f = self.frontends.get(txn, a)
+                if f is not None and f.service_name == name:
+                    rows[a] = f
+            t.frontends_of[name] = rows
+        return sorted(rows.values(), key=_row_addr_key)
+
+    def _may_have_rows(self, txn: WriteTxn, name: ServiceName) -> bool:
+        """False when the committed tables surely hold no frontend or backend of ``name``."""
+        names = self._names
+        if names is None or len(names) > self._names_limit:
+            base = self.db.read_txn()
+            names = {f.service_name for f in self.frontends.all(base)}
+            for be in self.backends.all(base):
+                for k, _ in be.instances:
+                    names.add(k[0])
+            t = self._touched(txn)
+            names.update(t.frontends)
+            names.update(t.backends)
+            self._names = names
+            self._names_limit = 2 * len(names) + 1024
+        return name in names
 
     def _fe_put(self, txn: WriteTxn, fe: Frontend) -> None:
-        self._touched(txn).frontends.setdefault(fe.service_name, set()).add(fe.address)
+        names = self._names
+        if names is not None:
+            names.add(fe.service_name)
+        t = self._touched(txn)
+        t.frontends.setdefault(fe.service_name, set()).add(fe.address)
+        rows = t.frontends_of.get(fe.service_name)
+        if rows is not None:
+            rows[fe.address] = fe
         self.frontends.insert(txn, fe)
 
     def _fe_del(self, txn: WriteTxn, fe: Frontend) -> None:
+        rows = self._touched(txn).frontends_of.get(fe.service_name)
+        if rows is not None:
+            rows.pop(fe.address, None)
         self.frontends.delete(txn, fe)
 
-    def _be_put(self, txn: WriteTxn, be: Backend) -> None:
-        touched = self._touched(txn).backends
+    def _be_put(self, txn: WriteTxn, be: Backend, old: Backend | None = None) -> None:
+        """Write ``be``, which replaces ``old`` (the row as the txn saw it, when any)."""
+        t = self._touched(txn)
+        touched = t.backends
+        cached = t.backends_of
+        names = self._names
+        addr = be.address
         for key, _ in be.instances:
-            touched.setdefault(key[0], set()).add(be.address)
+            if names is not None:
+                names.add(key[0])
+            touched.setdefault(key[0], set()).add(addr)
+            rows = cached.get(key[0])
+            if rows is not None:
+                rows[addr] = be
+        if old is not None and cached:
+            for key, _ in old.instances:
+                rows = cached.get(key[0])
+                if rows is not None and be.instance(key[0]) is None:
+                    rows.pop(addr, None)
         self.backends.insert(txn, be)
 
     def _be_del(self, txn: WriteTxn, be: Backend) -> None:
+        cached = self._touched(txn).backends_of
+        for key, _ in be.instances:
+            rows = cached.get(key[0])
+            if rows is not None:
+                rows.pop(be.address, None)
         self.backends.delete(txn, be)
 
     # ----- internals ----------------------------------------------------------------------------
-    def _put_frontend(
-        self, txn: WriteTxn, svc: Service, p: FrontendParams, *, force: bool
-    ) -> None:
+    def _put_frontend(self, txn: WriteTxn, svc: Service, p: FrontendParams, *, force: bool) -> None:
         old = self.frontends.get(txn, p.address)
         if old is None:
             fe = Frontend(
@@ -579,7 +651,7 @@ class LBWriter:
         for k, inst in be.instances:
             if k == key and inst == params:
                 return False
-        self._be_put(txn, be.with_instance(key, params))
+        self._be_put(txn, be.with_instance(key, params), be)
         return True
 
     def _drop_instance(self, txn: WriteTxn, be: Backend, key: tuple[str, int]) -> bool:
@@ -587,7 +659,7 @@ class LBWriter:
             return False
         new = be.without_instance(key)
         if new.instances:
-            self._be_put(txn, new)
+            self._be_put(txn, new, be)
         else:
             self._be_del(txn, be)
         return True
@@ -596,16 +668,22 @@ class LBWriter:
 class _Touched:
     """Rows the writer wrote in one write transaction, by service name."""
 
-    __slots__ = ("backends", "frontends", "txn")
+    __slots__ = ("backends", "backends_of", "frontends", "frontends_of", "txn")
 
     def __init__(self, txn: WriteTxn) -> None:
         self.txn = txn
         self.frontends: dict[ServiceName, set[L3n4Addr]] = {}
         self.backends: dict[ServiceName, set[L3n4Addr]] = {}
+        # Per service, its rows as this txn sees them, once read (kept current by the
+        # writer's _fe_*/_be_* helpers): later lookups in the txn need no index query.
+        self.frontends_of: dict[ServiceName, dict[L3n4Addr, Frontend]] = {}
+        self.backends_of: dict[ServiceName, dict[L3n4Addr, Backend]] = {}
 
 
 #: Sort key of L3n4Addr (its encoded index key), without a method call per address.
 _addr_key = operator.attrgetter("_key")
+#: Sort key of a frontend or backend row: its address's key.
+_row_addr_key = operator.attrgetter("address._key")
 
 
 def _by_service(table: Table[Any], name: ServiceName) -> Any:
