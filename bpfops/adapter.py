@@ -20,6 +20,8 @@ from bpfops.model import (
     IPAddress,
     LBOpsConfig,
     ServiceSpec,
+    fast_addr,
+    fast_backend_spec,
 )
 from reconciler.config import Config
 from reconciler.status import Status
@@ -39,6 +41,7 @@ _STATE = {
     BackendState.MAINTENANCE: 3,
     BackendState.TERMINATING_NOT_SERVING: 1,
 }
+_NOT_SERVING = BackendState.TERMINATING_NOT_SERVING
 
 
 def ops_config(cfg: LBConfig) -> LBOpsConfig:
@@ -62,7 +65,7 @@ def ops_config(cfg: LBConfig) -> LBOpsConfig:
 
 def addr_of(a: L3n4Addr) -> Addr:
     """The ops' address type for a table address."""
-    return Addr(a.address, a.port, a.protocol, a.scope)
+    return fast_addr(a.address, a.port, a.protocol, a.scope)
 
 
 def l3n4_of(a: Addr) -> L3n4Addr:
@@ -99,14 +102,20 @@ def service_spec(svc: Service | None, name: str, service_port: int, cfg: LBConfi
 
 def backend_spec(be: BackendParams) -> BackendSpec:
     """One backend instance as the ops see it."""
-    return BackendSpec(
-        addr=addr_of(be.address),
-        state=_STATE.get(be.state, 0),
-        weight=be.weight,
-        unhealthy=be.unhealthy,
-        cluster_id=be.cluster_id,
-        health_known=bool(be.unhealthy_updated_at),
-        not_serving=be.state is BackendState.TERMINATING_NOT_SERVING,
+    a = be.address
+    state = be.state
+    # fast_backend_spec's fields: addr, state, weight, unhealthy, cluster_id, zone,
+    # revision, health_known, not_serving.
+    return fast_backend_spec(
+        fast_addr(a.address, a.port, a.protocol, a.scope),
+        _STATE.get(state, 0),
+        be.weight,
+        be.unhealthy,
+        be.cluster_id,
+        0,
+        0,
+        bool(be.unhealthy_updated_at),
+        state is _NOT_SERVING,
     )
 
 
@@ -118,7 +127,7 @@ def frontend_spec(fe: Frontend, cfg: LBConfig) -> FrontendSpec:
         addr=addr_of(fe.address),
         type=svc_type,
         service=service_spec(fe.service, fe.service_name, port, cfg),
-        backends=tuple(backend_spec(b) for b in fe.backends),
+        backends=tuple([backend_spec(b) for b in fe.backends]),
         service_port=port,
     )
 

@@ -44,9 +44,16 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from statedb import WriteTxn
-from tables.backends import BackendParams, BackendState
+from tables.backends import DEFAULT_WEIGHT, BackendParams, BackendState, new_backend_params
 from tables.frontends import FrontendParams, SVCType
-from tables.l3n4 import SCOPE_INTERNAL, AddressError, IPAddress, L3n4Addr, parse_protocol
+from tables.l3n4 import (
+    SCOPE_INTERNAL,
+    AddressError,
+    IPAddress,
+    L3n4Addr,
+    new_addr,
+    parse_protocol,
+)
 from tables.lb_config import LBConfig
 from tables.lb_writer import LBWriter
 from tables.services import (
@@ -413,7 +420,7 @@ def convert_service(
     def add(addr: IPAddress, port: int, p: ServicePort, t: SVCType) -> None:
         if not _family_enabled(addr, cfg) or t not in allowed:
             return
-        a = L3n4Addr(addr, port, p.protocol)
+        a = new_addr(addr, port, p.protocol)
         fes.setdefault(a, FrontendParams(a, t, name, p.name, p.port))
         if t is not SVCType.CLUSTER_IP and service.two_scopes:
             ai = a.with_scope(SCOPE_INTERNAL)
@@ -504,9 +511,7 @@ def _endpoint_fast(ep: Any, want_v6: bool) -> _EndpointFields | None:
         if type(ready) is not bool or type(serving) is not bool or type(terminating) is not bool:
             return None
         if terminating:
-            state = (
-                BackendState.TERMINATING if serving else BackendState.TERMINATING_NOT_SERVING
-            )
+            state = BackendState.TERMINATING if serving else BackendState.TERMINATING_NOT_SERVING
         else:
             state = BackendState.ACTIVE if ready else BackendState.MAINTENANCE
     else:
@@ -616,6 +621,8 @@ def convert_endpoint_slice(
         )
     merged: dict[L3n4Addr, BackendParams] = {}
     want_v6 = addr_type == "IPv6"
+    # One shared tuple per port name (every backend of a slice has the same ones).
+    single_names = {pname: ((pname,) if pname else ()) for pname, _, _ in ports}
     for i, ep in enumerate(_list(ref, "endpoints", obj.get("endpoints"))):
         # Well-formed endpoints take the fast path; anything unusual is validated (and
         # reported) field by field by _endpoint_checked.
@@ -627,23 +634,19 @@ def convert_endpoint_slice(
             if not _family_enabled(ip, cfg):
                 continue
             for pname, port, proto in ports:
-                a = L3n4Addr(ip, port, proto)
+                a = new_addr(ip, port, proto)
                 prev = merged.get(a)
                 if prev is None:
-                    port_names: tuple[str, ...] = (pname,) if pname else ()
+                    port_names: tuple[str, ...] = single_names[pname]
                 else:
                     names = set(prev.port_names)
                     if pname:
                         names.add(pname)
                     port_names = tuple(sorted(names))
-                merged[a] = BackendParams(
-                    address=a,
-                    port_names=port_names,
-                    node_name=node,
-                    zone=zone,
-                    for_zones=zones,
-                    source=source,
-                    state=state,
+                # BackendParams(address, port_names, weight, node_name, zone, for_zones,
+                # cluster_id, source, state, unhealthy, unhealthy_updated_at)
+                merged[a] = new_backend_params(
+                    a, port_names, DEFAULT_WEIGHT, node, zone, zones, 0, source, state, False, 0.0
                 )
     return ConvertedEndpoints(slice_name, service_name, tuple(merged.values()))
 

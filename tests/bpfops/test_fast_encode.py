@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ipaddress
+from typing import Any
 
 from hypothesis import given
 from hypothesis import strategies as st
@@ -10,7 +11,7 @@ from hypothesis import strategies as st
 from bpf import lb
 from bpf.codec import BE16, U32
 from bpfops.frontend_ops import FrontendOps, _backend_bytes, _BackendState, _want
-from bpfops.model import Addr, proto_number
+from bpfops.model import Addr, BackendSpec, fast_addr, fast_backend_spec, proto_number
 
 u8 = st.integers(0, 0xFF)
 u16 = st.integers(0, 0xFFFF)
@@ -123,3 +124,14 @@ def test_backend_state_wants_match_a_dict(ops: list[tuple[bool, int, int]]) -> N
         assert bstate.has_wants() == bool(model)
         if model:
             assert bstate.effective() == min(model.values())
+
+
+@given(ips, u16, protos, st.integers(0, 1), u8, st.booleans(), st.booleans())
+def test_fast_model_constructors(
+    ip: Any, port: int, proto: str, scope: int, state: int, x: bool, y: bool
+) -> None:
+    a, b = fast_addr(ip, port, proto, scope), Addr(ip, port, proto, scope)
+    assert a == b and hash(a) == hash(b) and repr(a) == repr(b)
+    fast = fast_backend_spec(a, state, 100, x, 2, 3, 4, y, x)
+    slow = BackendSpec(b, state, 100, x, 2, 3, 4, y, x)
+    assert fast == slow and hash(fast) == hash(slow) and repr(fast) == repr(slow)
