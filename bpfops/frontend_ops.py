@@ -220,15 +220,30 @@ class _FrontendState:
     def __init__(self, id_: int, v6: bool) -> None:
         self.id = id_
         self.v6 = v6
-        self.backends: set[Addr] = set()
+        # The backends the frontend references, as an ordered set (a dict holds ten keys
+        # in half the memory of a set).
+        self.backends: dict[Addr, None] = {}
         self.slots: list[int] = []
         self.slot_flags = 0
         self.master: bytes | None = None
-        self.affinity: set[int] = set()  # backend ids with a match entry
-        self.source_ranges: set[IPNetwork] = set()
+        # Backend ids with an affinity match entry, and the source ranges written: the
+        # shared empty frozenset until the first one is added (most frontends have none).
+        self.affinity: set[int] = _NONE
+        self.source_ranges: set[IPNetwork] = _NONE
         self.maglev = False
         self.wildcard: tuple[IPAddress, int] | None = None
         self.revnat = False
+
+
+#: The empty set a frontend state starts with (read-only; replaced by a set on first add).
+_NONE: set[Any] = frozenset()  # type: ignore[assignment]
+
+
+def _ref_ids(refs: int | set[int] | None) -> set[int]:
+    """The ids of a wildcard_refs value."""
+    if refs is None:
+        return set()
+    return {refs} if isinstance(refs, int) else refs
 
 
 def _swap16(port: int) -> int:
@@ -276,7 +291,8 @@ class FrontendOps(Generic[R]):
         )
         self.frontends: dict[Addr, _FrontendState] = {}
         self.backend_states: dict[Addr, _BackendState] = {}
-        self.wildcard_refs: dict[tuple[IPAddress, int], set[int]] = {}
+        # Wildcard entry -> the ids of the frontends using it: one id, or a set of them.
+        self.wildcard_refs: dict[tuple[IPAddress, int], int | set[int]] = {}
         self.expansions: dict[Addr, list[Addr]] = {}
         self.restored_quarantined: dict[Addr, set[Addr]] = {}
         self.prune_count = 0
@@ -575,7 +591,7 @@ class FrontendOps(Generic[R]):
         # Orphaned backends go first: that makes room in a full backends map.
         if len(fe_backends) > len(ordered) or not all(be.addr in fe_backends for be in ordered):
             wanted = {be.addr for be in ordered}
-            for be_addr in sorted(fe_backends - wanted):
+            for be_addr in sorted(fe_backends.keys() - wanted):
                 bstate = self.backend_states.get(be_addr)
                 if bstate is None:
                     continue
@@ -583,7 +599,7 @@ class FrontendOps(Generic[R]):
                     delete_quiet(maps.aff_match, lb.AffinityMatchKey(bstate.id, fe_id))
                     state.affinity.discard(bstate.id)
                 self._drop_reference(txn, addr, bstate)
-                fe_backends.discard(be_addr)
+                fe_backends.pop(be_addr, None)
 
         active = terminating = inactive = 0
         slot = 1
@@ -601,7 +617,7 @@ class FrontendOps(Generic[R]):
             be_id = bstate.id
             if be_addr not in fe_backends:
                 # Referenced before written: a failure below leaves it for delete to drop.
-                fe_backends.add(be_addr)
+                fe_backends[be_addr] = None
                 bstate.refcount += 1
             be_state = be.state
             be_proto = proto_number(be_addr.proto)
@@ -638,6 +654,8 @@ class FrontendOps(Generic[R]):
             want_aff = affinity and be_state == BACKEND_ACTIVE
             if want_aff and be_id not in state.affinity:
                 maps.aff_match.update(lb.AffinityMatchKey(be_id, fe_id), 0)
+                if state.affinity is _NONE:
+                    state.affinity = set()
                 state.affinity.add(be_id)
             elif not want_aff and be_id in state.affinity:
                 delete_quiet(maps.aff_match, lb.AffinityMatchKey(be_id, fe_id))
@@ -692,6 +710,8 @@ class FrontendOps(Generic[R]):
                 src_map.update(
                     src_cls.for_cidr(fe_id, net.network_address.packed, net.prefixlen), 0
                 )
+                if state.source_ranges is _NONE:
+                    state.source_ranges = set()
                 state.source_ranges.add(net)
             for net in sorted(state.source_ranges - wanted_ranges, key=str):
                 delete_quiet(
@@ -765,24 +785,29 @@ class FrontendOps(Generic[R]):
     def _upsert_wildcard(self, fe: FrontendSpec, state: _FrontendState) -> None:
         key = (fe.addr.ip, fe.addr.scope)
         refs = self.wildcard_refs.get(key)
-        if refs and state.id in refs:
+        if refs is not None and state.id in _ref_ids(refs):
             return
-        if not refs:
+        if refs is None:
             cls = lb.Service6Key if fe.addr.is_v6 else lb.Service4Key
             f1, f2 = svcflags.split(svcflags.service_flags(svcflags.FlagParams(fe.type)))
             self.maps.services(fe.addr.is_v6).update(
                 cls(fe.addr.ip.packed, 0, 0, 0, fe.addr.scope), lb.ServiceValue(0, 0, 0, f1, f2, 0)
             )
-        self.wildcard_refs.setdefault(key, set()).add(state.id)
+        if refs is None:
+            self.wildcard_refs[key] = state.id
+        elif isinstance(refs, int):
+            self.wildcard_refs[key] = {refs, state.id}
+        else:
+            refs.add(state.id)
         state.wildcard = key
 
     def _delete_wildcard(self, addr: Addr, state: _FrontendState) -> None:
         key = state.wildcard
         if key is None:
             return
-        refs = self.wildcard_refs.get(key, set())
-        if refs - {state.id}:
-            refs.discard(state.id)
+        others = _ref_ids(self.wildcard_refs.get(key)) - {state.id}
+        if others:
+            self.wildcard_refs[key] = others if len(others) > 1 else next(iter(others))
             state.wildcard = None
             return
         cls = lb.Service6Key if addr.is_v6 else lb.Service4Key
@@ -834,7 +859,7 @@ class FrontendOps(Generic[R]):
             bstate = self.backend_states.get(be_addr)
             if bstate is not None:
                 self._drop_reference(txn, addr, bstate)
-            state.backends.discard(be_addr)
+            state.backends.pop(be_addr, None)
         svc_raw = maps.services(v6).backend
         while state.slots:
             _delete_raw(svc_raw, self._svc_key(addr, len(state.slots)))

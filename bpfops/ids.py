@@ -48,9 +48,10 @@ class IDAllocator(Generic[A]):
         self.first = first
         self.limit = limit
         self.next_id = first
-        # Owners per id: a tuple, as an id almost always has exactly one owner (a set
-        # per id cost about 200 bytes more for each service and backend).
-        self.id_to_owners: dict[int, tuple[A, ...]] = {}
+        # Owners per id: the owner itself when it is the only one (almost always), else a
+        # tuple of them (a set per id cost about 200 bytes more for each service and
+        # backend, a one-owner tuple 56). A tuple owner is always kept inside a tuple.
+        self.id_to_owners: dict[int, A | tuple[A, ...]] = {}
         self.addr_to_id: dict[A, int] = {}
         self.restored: dict[A, int] = {}
 
@@ -63,29 +64,40 @@ class IDAllocator(Generic[A]):
 
     def owner_of(self, id_: int) -> A | None:
         """The address holding ``id_`` (reservations do not count), or None."""
-        for owner in self.id_to_owners.get(id_, ()):
+        for owner in self._owners(id_):
             if self.addr_to_id.get(owner) == id_:
                 return owner
         return None
+
+    def _owners(self, id_: int) -> tuple[A, ...]:
+        owners = self.id_to_owners.get(id_)
+        if owners is None:
+            return ()
+        if type(owners) is tuple:
+            return owners
+        return (owners,)  # type: ignore[return-value]
 
     def is_taken(self, id_: int) -> bool:
         """Whether ``id_`` is held or reserved."""
         return id_ in self.id_to_owners
 
     def _own(self, addr: A, id_: int) -> None:
-        owners = self.id_to_owners.get(id_)
-        if owners is None:
-            self.id_to_owners[id_] = (addr,)
-        elif addr not in owners:
+        if id_ not in self.id_to_owners:
+            self.id_to_owners[id_] = addr if type(addr) is not tuple else (addr,)
+            return
+        owners = self._owners(id_)
+        if addr not in owners:
             self.id_to_owners[id_] = (*owners, addr)
 
     def _disown(self, addr: A, id_: int) -> None:
-        owners = self.id_to_owners.get(id_)
-        if owners is None or addr not in owners:
+        owners = self._owners(id_)
+        if addr not in owners:
             return
         rest = tuple(o for o in owners if o != addr)
-        if rest:
+        if len(rest) > 1:
             self.id_to_owners[id_] = rest
+        elif rest:
+            self.id_to_owners[id_] = rest[0] if type(rest[0]) is not tuple else rest
         else:
             del self.id_to_owners[id_]
 

@@ -717,7 +717,7 @@ def convert_pod_host_ports(
 class _State:
     """What the converter has applied, to merge slices and undo deletions."""
 
-    services: dict[ServiceName, ConvertedService] = field(default_factory=dict)
+    services: set[ServiceName] = field(default_factory=set)  # names of applied services
     # service -> slice name -> backends of that slice
     slices: dict[ServiceName, dict[str, tuple[BackendParams, ...]]] = field(default_factory=dict)
     slice_service: dict[str, ServiceName] = field(default_factory=dict)
@@ -746,7 +746,7 @@ class K8sConverter:
         """Return a copy of the converter's memory, for `rollback` when a txn is aborted."""
         st = self._st
         return _State(
-            dict(st.services),
+            set(st.services),
             {k: dict(v) for k, v in st.slices.items()},
             dict(st.slice_service),
             {k: list(v) for k, v in st.pods.items()},
@@ -796,12 +796,12 @@ class K8sConverter:
             self.delete_service(txn, conv.service.name)
             return
         self.writer.upsert_service_and_frontends(txn, conv.service, conv.frontends)
-        self._st.services[conv.service.name] = conv
+        self._st.services.add(conv.service.name)
 
     def delete_service(self, txn: WriteTxn, name: ServiceName) -> None:
         """Delete a Service and its frontends (its backends stay until their slices go)."""
         self.writer.delete_service_and_frontends(txn, name)
-        self._st.services.pop(name, None)
+        self._st.services.discard(name)
 
     # ----- endpoint slices ------------------------------------------------------------------
     def upsert_endpoint_slice(self, txn: WriteTxn, obj: Mapping[str, Any]) -> None:
