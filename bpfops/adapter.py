@@ -7,7 +7,6 @@ reconciler runs with; ``reconciler_config(...)`` the reconciler Config for it (i
 
 from __future__ import annotations
 
-from dataclasses import replace
 from typing import Any
 
 from bpfops.frontend_ops import FrontendOps
@@ -158,6 +157,8 @@ class TablesNodeView:
 
     def is_local_address(self, txn: ReadTxn, ip: IPAddress) -> bool:
         """Whether ``ip`` is an address of this node."""
+        if self.node_addresses.count(txn) == 0:  # no ordered view needed for an empty table
+            return False
         return any(na.address == ip for na in self.node_addresses.all(txn))
 
     def is_primary_frontend(self, txn: ReadTxn, addr: Addr) -> bool:
@@ -212,7 +213,7 @@ def reconciler_config(
 
     def set_status(fe: Frontend, status: Status) -> Frontend:
         fe_id = ops.service_id(addr_of(fe.address)) or 0
-        return replace(fe, status=status, id=fe_id)
+        return fe.copy_with(status=status, id=fe_id)
 
     settings: dict[str, Any] = {
         "name": "bpf-lb",

@@ -841,6 +841,11 @@ class K8sConverter:
             slices[put[0]] = put[1]
         if drop is not None:
             slices.pop(drop, None)
+        if len(slices) == 1:
+            # One slice (the usual case): its backends have distinct addresses already.
+            (only,) = slices.values()
+            self.writer.set_backends(txn, service, self.source, only)
+            return
         union: dict[L3n4Addr, BackendParams] = {}
         for name in sorted(slices):
             for be in slices[name]:

@@ -523,6 +523,8 @@ class LBWriter:
             t = self._touched(txn)
             names.update(t.frontends)
             names.update(t.backends)
+            names.update(t.frontends_of)
+            names.update(t.backends_of)
             self._names = names
             self._names_limit = 2 * len(names) + 1024
         return name in names
@@ -532,10 +534,16 @@ class LBWriter:
         if names is not None:
             names.add(fe.service_name)
         t = self._touched(txn)
-        t.frontends.setdefault(fe.service_name, set()).add(fe.address)
-        rows = t.frontends_of.get(fe.service_name)
+        name = fe.service_name
+        rows = t.frontends_of.get(name)
         if rows is not None:
             rows[fe.address] = fe
+        else:  # remembered for the service's first lookup in this txn
+            mine = t.frontends.get(name)
+            if mine is None:
+                t.frontends[name] = {fe.address}
+            else:
+                mine.add(fe.address)
         self.frontends.insert(txn, fe)
 
     def _fe_del(self, txn: WriteTxn, fe: Frontend) -> None:
@@ -552,12 +560,18 @@ class LBWriter:
         names = self._names
         addr = be.address
         for key, _ in be.instances:
+            name = key[0]
             if names is not None:
-                names.add(key[0])
-            touched.setdefault(key[0], set()).add(addr)
-            rows = cached.get(key[0])
+                names.add(name)
+            rows = cached.get(name)
             if rows is not None:
                 rows[addr] = be
+            else:  # remembered for the service's first lookup in this txn
+                mine = touched.get(name)
+                if mine is None:
+                    touched[name] = {addr}
+                else:
+                    mine.add(addr)
         if old is not None and cached:
             for key, _ in old.instances:
                 rows = cached.get(key[0])
@@ -619,7 +633,7 @@ class LBWriter:
                     self._refresh_frontend(txn, rfe, rfe.service, force)
 
     def _refresh_frontend(self, txn: WriteTxn, fe: Frontend, svc: Service, force: bool) -> None:
-        cur = dataclasses.replace(fe, service=svc) if fe.service is not svc else fe
+        cur = fe.copy_with(service=svc) if fe.service is not svc else fe
         bes = self.select_backends(txn, cur)
         if not force and bes == fe.backends and fe.service is svc:
             return

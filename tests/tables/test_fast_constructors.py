@@ -66,3 +66,38 @@ def test_new_backend_params_equals_constructor(
     fast = new_backend_params(a, names, weight, text, text, names, 3, "k8s", state, unhealthy, ts)
     slow = BackendParams(a, names, weight, text, text, names, 3, "k8s", state, unhealthy, ts)
     assert fast == slow and hash(fast) == hash(slow) and repr(fast) == repr(slow)
+
+
+def test_frontend_copy_with_equals_replace() -> None:
+    import dataclasses
+
+    from reconciler.status import status_done
+    from tables.frontends import Frontend, SVCType
+    from tables.services import Service
+
+    fe = Frontend(
+        L3n4Addr(ipaddress.ip_address("10.0.0.1"), 80),
+        SVCType.NODE_PORT,
+        "ns/a",
+        "http",
+        8080,
+        Service("ns/a"),
+        (BackendParams(L3n4Addr(ipaddress.ip_address("10.1.0.1"), 8080)),),
+        7,
+        "ns/b",
+    )
+    svc2, st = Service("ns/a", source="api"), status_done()
+    cases: list[tuple[dict[str, Any], dict[str, Any]]] = [
+        ({}, {}),
+        ({"service": svc2}, {"service": svc2}),
+        ({"service": None}, {"service": None}),
+        ({"backends": ()}, {"backends": ()}),
+        ({"id": 9, "status": st}, {"id": 9, "status": st}),
+    ]
+    for kw, want in cases:
+        got, ref = fe.copy_with(**kw), dataclasses.replace(fe, **want)
+        assert got == ref and repr(got) == repr(ref) and got.service is ref.service
+        assert got.status is ref.status
+    pend = fe.pending(backends=())
+    assert pend.backends == () and pend.status.kind.value == "Pending"
+    assert pend.status is not fe.status and pend.id == 7 and pend.redirect_to == "ns/b"
