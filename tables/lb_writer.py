@@ -481,11 +481,8 @@ class LBWriter:
         get = self.backends.get
         for a in addrs:
             b = get(txn, a)
-            if b is not None:
-                for k, _ in b.instances:
-                    if k[0] == name:
-                        rows[a] = b
-                        break
+            if b is not None and b.instance(name) is not None:
+                rows[a] = b
         t.backends_of[name] = rows
         return rows
 
@@ -518,7 +515,7 @@ class LBWriter:
             base = self.db.read_txn()
             names = {f.service_name for f in self.frontends.all(base)}
             for be in self.backends.all(base):
-                for k, _ in be.instances:
+                for k in be.instance_keys():
                     names.add(k[0])
             t = self._touched(txn)
             names.update(t.frontends)
@@ -559,7 +556,7 @@ class LBWriter:
         cached = t.backends_of
         names = self._names
         addr = be.address
-        for key, _ in be.instances:
+        for key in be.instance_keys():
             name = key[0]
             if names is not None:
                 names.add(name)
@@ -573,7 +570,7 @@ class LBWriter:
                 else:
                     mine.add(addr)
         if old is not None and cached:
-            for key, _ in old.instances:
+            for key in old.instance_keys():
                 rows = cached.get(key[0])
                 if rows is not None and be.instance(key[0]) is None:
                     rows.pop(addr, None)
@@ -581,7 +578,7 @@ class LBWriter:
 
     def _be_del(self, txn: WriteTxn, be: Backend) -> None:
         cached = self._touched(txn).backends_of
-        for key, _ in be.instances:
+        for key in be.instance_keys():
             rows = cached.get(key[0])
             if rows is not None:
                 rows.pop(be.address, None)
@@ -660,7 +657,7 @@ class LBWriter:
             key = (service, source_priority(params.source))
         be = self.backends.get(txn, params.address)
         if be is None:
-            self._be_put(txn, Backend(params.address, ((key, params),)))
+            self._be_put(txn, Backend.single(params.address, key, params))
             return True
         for k, inst in be.instances:
             if k == key and inst == params:
