@@ -589,7 +589,9 @@ class FrontendOps(Generic[R]):
         fe_backends = state.backends
 
         # Orphaned backends go first: that makes room in a full backends map.
-        if len(fe_backends) > len(ordered) or not all(be.addr in fe_backends for be in ordered):
+        if fe_backends and (
+            len(fe_backends) > len(ordered) or not all(be.addr in fe_backends for be in ordered)
+        ):
             wanted = {be.addr for be in ordered}
             for be_addr in sorted(fe_backends.keys() - wanted):
                 bstate = self.backend_states.get(be_addr)
@@ -615,9 +617,10 @@ class FrontendOps(Generic[R]):
                 bstate = _BackendState(be_addr, be_id)
                 backend_states[be_addr] = bstate
             be_id = bstate.id
-            if be_addr not in fe_backends:
+            n = len(fe_backends)
+            fe_backends.setdefault(be_addr)
+            if len(fe_backends) != n:
                 # Referenced before written: a failure below leaves it for delete to drop.
-                fe_backends[be_addr] = None
                 bstate.refcount += 1
             be_state = be.state
             be_proto = proto_number(be_addr.proto)

@@ -109,16 +109,18 @@ class IDAllocator(Generic[A]):
         current = self.addr_to_id.get(addr)
         if current is not None:
             return current
-        restored = self.claim_restored(addr)
-        if restored is not None:
-            return restored
+        if self.restored:
+            restored = self.claim_restored(addr)
+            if restored is not None:
+                return restored
         span = self.limit - self.first
         candidate = self.next_id
+        owners = self.id_to_owners
         for _ in range(span):
             if candidate >= self.limit:
                 candidate = self.first
-            if candidate not in self.id_to_owners:
-                self._own(addr, candidate)
+            if candidate not in owners:
+                owners[candidate] = addr if type(addr) is not tuple else (addr,)
                 self.addr_to_id[addr] = candidate
                 self.next_id = candidate + 1
                 return candidate

@@ -179,6 +179,8 @@ def _port(ref: str, path: str, value: Any, *, allow_zero: bool = False) -> int:
 _AF_INET = socket.AF_INET
 _inet_pton = socket.inet_pton
 _IPv4Address = ipaddress.IPv4Address
+_new = object.__new__
+_set_ipv4_int = ipaddress.IPv4Address.__dict__["_ip"].__set__
 
 
 def _parse_ip(text: str) -> IPAddress:
@@ -189,9 +191,13 @@ def _parse_ip(text: str) -> IPAddress:
     ipaddress way, which raises the same ValueError as before.
     """
     try:
-        return _IPv4Address(_inet_pton(_AF_INET, text))
+        packed = _inet_pton(_AF_INET, text)
     except (OSError, ValueError):
         return ipaddress.ip_address(text)
+    # IPv4Address(packed) without its argument checks: the same object.
+    ip = _new(_IPv4Address)
+    _set_ipv4_int(ip, int.from_bytes(packed))
+    return ip
 
 
 def _ip(ref: str, path: str, value: Any) -> IPAddress:
@@ -619,7 +625,9 @@ def convert_endpoint_slice(
                 _proto(ref, f"ports[{i}].protocol", pm.get("protocol")),
             )
         )
-    merged: dict[L3n4Addr, BackendParams] = {}
+    # Keyed by the addresses' encoded keys (equal exactly when the addresses are; bytes
+    # hash in C, an L3n4Addr through a Python __hash__).
+    merged: dict[bytes, BackendParams] = {}
     want_v6 = addr_type == "IPv6"
     # One shared tuple per port name (every backend of a slice has the same ones).
     single_names = {pname: ((pname,) if pname else ()) for pname, _, _ in ports}
@@ -635,7 +643,8 @@ def convert_endpoint_slice(
                 continue
             for pname, port, proto in ports:
                 a = new_addr(ip, port, proto)
-                prev = merged.get(a)
+                akey = a._key
+                prev = merged.get(akey)
                 if prev is None:
                     port_names: tuple[str, ...] = single_names[pname]
                 else:
@@ -645,7 +654,7 @@ def convert_endpoint_slice(
                     port_names = tuple(sorted(names))
                 # BackendParams(address, port_names, weight, node_name, zone, for_zones,
                 # cluster_id, source, state, unhealthy, unhealthy_updated_at)
-                merged[a] = new_backend_params(
+                merged[akey] = new_backend_params(
                     a, port_names, DEFAULT_WEIGHT, node, zone, zones, 0, source, state, False, 0.0
                 )
     return ConvertedEndpoints(slice_name, service_name, tuple(merged.values()))

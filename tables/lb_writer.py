@@ -267,18 +267,18 @@ class LBWriter:
         """Make ``backends`` the complete set of ``service``'s instances from ``source``:
         instances from that source not listed are released."""
         prio = source_priority(source)
-        wanted: dict[L3n4Addr, BackendParams] = {}
+        wanted: dict[bytes, BackendParams] = {}
         for params in backends:
             if params.source != source:
                 raise LBWriterError(
                     f"backend {params.address} of service {service}: source {params.source!r} "
                     f"given to set_backends for source {source!r}"
                 )
-            wanted[params.address] = params
+            wanted[params.address._key] = params
         changed = False
         key = (service, prio)
         for be in self._backends_of(txn, service):
-            if be.address not in wanted and any(k == key for k, _ in be.instances):
+            if be.address._key not in wanted and any(k == key for k, _ in be.instances):
                 changed |= self._drop_instance(txn, be, key)
         for params in wanted.values():
             changed |= self._put_instance(txn, service, params, key)
@@ -467,7 +467,7 @@ class LBWriter:
 
     def _load_backends_of(
         self, txn: WriteTxn, t: _Touched, name: ServiceName
-    ) -> dict[L3n4Addr, Backend]:
+    ) -> dict[bytes, Backend]:
         """Read ``name``'s backends once per transaction; ``_be_put``/``_be_del`` keep the
         result current for the rest of it."""
         addrs: set[L3n4Addr] = set()
@@ -477,12 +477,12 @@ class LBWriter:
         mine = t.backends.get(name)
         if mine:
             addrs |= mine
-        rows: dict[L3n4Addr, Backend] = {}
+        rows: dict[bytes, Backend] = {}
         get = self.backends.get
         for a in addrs:
             b = get(txn, a)
             if b is not None and b.instance(name) is not None:
-                rows[a] = b
+                rows[a._key] = b
         t.backends_of[name] = rows
         return rows
 
@@ -504,7 +504,7 @@ class LBWriter:
             for a in addrs:
                 f = self.frontends.get(txn, a)
                 if f is not None and f.service_name == name:
-                    rows[a] = f
+                    rows[a._key] = f
             t.frontends_of[name] = rows
         return sorted(rows.values(), key=_row_addr_key)
 
@@ -534,7 +534,7 @@ class LBWriter:
         name = fe.service_name
         rows = t.frontends_of.get(name)
         if rows is not None:
-            rows[fe.address] = fe
+            rows[fe.address._key] = fe
         else:  # remembered for the service's first lookup in this txn
             mine = t.frontends.get(name)
             if mine is None:
@@ -546,7 +546,7 @@ class LBWriter:
     def _fe_del(self, txn: WriteTxn, fe: Frontend) -> None:
         rows = self._touched(txn).frontends_of.get(fe.service_name)
         if rows is not None:
-            rows.pop(fe.address, None)
+            rows.pop(fe.address._key, None)
         self.frontends.delete(txn, fe)
 
     def _be_put(self, txn: WriteTxn, be: Backend, old: Backend | None = None) -> None:
@@ -562,7 +562,7 @@ class LBWriter:
                 names.add(name)
             rows = cached.get(name)
             if rows is not None:
-                rows[addr] = be
+                rows[addr._key] = be
             else:  # remembered for the service's first lookup in this txn
                 mine = touched.get(name)
                 if mine is None:
@@ -573,7 +573,7 @@ class LBWriter:
             for key in old.instance_keys():
                 rows = cached.get(key[0])
                 if rows is not None and be.instance(key[0]) is None:
-                    rows.pop(addr, None)
+                    rows.pop(addr._key, None)
         self.backends.insert(txn, be)
 
     def _be_del(self, txn: WriteTxn, be: Backend) -> None:
@@ -581,7 +581,7 @@ class LBWriter:
         for key in be.instance_keys():
             rows = cached.get(key[0])
             if rows is not None:
-                rows.pop(be.address, None)
+                rows.pop(be.address._key, None)
         self.backends.delete(txn, be)
 
     # ----- internals ----------------------------------------------------------------------------
@@ -685,10 +685,10 @@ class _Touched:
         self.txn = txn
         self.frontends: dict[ServiceName, set[L3n4Addr]] = {}
         self.backends: dict[ServiceName, set[L3n4Addr]] = {}
-        # Per service, its rows as this txn sees them, once read (kept current by the
+        # Per service, its rows by address key as this txn sees them, once read (kept current by the
         # writer's _fe_*/_be_* helpers): later lookups in the txn need no index query.
-        self.frontends_of: dict[ServiceName, dict[L3n4Addr, Frontend]] = {}
-        self.backends_of: dict[ServiceName, dict[L3n4Addr, Backend]] = {}
+        self.frontends_of: dict[ServiceName, dict[bytes, Frontend]] = {}
+        self.backends_of: dict[ServiceName, dict[bytes, Backend]] = {}
 
 
 #: Sort key of L3n4Addr (its encoded index key), without a method call per address.
