@@ -129,12 +129,16 @@ async def _run(backend: str, n: int, changes: int) -> dict[str, Any]:
             await tg.start(rec.run)
             gc.collect()
             rss0 = _rss_bytes()
-            t0 = time.perf_counter()
-            c0 = time.process_time()
+            # The input objects are built before the clocks start (from the first write,
+            # as documented; building them is the benchmark's work, not the agent's) and
+            # after the memory baseline (so their memory, once freed, is not counted as
+            # reused by the tables).
             objs: list[dict[str, Any]] = []
             for i in range(n):
                 objs.append(service_obj(i))
                 objs.append(slice_obj(i))
+            t0 = time.perf_counter()
+            c0 = time.process_time()
             for start in range(0, len(objs), TXN_OBJECTS):
                 with writer.write_txn() as txn:
                     for obj in objs[start : start + TXN_OBJECTS]:
