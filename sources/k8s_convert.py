@@ -117,16 +117,15 @@ def object_ref(obj: Mapping[str, Any]) -> str:
 
 def namespaced_name(obj: Mapping[str, Any]) -> str:
     """``namespace/name`` of an object; raise ConversionError when the name is missing."""
-    ref = object_ref(obj)
     meta = obj.get("metadata")
     if not isinstance(meta, Mapping):
-        raise ConversionError(ref, "metadata", "missing or not a mapping")
+        raise ConversionError(object_ref(obj), "metadata", "missing or not a mapping")
     name = meta.get("name")
     if not isinstance(name, str) or not name:
-        raise ConversionError(ref, "metadata.name", "missing or not a string")
+        raise ConversionError(object_ref(obj), "metadata.name", "missing or not a string")
     ns = meta.get("namespace") or "default"
     if not isinstance(ns, str):
-        raise ConversionError(ref, "metadata.namespace", "not a string")
+        raise ConversionError(object_ref(obj), "metadata.namespace", "not a string")
     return f"{ns}/{name}"
 
 
@@ -449,11 +448,14 @@ def convert_service(
     return ConvertedService(service, tuple(fes.values()))
 
 
+_ALL_TYPES = frozenset(SVCType)
+
+
 def _exposed_types(ref: str, annotations: Mapping[str, str]) -> frozenset[SVCType]:
     """Frontend types to expose: all, or those named by service.cilium.io/type."""
     text = annotations.get(ANN_TYPE)
     if text is None or not text.strip():
-        return frozenset(SVCType)
+        return _ALL_TYPES
     out: set[SVCType] = set()
     for part in text.split(","):
         try:
