@@ -455,7 +455,23 @@ class LBWriter:
         if t is None or t.txn is not txn:
             t = _Touched(txn)
             self._touch = t
+            self._keep_views_current()
         return t
+
+    def _keep_views_current(self) -> None:
+        """Bring the committed ordered views of the service indexes up to date, once per
+        write transaction.
+
+        statedb derives an index's ordered view lazily, on the first query after writes,
+        from the last view it made. Lookups of services with no committed rows skip the
+        index, so a bulk load would otherwise leave the views far behind and the first
+        update afterwards would pay for rebuilding them (about 0.1 s per 3,000 services).
+        A query for a name no service has (the empty one) keeps the upkeep incremental,
+        as when every lookup queried the index."""
+        base = self.db.read_txn()
+        for table in (self.backends, self.frontends):
+            for _ in table.list(base, _by_service(table, "")):
+                pass
 
     def _backends_of(self, txn: WriteTxn, name: ServiceName) -> list[Backend]:
         """The backends with an instance for ``name`` (as the txn sees them), by address."""

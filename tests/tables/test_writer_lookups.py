@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+from typing import Any
+
+import pytest
+
 from tables.lb_writer import LBWriter
 from tests.tables.helpers import backend_addrs, be, fe, frontend_map, new_writer, svc
 
@@ -84,3 +88,32 @@ def test_known_names_stay_bounded_under_churn() -> None:
         w.set_backends(txn, "ns/x", "k8s", [be("10.1.0.5:8080/TCP")])
         txn.commit()
     assert backend_addrs(frontend_map(db, w)["10.0.0.1:80/TCP"]) == ["10.1.0.5:8080/TCP"]
+
+
+def test_service_index_views_stay_current_through_a_bulk_load(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Lookups skipped for new services still keep the ordered views of the service
+    indexes current, so the first update after a bulk load rebuilds none from scratch."""
+    import statedb.ordered
+
+    db, w = new_writer()
+    for i in range(50):
+        name = f"ns/s{i}"
+        with w.write_txn() as txn:
+            w.upsert_service_and_frontends(txn, svc(name), [fe(f"10.0.0.{i}:80/TCP", name)])
+            w.set_backends(txn, name, "k8s", [be(f"10.1.0.{i}:8080/TCP")])
+            txn.commit()
+    builds: list[object] = []
+    real = statedb.ordered.build_view
+
+    def counting(*args: Any) -> Any:
+        builds.append(args)
+        return real(*args)
+
+    monkeypatch.setattr(statedb.ordered, "build_view", counting)
+    with w.write_txn() as txn:
+        w.set_backends(txn, "ns/s7", "k8s", [be("10.1.9.9:8080/TCP")])
+        txn.commit()
+    assert builds == []
+    assert backend_addrs(frontend_map(db, w)["10.0.0.7:80/TCP"]) == ["10.1.9.9:8080/TCP"]
