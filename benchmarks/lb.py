@@ -23,16 +23,29 @@ Cilium's Go control plane reports about 50,000 services/s and about 3.3 KB per s
 the goal here is >= 10,000 services/s and <= 4 KB per service. ``--quick`` uses 500
 services and finishes in well under a minute.
 
-Measured on the 2-core development machine (Nov 2026, 10,000 services, quiet machine):
-about 780 services/s end to end on both map backends with the default collector
-(1.27 s CPU per 1,000 services) and about 1,060-1,090 services/s with the agent's tuned
-collector (0.91-0.94 s CPU per 1,000); the LB Ops alone about 2,500 (memory) and 3,100
-(kernel) services/s; about 22 KB of resident memory per service; one backend change
-reaches the map in about 1 ms (p50), 1.3-2.2 ms (p99). The cost is spread over per-row
-Python work: FrontendOps._update_frontend (about 30%: building and encoding 23 map
-entries per frontend), the table writer's per-service index lookups and row writes
-(about 30%), the Kubernetes conversion (about 20%) and the ordered-view upkeep of the
-tables' service indexes. All are far from the 10,000/s and 4 KB goals.
+Measured on the 2-core development machine (Nov 2026, 10,000 services, lightly loaded:
+load average about 1), after the lb-perf work: about 1,310-1,330 services/s end to end
+on both map backends with the default collector (0.75-0.76 s CPU per 1,000 services;
+the same benchmark on the code before that work: 845-860 services/s, 1.17-1.18 s) and
+about 1,750-1,820 services/s with the agent's tuned collector (0.55-0.57 s; before:
+about 1,150, 0.86-0.87 s); the LB Ops alone about 7,700 (memory) and 6,100 (kernel)
+services/s (before: 2,500 and 3,000); 15.2 KB of resident memory per service (13.5 KB in
+the tuned-collector run; before: 21 KB); one backend change reaches the map in about
+0.8 ms (p50), 2-2.5 ms (p99, the garbage collector's pauses).
+
+Where the time goes now (per service, default collector): the garbage collector about
+40% (full collections walk every row, index entry and input object: about 94
+collector-tracked objects per service remain, 10 backends x (address, IP, parameters,
+row, the ops' address and state) plus statedb's entries), the EndpointSlice and Service
+conversion about 20%, the writer's backend rows and statedb inserts about 20%, the LB
+Ops about 20% (23 map writes per frontend, about half of it the writes themselves).
+Memory (tracemalloc, about 13.9 KB per service): per backend the parameters (120 B),
+the ops' state (88 B) and address (72 B + its hash), the table address (72 B + its
+48-byte key + the IPv4Address), the row (56 B), statedb's entry, hash-map node and
+ordered-index key (about 240 B), and the ops' three dicts by address or id. Both goals
+(10,000 services/s, 4 KB per service) stay far off; see the lb-perf report for what
+would close more of the gap (fewer objects per backend across the tables and the ops,
+a statedb hash lookup for non-unique indexes, batched kernel map writes).
 """
 
 from __future__ import annotations
@@ -129,12 +142,16 @@ async def _run(backend: str, n: int, changes: int) -> dict[str, Any]:
             await tg.start(rec.run)
             gc.collect()
             rss0 = _rss_bytes()
-            t0 = time.perf_counter()
-            c0 = time.process_time()
+            # The input objects are built before the clocks start (from the first write,
+            # as documented; building them is the benchmark's work, not the agent's) and
+            # after the memory baseline (so their memory, once freed, is not counted as
+            # reused by the tables).
             objs: list[dict[str, Any]] = []
             for i in range(n):
                 objs.append(service_obj(i))
                 objs.append(slice_obj(i))
+            t0 = time.perf_counter()
+            c0 = time.process_time()
             for start in range(0, len(objs), TXN_OBJECTS):
                 with writer.write_txn() as txn:
                     for obj in objs[start : start + TXN_OBJECTS]:

@@ -6,6 +6,7 @@ that the codecs store in network order where the C header says ``__be16``.
 
 from __future__ import annotations
 
+import struct
 from dataclasses import dataclass
 
 from bpf.addresses import check_length
@@ -268,3 +269,35 @@ SOURCE_RANGE6_KEY = StructCodec(
 def maglev_table_codec(table_size: int = MAGLEV_TABLE_SIZE) -> U32ArrayCodec:
     """Codec for the inner maglev value: ``table_size`` backend ids (``__u32[table_size]``)."""
     return U32ArrayCodec(table_size, f"__u32[{table_size}]")
+
+
+# -- direct encoders -------------------------------------------------------------------
+# Precompiled structs for the hot paths that write entries without building the dataclasses
+# above (bpfops.frontend_ops). Byte for byte the codecs' output (tests/bpfops/test_fast_encode
+# compares them); ``__be16`` members are passed already byte-swapped (``swap16``).
+
+#: lb4_key: (address, swap16(dport), backend_slot, proto, scope).
+SERVICE4_KEY_STRUCT = struct.Struct("<4sHHBB2x")
+#: lb6_key: (address, swap16(dport), backend_slot, proto, scope).
+SERVICE6_KEY_STRUCT = struct.Struct("<16sHHBB2x")
+#: lb4_service/lb6_service: (backend_id, count, swap16(rev_nat_index), flags, flags2, qcount).
+SERVICE_VALUE_STRUCT = struct.Struct("<IHHBBH")
+#: lb4_backend: (address, swap16(port), proto, flags, cluster_id, zone).
+BACKEND4_STRUCT = struct.Struct("<4sHBBHBx")
+#: lb6_backend: (address, swap16(port), proto, flags, cluster_id, zone).
+BACKEND6_STRUCT = struct.Struct("<16sHBBHBx")
+#: lb4_reverse_nat: (address, swap16(port)).
+REVNAT4_STRUCT = struct.Struct("<4sH")
+#: lb6_reverse_nat: (address, swap16(port)).
+REVNAT6_STRUCT = struct.Struct("<16sH")
+#: lb_affinity_match: (backend_id, swap16(rev_nat_id)).
+AFFINITY_MATCH_KEY_STRUCT = struct.Struct("<IH2x")
+#: A host-order u32 key (backend ids, rev-NAT ids).
+U32_STRUCT = struct.Struct("<I")
+
+
+def swap16(value: int) -> int:
+    """``value`` (a u16) with its two bytes swapped: a host int stored as ``__be16``."""
+    return ((value & 0xFF) << 8) | (value >> 8)
+#: A network-order u16 key (the rev-NAT maps' service id).
+BE16_STRUCT = struct.Struct(">H")

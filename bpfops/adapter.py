@@ -7,7 +7,6 @@ reconciler runs with; ``reconciler_config(...)`` the reconciler Config for it (i
 
 from __future__ import annotations
 
-from dataclasses import replace
 from typing import Any
 
 from bpfops.frontend_ops import FrontendOps
@@ -20,6 +19,8 @@ from bpfops.model import (
     IPAddress,
     LBOpsConfig,
     ServiceSpec,
+    fast_addr,
+    fast_backend_spec,
 )
 from reconciler.config import Config
 from reconciler.status import Status
@@ -39,6 +40,7 @@ _STATE = {
     BackendState.MAINTENANCE: 3,
     BackendState.TERMINATING_NOT_SERVING: 1,
 }
+_NOT_SERVING = BackendState.TERMINATING_NOT_SERVING
 
 
 def ops_config(cfg: LBConfig) -> LBOpsConfig:
@@ -62,7 +64,7 @@ def ops_config(cfg: LBConfig) -> LBOpsConfig:
 
 def addr_of(a: L3n4Addr) -> Addr:
     """The ops' address type for a table address."""
-    return Addr(a.address, a.port, a.protocol, a.scope)
+    return fast_addr(a.address, a.port, a.protocol, a.scope)
 
 
 def l3n4_of(a: Addr) -> L3n4Addr:
@@ -99,14 +101,20 @@ def service_spec(svc: Service | None, name: str, service_port: int, cfg: LBConfi
 
 def backend_spec(be: BackendParams) -> BackendSpec:
     """One backend instance as the ops see it."""
-    return BackendSpec(
-        addr=addr_of(be.address),
-        state=_STATE.get(be.state, 0),
-        weight=be.weight,
-        unhealthy=be.unhealthy,
-        cluster_id=be.cluster_id,
-        health_known=bool(be.unhealthy_updated_at),
-        not_serving=be.state is BackendState.TERMINATING_NOT_SERVING,
+    a = be.address
+    state = be.state
+    # fast_backend_spec's fields: addr, state, weight, unhealthy, cluster_id, zone,
+    # revision, health_known, not_serving.
+    return fast_backend_spec(
+        fast_addr(a.address, a.port, a.protocol, a.scope),
+        _STATE.get(state, 0),
+        be.weight,
+        be.unhealthy,
+        be.cluster_id,
+        0,
+        0,
+        bool(be.unhealthy_updated_at),
+        state is _NOT_SERVING,
     )
 
 
@@ -118,7 +126,7 @@ def frontend_spec(fe: Frontend, cfg: LBConfig) -> FrontendSpec:
         addr=addr_of(fe.address),
         type=svc_type,
         service=service_spec(fe.service, fe.service_name, port, cfg),
-        backends=tuple(backend_spec(b) for b in fe.backends),
+        backends=tuple([backend_spec(b) for b in fe.backends]),
         service_port=port,
     )
 
@@ -149,6 +157,8 @@ class TablesNodeView:
 
     def is_local_address(self, txn: ReadTxn, ip: IPAddress) -> bool:
         """Whether ``ip`` is an address of this node."""
+        if self.node_addresses.count(txn) == 0:  # no ordered view needed for an empty table
+            return False
         return any(na.address == ip for na in self.node_addresses.all(txn))
 
     def is_primary_frontend(self, txn: ReadTxn, addr: Addr) -> bool:
@@ -203,7 +213,7 @@ def reconciler_config(
 
     def set_status(fe: Frontend, status: Status) -> Frontend:
         fe_id = ops.service_id(addr_of(fe.address)) or 0
-        return replace(fe, status=status, id=fe_id)
+        return fe.copy_with(status=status, id=fe_id)
 
     settings: dict[str, Any] = {
         "name": "bpf-lb",

@@ -31,13 +31,15 @@ a parent; it also releases restored ids nobody claimed.
 
 from __future__ import annotations
 
+import errno
 import ipaddress
 import logging
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from typing import Any, Generic, Protocol, TypeVar
 
 from bpf import lb
+from bpf.backend import MapBackend
 from bpf.errors import MapError
 from bpf.typed_map import TypedMap
 from bpfops import flags as svcflags
@@ -130,43 +132,118 @@ class StaticNodeView:
         return be_addr in self.referenced
 
 
-@dataclass(slots=True)
+#: A backend's wanted entry as one int ordered like (state, cluster id, zone): the
+#: "most alive" value is the smallest. Small ints are shared, so an active backend of
+#: cluster 0 in no zone costs no memory per reference.
+def _want(state: int, cluster_id: int, zone: int) -> int:
+    if not (0 <= state <= 0xFF and 0 <= cluster_id <= 0xFFFF and 0 <= zone <= 0xFF):
+        # The same error the codec gives for a value that does not fit its member.
+        lb.BACKEND4_STRUCT.pack(b"\0" * 4, 0, 0, state, cluster_id, zone)
+    return (state << 24) | (cluster_id << 8) | zone
+
+
 class _BackendState:
     """A backends-map entry shared by frontends: its id, references and value.
 
     Frontends of different services may see one address in different states; the
-    entry holds the "most alive" of the values they want (lowest state number), so
-    the result does not depend on the order the frontends were written in.
+    entry holds the "most alive" of the values they want (the smallest ``_want``), so
+    the result does not depend on the order the frontends were written in. The wants
+    of a backend used by one frontend (the usual case) are kept inline; a dict only
+    when several frontends want it.
     """
 
-    addr: Addr
-    id: int
-    refcount: int = 0
-    written: Any = None  # the backends-map value last written
-    last_value: Any = None  # cache of _backend_value (its state/cluster/zone are the key)
-    wants: dict[Addr, Any] = field(default_factory=dict)  # frontend -> wanted value
+    __slots__ = ("addr", "fe1", "id", "more", "refcount", "want1", "written")
 
-    def effective(self) -> Any:
-        """The value the entry should hold."""
-        if len(self.wants) == 1:
-            return next(iter(self.wants.values()))
-        return min(self.wants.values(), key=lambda v: (v.flags, v.proto, v.cluster_id, v.zone))
+    def __init__(self, addr: Addr, id_: int) -> None:
+        self.addr = addr
+        self.id = id_
+        self.refcount = 0
+        self.written: int | None = None  # the want last written to the backends map
+        self.fe1: Addr | None = None  # the single frontend that wants the entry ...
+        self.want1 = 0  # ... and its want
+        self.more: dict[Addr, int] | None = None  # all wants, when more than one
+
+    def set_want(self, fe: Addr, want: int) -> None:
+        """Record what frontend ``fe`` wants."""
+        more = self.more
+        if more is not None:
+            more[fe] = want
+        elif self.fe1 is None or self.fe1 == fe:
+            self.fe1, self.want1 = fe, want
+        else:
+            self.more = {self.fe1: self.want1, fe: want}
+            self.fe1 = None
+
+    def pop_want(self, fe: Addr) -> None:
+        """Forget what ``fe`` wanted (absent is fine)."""
+        more = self.more
+        if more is None:
+            if self.fe1 is not None and self.fe1 == fe:
+                self.fe1 = None
+            return
+        more.pop(fe, None)
+        if len(more) == 1:
+            ((self.fe1, self.want1),) = more.items()
+            self.more = None
+
+    def has_wants(self) -> bool:
+        """Whether any frontend wants the entry."""
+        return self.more is not None or self.fe1 is not None
+
+    def effective(self) -> int:
+        """The want the entry should hold (call only when ``has_wants``)."""
+        more = self.more
+        return self.want1 if more is None else min(more.values())
 
 
-@dataclass(slots=True)
 class _FrontendState:
-    """What is in the maps for one frontend address (only what was written successfully)."""
+    """What is in the maps for one frontend address (only what was written successfully).
 
-    id: int
-    v6: bool
-    backends: set[Addr] = field(default_factory=set)
-    slots: list[lb.ServiceValue] = field(default_factory=list)  # slot 1.. values written
-    master: lb.ServiceValue | None = None
-    affinity: set[int] = field(default_factory=set)  # backend ids with a match entry
-    source_ranges: set[IPNetwork] = field(default_factory=set)
-    maglev: bool = False
-    wildcard: tuple[IPAddress, int] | None = None
-    revnat: bool = False
+    ``slots`` holds the backend id of each slot 1.. written (-1: to be rewritten), all
+    with the flags ``slot_flags``; ``master`` the encoded master value written.
+    """
+
+    __slots__ = (
+        "affinity",
+        "backends",
+        "id",
+        "maglev",
+        "master",
+        "revnat",
+        "slot_flags",
+        "slots",
+        "source_ranges",
+        "v6",
+        "wildcard",
+    )
+
+    def __init__(self, id_: int, v6: bool) -> None:
+        self.id = id_
+        self.v6 = v6
+        # The backends the frontend references, as an ordered set (a dict holds ten keys
+        # in half the memory of a set).
+        self.backends: dict[Addr, None] = {}
+        self.slots: list[int] = []
+        self.slot_flags = 0
+        self.master: bytes | None = None
+        # Backend ids with an affinity match entry, and the source ranges written: the
+        # shared empty frozenset until the first one is added (most frontends have none).
+        self.affinity: set[int] = _NONE
+        self.source_ranges: set[IPNetwork] = _NONE
+        self.maglev = False
+        self.wildcard: tuple[IPAddress, int] | None = None
+        self.revnat = False
+
+
+#: The empty set a frontend state starts with (read-only; replaced by a set on first add).
+_NONE: set[Any] = frozenset()  # type: ignore[assignment]
+
+
+def _ref_ids(refs: int | set[int] | None) -> set[int]:
+    """The ids of a wildcard_refs value."""
+    if refs is None:
+        return set()
+    return {refs} if isinstance(refs, int) else refs
 
 
 def _swap16(port: int) -> int:
@@ -214,7 +291,8 @@ class FrontendOps(Generic[R]):
         )
         self.frontends: dict[Addr, _FrontendState] = {}
         self.backend_states: dict[Addr, _BackendState] = {}
-        self.wildcard_refs: dict[tuple[IPAddress, int], set[int]] = {}
+        # Wildcard entry -> the ids of the frontends using it: one id, or a set of them.
+        self.wildcard_refs: dict[tuple[IPAddress, int], int | set[int]] = {}
         self.expansions: dict[Addr, list[Addr]] = {}
         self.restored_quarantined: dict[Addr, set[Addr]] = {}
         self.prune_count = 0
@@ -438,12 +516,18 @@ class FrontendOps(Generic[R]):
             bes = [
                 _unhealthy(be) if be.addr in quarantined and not be.unhealthy else be for be in bes
             ]
-        bes.sort(key=lambda b: (b.unhealthy, b.state, b.addr.sort_key()))
+        # Addr.sort_key's order (family, address bytes, port) from the address as an int.
+        bes.sort(
+            key=lambda b: (b.unhealthy, b.state, b.addr.ip.version, int(b.addr.ip), b.addr.port)
+        )
         return bes
 
-    def _svc_key(self, addr: Addr, slot: int) -> Any:
-        cls = lb.Service6Key if addr.is_v6 else lb.Service4Key
-        return cls(addr.ip.packed, addr.port, slot, proto_number(addr.proto), addr.scope)
+    def _svc_key(self, addr: Addr, slot: int) -> bytes:
+        """The encoded services-map key of ``addr``'s slot ``slot``."""
+        st = lb.SERVICE6_KEY_STRUCT if addr.is_v6 else lb.SERVICE4_KEY_STRUCT
+        return st.pack(
+            addr.ip.packed, lb.swap16(addr.port), slot, proto_number(addr.proto), addr.scope
+        )
 
     def _update_frontend(
         self, txn: ReadTxn, fe: FrontendSpec, is_local: Callable[[IPAddress], bool] | None
@@ -453,19 +537,26 @@ class FrontendOps(Generic[R]):
             raise ValueError("session affinity with an L7 proxy redirect is not supported")
         if addr.port == 0 and addr.proto != "ANY":
             raise ValueError("port 0")
-        proto_number(addr.proto)
-        v6 = addr.is_v6
+        key_proto = proto_number(addr.proto)
+        ip = addr.ip
+        v6 = ip.version == 6
         state = self.frontends.get(addr)
         fe_id = state.id if state is not None else self.service_ids.acquire(addr)
         if state is None:
             state = _FrontendState(fe_id, v6)
             self.frontends[addr] = state
-        svc_map = maps.services(v6)
-        key_cls = lb.Service6Key if v6 else lb.Service4Key
-        key_ip, key_port, key_scope = addr.ip.packed, addr.port, addr.scope
-        key_proto = proto_number(addr.proto)
+        # Entries are encoded straight to bytes and written to the byte-level backends
+        # (bpf.lb's *_STRUCT layouts, identical to the codecs').
+        svc_raw = maps.services(v6).backend
+        be_raw = maps.backends(v6).backend
+        key_pack = (lb.SERVICE6_KEY_STRUCT if v6 else lb.SERVICE4_KEY_STRUCT).pack
+        be_pack = (lb.BACKEND6_STRUCT if v6 else lb.BACKEND4_STRUCT).pack
+        value_pack = lb.SERVICE_VALUE_STRUCT.pack
+        u32_pack = lb.U32_STRUCT.pack
+        key_ip, key_port, key_scope = ip.packed, lb.swap16(addr.port), addr.scope
+        rev_be = lb.swap16(fe_id)
 
-        routable = not addr.is_unspecified and (fe.type != CLUSTER_IP or cfg.external_clusterip)
+        routable = not ip.is_unspecified and (fe.type != CLUSTER_IP or cfg.external_clusterip)
         has_ranges = bool(svc.source_ranges)
         check_sr = has_ranges and (
             cfg.source_range_all_types or fe.type in (LOAD_BALANCER, EXTERNAL_IPS)
@@ -484,68 +575,99 @@ class FrontendOps(Generic[R]):
         )
         master_flags = svcflags.service_flags(params)
         # Source-range bits live on the master only (the deny bit doubles as the slots'
-        # quarantine bit).
+        # quarantine bit); quarantined slots carry the same flags as the others.
         slot_flags = master_flags & ~(svcflags.SOURCE_RANGE | svcflags.SOURCE_RANGE_DENY)
-        quarantined_flags = slot_flags
+        sf1, sf2 = svcflags.split(slot_flags)
+        slots = state.slots
+        if state.slot_flags != slot_flags:
+            # Every written slot carries the old flags: rewrite them all (-1 never matches).
+            for i in range(len(slots)):
+                slots[i] = -1
+            state.slot_flags = slot_flags
 
         ordered = self._sorted_backends(fe)
-        wanted = {be.addr for be in ordered}
+        fe_backends = state.backends
 
         # Orphaned backends go first: that makes room in a full backends map.
-        for be_addr in sorted(state.backends - wanted):
-            bstate = self.backend_states.get(be_addr)
-            if bstate is None:
-                continue
-            if bstate.id in state.affinity:
-                delete_quiet(maps.aff_match, lb.AffinityMatchKey(bstate.id, fe_id))
-                state.affinity.discard(bstate.id)
-            self._drop_reference(txn, addr, bstate)
-            state.backends.discard(be_addr)
+        if fe_backends and (
+            len(fe_backends) > len(ordered) or not all(be.addr in fe_backends for be in ordered)
+        ):
+            wanted = {be.addr for be in ordered}
+            for be_addr in sorted(fe_backends.keys() - wanted):
+                bstate = self.backend_states.get(be_addr)
+                if bstate is None:
+                    continue
+                if bstate.id in state.affinity:
+                    delete_quiet(maps.aff_match, lb.AffinityMatchKey(bstate.id, fe_id))
+                    state.affinity.discard(bstate.id)
+                self._drop_reference(txn, addr, bstate)
+                fe_backends.pop(be_addr, None)
 
         active = terminating = inactive = 0
         slot = 1
+        nslots = len(slots)
         slot_backends: list[BackendSpec] = []
-        slot_split = svcflags.split(slot_flags)
-        quarantined_split = svcflags.split(quarantined_flags)
         backend_states = self.backend_states
+        affinity = svc.session_affinity
         for be in ordered:
-            bstate = backend_states.get(be.addr)
+            be_addr = be.addr
+            bstate = backend_states.get(be_addr)
             if bstate is None:
-                be_id = self.backend_ids.acquire(be.addr)
-                bstate = _BackendState(be.addr, be_id)
-                backend_states[be.addr] = bstate
+                be_id = self.backend_ids.acquire(be_addr)
+                bstate = _BackendState(be_addr, be_id)
+                backend_states[be_addr] = bstate
             be_id = bstate.id
-            if be.addr not in state.backends:
+            n = len(fe_backends)
+            fe_backends.setdefault(be_addr)
+            if len(fe_backends) != n:
                 # Referenced before written: a failure below leaves it for delete to drop.
-                state.backends.add(be.addr)
                 bstate.refcount += 1
-            bstate.wants[addr] = self._backend_value(be, bstate)
-            value = bstate.effective()
-            if bstate.written != value:
-                maps.backends(be.addr.is_v6).update(be_id, value)
-                bstate.written = value
-            if be.state == BACKEND_MAINTENANCE or be.not_serving:
+            be_state = be.state
+            be_proto = proto_number(be_addr.proto)
+            if be_addr.port == 0:
+                raise ValueError(f"backend {be_addr}: port 0")
+            bstate.set_want(addr, _want(be_state, be.cluster_id, be.zone))
+            want = bstate.effective()
+            if bstate.written != want:
+                be_raw.update(
+                    u32_pack(be_id),
+                    be_pack(
+                        be_addr.ip.packed,
+                        lb.swap16(be_addr.port),
+                        be_proto,
+                        want >> 24,
+                        (want >> 8) & 0xFFFF,
+                        want & 0xFF,
+                    ),
+                )
+                bstate.written = want
+            if be_state == BACKEND_MAINTENANCE or be.not_serving:
                 continue
-            eff_state = BACKEND_QUARANTINED if be.unhealthy else be.state
-            f1, f2 = quarantined_split if eff_state == BACKEND_QUARANTINED else slot_split
-            sv = lb.ServiceValue(be_id, 0, fe_id, f1, f2, 0)
             idx = slot - 1
-            if idx >= len(state.slots) or state.slots[idx] != sv:
-                svc_map.update(key_cls(key_ip, key_port, slot, key_proto, key_scope), sv)
-                if idx < len(state.slots):
-                    state.slots[idx] = sv
+            if idx >= nslots or slots[idx] != be_id:
+                svc_raw.update(
+                    key_pack(key_ip, key_port, slot, key_proto, key_scope),
+                    value_pack(be_id, 0, rev_be, sf1, sf2, 0),
+                )
+                if idx < nslots:
+                    slots[idx] = be_id
                 else:
-                    state.slots.append(sv)
-            want_aff = svc.session_affinity and be.state == BACKEND_ACTIVE
+                    slots.append(be_id)
+                    nslots += 1
+            want_aff = affinity and be_state == BACKEND_ACTIVE
             if want_aff and be_id not in state.affinity:
                 maps.aff_match.update(lb.AffinityMatchKey(be_id, fe_id), 0)
+                if state.affinity is _NONE:
+                    state.affinity = set()
                 state.affinity.add(be_id)
             elif not want_aff and be_id in state.affinity:
                 delete_quiet(maps.aff_match, lb.AffinityMatchKey(be_id, fe_id))
                 state.affinity.discard(be_id)
-            if eff_state == BACKEND_ACTIVE:
+            if be.unhealthy:
+                inactive += 1
+            elif be_state == BACKEND_ACTIVE:
                 active += 1
-            elif eff_state == BACKEND_TERMINATING:
+            elif be_state == BACKEND_TERMINATING:
                 terminating += 1
             else:
                 inactive += 1
@@ -583,38 +705,43 @@ class FrontendOps(Generic[R]):
 
         # The ranges are written for every frontend of the service; only the flags decide
         # whether the datapath checks them.
-        wanted_ranges = {n for n in svc.source_ranges if (n.version == 6) == v6}
-        src_map = maps.source_ranges(v6)
-        src_cls = lb.SourceRange6Key if v6 else lb.SourceRange4Key
-        for net in sorted(wanted_ranges - state.source_ranges, key=str):
-            src_map.update(src_cls.for_cidr(fe_id, net.network_address.packed, net.prefixlen), 0)
-            state.source_ranges.add(net)
-        for net in sorted(state.source_ranges - wanted_ranges, key=str):
-            delete_quiet(
-                src_map, src_cls.for_cidr(fe_id, net.network_address.packed, net.prefixlen)
-            )
-            state.source_ranges.discard(net)
+        if svc.source_ranges or state.source_ranges:
+            wanted_ranges = {n for n in svc.source_ranges if (n.version == 6) == v6}
+            src_map = maps.source_ranges(v6)
+            src_cls = lb.SourceRange6Key if v6 else lb.SourceRange4Key
+            for net in sorted(wanted_ranges - state.source_ranges, key=str):
+                src_map.update(
+                    src_cls.for_cidr(fe_id, net.network_address.packed, net.prefixlen), 0
+                )
+                if state.source_ranges is _NONE:
+                    state.source_ranges = set()
+                state.source_ranges.add(net)
+            for net in sorted(state.source_ranges - wanted_ranges, key=str):
+                delete_quiet(
+                    src_map, src_cls.for_cidr(fe_id, net.network_address.packed, net.prefixlen)
+                )
+                state.source_ranges.discard(net)
 
-        rev_cls = lb.RevNat6 if v6 else lb.RevNat4
-        maps.revnat(v6).update(fe_id, rev_cls(addr.ip.packed, addr.port))
+        rev_pack = (lb.REVNAT6_STRUCT if v6 else lb.REVNAT4_STRUCT).pack
+        maps.revnat(v6).backend.update(lb.BE16_STRUCT.pack(fe_id), rev_pack(key_ip, key_port))
         state.revnat = True
 
         if svc.l7_proxy_port:
             head = _swap16(svc.l7_proxy_port)
         else:
-            timeout = svc.affinity_timeout & AFFINITY_TIMEOUT_MASK if svc.session_affinity else 0
+            timeout = svc.affinity_timeout & AFFINITY_TIMEOUT_MASK if affinity else 0
             head = (self._lb_algorithm(fe) << LB_ALG_SHIFT) | timeout
         f1, f2 = svcflags.split(master_flags)
-        master = lb.ServiceValue(head, active, fe_id, f1, f2, inactive)
+        master = value_pack(head, active, rev_be, f1, f2, inactive)
         if state.master is None:
             # No master in the map yet, so no reader of the slots: stale slots of a failed
             # earlier attempt can go first, which frees room in a full services map.
             self._trim_slots(addr, state, slot - 1)
-        svc_map.update(self._svc_key(addr, 0), master)
+        svc_raw.update(key_pack(key_ip, key_port, 0, key_proto, key_scope), master)
         state.master = master
 
         if self._wildcard_candidate(fe) and self._wildcard_class(fe):
-            if cfg.wildcard_entries and (is_local is None or not is_local(addr.ip)):
+            if cfg.wildcard_entries and (is_local is None or not is_local(ip)):
                 self._upsert_wildcard(fe, state)
             else:
                 self._delete_wildcard(addr, state)
@@ -623,9 +750,9 @@ class FrontendOps(Generic[R]):
 
     def _trim_slots(self, addr: Addr, state: _FrontendState, count: int) -> None:
         """Delete the slots above ``count`` (after the master no longer counts them)."""
-        svc_map = self.maps.services(state.v6)
+        svc_raw = self.maps.services(state.v6).backend
         while len(state.slots) > count:
-            delete_quiet(svc_map, self._svc_key(addr, len(state.slots)))
+            _delete_raw(svc_raw, self._svc_key(addr, len(state.slots)))
             state.slots.pop()
 
     def _drop_reference(self, txn: ReadTxn, fe_addr: Addr, bstate: _BackendState) -> None:
@@ -639,7 +766,7 @@ class FrontendOps(Generic[R]):
         no frontend takes it up."""
         be_map = self.maps.backends(bstate.addr.is_v6)
         if bstate.refcount <= 1:
-            bstate.wants.pop(fe_addr, None)
+            bstate.pop_want(fe_addr)
             referenced = getattr(self.node, "backend_referenced", None)
             if referenced is not None and referenced(txn, bstate.addr, fe_addr):
                 bstate.refcount = 0
@@ -648,56 +775,42 @@ class FrontendOps(Generic[R]):
             del self.backend_states[bstate.addr]
             self.backend_ids.release(bstate.addr)
             return
-        bstate.wants.pop(fe_addr, None)
-        if bstate.wants:
-            value = bstate.effective()
-            if value != bstate.written:
-                be_map.update(bstate.id, value)
-                bstate.written = value
+        bstate.pop_want(fe_addr)
+        if bstate.has_wants():
+            want = bstate.effective()
+            if want != bstate.written:
+                be_map.backend.update(
+                    lb.U32_STRUCT.pack(bstate.id), _backend_bytes(bstate.addr, want)
+                )
+                bstate.written = want
         bstate.refcount -= 1
-
-    def _backend_value(self, be: BackendSpec, bstate: _BackendState | None = None) -> Any:
-        """The backends-map value of ``be`` (reusing the last one built for ``bstate``)."""
-        if bstate is not None:
-            last = bstate.last_value
-            # The address, port and protocol are the entry's own (bstate.addr == be.addr).
-            if (
-                last is not None
-                and last.flags == be.state
-                and last.cluster_id == be.cluster_id
-                and last.zone == be.zone
-            ):
-                return last
-        proto = proto_number(be.addr.proto)
-        if be.addr.port == 0:
-            raise ValueError(f"backend {be.addr}: port 0")
-        cls = lb.Backend6 if be.addr.is_v6 else lb.Backend4
-        value = cls(be.addr.ip.packed, be.addr.port, proto, be.state, be.cluster_id, be.zone)
-        if bstate is not None:
-            bstate.last_value = value
-        return value
 
     def _upsert_wildcard(self, fe: FrontendSpec, state: _FrontendState) -> None:
         key = (fe.addr.ip, fe.addr.scope)
         refs = self.wildcard_refs.get(key)
-        if refs and state.id in refs:
+        if refs is not None and state.id in _ref_ids(refs):
             return
-        if not refs:
+        if refs is None:
             cls = lb.Service6Key if fe.addr.is_v6 else lb.Service4Key
             f1, f2 = svcflags.split(svcflags.service_flags(svcflags.FlagParams(fe.type)))
             self.maps.services(fe.addr.is_v6).update(
                 cls(fe.addr.ip.packed, 0, 0, 0, fe.addr.scope), lb.ServiceValue(0, 0, 0, f1, f2, 0)
             )
-        self.wildcard_refs.setdefault(key, set()).add(state.id)
+        if refs is None:
+            self.wildcard_refs[key] = state.id
+        elif isinstance(refs, int):
+            self.wildcard_refs[key] = {refs, state.id}
+        else:
+            refs.add(state.id)
         state.wildcard = key
 
     def _delete_wildcard(self, addr: Addr, state: _FrontendState) -> None:
         key = state.wildcard
         if key is None:
             return
-        refs = self.wildcard_refs.get(key, set())
-        if refs - {state.id}:
-            refs.discard(state.id)
+        others = _ref_ids(self.wildcard_refs.get(key)) - {state.id}
+        if others:
+            self.wildcard_refs[key] = others if len(others) > 1 else next(iter(others))
             state.wildcard = None
             return
         cls = lb.Service6Key if addr.is_v6 else lb.Service4Key
@@ -749,13 +862,12 @@ class FrontendOps(Generic[R]):
             bstate = self.backend_states.get(be_addr)
             if bstate is not None:
                 self._drop_reference(txn, addr, bstate)
-            state.backends.discard(be_addr)
-        svc_map = maps.services(v6)
+            state.backends.pop(be_addr, None)
+        svc_raw = maps.services(v6).backend
         while state.slots:
-            stale = self._svc_key(addr, len(state.slots))
-            delete_quiet(svc_map, stale)
+            _delete_raw(svc_raw, self._svc_key(addr, len(state.slots)))
             state.slots.pop()
-        delete_quiet(svc_map, self._svc_key(addr, 0))
+        _delete_raw(svc_raw, self._svc_key(addr, 0))
         state.master = None
         if state.revnat:
             delete_quiet(maps.revnat(v6), fe_id)
@@ -888,6 +1000,30 @@ class FrontendOps(Generic[R]):
     def dump_lines(self) -> list[str]:
         """The maps in the corpus dump format (see bpfops.maps_dump)."""
         return dump_lines(self.maps)
+
+
+def _backend_bytes(addr: Addr, want: int) -> bytes:
+    """The encoded backends-map value of ``addr`` holding ``want`` (see ``_want``)."""
+    st = lb.BACKEND6_STRUCT if addr.is_v6 else lb.BACKEND4_STRUCT
+    return st.pack(
+        addr.ip.packed,
+        lb.swap16(addr.port),
+        proto_number(addr.proto),
+        want >> 24,
+        (want >> 8) & 0xFFFF,
+        want & 0xFF,
+    )
+
+
+def _delete_raw(backend: MapBackend, key: bytes) -> bool:
+    """``delete_quiet`` on a byte-level backend: an absent entry is not an error."""
+    try:
+        backend.delete(key)
+    except MapError as exc:
+        if exc.errno != errno.ENOENT:
+            raise
+        return False
+    return True
 
 
 def _with_addr(fe: FrontendSpec, addr: Addr) -> FrontendSpec:

@@ -48,9 +48,10 @@ class IDAllocator(Generic[A]):
         self.first = first
         self.limit = limit
         self.next_id = first
-        # Owners per id: a tuple, as an id almost always has exactly one owner (a set
-        # per id cost about 200 bytes more for each service and backend).
-        self.id_to_owners: dict[int, tuple[A, ...]] = {}
+        # Owners per id: the owner itself when it is the only one (almost always), else a
+        # tuple of them (a set per id cost about 200 bytes more for each service and
+        # backend, a one-owner tuple 56). A tuple owner is always kept inside a tuple.
+        self.id_to_owners: dict[int, A | tuple[A, ...]] = {}
         self.addr_to_id: dict[A, int] = {}
         self.restored: dict[A, int] = {}
 
@@ -63,29 +64,40 @@ class IDAllocator(Generic[A]):
 
     def owner_of(self, id_: int) -> A | None:
         """The address holding ``id_`` (reservations do not count), or None."""
-        for owner in self.id_to_owners.get(id_, ()):
+        for owner in self._owners(id_):
             if self.addr_to_id.get(owner) == id_:
                 return owner
         return None
+
+    def _owners(self, id_: int) -> tuple[A, ...]:
+        owners = self.id_to_owners.get(id_)
+        if owners is None:
+            return ()
+        if type(owners) is tuple:
+            return owners
+        return (owners,)  # type: ignore[return-value]
 
     def is_taken(self, id_: int) -> bool:
         """Whether ``id_`` is held or reserved."""
         return id_ in self.id_to_owners
 
     def _own(self, addr: A, id_: int) -> None:
-        owners = self.id_to_owners.get(id_)
-        if owners is None:
-            self.id_to_owners[id_] = (addr,)
-        elif addr not in owners:
+        if id_ not in self.id_to_owners:
+            self.id_to_owners[id_] = addr if type(addr) is not tuple else (addr,)
+            return
+        owners = self._owners(id_)
+        if addr not in owners:
             self.id_to_owners[id_] = (*owners, addr)
 
     def _disown(self, addr: A, id_: int) -> None:
-        owners = self.id_to_owners.get(id_)
-        if owners is None or addr not in owners:
+        owners = self._owners(id_)
+        if addr not in owners:
             return
         rest = tuple(o for o in owners if o != addr)
-        if rest:
+        if len(rest) > 1:
             self.id_to_owners[id_] = rest
+        elif rest:
+            self.id_to_owners[id_] = rest[0] if type(rest[0]) is not tuple else rest
         else:
             del self.id_to_owners[id_]
 
@@ -97,16 +109,18 @@ class IDAllocator(Generic[A]):
         current = self.addr_to_id.get(addr)
         if current is not None:
             return current
-        restored = self.claim_restored(addr)
-        if restored is not None:
-            return restored
+        if self.restored:
+            restored = self.claim_restored(addr)
+            if restored is not None:
+                return restored
         span = self.limit - self.first
         candidate = self.next_id
+        owners = self.id_to_owners
         for _ in range(span):
             if candidate >= self.limit:
                 candidate = self.first
-            if candidate not in self.id_to_owners:
-                self._own(addr, candidate)
+            if candidate not in owners:
+                owners[candidate] = addr if type(addr) is not tuple else (addr,)
                 self.addr_to_id[addr] = candidate
                 self.next_id = candidate + 1
                 return candidate

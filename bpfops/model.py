@@ -8,7 +8,9 @@ model makes it testable without the tables and stable when the rows grow fields.
 from __future__ import annotations
 
 import ipaddress
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from dataclasses import dataclass, field, fields
+from typing import Any
 
 from bpf.lb import BACKEND_ACTIVE, BACKEND_MAINTENANCE, BACKEND_QUARANTINED, BACKEND_TERMINATING
 
@@ -176,3 +178,47 @@ class LBOpsConfig:
     managed_lb_classes: tuple[str, ...] = field(
         default=("io.cilium/bgp-control-plane", "io.cilium/l2-announcer")
     )
+
+
+def _slot_setters(cls: type, names: list[str]) -> dict[str, Any]:
+    return {f"_s{i}": cls.__dict__[n].__set__ for i, n in enumerate(names)}
+
+
+def _fast_addr_factory() -> Callable[[IPAddress, int, str, int], Addr]:
+    ns: dict[str, Any] = {"_new": object.__new__, "_cls": Addr, "_int": int, "_hash": hash}
+    ns.update(_slot_setters(Addr, ["ip", "port", "proto", "scope", "_hash"]))
+    src = (
+        "def fast_addr(ip, port, proto, scope, _new=_new, _cls=_cls, _int=_int, _hash=_hash,"
+        " _s0=_s0, _s1=_s1, _s2=_s2, _s3=_s3, _s4=_s4):\n"
+        "    o = _new(_cls)\n"
+        "    _s0(o, ip)\n    _s1(o, port)\n    _s2(o, proto)\n    _s3(o, scope)\n"
+        "    _s4(o, _hash((_int(ip), port, proto, scope)))\n"
+        "    return o\n"
+    )
+    exec(compile(src, "<fast_addr>", "exec"), ns)
+    fn: Callable[[IPAddress, int, str, int], Addr] = ns["fast_addr"]
+    return fn
+
+
+def _fast_backend_spec_factory() -> Callable[..., BackendSpec]:
+    names = [f.name for f in fields(BackendSpec)]
+    ns: dict[str, Any] = {"_new": object.__new__, "_cls": BackendSpec}
+    ns.update(_slot_setters(BackendSpec, names))
+    setters = ", ".join(f"_s{i}=_s{i}" for i in range(len(names)))
+    body = "".join(f"    _s{i}(o, {n})\n" for i, n in enumerate(names))
+    src = (
+        f"def fast_backend_spec({', '.join(names)}, _new=_new, _cls=_cls, {setters}):\n"
+        "    o = _new(_cls)\n" + body + "    return o\n"
+    )
+    exec(compile(src, "<fast_backend_spec>", "exec"), ns)
+    fn: Callable[..., BackendSpec] = ns["fast_backend_spec"]
+    return fn
+
+
+#: ``Addr(ip, port, proto, scope)`` for values already validated (a table address):
+#: the same object, built without the frozen dataclass's per-field ``__setattr__``.
+fast_addr = _fast_addr_factory()
+
+#: ``BackendSpec(...)`` with every field given positionally, in declaration order, built
+#: the same way as ``fast_addr``.
+fast_backend_spec = _fast_backend_spec_factory()

@@ -44,9 +44,16 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from statedb import WriteTxn
-from tables.backends import BackendParams, BackendState
+from tables.backends import DEFAULT_WEIGHT, BackendParams, BackendState, new_backend_params
 from tables.frontends import FrontendParams, SVCType
-from tables.l3n4 import SCOPE_INTERNAL, AddressError, IPAddress, L3n4Addr, parse_protocol
+from tables.l3n4 import (
+    SCOPE_INTERNAL,
+    AddressError,
+    IPAddress,
+    L3n4Addr,
+    new_addr,
+    parse_protocol,
+)
 from tables.lb_config import LBConfig
 from tables.lb_writer import LBWriter
 from tables.services import (
@@ -110,16 +117,15 @@ def object_ref(obj: Mapping[str, Any]) -> str:
 
 def namespaced_name(obj: Mapping[str, Any]) -> str:
     """``namespace/name`` of an object; raise ConversionError when the name is missing."""
-    ref = object_ref(obj)
     meta = obj.get("metadata")
     if not isinstance(meta, Mapping):
-        raise ConversionError(ref, "metadata", "missing or not a mapping")
+        raise ConversionError(object_ref(obj), "metadata", "missing or not a mapping")
     name = meta.get("name")
     if not isinstance(name, str) or not name:
-        raise ConversionError(ref, "metadata.name", "missing or not a string")
+        raise ConversionError(object_ref(obj), "metadata.name", "missing or not a string")
     ns = meta.get("namespace") or "default"
     if not isinstance(ns, str):
-        raise ConversionError(ref, "metadata.namespace", "not a string")
+        raise ConversionError(object_ref(obj), "metadata.namespace", "not a string")
     return f"{ns}/{name}"
 
 
@@ -172,6 +178,8 @@ def _port(ref: str, path: str, value: Any, *, allow_zero: bool = False) -> int:
 _AF_INET = socket.AF_INET
 _inet_pton = socket.inet_pton
 _IPv4Address = ipaddress.IPv4Address
+_new = object.__new__
+_set_ipv4_int = ipaddress.IPv4Address.__dict__["_ip"].__set__
 
 
 def _parse_ip(text: str) -> IPAddress:
@@ -182,9 +190,13 @@ def _parse_ip(text: str) -> IPAddress:
     ipaddress way, which raises the same ValueError as before.
     """
     try:
-        return _IPv4Address(_inet_pton(_AF_INET, text))
+        packed = _inet_pton(_AF_INET, text)
     except (OSError, ValueError):
         return ipaddress.ip_address(text)
+    # IPv4Address(packed) without its argument checks: the same object.
+    ip = _new(_IPv4Address)
+    _set_ipv4_int(ip, int.from_bytes(packed))
+    return ip
 
 
 def _ip(ref: str, path: str, value: Any) -> IPAddress:
@@ -413,7 +425,7 @@ def convert_service(
     def add(addr: IPAddress, port: int, p: ServicePort, t: SVCType) -> None:
         if not _family_enabled(addr, cfg) or t not in allowed:
             return
-        a = L3n4Addr(addr, port, p.protocol)
+        a = new_addr(addr, port, p.protocol)
         fes.setdefault(a, FrontendParams(a, t, name, p.name, p.port))
         if t is not SVCType.CLUSTER_IP and service.two_scopes:
             ai = a.with_scope(SCOPE_INTERNAL)
@@ -436,11 +448,14 @@ def convert_service(
     return ConvertedService(service, tuple(fes.values()))
 
 
+_ALL_TYPES = frozenset(SVCType)
+
+
 def _exposed_types(ref: str, annotations: Mapping[str, str]) -> frozenset[SVCType]:
     """Frontend types to expose: all, or those named by service.cilium.io/type."""
     text = annotations.get(ANN_TYPE)
     if text is None or not text.strip():
-        return frozenset(SVCType)
+        return _ALL_TYPES
     out: set[SVCType] = set()
     for part in text.split(","):
         try:
@@ -504,9 +519,7 @@ def _endpoint_fast(ep: Any, want_v6: bool) -> _EndpointFields | None:
         if type(ready) is not bool or type(serving) is not bool or type(terminating) is not bool:
             return None
         if terminating:
-            state = (
-                BackendState.TERMINATING if serving else BackendState.TERMINATING_NOT_SERVING
-            )
+            state = BackendState.TERMINATING if serving else BackendState.TERMINATING_NOT_SERVING
         else:
             state = BackendState.ACTIVE if ready else BackendState.MAINTENANCE
     else:
@@ -614,8 +627,12 @@ def convert_endpoint_slice(
                 _proto(ref, f"ports[{i}].protocol", pm.get("protocol")),
             )
         )
-    merged: dict[L3n4Addr, BackendParams] = {}
+    # Keyed by the addresses' encoded keys (equal exactly when the addresses are; bytes
+    # hash in C, an L3n4Addr through a Python __hash__).
+    merged: dict[bytes, BackendParams] = {}
     want_v6 = addr_type == "IPv6"
+    # One shared tuple per port name (every backend of a slice has the same ones).
+    single_names = {pname: ((pname,) if pname else ()) for pname, _, _ in ports}
     for i, ep in enumerate(_list(ref, "endpoints", obj.get("endpoints"))):
         # Well-formed endpoints take the fast path; anything unusual is validated (and
         # reported) field by field by _endpoint_checked.
@@ -627,23 +644,20 @@ def convert_endpoint_slice(
             if not _family_enabled(ip, cfg):
                 continue
             for pname, port, proto in ports:
-                a = L3n4Addr(ip, port, proto)
-                prev = merged.get(a)
+                a = new_addr(ip, port, proto)
+                akey = a._key
+                prev = merged.get(akey)
                 if prev is None:
-                    port_names: tuple[str, ...] = (pname,) if pname else ()
+                    port_names: tuple[str, ...] = single_names[pname]
                 else:
                     names = set(prev.port_names)
                     if pname:
                         names.add(pname)
                     port_names = tuple(sorted(names))
-                merged[a] = BackendParams(
-                    address=a,
-                    port_names=port_names,
-                    node_name=node,
-                    zone=zone,
-                    for_zones=zones,
-                    source=source,
-                    state=state,
+                # BackendParams(address, port_names, weight, node_name, zone, for_zones,
+                # cluster_id, source, state, unhealthy, unhealthy_updated_at)
+                merged[akey] = new_backend_params(
+                    a, port_names, DEFAULT_WEIGHT, node, zone, zones, 0, source, state, False, 0.0
                 )
     return ConvertedEndpoints(slice_name, service_name, tuple(merged.values()))
 
@@ -714,7 +728,7 @@ def convert_pod_host_ports(
 class _State:
     """What the converter has applied, to merge slices and undo deletions."""
 
-    services: dict[ServiceName, ConvertedService] = field(default_factory=dict)
+    services: set[ServiceName] = field(default_factory=set)  # names of applied services
     # service -> slice name -> backends of that slice
     slices: dict[ServiceName, dict[str, tuple[BackendParams, ...]]] = field(default_factory=dict)
     slice_service: dict[str, ServiceName] = field(default_factory=dict)
@@ -743,7 +757,7 @@ class K8sConverter:
         """Return a copy of the converter's memory, for `rollback` when a txn is aborted."""
         st = self._st
         return _State(
-            dict(st.services),
+            set(st.services),
             {k: dict(v) for k, v in st.slices.items()},
             dict(st.slice_service),
             {k: list(v) for k, v in st.pods.items()},
@@ -793,12 +807,12 @@ class K8sConverter:
             self.delete_service(txn, conv.service.name)
             return
         self.writer.upsert_service_and_frontends(txn, conv.service, conv.frontends)
-        self._st.services[conv.service.name] = conv
+        self._st.services.add(conv.service.name)
 
     def delete_service(self, txn: WriteTxn, name: ServiceName) -> None:
         """Delete a Service and its frontends (its backends stay until their slices go)."""
         self.writer.delete_service_and_frontends(txn, name)
-        self._st.services.pop(name, None)
+        self._st.services.discard(name)
 
     # ----- endpoint slices ------------------------------------------------------------------
     def upsert_endpoint_slice(self, txn: WriteTxn, obj: Mapping[str, Any]) -> None:
@@ -838,6 +852,11 @@ class K8sConverter:
             slices[put[0]] = put[1]
         if drop is not None:
             slices.pop(drop, None)
+        if len(slices) == 1:
+            # One slice (the usual case): its backends have distinct addresses already.
+            (only,) = slices.values()
+            self.writer.set_backends(txn, service, self.source, only)
+            return
         union: dict[L3n4Addr, BackendParams] = {}
         for name in sorted(slices):
             for be in slices[name]:

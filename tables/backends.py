@@ -17,6 +17,7 @@ preferred instance).
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import enum
 from collections.abc import Iterator
@@ -125,12 +126,81 @@ def _time_text(ts: float) -> str:
 InstanceKey = tuple[ServiceName, int]
 
 
-@dataclass(frozen=True, slots=True)
 class Backend:
-    """A backend address with its instances, sorted by (service name, source priority)."""
+    """A backend address with its instances, sorted by (service name, source priority).
+
+    Immutable, with the value semantics of a frozen dataclass of ``address`` and
+    ``instances`` (equality, hash, repr). A backend with one instance (nearly all of
+    them) keeps that instance's key and parameters in its own two slots instead of a
+    tuple holding a pair: two objects fewer per backend row, for memory and for the
+    garbage collector.
+    """
+
+    __slots__ = ("_key", "_val", "address")
 
     address: L3n4Addr
-    instances: tuple[tuple[InstanceKey, BackendParams], ...] = ()
+    _key: InstanceKey | None  # the lone instance's key, or None
+    _val: Any  # the lone instance's parameters, or the tuple of (key, params) pairs
+
+    def __init__(
+        self,
+        address: L3n4Addr,
+        instances: tuple[tuple[InstanceKey, BackendParams], ...] = (),
+    ) -> None:
+        _set_address(self, address)
+        if len(instances) == 1:
+            ((key, params),) = instances
+            _set_key(self, key)
+            _set_val(self, params)
+        else:
+            _set_key(self, None)
+            _set_val(self, tuple(instances))
+
+    @classmethod
+    def single(cls, address: L3n4Addr, key: InstanceKey, params: BackendParams) -> Backend:
+        """``Backend(address, ((key, params),))`` without building the pair."""
+        b = _new(cls)
+        _set_address(b, address)
+        _set_key(b, key)
+        _set_val(b, params)
+        return b
+
+    @property
+    def instances(self) -> tuple[tuple[InstanceKey, BackendParams], ...]:
+        """The (key, params) pairs, sorted by key."""
+        key = self._key
+        if key is not None:
+            return ((key, self._val),)
+        pairs: tuple[tuple[InstanceKey, BackendParams], ...] = self._val
+        return pairs
+
+    def instance_keys(self) -> tuple[InstanceKey, ...]:
+        """The keys of the instances, in order."""
+        key = self._key
+        if key is not None:
+            return (key,)
+        return tuple([k for k, _ in self._val])
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        raise dataclasses.FrozenInstanceError(f"cannot assign to field {name!r}")
+
+    def __delattr__(self, name: str) -> None:
+        raise dataclasses.FrozenInstanceError(f"cannot delete field {name!r}")
+
+    def __eq__(self, other: object) -> bool:
+        if other.__class__ is not self.__class__:
+            return NotImplemented
+        assert isinstance(other, Backend)
+        return (self.address, self.instances) == (other.address, other.instances)
+
+    def __hash__(self) -> int:
+        return hash((self.address, self.instances))
+
+    def __repr__(self) -> str:
+        return f"Backend(address={self.address!r}, instances={self.instances!r})"
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (Backend, (self.address, self.instances))
 
     # ----- instance access -------------------------------------------------
     def preferred_instances(self) -> Iterator[tuple[InstanceKey, BackendParams]]:
@@ -143,7 +213,11 @@ class Backend:
 
     def instance(self, service: ServiceName) -> BackendParams | None:
         """The preferred instance for ``service``, or None."""
-        for key, inst in self.instances:
+        key = self._key
+        if key is not None:
+            inst: BackendParams | None = self._val if key[0] == service else None
+            return inst
+        for key, inst in self._val:
             if key[0] == service:
                 return inst
         return None
@@ -154,6 +228,9 @@ class Backend:
 
     def service_names(self) -> list[ServiceName]:
         """The services that have an instance of this backend, sorted."""
+        key = self._key
+        if key is not None:
+            return [key[0]]
         return [k[0] for k, _ in self.preferred_instances()]
 
     def with_instance(self, key: InstanceKey, params: BackendParams) -> Backend:
@@ -265,6 +342,12 @@ class Backend:
         }
 
 
+_new = object.__new__
+_set_address = Backend.__dict__["address"].__set__
+_set_key = Backend.__dict__["_key"].__set__
+_set_val = Backend.__dict__["_val"].__set__
+
+
 #: Primary index: the backend address.
 backend_address_index: Index[Backend, Any] = Index(
     "address", key=lambda b: b.address, encode=encode_addr_key, parse=parse_addr_key
@@ -281,3 +364,25 @@ def new_backends_table() -> Table[Backend]:
     table: Table[Backend] = Table(BACKENDS_TABLE, backend_address_index, backend_service_index)
     table.row_type = Backend  # type: ignore[attr-defined]
     return table
+
+
+def _new_params_factory() -> Any:
+    names = [f.name for f in dataclasses.fields(BackendParams)]
+    ns: dict[str, Any] = {"_new": object.__new__, "_cls": BackendParams}
+    for i, n in enumerate(names):
+        ns[f"_s{i}"] = BackendParams.__dict__[n].__set__
+    setters = ", ".join(f"_s{i}=_s{i}" for i in range(len(names)))
+    body = "".join(f"    _s{i}(o, {n})\n" for i, n in enumerate(names))
+    src = (
+        f"def new_backend_params({', '.join(names)}, _new=_new, _cls=_cls, {setters}):\n"
+        "    o = _new(_cls)\n" + body + "    return o\n"
+    )
+    exec(compile(src, "<new_backend_params>", "exec"), ns)
+    return ns["new_backend_params"]
+
+
+#: ``BackendParams(...)`` with every field given positionally in declaration order
+#: (address, port_names, weight, node_name, zone, for_zones, cluster_id, source, state,
+#: unhealthy, unhealthy_updated_at): the same object, built without the frozen
+#: dataclass's per-field ``__setattr__`` (the converters build one per endpoint).
+new_backend_params: Any = _new_params_factory()

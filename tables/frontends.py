@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import enum
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
 from reconciler.status import Status, StatusKind, status_pending
@@ -79,6 +79,15 @@ def _initial_status() -> Status:
     return status_pending()
 
 
+class _Keep(enum.Enum):
+    """The "unchanged" marker of `Frontend.copy_with`."""
+
+    KEEP = 0
+
+
+_KEEP = _Keep.KEEP
+
+
 @dataclass(frozen=True, slots=True)
 class Frontend:
     """A frontend row (managed by `LBWriter`; the reconciler writes ``status`` and ``id``)."""
@@ -118,11 +127,35 @@ class Frontend:
 
     def with_status(self, status: Status) -> Frontend:
         """Return a copy with ``status`` replaced (the reconciler's set_object_status)."""
-        return replace(self, status=status)
+        return self.copy_with(status=status)
 
     def pending(self, **changes: Any) -> Frontend:
         """Return a copy with ``changes`` applied and a fresh Pending status."""
-        return replace(self, status=status_pending(), **changes)
+        return self.copy_with(status=status_pending(), **changes)
+
+    def copy_with(
+        self,
+        *,
+        service: Service | _Keep | None = _KEEP,
+        backends: tuple[BackendParams, ...] | _Keep = _KEEP,
+        id: int | _Keep = _KEEP,
+        status: Status | _Keep = _KEEP,
+    ) -> Frontend:
+        """``dataclasses.replace`` for the fields that change after creation, without
+        its per-call field introspection (the writer and the reconciler copy every
+        frontend at least twice)."""
+        return _new_frontend(
+            self.address,
+            self.type,
+            self.service_name,
+            self.port_name,
+            self.service_port,
+            self.service if service is _KEEP else service,
+            self.backends if backends is _KEEP else backends,
+            self.id if id is _KEEP else id,
+            self.redirect_to,
+            self.status if status is _KEEP else status,
+        )
 
     # ----- show --------------------------------------------------------------------
     @staticmethod
@@ -211,6 +244,26 @@ class Frontend:
             "id": self.id,
             "redirectto": self.redirect_to,
         }
+
+
+def _new_frontend_factory() -> Any:
+    names = [f.name for f in fields(Frontend)]
+    ns: dict[str, Any] = {"_new": object.__new__, "_cls": Frontend}
+    for i, n in enumerate(names):
+        ns[f"_s{i}"] = Frontend.__dict__[n].__set__
+    setters = ", ".join(f"_s{i}=_s{i}" for i in range(len(names)))
+    body = "".join(f"    _s{i}(o, {n})\n" for i, n in enumerate(names))
+    src = (
+        f"def new_frontend({', '.join(names)}, _new=_new, _cls=_cls, {setters}):\n"
+        "    o = _new(_cls)\n" + body + "    return o\n"
+    )
+    exec(compile(src, "<new_frontend>", "exec"), ns)
+    return ns["new_frontend"]
+
+
+#: ``Frontend(...)`` with every field positional, in declaration order, filling the
+#: slots directly (no frozen-dataclass ``__setattr__`` per field).
+_new_frontend: Any = _new_frontend_factory()
 
 
 def _iso(ts: float) -> str:

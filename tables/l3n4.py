@@ -15,6 +15,7 @@ therefore order by address, then port, then protocol, then scope.
 from __future__ import annotations
 
 import ipaddress
+import struct
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -182,6 +183,46 @@ class L3n4Addr:
     def key(self) -> bytes:
         """The ordered index key (address, port, protocol, scope)."""
         return self._key
+
+
+_KEY4 = struct.Struct(">12sIHBBB")
+_KEY6 = struct.Struct(">16sHBBB")
+_new = object.__new__
+_set_address = L3n4Addr.__dict__["address"].__set__
+_set_port = L3n4Addr.__dict__["port"].__set__
+_set_protocol = L3n4Addr.__dict__["protocol"].__set__
+_set_scope = L3n4Addr.__dict__["scope"].__set__
+_set_key = L3n4Addr.__dict__["_key"].__set__
+
+
+def new_addr(
+    address: IPAddress, port: int, protocol: str = TCP, scope: int = SCOPE_EXTERNAL
+) -> L3n4Addr:
+    """``L3n4Addr(address, port, protocol, scope)``, faster for the usual well-formed values
+    (a parsed address, an int port in range, a canonical protocol name, scope 0 or 1); any
+    other value takes the constructor, with its checks and errors."""
+    cls = type(address)
+    code = _PROTO_CODE.get(protocol) if type(protocol) is str else None
+    if (
+        code is None
+        or type(port) is not int
+        or not 0 <= port <= 65535
+        or (scope != SCOPE_EXTERNAL and scope != SCOPE_INTERNAL)
+    ):
+        return L3n4Addr(address, port, protocol, scope)
+    if cls is _IPv4:
+        key = _KEY4.pack(_V4_MAPPED, int(address), port, code, scope, 4)
+    elif cls is _IPv6:
+        key = _KEY6.pack(address.packed, port, code, scope, 6)
+    else:
+        return L3n4Addr(address, port, protocol, scope)
+    o = _new(L3n4Addr)
+    _set_address(o, address)
+    _set_port(o, port)
+    _set_protocol(o, protocol)
+    _set_scope(o, scope)
+    _set_key(o, key)
+    return o
 
 
 def encode_addr_key(value: Any) -> bytes:

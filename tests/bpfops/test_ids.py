@@ -86,3 +86,17 @@ def test_ids_are_unique_and_in_range(ops: list[tuple[bool, int]]) -> None:
         ids = list(a.addr_to_id.values())
         assert len(ids) == len(set(ids))
         assert all(1 <= i < 8 for i in ids)
+
+
+def test_tuple_owners_and_shared_reservations() -> None:
+    """Owners that are tuples themselves, and ids shared by a holder and reservations."""
+    a: IDAllocator[tuple[str, int]] = IDAllocator("test", 1, 6)
+    assert a.acquire(("x", 1)) == 1
+    assert a.owner_of(1) == ("x", 1) and a.is_taken(1)
+    a.reserve(("y", 2), 1)
+    assert a.owner_of(1) == ("x", 1)
+    a.release(("x", 1))
+    assert a.is_taken(1) and a.owner_of(1) is None  # still reserved by ("y", 2)
+    assert a.claim_restored(("y", 2)) == 1 and a.owner_of(1) == ("y", 2)
+    a.release(("y", 2))
+    assert not a.is_taken(1) and len(a) == 0

@@ -1,0 +1,137 @@
+"""The direct encoders of bpf.lb (*_STRUCT) give exactly the codecs' bytes."""
+
+from __future__ import annotations
+
+import ipaddress
+from typing import Any
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from bpf import lb
+from bpf.codec import BE16, U32
+from bpfops.frontend_ops import FrontendOps, _backend_bytes, _BackendState, _want
+from bpfops.model import Addr, BackendSpec, fast_addr, fast_backend_spec, proto_number
+
+u8 = st.integers(0, 0xFF)
+u16 = st.integers(0, 0xFFFF)
+u32 = st.integers(0, 0xFFFFFFFF)
+v4 = st.binary(min_size=4, max_size=4)
+v6 = st.binary(min_size=16, max_size=16)
+protos = st.sampled_from(["TCP", "UDP", "SCTP", "ANY"])
+
+
+@given(v4, u16, u16, u8, u8)
+def test_service4_key(address: bytes, dport: int, slot: int, proto: int, scope: int) -> None:
+    want = lb.SERVICE4_KEY.encode(lb.Service4Key(address, dport, slot, proto, scope))
+    got = lb.SERVICE4_KEY_STRUCT.pack(address, lb.swap16(dport), slot, proto, scope)
+    assert got == want
+
+
+@given(v6, u16, u16, u8, u8)
+def test_service6_key(address: bytes, dport: int, slot: int, proto: int, scope: int) -> None:
+    want = lb.SERVICE6_KEY.encode(lb.Service6Key(address, dport, slot, proto, scope))
+    got = lb.SERVICE6_KEY_STRUCT.pack(address, lb.swap16(dport), slot, proto, scope)
+    assert got == want
+
+
+@given(u32, u16, u16, u8, u8, u16)
+def test_service_value(be_id: int, count: int, rev: int, f1: int, f2: int, q: int) -> None:
+    value = lb.ServiceValue(be_id, count, rev, f1, f2, q)
+    got = lb.SERVICE_VALUE_STRUCT.pack(be_id, count, lb.swap16(rev), f1, f2, q)
+    assert got == lb.SERVICE4_VALUE.encode(value) == lb.SERVICE6_VALUE.encode(value)
+
+
+@given(v4, u16, u8, u8, u16, u8)
+def test_backend4(address: bytes, port: int, proto: int, flags: int, cid: int, zone: int) -> None:
+    want = lb.BACKEND4.encode(lb.Backend4(address, port, proto, flags, cid, zone))
+    assert lb.BACKEND4_STRUCT.pack(address, lb.swap16(port), proto, flags, cid, zone) == want
+
+
+@given(v6, u16, u8, u8, u16, u8)
+def test_backend6(address: bytes, port: int, proto: int, flags: int, cid: int, zone: int) -> None:
+    want = lb.BACKEND6.encode(lb.Backend6(address, port, proto, flags, cid, zone))
+    assert lb.BACKEND6_STRUCT.pack(address, lb.swap16(port), proto, flags, cid, zone) == want
+
+
+@given(v4, v6, u16)
+def test_revnat(a4: bytes, a6: bytes, port: int) -> None:
+    assert lb.REVNAT4_STRUCT.pack(a4, lb.swap16(port)) == lb.REVNAT4.encode(lb.RevNat4(a4, port))
+    assert lb.REVNAT6_STRUCT.pack(a6, lb.swap16(port)) == lb.REVNAT6.encode(lb.RevNat6(a6, port))
+
+
+@given(u32, u16)
+def test_affinity_match_and_scalars(be_id: int, rev: int) -> None:
+    want = lb.AFFINITY_MATCH_KEY.encode(lb.AffinityMatchKey(be_id, rev))
+    assert lb.AFFINITY_MATCH_KEY_STRUCT.pack(be_id, lb.swap16(rev)) == want
+    assert lb.U32_STRUCT.pack(be_id) == U32.encode(be_id)
+    assert lb.BE16_STRUCT.pack(rev) == BE16.encode(rev)
+
+
+ips = st.one_of(
+    st.integers(0, 2**32 - 1).map(ipaddress.IPv4Address),
+    st.integers(0, 2**128 - 1).map(ipaddress.IPv6Address),
+)
+
+
+@given(ips, st.integers(1, 0xFFFF), protos, u8, u16, u8)
+def test_backend_bytes(ip, port: int, proto: str, state: int, cid: int, zone: int) -> None:  # type: ignore[no-untyped-def]
+    addr = Addr(ip, port, proto)
+    pn = proto_number(proto)
+    if ip.version == 6:
+        want = lb.BACKEND6.encode(lb.Backend6(ip.packed, port, pn, state, cid, zone))
+    else:
+        want = lb.BACKEND4.encode(lb.Backend4(ip.packed, port, pn, state, cid, zone))
+    assert _backend_bytes(addr, _want(state, cid, zone)) == want
+
+
+@given(
+    st.tuples(u8, u16, u8),
+    st.tuples(u8, u16, u8),
+)
+def test_want_orders_like_the_value_tuple(a: tuple[int, int, int], b: tuple[int, int, int]) -> None:
+    assert (_want(*a) < _want(*b)) == (a < b)
+    assert (_want(*a) == _want(*b)) == (a == b)
+
+
+@given(ips, u16, u16, protos, st.integers(0, 1))
+def test_svc_key(ip, port: int, slot: int, proto: str, scope: int) -> None:  # type: ignore[no-untyped-def]
+    addr = Addr(ip, port, proto, scope)
+    if ip.version == 6:
+        want = lb.SERVICE6_KEY.encode(
+            lb.Service6Key(ip.packed, port, slot, proto_number(proto), scope)
+        )
+    else:
+        want = lb.SERVICE4_KEY.encode(
+            lb.Service4Key(ip.packed, port, slot, proto_number(proto), scope)
+        )
+    assert FrontendOps._svc_key(None, addr, slot) == want  # type: ignore[arg-type]
+
+
+@given(st.lists(st.tuples(st.booleans(), st.integers(0, 3), st.integers(0, 5)), max_size=30))
+def test_backend_state_wants_match_a_dict(ops: list[tuple[bool, int, int]]) -> None:
+    """set_want/pop_want/effective behave like a plain dict of wants and its minimum."""
+    fes = [Addr(ipaddress.IPv4Address(f"10.0.0.{i}"), 80) for i in range(4)]
+    bstate = _BackendState(Addr(ipaddress.IPv4Address("10.1.0.1"), 8080), 1)
+    model: dict[Addr, int] = {}
+    for put, i, want in ops:
+        if put:
+            bstate.set_want(fes[i], want)
+            model[fes[i]] = want
+        else:
+            bstate.pop_want(fes[i])
+            model.pop(fes[i], None)
+        assert bstate.has_wants() == bool(model)
+        if model:
+            assert bstate.effective() == min(model.values())
+
+
+@given(ips, u16, protos, st.integers(0, 1), u8, st.booleans(), st.booleans())
+def test_fast_model_constructors(
+    ip: Any, port: int, proto: str, scope: int, state: int, x: bool, y: bool
+) -> None:
+    a, b = fast_addr(ip, port, proto, scope), Addr(ip, port, proto, scope)
+    assert a == b and hash(a) == hash(b) and repr(a) == repr(b)
+    fast = fast_backend_spec(a, state, 100, x, 2, 3, 4, y, x)
+    slow = BackendSpec(b, state, 100, x, 2, 3, 4, y, x)
+    assert fast == slow and hash(fast) == hash(slow) and repr(fast) == repr(slow)
