@@ -158,33 +158,40 @@ class TableTxn(TableState):
         None."""
         table = self.table
         key_of = table.pk_key
-        encode = table.pk_encode
         indexed = bool(table.unique_specs)
         h = self.hash
+        get = h.get
         append = self.log.append
         skipped: list[tuple[int, Any]] = []
-        for i, (pk, expected, obj) in enumerate(items):
-            old = h.get(pk)
-            if old is None or old[1] != expected:
-                skipped.append((i, None))
-                continue
-            try:
-                if encode(key_of(obj)) != pk:
-                    raise ValueError(
-                        f"table {table.name!r}: object's primary key is not {pk!r}"
-                    )
-                if old[0] is obj:
-                    raise ObjectReusedError(table.name, pk)
-                entry = (obj, self.revision + 1, pk)
-                if indexed:
-                    self._index(pk, entry, old)
-            except Exception as exc:
-                skipped.append((i, exc))
-                continue
-            self.revision += 1
-            h[pk] = entry
-            append(entry)
-            self.modified = True
+        rev = start = self.revision
+        try:
+            for i, (pk, expected, obj) in enumerate(items):
+                old = get(pk)
+                if old is None or old[1] != expected:
+                    skipped.append((i, None))
+                    continue
+                old_obj = old[0]
+                entry = (obj, rev + 1, pk)
+                try:
+                    # The stored row has key ``pk``: comparing key values avoids encoding.
+                    if key_of(obj) != key_of(old_obj):
+                        raise ValueError(
+                            f"table {table.name!r}: object's primary key is not {pk!r}"
+                        )
+                    if old_obj is obj:
+                        raise ObjectReusedError(table.name, pk)
+                    if indexed:
+                        self._index(pk, entry, old)
+                except Exception as exc:
+                    skipped.append((i, exc))
+                    continue
+                rev += 1
+                h[pk] = entry
+                append(entry)
+        finally:
+            self.revision = rev
+            if rev != start:
+                self.modified = True
         return skipped
 
     def _index(self, pk: bytes, entry: Entry, old: Entry | None) -> None:
