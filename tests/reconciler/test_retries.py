@@ -73,8 +73,16 @@ def test_backoff_timing_with_fake_clock(backend: str) -> None:
         wait_for(lambda: len(ops.attempt_times) == 1, "first attempt")
         gaps = [1.0, 2.0, 4.0, 8.0, 8.0]
         sync_id = 1000
+        key = h.table.primary_key_of(TestObject(1))
         for n, gap in enumerate(gaps, start=2):
-            item = h.reconciler.retries.get(h.table.primary_key_of(TestObject(1)))
+            # The target is called before the round writes the verdict back and re-queues
+            # the retry (the old item stays known until then): wait for the re-queued one.
+            def queued(n: int = n) -> bool:
+                item = h.reconciler.retries.get(key)
+                return item is not None and item.attempts == n - 1
+
+            wait_for(queued, f"retry {n} queued")
+            item = h.reconciler.retries.get(key)
             assert item is not None
             assert item.retry_at == pytest.approx(ops.attempt_times[-1] + gap)
             # Just before the retry is due nothing happens: a round forced by an
