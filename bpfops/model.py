@@ -9,10 +9,11 @@ from __future__ import annotations
 
 import ipaddress
 from collections.abc import Callable
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from typing import Any
 
 from bpf.lb import BACKEND_ACTIVE, BACKEND_MAINTENANCE, BACKEND_QUARANTINED, BACKEND_TERMINATING
+from statedb.rows import slot_constructor
 
 IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
 IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
@@ -200,25 +201,8 @@ def _fast_addr_factory() -> Callable[[IPAddress, int, str, int], Addr]:
     return fn
 
 
-def _fast_backend_spec_factory() -> Callable[..., BackendSpec]:
-    names = [f.name for f in fields(BackendSpec)]
-    ns: dict[str, Any] = {"_new": object.__new__, "_cls": BackendSpec}
-    ns.update(_slot_setters(BackendSpec, names))
-    setters = ", ".join(f"_s{i}=_s{i}" for i in range(len(names)))
-    body = "".join(f"    _s{i}(o, {n})\n" for i, n in enumerate(names))
-    src = (
-        f"def fast_backend_spec({', '.join(names)}, _new=_new, _cls=_cls, {setters}):\n"
-        "    o = _new(_cls)\n" + body + "    return o\n"
-    )
-    exec(compile(src, "<fast_backend_spec>", "exec"), ns)
-    fn: Callable[..., BackendSpec] = ns["fast_backend_spec"]
-    return fn
-
-
-#: ``Addr(ip, port, proto, scope)`` for values already validated (a table address):
-#: the same object, built without the frozen dataclass's per-field ``__setattr__``.
 fast_addr = _fast_addr_factory()
 
 #: ``BackendSpec(...)`` with every field given positionally, in declaration order, built
 #: the same way as ``fast_addr``.
-fast_backend_spec = _fast_backend_spec_factory()
+fast_backend_spec = slot_constructor(BackendSpec, "fast_backend_spec")

@@ -26,6 +26,7 @@ from typing import Any
 
 from statedb import Index, Table
 from statedb import keys as keycodec
+from statedb.rows import slot_constructor
 from tables.l3n4 import L3n4Addr, encode_addr_key, parse_addr_key
 from tables.services import ServiceName
 
@@ -366,23 +367,8 @@ def new_backends_table() -> Table[Backend]:
     return table
 
 
-def _new_params_factory() -> Any:
-    names = [f.name for f in dataclasses.fields(BackendParams)]
-    ns: dict[str, Any] = {"_new": object.__new__, "_cls": BackendParams}
-    for i, n in enumerate(names):
-        ns[f"_s{i}"] = BackendParams.__dict__[n].__set__
-    setters = ", ".join(f"_s{i}=_s{i}" for i in range(len(names)))
-    body = "".join(f"    _s{i}(o, {n})\n" for i, n in enumerate(names))
-    src = (
-        f"def new_backend_params({', '.join(names)}, _new=_new, _cls=_cls, {setters}):\n"
-        "    o = _new(_cls)\n" + body + "    return o\n"
-    )
-    exec(compile(src, "<new_backend_params>", "exec"), ns)
-    return ns["new_backend_params"]
-
-
 #: ``BackendParams(...)`` with every field given positionally in declaration order
 #: (address, port_names, weight, node_name, zone, for_zones, cluster_id, source, state,
 #: unhealthy, unhealthy_updated_at): the same object, built without the frozen
 #: dataclass's per-field ``__setattr__`` (the converters build one per endpoint).
-new_backend_params: Any = _new_params_factory()
+new_backend_params: Any = slot_constructor(BackendParams, "new_backend_params")

@@ -20,12 +20,13 @@ from __future__ import annotations
 
 import enum
 import time
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from reconciler.status import Status, StatusKind, status_pending
 from statedb import Index, Table
 from statedb import keys as keycodec
+from statedb.rows import slot_constructor
 from tables.backends import BackendParams
 from tables.l3n4 import L3n4Addr, encode_addr_key, parse_addr_key
 from tables.services import Service, ServiceName
@@ -246,24 +247,9 @@ class Frontend:
         }
 
 
-def _new_frontend_factory() -> Any:
-    names = [f.name for f in fields(Frontend)]
-    ns: dict[str, Any] = {"_new": object.__new__, "_cls": Frontend}
-    for i, n in enumerate(names):
-        ns[f"_s{i}"] = Frontend.__dict__[n].__set__
-    setters = ", ".join(f"_s{i}=_s{i}" for i in range(len(names)))
-    body = "".join(f"    _s{i}(o, {n})\n" for i, n in enumerate(names))
-    src = (
-        f"def new_frontend({', '.join(names)}, _new=_new, _cls=_cls, {setters}):\n"
-        "    o = _new(_cls)\n" + body + "    return o\n"
-    )
-    exec(compile(src, "<new_frontend>", "exec"), ns)
-    return ns["new_frontend"]
-
-
 #: ``Frontend(...)`` with every field positional, in declaration order, filling the
 #: slots directly (no frozen-dataclass ``__setattr__`` per field).
-_new_frontend: Any = _new_frontend_factory()
+_new_frontend: Any = slot_constructor(Frontend, "new_frontend")
 
 
 def _iso(ts: float) -> str:
