@@ -31,7 +31,6 @@ a parent; it also releases restored ids nobody claimed.
 
 from __future__ import annotations
 
-import errno
 import ipaddress
 import logging
 from collections.abc import Callable, Iterable, Iterator
@@ -39,7 +38,6 @@ from dataclasses import replace
 from typing import Any, Generic, Protocol, TypeVar
 
 from bpf import lb
-from bpf.backend import MapBackend
 from bpf.errors import MapError
 from bpf.typed_map import TypedMap
 from bpfops import flags as svcflags
@@ -752,7 +750,7 @@ class FrontendOps(Generic[R]):
         """Delete the slots above ``count`` (after the master no longer counts them)."""
         svc_raw = self.maps.services(state.v6).backend
         while len(state.slots) > count:
-            _delete_raw(svc_raw, self._svc_key(addr, len(state.slots)))
+            delete_quiet(svc_raw, self._svc_key(addr, len(state.slots)))
             state.slots.pop()
 
     def _drop_reference(self, txn: ReadTxn, fe_addr: Addr, bstate: _BackendState) -> None:
@@ -865,9 +863,9 @@ class FrontendOps(Generic[R]):
             state.backends.pop(be_addr, None)
         svc_raw = maps.services(v6).backend
         while state.slots:
-            _delete_raw(svc_raw, self._svc_key(addr, len(state.slots)))
+            delete_quiet(svc_raw, self._svc_key(addr, len(state.slots)))
             state.slots.pop()
-        _delete_raw(svc_raw, self._svc_key(addr, 0))
+        delete_quiet(svc_raw, self._svc_key(addr, 0))
         state.master = None
         if state.revnat:
             delete_quiet(maps.revnat(v6), fe_id)
@@ -1013,17 +1011,6 @@ def _backend_bytes(addr: Addr, want: int) -> bytes:
         (want >> 8) & 0xFFFF,
         want & 0xFF,
     )
-
-
-def _delete_raw(backend: MapBackend, key: bytes) -> bool:
-    """``delete_quiet`` on a byte-level backend: an absent entry is not an error."""
-    try:
-        backend.delete(key)
-    except MapError as exc:
-        if exc.errno != errno.ENOENT:
-            raise
-        return False
-    return True
 
 
 def _with_addr(fe: FrontendSpec, addr: Addr) -> FrontendSpec:

@@ -75,8 +75,9 @@ class LBMapsConfig:
     maglev_table_size: int = lb.MAGLEV_TABLE_SIZE
 
 
-def delete_quiet(m: TypedMap[Any, Any], key: Any) -> bool:
-    """Delete ``key``; an absent entry is not an error (deletes must be idempotent).
+def delete_quiet(m: TypedMap[Any, Any] | MapBackend, key: Any) -> bool:
+    """Delete ``key`` from a typed map (or, with a bytes key, from a byte-level backend); an
+    absent entry is not an error (deletes must be idempotent).
 
     Returns whether an entry was deleted.
     """
