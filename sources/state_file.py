@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +32,7 @@ import anyio
 import yaml
 
 from sources.k8s_convert import KIND_ENDPOINT_SLICE, KIND_SERVICE, K8sConverter
+from statedb import WriteTxn
 from tables.lb_writer import LBWriter
 
 log = logging.getLogger(__name__)
@@ -85,6 +86,27 @@ class StateFileSource:
         #: The current error ("" when the last read applied).
         self.error = ""
         self._digest: str | None = None
+        self._init_done: Callable[[WriteTxn], None] | None = None
+
+    def register_initializer(self, txn: WriteTxn) -> None:
+        """Keep the LB tables uninitialized until the file was read once (present, absent,
+        or broken: a broken file is reported and the tables go on without it)."""
+        done = [
+            t.register_initializer(txn, "state-file")
+            for t in (self.writer.services, self.writer.frontends, self.writer.backends)
+        ]
+
+        def finish(wtxn: WriteTxn) -> None:
+            for d in done:
+                d(wtxn)
+
+        self._init_done = finish
+
+    def _initialized(self) -> None:
+        if self._init_done is not None:
+            with self.writer.write_txn() as txn:
+                self._init_done(txn)
+            self._init_done = None
 
     def sync(self) -> bool:
         """Read the file once and apply it if it changed; return True when applied."""
@@ -129,6 +151,7 @@ class StateFileSource:
     async def run(self, *, task_status: Any = anyio.TASK_STATUS_IGNORED) -> None:
         """Poll forever, every ``interval`` seconds (cancel the task to stop)."""
         self.sync()
+        self._initialized()
         task_status.started()
         while True:
             await anyio.sleep(self.interval)

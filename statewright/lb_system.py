@@ -219,7 +219,6 @@ class LBSystem:
         self._applied: dict[str, dict[str, dict[str, Any]]] = {}
         self._init_done: Callable[[Any], None] | None = None
         self.state_file: Any = None  # sources.state_file.StateFileSource with --lb-state-file
-        self._state_file_init: Callable[[Any], None] | None = None
         self.running = False
         self.started_once = False
 
@@ -292,22 +291,14 @@ class LBSystem:
 
         interval = self.config.state_file_interval or DEFAULT_STATE_FILE_INTERVAL
         self.state_file = StateFileSource(self.writer, self.config.state_file, interval=interval)
-        with self.db.write_txn(self.frontends) as txn:
-            self._state_file_init = self.frontends.register_initializer(txn, "state-file")
+        with self.writer.write_txn() as txn:
+            self.state_file.register_initializer(txn)
 
     async def _run_state_file(
         self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED
     ) -> None:
-        """Poll the state file; the table counts as initialized once it was read once."""
-        source = self.state_file
-        source.sync()
-        assert self._state_file_init is not None
-        with self.writer.write_txn() as txn:
-            self._state_file_init(txn)
-        task_status.started()
-        while True:
-            await anyio.sleep(source.interval)
-            source.sync()
+        """Poll the state file (the tables count as initialized once it was read once)."""
+        await self.state_file.run(task_status=task_status)
 
     async def stop(self) -> None:
         """Stop the reconciler and close the maps (pinned maps keep their contents)."""

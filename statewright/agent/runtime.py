@@ -56,6 +56,11 @@ log = logging.getLogger("statewright.agent")
 NETLINK_INIT_TIMEOUT = 10.0
 #: Initializer the agent holds on the frontends table until every source is initialized.
 AGENT_INITIALIZER = "agent"
+#: LB flags the agent acts on itself although tables.lb_config only stores them:
+#: the LB state file runs as a source; metrics are sampled whenever they are read.
+AGENT_LB_FLAGS = ("lb-state-file", "lb-state-file-interval", "metrics-sampling-interval")
+#: Poll interval of the LB state file when ``--lb-state-file-interval`` is not given.
+STATE_FILE_INTERVAL = 1.0
 
 OK = "OK"
 DEGRADED = "Degraded"
@@ -96,6 +101,9 @@ class Agent:
             self.lb_config = LBConfig.from_flags(list(config.lb_flags), LBConfig())
         except ValueError as e:
             raise AgentError(f"lb-flags: {e}") from None
+        unimplemented = LBConfig.unsupported_flags(config.lb_flags, also_supported=AGENT_LB_FLAGS)
+        if unimplemented:
+            raise AgentError(f"lb-flags: not implemented by this agent: {' '.join(unimplemented)}")
         self.db = DB()
         self.writer = LBWriter.create(self.db, self.lb_config)
         self.maps: Any = None
@@ -105,6 +113,7 @@ class Agent:
         self.reconciler: Any = None
         self.manifests: Any = None
         self.netlink: Any = None
+        self.state_file: Any = None  # sources.state_file.StateFileSource (--lb-state-file)
         self.demo: Any = None
         self.datapath: Any = None
         self.cgroup = ""
@@ -311,6 +320,17 @@ class Agent:
                 self.failures["netlink"] = f"cannot create the netlink source: {e}"
                 log.error("agent: %s", self.failures["netlink"])
         await self._spawn(tg, "manifests", self.manifests.run)
+        if self.lb_config.state_file:
+            from sources.state_file import StateFileSource
+
+            interval = self.lb_config.state_file_interval or STATE_FILE_INTERVAL
+            self.state_file = StateFileSource(
+                self.writer, self.lb_config.state_file, interval=interval
+            )
+            with self.writer.write_txn() as txn:
+                self.state_file.register_initializer(txn)
+            await self._spawn(tg, "state-file", self.state_file.run)
+            log.info("agent: LB state file source on %s", self.lb_config.state_file)
         log.info(
             "agent: manifest source on %s: %d file(s), %d error(s)",
             ", ".join(cfg.manifests),
@@ -508,6 +528,15 @@ class Agent:
                     if errs
                     else f"{len(self.manifests._files)} file(s) from "
                     + ", ".join(self.config.manifests),
+                )
+            )
+        if self.state_file is not None:
+            err = self.state_file.error
+            out.append(
+                ComponentHealth(
+                    "state-file",
+                    DEGRADED if err else OK,
+                    err or f"LB state from {self.state_file.path}",
                 )
             )
         if self.netlink is not None:

@@ -77,6 +77,46 @@ def test_agent_refuses_a_bad_config(tmp_path: Path, capsys: pytest.CaptureFixtur
     assert code == 2 and "bad.yaml" in err
 
 
+def test_agent_refuses_lb_flags_it_does_not_implement(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, _, err = run_cli(
+        capsys, "agent", "--backend", "memory", "--no-netlink", "--pin-dir", str(tmp_path / "p"),
+        "--api-socket", str(tmp_path / "s.sock"), "--lb-flag=--enable-health-check-nodeport",
+    )
+    assert code != 0 and "not implemented" in err and "--enable-health-check-nodeport" in err
+
+
+def test_lb_state_file_feeds_the_agent(tmp_path: Path) -> None:
+    """``--lb-flag=--lb-state-file=F``: the file's services reach the maps; a broken file
+    turns the agent's health Degraded naming the file, and nothing else changes."""
+    state = tmp_path / "state.yaml"
+    svc, eps = service_yaml("st", "10.96.201.1", ["10.244.20.1"]).split("---\n")
+    state.write_text("services:\n" + _indent_item(svc) + "endpoints:\n" + _indent_item(eps))
+    with running_agent(
+        tmp_path, f"--lb-flag=--lb-state-file={state}", "--lb-flag=--lb-state-file-interval=50ms"
+    ) as agent:
+        wait_for(lambda: "10.96.201.1:80/TCP" in json_text(agent.client.get("/lb/services")),
+                 what="the state file's frontend")
+        tmp = tmp_path / "next.yaml"
+        tmp.write_text("services: [\n")
+        tmp.replace(state)
+        wait_for(lambda: agent.client.get("/health")["state"] == "Degraded", what="Degraded health")
+        assert "state.yaml" in json_text(agent.client.get("/health"))
+        assert "10.96.201.1:80/TCP" in json_text(agent.client.get("/lb/services"))
+
+
+def _indent_item(doc: str) -> str:
+    lines = doc.strip("\n").splitlines()
+    return "".join(("  - " if i == 0 else "    ") + line + "\n" for i, line in enumerate(lines))
+
+
+def json_text(obj: object) -> str:
+    import json
+
+    return json.dumps(obj)
+
+
 # ----- signals ----------------------------------------------------------------------------------
 
 
