@@ -206,9 +206,7 @@ class LBSystem:
         self.services, self.frontends, self.backends, self.node_addresses = self.writer.tables
         from sources.k8s_convert import K8sConverter
 
-        self.converter = K8sConverter(
-            KeyOrderWriter(self.writer), self.config  # type: ignore[arg-type]
-        )
+        self.converter = K8sConverter(self.writer, self.config)
         self.maps: Any = None  # bpfops.lb_maps.LBMaps as the reconciler sees it (maybe faulty)
         self.plain_maps: Any = None  # the same maps without fault injection
         self.ops: Any = None
@@ -505,24 +503,3 @@ class LBSystem:
             yield maps
         finally:
             maps.close()
-
-
-class KeyOrderWriter:
-    """Passes everything to an LBWriter, but hands a service's frontends over in primary-key
-    order, so that one Kubernetes object's frontends are written, and therefore
-    reconciled and given service ids, in address order, as Cilium does (the corpus
-    expects e.g. ``0.0.0.0:30781`` to get a lower id than ``10.96.50.104:80`` of the
-    same service). Workaround kept here until the writer orders them itself."""
-
-    def __init__(self, writer: Any) -> None:
-        self._writer = writer
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._writer, name)
-
-    def upsert_service_and_frontends(self, txn: Any, svc: Any, frontends: Iterable[Any]) -> None:
-        """Delegate with ``frontends`` sorted by their encoded address key."""
-        from tables.l3n4 import encode_addr_key
-
-        ordered = sorted(frontends, key=lambda p: encode_addr_key(p.address))
-        self._writer.upsert_service_and_frontends(txn, svc, ordered)
