@@ -180,16 +180,7 @@ class ManifestSource:
     # ----- initialization -----------------------------------------------------------------
     def register_initializer(self, txn: WriteTxn) -> None:
         """Keep the LB tables uninitialized until the first `sync` has run."""
-        done = [
-            t.register_initializer(txn, "manifests")
-            for t in (self.writer.services, self.writer.frontends, self.writer.backends)
-        ]
-
-        def finish(wtxn: WriteTxn) -> None:
-            for d in done:
-                d(wtxn)
-
-        self._init_done = finish
+        self._init_done = self.writer.register_initializer(txn, "manifests")
 
     # ----- polling ------------------------------------------------------------------------------
     def sync(self) -> SyncResult:

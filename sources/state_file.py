@@ -91,16 +91,7 @@ class StateFileSource:
     def register_initializer(self, txn: WriteTxn) -> None:
         """Keep the LB tables uninitialized until the file was read once (present, absent,
         or broken: a broken file is reported and the tables go on without it)."""
-        done = [
-            t.register_initializer(txn, "state-file")
-            for t in (self.writer.services, self.writer.frontends, self.writer.backends)
-        ]
-
-        def finish(wtxn: WriteTxn) -> None:
-            for d in done:
-                d(wtxn)
-
-        self._init_done = finish
+        self._init_done = self.writer.register_initializer(txn, "state-file")
 
     def _initialized(self) -> None:
         if self._init_done is not None:

@@ -147,9 +147,7 @@ class TableTxn(TableState):
                 append(entry)
         finally:
             # Also after an error: the rows written so far stay, as with one insert() each.
-            self.revision = rev
-            if rev != start:
-                self.modified = True
+            self._advance(start, rev)
         return rev - start
 
     def swap_many(self, items: Iterable[tuple[bytes, int, Any]]) -> list[tuple[int, Any]]:
@@ -189,10 +187,14 @@ class TableTxn(TableState):
                 h[pk] = entry
                 append(entry)
         finally:
-            self.revision = rev
-            if rev != start:
-                self.modified = True
+            self._advance(start, rev)
         return skipped
+
+    def _advance(self, start: int, rev: int) -> None:
+        """Record the revision a bulk write reached (``start``: where it began)."""
+        self.revision = rev
+        if rev != start:
+            self.modified = True
 
     def _index(self, pk: bytes, entry: Entry, old: Entry | None) -> None:
         """Update the unique secondary indexes for ``entry`` replacing ``old`` (checks first)."""

@@ -31,7 +31,7 @@ from __future__ import annotations
 import dataclasses
 import operator
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from statedb import DB, Table, WriteTxn
@@ -124,6 +124,18 @@ class LBWriter:
     def write_txn(self) -> WriteTxn:
         """Open a write transaction locking all LB tables (use as a context manager)."""
         return self.db.write_txn(*self.tables)
+
+    def register_initializer(self, txn: WriteTxn, name: str) -> Callable[[WriteTxn], None]:
+        """Register initializer ``name`` on the services, frontends and backends tables; the
+        returned function marks it done on all three (for a source's first full sync)."""
+        tables = (self.services, self.frontends, self.backends)
+        done = [t.register_initializer(txn, name) for t in tables]
+
+        def finish(wtxn: WriteTxn) -> None:
+            for d in done:
+                d(wtxn)
+
+        return finish
 
     @property
     def node_labels(self) -> dict[str, str]:
