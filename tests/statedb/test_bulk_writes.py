@@ -100,12 +100,17 @@ class Named:
     name: str
 
 
-def test_compare_and_swap_many_keeps_unique_indexes() -> None:
+def named_db() -> tuple[DB, Table[Named], Index[Named, str]]:
+    """A DB with one table of Named rows: primary key id, unique index on name."""
     by_name: Index[Named, str] = Index("name", key=lambda r: r.name)
     table: Table[Named] = Table(
         "named", Index("id", key=lambda r: r.id, encode=keys.uint64), by_name
     )
-    db = DB(table)
+    return DB(table), table, by_name
+
+
+def test_compare_and_swap_many_keeps_unique_indexes() -> None:
+    db, table, by_name = named_db()
     with db.write_txn(table) as w:
         table.insert(w, Named(1, "a"))
         table.insert(w, Named(2, "b"))
@@ -194,11 +199,7 @@ def test_insert_many_equals_one_insert_per_object(rows: list[tuple[int, str]]) -
 
 
 def test_insert_many_with_unique_secondary_index_and_errors() -> None:
-    by_name: Index[Named, str] = Index("name", key=lambda r: r.name)
-    table: Table[Named] = Table(
-        "named", Index("id", key=lambda r: r.id, encode=keys.uint64), by_name
-    )
-    db = DB(table)
+    db, table, by_name = named_db()
     with db.write_txn(table) as w:
         assert table.insert_many(w, [Named(1, "a"), Named(2, "b")]) == 2
     with db.write_txn(table) as w:
