@@ -33,12 +33,17 @@ import yaml
 
 from sources.k8s_convert import KIND_ENDPOINT_SLICE, KIND_SERVICE, K8sConverter
 from statedb import WriteTxn
+from tables.lb_config import LBConfig
 from tables.lb_writer import LBWriter
 
 log = logging.getLogger(__name__)
 
 #: The source name of rows from the state file.
 STATE_FILE_SOURCE = "api"
+#: Poll interval when ``--lb-state-file-interval`` is not given.
+DEFAULT_INTERVAL = 1.0
+#: The LB flags (tables.lb_config stores them) that a process running this source acts on.
+STATE_FILE_FLAGS = ("lb-state-file", "lb-state-file-interval")
 
 
 class StateFileError(ValueError):
@@ -87,6 +92,17 @@ class StateFileSource:
         self.error = ""
         self._digest: str | None = None
         self._init_done: Callable[[WriteTxn], None] | None = None
+
+    @classmethod
+    def from_config(cls, writer: LBWriter, cfg: LBConfig) -> StateFileSource | None:
+        """The source for ``--lb-state-file`` (None without it), its initializer registered
+        on the LB tables so they stay uninitialized until the file was read once."""
+        if not cfg.state_file:
+            return None
+        source = cls(writer, cfg.state_file, interval=cfg.state_file_interval or DEFAULT_INTERVAL)
+        with writer.write_txn() as txn:
+            source.register_initializer(txn)
+        return source
 
     def register_initializer(self, txn: WriteTxn) -> None:
         """Keep the LB tables uninitialized until the file was read once (present, absent,

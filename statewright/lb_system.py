@@ -40,6 +40,7 @@ from typing import Any
 import anyio
 import anyio.abc
 
+from sources.state_file import STATE_FILE_FLAGS, StateFileSource
 from statedb import DB
 
 log = logging.getLogger("statewright.lb")
@@ -178,10 +179,8 @@ class SystemOptions:
 #: ``--metrics-sampling-interval``: metrics are read when asked (`LBSystem.metric_samples`),
 #: so every read is a fresh sample and any interval is honoured.
 #: ``--lb-state-file`` / ``--lb-state-file-interval``: a `sources.state_file.StateFileSource`
-#: runs beside the reconciler (default interval 1 s).
-SYSTEM_FLAGS = ("metrics-sampling-interval", "lb-state-file", "lb-state-file-interval")
-#: Poll interval of the state file when ``--lb-state-file-interval`` is not given.
-DEFAULT_STATE_FILE_INTERVAL = 1.0
+#: runs beside the reconciler.
+SYSTEM_FLAGS = ("metrics-sampling-interval", *STATE_FILE_FLAGS)
 
 
 class LBSystem:
@@ -216,7 +215,7 @@ class LBSystem:
         self._source_errors: list[str] = []
         self._applied: dict[str, dict[str, dict[str, Any]]] = {}
         self._init_done: Callable[[Any], None] | None = None
-        self.state_file: Any = None  # sources.state_file.StateFileSource with --lb-state-file
+        self.state_file: StateFileSource | None = None  # with --lb-state-file
         self.running = False
         self.started_once = False
 
@@ -251,7 +250,7 @@ class LBSystem:
             self._build_reconciler()
             with self.db.write_txn(self.frontends) as txn:
                 self._init_done = self.frontends.register_initializer(txn, "k8s")
-            self._build_state_file()
+            self.state_file = StateFileSource.from_config(self.writer, self.config)
             await tg.start(self._run_reconciler)
         except BaseException:
             self._close_maps()
@@ -276,27 +275,11 @@ class LBSystem:
                 async with anyio.create_task_group() as tg:
                     await tg.start(self.reconciler.run)
                     if self.state_file is not None:
-                        await tg.start(self._run_state_file)
+                        await tg.start(self.state_file.run)
                     task_status.started()
             finally:
                 assert self._stopped is not None
                 self._stopped.set()
-
-    def _build_state_file(self) -> None:
-        if not self.config.state_file:
-            return
-        from sources.state_file import StateFileSource
-
-        interval = self.config.state_file_interval or DEFAULT_STATE_FILE_INTERVAL
-        self.state_file = StateFileSource(self.writer, self.config.state_file, interval=interval)
-        with self.writer.write_txn() as txn:
-            self.state_file.register_initializer(txn)
-
-    async def _run_state_file(
-        self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED
-    ) -> None:
-        """Poll the state file (the tables count as initialized once it was read once)."""
-        await self.state_file.run(task_status=task_status)
 
     async def stop(self) -> None:
         """Stop the reconciler and close the maps (pinned maps keep their contents)."""

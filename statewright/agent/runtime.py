@@ -48,6 +48,7 @@ from typing import Any
 import anyio
 import anyio.abc
 
+from sources.state_file import STATE_FILE_FLAGS, StateFileSource
 from statewright.agent.config import DEFAULT_CGROUP_NAME, AgentConfig
 
 log = logging.getLogger("statewright.agent")
@@ -58,9 +59,7 @@ NETLINK_INIT_TIMEOUT = 10.0
 AGENT_INITIALIZER = "agent"
 #: LB flags the agent acts on itself although tables.lb_config only stores them:
 #: the LB state file runs as a source; metrics are sampled whenever they are read.
-AGENT_LB_FLAGS = ("lb-state-file", "lb-state-file-interval", "metrics-sampling-interval")
-#: Poll interval of the LB state file when ``--lb-state-file-interval`` is not given.
-STATE_FILE_INTERVAL = 1.0
+AGENT_LB_FLAGS = (*STATE_FILE_FLAGS, "metrics-sampling-interval")
 #: How long the agent waits for the initial reconciliation before freezing the heap.
 INITIAL_FREEZE_TIMEOUT = 60.0
 
@@ -115,7 +114,7 @@ class Agent:
         self.reconciler: Any = None
         self.manifests: Any = None
         self.netlink: Any = None
-        self.state_file: Any = None  # sources.state_file.StateFileSource (--lb-state-file)
+        self.state_file: StateFileSource | None = None  # with --lb-state-file
         self.demo: Any = None
         self.datapath: Any = None
         self.cgroup = ""
@@ -322,15 +321,8 @@ class Agent:
                 self.failures["netlink"] = f"cannot create the netlink source: {e}"
                 log.error("agent: %s", self.failures["netlink"])
         await self._spawn(tg, "manifests", self.manifests.run)
-        if self.lb_config.state_file:
-            from sources.state_file import StateFileSource
-
-            interval = self.lb_config.state_file_interval or STATE_FILE_INTERVAL
-            self.state_file = StateFileSource(
-                self.writer, self.lb_config.state_file, interval=interval
-            )
-            with self.writer.write_txn() as txn:
-                self.state_file.register_initializer(txn)
+        self.state_file = StateFileSource.from_config(self.writer, self.lb_config)
+        if self.state_file is not None:
             await self._spawn(tg, "state-file", self.state_file.run)
             log.info("agent: LB state file source on %s", self.lb_config.state_file)
         log.info(
