@@ -3,7 +3,12 @@
 from __future__ import annotations
 
 
-class StateDBError(Exception):
+class StatewrightError(Exception):
+    """The root of every error the project raises (statedb is the lowest layer, so it
+    lives here): ``except StatewrightError`` catches the project's errors and nothing else."""
+
+
+class StateDBError(StatewrightError):
     """Base class of every statedb error."""
 
 

@@ -1,0 +1,353 @@
+"""The component model: the agent as an explicit, ordered list of components.
+
+In the spirit of Cilium's hive cells, but with nothing a reader cannot follow:
+
+* a `Component` declares by name what it ``needs`` and what it ``provides``; the `Hive`
+  starts components in list order and refuses a list in which a component needs
+  something no earlier component provides (checked before anything starts);
+* ``start`` gets the `Hive`: it looks up what it needs (`Hive.get`), publishes what it
+  provides (`Hive.provide`), registers its table initializers in the write transactions
+  it opens, and runs background work with `Hive.spawn` (a task that fails is recorded
+  as the component's health, it does not bring the agent down);
+* components stop in reverse order of start; a failing stop is logged and the rest
+  still stop;
+* each component reports its own health (`Component.health`), may serve API routes
+  (`Component.routes`), exposes the BPF maps it owns (`Component.bpf_maps`) and removes
+  what it leaves on the machine when asked to clean up (`Component.cleanup`, called on
+  components that were built but never started, by ``statewright agent --cleanup``).
+
+The agent's health report, its ``/bpf/maps`` listing, ``--cleanup`` and the API's
+routing are all derived from the component list (statewright/agent/runtime.py).
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+import anyio
+import anyio.abc
+
+from statedb.errors import StatewrightError
+
+log = logging.getLogger("statewright.component")
+
+OK = "OK"
+DEGRADED = "Degraded"
+DISABLED = "Disabled"
+STOPPED = "Stopped"
+
+T = TypeVar("T")
+
+
+class ComponentError(StatewrightError, RuntimeError):
+    """A component list that cannot run (a missing provider, a duplicate name) or a
+    component that cannot start; the message names the component."""
+
+
+@dataclass(frozen=True, slots=True)
+class Health:
+    """One line of a health report: component (or sub-part), state and reason."""
+
+    name: str
+    state: str
+    message: str
+
+    def to_json(self) -> dict[str, str]:
+        """Plain data for the API."""
+        return {"name": self.name, "state": self.state, "message": self.message}
+
+
+@dataclass(frozen=True, slots=True)
+class TextBody:
+    """An API response that is plain text rather than JSON."""
+
+    text: str
+
+
+@dataclass(frozen=True, slots=True)
+class NdjsonStream:
+    """An API response streamed as newline-delimited JSON until the iterator ends or the
+    client hangs up."""
+
+    lines: Callable[[], Any]  # () -> AsyncIterator[str], each item one line with "\n"
+
+
+@dataclass(frozen=True, slots=True)
+class Request:
+    """What a route handler sees: method, path parameters, query string and body."""
+
+    params: Mapping[str, str]
+    query: Mapping[str, str]
+    method: str = "GET"
+    body: bytes = b""
+
+    def json(self) -> Any:
+        """The body parsed as JSON; `ApiError` 400 when it is not JSON."""
+        import json
+
+        try:
+            return json.loads(self.body or b"null")
+        except ValueError as e:
+            raise ApiError(400, f"request body is not JSON: {e}") from None
+
+
+#: A route handler: returns a JSON-ready document, a `TextBody` or an `NdjsonStream`;
+#: raises `ApiError` for an error response.
+Handler = Callable[[Request], Awaitable[Any]]
+
+
+class ApiError(StatewrightError):
+    """An error response of the agent's API: HTTP status and message."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+@dataclass(frozen=True, slots=True)
+class Route:
+    """A route: ``pattern`` is a path such as ``/tables/{name}/changes``; ``methods`` the
+    HTTP methods it answers."""
+
+    pattern: str
+    handler: Handler
+    methods: tuple[str, ...] = ("GET",)
+    _regex: re.Pattern[str] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        parts = []
+        for seg in self.pattern.strip("/").split("/"):
+            if seg.startswith("{") and seg.endswith("}"):
+                parts.append(f"(?P<{seg[1:-1]}>[^/]+)")
+            else:
+                parts.append(re.escape(seg))
+        object.__setattr__(self, "_regex", re.compile("^/" + "/".join(parts) + "/?$"))
+
+    def match(self, path: str) -> dict[str, str] | None:
+        """The path parameters when ``path`` matches, else None."""
+        m = self._regex.match(path)
+        return None if m is None else dict(m.groupdict())
+
+
+class Component:
+    """One part of the agent. Subclasses override what they use; every hook has a
+    harmless default. Building a component must have no side effect (``--cleanup`` builds
+    the whole list without starting it)."""
+
+    #: Unique name: health lines, logs and failures are keyed by it.
+    name: str = "component"
+    #: Names of things earlier components provide that this one uses.
+    needs: tuple[str, ...] = ()
+    #: Names of things this component provides (`Hive.provide` in ``start``).
+    provides: tuple[str, ...] = ()
+
+    async def start(self, hive: Hive) -> None:
+        """Start: take what it needs, provide what it provides, spawn its tasks."""
+
+    async def stop(self) -> None:
+        """Stop what ``start`` started (tasks spawned with `Hive.spawn` are cancelled by
+        the hive right after this returns)."""
+
+    def health(self) -> list[Health]:
+        """This component's health lines (usually one, named after the component)."""
+        return [Health(self.name, OK, "")]
+
+    def routes(self) -> Sequence[Route]:
+        """API routes this component serves."""
+        return ()
+
+    def bpf_maps(self) -> Mapping[str, Any]:
+        """The open BPF maps this component owns, by name (`bpf.typed_map.TypedMap`)."""
+        return {}
+
+    def cleanup(self) -> list[str]:
+        """Remove what this component leaves on the machine after it stopped (pins, links,
+        cgroups, namespaces); returns what was removed. Raises OSError on failure."""
+        return []
+
+
+@dataclass
+class _Running:
+    component: Component
+    tasks: list[tuple[anyio.CancelScope, anyio.Event]] = field(default_factory=list)
+
+
+class Hive:
+    """Runs a list of components: start in order, stop in reverse, health of all."""
+
+    def __init__(self, components: Iterable[Component]) -> None:
+        self.components: list[Component] = list(components)
+        self._provided: dict[str, Any] = {}
+        self._running: list[_Running] = []
+        self._tg: anyio.abc.TaskGroup | None = None
+        #: Component name -> why its task failed (overrides its own health report).
+        self.failures: dict[str, str] = {}
+        self.check()
+
+    def check(self) -> None:
+        """Refuse duplicate names and needs that no earlier component provides."""
+        names: set[str] = set()
+        available: set[str] = set()
+        for comp in self.components:
+            if comp.name in names:
+                raise ComponentError(f"component {comp.name!r} is listed twice")
+            names.add(comp.name)
+            missing = [n for n in comp.needs if n not in available]
+            if missing:
+                raise ComponentError(
+                    f"component {comp.name!r} needs {', '.join(missing)}, which no earlier "
+                    "component provides"
+                )
+            available.update(comp.provides)
+
+    def component(self, name: str) -> Component:
+        """The component called ``name``."""
+        for comp in self.components:
+            if comp.name == name:
+                return comp
+        raise ComponentError(f"no component {name!r}")
+
+    # ----- what components share ------------------------------------------------------------
+    def provide(self, name: str, value: Any) -> None:
+        """Publish ``value`` under ``name`` for later components."""
+        self._provided[name] = value
+
+    def get(self, name: str, kind: type[T] | None = None) -> T:
+        """What an earlier component provided under ``name`` (checked against ``kind``)."""
+        try:
+            value = self._provided[name]
+        except KeyError:
+            raise ComponentError(f"nothing provides {name!r} (yet)") from None
+        if kind is not None and not isinstance(value, kind):
+            raise ComponentError(f"{name!r} is a {type(value).__name__}, not {kind.__name__}")
+        return value  # type: ignore[no-any-return]
+
+    def has(self, name: str) -> bool:
+        """True when something was provided under ``name``."""
+        return name in self._provided
+
+    # ----- lifecycle ----------------------------------------------------------------------
+    async def start(self, tg: anyio.abc.TaskGroup) -> None:
+        """Start every component in order, its tasks in ``tg``. A component whose start
+        raises stops the start-up: the ones already started are stopped, and the error
+        (a `ComponentError` naming it) is raised."""
+        self._tg = tg
+        for comp in self.components:
+            running = _Running(comp)
+            self._running.append(running)
+            try:
+                await comp.start(self)
+            except ComponentError:
+                await self.stop()
+                raise
+            except Exception as e:
+                await self.stop()
+                raise ComponentError(f"{comp.name}: {e}") from e
+            log.debug("hive: started %s", comp.name)
+
+    async def spawn(
+        self,
+        component: Component,
+        func: Callable[..., Awaitable[None]],
+        *,
+        wait_started: bool = True,
+        label: str = "",
+    ) -> None:
+        """Run ``func(task_status=...)`` as a task of ``component``; with ``wait_started``
+        wait for its ``task_status.started()``. A failure is recorded as the component's
+        health instead of ending the agent. The task is cancelled when the component stops."""
+        if self._tg is None or not self._running or self._running[-1].component is not component:
+            raise ComponentError(f"{component.name}: spawn only from its own start()")
+        scope = anyio.CancelScope()
+        done = anyio.Event()
+        name = label or component.name
+
+        async def runner(*, task_status: anyio.abc.TaskStatus[None]) -> None:
+            started = False
+
+            class _Status:
+                def started(self, value: Any = None) -> None:
+                    nonlocal started
+                    if not started:
+                        started = True
+                        task_status.started()
+
+            status = _Status()
+            if not wait_started:
+                status.started()
+            try:
+                with scope:
+                    await func(task_status=status)
+            except Exception as e:
+                msg = f"{type(e).__name__}: {e}"
+                log.error("%s failed: %s", name, msg)
+                self.failures[name] = msg
+            finally:
+                done.set()
+                if not started:
+                    started = True
+                    task_status.started()
+
+        await self._tg.start(runner)
+        self._running[-1].tasks.append((scope, done))
+
+    async def stop(self) -> None:
+        """Stop the started components in reverse order (each one's tasks after its stop)."""
+        while self._running:
+            running = self._running.pop()
+            comp = running.component
+            try:
+                await comp.stop()
+            except Exception as e:  # keep stopping the rest
+                log.error("hive: stopping %s failed: %s", comp.name, e)
+            for scope, done in reversed(running.tasks):
+                scope.cancel()
+                await done.wait()
+            log.debug("hive: stopped %s", comp.name)
+
+    # ----- derived views --------------------------------------------------------------------
+    def health(self) -> list[Health]:
+        """Every component's health; a task failure overrides what its component reports."""
+        out: list[Health] = []
+        for comp in self.components:
+            try:
+                lines = comp.health()
+            except Exception as e:  # a health bug is itself a health problem
+                lines = [Health(comp.name, DEGRADED, f"health check failed: {e}")]
+            out += [
+                Health(h.name, DEGRADED, self.failures[h.name]) if h.name in self.failures else h
+                for h in lines
+            ]
+        known = {h.name for h in out}
+        out += [Health(n, DEGRADED, m) for n, m in self.failures.items() if n not in known]
+        return out
+
+    def overall(self) -> str:
+        """OK when no line is Degraded or Stopped, else Degraded."""
+        return DEGRADED if any(h.state in (DEGRADED, STOPPED) for h in self.health()) else OK
+
+    def routes(self) -> list[Route]:
+        """Every component's routes, in component order."""
+        return [r for comp in self.components for r in comp.routes()]
+
+    def bpf_maps(self) -> dict[str, Any]:
+        """Every open BPF map of every component, by name."""
+        out: dict[str, Any] = {}
+        for comp in self.components:
+            out.update(comp.bpf_maps())
+        return out
+
+    def cleanup(self) -> tuple[list[str], list[str]]:
+        """Call every component's `cleanup` in reverse order; (removed, errors)."""
+        removed: list[str] = []
+        errors: list[str] = []
+        for comp in reversed(self.components):
+            try:
+                removed += comp.cleanup()
+            except OSError as e:
+                errors.append(f"{comp.name}: {e}")
+        return removed, errors
