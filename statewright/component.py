@@ -224,7 +224,7 @@ class Hive:
             raise ComponentError(f"nothing provides {name!r} (yet)") from None
         if kind is not None and not isinstance(value, kind):
             raise ComponentError(f"{name!r} is a {type(value).__name__}, not {kind.__name__}")
-        return value  # type: ignore[no-any-return]
+        return value
 
     def has(self, name: str) -> bool:
         """True when something was provided under ``name``."""
