@@ -722,8 +722,6 @@ class _Touched:
         self.backends_of: dict[ServiceName, dict[bytes, Backend]] = {}
 
 
-#: Sort key of L3n4Addr (its encoded index key), without a method call per address.
-_addr_key = operator.attrgetter("_key")
 #: Sort key of a frontend or backend row: its address's key.
 _row_addr_key = operator.attrgetter("address._key")
 
