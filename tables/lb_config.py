@@ -19,11 +19,13 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from statedb.errors import InputError
+
 OptionKind = Literal["bool", "int", "float", "str", "duration", "range"]
 
 
-class FlagError(ValueError):
-    """A flag is unknown or its value is invalid; the message names the flag."""
+class FlagError(InputError):
+    """A flag is unknown or its value is invalid; ``obj`` (or the message) names the flag."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -269,7 +271,7 @@ def _split_flags(tokens: Sequence[str], strict: bool) -> list[tuple[Option, str 
                 out.append((opt, None))
                 continue
             if i >= len(tokens) or tokens[i].startswith("--"):
-                raise FlagError(f"flag --{name} needs a value")
+                raise FlagError("needs a value", obj=f"flag --{name}")
             value = tokens[i]
             i += 1
         out.append((opt, value))
@@ -302,4 +304,4 @@ def _apply(opt: Option, value: str | None) -> dict[str, Any]:
             return {"node_port_min": a, "node_port_max": b}
         return {opt.field: value}
     except ValueError as e:
-        raise FlagError(f"flag --{opt.flag}: {e}") from None
+        raise FlagError(str(e), obj=f"flag --{opt.flag}") from None
