@@ -164,7 +164,9 @@ def test_dump_after_error_replaces_state_and_keeps_foreign_rows(
                            routes=(route(3, "192.168.0.0/24"),))
     db, w, src = new_source(monkeypatch, [
         eth0_snapshot(), lambda: second.wait(10),
-        ReaderErrorEvent("netlink: OSError: [Errno 105] No buffer space available; rebuilding", 105),
+        ReaderErrorEvent(
+            "netlink: OSError: [Errno 105] No buffer space available; rebuilding", 105
+        ),
         after_error,
     ])
     foreign = NodeAddress(ipaddress.ip_address("192.0.2.1"), True, True, "cfg")
