@@ -845,6 +845,20 @@ class K8sConverter:
         else:
             raise ConversionError(object_ref(obj), "kind", f"unsupported kind {kind!r}")
 
+    def check(self, obj: Mapping[str, Any]) -> None:
+        """Convert ``obj`` as `upsert` would, writing nothing: raise ConversionError if it
+        is invalid. (Conflicts with rows already in the tables show only in `upsert`.)"""
+        kind = object_kind(obj)
+        if kind == KIND_SERVICE:
+            convert_service(obj, self.config, self.writer.node_labels, self.source)
+        elif kind == KIND_ENDPOINT_SLICE:
+            convert_endpoint_slice(obj, self.config, self.source)
+        elif kind == KIND_POD:
+            namespaced_name(obj)
+            convert_pod_host_ports(obj, self.config)
+        else:
+            raise ConversionError(object_ref(obj), "kind", f"unsupported kind {kind!r}")
+
     @staticmethod
     def supports(obj: Mapping[str, Any]) -> bool:
         """True for the kinds this converter handles."""
