@@ -196,7 +196,7 @@ def _parse_ip(text: str) -> IPAddress:
 
     inet_pton(AF_INET) accepts exactly what ipaddress accepts for IPv4 (four decimal
     octets of at most 255, no leading zeros); anything else (IPv6, errors) goes the
-    ipaddress way, which raises the same ValueError as before.
+    ipaddress way (raising its ValueError).
     """
     try:
         packed = _inet_pton(_AF_INET, text)
@@ -850,7 +850,6 @@ class K8sConverter:
         elif kind == KIND_ENDPOINT_SLICE:
             convert_endpoint_slice(obj, self.config, self.source)
         elif kind == KIND_POD:
-            namespaced_name(obj)
             convert_pod_host_ports(obj, self.config)
         else:
             raise ConversionError(object_ref(obj), "kind", f"unsupported kind {kind!r}")

@@ -431,23 +431,26 @@ class ManifestSource:
             if kind in IGNORED_KINDS:
                 out.ignored.append(ref)
                 continue
-            ekey = _error_key(path, okey)
             if kind not in _KIND_ORDER:
-                out.errors[ekey] = (
+                out.errors[_error_key(path, okey)] = (
                     f"{path}: {ref}: kind: unknown kind {kind!r} "
                     f"(supported: {', '.join(_KIND_ORDER)}; ignored: well-known kinds such as "
                     "Deployment or ConfigMap)"
                 )
                 continue
             if okey in seen:
-                out.errors[ekey] = f"{path}: {ref}: defined more than once in the file"
+                out.errors[_error_key(path, okey)] = (
+                    f"{path}: {ref}: defined more than once in the file"
+                )
                 out.invalid.add(okey)
                 out.desired.pop(okey, None)
                 continue
             seen.add(okey)
             applied = self._applied.get(okey)
             if applied is not None and applied[0] != path:
-                out.errors[ekey] = f"{path}: {ref}: already defined in {applied[0]}"
+                out.errors[_error_key(path, okey)] = (
+                    f"{path}: {ref}: already defined in {applied[0]}"
+                )
                 continue
             out.desired[okey] = value
         return out
