@@ -66,7 +66,7 @@ from sources.node_address_selection import (
     select_device,
     select_node_addresses,
 )
-from statedb import DB, Table, WriteTxn
+from statedb import DB, StatewrightError, Table, WriteTxn
 from tables.devices import Device, DeviceAddress, flag_names, new_devices_table
 from tables.l3n4 import IPAddress, IPNetwork
 from tables.lb_writer import LBWriter
@@ -379,8 +379,9 @@ class KernelModel:
 
 
 # ----- the reader thread ----------------------------------------------------------------------
-class _Stopped(Exception):
-    """The reader was asked to stop (or the event loop side went away)."""
+class _Stopped(StatewrightError):
+    """The reader was asked to stop (or the event loop side went away); caught inside the
+    reader thread, never raised to callers."""
 
 
 class NetlinkReader:
