@@ -467,10 +467,14 @@ class ManifestSource:
             return
         checked = self._check(path, objects)
         prev = self._files.get(path)
-        if prev is None or prev.digest != digest:
-            for ref in checked.ignored:
-                log.info("manifest source: %s: ignoring %s (a kind the agent does not use)",
-                         path, ref)
+        ignored = checked.ignored
+        if ignored and (prev is None or prev.digest != digest):
+            log.info(
+                "manifest source: %s: ignoring %d object(s) of kinds the agent does not use: %s",
+                path,
+                len(ignored),
+                ", ".join(ignored[:5]) + (", ..." if len(ignored) > 5 else ""),
+            )
         result.ignored += len(checked.ignored)
 
         desired = checked.desired
