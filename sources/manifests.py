@@ -23,8 +23,10 @@ by one as ``kubectl apply`` does:
   applied it; the same object in another file is an error of that other file
   (``already defined in``) until the owner drops it. A Service whose frontend
   address belongs to another service is an error of the later Service
-  (`tables.lb_writer.FrontendConflictError`). Files and objects with errors are
-  retried on every poll, so they apply once the conflict is gone.
+  (`tables.lb_writer.FrontendConflictError`). A file with such an error is
+  looked at again on every poll, so its objects apply once the conflict is gone;
+  an error in a file's own content (syntax, a bad field, an unknown kind) waits
+  for the file to change.
 
 `ManifestSource.errors` maps each problem to its full message, naming the file
 and, for an object, its kind, namespace/name and field. The key is the file
@@ -268,6 +270,8 @@ class _Checked:
     invalid: set[ObjectKey] = field(default_factory=set)
     errors: dict[str, str] = field(default_factory=dict)
     ignored: list[str] = field(default_factory=list)
+    #: Some error depends on another file (an object already defined there).
+    retry: bool = False
 
 
 class ManifestSource:
@@ -294,6 +298,10 @@ class ManifestSource:
         self._errors: dict[str, str] = {}
         #: Per file, the keys of its entries in _errors.
         self._error_keys: dict[str, set[str]] = {}
+        #: Files to look at again on the next poll even if unchanged: their errors may go
+        #: away without the file changing (a conflict with another file, an unreadable file).
+        #: Errors in the file's own content (syntax, conversion) wait for it to change.
+        self._retry: set[str] = set()
         self._present: list[str] = []
         self._files: dict[str, _FileState] = {}
         self._stats: dict[str, tuple[int, int]] = {}
@@ -350,20 +358,21 @@ class ManifestSource:
         for key in sorted(known - set(present)):
             self._remove_file(key, result)
         for key, path in present.items():
-            has_errors = key in self._error_keys
+            retry = key in self._retry
             try:
                 st = path.stat()
                 stat_key = (st.st_mtime_ns, st.st_size)
-                if self._stats.get(key) == stat_key and not has_errors:
+                if self._stats.get(key) == stat_key and not retry:
                     continue
                 data = path.read_bytes()
             except OSError as e:
                 err = ManifestError(key, f"cannot read: {e.strerror or e}")
                 self._file_failed(key, err, result)
+                self._retry.add(key)
                 continue
             digest = hashlib.sha256(data).hexdigest()
             prev = self._files.get(key)
-            if prev is None or prev.digest != digest or has_errors:
+            if prev is None or prev.digest != digest or retry:
                 self._apply_file(key, data, digest, result)
             # Recorded only now: a bug raising out of _apply_file leaves the file to retry.
             self._stats[key] = stat_key
@@ -448,6 +457,7 @@ class ManifestSource:
             seen.add(okey)
             applied = self._applied.get(okey)
             if applied is not None and applied[0] != path:
+                out.retry = True
                 out.errors[_error_key(path, okey)] = (
                     f"{path}: {ref}: already defined in {applied[0]}"
                 )
@@ -464,6 +474,7 @@ class ManifestSource:
             objects = parse_manifest_objects(text, path)
         except ManifestError as e:
             self._file_failed(path, e, result)
+            self._retry.discard(path)
             return
         checked = self._check(path, objects)
         prev = self._files.get(path)
@@ -504,6 +515,12 @@ class ManifestSource:
             verb = "removing: " if okey in deletes else ""
             errors[_error_key(path, okey)] = f"{path}: {verb}{_object_message(okey, err)}"
         self._set_errors(path, errors, result)
+        # A conversion error is in the object itself; anything else (a frontend conflict, a
+        # refused write) may go away when other objects change.
+        if checked.retry or any(not isinstance(e, ConversionError) for e in failed.values()):
+            self._retry.add(path)
+        else:
+            self._retry.discard(path)
         if applied_any:
             result.applied.append(path)
 
@@ -511,6 +528,7 @@ class ManifestSource:
         """The file is gone: delete its objects, forget it."""
         self._stats.pop(path, None)
         self._files.pop(path, None)
+        self._retry.discard(path)
         owned = self._owned.pop(path, set())
         failed = self._apply_objects(sorted(owned), [], {})
         for okey in owned:
