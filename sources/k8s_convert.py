@@ -286,6 +286,7 @@ def convert_service(
     # Ports.
     ports: list[ServicePort] = []
     port_names: dict[str, int] = {}
+    port_protos: set[tuple[int, str]] = set()
     for i, p in enumerate(_list(ref, "spec.ports", spec.get("ports"))):
         path = f"spec.ports[{i}]"
         pm = _mapping(ref, path, p)
@@ -294,14 +295,19 @@ def convert_service(
         proto = _proto(ref, f"{path}.protocol", pm.get("protocol"))
         np = pm.get("nodePort")
         node_port = 0 if np is None else _port(ref, f"{path}.nodePort", np, allow_zero=True)
-        if len(ports) > 0 and not pname:
-            raise ConversionError(ref, f"{path}.name", "required when a service has several ports")
-        if pname in port_names:
+        if pname and pname in port_names:
             raise ConversionError(ref, f"{path}.name", f"duplicate port name {pname!r}")
-        if any(q.port == port and q.protocol == proto for q in ports):
+        if (port, proto) in port_protos:
             raise ConversionError(ref, path, f"duplicate port {port}/{proto}")
         ports.append(ServicePort(pname, port, proto, node_port))
         port_names[pname] = port
+        port_protos.add((port, proto))
+    if len(ports) > 1:
+        for i, sp in enumerate(ports):
+            if not sp.name:
+                raise ConversionError(
+                    ref, f"spec.ports[{i}].name", "required when a service has several ports"
+                )
 
     # Policies and options.
     ext_policy = _policy(ref, "spec.externalTrafficPolicy", spec.get("externalTrafficPolicy"))
@@ -437,6 +443,8 @@ def convert_service(
     allowed = _exposed_types(ref, annotations)
     families = {ip.version for ip in cluster_ips if _family_enabled(ip, cfg)}
     ip_families = _list(ref, "spec.ipFamilies", spec.get("ipFamilies"))
+    if len(ip_families) > 2:
+        raise ConversionError(ref, "spec.ipFamilies", f"at most 2 families, got {len(ip_families)}")
     for i, fam in enumerate(ip_families):
         if fam not in ("IPv4", "IPv6"):
             raise ConversionError(ref, f"spec.ipFamilies[{i}]", f"unknown IP family {fam!r}")

@@ -443,12 +443,15 @@ def test_endpoint_slice_at_the_limits_converts() -> None:
 @pytest.mark.parametrize(
     "spec, field, words",
     [({"ports": [{"name": "a", "port": 80}, {"port": 81}]}, "spec.ports[1].name", "required"),
+     ({"ports": [{"port": 80}, {"name": "b", "port": 81}]}, "spec.ports[0].name", "required"),
+     ({"ports": [{"port": 80}, {"port": 81}]}, "spec.ports[0].name", "required"),
      ({"ports": [{"name": "a", "port": 80}, {"name": "a", "port": 81}]}, "spec.ports[1].name",
       "duplicate port name"),
      ({"ports": [{"name": "a", "port": 80}, {"name": "b", "port": 80, "protocol": "TCP"}]},
       "spec.ports[1]", "duplicate port 80/TCP"),
      ({"clusterIPs": ["10.96.0.1", "fd00::1", "10.96.0.2"]}, "spec.clusterIPs", "at most 2"),
-     ({"ipFamilies": ["IPv4", "IPv4"]}, "spec.ipFamilies[1]", "duplicate IP family")],
+     ({"ipFamilies": ["IPv4", "IPv4"]}, "spec.ipFamilies[1]", "duplicate IP family"),
+     ({"ipFamilies": ["IPv4", "IPv6", "IPv4"]}, "spec.ipFamilies", "at most 2 families")],
 )
 def test_service_api_limits(spec: dict[str, Any], field: str, words: str) -> None:
     with pytest.raises(ConversionError) as e:
