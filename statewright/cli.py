@@ -7,16 +7,26 @@ its path (``"lb list"``). A later module may look up a parser an earlier one rec
 extend it (more arguments, another ``func``): that is how ``cli_agent`` sends ``lb list``
 and ``bpf dump`` to the running agent. A module that cannot be imported is a bug and fails
 ``statewright`` at once.
+
+`run` is the one place a command is executed: it also makes every command end quietly
+when its standard output is closed early (``statewright db watch t | head``), as Unix
+tools do, instead of printing a BrokenPipeError traceback.
 """
 
 from __future__ import annotations
 
 import argparse
 import logging
+import os
+import signal
 import sys
 from typing import Any, Protocol
 
 from statewright import cli_agent, cli_bpf, cli_lb, cli_run
+
+#: Exit code after stdout was closed by the reader: 128 + SIGPIPE, what a shell reports for
+#: a tool killed by SIGPIPE (``yes | head -1``; visible with ``set -o pipefail``).
+EXIT_BROKEN_PIPE = 128 + signal.SIGPIPE
 
 
 class SubParsers(Protocol):
@@ -72,15 +82,44 @@ def main(argv: list[str] | None = None) -> int:
 
 def run(parser: argparse.ArgumentParser, argv: list[str] | None = None) -> int:
     """Parse ``argv`` with ``parser``, set up logging and run ``args.func``; return its exit
-    code."""
-    args = parser.parse_args(argv)
-    logging.basicConfig(
-        level=logging.DEBUG if getattr(args, "verbose", False) else logging.INFO,
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-        stream=sys.stderr,
-    )
-    code: int = args.func(args)
-    return code
+    code, or `EXIT_BROKEN_PIPE` without a word when the reader closed standard output."""
+    try:
+        try:
+            args = parser.parse_args(argv)
+            logging.basicConfig(
+                level=logging.DEBUG if getattr(args, "verbose", False) else logging.INFO,
+                format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+                stream=sys.stderr,
+            )
+            code: int = args.func(args)
+            return code
+        finally:
+            # Inside the guard: a reader gone before the last buffered write ends quietly too
+            # (also after --help, whose SystemExit passes through when the flush succeeds).
+            sys.stdout.flush()
+    except BrokenPipeError:
+        _discard_stdout()
+        return EXIT_BROKEN_PIPE
+    except BaseExceptionGroup as group:  # a command running a task group (agent --status-line)
+        _, rest = group.split(BrokenPipeError)
+        if rest is not None:
+            raise
+        _discard_stdout()
+        return EXIT_BROKEN_PIPE
+
+
+def _discard_stdout() -> None:
+    """Point file descriptor 1 at /dev/null so that the interpreter's final flush of what is
+    still buffered for the closed pipe does not print 'Exception ignored ... BrokenPipeError'."""
+    try:
+        fd = sys.stdout.fileno()
+    except (AttributeError, OSError, ValueError):  # replaced by an object without a file
+        return
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, fd)
+    finally:
+        os.close(devnull)
 
 
 if __name__ == "__main__":
