@@ -187,7 +187,7 @@ def _parse_ip(text: str) -> IPAddress:
 
     inet_pton(AF_INET) accepts exactly what ipaddress accepts for IPv4 (four decimal
     octets of at most 255, no leading zeros); anything else (IPv6, errors) goes the
-    ipaddress way, which raises the same ValueError as before.
+    ipaddress way, which raises ipaddress's ValueError.
     """
     try:
         packed = _inet_pton(_AF_INET, text)
