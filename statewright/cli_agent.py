@@ -331,15 +331,19 @@ def cmd_db_list(args: argparse.Namespace) -> int:
 
 
 def cmd_db_watch(args: argparse.Namespace) -> int:
-    """Print a table's changes as they happen (newline-delimited JSON) until interrupted."""
+    """Print a table's changes as they happen (newline-delimited JSON) until interrupted
+    (exit 0) or until the agent ends the feed, which it does when it stops (exit 1)."""
+    client = _client(args)
     try:
-        for doc in _client(args).stream(f"/tables/{args.table}/changes"):
+        for doc in client.stream(f"/tables/{args.table}/changes"):
             print(json.dumps(doc), flush=True)
     except (AgentUnavailable, AgentRequestError) as e:
         return _fail("db watch", e)
     except KeyboardInterrupt:
-        pass
-    return 0
+        return 0
+    print(f"statewright db watch: the agent on {client.socket_path} ended the change feed "
+          "(it stopped?)", file=sys.stderr)
+    return 1
 
 
 def cmd_exec(args: argparse.Namespace) -> int:
