@@ -257,11 +257,12 @@ class DemoNetns:
         server = self._server
         assert server is not None and server.stdout is not None
         fd = server.stdout.fileno()
+        poller = select.poll()  # not select.select: the agent may hold more than 1024 fds
+        poller.register(fd, select.POLLIN)
         deadline = time.monotonic() + SERVER_TIMEOUT
         while b"\n" not in self._replies:
             left = deadline - time.monotonic()
-            ready, _, _ = select.select([fd], [], [], max(0.0, left))
-            if not ready:
+            if not poller.poll(max(0.0, left) * 1000):
                 raise DemoError(f"demo backend server in {self.name} did not answer within "
                                 f"{SERVER_TIMEOUT:.0f} s")
             chunk = os.read(fd, 1 << 16)
