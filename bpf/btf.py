@@ -69,6 +69,10 @@ class BtfError(StatewrightError, OSError):
         return (BtfError, (self.errno or 0, self.message))
 
 
+class BtfLoadError(BtfError):
+    """The kernel rejects the BTF blob itself (not one map's use of it)."""
+
+
 @dataclass(frozen=True, slots=True)
 class MapBtf:
     """What map creation passes to the kernel: a loaded BTF fd and two type ids in it."""
@@ -98,6 +102,11 @@ def _sources(source: Path) -> list[Path]:
     return [source, *sorted(INCLUDE_DIR.glob("*.h"))]
 
 
+def find_clang() -> str | None:
+    """The clang on PATH, or None."""
+    return shutil.which("clang")
+
+
 def is_stale(obj: Path, source: Path = SOURCE) -> bool:
     """Whether ``obj`` is missing or older than one of its sources."""
     try:
@@ -110,7 +119,7 @@ def is_stale(obj: Path, source: Path = SOURCE) -> bool:
 def compile_types(obj: Path, source: Path = SOURCE, clang: str | None = None) -> None:
     """Compile ``source`` with clang into ``obj`` (written atomically, so concurrent
     first uses never read half an object). Raises BtfError saying what failed."""
-    clang = clang or shutil.which("clang")
+    clang = clang or find_clang()
     if clang is None:
         raise BtfError(errno.ENOENT, f"clang not installed, cannot build {obj} from {source}")
     obj.parent.mkdir(parents=True, exist_ok=True)
@@ -137,8 +146,8 @@ class BtfTypes:
     """The compiled types as libbpf parsed them, loaded into the kernel on first use.
 
     Thread-safe. Array types are appended to libbpf's copy when a spec needs one, and
-    the next ``for_spec`` loads the grown blob as a new kernel BTF object (maps keep a
-    reference to the object they were created with, so the old one is closed here).
+    the next ``for_spec`` loads the grown blob as a new kernel BTF object (each map
+    keeps a reference to the object it was created with).
     """
 
     def __init__(self, btf: int, origin: str) -> None:
@@ -146,6 +155,7 @@ class BtfTypes:
         self.origin = origin
         self._lock = threading.Lock()
         self._fd = -1
+        self._old_fds: list[int] = []
         self._loaded_types = 0
         self._ids: dict[str, int] = {}
 
@@ -160,9 +170,10 @@ class BtfTypes:
     def close(self) -> None:
         """Close the kernel BTF fd and free libbpf's copy (maps created keep theirs)."""
         with self._lock:
-            if self._fd >= 0:
-                os.close(self._fd)
-                self._fd = -1
+            for fd in [*self._old_fds, self._fd]:
+                if fd >= 0:
+                    os.close(fd)
+            self._fd, self._old_fds = -1, []
             if self._btf:
                 libbpf.btf_free(self._btf)
                 self._btf = 0
@@ -225,17 +236,32 @@ class BtfTypes:
 
     # -- kernel ----------------------------------------------------------------------
 
-    def for_spec(self, spec: MapSpec[Any, Any]) -> MapBtf:
-        """The BTF fd and key/value type ids for creating ``spec``'s map (BtfError when
-        the map cannot have BTF, a type is unknown or the kernel rejects the blob)."""
+    def size(self, type_id: int) -> int:
+        """The size in bytes of a type (typedefs followed), or -errno."""
+        with self._lock:
+            return libbpf.btf_resolve_size(self._btf, type_id)
+
+    def ids(self, spec: MapSpec[Any, Any]) -> tuple[int, int]:
+        """The key and value type ids for ``spec`` (BtfError when the map cannot have
+        BTF, or a type is unknown or of another size than the codec)."""
         if spec.type in MAP_OF_MAPS:
             raise BtfError(
                 errno.EOPNOTSUPP, f"map {spec.name}: the kernel takes no BTF for map-of-maps"
             )
         with self._lock:
-            key_id = self._sized_id(spec, "key", spec.key)
-            value_id = self._sized_id(spec, "value", spec.value)
+            return self._sized_id(spec, "key", spec.key), self._sized_id(spec, "value", spec.value)
+
+    def for_spec(self, spec: MapSpec[Any, Any]) -> MapBtf:
+        """The BTF fd and key/value type ids for creating ``spec``'s map (BtfError as
+        ``ids``, or when the kernel rejects the blob)."""
+        key_id, value_id = self.ids(spec)
+        with self._lock:
             return MapBtf(self._kernel_fd(), key_id, value_id)
+
+    def load(self) -> int:
+        """Load the types into the kernel now (BtfLoadError when it rejects them); the fd."""
+        with self._lock:
+            return self._kernel_fd()
 
     def _kernel_fd(self) -> int:
         """The kernel BTF object holding every type added so far (loaded on demand)."""
@@ -250,11 +276,13 @@ class BtfTypes:
             # Again with a log, only now: the kernel says which type it rejects.
             _, text = libbpf.btf_load(raw, _LOG_SIZE)
             why = text.splitlines()[-1] if text else "no log"
-            raise BtfError(
+            raise BtfLoadError(
                 -fd, f"the kernel rejects the BTF of {self.origin}: {errno_name(-fd)} ({why})"
             )
         if self._fd >= 0:
-            os.close(self._fd)
+            # Another thread may be creating a map with the previous fd right now, so it
+            # stays open until close() (one per array size ever added: a handful).
+            self._old_fds.append(self._fd)
         self._fd, self._loaded_types = fd, count
         return fd
 
@@ -284,6 +312,7 @@ class BtfRegistry:
         self.clang = clang
         self._lock = threading.Lock()
         self._types: BtfTypes | None = None
+        self._retired: list[BtfTypes] = []
         self._status: BtfStatus | None = None
         self._refused: set[str] = set()
 
@@ -292,7 +321,7 @@ class BtfRegistry:
             raise BtfError(errno.ENOENT, f"disabled (${OBJECT_ENV}=off)")
         obj = self.object_path
         if self.build and is_stale(obj, self.source):
-            if self.clang is not None or shutil.which("clang") is not None:
+            if self.clang is not None or find_clang() is not None:
                 compile_types(obj, self.source, self.clang)
             elif not obj.exists():
                 raise BtfError(
@@ -302,7 +331,13 @@ class BtfRegistry:
                 log.warning("bpf: %s is older than its sources and clang is missing", obj)
         elif not obj.exists():
             raise BtfError(errno.ENOENT, f"{obj} not built (make setup)")
-        return BtfTypes.from_object(obj)
+        types = BtfTypes.from_object(obj)
+        try:
+            types.load()  # a kernel that rejects the blob is known before the first map
+        except BtfError:
+            types.close()
+            raise
+        return types
 
     def types(self) -> BtfTypes | None:
         """The opened types, or None (``status()`` says why); tried once."""
@@ -330,6 +365,14 @@ class BtfRegistry:
             return None
         try:
             return types.for_spec(spec)
+        except BtfLoadError as exc:
+            # The blob grew (an array type) and the kernel rejects it: no BTF from now on.
+            # Its fds stay open until close(): another thread may be creating a map with one.
+            with self._lock:
+                self._types, self._status = None, BtfStatus(False, f"no BTF: {exc.message}")
+                self._retired.append(types)
+            log.warning("bpf: maps are created without BTF from now on: %s", exc.message)
+            return None
         except BtfError as exc:
             self.refused(spec, exc.message)
             return None
@@ -345,9 +388,10 @@ class BtfRegistry:
     def close(self) -> None:
         """Release the kernel BTF and libbpf's copy (tests)."""
         with self._lock:
-            if self._types is not None:
-                self._types.close()
-            self._types, self._status = None, None
+            for types in [*self._retired, self._types]:
+                if types is not None:
+                    types.close()
+            self._types, self._status, self._retired = None, None, []
 
 
 _registry_lock = threading.Lock()

@@ -203,6 +203,22 @@ def test_unreadable_object_leaves_maps_without_btf(tmp_path: Path) -> None:
 
 
 @pytest.mark.kernel
+def test_kernel_rejecting_the_blob_leaves_maps_without_btf(tmp_path: Path) -> None:
+    """BTF the kernel rejects (here a global variable's data section, which only a
+    program loader can size): the kernel's reason is the status, maps are created."""
+    source = tmp_path / "global.c"
+    source.write_text(f'#include "{btf.INCLUDE_DIR}/lb.h"\nstruct lb4_key sw_key;\nint sw_x = 1;\n')
+    obj = tmp_path / "global.o"
+    btf.compile_types(obj, source, clang=tool("clang"))
+    with using(BtfRegistry(obj, build=False)) as reg:
+        reason = reg.status().reason
+        with closing(KernelMap.create(SPECS["lb4_services"].resized(8))) as m:
+            assert m.info().btf_id == 0
+    assert "the kernel rejects the BTF of" in reason and "EINVAL (" in reason
+    assert "DATASEC" in reason
+
+
+@pytest.mark.kernel
 def test_kernel_refusing_btf_falls_back(compiled: Path, caplog: Any) -> None:
     """When the kernel refuses a map with its BTF (an LPM trie needs a struct key), the map
     is created without and the reason is logged once."""
