@@ -32,6 +32,7 @@ from bpfops import flags as svcflags
 from bpfops.lb_maps import LB_MAP_NAMES, MAGLEV4, MAGLEV6, LBMaps
 from bpfops.maps_dump import LB_ALG_NAMES, LB_ALG_SHIFT, dump_lines
 from bpfops.model import SCOPE_INTERNAL, STATE_NAMES, proto_name
+from statedb.errors import StatewrightError
 
 if TYPE_CHECKING:
     from statewright.cli import Commands, SubParsers
@@ -39,7 +40,7 @@ if TYPE_CHECKING:
 PIN_DIR_ENV = "STATEWRIGHT_BPF_PIN_DIR"
 
 
-class LBCliError(RuntimeError):
+class LBCliError(StatewrightError, RuntimeError):
     """The pinned maps cannot be read; the message says why."""
 
 

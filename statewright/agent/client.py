@@ -9,12 +9,14 @@ import socket
 from collections.abc import Iterator
 from typing import Any
 
+from statedb.errors import StatewrightError
 
-class AgentUnavailable(ConnectionError):
+
+class AgentUnavailable(StatewrightError, ConnectionError):
     """No agent answers on the socket; the message says where it looked and what to do."""
 
 
-class AgentRequestError(RuntimeError):
+class AgentRequestError(StatewrightError, RuntimeError):
     """The agent answered with an error status; the message is the agent's."""
 
 

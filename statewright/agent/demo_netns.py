@@ -33,6 +33,7 @@ import threading
 import time
 from collections.abc import Iterable
 
+from statedb.errors import StatewrightError
 from statewright.agent.demo_backend import format_spec
 
 log = logging.getLogger("statewright.agent.demo")
@@ -44,7 +45,7 @@ Backend = tuple[str, int, str]
 SERVER_TIMEOUT = 30.0
 
 
-class DemoError(RuntimeError):
+class DemoError(StatewrightError, RuntimeError):
     """The namespace or a backend could not be set up; the message names the command."""
 
 
