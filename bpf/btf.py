@@ -102,6 +102,14 @@ def _sources(source: Path) -> list[Path]:
     return [source, *sorted(INCLUDE_DIR.glob("*.h"))]
 
 
+def _shown(path: Path) -> str:
+    """``path`` relative to the repository when inside it (shorter health lines)."""
+    try:
+        return str(path.resolve().relative_to(REPO_ROOT))
+    except ValueError:
+        return str(path)
+
+
 def find_clang() -> str | None:
     """The clang on PATH, or None."""
     return shutil.which("clang")
@@ -345,7 +353,7 @@ class BtfRegistry:
             if self._status is None:
                 try:
                     self._types = self._open()
-                    self._status = BtfStatus(True, f"BTF from {self.object_path}")
+                    self._status = BtfStatus(True, f"BTF from {_shown(self.object_path)}")
                 except BtfError as exc:
                     self._status = BtfStatus(False, f"no BTF: {exc.message}")
                     log.warning("bpf: maps are created without BTF: %s", exc.message)
