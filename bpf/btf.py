@@ -330,7 +330,13 @@ class BtfRegistry:
         obj = self.object_path
         if self.build and is_stale(obj, self.source):
             if self.clang is not None or find_clang() is not None:
-                compile_types(obj, self.source, self.clang)
+                try:
+                    compile_types(obj, self.source, self.clang)
+                except BtfError as exc:
+                    if not obj.exists():
+                        raise
+                    # The older object still describes the types; sizes are checked per map.
+                    log.warning("bpf: %s; using the older %s", exc.message, obj)
             elif not obj.exists():
                 raise BtfError(
                     errno.ENOENT, f"{obj} not built and clang not installed (make setup)"

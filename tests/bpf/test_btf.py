@@ -192,6 +192,31 @@ def test_without_clang_maps_have_no_btf_and_say_why(
 
 
 @pytest.mark.kernel
+def test_first_use_builds_a_missing_object_and_keeps_an_older_one(
+    tmp_path: Path, compiled: Path, caplog: Any
+) -> None:
+    """A missing object is compiled on first use; when rebuilding a stale one fails, the
+    older object is used (with a warning) rather than no BTF."""
+    tool("clang")
+    fresh = tmp_path / "fresh.o"
+    with using(BtfRegistry(fresh)) as reg:
+        assert reg.status() == btf.BtfStatus(True, f"BTF from {fresh}")
+        with closing(KernelMap.create(SPECS["lb4_services"].resized(8))) as m:
+            assert m.info().btf_id != 0
+    older = tmp_path / "older.o"
+    older.write_bytes(compiled.read_bytes())
+    broken = tmp_path / "broken.c"
+    broken.write_text("int x = ;\n")
+    os.utime(broken, (older.stat().st_mtime + 10, older.stat().st_mtime + 10))
+    with (
+        caplog.at_level(logging.WARNING, logger="statewright.bpf"),
+        using(BtfRegistry(older, source=broken)) as reg,
+    ):
+        assert reg.status().ok
+    assert f"clang failed on {broken}" in caplog.text and f"using the older {older}" in caplog.text
+
+
+@pytest.mark.kernel
 def test_unreadable_object_leaves_maps_without_btf(tmp_path: Path) -> None:
     """An object libbpf cannot parse: the reason names it, maps are still created."""
     garbage = tmp_path / "garbage.o"
