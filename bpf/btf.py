@@ -200,9 +200,13 @@ class BtfTypes:
         with self._lock:
             return self._type_id(c_name)
 
-    def _type_id(self, c_name: str) -> int:
+    def _check_open(self) -> None:
+        """libbpf's copy must not be used once freed (its pointer would be dangling)."""
         if not self._btf:
             raise BtfError(errno.EBADF, f"BTF from {self.origin} is closed")
+
+    def _type_id(self, c_name: str) -> int:
+        self._check_open()
         known = self._ids.get(c_name)
         if known is not None:
             return known
@@ -247,6 +251,7 @@ class BtfTypes:
     def size(self, type_id: int) -> int:
         """The size in bytes of a type (typedefs followed), or -errno."""
         with self._lock:
+            self._check_open()
             return libbpf.btf_resolve_size(self._btf, type_id)
 
     def ids(self, spec: MapSpec[Any, Any]) -> tuple[int, int]:
@@ -273,6 +278,7 @@ class BtfTypes:
 
     def _kernel_fd(self) -> int:
         """The kernel BTF object holding every type added so far (loaded on demand)."""
+        self._check_open()
         count = libbpf.btf_type_count(self._btf)
         if self._fd >= 0 and self._loaded_types == count:
             return self._fd

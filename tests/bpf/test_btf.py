@@ -122,6 +122,17 @@ def test_unknown_type_and_wrong_size_are_errors(types: BtfTypes) -> None:
     assert exc.value.errno == errno.EINVAL
 
 
+def test_closed_types_are_an_error_not_a_crash(compiled: Path) -> None:
+    """After close() every use raises EBADF instead of touching freed libbpf memory."""
+    t = BtfTypes.from_object(compiled)
+    t.close()
+    t.close()  # idempotent
+    for use in (lambda: t.type_id("lb4_key"), lambda: t.size(1), t.load):
+        with pytest.raises(BtfError, match="is closed") as exc:
+            use()
+        assert exc.value.errno == errno.EBADF
+
+
 def test_object_staleness_and_clang_errors(tmp_path: Path) -> None:
     """A missing or older object is stale; a clang failure names the source and leaves
     neither the object nor a temporary file behind."""
