@@ -392,20 +392,20 @@ def test_bpftool_struct_view_of_every_lb_map_matches_lb_list(kernel_pin_dir: str
     )
     with LBMaps.open(config) as maps:
         affinity = _populate(maps)
-    decoded = LBMaps.in_memory(max_entries=64, maglev_table_size=251)
-    counts = {
-        name: _decode_into(bpftool, pin_path(kernel_pin_dir, name), decoded, name)
-        for name in LB_MAP_NAMES
-    }
-    assert all(counts.values()), f"every LB map has entries: {counts}"
-    listed = json.loads(_cli("lb", "list", "--pin-dir", kernel_pin_dir, "-o", "json"))
-    assert listed == list_frontends(decoded)
-    assert {r["address"] for r in listed} >= {"10.96.0.1:80/TCP", "[fd00::1]:443/TCP"}
-    dumped = _cli("lb", "maps-dump", "--pin-dir", kernel_pin_dir).splitlines()
-    assert dumped == dump_lines(decoded)
-    assert any(line.startswith("SRCRANGE: ID=3 CIDR=fd00:aa::/64") for line in dumped)
-    for name in (AFFINITY4, AFFINITY6):
-        assert dict(decoded.maps[name].items()) == affinity[name]
+    with LBMaps.in_memory(max_entries=64, maglev_table_size=251) as decoded:
+        counts = {
+            name: _decode_into(bpftool, pin_path(kernel_pin_dir, name), decoded, name)
+            for name in LB_MAP_NAMES
+        }
+        assert all(counts.values()), f"every LB map has entries: {counts}"
+        listed = json.loads(_cli("lb", "list", "--pin-dir", kernel_pin_dir, "-o", "json"))
+        assert listed == list_frontends(decoded)
+        assert {r["address"] for r in listed} >= {"10.96.0.1:80/TCP", "[fd00::1]:443/TCP"}
+        dumped = _cli("lb", "maps-dump", "--pin-dir", kernel_pin_dir).splitlines()
+        assert dumped == dump_lines(decoded)
+        assert any(line.startswith("SRCRANGE: ID=3 CIDR=fd00:aa::/64") for line in dumped)
+        for name in (AFFINITY4, AFFINITY6):
+            assert dict(decoded.maps[name].items()) == affinity[name]
 
 
 def test_decoder_reads_struct_members_by_name() -> None:
