@@ -6,7 +6,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 APT_PKGS := clang llvm libbpf-dev bpftool iproute2
 BPF_OBJ  := build/sock_lb.o
-BTF_OBJ  := build/btf_types.o
+BTF_OBJ  := build/maps.o
 MULTIARCH ?= $(shell python3 -c 'import sysconfig; print(sysconfig.get_config_var("MULTIARCH") or "")' 2>/dev/null)
 
 .PHONY: setup system-deps test lint pytest run bench conformance clean
@@ -20,9 +20,9 @@ $(BPF_OBJ): bpf/sock_lb.c $(wildcard bpf/include/*.h) | system-deps
 	  clang -O2 -g -Wall -target bpf $(if $(MULTIARCH),-I/usr/include/$(MULTIARCH)) -c $< -o $@ && echo "setup: built $@"; \
 	else echo "setup: clang not installed, $@ not built (datapath tests will skip)"; fi
 
-# The map key/value types as BTF (bpf/btf_types.c, read by bpf/btf.py when it creates maps);
-# without clang maps are created without BTF (bpftool then dumps them as hex).
-$(BTF_OBJ): bpf/btf_types.c $(wildcard bpf/include/*.h) | system-deps
+# Every map's key/value types as BTF (bpf/maps.c declares the maps; bpf/btf.py reads the BTF
+# when it creates maps); without clang maps are created without BTF (bpftool dumps hex).
+$(BTF_OBJ): bpf/maps.c $(wildcard bpf/include/*.h) | system-deps
 	@mkdir -p $(dir $@)
 	@if command -v clang >/dev/null; then \
 	  clang -O2 -g -Wall -target bpf $(if $(MULTIARCH),-I/usr/include/$(MULTIARCH)) -c $< -o $@ && echo "setup: built $@"; \

@@ -1,17 +1,19 @@
 """BTF for the maps Statewright creates, so that bpftool prints their entries as C structs.
 
-The C headers in ``bpf/include`` define every key and value layout. ``bpf/btf_types.c``
-gathers those types; clang compiles it with ``-g -target bpf`` into
-``build/btf_types.o`` (``make setup``, or here on first use when the object is missing
-or older than its sources). libbpf parses the object's ``.BTF`` section, the blob is
-loaded into the kernel once per process (``bpf_btf_load``), and ``KernelMap.create``
-passes the BTF fd with the ids of the spec's key and value types, found by the codecs'
-C names (``lb4_key``, ``__be16``, ...). The maglev inner value ``__u32[N]`` has a
-configurable size, so array types are appended to the BTF when first needed (and the
-blob is loaded again).
+The C headers in ``bpf/include`` define every key and value layout, and ``bpf/maps.c``
+declares every map of the catalogue with them (``tests/bpf/test_layout_btf.py`` checks
+that it declares exactly the catalogue's maps). clang compiles it with ``-g -target bpf``
+into ``build/maps.o`` (``make setup``, or here on first use when the object is missing or
+older than its sources). libbpf opens the object (``bpf_object__open``, which also gives
+its data sections the sizes the kernel requires; nothing is loaded or created), its BTF
+is copied out, loaded into the kernel once per process (``bpf_btf_load``), and
+``KernelMap.create`` passes the BTF fd with the ids of the spec's key and value types,
+found by the codecs' C names (``lb4_key``, ``__be16``, ...). The maglev inner value
+``__u32[N]`` has a configurable size, so array types are appended to the BTF when first
+needed (and the blob is loaded again).
 
 BTF is an aid to people and tools, never a condition for running: without clang, with
-an object libbpf cannot parse or a kernel that rejects the blob, ``status()`` says why
+an object libbpf cannot open or a kernel that rejects the blob, ``status()`` says why
 and maps are created without BTF. Map-of-maps never carry BTF (the kernel refuses
 key/value types for them); their inner maps do.
 """
@@ -38,12 +40,12 @@ from statedb.errors import StatewrightError
 log = logging.getLogger("statewright.bpf")
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
-#: The C file naming every key and value type.
-SOURCE = REPO_ROOT / "bpf" / "btf_types.c"
+#: The C file declaring every map (and so using every key and value type).
+SOURCE = REPO_ROOT / "bpf" / "maps.c"
 #: The headers it includes (their changes make a compiled object stale).
 INCLUDE_DIR = REPO_ROOT / "bpf" / "include"
 #: Where ``make setup`` (or the first use) puts the compiled object.
-DEFAULT_OBJECT = REPO_ROOT / "build" / "btf_types.o"
+DEFAULT_OBJECT = REPO_ROOT / "build" / "maps.o"
 #: Environment variable naming another object, or "off" to create maps without BTF.
 OBJECT_ENV = "STATEWRIGHT_BTF_OBJECT"
 
@@ -169,11 +171,29 @@ class BtfTypes:
 
     @classmethod
     def from_object(cls, path: str | Path) -> BtfTypes:
-        """Parse the ``.BTF`` section of a compiled object (BtfError when impossible)."""
-        ptr = libbpf.btf_parse_elf(str(path))
-        if ptr < 0:
-            raise BtfError(-ptr, f"libbpf cannot read BTF from {path}: {errno_name(-ptr)}")
-        return cls(ptr, str(path))
+        """The BTF of a compiled BPF object (BtfError when impossible).
+
+        The object is opened with libbpf rather than its ``.BTF`` section read as is:
+        clang leaves the sizes of data sections (``.maps``, ``license``) to the loader,
+        and the kernel rejects a data section of size 0. The fixed-up BTF is copied into
+        a standalone ``struct btf`` so that the object can be closed at once.
+        """
+        obj = libbpf.object_open(str(path))
+        if obj < 0:
+            raise BtfError(-obj, f"libbpf cannot open {path}: {errno_name(-obj)}")
+        try:
+            src = libbpf.object_btf(obj)
+            if not src:
+                raise BtfError(errno.ENOENT, f"{path} has no BTF (compiled without -g?)")
+            raw = libbpf.btf_raw_data(src)
+            if isinstance(raw, int):
+                raise BtfError(-raw, f"cannot serialize the BTF of {path}: {errno_name(-raw)}")
+            btf = libbpf.btf_new(raw)
+            if btf < 0:
+                raise BtfError(-btf, f"libbpf cannot copy the BTF of {path}: {errno_name(-btf)}")
+        finally:
+            libbpf.object_close(obj)
+        return cls(btf, str(path))
 
     def close(self) -> None:
         """Close the kernel BTF fd and free libbpf's copy (maps created keep theirs)."""
@@ -226,7 +246,8 @@ class BtfTypes:
             if tid <= 0:
                 raise BtfError(
                     errno.ENOENT,
-                    f"no type {c_name} in the BTF of {self.origin} (add it to {SOURCE.name})",
+                    f"no type {c_name} in the BTF of {self.origin} (declare the map in "
+                    "bpf/include under SW_DEFINE_MAPS, see bpf/maps.c)",
                 )
         self._ids[c_name] = tid
         return tid
@@ -307,7 +328,7 @@ class BtfTypes:
 class BtfRegistry:
     """Where the types come from, opened once on first use; remembers why not.
 
-    ``object_path`` None means ``$STATEWRIGHT_BTF_OBJECT`` or ``build/btf_types.o``;
+    ``object_path`` None means ``$STATEWRIGHT_BTF_OBJECT`` or ``build/maps.o``;
     ``build`` allows compiling it (when missing or stale and clang is installed).
     """
 
@@ -419,7 +440,7 @@ _registry: BtfRegistry | None = None
 
 
 def registry() -> BtfRegistry:
-    """The process-wide registry (``build/btf_types.o`` unless configured otherwise)."""
+    """The process-wide registry (``build/maps.o`` unless configured otherwise)."""
     global _registry
     with _registry_lock:
         if _registry is None:

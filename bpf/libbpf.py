@@ -186,7 +186,8 @@ class _Lib:
         self.link_detach = eproto("bpf_link_detach", _c_int, _c_int)
         # BTF (bpf/btf.py): libbpf parses the compiled types and appends array types;
         # the kernel loads the raw blob.
-        self.btf_parse_elf = eproto("btf__parse_elf", _c_void_p, _c_char_p, _c_void_p)
+        self.object_btf = eproto("bpf_object__btf", _c_void_p, _c_void_p)
+        self.btf_new = eproto("btf__new", _c_void_p, _c_void_p, _c_u32)
         self.btf_free = eproto("btf__free", None, _c_void_p)
         self.btf_type_cnt = eproto("btf__type_cnt", _c_u32, _c_void_p)
         self.btf_find_by_name_kind = eproto(
@@ -451,11 +452,18 @@ BTF_KIND_UNION = 5
 BTF_KIND_TYPEDEF = 8
 
 
-def btf_parse_elf(path: str) -> int:
-    """btf__parse_elf: the .BTF section of an object file as a libbpf ``struct btf``
-    pointer (as int, free it with ``btf_free``), or -errno."""
+def object_btf(obj: int) -> int:
+    """bpf_object__btf of an opened object: its ``struct btf`` pointer (owned by the
+    object, valid until ``object_close``), or 0 when the object has no BTF."""
+    ptr: int | None = lib().object_btf(obj)
+    return ptr or 0
+
+
+def btf_new(data: bytes) -> int:
+    """btf__new: a ``struct btf`` pointer (as int, free it with ``btf_free``) parsed from
+    a raw BTF blob (copied), or -errno."""
     ctypes.set_errno(0)
-    return _errno_result(lib().btf_parse_elf(os.fsencode(path), None))
+    return _errno_result(lib().btf_new(data, len(data)))
 
 
 def btf_free(btf: int) -> None:

@@ -1,5 +1,5 @@
-"""BTF on the maps Statewright creates (bpf/btf.py, bpf/btf_types.c): every catalogue type
-is found with the codec's size, maps carry it (map-of-maps excepted), its absence or a
+"""BTF on the maps Statewright creates (bpf/btf.py, the BTF of bpf/maps.c): every catalogue
+type is found with the codec's size, maps carry it (map-of-maps excepted), its absence or a
 refusal never stops map creation, pinned maps without it are adopted, and bpftool's
 struct view of every LB map decodes to what ``statewright lb list`` shows."""
 
@@ -48,8 +48,8 @@ SPECS = catalog.all_specs()
 
 @pytest.fixture(scope="module")
 def compiled(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
-    """bpf/btf_types.c compiled by bpf.btf itself (the path first use takes)."""
-    obj = tmp_path_factory.mktemp("btf") / "btf_types.o"
+    """bpf/maps.c compiled by bpf.btf itself (the path first use takes)."""
+    obj = tmp_path_factory.mktemp("btf") / "maps.o"
     btf.compile_types(obj, clang=tool("clang"))
     try:
         yield obj
@@ -90,7 +90,7 @@ def _all_specs() -> list[MapSpec[Any, Any]]:
 @pytest.mark.parametrize("spec", _all_specs(), ids=lambda s: f"{s.name}:{s.value_size}")
 def test_every_map_type_is_in_the_btf(types: BtfTypes, spec: MapSpec[Any, Any]) -> None:
     """Each catalogue key and value type is found by its C name, with the codec's size
-    (a map added to the catalogue needs its types in bpf/btf_types.c)."""
+    (the layout test makes every catalogue map a declaration in bpf/maps.c's headers)."""
     if spec.type in MAP_OF_MAPS:
         with pytest.raises(BtfError) as exc:
             types.ids(spec)
@@ -111,7 +111,7 @@ def test_array_types_are_appended_once(types: BtfTypes) -> None:
 
 def test_unknown_type_and_wrong_size_are_errors(types: BtfTypes) -> None:
     """A C name the BTF lacks, or a codec of another size, is a BtfError saying so."""
-    with pytest.raises(BtfError, match=r"no type sw_no_such_struct .*btf_types\.c") as exc:
+    with pytest.raises(BtfError, match=r"no type sw_no_such_struct .*SW_DEFINE_MAPS") as exc:
         types.type_id("sw_no_such_struct")
     assert exc.value.errno == errno.ENOENT
     wrong: MapSpec[int, int] = MapSpec(
@@ -229,29 +229,69 @@ def test_first_use_builds_a_missing_object_and_keeps_an_older_one(
 
 @pytest.mark.kernel
 def test_unreadable_object_leaves_maps_without_btf(tmp_path: Path) -> None:
-    """An object libbpf cannot parse: the reason names it, maps are still created."""
+    """An object libbpf cannot open: the reason names it, maps are still created."""
     garbage = tmp_path / "garbage.o"
     garbage.write_bytes(b"not an ELF file")
     with using(BtfRegistry(garbage, build=False)) as reg:
-        assert "libbpf cannot read BTF from" in reg.status().reason
+        assert "libbpf cannot open " + str(garbage) in reg.status().reason
         with closing(KernelMap.create(SPECS["lb4_services"].resized(8))) as m:
             assert m.info().btf_id == 0
 
 
 @pytest.mark.kernel
-def test_kernel_rejecting_the_blob_leaves_maps_without_btf(tmp_path: Path) -> None:
-    """BTF the kernel rejects (here a global variable's data section, which only a
-    program loader can size): the kernel's reason is the status, maps are created."""
-    source = tmp_path / "global.c"
+def test_global_data_sections_load(tmp_path: Path) -> None:
+    """Global variables give data sections whose sizes clang leaves to the loader (the
+    kernel rejects size 0); opening the object through libbpf sizes them, so an object
+    with globals loads too (as bpf/maps.c's .maps and license sections do)."""
+    source = tmp_path / "globals.c"
     source.write_text(f'#include "{btf.INCLUDE_DIR}/lb.h"\nstruct lb4_key sw_key;\nint sw_x = 1;\n')
-    obj = tmp_path / "global.o"
+    obj = tmp_path / "globals.o"
     btf.compile_types(obj, source, clang=tool("clang"))
     with using(BtfRegistry(obj, build=False)) as reg:
+        assert reg.status().ok, reg.status().reason
+        spec: MapSpec[Any, int] = MapSpec("sw_btf_globals", MapType.HASH, lb.SERVICE4_KEY, U8, 4)
+        with closing(KernelMap.create(spec)) as m:
+            assert m.info().btf_id != 0
+
+
+@pytest.mark.kernel
+def test_kernel_rejecting_the_blob_leaves_maps_without_btf(
+    compiled: Path, monkeypatch: pytest.MonkeyPatch, caplog: Any
+) -> None:
+    """The kernel rejecting the blob, at first use or once an array type was appended:
+    its log line is the reason, BTF is off for the process, maps are still created."""
+    real_load = btf.libbpf.btf_load
+    loads = {"done": 0, "allowed": 0}
+
+    def load(data: bytes, log_size: int = 0) -> tuple[int, str]:
+        """The real load for the first ``allowed`` calls, then the kernel's EINVAL."""
+        loads["done"] += 1
+        if loads["done"] > loads["allowed"]:
+            log = "[7] STRUCT lb4_key size=12 vlen=6\nInvalid member" if log_size else ""
+            return -errno.EINVAL, log
+        return real_load(data, log_size)
+
+    monkeypatch.setattr(btf.libbpf, "btf_load", load)
+    with using(BtfRegistry(compiled, build=False)) as reg:
         reason = reg.status().reason
         with closing(KernelMap.create(SPECS["lb4_services"].resized(8))) as m:
             assert m.info().btf_id == 0
-    assert "the kernel rejects the BTF of" in reason and "EINVAL (" in reason
-    assert "DATASEC" in reason
+    assert "the kernel rejects the BTF of" in reason and "EINVAL (Invalid member)" in reason
+    loads.update(done=0, allowed=1)
+    inner = catalog.maglev_inner_spec(4, 509)
+    with (
+        caplog.at_level(logging.WARNING, logger="statewright.bpf"),
+        using(BtfRegistry(compiled, build=False)) as reg,
+    ):
+        assert reg.status().ok
+        with closing(KernelMap.create(SPECS["lb4_services"].resized(8))) as m:
+            assert m.info().btf_id != 0
+        with closing(KernelMap.create(inner)) as m:  # appends __u32[509]: rejected
+            assert m.info().btf_id == 0
+        assert not reg.status().ok and "EINVAL (Invalid member)" in reg.status().reason
+        with closing(KernelMap.create(SPECS["lb4_services"].resized(8))) as m:
+            assert m.info().btf_id == 0
+    assert "maps are created without BTF from now on" in caplog.text
 
 
 @pytest.mark.kernel
