@@ -387,9 +387,10 @@ class BtfRegistry:
                 try:
                     self._types = self._open()
                     self._status = BtfStatus(True, f"BTF from {_shown(self.object_path)}")
-                except BtfError as exc:
-                    self._status = BtfStatus(False, f"no BTF: {exc.message}")
-                    log.warning("bpf: maps are created without BTF: %s", exc.message)
+                except OSError as exc:  # BtfError, or libbpf itself missing
+                    why = exc.message if isinstance(exc, BtfError) else str(exc)
+                    self._status = BtfStatus(False, f"no BTF: {why}")
+                    log.warning("bpf: maps are created without BTF: %s", why)
             return self._types
 
     def status(self) -> BtfStatus:
