@@ -687,9 +687,20 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         path = url.path.rstrip("/") or "/"
         auth = self.headers.get("Authorization", "")
         token = auth[7:].strip() if auth.lower().startswith("bearer ") else ""
-        self._record = RequestRecord("GET", path, query, token=token)
+        rec = self._record = RequestRecord("GET", path, query, token=token)
+        target = self._route(path)
+        if target is not None:
+            res, namespace, name = target
+            rec.group, rec.resource, rec.namespace, rec.name = (
+                res.group,
+                res.plural,
+                namespace,
+                name,
+            )
+            watch = query.get("watch") in ("true", "1")
+            rec.verb = "get" if name else "watch" if watch else "list"
         with fake._lock:
-            fake.requests.append(self._record)
+            fake.requests.append(rec)
         if token != fake.token:
             self._fail(401, "Unauthorized")
             return
@@ -702,13 +713,9 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         if doc is not None:
             self._send_json(200, doc)
             return
-        target = self._route(path)
         if target is None:
             self._fail(404, f"the server could not find the requested resource ({path})")
             return
-        res, namespace, name = target
-        rec = self._record
-        rec.group, rec.resource, rec.namespace, rec.name = res.group, res.plural, namespace, name
         try:
             fsel = _parse_selector(query.get("fieldSelector", ""), "field")
             lsel = _parse_selector(query.get("labelSelector", ""), "label")
@@ -719,19 +726,16 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         def accepts(o: Mapping[str, Any]) -> bool:
             return fsel(o) and lsel(o)
 
-        if name:
-            rec.verb = "get"
+        if rec.verb == "get":
             obj = fake.get(res, namespace, name)
             if obj is None:
                 self._fail(404, f'{res.plural} "{name}" not found')
             else:
                 self._send_json(200, obj)
             return
-        if query.get("watch") in ("true", "1"):
-            rec.verb = "watch"
+        if rec.verb == "watch":
             self._watch(res, namespace, accepts, query)
             return
-        rec.verb = "list"
         try:
             limit = int(query.get("limit") or 0)
         except ValueError:
