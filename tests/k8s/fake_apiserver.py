@@ -100,6 +100,8 @@ class RequestRecord:
     namespace: str = ""
     name: str = ""
     token: str = ""
+    #: time.monotonic() when the request arrived.
+    time: float = field(default_factory=time.monotonic)
 
 
 @dataclass(slots=True)
@@ -198,8 +200,10 @@ class FakeAPIServer:
         token: str | None = None,
         bookmark_interval: float = 0.2,
         default_watch_timeout: float = 1800.0,
+        ca: trustme.CA | None = None,
+        port: int = 0,
     ) -> None:
-        self.ca = trustme.CA()
+        self.ca = ca or trustme.CA()
         self._cert = self.ca.issue_cert("127.0.0.1", "localhost")
         self._ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
         self._cert.configure_cert(self._ctx)
@@ -225,7 +229,7 @@ class FakeAPIServer:
         self._stall_new = False
         #: Every request served, in order.
         self.requests: list[RequestRecord] = []
-        self._httpd = _Server(("127.0.0.1", 0), _Handler, self)
+        self._httpd = _Server(("127.0.0.1", port), _Handler, self)
         self.port: int = self._httpd.server_address[1]
         self._thread: threading.Thread | None = None
 
@@ -390,6 +394,11 @@ class FakeAPIServer:
         Status body; ``Retry-After`` when given)."""
         with self._lock:
             self._faults.append(_Fault(status, retry_after, match, count))
+
+    def clear_faults(self) -> None:
+        """Forget the faults `fail_next` installed that were not used up."""
+        with self._lock:
+            self._faults.clear()
 
     def expire(self, *, notify_watches: bool = False) -> None:
         """Compact the history: watches and continue tokens from older versions get 410.
