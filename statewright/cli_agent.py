@@ -24,7 +24,7 @@ from statewright.agent.client import AgentClient, AgentRequestError, AgentUnavai
 log = logging.getLogger("statewright.agent")
 
 #: The namespace ``--demo`` (and ``make run``) creates for the example backends.
-DEMO_NETNS = "statewright-demo"
+DEMO_NETNS = agent_config.DEMO_NETNS
 
 EXIT_NO_AGENT = 2
 
@@ -47,7 +47,11 @@ def add_commands(subparsers: Any) -> None:
     ag.add_argument("--allow-root-cgroup", action="store_true", default=None,
                     help="allow attaching to the root cgroup (every process of the machine)")
     ag.add_argument("--no-datapath", dest="datapath", action="store_false", default=None)
-    ag.add_argument("--node-name")
+    ag.add_argument("--node-name", help="this node's name (default: $NODE_NAME, else the "
+                    "host name); backends on this node are local (externalTrafficPolicy)")
+    ag.add_argument("--node-label", dest="node_labels", action="append", metavar="KEY=VALUE",
+                    help="a label of this node, e.g. topology.kubernetes.io/zone=zone-a "
+                    "(topology-aware routing); repeat for more")
     ag.add_argument("--lb-flag", dest="lb_flags", action="append", metavar="FLAG",
                     help="Cilium-style LB flag, e.g. --lb-flag=--bpf-lb-algorithm=maglev")
     ag.add_argument("--api-socket", metavar="PATH")
@@ -126,7 +130,8 @@ def _overrides(args: argparse.Namespace) -> dict[str, Any]:
     out: dict[str, Any] = {
         name: getattr(args, name)
         for name in ("pin_dir", "backend", "manifests", "manifests_interval", "cgroup",
-                     "allow_root_cgroup", "datapath", "node_name", "lb_flags", "api_socket",
+                     "allow_root_cgroup", "datapath", "node_name", "node_labels", "lb_flags",
+                     "api_socket",
                      "metrics_port", "netlink", "demo_netns", "log_format")
     }
     if args.manifests:
@@ -214,52 +219,17 @@ def cmd_agent(args: argparse.Namespace) -> int:
 
 
 def cleanup(cfg: agent_config.AgentConfig) -> int:
-    """``agent --cleanup``: detach the datapath links, unpin the LB maps, remove the agent's
-    own cgroup (when it created it) and the demo namespace. Refused while an agent runs."""
+    """``agent --cleanup``: every component removes what it left on the machine (datapath
+    links, pinned maps, the agent's cgroup, the demo namespace, the socket directory).
+    Refused while an agent runs."""
     with contextlib.suppress(AgentUnavailable, AgentRequestError):
         AgentClient(cfg.api_socket, timeout=2).get("/health")
         print(f"statewright agent --cleanup: an agent is running on {cfg.api_socket}; "
               "stop it first", file=sys.stderr)
         return 1
-    from bpf.datapath import SockLB, cgroup2_mount
-    from bpfops.lb_maps import LB_MAP_NAMES
-    from statewright.agent.demo_netns import delete_netns
+    from statewright.agent.runtime import cleanup as cleanup_components
 
-    removed: list[str] = []
-    errors: list[str] = []
-    try:
-        removed += SockLB.cleanup(cfg.pin_dir)
-    except OSError as e:
-        errors.append(str(e))
-    for name in LB_MAP_NAMES:
-        path = os.path.join(cfg.pin_dir, name)
-        if os.path.exists(path):
-            try:
-                os.unlink(path)
-                removed.append(path)
-            except OSError as e:
-                errors.append(f"unpin {path}: {e}")
-    if os.path.isdir(cfg.pin_dir):
-        try:
-            os.rmdir(cfg.pin_dir)
-            removed.append(cfg.pin_dir)
-        except OSError as e:
-            errors.append(f"remove {cfg.pin_dir}: {e} (other pins left in place)")
-    if not cfg.cgroup:
-        with contextlib.suppress(OSError):
-            cg = os.path.join(cgroup2_mount(), "statewright")
-            if os.path.isdir(cg):
-                try:
-                    os.rmdir(cg)
-                    removed.append(cg)
-                except OSError as e:
-                    errors.append(f"remove cgroup {cg}: {e} (processes still in it?)")
-    for ns in {cfg.demo_netns or DEMO_NETNS}:
-        try:
-            if delete_netns(ns):
-                removed.append(f"netns {ns}")
-        except Exception as e:
-            errors.append(str(e))
+    removed, errors = cleanup_components(cfg)
     for r in removed:
         print(f"removed {r}")
     if not removed:
