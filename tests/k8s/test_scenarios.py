@@ -34,6 +34,7 @@ from tests.pins import BPFFS, remove_memory_pins, remove_pin_dir
 from .fake_apiserver import FakeAPIServer
 from .helpers import FAST, NODE, wait_for
 from .objects import endpoint_slice, node, service
+from .rbac import disallowed
 
 pytestmark = pytest.mark.anyio
 
@@ -195,6 +196,8 @@ async def test_relist_after_410_keeps_unchanged_entries(
         now = {str(f.address): rev for f, rev in lb.frontends.all_revisions(lb.db.read_txn())}
         for addr in ("10.96.0.1:80/TCP", "10.96.0.3:80/TCP", "10.96.0.4:80/TCP"):
             assert now[addr] == revs[addr], addr
+    # Relists and re-watches included, every request is allowed by the ClusterRole.
+    assert not disallowed(apiserver.requests)
 
 
 async def test_restart_against_a_changed_cluster_prunes_exactly_the_stale_entries(
