@@ -214,9 +214,7 @@ class K8sClient:
         # urllib3 may retry a request on a fresh connection (a pooled keep-alive connection
         # the server closed), but never by itself on a status (429/503 with Retry-After):
         # the reflector backs off and reports it.
-        cfg.retries = urllib3.Retry(
-            total=2, status=0, redirect=0, respect_retry_after_header=False
-        )
+        cfg.retries = urllib3.Retry(total=2, status=0, redirect=0, respect_retry_after_header=False)
         self.configuration = cfg
         self.api_client = kubernetes.client.ApiClient(cfg)
         self.core = kubernetes.client.CoreV1Api(self.api_client)

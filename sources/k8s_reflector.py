@@ -34,11 +34,14 @@ and the converter wants plain dicts anyway.
 
 from __future__ import annotations
 
+import http.client
 import json
 import logging
 import random
 import socket
+import threading
 import time
+from collections import deque
 from collections.abc import Awaitable, Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -221,7 +224,14 @@ class Reflector:
                 except GoneError as e:
                     log.info("k8s %s: %s; relisting", self.spec.name, e)
                     need_list = True
-                except (ApiException, urllib3.exceptions.HTTPError, OSError, StreamError) as e:
+                except (
+                    ApiException,
+                    urllib3.exceptions.HTTPError,
+                    http.client.HTTPException,
+                    OSError,
+                    StreamError,
+                    ValueError,  # a list that is not JSON
+                ) as e:
                     if isinstance(e, ApiException) and e.status == 410:
                         need_list = True
                         continue
@@ -325,14 +335,6 @@ class Reflector:
             kwargs["field_selector"] = self.spec.field_selector
         return self.client.call(self.spec.list_func(self.client), **kwargs)
 
-    @staticmethod
-    def _read(chunks: Iterator[bytes]) -> bytes | None:
-        """The next chunk of the stream (None at its end). A read timeout is a stall."""
-        try:
-            return next(chunks)
-        except StopIteration:
-            return None
-
     def _close_response(self) -> None:
         resp, self._resp = self._resp, None
         if resp is None:
@@ -355,39 +357,47 @@ class Reflector:
         self._set_state(WATCHING)
         self.health.watches += 1
         self.health.last_error = ""
-        chunks = resp.stream(65536, decode_content=True)
-        buf = b""
+        pump = _WatchPump(resp.stream(65536, decode_content=True))
+        failure: BaseException | None = None
         try:
-            while True:
-                try:
-                    data = await anyio.to_thread.run_sync(
-                        self._read, chunks, abandon_on_cancel=True
-                    )
-                except urllib3.exceptions.ReadTimeoutError as e:
-                    raise StreamError(
-                        f"watch stalled: nothing received for {self.config.stall_timeout:g}s"
-                    ) from e
-                except urllib3.exceptions.ProtocolError as e:
-                    if "timed out" in str(e) or "Read timed out" in repr(e):
-                        raise StreamError(
-                            f"watch stalled: nothing received for {self.config.stall_timeout:g}s"
-                        ) from e
-                    raise
-                if data is None:
-                    return  # the server ended the watch (timeoutSeconds): resume
-                buf += data
-                if b"\n" not in buf:
-                    continue
-                *lines, buf = buf.split(b"\n")
-                deltas, error = self._decode(lines)
-                if deltas:
-                    await self.deliver(self, deltas, False)
-                if error is not None:
-                    # Raised only now: what came before it is in the store, so it must
-                    # have been delivered, or a relist would think it already applied.
-                    raise error
+            # Errors leave the task group as values: raised inside it they would come out
+            # wrapped in an ExceptionGroup.
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(pump.run_in_thread)
+                failure = await self._consume(pump)
+                tg.cancel_scope.cancel()
         finally:
             self._close_response()
+        if failure is not None:
+            raise failure
+
+    async def _consume(self, pump: _WatchPump) -> BaseException | None:
+        """Decode and deliver what the pump reads until the stream ends; the error that
+        ended it (None when the server ended the watch cleanly: resume)."""
+        buf = b""
+        while True:
+            data, finished, error = await pump.take()
+            if data:
+                buf += data
+                if b"\n" in buf:
+                    *lines, buf = buf.split(b"\n")
+                    deltas, bad = self._decode(lines)
+                    if deltas:
+                        await self.deliver(self, deltas, False)
+                    if bad is not None:
+                        # Returned only now: what came before it is in the store, so it
+                        # must have been delivered, or a relist would think it applied.
+                        return bad
+            if error is not None:
+                if _is_read_timeout(error):
+                    stalled = StreamError(
+                        f"watch stalled: nothing received for {self.config.stall_timeout:g}s"
+                    )
+                    stalled.__cause__ = error
+                    return stalled
+                return error
+            if finished:
+                return None
 
     def _decode(self, lines: list[bytes]) -> tuple[list[Delta], Exception | None]:
         """The deltas of complete event lines up to the first error, and that error
@@ -435,3 +445,79 @@ class Reflector:
 
 def _rv_of(obj: Mapping[str, Any]) -> str:
     return str((obj.get("metadata") or {}).get("resourceVersion") or "")
+
+
+def _is_read_timeout(e: BaseException) -> bool:
+    """True for the socket read timeout that marks a stalled watch."""
+    if isinstance(e, urllib3.exceptions.ReadTimeoutError | TimeoutError | socket.timeout):
+        return True
+    return isinstance(e, urllib3.exceptions.ProtocolError) and "timed out" in repr(e)
+
+
+class _WatchPump:
+    """Reads a watch stream in a worker thread; the event loop takes what has arrived.
+
+    Why not one thread hop per read: under load the loop is busy applying a batch while
+    several events arrive; the reader keeps appending and the loop takes them all at
+    once, so decoding and delivery batch by themselves. The loop is woken only when the
+    buffer goes from empty to non-empty, and the reader waits when ``max_pending`` chunks
+    are not taken yet (back-pressure instead of unbounded memory)."""
+
+    def __init__(self, chunks: Iterator[bytes], max_pending: int = 1024) -> None:
+        self._chunks = chunks
+        self._max = max_pending
+        self._buf: deque[bytes] = deque()
+        self._cond = threading.Condition()
+        self._ready = anyio.Event()
+        self._finished = False
+        self._error: BaseException | None = None
+        self._closed = False
+
+    async def run_in_thread(self) -> None:
+        """Run the reader in a worker thread (abandoned on cancellation: the caller shuts
+        the socket down, which ends the read)."""
+        try:
+            await anyio.to_thread.run_sync(self._read_all, abandon_on_cancel=True)
+        finally:
+            with self._cond:
+                self._closed = True
+                self._cond.notify_all()
+
+    def _wake(self) -> None:
+        self._ready.set()
+
+    def _notify_loop(self) -> None:
+        try:
+            anyio.from_thread.run_sync(self._wake)
+        except Exception:  # the loop is gone or the task was abandoned: nobody waits
+            pass
+
+    def _read_all(self) -> None:
+        try:
+            for chunk in self._chunks:
+                with self._cond:
+                    while len(self._buf) >= self._max and not self._closed:
+                        self._cond.wait(0.1)
+                    if self._closed:
+                        return
+                    was_empty = not self._buf
+                    self._buf.append(chunk)
+                if was_empty:
+                    self._notify_loop()
+        except BaseException as e:  # handed to the event loop, which raises it
+            self._error = e
+        finally:
+            self._finished = True
+            self._notify_loop()
+
+    async def take(self) -> tuple[bytes, bool, BaseException | None]:
+        """Wait for data or the end: (bytes that arrived, stream ended, its error)."""
+        while True:
+            with self._cond:
+                if self._buf or self._finished:
+                    data = b"".join(self._buf)
+                    self._buf.clear()
+                    self._cond.notify_all()
+                    return data, self._finished and not data, self._error if not data else None
+            await self._ready.wait()
+            self._ready = anyio.Event()

@@ -93,7 +93,9 @@ class SourceConfig:
     """Batching of the applier and the reflectors' timing."""
 
     batch_size: int = 1000
-    batch_delay: float = 0.005
+    #: How long the applier waits for more changes after the first one (under load the
+    #: changes that arrive while a batch is written make the next batch anyway).
+    batch_delay: float = 0.001
     #: Deliveries that may wait for the applier before reflectors are held back.
     queue_depth: int = 64
     reflector: ReflectorConfig = field(default_factory=ReflectorConfig)

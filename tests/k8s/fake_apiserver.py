@@ -653,6 +653,8 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         fake = self.server.fake
         raw: socket.socket = self.request
         raw.settimeout(10)
+        # Like Go's net/http (the real API server): no Nagle delay on small watch events.
+        raw.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         # wrap_socket takes over the descriptor: from here on only the TLS socket is valid.
         self._tls = fake._ctx.wrap_socket(raw, server_side=True)
         self.request = self._tls
@@ -827,6 +829,7 @@ class _Handler(http.server.BaseHTTPRequestHandler):
                         break
                     time.sleep(0.02)
                     continue
+                event: dict[str, Any] | None
                 if held is not None:
                     event, held = held, None
                 else:
