@@ -14,9 +14,11 @@ deliver into the tables:
 * every object goes through the same `sources.k8s_convert.K8sConverter` as the
   manifest source. An object the converter refuses (`ConversionError`, or a
   `FrontendConflictError`: its frontend belongs to another service) gets its own
-  error in `K8sSource.errors` and is left out; the batch is written again
-  without it (the transaction is aborted and the converter rolled back first,
-  so nothing of the bad object remains) and the others apply;
+  error in `K8sSource.errors` and is left out, and the others apply: a Service
+  or EndpointSlice is refused before anything of it is written, so the batch
+  goes on; a Pod may be refused half-written, so then the batch is written
+  again without it (transaction aborted, converter rolled back; see
+  `K8sSource.apply_batch`);
 * the source registers an initializer on the LB tables (`register_initializer`)
   and completes it in the transaction that applies the last of the four initial
   lists: pruning of the BPF maps starts only once the tables hold the whole
@@ -59,6 +61,9 @@ log = logging.getLogger(__name__)
 INPUT_ERRORS: tuple[type[Exception], ...] = (ConversionError, FrontendConflictError)
 
 KIND_NODE = "Node"
+KIND_POD = "Pod"
+#: Kinds whose input errors are raised before anything is written (see `apply_batch`).
+_REFUSED_BEFORE_WRITING = frozenset({"Service", "EndpointSlice", KIND_NODE})
 
 
 def resource_specs(node_name: str) -> list[ResourceSpec]:
@@ -195,15 +200,28 @@ class K8sSource:
             self.apply_batch(batch)
 
     def apply_batch(self, batch: list[_Item]) -> None:
-        """Write a batch in one transaction; objects the converter refuses are left out."""
+        """Write a batch in one transaction; objects the converter refuses are left out.
+
+        Services and EndpointSlices are refused before anything is written (the converter
+        converts first, and `LBWriter.upsert_service_and_frontends` checks for conflicts
+        before writing), so a refused one is skipped and the transaction goes on. A Pod
+        may be refused after some of its host-port services were written: then the
+        transaction is aborted, the converter rolled back to a checkpoint taken before
+        the batch, and the batch written again without it. The checkpoint copies the
+        converter's whole memory (tens of milliseconds at 10,000 services), so it is taken
+        only for batches with Pods, which are rare (this node's Pods only)."""
         deltas = [(item.reflector, d) for item in batch for d in item.deltas]
         skip: set[int] = set()
         newly_synced = {item.reflector.name for item in batch if item.synced}
+        all_synced = (self._synced | newly_synced) >= {r.name for r in self.reflectors}
+        conv = self.converter
         while True:
-            conv = self.converter
-            cp = conv.checkpoint()
+            with_pods = any(
+                r.spec.kind == KIND_POD for i, (r, _) in enumerate(deltas) if i not in skip
+            )
+            cp = conv.checkpoint() if with_pods else None
             txn = self.writer.write_txn()
-            failed: int | None = None
+            redo = False
             try:
                 for i, (r, d) in enumerate(deltas):
                     if i in skip:
@@ -211,21 +229,24 @@ class K8sSource:
                     try:
                         self._apply_one(txn, r, d)
                     except INPUT_ERRORS as e:
-                        failed = i
+                        skip.add(i)
                         self._record_error(r, d, str(e))
+                        if r.spec.kind in _REFUSED_BEFORE_WRITING:
+                            continue
+                        redo = True
                         break
-                all_synced = (self._synced | newly_synced) >= {r.name for r in self.reflectors}
-                if failed is None and all_synced and self._init_done is not None:
+                if not redo and all_synced and self._init_done is not None:
                     # The last initial list is in this transaction: pruning may start.
                     self._init_done(txn)
             except BaseException:
                 txn.abort()
-                conv.rollback(cp)
+                if cp is not None:
+                    conv.rollback(cp)
                 raise
-            if failed is not None:
+            if redo:
                 txn.abort()
+                assert cp is not None
                 conv.rollback(cp)
-                skip.add(failed)
                 continue
             txn.commit()
             break

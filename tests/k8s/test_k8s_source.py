@@ -250,3 +250,20 @@ def test_settings_and_rate_limiter(tmp_path: Path) -> None:
     now[0] = 1.0  # refilled up to the burst
     assert [rl.reserve() for _ in range(2)] == [0.0, 0.0]
     assert not ClientSettings().enabled and ClientSettings(api_server="https://x").enabled
+
+
+async def test_refused_pod_leaves_nothing_behind(apiserver: FakeAPIServer, kubeconfig: str) -> None:
+    _populate(apiserver, 1)
+    apiserver.upsert(pod("a", NODE, "10.244.9.1", 8081))
+    # Pod b's first host port is free, its second is pod a's: b is refused as a whole,
+    # after its first host-port service was written (the batch is written again).
+    b = pod("b", NODE, "10.244.9.2", 9000)
+    b["spec"]["containers"][0]["ports"].append(
+        {"containerPort": 8081, "hostPort": 8081, "protocol": "TCP"}
+    )
+    apiserver.upsert(b)
+    async with running_source(ClientSettings(kubeconfig=kubeconfig)) as r:
+        await wait_for(lambda: r.source.synced, "initial sync")
+        assert r.services() == ["default/a:host-port:8081:uid-a", "default/s0"]
+        assert set(r.source.errors) == {"Pod default/b"}
+        assert "0.0.0.0:8081/TCP" in r.frontends() and "0.0.0.0:9000/TCP" not in r.frontends()
