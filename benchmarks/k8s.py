@@ -5,7 +5,8 @@ runs in a child process, so its JSON encoding does not share the agent's interpr
 The agent side is what the ``k8s`` component runs: `K8sSource` (four reflectors, the
 batching applier, the converter) feeding a `statewright.loadbalancer.LoadBalancer` whose
 reconciler writes kernel maps (memory maps where the kernel does not allow them; the
-``maps`` key says which), with the garbage-collector tuning the agent uses.
+``maps`` key says which), with the garbage-collector tuning the agent uses (``tune_gc``
+at start, ``freeze_loaded`` once the initial state is in the maps).
 
 Keys:
 
@@ -52,6 +53,7 @@ from bpf.probe import kernel_support
 from reconciler.status import StatusKind
 from sources.k8s_client import ClientSettings, K8sClient
 from sources.k8s_source import K8sSource
+from statedb.gc_tuning import freeze_loaded, tune_gc
 from statewright.loadbalancer import LoadBalancer, MapsPlacement
 from tables.lb_config import LBConfig
 
@@ -202,8 +204,6 @@ def _frontend_ok(lb: LoadBalancer, txn: Any, addr: Any, ip: str) -> bool:
 
 async def run(n: int, churn_rate: float, churn_seconds: float) -> dict[str, Any]:
     """The benchmark; returns the figures."""
-    from statedb.gc_tuning import tune_gc
-
     tune_gc()
     result: dict[str, Any] = {"services": n, "backends_per_service": BACKENDS_PER_SERVICE}
     ctx = multiprocessing.get_context("spawn")
@@ -265,6 +265,8 @@ async def _agent(
             out["initial_sync_services_per_s"] = round(n / elapsed)
             gc.collect()
             out["rss_mb_after_sync"] = round(_rss_mb(), 1)
+            # As the agent does once the initial state is in the maps (components/lb.py).
+            freeze_loaded()
             if churn_seconds > 0:
                 out.update(await _churn(conn, lb, n, churn_rate, churn_seconds))
             tg.cancel_scope.cancel()

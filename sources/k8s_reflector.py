@@ -3,14 +3,14 @@
 A `Reflector` keeps a consumer up to date with one resource type:
 
 1. **list**, paginated (``limit``/``continue``), remembering the list's
-   resourceVersion; the complete result is compared with what the reflector
-   delivered before (its store of name -> resourceVersion), and only the
-   difference is delivered: objects that vanished as deletions, new or changed
-   objects (another resourceVersion) as upserts. The first list therefore
-   delivers everything; a relist after 410 Gone delivers exactly what changed
-   while the watch was away, and the consumer's tables are never emptied in
-   between (no traffic is dropped by a relist). The delivery that completes a
-   list carries ``synced=True``.
+   resourceVersion; each page is compared with what the reflector delivered
+   before (its store of name -> resourceVersion) and new or changed objects
+   (another resourceVersion) are delivered at once, so the tables fill while
+   later pages are fetched; after the last page the objects the list did not
+   contain are delivered as deletions, in the delivery marked ``synced=True``.
+   The first list therefore delivers everything; a relist after 410 Gone
+   delivers exactly what changed while the watch was away, and the consumer's
+   tables are never emptied in between (no traffic is dropped by a relist).
 2. **watch** from that resourceVersion with bookmarks (``allowWatchBookmarks``)
    and a server-side timeout (``timeoutSeconds``, jittered like client-go's so
    a fleet of agents does not reconnect at once). ADDED/MODIFIED become upserts,
@@ -276,37 +276,44 @@ class Reflector:
         return doc
 
     async def _list(self) -> None:
+        """List page by page. New or changed objects are delivered with each page (the
+        tables fill while later pages are fetched); the objects the list did not contain
+        are deleted after the last page, in the delivery that says ``synced``."""
         self._set_state(LISTING)
-        seen: dict[str, Mapping[str, Any]] = {}
+        seen: set[str] = set()
         cont = ""
-        rv = ""
         while True:
             try:
                 doc = await anyio.to_thread.run_sync(self._list_page, cont)
             except ApiException as e:
                 if e.status == 410:
-                    # The continue token expired mid-list: start the list over.
+                    # The continue token expired mid-list: start the list over (what was
+                    # delivered is in the store; the new list's difference corrects it).
                     raise GoneError(describe_error(e)) from None
                 raise
             meta = doc.get("metadata") or {}
+            deltas: list[Delta] = []
             for item in doc.get("items") or []:
                 if not isinstance(item, dict):
                     continue
                 # List items carry neither kind nor apiVersion; the converter needs kind.
                 item["kind"] = self.spec.kind
                 item["apiVersion"] = self.spec.api_version
-                seen[object_key(item)] = item
+                key = object_key(item)
+                seen.add(key)
+                rv = _rv_of(item)
+                if self._store.get(key) != rv:
+                    self._store[key] = rv
+                    deltas.append(Delta("upsert", key, item))
             cont = meta.get("continue") or ""
             if not cont:
-                rv = str(meta.get("resourceVersion") or "")
                 break
-        deltas: list[Delta] = []
-        for key in sorted(self._store.keys() - seen.keys()):
+            if deltas:
+                await self.deliver(self, deltas, False)
+        for key in sorted(self._store.keys() - seen):
+            del self._store[key]
             deltas.append(Delta("delete", key, self._stub(key)))
-        for key, obj in seen.items():
-            if self._store.get(key) != _rv_of(obj):
-                deltas.append(Delta("upsert", key, obj))
-        self._store = {k: _rv_of(o) for k, o in seen.items()}
+        rv = str(meta.get("resourceVersion") or "")
         self._rv = rv
         self.health.resource_version = rv
         self.health.lists += 1

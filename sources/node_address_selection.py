@@ -157,9 +157,7 @@ class NodeAddressConfig:
 
     def device_allowed(self, name: str) -> bool:
         """True when ``name`` is on the allow-list (exact, or by ``prefix+``)."""
-        return any(
-            name.startswith(d[:-1]) if d.endswith("+") else name == d for d in self.devices
-        )
+        return any(name.startswith(d[:-1]) if d.endswith("+") else name == d for d in self.devices)
 
 
 def is_public(addr: IPAddress) -> bool:
