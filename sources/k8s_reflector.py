@@ -223,6 +223,11 @@ class Reflector:
                     self._failures = 0
                 except GoneError as e:
                     log.info("k8s %s: %s; relisting", self.spec.name, e)
+                    if need_list:
+                        # The list itself expired (its continue token): do not spin.
+                        self._fail(e)
+                        self._set_state(BACKING_OFF)
+                        await anyio.sleep(self._backoff(e))
                     need_list = True
                 except (
                     ApiException,

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import trustme
 
-from sources.k8s_client import ClientSettings, K8sConfigError, RateLimiter
+from sources.k8s_client import ClientSettings
 from sources.k8s_reflector import BACKING_OFF, WATCHING
 
 from .fake_apiserver import FakeAPIServer
@@ -237,21 +237,6 @@ async def test_stalled_watch_is_restarted(apiserver: FakeAPIServer, kubeconfig: 
         assert services.health.lists == 1  # a restart, not a relist
 
 
-def test_settings_and_rate_limiter(tmp_path: Path) -> None:
-    with pytest.raises(K8sConfigError, match="KUBERNETES_SERVICE_HOST"):
-        from sources.k8s_client import K8sClient
-
-        K8sClient(ClientSettings(in_cluster=True, environ={}))
-    with pytest.raises(K8sConfigError, match="k8s-qps"):
-        ClientSettings(qps=0)
-    now = [0.0]
-    rl = RateLimiter(qps=10, burst=2, clock=lambda: now[0])
-    assert [rl.reserve() for _ in range(3)] == [0.0, 0.0, pytest.approx(0.1)]
-    now[0] = 1.0  # refilled up to the burst
-    assert [rl.reserve() for _ in range(2)] == [0.0, 0.0]
-    assert not ClientSettings().enabled and ClientSettings(api_server="https://x").enabled
-
-
 async def test_refused_pod_leaves_nothing_behind(apiserver: FakeAPIServer, kubeconfig: str) -> None:
     _populate(apiserver, 1)
     apiserver.upsert(pod("a", NODE, "10.244.9.1", 8081))
@@ -267,3 +252,23 @@ async def test_refused_pod_leaves_nothing_behind(apiserver: FakeAPIServer, kubec
         assert r.services() == ["default/a:host-port:8081:uid-a", "default/s0"]
         assert set(r.source.errors) == {"Pod default/b"}
         assert "0.0.0.0:8081/TCP" in r.frontends() and "0.0.0.0:9000/TCP" not in r.frontends()
+
+
+async def test_expired_continue_token_restarts_the_list(
+    apiserver: FakeAPIServer, kubeconfig: str
+) -> None:
+    _populate(apiserver, 5)
+    # The first continued page (services' or endpoint slices') finds its token expired.
+    apiserver.fail_next(410, match="continue=")
+    async with running_source(ClientSettings(kubeconfig=kubeconfig)) as r:
+        await wait_for(lambda: r.source.synced, "initial sync")
+        assert r.services() == [f"default/s{i}" for i in range(5)]
+        lists = [
+            (q.status, "continue" in q.query)
+            for q in apiserver.requests
+            if q.verb == "list" and q.resource in ("services", "endpointslices")
+        ]
+        assert (410, True) in lists
+        services = next(x for x in r.source.reflectors if x.name == "services")
+        slices = next(x for x in r.source.reflectors if x.name == "endpointslices")
+        assert services.health.lists + slices.health.lists == 2  # each completed once
