@@ -37,6 +37,8 @@ import kubernetes.config
 import urllib3
 import yaml
 
+from statedb.errors import StatewrightError
+
 SA_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"
 SA_TOKEN = f"{SA_DIR}/token"
 SA_CA = f"{SA_DIR}/ca.crt"
@@ -44,7 +46,7 @@ HOST_ENV = "KUBERNETES_SERVICE_HOST"
 PORT_ENV = "KUBERNETES_SERVICE_PORT"
 
 
-class K8sConfigError(ValueError):
+class K8sConfigError(StatewrightError, ValueError):
     """The Kubernetes connection cannot be configured; the message says which setting."""
 
 

@@ -51,6 +51,7 @@ import urllib3
 from kubernetes.client.exceptions import ApiException
 
 from sources.k8s_client import K8sClient
+from statedb.errors import StatewrightError
 
 log = logging.getLogger(__name__)
 
@@ -108,11 +109,11 @@ class Delta:
 Deliver = Callable[["Reflector", list[Delta], bool], Awaitable[None]]
 
 
-class GoneError(Exception):
+class GoneError(StatewrightError):
     """410 Gone: the resourceVersion (or continue token) expired; relist."""
 
 
-class StreamError(Exception):
+class StreamError(StatewrightError):
     """The watch stream carried an ERROR event other than 410, or could not be decoded."""
 
 

@@ -52,17 +52,23 @@ from sources.k8s_reflector import (
     ResourceSpec,
 )
 from statedb import WriteTxn
+from statedb.errors import InputError, StatewrightError
 from tables.lb_writer import FrontendConflictError, LBWriter
 
 log = logging.getLogger(__name__)
 
-#: What the applier catches per object: the converter's input errors. Anything else is a
-#: bug and ends the source (the component reports it).
-INPUT_ERRORS: tuple[type[Exception], ...] = (ConversionError, FrontendConflictError)
+#: What the applier catches per object: bad input (`statedb.errors.InputError`: the
+#: converter's `ConversionError`, the writer's `FrontendConflictError`...). Anything else
+#: is a bug and ends the source (the component reports it).
+INPUT_ERRORS: tuple[type[Exception], ...] = (InputError,)
+#: Input errors raised before anything of the object is written: the conversion (a pure
+#: function, run first) and the writer's frontend-conflict check (done before writing).
+CLEAN_ERRORS: tuple[type[Exception], ...] = (ConversionError, FrontendConflictError)
 
 KIND_NODE = "Node"
 KIND_POD = "Pod"
-#: Kinds whose input errors are raised before anything is written (see `apply_batch`).
+#: Kinds whose `CLEAN_ERRORS` leave nothing written (see `apply_batch`); a Pod's host
+#: ports are several services, one may be written before the next is refused.
 _REFUSED_BEFORE_WRITING = frozenset({"Service", "EndpointSlice", KIND_NODE})
 
 
@@ -91,6 +97,10 @@ def resource_specs(node_name: str) -> list[ResourceSpec]:
             field_selector=f"metadata.name={node_name}",
         ),
     ]
+
+
+class SourceError(StatewrightError, RuntimeError):
+    """The source cannot go on (an object refused in a way it cannot undo)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -231,8 +241,15 @@ class K8sSource:
                     except INPUT_ERRORS as e:
                         skip.add(i)
                         self._record_error(r, d, str(e))
-                        if r.spec.kind in _REFUSED_BEFORE_WRITING:
+                        if r.spec.kind in _REFUSED_BEFORE_WRITING and isinstance(e, CLEAN_ERRORS):
                             continue
+                        if cp is None:
+                            # Possibly half-written, and no checkpoint to undo the batch's
+                            # earlier objects in the converter: stop rather than diverge.
+                            raise SourceError(
+                                f"{r.spec.kind} {d.key} refused after a partial write "
+                                f"({type(e).__name__}: {e}); the source must be restarted"
+                            ) from e
                         redo = True
                         break
                 if not redo and all_synced and self._init_done is not None:

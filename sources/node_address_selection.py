@@ -85,9 +85,7 @@ def _parse_cidrs(field_name: str, values: Iterable[IPNetwork | str]) -> tuple[IP
         try:
             out.append(ipaddress.ip_network(str(v).strip(), strict=False))
         except ValueError as e:
-            raise InputError(
-                f"invalid CIDR {v!r}: {e}", obj=_CONFIG, field=field_name
-            ) from None
+            raise InputError(f"invalid CIDR {v!r}: {e}", obj=_CONFIG, field=field_name) from None
     return tuple(out)
 
 
