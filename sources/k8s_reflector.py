@@ -92,6 +92,8 @@ class ReflectorConfig:
     backoff_max: float = 30.0
     #: Backoff delays are multiplied by a random factor in [1, 1 + jitter).
     jitter: float = 0.5
+    #: A server's Retry-After is honoured up to this many seconds.
+    max_retry_after: float = 300.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -253,7 +255,7 @@ class Reflector:
         ra = _retry_after(e) if isinstance(e, ApiException) else None
         if ra is not None:
             self._failures += 1
-            return ra
+            return min(ra, self.config.max_retry_after)
         c = self.config
         base = min(c.backoff_max, c.backoff_initial * (2**self._failures))
         self._failures += 1

@@ -160,6 +160,10 @@ class K8sSource:
         self.synced = False
         self.batches = 0
         self.applied = 0
+        #: Per resource: the highest resourceVersion among the objects processed (committed
+        #: or refused).
+        self.applied_rv: dict[str, int] = {}
+        self._applied_event = anyio.Event()
 
     # ----- initialization -----------------------------------------------------------------
     def register_initializer(self, txn: WriteTxn) -> None:
@@ -181,6 +185,16 @@ class K8sSource:
         """Wait until every initial list has been applied (tests, start-up)."""
         while not self.synced:
             await anyio.sleep(0.01)
+
+    async def wait_applied(self, resource: str, resource_version: int | str) -> None:
+        """Wait until a change of ``resource`` ("services", "endpointslices", "pods",
+        "nodes") at ``resource_version`` (or later) has been processed: committed to the
+        tables, or refused with its error in `errors`. What a caller that changed the API
+        server and wants to look at the result waits for (e.g. a conformance runner after
+        ``k8s/add``)."""
+        want = int(resource_version)
+        while self.applied_rv.get(resource, 0) < want:
+            await self._applied_event.wait()
 
     async def _deliver(self, reflector: Reflector, deltas: list[Delta], synced: bool) -> None:
         await self._send.send(_Item(reflector, deltas, synced, time.monotonic()))
@@ -276,6 +290,12 @@ class K8sSource:
                 self.errors.pop(f"{r.spec.kind} {d.key}", None)
         self.batches += 1
         self.applied += len(deltas) - len(skip)
+        for r, d in deltas:
+            rv = (d.obj.get("metadata") or {}).get("resourceVersion")
+            if isinstance(rv, str) and rv.isdigit() and int(rv) > self.applied_rv.get(r.name, 0):
+                self.applied_rv[r.name] = int(rv)
+        self._applied_event.set()
+        self._applied_event = anyio.Event()
         if self.on_applied is not None and batch:
             self.on_applied([d for _, d in deltas], min(item.received for item in batch))
 

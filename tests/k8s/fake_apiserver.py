@@ -342,18 +342,18 @@ class FakeAPIServer:
         for obj in objs:
             self.upsert(obj)
 
-    def delete(self, kind: str, namespace: str, name: str) -> bool:
-        """Delete an object; False when there was none."""
+    def delete(self, kind: str, namespace: str, name: str) -> int:
+        """Delete an object; the revision of the deletion (0 when there was none)."""
         res = _BY_KIND[kind]
         with self._lock:
             old = self._objects[res.plural].pop((namespace if res.namespaced else "", name), None)
             if old is None:
-                return False
+                return 0
             self._rv += 1
             gone = json.loads(json.dumps(old))
             gone["metadata"]["resourceVersion"] = str(self._rv)
             self._emit(res, "DELETED", gone)
-        return True
+            return self._rv
 
     def objects(self, kind: str) -> list[dict[str, Any]]:
         """The current objects of ``kind`` (copies)."""

@@ -8,6 +8,7 @@ from __future__ import annotations
 import socket
 from pathlib import Path
 
+import anyio
 import pytest
 import trustme
 
@@ -272,3 +273,20 @@ async def test_expired_continue_token_restarts_the_list(
         services = next(x for x in r.source.reflectors if x.name == "services")
         slices = next(x for x in r.source.reflectors if x.name == "endpointslices")
         assert services.health.lists + slices.health.lists == 2  # each completed once
+
+
+async def test_wait_applied_makes_changes_synchronous(
+    apiserver: FakeAPIServer, kubeconfig: str
+) -> None:
+    """What a conformance runner needs: change the server, wait, look at the tables."""
+    async with running_source(ClientSettings(kubeconfig=kubeconfig)) as r:
+        await wait_for(lambda: r.source.synced, "initial sync")
+        for i in range(5):
+            stored = apiserver.upsert(service(f"w{i}", f"10.96.7.{i + 1}"))
+            with anyio.fail_after(20):
+                await r.source.wait_applied("services", stored["metadata"]["resourceVersion"])
+            assert f"default/w{i}" in r.services()
+        rv = apiserver.delete("Service", "default", "w0")
+        with anyio.fail_after(20):
+            await r.source.wait_applied("services", rv)
+        assert "default/w0" not in r.services()
