@@ -83,7 +83,9 @@ class ReflectorConfig:
     #: Server-side watch timeout; each watch asks for a value in [t, 2t) (client-go: 5 min).
     watch_timeout: float = 300.0
     #: No byte (event or bookmark) for this long: the watch is stalled, restart it. The
-    #: API server sends a bookmark about once a minute, so 2.5 minutes is safe.
+    #: API server sends a bookmark about once a minute (kubernetes/kubernetes#90249),
+    #: though clients may not rely on it: a quiet watch judged stalled by mistake costs
+    #: one reconnect from the same resourceVersion (no relist).
     stall_timeout: float = 150.0
     connect_timeout: float = 10.0
     #: Read timeout of a list request.
