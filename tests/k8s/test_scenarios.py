@@ -27,7 +27,7 @@ from statewright.agent.components.kubernetes import KubernetesComponent
 from statewright.agent.components.lb import LBMapsComponent, LoadBalancerComponent
 from statewright.agent.components.statedb import StateDBComponent
 from statewright.agent.config import AgentConfig
-from statewright.component import DEGRADED, OK, Hive
+from statewright.component import DEGRADED, OK, Hive, Request
 from statewright.loadbalancer import LoadBalancer
 from tests.pins import BPFFS, remove_memory_pins, remove_pin_dir
 
@@ -147,6 +147,16 @@ async def test_initial_sync_and_live_changes_reach_the_maps(
         health = {h.name: h for h in hive.health()}
         assert health["k8s"].state == OK and "synced" in health["k8s"].message
         assert health["k8s/services"].state == OK
+        # /k8s on the agent's API: each reflector's state.
+        (route,) = hive.component("k8s").routes()
+        doc = await route.handler(Request(params={}, query={}))
+        assert route.pattern == "/k8s" and doc["synced"] and not doc["errors"]
+        assert {r["name"]: r["state"] for r in doc["resources"]} == {
+            "services": "watching",
+            "endpointslices": "watching",
+            "pods": "watching",
+            "nodes": "watching",
+        }
         # Live: a new backend, a new service, a deleted service.
         apiserver.upsert(endpoint_slice("s0", ["10.244.0.1", "10.244.0.9"]))
         apiserver.upsert(service("s9", "10.96.0.99"))
