@@ -113,3 +113,33 @@ def test_rate_limiter_token_bucket() -> None:
     assert [rl.reserve() for _ in range(3)] == [0.0, 0.0, pytest.approx(0.1)]
     now[0] = 1.0  # refilled up to the burst, not beyond
     assert [rl.reserve() for _ in range(3)] == [0.0, 0.0, pytest.approx(0.1)]
+
+
+def test_agent_config_keys(tmp_path: Path) -> None:
+    from statewright.agent.components.kubernetes import KubernetesComponent, client_settings
+    from statewright.agent.config import ConfigError, load
+
+    path = tmp_path / "agent.yaml"
+    path.write_text(
+        "k8s-kubeconfig: /etc/kc\nk8s-api-server: https://10.0.0.1:6443\nk8s-qps: 5\nk8s-burst: 7\n"
+    )
+    config = load(str(path))
+    s = client_settings(config)
+    assert (s.kubeconfig, s.api_server, s.in_cluster, s.qps, s.burst) == (
+        "/etc/kc",
+        "https://10.0.0.1:6443",
+        False,
+        5.0,
+        7,
+    )
+    assert KubernetesComponent(config).enabled
+    assert not KubernetesComponent(load(None)).enabled  # the default: manifests only
+    for bad, why in [
+        ("k8s-qps: 0", "k8s-qps"),
+        ("k8s-burst: 0", "k8s-burst"),
+        ("k8s-api-server: 10.0.0.1:6443", "k8s-api-server"),
+        ("k8s-in-cluster: yes please", "k8s-in-cluster"),
+    ]:
+        path.write_text(bad + "\n")
+        with pytest.raises(ConfigError, match=why):
+            load(str(path))
