@@ -34,6 +34,7 @@ and the converter wants plain dicts anyway.
 
 from __future__ import annotations
 
+import asyncio
 import http.client
 import json
 import logging
@@ -47,6 +48,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import anyio
+import sniffio
 import urllib3
 from kubernetes.client.exceptions import ApiException
 
@@ -477,8 +479,11 @@ class _WatchPump:
     Why not one thread hop per read: under load the loop is busy applying a batch while
     several events arrive; the reader keeps appending and the loop takes them all at
     once, so decoding and delivery batch by themselves. The loop is woken only when the
-    buffer goes from empty to non-empty, and the reader waits when ``max_pending`` chunks
-    are not taken yet (back-pressure instead of unbounded memory)."""
+    buffer goes from empty to non-empty, without the reader waiting for it (a blocking
+    ``anyio.from_thread.run_sync`` would hold the reader until the busy loop got round
+    to it: one event per loop turn under load), and the reader waits only when
+    ``max_pending`` chunks are not taken yet (back-pressure, not unbounded memory).
+    Build it in the event loop's thread."""
 
     def __init__(self, chunks: Iterator[bytes], max_pending: int = 1024) -> None:
         self._chunks = chunks
@@ -489,6 +494,7 @@ class _WatchPump:
         self._finished = False
         self._error: BaseException | None = None
         self._closed = False
+        self._call_soon = _loop_call_soon()
 
     async def run_in_thread(self) -> None:
         """Run the reader in a worker thread (abandoned on cancellation: the caller shuts
@@ -505,8 +511,8 @@ class _WatchPump:
 
     def _notify_loop(self) -> None:
         try:
-            anyio.from_thread.run_sync(self._wake)
-        except Exception:  # the loop is gone or the task was abandoned: nobody waits
+            self._call_soon(self._wake)
+        except RuntimeError:  # the loop is closed: nobody waits any more
             pass
 
     def _read_all(self) -> None:
@@ -538,3 +544,22 @@ class _WatchPump:
                     return data, self._finished and not data, self._error if not data else None
             await self._ready.wait()
             self._ready = anyio.Event()
+
+
+def _loop_call_soon() -> Callable[[Callable[[], None]], None]:
+    """For the running event loop: a function any thread may call to have a callback run
+    soon in the loop, without waiting for it (asyncio's ``call_soon_threadsafe``, trio's
+    ``run_sync_soon``; anyio only offers the waiting kind)."""
+    lib = sniffio.current_async_library()
+    if lib == "asyncio":
+        loop = asyncio.get_running_loop()
+
+        def call_soon(fn: Callable[[], None]) -> None:
+            loop.call_soon_threadsafe(fn)
+
+        return call_soon
+    if lib == "trio":
+        import trio
+
+        return trio.lowlevel.current_trio_token().run_sync_soon
+    raise RuntimeError(f"unsupported event loop {lib!r}")
