@@ -202,6 +202,7 @@ class FakeAPIServer:
         default_watch_timeout: float = 1800.0,
         ca: trustme.CA | None = None,
         port: int = 0,
+        history_limit: int = 0,
     ) -> None:
         self.ca = ca or trustme.CA()
         self._cert = self.ca.issue_cert("127.0.0.1", "localhost")
@@ -211,6 +212,9 @@ class FakeAPIServer:
         self.token = token or f"token-{uuid.uuid4().hex}"
         self.bookmark_interval = bookmark_interval
         self.default_watch_timeout = default_watch_timeout
+        #: Events kept for watches to resume from (0: all); older ones are compacted away
+        #: (watches from before them get 410), as etcd's periodic compaction does.
+        self.history_limit = history_limit
         self._lock = threading.RLock()
         self._rv = 100
         #: Oldest resourceVersion a watch may start from (older: 410 Gone).
@@ -364,6 +368,10 @@ class FakeAPIServer:
     def _emit(self, res: Resource, etype: str, obj: dict[str, Any]) -> None:
         event = {"type": etype, "object": obj}
         self._history.append((self._rv, res, event))
+        if self.history_limit and len(self._history) > 2 * self.history_limit:
+            # Compact in steps (not per event): keep the newest history_limit events.
+            del self._history[: -self.history_limit]
+            self._oldest_rv = self._history[0][0] - 1
         for w in self._watchers:
             if w.resource is res and w.accepts(obj):
                 w.events.put(event)

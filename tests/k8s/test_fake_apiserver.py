@@ -331,3 +331,22 @@ def test_dropped_and_stalled_watches(
             list(_events(resp))
     finally:
         resp.close()
+
+
+def test_history_limit_compacts_old_versions() -> None:
+    with FakeAPIServer(history_limit=2) as srv:
+        first = srv.resource_version
+        for i in range(5):  # more than 2 x the limit: compaction
+            srv.upsert(service(f"s{i}", f"10.96.0.{i + 1}"))
+        w = srv.open_watch(srv_resource("services"), "", lambda o: True, str(first))
+        assert w.events.get_nowait()["object"]["code"] == 410
+        recent = srv.resource_version - 1
+        w = srv.open_watch(srv_resource("services"), "", lambda o: True, str(recent))
+        assert w.events.get_nowait()["object"]["metadata"]["name"] == "s4"
+        srv.close_watch(w)
+
+
+def srv_resource(plural: str) -> Any:
+    from .fake_apiserver import RESOURCES
+
+    return next(r for r in RESOURCES if r.plural == plural)
