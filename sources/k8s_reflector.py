@@ -193,6 +193,7 @@ class Reflector:
         self._rv = ""
         self._failures = 0
         self._resp: Any = None
+        self._listed_at = 0.0
 
     @property
     def name(self) -> str:
@@ -228,15 +229,8 @@ class Reflector:
                         need_list = False
                     await self._watch()
                     self._failures = 0
-                except GoneError as e:
-                    log.info("k8s %s: %s; relisting", self.spec.name, e)
-                    if need_list:
-                        # The list itself expired (its continue token): do not spin.
-                        self._fail(e)
-                        self._set_state(BACKING_OFF)
-                        await anyio.sleep(self._backoff(e))
-                    need_list = True
                 except (
+                    GoneError,
                     ApiException,
                     urllib3.exceptions.HTTPError,
                     http.client.HTTPException,
@@ -245,8 +239,16 @@ class Reflector:
                     ValueError,  # a list that is not JSON
                 ) as e:
                     if isinstance(e, ApiException) and e.status == 410:
+                        # 410 as the watch request's status rather than as an ERROR event.
+                        e = GoneError(describe_error(e))
+                    if isinstance(e, GoneError):
+                        log.info("k8s %s: %s; relisting", self.spec.name, e)
+                        spin = need_list or time.monotonic() - self._listed_at < 1.0
                         need_list = True
-                        continue
+                        if not spin:
+                            continue
+                        # The list itself expired (its continue token), or its version
+                        # was already too old for a watch: back off instead of spinning.
                     self._fail(e)
                     delay = self._backoff(e)
                     self._set_state(BACKING_OFF)
@@ -329,6 +331,7 @@ class Reflector:
         self._rv = rv
         self.health.resource_version = rv
         self.health.lists += 1
+        self._listed_at = time.monotonic()
         await self.deliver(self, deltas, True)
         self.health.synced = True
         self._failures = 0

@@ -290,3 +290,22 @@ async def test_wait_applied_makes_changes_synchronous(
         with anyio.fail_after(20):
             await r.source.wait_applied("services", rv)
         assert "default/w0" not in r.services()
+
+
+async def test_watch_refused_with_410_relists_without_spinning(
+    apiserver: FakeAPIServer, kubeconfig: str
+) -> None:
+    _populate(apiserver, 1)
+    # Every watch of services is refused with 410 (as a status, not an event) 3 times.
+    apiserver.fail_next(410, count=3, match="/api/v1/services?allowWatchBookmarks")
+    async with running_source(ClientSettings(kubeconfig=kubeconfig)) as r:
+        await wait_for(lambda: r.source.synced, "initial sync")
+        services = next(x for x in r.source.reflectors if x.name == "services")
+        await wait_for(lambda: services.health.lists == 4, "relisted after each 410")
+        await wait_for(lambda: services.health.state == WATCHING, "watching at last")
+        reqs = [q for q in apiserver.requests if q.resource == "services"]
+        # list, watch (410), list, watch (410), ...: a relist follows each refusal.
+        refused = [q for q in reqs if q.verb == "watch" and q.status == 410]
+        assert len(refused) == 3
+        relists = [q for q in reqs if q.verb == "list"][1:]
+        assert all(b.time > a.time for a, b in zip(refused, relists))
