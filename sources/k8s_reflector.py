@@ -19,8 +19,9 @@ A `Reflector` keeps a consumer up to date with one resource type:
    resourceVersion seen.
 3. **errors**: 410 Gone (an ERROR event on the watch, or the status of a watch
    or list request) means the version is gone: relist (after a backoff when the
-   list itself failed or its version was already gone). Anything else (connection refused or reset, TLS, 401, 429,
-   5xx, a malformed stream) waits with jittered exponential backoff (a
+   list itself failed or its version was already gone). Anything else
+   (connection refused or reset, TLS, 401, 429, 5xx, a malformed stream) waits
+   with jittered exponential backoff (a
    ``Retry-After`` header is honoured) and resumes the watch, or relists when
    no list has completed. A stalled watch — no byte for ``stall_timeout``
    seconds, bookmarks included — is detected by the socket's read timeout and

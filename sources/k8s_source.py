@@ -153,6 +153,8 @@ class K8sSource:
         ]
         #: Current error per object (``Kind namespace/name`` -> message).
         self.errors: dict[str, str] = {}
+        # Objects refused for a frontend conflict, as last received (tried again later).
+        self._conflicts: dict[str, tuple[Reflector, Delta]] = {}
         self._send: MemoryObjectSendStream[_Item]
         self._recv: MemoryObjectReceiveStream[_Item]
         self._send, self._recv = anyio.create_memory_object_stream[_Item](self.config.queue_depth)
@@ -232,7 +234,7 @@ class K8sSource:
                 size += len(item.deltas)
             self.apply_batch(batch)
 
-    def apply_batch(self, batch: list[_Item]) -> None:
+    def apply_batch(self, batch: list[_Item], *, retrying: bool = False) -> None:
         """Write a batch in one transaction; objects the converter refuses are left out.
 
         Services and EndpointSlices are refused before anything is written (the converter
@@ -242,7 +244,11 @@ class K8sSource:
         transaction is aborted, the converter rolled back to a checkpoint taken before
         the batch, and the batch written again without it. The checkpoint copies the
         converter's whole memory (tens of milliseconds at 10,000 services), so it is taken
-        only for batches with Pods, which are rare (this node's Pods only)."""
+        only for batches with Pods, which are rare (this node's Pods only).
+
+        An object refused for a frontend conflict may apply once the other service lets
+        go of the address: after a batch that wrote something, the conflicting objects
+        are tried again (``retrying``: that second pass does not retry again)."""
         deltas = [(item.reflector, d) for item in batch for d in item.deltas]
         skip: set[int] = set()
         newly_synced = {item.reflector.name for item in batch if item.synced}
@@ -264,6 +270,8 @@ class K8sSource:
                     except INPUT_ERRORS as e:
                         skip.add(i)
                         self._record_error(r, d, str(e))
+                        if isinstance(e, FrontendConflictError):
+                            self._conflicts[f"{r.spec.kind} {d.key}"] = (r, d)
                         if r.spec.kind in _REFUSED_BEFORE_WRITING and isinstance(e, CLEAN_ERRORS):
                             continue
                         if cp is None:
@@ -297,6 +305,7 @@ class K8sSource:
         for i, (r, d) in enumerate(deltas):
             if i not in skip:
                 self.errors.pop(f"{r.spec.kind} {d.key}", None)
+                self._conflicts.pop(f"{r.spec.kind} {d.key}", None)
         self.batches += 1
         self.applied += len(deltas) - len(skip)
         for r, d in deltas:
@@ -308,6 +317,10 @@ class K8sSource:
             self._applied_event = None
         if self.on_applied is not None and batch:
             self.on_applied([d for _, d in deltas], min(item.received for item in batch))
+        if not retrying and self._conflicts and len(skip) < len(deltas):
+            now = time.monotonic()
+            again = [_Item(r, [d], False, now) for r, d in self._conflicts.values()]
+            self.apply_batch(again, retrying=True)
 
     def _apply_one(self, txn: WriteTxn, r: Reflector, d: Delta) -> None:
         if r.spec.kind == KIND_NODE:

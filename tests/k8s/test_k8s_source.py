@@ -309,3 +309,19 @@ async def test_watch_refused_with_410_relists_without_spinning(
         assert len(refused) == 3
         relists = [q for q in reqs if q.verb == "list"][1:]
         assert all(b.time > a.time for a, b in zip(refused, relists))
+
+
+async def test_conflicting_service_applies_once_the_address_is_free(
+    apiserver: FakeAPIServer, kubeconfig: str
+) -> None:
+    apiserver.upsert(service("a", "10.96.0.1"))
+    apiserver.upsert(service("b", "10.96.0.1"))  # the same frontend: refused
+    async with running_source(ClientSettings(kubeconfig=kubeconfig)) as r:
+        await wait_for(lambda: r.source.synced, "initial sync")
+        assert r.frontends() == {"10.96.0.1:80/TCP": "default/a"}
+        assert set(r.source.errors) == {"Service default/b"}
+        apiserver.delete("Service", "default", "a")
+        await wait_for(
+            lambda: r.frontends() == {"10.96.0.1:80/TCP": "default/b"}, "b takes the address"
+        )
+        assert not r.source.errors

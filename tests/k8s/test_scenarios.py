@@ -147,7 +147,10 @@ async def test_initial_sync_and_live_changes_reach_the_maps(
         health = {h.name: h for h in hive.health()}
         assert health["k8s"].state == OK and "synced" in health["k8s"].message
         assert health["k8s/services"].state == OK
-        # /k8s on the agent's API: each reflector's state.
+        # /k8s on the agent's API: each reflector's state (watching once the watch that
+        # follows its list is open).
+        src = hive.get("k8s")
+        await wait_for(lambda: all(r.health.state == "watching" for r in src.reflectors), "watch")
         (route,) = hive.component("k8s").routes()
         doc = await route.handler(Request(params={}, query={}))
         assert route.pattern == "/k8s" and doc["synced"] and not doc["errors"]
