@@ -247,8 +247,8 @@ class K8sSource:
         only for batches with Pods, which are rare (this node's Pods only).
 
         An object refused for a frontend conflict may apply once the other service lets
-        go of the address: after a batch that wrote something, the conflicting objects
-        are tried again (``retrying``: that second pass does not retry again)."""
+        go of the address: after a batch that wrote a Service or Pod, the conflicting
+        objects are tried again (``retrying``: that second pass does not retry again)."""
         deltas = [(item.reflector, d) for item in batch for d in item.deltas]
         skip: set[int] = set()
         newly_synced = {item.reflector.name for item in batch if item.synced}
@@ -317,7 +317,16 @@ class K8sSource:
             self._applied_event = None
         if self.on_applied is not None and batch:
             self.on_applied([d for _, d in deltas], min(item.received for item in batch))
-        if not retrying and self._conflicts and len(skip) < len(deltas):
+        # Only a Service or Pod written (changed or deleted) can free an address.
+        if (
+            not retrying
+            and self._conflicts
+            and any(
+                r.spec.kind != "EndpointSlice" and r.spec.kind != KIND_NODE
+                for i, (r, _) in enumerate(deltas)
+                if i not in skip
+            )
+        ):
             now = time.monotonic()
             again = [_Item(r, [d], False, now) for r, d in self._conflicts.values()]
             self.apply_batch(again, retrying=True)
