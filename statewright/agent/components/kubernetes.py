@@ -38,6 +38,7 @@ from statewright.component import (
     Request,
     Route,
 )
+from statewright.loadbalancer import LoadBalancer
 
 log = logging.getLogger("statewright.agent.kubernetes")
 
@@ -79,7 +80,7 @@ class KubernetesComponent(Component):
         cluster mode) stops the agent's start with the reason."""
         if not self.enabled:
             return
-        lb: Any = hive.get("lb")
+        lb = hive.get("lb", LoadBalancer)
         try:
             client = K8sClient(self.settings)
         except K8sConfigError as e:
