@@ -34,7 +34,7 @@ system-deps:
 $(STAMP): pyproject.toml constraints.txt
 	python3 -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -c constraints.txt -e '.[test]'
+	$(PY) -m pip install -q -c constraints.txt -e '.[agent,test]'
 	touch $@
 
 lint: setup
