@@ -80,6 +80,8 @@ class MachineSpec(Generic[O, T]):
     target, the primary keys (encoded) of the rows the table holds, and a number drawn
     from 0-15, and must only add what the table does not want (prune removes it; changing
     wanted entries is drift, which only refresh repairs).
+    ``observe`` and ``tamper`` run on the reconciler's event loop thread, between target
+    operations, so targets that are not thread-safe need no locking.
     ``backend``: the event loop, ``"asyncio"`` or ``"trio"``. ``timeout``: the bound, in
     seconds, of each wait for the reconciler (a guard against hangs).
     """
@@ -198,7 +200,8 @@ def reconciler_state_machine(spec: MachineSpec[O, T]) -> type[RuleBasedStateMach
         @rule(n=st.integers(0, 15))
         def tamper_with_target(self, n: int) -> None:
             if spec.tamper is not None:
-                spec.tamper(self.target, frozenset(self.model), n)
+                # On the reconciler's loop thread, so it never races a target operation.
+                self.bg.portal.call(spec.tamper, self.target, frozenset(self.model), n)
 
         @precondition(lambda self: not self.initialized)
         @rule()
@@ -249,7 +252,8 @@ def reconciler_state_machine(spec: MachineSpec[O, T]) -> type[RuleBasedStateMach
                 problems.append(f"health: {rec.health}")
             if self.faulty.prunes_ok == 0:
                 problems.append("no successful prune since the faults stopped")
-            actual, expected = spec.observe(self.target), spec.expected(rows)
+            actual = self.bg.portal.call(spec.observe, self.target)  # see tamper_with_target
+            expected = spec.expected(rows)
             if actual != expected:
                 detail = (
                     diff_states(expected, actual)
