@@ -68,7 +68,10 @@ async def wait_until_done(
 ) -> None:
     """Wait until `convergence_problems` finds none; raise TimeoutError (naming what is
     left) after ``timeout`` seconds. ``advance`` is called before each poll, e.g.
-    ``lambda: clock.advance(5.0)`` to make every retry due under a `FakeClock`."""
+    ``lambda: clock.advance(5.0)`` to make every retry due under a `FakeClock`.
+
+    A prune is covered only through health: one that failed keeps health Degraded, but
+    one still running when everything else is done is not waited for."""
     deadline = None if timeout is None else time.monotonic() + timeout
     while True:
         problems = convergence_problems(reconciler)
