@@ -35,6 +35,7 @@ import yaml
 
 from bpf.probe import DEFAULT_PIN_DIR
 from sources.node_address_selection import NodeAddressConfig
+from statedb.errors import InputError
 from tables.lb_config import default_node_name
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -49,7 +50,7 @@ DEMO_NETNS = "statewright-demo"
 BACKENDS = ("auto", "kernel", "memory")
 
 
-class ConfigError(ValueError):
+class ConfigError(InputError):
     """The configuration is invalid; the message names the file (or override) and field."""
 
 
