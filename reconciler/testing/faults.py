@@ -21,12 +21,12 @@ from typing import Any, Generic, TypeVar
 import anyio
 
 from reconciler.operations import BatchEntry, Operations
-from statedb import ReadTxn, Table
+from statedb import ReadTxn, StatewrightError, Table
 
 O = TypeVar("O")
 
 
-class InjectedFault(Exception):
+class InjectedFault(StatewrightError):
     """A failure `FaultyOps` made up; its message says which operation and when."""
 
 

@@ -16,14 +16,14 @@ from collections.abc import Callable, Hashable, Iterable, Iterator, Mapping
 from typing import Any, Generic, TypeVar
 
 from reconciler.operations import BatchEntry
-from statedb import ReadTxn, Table
+from statedb import ReadTxn, StatewrightError, Table
 
 O = TypeVar("O")
 K = TypeVar("K", bound=Hashable)
 V = TypeVar("V")
 
 
-class ModelMismatch(AssertionError):
+class ModelMismatch(StatewrightError, AssertionError):
     """The target does not hold what the table says it should; the message lists the keys
     missing from the target, the stray ones and those with a different value."""
 
