@@ -126,7 +126,6 @@ class FaultyOps(Generic[O]):
     def _call(
         self,
         op: str,
-        what: str,
         rate: float,
         call: Callable[[], Awaitable[None] | None],
         on_success: Callable[[], None] | None = None,
@@ -135,14 +134,14 @@ class FaultyOps(Generic[O]):
         before, after = self._fault(op, rate)
         delay = self._delay()
         if delay > 0.0:
-            return self._delayed(delay, op, what, before, after, call, on_success)
+            return self._delayed(delay, op, before, after, call, on_success)
         if before:
-            raise InjectedFault(f"{op} {what}: injected failure before applying")
+            raise InjectedFault(f"{op}: injected failure before applying")
         result = call()
         if result is not None and inspect.isawaitable(result):
-            return self._finish(result, op, what, after, on_success)
+            return self._finish(result, op, after, on_success)
         if after:
-            raise InjectedFault(f"{op} {what}: injected failure after applying")
+            raise InjectedFault(f"{op}: injected failure after applying")
         if on_success is not None:
             on_success()
         return None
@@ -151,7 +150,6 @@ class FaultyOps(Generic[O]):
         self,
         delay: float,
         op: str,
-        what: str,
         before: bool,
         after: bool,
         call: Callable[[], Awaitable[None] | None],
@@ -159,22 +157,21 @@ class FaultyOps(Generic[O]):
     ) -> None:
         await anyio.sleep(delay)
         if before:
-            raise InjectedFault(f"{op} {what}: injected failure before applying")
+            raise InjectedFault(f"{op}: injected failure before applying")
         result = call()
-        await self._finish(result, op, what, after, on_success)
+        await self._finish(result, op, after, on_success)
 
     @staticmethod
     async def _finish(
         result: Awaitable[None] | None,
         op: str,
-        what: str,
         after: bool,
         on_success: Callable[[], None] | None,
     ) -> None:
         if result is not None and inspect.isawaitable(result):
             await result
         if after:
-            raise InjectedFault(f"{op} {what}: injected failure after applying")
+            raise InjectedFault(f"{op}: injected failure after applying")
         if on_success is not None:
             on_success()
 
@@ -182,14 +179,14 @@ class FaultyOps(Generic[O]):
     def update(self, txn: ReadTxn, revision: int, obj: O) -> Awaitable[None] | None:
         """``inner.update``, failing with the plan's update rate."""
         return self._call(
-            "update", repr(obj), self.plan.update,
+            "update", self.plan.update,
             lambda: self.inner.update(txn, revision, obj),
         )
 
     def delete(self, txn: ReadTxn, revision: int, obj: O) -> Awaitable[None] | None:
         """``inner.delete``, failing with the plan's delete rate."""
         return self._call(
-            "delete", repr(obj), self.plan.delete,
+            "delete", self.plan.delete,
             lambda: self.inner.delete(txn, revision, obj),
         )
 
@@ -204,7 +201,7 @@ class FaultyOps(Generic[O]):
                 self.prunes_ok += 1
 
         return self._call(
-            "prune", "", self.plan.prune, lambda: self.inner.prune(txn, objects), succeeded
+            "prune", self.plan.prune, lambda: self.inner.prune(txn, objects), succeeded
         )
 
     # ----- BatchOperations -------------------------------------------------------------
@@ -244,14 +241,10 @@ class FaultyOps(Generic[O]):
 
         def mark() -> None:
             for entry in fail_before:
-                entry.result = InjectedFault(
-                    f"{op} {entry.obj!r}: injected failure before applying"
-                )
+                entry.result = InjectedFault(f"{op}: injected failure before applying")
             for entry in fail_after:
                 if entry.result is None:
-                    entry.result = InjectedFault(
-                        f"{op} {entry.obj!r}: injected failure after applying"
-                    )
+                    entry.result = InjectedFault(f"{op}: injected failure after applying")
 
         def apply() -> Awaitable[None] | None:
             if inner_batch is not None:
