@@ -3,8 +3,8 @@
 * ``pip install .`` (no extras) brings only the library's dependencies; statedb and
   reconciler import without any agent dependency, the installed packages are typed
   (py.typed), and the DNS controller example runs against the installed packages;
-* ``pip install '.[agent]'`` then brings the agent's dependencies and ``statewright --help``
-  works.
+* ``pip install '.[agent]'`` then brings the agent's dependencies, ``statewright --help``
+  works and every module of every package imports.
 
 The sources are copied to a temporary directory first, so the build never writes into the
 work tree (other tests run meanwhile). pip resolves with constraints.txt from the
@@ -55,6 +55,26 @@ def _installed(python: Path) -> set[str]:
     return {d["name"].lower().replace("_", "-") for d in json.loads(out)}
 
 
+def _import_all(python: Path, packages: tuple[str, ...], cwd: Path) -> list[str]:
+    """Import every module of ``packages`` in ``python``'s environment; return their names.
+    ``reconciler.testing.machine`` needs hypothesis (the ``test`` extra) and is left out."""
+    code = (
+        "import importlib, json, pkgutil, sys\n"
+        "done = []\n"
+        f"for name in {list(packages)!r}:\n"
+        "    pkg = importlib.import_module(name)\n"
+        "    done.append(name)\n"
+        "    for info in pkgutil.walk_packages(pkg.__path__, name + '.'):\n"
+        "        if info.name.endswith('__main__') or info.name == 'reconciler.testing.machine':\n"
+        "            continue\n"
+        "        importlib.import_module(info.name)\n"
+        "        done.append(info.name)\n"
+        "print(json.dumps(done))\n"
+    )
+    names: list[str] = json.loads(_run([str(python), "-c", code], cwd).stdout)
+    return names
+
+
 def test_fresh_install_core_then_agent(tmp_path: Path) -> None:
     src = _copy_sources(tmp_path)
     env_dir = tmp_path / "venv"
@@ -81,6 +101,8 @@ def test_fresh_install_core_then_agent(tmp_path: Path) -> None:
     assert not set(info["mods"]) & {"yaml", "pyroute2", "kubernetes", "prometheus_client"}
     assert info["typed"] == [True, True]
     assert str(env_dir) in info["file"], "statedb was not imported from the new environment"
+    # Every module of the library imports with the core dependencies alone.
+    assert "reconciler.testing.faults" in _import_all(python, ("statedb", "reconciler"), tmp_path)
     example = _run(
         [str(python), str(ROOT / "examples" / "dns_controller.py"), "--failure-rate", "0.3"],
         tmp_path, timeout=120,
@@ -92,3 +114,7 @@ def test_fresh_install_core_then_agent(tmp_path: Path) -> None:
     assert set(AGENT_DISTRIBUTIONS) <= _installed(python)
     helped = _run([str(env_dir / "bin" / "statewright"), "--help"], tmp_path)
     assert "agent" in helped.stdout
+    helped = _run([str(env_dir / "bin" / "statewright"), "agent", "--help"], tmp_path)
+    assert "--backend" in helped.stdout
+    # Every module of every package imports with the agent's extra: no dependency missing.
+    assert "statewright.agent.runtime" in _import_all(python, PACKAGES, tmp_path)
