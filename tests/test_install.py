@@ -1,8 +1,8 @@
 """The distribution installs as promised, in a fresh virtual environment:
 
 * ``pip install .`` (no extras) brings only the library's dependencies; statedb and
-  reconciler import without any agent dependency, the installed packages are typed
-  (py.typed), and the DNS controller example runs against the installed packages;
+  reconciler import without any agent dependency, mypy sees the installed packages as
+  typed (py.typed), and the DNS controller example runs against the installed packages;
 * ``pip install '.[agent]'`` then brings the agent's dependencies, ``statewright --help``
   works and every module of every package imports.
 
@@ -101,6 +101,27 @@ def test_fresh_install_core_then_agent(tmp_path: Path) -> None:
     assert not set(info["mods"]) & {"yaml", "pyroute2", "kubernetes", "prometheus_client"}
     assert info["typed"] == [True, True]
     assert str(env_dir) in info["file"], "statedb was not imported from the new environment"
+    # mypy sees the installed packages as typed (py.typed): a correct use checks clean, a
+    # wrong one is caught, and nothing is reported as an untyped import.
+    sample = tmp_path / "use_statedb.py"
+    sample.write_text(
+        "from statedb import DB, Index, Table\n"
+        "from reconciler import Status, status_pending\n"
+        "table: Table[str] = Table('t', Index('k', key=lambda s: s))\n"
+        "db = DB(table)\n"
+        "status: Status = status_pending()\n"
+        "count: int = table.count(db.read_txn())\n"
+        "wrong: str = table.count(db.read_txn())\n"
+    )
+    checked = subprocess.run(
+        [sys.executable, "-m", "mypy", "--python-executable", str(python), "--no-incremental",
+         str(sample)],
+        cwd=tmp_path, capture_output=True, text=True, timeout=120,
+    )
+    assert "import-untyped" not in checked.stdout, checked.stdout
+    assert "py.typed" not in checked.stdout, checked.stdout
+    assert checked.stdout.count("error:") == 1, checked.stdout
+    assert 'use_statedb.py:7: error: Incompatible types in assignment' in checked.stdout
     # Every module of the library imports with the core dependencies alone.
     assert "reconciler.testing.faults" in _import_all(python, ("statedb", "reconciler"), tmp_path)
     example = _run(
