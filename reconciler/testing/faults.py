@@ -77,8 +77,9 @@ class FaultyOps(Generic[O]):
     ``enabled`` switches injection off and on (e.g. off to let the reconciler converge).
     ``table``, when given, makes `prune` record a prune of an uninitialized table (which the
     reconciler must never do) in ``pruned_uninitialized``. ``calls`` counts the calls per
-    operation, ``injected`` the failures made up per operation, ``prunes_ok`` the prunes that
-    succeeded. Safe to use from several threads.
+    operation, ``injected`` the failures made up per operation (a batch entry counts under
+    ``update`` / ``delete``, the batch call itself under ``update_batch`` / ``delete_batch``),
+    ``prunes_ok`` the prunes that succeeded. Safe to use from several threads.
     """
 
     def __init__(
