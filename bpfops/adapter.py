@@ -59,6 +59,7 @@ def ops_config(cfg: LBConfig) -> LBOpsConfig:
         kube_proxy_replacement=cfg.kube_proxy_replacement,
         enable_ipv4=getattr(cfg, "enable_ipv4", True),
         enable_ipv6=getattr(cfg, "enable_ipv6", True),
+        scale_to_zero=cfg.enable_scale_to_zero,
     )
 
 
@@ -96,6 +97,7 @@ def service_spec(svc: Service | None, name: str, service_port: int, cfg: LBConfi
         loopback_hostport=svc.loopback_host_port,
         load_balancer_class=svc.load_balancer_class,
         l7_proxy_port=l7,
+        scale_to_zero=svc.scale_to_zero,
     )
 
 

@@ -209,6 +209,7 @@ class _FrontendState:
         "maglev",
         "master",
         "revnat",
+        "scale_to_zero",
         "slot_flags",
         "slots",
         "source_ranges",
@@ -232,6 +233,8 @@ class _FrontendState:
         self.maglev = False
         self.wildcard: tuple[IPAddress, int] | None = None
         self.revnat = False
+        # The frontend's id is in the scale-to-zero map.
+        self.scale_to_zero = False
 
 
 #: The empty set a frontend state starts with (read-only; replaced by a set on first add).
@@ -739,6 +742,8 @@ class FrontendOps(Generic[R]):
         svc_raw.update(key_pack(key_ip, key_port, 0, key_proto, key_scope), master)
         state.master = master
 
+        self._sync_scale_to_zero(state, cfg.scale_to_zero and svc.scale_to_zero)
+
         if self._wildcard_candidate(fe) and self._wildcard_class(fe):
             if cfg.wildcard_entries and (is_local is None or not is_local(ip)):
                 self._upsert_wildcard(fe, state)
@@ -746,6 +751,20 @@ class FrontendOps(Generic[R]):
                 self._delete_wildcard(addr, state)
 
         self._trim_slots(addr, state, slot - 1)
+
+    def _sync_scale_to_zero(self, state: _FrontendState, want: bool) -> None:
+        """Track (or stop tracking) the frontend's id in the scale-to-zero map. An existing
+        entry is left as it is: its value is the datapath's last demand signal."""
+        m = self.maps.scale_to_zero
+        if m is None or want == state.scale_to_zero:
+            return
+        key = lb.ScaleToZeroKey(state.id)
+        if want:
+            if m.lookup(key) is None:
+                m.update(key, lb.ScaleToZeroValue(0))
+        else:
+            delete_quiet(m, key)
+        state.scale_to_zero = want
 
     def _trim_slots(self, addr: Addr, state: _FrontendState, count: int) -> None:
         """Delete the slots above ``count`` (after the master no longer counts them)."""
@@ -868,6 +887,7 @@ class FrontendOps(Generic[R]):
             state.slots.pop()
         delete_quiet(svc_raw, self._svc_key(addr, 0))
         state.master = None
+        self._sync_scale_to_zero(state, False)
         if state.revnat:
             delete_quiet(maps.revnat(v6), fe_id)
             state.revnat = False
@@ -949,6 +969,13 @@ class FrontendOps(Generic[R]):
             hit = live_ids.get(key.rev_nat_id)
             if hit is None or key.backend_id not in hit[1].affinity:
                 self._prune_delete(errs, aff, key)
+        stz = maps.scale_to_zero
+        if stz is not None:
+            # Entries of a previous run whose frontend is gone or no longer opted in.
+            for key, _ in stz.dump():
+                hit = live_ids.get(key.svc_id)
+                if hit is None or not hit[1].scale_to_zero:
+                    self._prune_delete(errs, stz, key)
 
     @staticmethod
     def _prune_delete(errs: list[str], m: TypedMap[Any, Any], key: Any) -> None:

@@ -104,6 +104,7 @@ class LoadBalancer:
             pin=bool(placement.pin_dir),
             max_entries=self.config.lb_map_max,
             maglev_table_size=self.config.maglev_table_size,
+            scale_to_zero=self.config.enable_scale_to_zero,
         )
         return factory, LBMaps.open(config, wrap=wrap, factory=factory)
 
@@ -211,6 +212,13 @@ class LoadBalancer:
 
         with self.dump_view() as maps:
             return str(dump_text(maps))
+
+    def scale_to_zero_dump(self) -> str:
+        """The scale-to-zero map as ``SCALETOZERO: ID=<n>`` lines (empty when disabled)."""
+        from bpfops.maps_dump import scale_to_zero_text
+
+        with self.dump_view() as maps:
+            return scale_to_zero_text(maps)
 
     def maps_leftovers(self) -> list[str]:
         """Map entries that remain (empty when the maps are empty)."""

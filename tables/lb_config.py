@@ -191,7 +191,7 @@ OPTIONS: tuple[Option, ...] = (
     Option("enable-health-check-nodeport", "enable_health_check_nodeport", "bool",
            implemented=False),
     Option("enable-service-topology", "enable_service_topology", "bool"),
-    Option("enable-scale-to-zero", "enable_scale_to_zero", "bool", implemented=False),
+    Option("enable-scale-to-zero", "enable_scale_to_zero", "bool"),
     Option("enable-internal-traffic-policy", "enable_internal_traffic_policy", "bool"),
     Option("kube-proxy-replacement", "kube_proxy_replacement", "bool"),
     Option("enable-experimental-lb", "enable_experimental_lb", "bool",

@@ -268,6 +268,17 @@ def _maps_call(state: State, fn: Any) -> Any:
         raise CommandError(f"{type(e).__name__}: {e}") from None
 
 
+async def cmd_scale_to_zero_dump(state: State, args: list[str]) -> str | None:
+    """``lb/scale-to-zero-dump [file]``: the ids tracked in the scale-to-zero map."""
+    if len(args) > 1:
+        raise CommandError("usage: lb/scale-to-zero-dump [file]")
+    text = _maps_call(state, lambda s: s.lb.scale_to_zero_dump())
+    if args:
+        state.write(args[0], text)
+        return None
+    return text
+
+
 async def cmd_maps_empty(state: State, args: list[str]) -> None:
     """``lb/maps-empty``: no LB map entry may remain."""
     left = _maps_call(state, lambda s: s.maps_leftovers())
@@ -470,6 +481,7 @@ def lb_commands() -> dict[str, Command]:
         "lb/maps-snapshot": cmd_maps_snapshot,
         "lb/maps-restore": cmd_maps_restore,
         "lb/prune": cmd_prune,
+        "lb/scale-to-zero-dump": cmd_scale_to_zero_dump,
         "metrics": cmd_metrics,
         "test/bpfops-reset": cmd_bpfops_reset,
         "test/bpfops-state-empty": cmd_bpfops_state_empty,
