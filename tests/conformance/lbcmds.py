@@ -10,7 +10,10 @@ fail ``hive start`` with ``unsupported: flag ...`` instead of being ignored.
 from __future__ import annotations
 
 import dataclasses
+import http.client
+import os
 import time
+import urllib.parse
 from collections.abc import Hashable
 from pathlib import Path
 from types import TracebackType
@@ -39,6 +42,18 @@ from tests.conformance.lb_system import (
 
 #: How long lb/prune and test/init-wait wait for the system.
 WAIT_TIMEOUT = 5.0
+#: How long http/get waits for an answer.
+HTTP_TIMEOUT = 2.0
+
+
+def health_server_address(pid: int | None = None) -> str:
+    """The loopback address the health-check server binds in tests (``$HEALTHADDR``).
+
+    As upstream's harness, one address per process (127.x.y.z from the process id), so
+    test processes running side by side never compete for the health ports; the whole of
+    127.0.0.0/8 is loopback on Linux, so nothing listens on the machine's interfaces."""
+    pid = os.getpid() if pid is None else pid
+    return f"127.{1 | (pid >> 16 & 0xFF)}.{pid >> 8 & 0xFF}.{1 | (pid & 0xFF)}"
 
 
 class LBHarness:
@@ -52,6 +67,12 @@ class LBHarness:
         self._tg: anyio.abc.TaskGroup | None = None
         self._tg_cm: Any = None
         self.snapshot: dict[str, Any] | None = None
+        self.health_address = health_server_address()
+
+    def script_env(self) -> dict[str, str]:
+        """Variables a script sees from the start: ``$HEALTHADDR``, where the health-check
+        server listens."""
+        return {"HEALTHADDR": self.health_address}
 
     # ----- async context manager ---------------------------------------------------------
     async def __aenter__(self) -> LBHarness:
@@ -88,7 +109,9 @@ class LBHarness:
         try:
             return LBSystem(
                 flags,
-                SystemOptions(maps=self.maps, harness_defaults=True),
+                SystemOptions(
+                    maps=self.maps, harness_defaults=True, health_address=self.health_address
+                ),
                 self.k8s,
             )
         except ValueError as e:
@@ -275,6 +298,45 @@ async def cmd_scale_to_zero_dump(state: State, args: list[str]) -> str | None:
     text = _maps_call(state, lambda s: s.lb.scale_to_zero_dump())
     if args:
         state.write(args[0], text)
+        return None
+    return text
+
+
+def http_get_text(url: str, timeout: float = HTTP_TIMEOUT) -> str:
+    """GET ``url`` and render the answer as the corpus expects it: the status line
+    (``200 OK``), the headers as ``Name=value`` sorted by name with the Date's value
+    replaced by ``<omitted>``, a ``---`` line, then the body. Raises OSError (or
+    http.client.HTTPException) when no answer comes."""
+    parts = urllib.parse.urlsplit(url)
+    if parts.scheme != "http" or not parts.hostname:
+        raise ValueError(f"not an http URL: {url!r}")
+    conn = http.client.HTTPConnection(parts.hostname, parts.port or 80, timeout=timeout)
+    try:
+        conn.request("GET", parts.path or "/")
+        resp = conn.getresponse()
+        body = resp.read()
+        headers: dict[str, list[str]] = {}
+        for name, value in resp.getheaders():
+            canon = "-".join(w.capitalize() for w in name.split("-"))
+            headers.setdefault(canon, []).append("<omitted>" if canon == "Date" else value)
+    finally:
+        conn.close()
+    lines = [f"{resp.status} {resp.reason}"]
+    lines += [f"{name}={','.join(headers[name])}" for name in sorted(headers)]
+    lines.append("---")
+    return "\n".join(lines) + "\n" + body.decode("utf-8", "replace")
+
+
+async def cmd_http_get(state: State, args: list[str]) -> str | None:
+    """``http/get URL [file]``: an HTTP GET; fails when nothing answers."""
+    if len(args) not in (1, 2):
+        raise CommandError("usage: http/get URL [file]")
+    try:
+        text = await anyio.to_thread.run_sync(http_get_text, args[0])
+    except (OSError, http.client.HTTPException, ValueError) as e:
+        raise CommandError(f"http/get {args[0]}: {type(e).__name__}: {e}") from None
+    if len(args) == 2:
+        state.write(args[1], text)
         return None
     return text
 
@@ -472,6 +534,7 @@ def lb_commands() -> dict[str, Command]:
         "hive/start": cmd_hive_start,
         "hive/stop": cmd_hive_stop,
         "hive/recreate": cmd_hive_recreate,
+        "http/get": cmd_http_get,
         "k8s/add": cmd_k8s_add,
         "k8s/update": cmd_k8s_add,
         "k8s/delete": cmd_k8s_delete,
