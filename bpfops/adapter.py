@@ -175,6 +175,14 @@ class TablesNodeView:
             or (existing.type is SVCType.HOST_PORT and existing.address.is_unspecified)
         )
 
+    def frontend_type(self, txn: ReadTxn, addr: Addr) -> str | None:
+        """The type of the frontend the snapshot holds at ``addr`` (as `frontend_spec`
+        gives it), or None."""
+        row = self.frontends.get(txn, l3n4_of(addr))
+        if row is None:
+            return None
+        return LOCAL_REDIRECT if row.redirect_to else row.type.value
+
     def backend_referenced(self, txn: ReadTxn, be_addr: Addr, other_than: Addr) -> bool:
         """Whether a frontend other than ``other_than`` selects the backend at ``be_addr``
         (looked up through the services the backend belongs to)."""

@@ -103,6 +103,10 @@ class NodeView(Protocol):
     # Optional: ``backend_referenced(txn, be_addr, other_than) -> bool``, whether another
     # frontend of the snapshot selects the backend (keeps its entry and id alive while
     # that frontend is still to be written).
+    # Optional: ``frontend_type(txn, addr) -> str | None``, the type of the frontend the
+    # snapshot has at ``addr`` (None: none). A deletion of a frontend whose address the
+    # snapshot holds again (replaced by another service's frontend in the same batch)
+    # then keeps the address's entries and ids for the update that follows.
 
 
 class StaticNodeView:
@@ -113,6 +117,8 @@ class StaticNodeView:
         self.local = set(local) | set(self.nodeport)
         self.primary: set[Addr] = set()
         self.referenced: set[Addr] = set()
+        #: Frontends "in the snapshot" (address -> type), for `frontend_type`.
+        self.present: dict[Addr, str] = {}
 
     def nodeport_addresses(self, txn: ReadTxn, v6: bool) -> list[IPAddress]:
         """The configured addresses of the family."""
@@ -129,6 +135,10 @@ class StaticNodeView:
     def backend_referenced(self, txn: ReadTxn, be_addr: Addr, other_than: Addr) -> bool:
         """Membership in ``referenced``."""
         return be_addr in self.referenced
+
+    def frontend_type(self, txn: ReadTxn, addr: Addr) -> str | None:
+        """The type recorded in ``present``."""
+        return self.present.get(addr)
 
 
 #: A backend's wanted entry as one int ordered like (state, cluster id, zone): the
@@ -379,9 +389,44 @@ class FrontendOps(Generic[R]):
         self.update_spec(txn, fe)
 
     def delete(self, txn: ReadTxn, revision: int, obj: R) -> None:
-        """Remove the frontend (and its expansion) from the maps."""
+        """Remove the frontend (and its expansion) from the maps, unless the snapshot holds
+        a frontend at the same address again (see `delete_replaced`)."""
         fe = self.spec_of(txn, obj)
-        self.delete_spec(txn, fe)
+        lookup = getattr(self.node, "frontend_type", None)
+        new_type = lookup(txn, fe.addr) if lookup is not None else None
+        if new_type is None:
+            self.delete_spec(txn, fe)
+        else:
+            self.delete_replaced(txn, fe, new_type)
+
+    def delete_replaced(self, txn: ReadTxn, fe: FrontendSpec, new_type: str) -> None:
+        """``fe`` was deleted and its address inserted again (another service took it over,
+        e.g. a pod recreated under a new UID, in one batch). The address stays programmed
+        with its service id: the update of the new frontend, which follows in the change
+        stream, rewrites its entries in place. Only what the new frontend will not rewrite
+        goes now: the node-address expansion when the new type has none, the wildcard
+        entry when the new type has none."""
+        if not self._enabled(fe.addr):
+            return
+        if self._is_expansion(fe) and not self._is_expansion(
+            FrontendSpec(fe.addr, new_type, fe.service)
+        ):
+            for addr in list(self.expansions.get(fe.addr, ())):
+                if self.node.is_primary_frontend(txn, addr):
+                    continue
+                try:
+                    self._delete_frontend(txn, addr)
+                except MapError as exc:
+                    raise LBOpsError(
+                        f"frontend {addr} (expansion of replaced {fe.addr}): delete: {exc}"
+                    ) from exc
+            self.expansions.pop(fe.addr, None)
+        state = self.frontends.get(fe.addr)
+        if state is not None and new_type not in (CLUSTER_IP, LOAD_BALANCER):
+            try:
+                self._delete_wildcard(fe.addr, state)
+            except MapError as exc:
+                raise LBOpsError(f"frontend {fe.addr} (replaced): wildcard: {exc}") from exc
 
     def prune(self, txn: ReadTxn, objects: Iterator[R]) -> None:
         """Remove everything the given rows (all desired frontends) do not explain."""

@@ -158,8 +158,11 @@ class HealthServer:
         self._written: dict[str, tuple[tuple[L3n4Addr, ...], L3n4Addr]] = {}
         self._tg: anyio.abc.TaskGroup | None = None
         self.running = False
-        #: (frontends, node-addresses) revisions the last pass saw.
+        #: (frontends, node-addresses) revisions the last pass saw, and what it wanted.
         self._synced: tuple[int, int] = (-1, -1)
+        self._last_desired: tuple[
+            dict[str, int], dict[str, tuple[tuple[L3n4Addr, ...], L3n4Addr]]
+        ] = ({}, {})
 
     # ----- what callers read ---------------------------------------------------------------
     def local_endpoints(self, service: str) -> int:
@@ -185,11 +188,16 @@ class HealthServer:
         )
 
     def idle(self) -> bool:
-        """Whether the last pass saw the current frontends and node addresses (nothing to
-        do until they change), or the server is not running."""
+        """Whether listeners and synthetic services match the current frontends and node
+        addresses (or the server is not running)."""
         if not self.running:
             return True
-        return self._synced == self._revisions(self.db.read_txn())
+        txn = self.db.read_txn()
+        if self._synced == self._revisions(txn):
+            return True
+        # Changed since: idle still when the changes ask for nothing new (e.g. only the
+        # reconciler's status updates of frontends).
+        return self._desired(txn, self.writer.frontends.all(txn)) == self._last_desired
 
     def status(self) -> list[tuple[str, bool, str]]:
         """(job, ok, message) of the control loop and of each listener, Cilium's job names."""
@@ -209,7 +217,14 @@ class HealthServer:
             self.running = True
             task_status.started()
             try:
+                last = -MIN_INTERVAL
                 while True:
+                    # At most one pass per MIN_INTERVAL; the first change after a quiet
+                    # spell is handled at once (a token bucket of one, as Cilium's limiter).
+                    wait = last + MIN_INTERVAL - time.monotonic()
+                    if wait > 0:
+                        await anyio.sleep(wait)
+                    last = time.monotonic()
                     txn = self.db.read_txn()
                     rows, fe_watch = self.writer.frontends.all_watch(txn)
                     _, na_watch = self.writer.node_addresses.all_watch(txn)
@@ -221,7 +236,6 @@ class HealthServer:
                     # services) close the watches, so the next pass confirms them.
                     self._synced = self._revisions(txn)
                     await WatchSet([fe_watch, na_watch]).wait_async()
-                    await anyio.sleep(MIN_INTERVAL)
             finally:
                 self.running = False
                 for lst in self.listeners.values():
@@ -229,8 +243,11 @@ class HealthServer:
                 self.listeners.clear()
                 tg.cancel_scope.cancel()
 
-    def _sync(self, txn: ReadTxn, frontends: Iterable[Any]) -> None:
-        """Make listeners and synthetic services match the frontends of ``txn``."""
+    def _desired(
+        self, txn: ReadTxn, frontends: Iterable[Any]
+    ) -> tuple[dict[str, int], dict[str, tuple[tuple[L3n4Addr, ...], L3n4Addr]]]:
+        """What ``frontends`` ask for: the health-check port of each qualifying service,
+        and per synthetic service its frontend addresses and backend address."""
         ports: dict[str, int] = {}
         vips: dict[str, set[L3n4Addr]] = {}
         for fe in frontends:
@@ -248,8 +265,20 @@ class HealthServer:
             if fe.type is SVCType.LOAD_BALANCER:
                 vip = L3n4Addr(fe.address.address, port, TCP, SCOPE_EXTERNAL)
                 vips.setdefault(svc.name + HEALTH_SUFFIX, set()).add(vip)
+        wanted: dict[str, tuple[tuple[L3n4Addr, ...], L3n4Addr]] = {}
+        for name, addrs in vips.items():
+            fes = tuple(sorted(addrs, key=lambda a: a.key()))
+            port = fes[0].port
+            be_ip = self._backend_ip(txn, fes[0].address.version == 6)
+            wanted[name] = (fes, L3n4Addr(be_ip, port, TCP, SCOPE_INTERNAL))
+        return ports, wanted
+
+    def _sync(self, txn: ReadTxn, frontends: Iterable[Any]) -> None:
+        """Make listeners and synthetic services match the frontends of ``txn``."""
+        ports, wanted = self._desired(txn, frontends)
+        self._last_desired = (ports, wanted)
         self._sync_listeners(ports)
-        self._sync_services(txn, vips)
+        self._sync_services(wanted)
 
     def _sync_listeners(self, ports: dict[str, int]) -> None:
         for name, port in list(self.port_by_service.items()):
@@ -283,13 +312,9 @@ class HealthServer:
                 return na.address
         return ipaddress.ip_address("::" if v6 else "0.0.0.0")
 
-    def _sync_services(self, txn: ReadTxn, vips: dict[str, set[L3n4Addr]]) -> None:
-        wanted: dict[str, tuple[tuple[L3n4Addr, ...], L3n4Addr]] = {}
-        for name, addrs in vips.items():
-            fes = tuple(sorted(addrs, key=lambda a: a.key()))
-            port = fes[0].port
-            be_ip = self._backend_ip(txn, fes[0].address.version == 6)
-            wanted[name] = (fes, L3n4Addr(be_ip, port, TCP, SCOPE_INTERNAL))
+    def _sync_services(
+        self, wanted: dict[str, tuple[tuple[L3n4Addr, ...], L3n4Addr]]
+    ) -> None:
         stale = [n for n in self._written if n not in wanted]
         changed = [n for n, w in wanted.items() if self._written.get(n) != w]
         if not stale and not changed:

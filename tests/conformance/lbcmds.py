@@ -236,6 +236,27 @@ async def cmd_hive_recreate(state: State, args: list[str]) -> None:
 
 
 # ----- k8s -------------------------------------------------------------------------------
+#: How long a k8s/* command lets the running system catch up with the change it made.
+CATCH_UP = 1.0
+
+
+async def _catch_up(h: LBHarness) -> None:
+    """Let the running system process the change just made before the next command.
+
+    Upstream the reflector and the reconciler run in goroutines beside the script and
+    follow a change within microseconds; here they are tasks of the same event loop and
+    would not run until the script awaits, so back-to-back commands would always reach the
+    reconciler as one batch. Waiting (at most `CATCH_UP`) until the system is idle gives
+    the script the same view as upstream: each command's change is processed on its own.
+    """
+    sys = h._system
+    if sys is None or not sys.running:
+        return
+    with anyio.move_on_after(CATCH_UP):
+        while not sys.idle():
+            await anyio.sleep(0.002)
+
+
 async def cmd_k8s_add(state: State, args: list[str]) -> None:
     """``k8s/add file...``: create (or replace) the objects."""
     h = _harness(state)
@@ -244,6 +265,7 @@ async def cmd_k8s_add(state: State, args: list[str]) -> None:
             h.k8s.upsert(obj)
         except ValueError as e:
             raise CommandError(f"k8s/add: {e}") from None
+    await _catch_up(h)
 
 
 async def cmd_k8s_delete(state: State, args: list[str]) -> None:
@@ -258,6 +280,7 @@ async def cmd_k8s_delete(state: State, args: list[str]) -> None:
             # Not an error: a retried section runs its k8s/delete again (as upstream, whose
             # scripts rely on it, e.g. a delete followed by `* lb/maps-empty`).
             state.log.append(f"({obj.get('kind')} {key_of(obj)} was already gone)")
+    await _catch_up(h)
 
 
 async def cmd_k8s_resync(state: State, args: list[str]) -> None:
@@ -270,6 +293,7 @@ async def cmd_k8s_resync(state: State, args: list[str]) -> None:
         h.k8s.replace(args[0], objs)
     except ValueError as e:
         raise CommandError(f"k8s/resync: {e}") from None
+    await _catch_up(h)
 
 
 # ----- lb ---------------------------------------------------------------------------------
