@@ -351,8 +351,8 @@ def convert_service(
     traffic_dist = _str(ref, "spec.trafficDistribution", spec.get("trafficDistribution"))
     if traffic_dist not in ("", "PreferClose", "PreferSameNode", "PreferSameZone"):
         traffic_dist = ""
-    if traffic_dist == "PreferSameZone":
-        traffic_dist = "PreferClose"
+    # PreferSameZone and its older name PreferClose are kept as the Service spells them
+    # (tables and output show the Service's value); the writer treats both alike.
     topo = annotations.get(TOPOLOGY_MODE_ANNOTATION, annotations.get(TOPOLOGY_HINTS_ANNOTATION))
     if not traffic_dist and topo is not None and topo.strip().lower() in ("auto", "true"):
         traffic_dist = "PreferClose"

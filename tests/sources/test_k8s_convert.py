@@ -175,6 +175,11 @@ def test_topology_annotation_and_traffic_distribution() -> None:
     assert a.service.traffic_distribution == "PreferClose"
     b = convert_service(service(trafficDistribution="PreferSameNode"))
     assert b.service.traffic_distribution == "PreferSameNode"
+    # The Service's own spelling is kept: PreferSameZone (newer) and PreferClose (older).
+    for value in ("PreferSameZone", "PreferClose"):
+        c = convert_service(service(trafficDistribution=value))
+        assert c.service.traffic_distribution == value
+        assert f"TrafficDistribution={value}" in c.service.flags_text()
 
 
 def test_node_exposure_annotation() -> None:
