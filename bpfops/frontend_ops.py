@@ -3,10 +3,12 @@
 For each frontend (``bpfops.model.FrontendSpec``) the ops keep these entries right:
 
 * services map: slots ``1..N`` hold the backend ids in a stable order (healthy before
-  unhealthy, then by state - active, terminating, quarantined - then address and port;
-  maintenance backends get no slot); the master slot 0, written *last*, holds the active
-  count, the inactive count (``qcount``), the flags, the algorithm and the affinity
-  timeout. Terminating backends count as active only when no active backend is left.
+  unhealthy, then by state - active, terminating (serving before not serving),
+  quarantined - then address and port; maintenance backends get no slot); the master
+  slot 0, written *last*, holds the active count, the inactive count (``qcount``), the
+  flags, the algorithm and the affinity timeout. Serving terminating backends count as
+  active only when no active backend is left; terminating backends that no longer serve
+  stay in the inactive tail.
   Slots beyond a shrunk backend list are deleted after the new master is in place.
 * backends map: one entry per backend address, shared by every frontend that uses it
   (reference counted) and deleted with its id released when the last reference goes.
@@ -564,8 +566,12 @@ class FrontendOps(Generic[R]):
                 _unhealthy(be) if be.addr in quarantined and not be.unhealthy else be for be in bes
             ]
         # Addr.sort_key's order (family, address bytes, port) from the address as an int.
+        # Serving terminating backends before those no longer serving: when no active
+        # backend is left the first ones are used.
         bes.sort(
-            key=lambda b: (b.unhealthy, b.state, b.addr.ip.version, int(b.addr.ip), b.addr.port)
+            key=lambda b: (
+                b.unhealthy, b.state, b.not_serving, b.addr.ip.version, int(b.addr.ip), b.addr.port
+            )
         )
         return bes
 
@@ -688,7 +694,7 @@ class FrontendOps(Generic[R]):
                     ),
                 )
                 bstate.written = want
-            if be_state == BACKEND_MAINTENANCE or be.not_serving:
+            if be_state == BACKEND_MAINTENANCE:
                 continue
             idx = slot - 1
             if idx >= nslots or slots[idx] != be_id:
@@ -710,7 +716,9 @@ class FrontendOps(Generic[R]):
             elif not want_aff and be_id in state.affinity:
                 delete_quiet(maps.aff_match, lb.AffinityMatchKey(be_id, fe_id))
                 state.affinity.discard(be_id)
-            if be.unhealthy:
+            if be.unhealthy or be.not_serving:
+                # Not serving (unhealthy, or terminating and no longer serving): only in
+                # the inactive tail, never a fallback for missing active backends.
                 inactive += 1
             elif be_state == BACKEND_ACTIVE:
                 active += 1

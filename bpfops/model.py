@@ -144,7 +144,7 @@ class BackendSpec:
     #: True once a health check reported on this backend; until then a quarantine
     #: restored from the maps after a restart stands in for its health.
     health_known: bool = False
-    #: Terminating and no longer serving: kept in the backends map, never given a slot.
+    #: Terminating and no longer serving: in the inactive tail (QCOUNT), never active.
     not_serving: bool = False
 
 
