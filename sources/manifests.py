@@ -68,6 +68,10 @@ from tables.lb_writer import LBWriter
 
 log = logging.getLogger(__name__)
 
+#: libyaml's loader when PyYAML has it (about ten times faster on large files), else the
+#: pure-Python one; both keep line and column marks.
+_SafeLoader: Any = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+
 #: File name suffixes read by the source.
 MANIFEST_SUFFIXES = (".yaml", ".yml", ".json")
 
@@ -200,6 +204,21 @@ def _is_list(doc: Mapping[str, Any]) -> bool:
     return kind == "List" or (isinstance(kind, str) and kind.endswith("List") and "items" in doc)
 
 
+def _yaml_documents(text: str, loader_class: Any) -> list[tuple[int, Any, yaml.Node | None]]:
+    """Every YAML document of ``text`` as (first line, data, node)."""
+    docs: list[tuple[int, Any, yaml.Node | None]] = []
+    loader = loader_class(text)
+    try:
+        while loader.check_node():
+            node = loader.get_node()
+            if node is None:
+                break
+            docs.append((node.start_mark.line + 1, loader.construct_document(node), node))
+    finally:
+        loader.dispose()
+    return docs
+
+
 def parse_manifest_objects(text: str, path: Path | str = "<text>") -> list[ManifestObject]:
     """Parse a manifest file's text into its objects (``List`` items flattened).
 
@@ -218,18 +237,18 @@ def parse_manifest_objects(text: str, path: Path | str = "<text>") -> list[Manif
             ) from None
         docs = [(0, d, None) for d in (data if isinstance(data, list) else [data])]
     else:
-        loader = yaml.SafeLoader(text)
         try:
-            while loader.check_node():
-                node = loader.get_node()
-                if node is None:
-                    break
-                docs.append((node.start_mark.line + 1, loader.construct_document(node), node))
-        except yaml.YAMLError as e:
-            where, what = describe_yaml_error(e)
+            docs = _yaml_documents(text, _SafeLoader)
+        except yaml.YAMLError as fast_error:
+            # libyaml and PyYAML word errors differently; report PyYAML's wording (what
+            # the project documents) by parsing the broken file once more with it.
+            error = fast_error
+            try:
+                _yaml_documents(text, yaml.SafeLoader)
+            except yaml.YAMLError as e:
+                error = e
+            where, what = describe_yaml_error(error)
             raise ManifestError(path, what, field=where) from None
-        finally:
-            loader.dispose()
     out: list[ManifestObject] = []
     for i, (line, doc, node) in enumerate(docs):
         if doc is None:
@@ -296,6 +315,10 @@ class ManifestSource:
         self.on_error = on_error
         self.synced = False
         self._errors: dict[str, str] = {}
+        #: A copy of ``_errors`` replaced whole after each change, so that readers in other
+        #: threads (the agent's health while `sync` runs in a worker thread) never iterate
+        #: a dict that is being changed.
+        self._errors_view: dict[str, str] = {}
         #: Per file, the keys of its entries in _errors.
         self._error_keys: dict[str, set[str]] = {}
         #: Files to look at again on the next poll even if unchanged: their errors may go
@@ -320,7 +343,7 @@ class ManifestSource:
     @property
     def errors(self) -> Mapping[str, str]:
         """Current errors: file path or ``path#Kind/namespace/name`` -> full message."""
-        return types.MappingProxyType(self._errors)
+        return types.MappingProxyType(self._errors_view)
 
     @property
     def ignored(self) -> int:
@@ -385,12 +408,14 @@ class ManifestSource:
         return result
 
     async def run(self, *, task_status: Any = anyio.TASK_STATUS_IGNORED) -> None:
-        """Poll forever, every ``interval`` seconds (cancel the task to stop)."""
-        self.sync()
+        """Poll forever, every ``interval`` seconds (cancel the task to stop). Each poll runs
+        in a worker thread: reading and parsing large files never holds up the event loop
+        (the writer's changes go through statedb write transactions, safe from any thread)."""
+        await anyio.to_thread.run_sync(self.sync)
         task_status.started()
         while True:
             await anyio.sleep(self.interval)
-            self.sync()
+            await anyio.to_thread.run_sync(self.sync)
 
     # ----- errors ---------------------------------------------------------------------------------
     def _set_errors(self, path: str, errors: Mapping[str, str], result: SyncResult) -> None:
@@ -406,6 +431,7 @@ class ManifestSource:
             self._errors[key] = message
         if errors:
             self._error_keys[path] = set(errors)
+        self._errors_view = dict(self._errors)
         result.failed.update(errors)
 
     def _file_failed(self, path: str, err: InputError, result: SyncResult) -> None:

@@ -347,3 +347,47 @@ def test_initializer_and_run_loop(tmp_path: Path) -> None:
     anyio.run(main)
     with pytest.raises(ValueError, match="interval"):
         ManifestSource(w, [tmp_path], interval=0)
+
+
+def test_polls_run_off_the_event_loop(tmp_path: Path) -> None:
+    """Reading and parsing large files must not hold up the event loop: every poll of
+    `ManifestSource.run` runs in a worker thread, while the loop keeps answering."""
+    import threading
+
+    _, _, source = _new([tmp_path])
+    loop_thread: list[threading.Thread] = []
+    poll_threads: list[threading.Thread] = []
+    real_sync = source.sync
+
+    def sync() -> object:
+        poll_threads.append(threading.current_thread())
+        return real_sync()
+
+    source.sync = sync  # type: ignore[method-assign]
+
+    async def main() -> None:
+        loop_thread.append(threading.current_thread())
+        async with anyio.create_task_group() as tg:
+            await tg.start(source.run)
+            while len(poll_threads) < 3:
+                await anyio.sleep(0.01)
+            tg.cancel_scope.cancel()
+
+    anyio.run(main)
+    assert poll_threads and all(t is not loop_thread[0] for t in poll_threads)
+
+
+def test_large_yaml_uses_the_fast_loader_and_keeps_pyyaml_error_wording(tmp_path: Path) -> None:
+    """With libyaml, a 1,000-endpoint slice parses with it; a broken file still gets
+    PyYAML's message (file, line, column)."""
+    from sources import manifests
+
+    if not yaml.__with_libyaml__:
+        pytest.skip("PyYAML without libyaml: the pure-Python loader is the only one")
+    assert manifests._SafeLoader is yaml.CSafeLoader
+    ok = tmp_path / "ok.yaml"
+    ok.write_text(yaml.safe_dump({"apiVersion": "v1", "kind": "Service",
+                                  "metadata": {"name": "a", "namespace": "x"}}))
+    assert len(manifests.parse_manifest_objects(ok.read_text(), ok)) == 1
+    with pytest.raises(ManifestError, match=r"line 1, column 6: cannot parse YAML: expected"):
+        manifests.parse_manifest_objects("a: [1", tmp_path / "bad.yaml")
