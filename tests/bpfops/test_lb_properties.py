@@ -198,7 +198,8 @@ class System:
         """Apply the frontends table's changes: deletions first, then updates."""
         txn = self.db.read_txn()
         records, _ = self.changes.next_records(txn)
-        deletes, updates = [], []
+        deletes: list[tuple[Any, ...]] = []
+        updates: list[tuple[Any, ...]] = []
         for rec in records:
             (deletes if len(rec) == 4 else updates).append(rec)
         for rec in deletes:
@@ -298,8 +299,8 @@ def check_invariants(sys: System, before: dict[str, int]) -> dict[str, int]:
     for key, _ in maps.svc4.dump():
         if key.dport == 0 and key.proto == 0:
             assert key.address in vips, f"wildcard {ipaddress.ip_address(key.address)}: no VIP"
-    for key, _ in maps.aff_match.dump():
-        assert key.rev_nat_id in live and key.backend_id in backends
+    for aff, _ in maps.aff_match.dump():
+        assert aff.rev_nat_id in live and aff.backend_id in backends
     assert maps.svc6.count() == 0 and maps.be6.count() == 0
     return ids
 

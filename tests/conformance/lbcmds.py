@@ -346,7 +346,7 @@ def http_get_text(url: str, timeout: float = HTTP_TIMEOUT) -> str:
     finally:
         conn.close()
     lines = [f"{resp.status} {resp.reason}"]
-    lines += [f"{name}={','.join(headers[name])}" for name in sorted(headers)]
+    lines += [f"{name}={', '.join(headers[name])}" for name in sorted(headers)]
     lines.append("---")
     return "\n".join(lines) + "\n" + body.decode("utf-8", "replace")
 
