@@ -247,7 +247,7 @@ def check_invariants(sys: System, before: dict[str, int]) -> dict[str, int]:
 
     rows = {str(fe.address): fe for fe in sys.writer.frontends.all(txn)}
     nodeport_rows = {
-        (fe.address.port, fe.address.protocol): fe
+        (fe.address.port, fe.address.protocol, fe.address.scope): fe
         for fe in rows.values()
         if fe.type is SVCType.NODE_PORT
         or (fe.type is SVCType.HOST_PORT and fe.address.address.is_unspecified)
@@ -259,7 +259,7 @@ def check_invariants(sys: System, before: dict[str, int]) -> dict[str, int]:
         if row is None:
             # Only a node-address expansion of a NodePort/HostPort row may be rowless.
             assert str(ipaddress.ip_address(raw)) == NODE_IP, f"{text}: no frontend row"
-            row = nodeport_rows.get((port, proto_name(proto)))
+            row = nodeport_rows.get((port, proto_name(proto), scope))
             assert row is not None, f"{text}: no NodePort/HostPort row to expand"
         master = by_slot.get(0)
         assert master is not None, f"{text}: slots without a master"
