@@ -802,6 +802,10 @@ class FrontendOps(Generic[R]):
                 self._upsert_wildcard(fe, state)
             else:
                 self._delete_wildcard(addr, state)
+        elif state.wildcard is not None:
+            # The address' type or load-balancer class no longer has a wildcard entry
+            # (e.g. another service's frontend of another type took the address over).
+            self._delete_wildcard(addr, state)
 
         self._trim_slots(addr, state, slot - 1)
 

@@ -56,3 +56,16 @@ def test_replacement_of_another_type_drops_expansion_and_wildcard() -> None:
     ops.delete(NO_TXN, 5, lb_fe)
     assert not any("ADDR=10.0.0.5:0/ANY" in line for line in dump_lines(maps))
     assert ops.service_id(lb_fe.addr) is not None
+
+
+def test_update_to_a_type_without_wildcard_drops_it() -> None:
+    """Also without a deletion (or when the deletion's wildcard step failed and was not
+    retried), the update of the new type removes a wildcard entry it has no use for."""
+    maps = LBMaps.in_memory(maglev_table_size=1021)
+    ops = new_ops(maps, StaticNodeView(), wildcard_entries=True)
+    lb_fe = fe("10.0.0.5:80", "LoadBalancer", backends=(be("10.244.0.1:80"),))
+    ops.update(NO_TXN, 1, lb_fe)
+    assert any("ADDR=10.0.0.5:0/ANY" in line for line in dump_lines(maps))
+    ops.update(NO_TXN, 2, fe("10.0.0.5:80", "ExternalIPs", backends=(be("10.244.0.1:80"),)))
+    assert not any("ADDR=10.0.0.5:0/ANY" in line for line in dump_lines(maps))
+    assert not ops.wildcard_refs
