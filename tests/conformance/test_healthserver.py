@@ -178,3 +178,16 @@ def test_loopback_address_per_process() -> None:
     """The test address is loopback and differs between process ids."""
     a, b = health_server_address(1234), health_server_address(1234 + 256)
     assert a.startswith("127.") and b.startswith("127.") and a != b
+
+
+def test_server_only_with_the_flag_and_kube_proxy_replacement() -> None:
+    """As Cilium: --enable-health-check-nodeport (on by default) and kube-proxy replacement."""
+    from statewright.loadbalancer import LoadBalancer
+    from tables.lb_config import LBConfig
+
+    def server(*flags: str) -> object:
+        return LoadBalancer(LBConfig.from_flags(["--node-name=n", *flags])).health_server
+
+    assert server() is not None
+    assert server("--enable-health-check-nodeport=false") is None
+    assert server("--kube-proxy-replacement=false") is None
