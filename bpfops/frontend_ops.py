@@ -695,6 +695,11 @@ class FrontendOps(Generic[R]):
                 )
                 bstate.written = want
             if be_state == BACKEND_MAINTENANCE:
+                # Out of the slots, and out of session affinity: a client pinned to it
+                # must be balanced again.
+                if be_id in state.affinity:
+                    delete_quiet(maps.aff_match, lb.AffinityMatchKey(be_id, fe_id))
+                    state.affinity.discard(be_id)
                 continue
             idx = slot - 1
             if idx >= nslots or slots[idx] != be_id:

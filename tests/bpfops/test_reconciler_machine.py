@@ -75,13 +75,11 @@ def leftover(ops: FrontendOps[FrontendRow], wanted: frozenset[bytes], n: int) ->
         ops.update_spec(NO_TXN, make_spec(i, [(n, 0)], n % 4))
 
 
-# Backend states 0-2 (active, terminating, quarantined). Maintenance (3) is left out while
-# FrontendOps keeps the affinity match entry of a backend that goes to maintenance (the
-# strict xfail below): with it, the machine fails on that bug in its first examples.
+# Backend states 0-3 (active, terminating, quarantined, maintenance).
 rows = st.builds(
     lambda i, bes, flavour: FrontendRow(i, make_spec(i, bes, flavour)),
     st.integers(0, len(FRONTENDS) - 1),
-    st.lists(st.tuples(st.integers(0, 5), st.integers(0, 2)), max_size=5),
+    st.lists(st.tuples(st.integers(0, 5), st.integers(0, 3)), max_size=5),
     st.integers(0, 3),
 )
 
@@ -105,11 +103,6 @@ TestFrontendOpsMachine.settings = settings(
 )
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="FrontendOps skips the affinity clean-up of a backend that goes to maintenance "
-    "(the `continue` before `want_aff` in _update_frontend), and prune keeps it too",
-)
 def test_affinity_entry_of_backend_going_to_maintenance_is_removed() -> None:
     """Found by the machine: a session-affinity service whose only backend goes to
     maintenance (affinity off) keeps the backend's affinity match entry, which a fresh
