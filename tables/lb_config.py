@@ -7,19 +7,28 @@ parses exactly those spellings. Each option is described once in `OPTIONS`
 runner can report flags that are recognised but not implemented, and flags
 that are unknown, instead of silently ignoring them.
 
-Defaults are Cilium's agent defaults, except where the Cilium test harness
-presets values (see `HARNESS_DEFAULTS`, applied by `LBConfig.for_tests`).
+Defaults are Cilium's agent defaults; the node name defaults to this node's
+(`default_node_name`). The conformance runner sets the test harness' own presets
+explicitly (tests/conformance/lb_system.py).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import os
 import re
+import socket
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
 OptionKind = Literal["bool", "int", "float", "str", "duration", "range"]
+
+
+def default_node_name() -> str:
+    """This node's name: ``$NODE_NAME`` (a DaemonSet sets it from the downward API), else the
+    host name."""
+    return os.environ.get("NODE_NAME") or socket.gethostname()
 
 
 class FlagError(ValueError):
@@ -83,7 +92,7 @@ class LBConfig:
     retry_backoff_max: float = 60.0
     test_fault_probability: float = 0.0
     # --- misc ------------------------------------------------------------------
-    node_name: str = "testnode"
+    node_name: str = dataclasses.field(default_factory=default_node_name)
     state_file: str = ""
     state_file_interval: float = 0.0
     metrics_sampling_interval: float = 300.0
@@ -141,11 +150,6 @@ class LBConfig:
             changes.update(_apply(opt, value))
         return dataclasses.replace(cfg, **changes)
 
-    @classmethod
-    def for_tests(cls, flags: Iterable[str] = ()) -> LBConfig:
-        """The Cilium test-harness defaults (`HARNESS_DEFAULTS`), then ``flags``."""
-        return cls.from_flags([*HARNESS_DEFAULTS, *flags])
-
     @staticmethod
     def unsupported_flags(flags: Iterable[str], also_supported: Iterable[str] = ()) -> list[str]:
         """Return the flags in ``flags`` that are unknown or not implemented (as written).
@@ -202,7 +206,8 @@ OPTIONS: tuple[Option, ...] = (
     Option("bpf-lb-maglev-map-max", "lb_maglev_map_max", "int"),
     Option("lb-retry-backoff-min", "retry_backoff_min", "duration"),
     Option("lb-retry-backoff-max", "retry_backoff_max", "duration"),
-    Option("lb-test-fault-probability", "test_fault_probability", "float"),
+    # Fault injection into map writes: the test harness' map wrapper acts on it.
+    Option("lb-test-fault-probability", "test_fault_probability", "float", implemented=False),
     Option("node-name", "node_name", "str"),
     Option("lb-state-file", "state_file", "str", implemented=False),
     Option("lb-state-file-interval", "state_file_interval", "duration", implemented=False),
@@ -211,15 +216,6 @@ OPTIONS: tuple[Option, ...] = (
 )
 
 OPTIONS_BY_FLAG: dict[str, Option] = {o.flag: o for o in OPTIONS}
-
-#: What Cilium's LB script-test harness presets before the ``#!`` flags.
-HARNESS_DEFAULTS: tuple[str, ...] = (
-    "--lb-retry-backoff-min=10ms",
-    "--lb-retry-backoff-max=10ms",
-    "--bpf-lb-maglev-table-size=1021",
-    "--lb-test-fault-probability=0.1",
-    "--kube-proxy-replacement=true",
-)
 
 _DURATION_RE = re.compile(r"(\d+(?:\.\d+)?)(ns|us|µs|ms|s|m|h)")
 _UNIT = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}

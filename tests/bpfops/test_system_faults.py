@@ -27,10 +27,10 @@ from bpfops.maps_dump import dump_lines
 from reconciler import Reconciler
 from sources.k8s_convert import K8sConverter
 from statedb import DB
-from tables.lb_config import LBConfig
 from tables.lb_writer import LBWriter
 from tables.node_addresses import NodeAddress
 from tests.bpfops.helpers import normalize_ids
+from tests.conformance.lb_system import harness_config
 
 WRITE_OPS = frozenset({"update", "delete", "update_batch", "delete_batch", "set_inner"})
 TYPES = ("ClusterIP", "NodePort", "LoadBalancer")
@@ -93,7 +93,7 @@ async def run(
     changes: list[tuple[int, bool, str, bool, list[tuple[int, bool]]]], fault_seed: int | None
 ) -> list[str]:
     """Apply the churn; return the settled, pruned maps."""
-    cfg = LBConfig.for_tests(["--lb-test-fault-probability=0.0"])
+    cfg = harness_config(["--lb-test-fault-probability=0.0"])
     db = DB()
     writer = LBWriter.create(db, cfg)
     conv = K8sConverter(writer, cfg)

@@ -2,7 +2,7 @@
 
 `LBHarness` plays the part of the upstream test hive: it holds the fake
 Kubernetes store (which outlives ``hive/recreate``), the current
-`statewright.lb_system.LBSystem`, and the pin location of its maps. Flags of
+`tests.conformance.lb_system.LBSystem`, and the pin location of its maps. Flags of
 the ``#!`` line (and of ``hive/recreate``) that Statewright does not implement
 fail ``hive start`` with ``unsupported: flag ...`` instead of being ignored.
 """
@@ -21,13 +21,6 @@ import anyio.abc
 import yaml
 
 from statedb import Table
-from statewright.lb_system import (
-    FakeKubernetes,
-    LBSystem,
-    MapsLocation,
-    SystemOptions,
-    key_of,
-)
 from tests.conformance.engine import (
     Command,
     CommandError,
@@ -35,6 +28,13 @@ from tests.conformance.engine import (
     State,
     Unsupported,
     parse_flags,
+)
+from tests.conformance.lb_system import (
+    FakeKubernetes,
+    LBSystem,
+    MapsLocation,
+    SystemOptions,
+    key_of,
 )
 
 #: How long lb/prune and test/init-wait wait for the system.

@@ -11,8 +11,8 @@ from typing import Any
 import anyio
 import pytest
 
-from statewright.lb_system import FakeKubernetes, LBSystem, MapsLocation, SystemOptions
 from tests.conformance.corpus import pin_root
+from tests.conformance.lb_system import FakeKubernetes, LBSystem, MapsLocation, SystemOptions
 
 SERVICE: dict[str, Any] = {
     "apiVersion": "v1",

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from tables.lb_config import HARNESS_DEFAULTS, FlagError, LBConfig, parse_duration
+from tables.lb_config import FlagError, LBConfig, default_node_name, parse_duration
+from tests.conformance.lb_system import HARNESS_DEFAULTS, harness_config
 
 
 def test_defaults_are_cilium_defaults() -> None:
@@ -31,11 +32,26 @@ def test_corpus_flag_spellings() -> None:
 
 
 def test_harness_defaults_then_overrides() -> None:
-    c = LBConfig.for_tests(["--lb-test-fault-probability=0.0"])
+    c = harness_config(["--lb-test-fault-probability=0.0"])
     assert c.maglev_table_size == 1021 and c.test_fault_probability == 0.0
     assert c.retry_backoff_max == pytest.approx(0.01)
-    assert LBConfig.for_tests().test_fault_probability == pytest.approx(0.1)
-    assert len(HARNESS_DEFAULTS) == 5
+    assert harness_config().test_fault_probability == pytest.approx(0.1)
+    assert harness_config().node_name == "testnode"
+    assert len(HARNESS_DEFAULTS) == 6
+
+
+def test_product_defaults_are_not_the_harness(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The product's node name is this node's ($NODE_NAME, else the host name); no faults."""
+    import socket
+
+    monkeypatch.delenv("NODE_NAME", raising=False)
+    assert LBConfig().node_name == socket.gethostname() == default_node_name()
+    monkeypatch.setenv("NODE_NAME", "worker-7")
+    assert LBConfig().node_name == "worker-7"
+    assert LBConfig().test_fault_probability == 0.0
+    assert LBConfig.unsupported_flags(["--lb-test-fault-probability=0.1"]) == [
+        "--lb-test-fault-probability=0.1"
+    ]
 
 
 @pytest.mark.parametrize(

@@ -1,27 +1,22 @@
-"""The assembled load balancer (the "hive"): tables, Kubernetes source, LB maps and reconciler.
+"""The corpus' system under test: the product `LoadBalancer` fed from a fake Kubernetes store.
 
-`LBSystem` wires together what the other LB modules provide:
+`LBSystem` is what the conformance runner starts and stops (``hive start``,
+``hive/recreate``):
 
-* a statedb `DB` with the LB tables (services, frontends, backends,
-  node-addresses) and the `LBWriter` that keeps them consistent
-  (tables/*);
-* an `LBConfig` parsed from Cilium-style agent flags (``--bpf-lb-algorithm=maglev``),
-  on top of the Cilium test-harness defaults when asked to;
-* a `FakeKubernetes` object store (Services, EndpointSlices, Pods) whose changes
-  are fed through sources/k8s_convert into the writer, as a Kubernetes reflector
-  would: the initial listing happens at start, after which the frontends table is
-  marked initialized (so pruning may run), then every add/update/delete is
-  applied as it happens, and ``resync`` replaces a resource's whole content;
-* the LB BPF maps (bpfops/lb_maps, kernel or memory, pinned under a directory)
-  optionally behind the fault-injecting wrapper, and the FrontendOps reconciler
-  (bpfops/frontend_ops) running as an anyio task.
+* a `statewright.loadbalancer.LoadBalancer` built from the ``#!`` flags on top of the
+  Cilium test harness' own defaults (`HARNESS_DEFAULTS`: node name ``testnode``, a 10%
+  fault probability on map writes, short retry backoffs), set here explicitly because
+  they are the harness' settings, not the product's;
+* a `FakeKubernetes` object store (Services, EndpointSlices, Pods) whose changes are fed
+  through the load balancer's Kubernetes converter, as a reflector would: the initial
+  listing happens at start, then the ``k8s`` initializer is done (so pruning may run),
+  then every add/update/delete is applied as it happens, and ``resync`` re-lists;
+* the LB maps pinned under a directory the caller owns, behind the fault-injecting
+  wrapper when the fault probability is above zero.
 
-``start``/``stop`` run and stop the reconciler; `recreate` builds a new system that
-keeps the Kubernetes store and the pinned maps but starts statedb from scratch,
-which is how an agent restart looks (ids must be restored from the maps).
-
-The same class backs the conformance runner (tests/conformance) and, later, the
-agent.
+`recreate` builds a new system that keeps the Kubernetes store and the pinned maps but
+starts statedb from scratch, which is how an agent restart looks (ids must be restored
+from the maps).
 """
 
 from __future__ import annotations
@@ -33,15 +28,16 @@ import errno
 import logging
 import os
 import shutil
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 import anyio
 import anyio.abc
 
-from sources.state_file import STATE_FILE_FLAGS, StateFileSource
-from statedb import DB
+from sources.state_file import STATE_FILE_FLAGS
+from statewright.loadbalancer import LoadBalancer, MapsPlacement
+from tables.lb_config import LBConfig
 
 log = logging.getLogger("statewright.lb")
 
@@ -50,14 +46,25 @@ SERVICES = "v1.services"
 ENDPOINTSLICES = "discovery.k8s.io.v1.endpointslices"
 PODS = "v1.pods"
 
-
-#: Periodic full reconciliation of the maps; the first prune runs as soon as the frontends
-#: table is initialized (after the initial Kubernetes listing).
-PRUNE_INTERVAL = 3600.0
-
 #: Map operations the fault injection (--lb-test-fault-probability) may fail: the writes.
 #: Reads (dumps, restore of ids at start) are never faulted, as in Cilium's test maps.
 FAULTY_OPS = frozenset({"update", "delete", "update_batch", "delete_batch", "set_inner"})
+
+
+#: What Cilium's LB script-test harness presets before the ``#!`` flags.
+HARNESS_DEFAULTS: tuple[str, ...] = (
+    "--node-name=testnode",
+    "--lb-retry-backoff-min=10ms",
+    "--lb-retry-backoff-max=10ms",
+    "--bpf-lb-maglev-table-size=1021",
+    "--lb-test-fault-probability=0.1",
+    "--kube-proxy-replacement=true",
+)
+
+
+def harness_config(flags: Iterable[str] = ()) -> LBConfig:
+    """The LB configuration of a corpus file: `HARNESS_DEFAULTS`, then ``flags``."""
+    return LBConfig.from_flags([*HARNESS_DEFAULTS, *flags])
 
 
 class LBSystemError(RuntimeError):
@@ -166,25 +173,23 @@ class MapsLocation:
 
 @dataclass
 class SystemOptions:
-    """How to build an `LBSystem` besides the agent flags."""
+    """How to build an `LBSystem` besides the flags."""
 
     maps: MapsLocation = field(default_factory=MapsLocation)
-    #: Apply Cilium's script-test harness defaults before the flags.
+    #: Apply `HARNESS_DEFAULTS` before the flags.
     harness_defaults: bool = False
     #: Seed of the fault-injecting map wrapper (when --lb-test-fault-probability > 0).
     fault_seed: int = 1
 
 
-#: Flags the system itself acts on rather than the LB configuration.
-#: ``--metrics-sampling-interval``: metrics are read when asked (`LBSystem.metric_samples`),
-#: so every read is a fresh sample and any interval is honoured.
-#: ``--lb-state-file`` / ``--lb-state-file-interval``: a `sources.state_file.StateFileSource`
-#: runs beside the reconciler.
-SYSTEM_FLAGS = ("metrics-sampling-interval", *STATE_FILE_FLAGS)
+#: Flags the harness acts on besides the load balancer's own: metrics are read when asked
+#: (every read is a fresh sample, so any sampling interval is honoured); the fault
+#: probability is the harness' map wrapper.
+HARNESS_FLAGS = ("metrics-sampling-interval", "lb-test-fault-probability", *STATE_FILE_FLAGS)
 
 
 class LBSystem:
-    """One instance of the load balancer; see the module docstring."""
+    """One load balancer fed from a `FakeKubernetes`; see the module docstring."""
 
     def __init__(
         self,
@@ -192,97 +197,109 @@ class LBSystem:
         options: SystemOptions | None = None,
         k8s: FakeKubernetes | None = None,
     ) -> None:
-        from tables.lb_config import LBConfig
-        from tables.lb_writer import LBWriter
-
         self.flags = list(flags)
         self.options = options or SystemOptions()
         self.k8s = k8s if k8s is not None else FakeKubernetes()
-        base = LBConfig.for_tests() if self.options.harness_defaults else LBConfig()
-        self.config = LBConfig.from_flags(self.flags, base)
-        self.db = DB()
-        self.writer = LBWriter.create(self.db, self.config)
+        base = [*HARNESS_DEFAULTS] if self.options.harness_defaults else []
+        self.config = LBConfig.from_flags([*base, *self.flags])
+        loc = self.options.maps
+        self.lb = LoadBalancer(
+            self.config, MapsPlacement(backend=loc.backend, pin_dir=loc.pin_dir),
+            name="lb-frontends",
+        )
+        self.db = self.lb.db
+        self.writer = self.lb.writer
         self.services, self.frontends, self.backends, self.node_addresses = self.writer.tables
-        from sources.k8s_convert import K8sConverter
-
-        self.converter = K8sConverter(self.writer, self.config)
-        self.maps: Any = None  # bpfops.lb_maps.LBMaps as the reconciler sees it (maybe faulty)
-        self.plain_maps: Any = None  # the same maps without fault injection
-        self.ops: Any = None
-        self.reconciler: Any = None
+        self.converter = self.lb.converter
         self._cancel: anyio.CancelScope | None = None
         self._stopped: anyio.Event | None = None
         self._source_errors: list[str] = []
         self._applied: dict[str, dict[str, dict[str, Any]]] = {}
-        self._init_done: Callable[[Any], None] | None = None
-        self.state_file: StateFileSource | None = None  # with --lb-state-file
         self.running = False
         self.started_once = False
+
+    @property
+    def ops(self) -> Any:
+        """The load balancer's FrontendOps (after start)."""
+        return self.lb.ops
+
+    @property
+    def plain_maps(self) -> Any:
+        """The open maps without fault injection (None while stopped)."""
+        return self.lb.plain_maps
+
+    @property
+    def state_file(self) -> Any:
+        """The LB state file source (with --lb-state-file)."""
+        return self.lb.state_file
 
     @property
     def source_errors(self) -> list[str]:
         """Objects that could not be applied, with the reason (newest last): Kubernetes
         objects, then the state file's current error if any."""
         errors = list(self._source_errors)
-        if self.state_file is not None and self.state_file.error:
-            errors.append(self.state_file.error)
+        if self.lb.state_file is not None and self.lb.state_file.error:
+            errors.append(self.lb.state_file.error)
         return errors
 
-    # ----- flags ---------------------------------------------------------------------
     @staticmethod
     def unsupported_flags(flags: Iterable[str]) -> list[str]:
         """The flags among ``flags`` that Statewright does not implement (or does not know)."""
-        from tables.lb_config import LBConfig
-
-        return LBConfig.unsupported_flags(flags, also_supported=SYSTEM_FLAGS)
+        return LBConfig.unsupported_flags(flags, also_supported=HARNESS_FLAGS)
 
     # ----- lifecycle ------------------------------------------------------------------
     async def start(self, tg: anyio.abc.TaskGroup) -> None:
-        """Open the maps, start the reconciler in ``tg`` and sync the Kubernetes objects."""
+        """Open the maps, start the load balancer in ``tg`` and sync the Kubernetes objects."""
         if self.running:
             raise LBSystemError("the load balancer is already running")
         if self.started_once:
             raise LBSystemError("a stopped load balancer cannot be restarted; recreate it")
         self.started_once = True
         self._stopped = anyio.Event()
-        self._open_maps()
+        with self.writer.write_txn() as txn:
+            init_done = self.writer.register_initializer(txn, "k8s")
+        self.lb.open_maps(wrap=self._fault_wrapper())
         try:
-            self._build_reconciler()
-            with self.db.write_txn(self.frontends) as txn:
-                self._init_done = self.frontends.register_initializer(txn, "k8s")
-            self.state_file = StateFileSource.from_config(self.writer, self.config)
-            await tg.start(self._run_reconciler)
+            self.lb.build_reconciler()
+            await tg.start(self._run)
         except BaseException:
-            self._close_maps()
+            self.lb.close_maps()
             raise
         self.running = True
         # The reflector: list everything, then follow changes.
         self.k8s.listener = self._on_k8s_event
         for resource in (SERVICES, ENDPOINTSLICES, PODS, *self.k8s.resources()):
-            if resource in self._applied:
-                continue
-            self._resync(resource)
+            if resource not in self._applied:
+                self._resync(resource)
         with self.writer.write_txn() as txn:
-            assert self._init_done is not None
-            self._init_done(txn)
+            init_done(txn)
 
-    async def _run_reconciler(
+    def _fault_wrapper(self) -> Callable[[Any], Any] | None:
+        probability = self.config.test_fault_probability
+        if probability <= 0:
+            return None
+        from bpf.faulty_map import FaultyMap
+
+        seed = self.options.fault_seed
+
+        def wrap(backend: Any) -> Any:
+            return FaultyMap(backend, probability, errno=errno.EIO, seed=seed, ops=FAULTY_OPS)
+
+        return wrap
+
+    async def _run(
         self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED
     ) -> None:
         with anyio.CancelScope() as scope:
             self._cancel = scope
             try:
-                async with anyio.create_task_group() as tg:
-                    await tg.start(self.reconciler.run)
-                    if self.state_file is not None:
-                        await tg.start(self.state_file.run)
-                    task_status.started()
+                await self.lb.run(task_status=task_status)
             finally:
                 assert self._stopped is not None
                 self._stopped.set()
 
     async def stop(self) -> None:
-        """Stop the reconciler and close the maps (pinned maps keep their contents)."""
+        """Stop the load balancer and close the maps (pinned maps keep their contents)."""
         if not self.running:
             return
         self.running = False
@@ -291,7 +308,7 @@ class LBSystem:
         if self._cancel is not None and self._stopped is not None:
             self._cancel.cancel()
             await self._stopped.wait()
-        self._close_maps()
+        self.lb.close_maps()
 
     def recreate(self, extra_flags: Iterable[str] = ()) -> LBSystem:
         """A new system with this one's flags then ``extra_flags``, the same Kubernetes store
@@ -300,90 +317,32 @@ class LBSystem:
             raise LBSystemError("stop the load balancer before recreating it")
         return LBSystem([*self.flags, *extra_flags], self.options, self.k8s)
 
-    # ----- maps ---------------------------------------------------------------------------
-    def _open_maps(self) -> None:
-        from bpf.faulty_map import FaultyMap
-        from bpfops.lb_maps import LBMaps
-
-        cfg = self._maps_config()
-        probability = self.config.test_fault_probability
-        wrap = None
-        if probability > 0:
-            seed = self.options.fault_seed
-
-            def wrap(backend: Any) -> Any:
-                return FaultyMap(backend, probability, errno=errno.EIO, seed=seed, ops=FAULTY_OPS)
-
-        self.maps = LBMaps.open(cfg, wrap=wrap)
-        self.plain_maps = self.maps if wrap is None else self.maps.unwrapped()
-
-    def _maps_config(self) -> Any:
-        from bpfops.lb_maps import LBMapsConfig
-
-        loc = self.options.maps
-        return LBMapsConfig(
-            backend="kernel" if loc.backend == "kernel" else "memory",
-            pin_dir=loc.pin_dir,
-            pin=bool(loc.pin_dir),
-            max_entries=self.config.lb_map_max,
-            maglev_table_size=self.config.maglev_table_size,
-        )
-
-    def _close_maps(self) -> None:
-        if self.maps is not None:
-            self.maps.close()
-        self.maps = self.plain_maps = None
-
-    # ----- the reconciler -------------------------------------------------------------------
-    def _build_reconciler(self) -> None:
-        """FrontendOps on the (possibly faulty) maps and the frontends reconciler, both from
-        bpfops.adapter. The ops restore service and backend ids from the maps."""
-        from bpfops.adapter import frontend_ops_for, reconciler_config
-        from reconciler import Reconciler
-
-        self.ops = frontend_ops_for(self.writer, self.maps, self.config)
-        self.reconciler = Reconciler(
-            self.db,
-            reconciler_config(
-                self.writer,
-                self.ops,
-                self.config,
-                name="lb-frontends",
-                retry_min_backoff=max(self.config.retry_backoff_min, 0.001),
-                retry_max_backoff=max(
-                    self.config.retry_backoff_max, self.config.retry_backoff_min, 0.001
-                ),
-                prune_interval=PRUNE_INTERVAL,
-            ),
-        )
-
+    # ----- what the runner asks -----------------------------------------------------------
     def request_prune(self) -> None:
         """Ask the reconciler for a prune of the maps."""
-        if self.reconciler is None or not self.running:
-            raise LBSystemError("the load balancer is not running")
-        self.reconciler.prune()
+        self.lb.request_prune()
 
     def prune_count(self) -> int:
         """How many prunes have run."""
-        return int(self.reconciler.metrics.prunes.count) if self.reconciler is not None else 0
+        return self.lb.prune_count()
 
     def metric_samples(self) -> list[tuple[str, dict[str, str], float]]:
-        """The current metric samples of the system (its reconciler's, Cilium-style names)."""
-        if self.reconciler is None:
-            return []
-        samples: list[tuple[str, dict[str, str], float]] = self.reconciler.metrics.samples()
-        return samples
+        """The reconciler's metric samples (Cilium-style names)."""
+        return self.lb.metric_samples()
 
     def idle(self) -> bool:
         """True when every change of the frontends table has been applied without error."""
-        if not self.running or self.reconciler is None:
-            return True
-        rev = self.frontends.revision(self.db.read_txn())
-        return bool(
-            self.reconciler.reconciled_revision >= rev and len(self.reconciler.retries) == 0
-        )
+        return self.lb.idle()
 
-    # ----- the Kubernetes source ------------------------------------------------------------
+    def maps_dump(self) -> str:
+        """The LB maps in the corpus line format."""
+        return self.lb.maps_dump()
+
+    def maps_leftovers(self) -> list[str]:
+        """Map entries that remain (empty when the maps are empty)."""
+        return self.lb.maps_leftovers()
+
+    # ----- the Kubernetes feed ------------------------------------------------------------
     def _on_k8s_event(
         self, resource: str, op: str, new: dict[str, Any] | None, old: dict[str, Any] | None
     ) -> None:
@@ -409,8 +368,8 @@ class LBSystem:
         applied = self._applied.setdefault(resource, {})
         old = applied.get(key)
         try:
-            self._convert(resource, key, obj, old)
-        except Exception as e:  # bad objects are reported and leave everything else alone
+            self._convert(obj, old)
+        except ValueError as e:  # bad input is reported and leaves everything else alone
             msg = f"{resource} {key}: {e}"
             log.warning("lb: %s", msg)
             self._source_errors.append(msg)
@@ -420,9 +379,7 @@ class LBSystem:
         else:
             applied[key] = obj
 
-    def _convert(
-        self, resource: str, key: str, obj: dict[str, Any] | None, old: dict[str, Any] | None
-    ) -> None:
+    def _convert(self, obj: dict[str, Any] | None, old: dict[str, Any] | None) -> None:
         conv = self.converter
         checkpoint = conv.checkpoint()
         try:
@@ -454,35 +411,3 @@ class LBSystem:
         """Set the local node's IP (backends at it count as local with proxy delegation)."""
         with self.writer.write_txn() as txn:
             self.writer.set_node_ip(txn, ip)
-
-    # ----- maps views -------------------------------------------------------------------------
-    def maps_dump(self) -> str:
-        """The LB maps in the corpus line format (sorted, newline-terminated)."""
-        from bpfops.maps_dump import dump_text
-
-        with self._dump_view() as maps:
-            return str(dump_text(maps))
-
-    def maps_leftovers(self) -> list[str]:
-        """Map entries that remain (empty when the maps are empty)."""
-        from bpfops.maps_dump import maps_empty
-
-        with self._dump_view() as maps:
-            return list(maps_empty(maps))
-
-    @contextlib.contextmanager
-    def _dump_view(self) -> Iterator[Any]:
-        """The maps without fault injection: the open ones, or (while stopped) the pinned
-        ones opened just for reading."""
-        if self.plain_maps is not None:
-            yield self.plain_maps
-            return
-        if not self.options.maps.pin_dir:
-            raise LBSystemError("the LB maps are not open and not pinned")
-        from bpfops.lb_maps import LBMaps
-
-        maps = LBMaps.open(self._maps_config())
-        try:
-            yield maps
-        finally:
-            maps.close()
