@@ -26,6 +26,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
+import urllib.parse
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
 
@@ -135,8 +136,10 @@ class EndpointManager:
     def resolve(self, ref: str, txn: ReadTxn | None = None) -> Endpoint | None:
         """The endpoint ``ref`` names: a numeric id, ``container-id:<id>``,
         ``pod-name:<namespace>/<name>`` or ``cni-attachment-id:<container id>:<ifname>``.
-        EndpointRequestError for a malformed reference."""
+        EndpointRequestError for a malformed reference. ``ref`` may be percent-encoded
+        (``pod-name:default%2Fweb`` in a URL path)."""
         txn = txn or self.db.read_txn()
+        ref = urllib.parse.unquote(ref)
         kind, sep, value = ref.partition(":")
         if not sep:
             return self.endpoints.get(txn, endpoint_id_index.query(_parse_id(ref)))
@@ -306,7 +309,8 @@ class EndpointManager:
             if router is not None:
                 ips.add(router)
         with self.db.write_txn(self.entries.lxc, self.entries.ipcache) as wtxn:
-            return self.entries.set_host(wtxn, sorted(ips), self.ipam.families())
+            ordered = sorted(ips, key=lambda a: (a.version, int(a)))
+            return self.entries.set_host(wtxn, ordered, self.ipam.families())
 
     # ----- restore ------------------------------------------------------------------------------
     def restore(self, link_exists: LinkCheck = host_link_exists) -> RestoreResult:
