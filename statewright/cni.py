@@ -248,6 +248,15 @@ def _link_index(ipr: Any, name: str) -> int | None:
     return int(found[0]) if found else None
 
 
+def _no_dad(ifname: str) -> None:
+    """No duplicate address detection on the host-side veth (a setting of this interface
+    only): its link-local address is the pods' IPv6 gateway and must answer at once."""
+    path = f"/proc/sys/net/ipv6/conf/{ifname}/accept_dad"
+    if os.path.exists(path):
+        with open(path, "w") as f:
+            f.write("0")
+
+
 def _host_link_local(ipr: Any, index: int) -> str | None:
     # The kernel adds the link-local address once both ends are up. It may still be
     # tentative (DAD): a route through it is valid already, traffic flows after DAD.
@@ -279,6 +288,8 @@ def create_veth(inv: Invocation, ips: list[tuple[str, str]]) -> dict[str, Any]:
                 ipr.link("set", index=peer_idx, net_ns_fd=fd)
             finally:
                 os.close(fd)
+            if any(ipaddress.ip_address(a).version == 6 for a, _ in ips):
+                _no_dad(host)
             ipr.link("set", index=host_idx, mtu=inv.mtu, state="up")
             host_mac = _mac(ipr, host_idx)
             with _iproute(inv.netns) as cipr:

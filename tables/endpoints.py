@@ -111,7 +111,8 @@ class Endpoint:
     @property
     def ipam_owner(self) -> str:
         """The IPAM owner of the endpoint's addresses."""
-        return f"endpoint:{self.container_id or self.id}:{self.container_interface_name}"
+        base = f"endpoint:{self.container_id or self.id}"
+        return f"{base}:{self.container_interface_name}" if self.container_interface_name else base
 
     def to_json(self) -> dict[str, Any]:
         """The API's model of an endpoint (also the persisted form)."""

@@ -141,9 +141,18 @@ c, _ = s.accept()
 c.sendall(b"pong")
 c.close()
 """
+# Retries: the first packets right after ADD may wait for neighbour resolution on both
+# hops; 15 attempts bound the wait, nothing here measures time.
 CLIENT = """
 import socket, sys
-c = socket.create_connection((sys.argv[1], int(sys.argv[2])), timeout=10)
+for attempt in range(15):
+    try:
+        c = socket.create_connection((sys.argv[1], int(sys.argv[2])), timeout=2)
+        break
+    except OSError as e:
+        err = e
+else:
+    raise err
 print(c.recv(16).decode())
 """
 
@@ -158,7 +167,7 @@ def tcp_exchange(server_ns: str, client_ns: str, address: str, port: int = 8765)
     try:
         assert server.stdout is not None and server.stdout.readline().strip() == "ready"
         out = ns_run(client_ns, sys.executable, "-c", CLIENT, address, str(port))
-        assert out.returncode == 0, out.stderr
+        assert out.returncode == 0, f"connect to {address}: {out.stderr}"
         return out.stdout.strip()
     finally:
         server.kill()
@@ -204,7 +213,8 @@ def test_add_check_del_in_network_namespaces(
         for x in results["pod2"][1]["ips"]
     }
     for fam in (4, 6):
-        assert tcp_exchange(netns_names["pod2"], netns_names["pod1"], ip2[fam]) == "pong"
+        got = tcp_exchange(netns_names["pod2"], netns_names["pod1"], ip2[fam])
+        assert got == "pong", f"IPv{fam}: {got}"
 
     # DEL: endpoint, veth and addresses go; a second DEL succeeds too
     env1 = results["pod1"][0]
