@@ -27,7 +27,8 @@ class EndpointMapError(StatewrightError):
     """A failed write of the endpoints or ipcache map: map, operation, object, errno."""
 
     def __init__(self, map_name: str, op: str, obj: str, err: MapError) -> None:
-        super().__init__(f"map {map_name}: {op} {obj}: {err}")
+        what = f"{op} {obj}" if obj else op
+        super().__init__(f"map {map_name}: {what}: {err}")
         self.map_name = map_name
         self.errno = err.errno
 

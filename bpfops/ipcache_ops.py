@@ -13,7 +13,7 @@ import errno as errno_mod
 from collections.abc import Iterator
 
 from bpf.errors import MapError
-from bpf.ipcache import IPCacheKey, RemoteEndpointInfo
+from bpf.ipcache import PREFIX_HEADER_BITS, IPCacheKey, RemoteEndpointInfo
 from bpf.typed_map import TypedMap
 from bpfops.endpoint_ops import EndpointMapError
 from statedb import ReadTxn
@@ -53,16 +53,17 @@ class IPCacheOps:
         self.writes += 1
 
     def _exact(self, key: IPCacheKey) -> RemoteEndpointInfo | None:
-        # An LPM lookup returns the longest matching prefix, which may be a covering one.
-        # For a full-length key (/32, /128) the only covering entries this agent writes
-        # are world's 0.0.0.0/0 and ::/0, whose identity (2, 9, 10) is never a host's or
-        # an endpoint's, so an equal value means this very entry is present. Shorter
-        # prefixes (world's own) are compared by iterating the keys.
-        if key.prefixlen in (32 + 32, 32 + 128):
+        """The entry stored under exactly ``key``, as far as one lookup can tell.
+
+        An LPM lookup returns the longest stored prefix that covers the key, which may be
+        a shorter one. For a full-length key (/32, /128) the only covering entries this
+        agent writes are world's 0.0.0.0/0 and ::/0, whose identity (2, 9, 10) is never
+        a host's or an endpoint's, so an equal value means this very entry is present.
+        A /0 key (world's) can only match itself (nothing shorter is ever written).
+        Other lengths are always written: telling a covering entry apart from an exact
+        one would take a scan of the whole map."""
+        if key.prefixlen in (PREFIX_HEADER_BITS, 32 + 32, 32 + 128):
             return self.map.lookup(key)
-        for k, v in self.map.items():
-            if k == key:
-                return v
         return None
 
     def delete(self, txn: ReadTxn, revision: int, obj: IPCacheEntry) -> None:

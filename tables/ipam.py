@@ -235,9 +235,11 @@ class IPAM:
             return None
         return os.path.join(self.config.state_dir, STATE_FILE)
 
-    def restore(self) -> int:
+    def restore(self, reserve_router: bool = True) -> int:
         """Load the persisted allocations into the table (before anything is allocated),
-        then reserve the router addresses; returns how many allocations were restored.
+        then reserve the router addresses (unless ``reserve_router`` is False: the agent
+        reserves them with `reserve_routers` after the restored endpoints claimed their
+        addresses); returns how many allocations were restored.
         Allocations outside today's pod CIDRs are kept (their owners still hold them) and
         logged; they are never handed out again while held."""
         restored = 0
@@ -262,14 +264,28 @@ class IPAM:
                     self.table.insert(txn, Allocation(ip, str(owner)))
                     restored += 1
                 self._cursor = {str(k): int(v) for k, v in doc.get("cursors", {}).items()}
-            if self.config.reserve_router:
-                for family in self.families():
-                    if self.router(txn, family) is None:
-                        self._allocate_next(txn, family, ROUTER_OWNER)
+            if reserve_router:
+                self._reserve_routers(txn)
             self._persist(txn)
         if restored:
             log.info("ipam: restored %d allocation(s) from %s", restored, path)
         return restored
+
+    def reserve_routers(self) -> None:
+        """Allocate a router address per family where none is held (configuration allowing)."""
+        with self.db.write_txn(self.table) as txn:
+            if self._reserve_routers(txn):
+                self._persist(txn)
+
+    def _reserve_routers(self, txn: WriteTxn) -> bool:
+        if not self.config.reserve_router:
+            return False
+        added = False
+        for family in self.families():
+            if self.router(txn, family) is None:
+                self._allocate_next(txn, family, ROUTER_OWNER)
+                added = True
+        return added
 
     # ----- queries ----------------------------------------------------------------------------
     def families(self) -> list[int]:

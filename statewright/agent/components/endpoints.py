@@ -136,8 +136,30 @@ class EndpointsComponent(Component):
         factory = MapFactory(BackendConfig(backend=cfg.backend, pin_dir=cfg.pin_dir))  # type: ignore[arg-type]
         self.maps_kind = factory.kind
         lxc_map = factory.open_typed(endpoints_spec())
-        ipc_map = factory.open_typed(ipcache_spec())
+        try:
+            ipc_map = factory.open_typed(ipcache_spec())
+        except BaseException:
+            lxc_map.close()
+            raise
         self.maps = {"endpoints": lxc_map, "ipcache": ipc_map}
+        try:
+            await self._start_with_maps(hive, db, manager, entries, done_lxc, done_ipc)
+        except BaseException:
+            await self.stop()
+            raise
+
+    async def _start_with_maps(
+        self,
+        hive: Hive,
+        db: DB,
+        manager: EndpointManager,
+        entries: EntryTables,
+        done_lxc: Callable[[Any], None],
+        done_ipc: Callable[[Any], None],
+    ) -> None:
+        """Steps 2 (reconcilers) to 5 of the module doc, once the maps are open."""
+        cfg, ipam = self.config, manager.ipam
+        lxc_map, ipc_map = self.maps["endpoints"], self.maps["ipcache"]
         lxc_ops, ipc_ops = LXCOps(lxc_map), IPCacheOps(ipc_map)
         self.ops = {"endpoint-map": lxc_ops, "ipcache": ipc_ops}
         self.reconcilers = {
@@ -148,8 +170,10 @@ class EndpointsComponent(Component):
             await hive.spawn(self, rec.run, label=f"{self.name}-{name}")
 
         def restore() -> None:
-            ipam.restore()
+            # endpoints claim their addresses before the router addresses are reserved
+            ipam.restore(reserve_router=False)
             self.restore_result = manager.restore(self.link_exists)
+            ipam.reserve_routers()
             manager.sync_host(self._node_ips(db))
 
         await anyio.to_thread.run_sync(restore)
