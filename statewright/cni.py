@@ -29,7 +29,10 @@ gone. CHECK verifies that the endpoint, both interfaces and the addresses are th
 
 Network configuration keys: ``cniVersion``, ``name``, ``type`` (required), ``mtu``
 (default 1500), ``agent-socket`` (default ``$STATEWRIGHT_SOCKET`` or
-``/run/statewright/agent.sock``).
+``/run/statewright/agent.sock``), ``ipam`` (optional: ``{"type": "host-local", ...}``
+delegates addressing to that IPAM plugin, found in ``CNI_PATH`` and run with the same
+environment and configuration; the endpoint is then registered with
+``datapath-configuration.external-ipam`` and DEL/CHECK are delegated too).
 """
 
 from __future__ import annotations
@@ -40,11 +43,12 @@ import ipaddress
 import json
 import os
 import socket
+import subprocess
 import sys
 import time
 import urllib.parse
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, TextIO
 
 CNI_VERSION = "1.0.0"
@@ -145,6 +149,7 @@ class Invocation:
     ifname: str
     args: Mapping[str, str]
     config: Mapping[str, Any]
+    env: Mapping[str, str] = field(default_factory=dict)
 
     @property
     def version(self) -> str:
@@ -164,6 +169,12 @@ class Invocation:
     def mtu(self) -> int:
         """The interfaces' MTU."""
         return int(self.config.get("mtu", DEFAULT_MTU))
+
+    @property
+    def delegated_ipam(self) -> str | None:
+        """The IPAM plugin type when the configuration delegates IPAM (``ipam.type``)."""
+        ipam = self.config.get("ipam")
+        return str(ipam["type"]) if isinstance(ipam, Mapping) else None
 
     @property
     def attachment(self) -> str:
@@ -199,6 +210,14 @@ def parse_config(raw: str) -> dict[str, Any]:
             f"cniVersion {conf['cniVersion']} is not supported",
             f"supported: {', '.join(SUPPORTED_VERSIONS)}",
         )
+    ipam = conf.get("ipam")
+    if ipam is not None and (
+        not isinstance(ipam, dict)
+        or not isinstance(ipam.get("type"), str)
+        or not ipam["type"]
+        or "/" in ipam["type"]
+    ):
+        raise CNIError(ERR_INVALID_CONFIG, "network configuration: 'ipam' needs a plugin 'type'")
     mtu = conf.get("mtu", DEFAULT_MTU)
     if not isinstance(mtu, int) or isinstance(mtu, bool) or not 576 <= mtu <= 65535:
         raise CNIError(ERR_INVALID_CONFIG, f"network configuration: mtu {mtu!r} is invalid")
@@ -224,6 +243,7 @@ def invocation(env: Mapping[str, str], stdin: str) -> Invocation:
         env["CNI_IFNAME"],
         parse_cni_args(env.get("CNI_ARGS", "")),
         config,
+        dict(env),
     )
 
 
@@ -344,15 +364,77 @@ def delete_veth(inv: Invocation) -> bool:
     return True
 
 
+# ----- delegated IPAM ---------------------------------------------------------------------------
+def delegate_ipam(inv: Invocation, command: str) -> Any:
+    """Run the configured IPAM plugin (found in ``CNI_PATH``) for ``command`` with this
+    invocation's environment and configuration, as the specification's delegation does;
+    its result (ADD), or None. Its error document becomes our CNIError."""
+    plugin = inv.delegated_ipam
+    assert plugin is not None
+    dirs = [d for d in inv.env.get("CNI_PATH", "").split(os.pathsep) if d]
+    path = next(
+        (os.path.join(d, plugin) for d in dirs if os.access(os.path.join(d, plugin), os.X_OK)),
+        None,
+    )
+    if path is None:
+        raise CNIError(
+            ERR_INVALID_CONFIG,
+            f"IPAM plugin {plugin!r} not found in CNI_PATH",
+            inv.env.get("CNI_PATH", "(unset)"),
+        )
+    env = {**inv.env, "CNI_COMMAND": command}
+    proc = subprocess.run(
+        [path],
+        input=json.dumps(inv.config),
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    try:
+        doc = json.loads(proc.stdout) if proc.stdout.strip() else None
+    except ValueError:
+        raise CNIError(
+            ERR_DECODE, f"IPAM plugin {plugin}: output is not JSON", proc.stdout[:200]
+        ) from None
+    if proc.returncode != 0:
+        err = doc if isinstance(doc, dict) else {}
+        raise CNIError(
+            int(err.get("code", ERR_IO)),
+            f"IPAM plugin {plugin}: {err.get('msg', proc.stderr.strip() or 'failed')}",
+            str(err.get("details", "")),
+        )
+    return doc
+
+
+def _delegated_ips(result: Any) -> list[tuple[str, str]]:
+    """(address, gateway) pairs of an IPAM plugin's result; the gateway defaults to the
+    first address of the address's subnet (only the pod's neighbour entry uses it)."""
+    out = []
+    for entry in (result or {}).get("ips", []):
+        iface = ipaddress.ip_interface(entry["address"])
+        gw = entry.get("gateway") or str(iface.network.network_address + 1)
+        out.append((str(iface.ip), gw))
+    if not out:
+        raise CNIError(ERR_IO, "IPAM plugin returned no address")
+    return out
+
+
 # ----- commands ---------------------------------------------------------------------------------
 def cmd_add(inv: Invocation) -> dict[str, Any]:
     """ADD (module doc); returns the CNI result."""
     api = AgentAPI(inv.socket)
-    owner = urllib.parse.quote(inv.container_id, safe="")
-    alloc = api.request("POST", f"/ipam?owner={owner}")
-    ips = [
-        (alloc[f"ipv{f}"]["ip"], alloc[f"ipv{f}"]["gateway"]) for f in (4, 6) if f"ipv{f}" in alloc
-    ]
+    if inv.delegated_ipam:
+        ips = _delegated_ips(delegate_ipam(inv, "ADD"))
+    else:
+        owner = urllib.parse.quote(inv.container_id, safe="")
+        alloc = api.request("POST", f"/ipam?owner={owner}")
+        ips = [
+            (alloc[f"ipv{f}"]["ip"], alloc[f"ipv{f}"]["gateway"])
+            for f in (4, 6)
+            if f"ipv{f}" in alloc
+        ]
     created: dict[str, Any] | None = None
     try:
         created = create_veth(inv, ips)
@@ -367,17 +449,21 @@ def cmd_add(inv: Invocation) -> dict[str, Any]:
             "k8s-pod-name": inv.args.get("K8S_POD_NAME", ""),
             "k8s-namespace": inv.args.get("K8S_POD_NAMESPACE", ""),
             "netns-path": inv.netns,
+            "datapath-configuration": {"external-ipam": bool(inv.delegated_ipam)},
         }
         ref = urllib.parse.quote(inv.attachment, safe=":")
         api.request("PUT", f"/endpoint/{ref}", body)
     except BaseException:
         if created is not None:
             delete_veth(inv)
-        for a, _ in ips:
-            try:
-                api.request("DELETE", f"/ipam/{a}", not_found_ok=True)
-            except CNIError:
-                pass
+        try:
+            if inv.delegated_ipam:
+                delegate_ipam(inv, "DEL")
+            else:
+                for a, _ in ips:
+                    api.request("DELETE", f"/ipam/{a}", not_found_ok=True)
+        except CNIError:
+            pass  # the original failure is what the runtime needs to see
         raise
     result: dict[str, Any] = {
         "cniVersion": inv.version,
@@ -405,6 +491,8 @@ def cmd_del(inv: Invocation) -> None:
     ref = urllib.parse.quote(inv.attachment, safe=":")
     api.request("DELETE", f"/endpoint/{ref}", not_found_ok=True)
     delete_veth(inv)
+    if inv.delegated_ipam:
+        delegate_ipam(inv, "DEL")
 
 
 def cmd_check(inv: Invocation) -> None:
@@ -429,6 +517,8 @@ def cmd_check(inv: Invocation) -> None:
     want = {a for a in ep["addressing"].values() if a}
     if not want <= have:
         raise CNIError(ERR_IO, f"{inv.ifname} lacks {', '.join(sorted(want - have))}")
+    if inv.delegated_ipam:
+        delegate_ipam(inv, "CHECK")
 
 
 def run(env: Mapping[str, str], stdin: str, stdout: TextIO) -> int:

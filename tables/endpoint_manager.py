@@ -3,7 +3,9 @@ table, identities, IPAM, the desired map entries and the state directory consist
 
 What one change touches, and in which order:
 
-1. addresses: an address the request names is allocated to the endpoint if nobody holds it
+1. addresses (unless ``datapath-configuration.external-ipam``: another IPAM owns them and
+   the agent neither allocates nor releases them): an address the request names is
+   allocated to the endpoint if nobody holds it
    (an address the runtime took with ``POST /ipam`` stays with that owner); with no
    ``addressing`` at all one address per pod-CIDR family is allocated. IPAM persists each
    allocation before returning (tables/ipam.py);
@@ -190,7 +192,7 @@ class EndpointManager:
                     raise EndpointExistsError(
                         f"endpoint {ref}: address {ip} belongs to endpoint {other.id}"
                     )
-            taken = self._take_addresses(ep, change)
+            taken = [] if ep.external_ipam else self._take_addresses(ep, change)
             try:
                 ep = replace(ep, **{f"ipv{ip.version}": ip for ip in taken})  # type: ignore[arg-type]
                 return self._commit_new(ep)
@@ -267,10 +269,16 @@ class EndpointManager:
             self.endpoints.delete(wtxn, ep)
             if self.state_dir is not None:
                 remove_file(self._state_path(ep.id))
+        self._release_addresses(ep)
+        log.info("endpoint %d deleted", ep.id)
+
+    def _release_addresses(self, ep: Endpoint) -> None:
+        """Release the endpoint's addresses (not those of an external IPAM)."""
+        if ep.external_ipam:
+            return
         for ip in ep.addresses():
             self._release_quiet(ip)
         self.ipam.release_owner(ep.ipam_owner)
-        log.info("endpoint %d deleted", ep.id)
 
     def mark_ready(self) -> list[int]:
         """Move every ``regenerating`` endpoint whose entries are all reconciled (Done) to
@@ -347,12 +355,10 @@ class EndpointManager:
                         ep.ifindex,
                     )
                     remove_file(path)
-                    for ip in ep.addresses():
-                        self._release_quiet(ip)
-                    self.ipam.release_owner(ep.ipam_owner)
+                    self._release_addresses(ep)
                     result.removed.append(ep.id)
                     continue
-                for ip in ep.addresses():
+                for ip in [] if ep.external_ipam else ep.addresses():
                     if self.ipam.owner_of(self.db.read_txn(), ip) is None:
                         self.ipam.allocate(ip, ep.ipam_owner)
                 with self.db.write_txn(*self._tables()) as wtxn:

@@ -16,7 +16,8 @@ state:
 body, Cilium's ``EndpointChangeRequest`` model: ``container-id``, ``interface-name``,
 ``interface-index``, ``container-interface-name``, ``mac``, ``host-mac``,
 ``addressing: {ipv4, ipv6}``, ``k8s-pod-name``, ``k8s-namespace``, ``labels``,
-``netns-path``); a bad request raises `EndpointRequestError` naming the field.
+``netns-path``, ``datapath-configuration: {external-ipam}``); a bad request raises
+`EndpointRequestError` naming the field.
 """
 
 from __future__ import annotations
@@ -102,6 +103,9 @@ class Endpoint:
     labels: Labels = ()
     identity: int = 0
     netns_path: str = ""
+    #: Addresses come from another IPAM (a delegated CNI IPAM plugin): the agent neither
+    #: allocates, checks nor releases them (Cilium's ``datapath-configuration.external-ipam``).
+    external_ipam: bool = False
     state: EndpointState = EndpointState.WAITING_FOR_IDENTITY
 
     def addresses(self) -> list[IPAddress]:
@@ -133,6 +137,7 @@ class Endpoint:
             "labels": list(self.labels),
             "identity": self.identity,
             "netns-path": self.netns_path,
+            "datapath-configuration": {"external-ipam": self.external_ipam},
             "state": self.state.value,
         }
 
@@ -185,7 +190,7 @@ class EndpointChange:
         "k8s-namespace": "pod_namespace",
         "netns-path": "netns_path",
     }
-    _IGNORED = {"id", "identity", "state", "sync-build-endpoint", "datapath-configuration"}
+    _IGNORED = {"id", "identity", "state", "sync-build-endpoint"}
 
     @classmethod
     def parse(cls, doc: Any) -> EndpointChange:
@@ -220,6 +225,14 @@ class EndpointChange:
                     out["labels"] = normalize_labels(value)
                 except LabelError as e:
                     raise EndpointRequestError(f"field 'labels': {e}") from None
+            elif key == "datapath-configuration":
+                if not isinstance(value, Mapping) or not isinstance(
+                    value.get("external-ipam", False), bool
+                ):
+                    raise EndpointRequestError(
+                        "field 'datapath-configuration': expected {\"external-ipam\": bool}"
+                    )
+                out["external_ipam"] = value.get("external-ipam", False)
             elif key in cls._IGNORED:
                 continue
             else:

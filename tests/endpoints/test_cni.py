@@ -235,3 +235,58 @@ def test_add_check_del_in_network_namespaces(
     assert rc == 1 and out["code"] == cni.ERR_UNKNOWN_CONTAINER, out
     assert {str(a.ip) for a in agent.comp.ipam.allocations()} == before
     assert len(mgr.all()) == 1
+
+
+HOST_LOCAL_DIR = "/usr/lib/cni"  # Debian's containernetworking-plugins
+
+
+@pytest.mark.kernel
+def test_delegated_ipam_with_host_local(netns_names: dict[str, str], agent: AgentUnderTest) -> None:
+    """Addresses from the third-party host-local IPAM plugin: the agent registers the
+    endpoints as external-IPAM (its own pool untouched), pods reach each other, DEL gives
+    the addresses back to host-local."""
+    if not os.access(os.path.join(HOST_LOCAL_DIR, "host-local"), os.X_OK):
+        reason = f"host-local not installed in {HOST_LOCAL_DIR} (apt: containernetworking-plugins)"
+        if os.environ.get("CI", "").lower() == "true":
+            pytest.fail(reason)
+        pytest.skip(reason)
+    data_dir = tempfile.mkdtemp(prefix=f"sw-hostlocal-{PID}-")
+    conf = {
+        **CONF,
+        "name": f"swnet{PID}",
+        "agent-socket": agent.socket,
+        "ipam": {"type": "host-local", "subnet": "10.66.0.0/24", "dataDir": data_dir},
+    }
+    node = netns_names["node"]
+    own_before = {str(a.ip) for a in agent.comp.ipam.allocations()}  # type: ignore[union-attr]
+    envs = {}
+    try:
+        for i, pod in ((1, "pod1"), (2, "pod2")):
+            env = {
+                "CNI_CONTAINERID": f"hl{i}-{PID}",
+                "CNI_IFNAME": "eth0",
+                "CNI_NETNS": f"/var/run/netns/{netns_names[pod]}",
+                "CNI_PATH": HOST_LOCAL_DIR,
+            }
+            rc, res = run_plugin("ADD", conf, node, **env)
+            assert rc == 0, res
+            envs[pod] = env
+            assert res["ips"][0]["address"].startswith("10.66.0.")
+            assert run_plugin("CHECK", conf, node, **env) == (0, None)
+        mgr = agent.comp.manager
+        assert mgr is not None
+        eps = mgr.all()
+        assert all(e.external_ipam and str(e.ipv4).startswith("10.66.0.") for e in eps)
+        assert {str(a.ip) for a in agent.comp.ipam.allocations()} == own_before  # type: ignore[union-attr]
+        stored = sorted(os.listdir(os.path.join(data_dir, conf["name"])))
+        assert {str(e.ipv4) for e in eps} <= set(stored)
+        ip2 = next(str(e.ipv4) for e in eps if e.container_id.startswith("hl2"))
+        assert tcp_exchange(netns_names["pod2"], netns_names["pod1"], ip2) == "pong"
+        for pod in ("pod1", "pod2"):
+            assert run_plugin("DEL", conf, node, **envs[pod]) == (0, None)
+            assert run_plugin("DEL", conf, node, **envs[pod]) == (0, None)
+        left = set(os.listdir(os.path.join(data_dir, conf["name"])))
+        assert not {str(e.ipv4) for e in eps} & left
+        assert mgr.all() == []
+    finally:
+        shutil.rmtree(data_dir, ignore_errors=True)
