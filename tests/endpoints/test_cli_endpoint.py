@@ -10,6 +10,7 @@ import subprocess
 import sys
 import tempfile
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
@@ -75,3 +76,40 @@ def test_no_agent() -> None:
     out = cli("endpoint", "list", "--socket", f"/nonexistent/sw-{os.getpid()}.sock")
     assert out.returncode == 2, out.stderr
     assert "no agent is running" in out.stderr
+
+
+def test_concurrent_requests_never_share_ids_or_addresses(agent: AgentUnderTest) -> None:
+    """Eight threads create endpoints and take addresses at once through the API: every
+    endpoint id and address is distinct, and IPAM holds exactly what was handed out."""
+    import threading
+
+    results: list[tuple[str, Any]] = []
+    lock = threading.Lock()
+
+    def worker(n: int) -> None:
+        for i in range(6):
+            if i % 2:
+                status, doc = agent.dispatch("POST", "/ipam", {"owner": f"t{n}"}, b"")
+                kind = "ipam"
+            else:
+                body = json.dumps({"container-id": f"t{n}-{i}"}).encode()
+                status, doc = agent.dispatch("PUT", "/endpoint/0", {}, body)
+                kind = "ep"
+            assert status == 200, doc
+            with lock:
+                results.append((kind, doc))
+
+    threads = [threading.Thread(target=worker, args=(n,)) for n in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    eps = [d for k, d in results if k == "ep"]
+    ips = [d["addressing"]["ipv4"] for d in eps] + [
+        d["address"]["ipv4"] for k, d in results if k == "ipam"
+    ]
+    assert len({d["id"] for d in eps}) == len(eps) == 24
+    assert len(set(ips)) == len(ips) == 48
+    assert agent.comp.ipam is not None
+    held = {str(a.ip) for a in agent.comp.ipam.allocations()}
+    assert held == set(ips) | {"10.88.0.1"}
