@@ -153,7 +153,10 @@ R = TypeVar("R", LXCEntry, IPCacheEntry)
 
 
 def _host_net(ip: IPAddress) -> IPNetwork:
-    return ipaddress.ip_network(ip)
+    """The /32 or /128 of an address (tuple form: no string parsing)."""
+    if ip.version == 4:
+        return ipaddress.IPv4Network((int(ip), 32))
+    return ipaddress.IPv6Network((int(ip), 128))
 
 
 @dataclass
@@ -177,9 +180,15 @@ class EntryTables:
         self.ipcache.insert(txn, row)
         return True
 
-    def set_endpoint(self, txn: WriteTxn, ep: Endpoint) -> int:
+    def set_endpoint(
+        self, txn: WriteTxn, ep: Endpoint, previous: Iterable[IPAddress] | None = None
+    ) -> int:
         """Make ``ep``'s entries match it (insert changed ones, delete stale ones); returns
-        how many rows were written or deleted. Needs an identity (no entries before)."""
+        how many rows were written or deleted. Needs an identity (no entries before).
+
+        ``previous``: the addresses the endpoint's entries had (``[]`` for a new endpoint),
+        so stale entries are found by key; None looks them up by owner (slower: the
+        owner index is ordered and kept current in the transaction)."""
         owner = endpoint_owner(ep.id)
         want_lxc: dict[IPAddress, LXCEntry] = {}
         want_ipc: dict[IPNetwork, IPCacheEntry] = {}
@@ -194,12 +203,16 @@ class EntryTables:
                     node_mac=mac_to_u64(ep.host_mac),
                     sec_id=ep.identity,
                 )
-                want_ipc[_host_net(ip)] = IPCacheEntry(_host_net(ip), ep.identity, owner)
-        return self._replace_owned(txn, owner, want_lxc, want_ipc)
+                net = _host_net(ip)
+                want_ipc[net] = IPCacheEntry(net, ep.identity, owner)
+        return self._replace_owned(txn, owner, want_lxc, want_ipc, previous=previous)
 
-    def delete_endpoint(self, txn: WriteTxn, ep_id: int) -> int:
-        """Delete the entries of endpoint ``ep_id``; returns how many."""
-        return self._replace_owned(txn, endpoint_owner(ep_id), {}, {})
+    def delete_endpoint(
+        self, txn: WriteTxn, ep_id: int, previous: Iterable[IPAddress] | None = None
+    ) -> int:
+        """Delete the entries of endpoint ``ep_id`` (at ``previous`` addresses when given,
+        see `set_endpoint`); returns how many."""
+        return self._replace_owned(txn, endpoint_owner(ep_id), {}, {}, previous=previous)
 
     def set_host(
         self, txn: WriteTxn, host_ips: Iterable[IPAddress], families: Iterable[int]
@@ -231,10 +244,24 @@ class EntryTables:
         want_lxc: dict[IPAddress, LXCEntry],
         want_ipc: dict[IPNetwork, IPCacheEntry],
         lxc_too: bool = True,
+        previous: Iterable[IPAddress] | None = None,
     ) -> int:
         changed = 0
+        old_lxc: list[LXCEntry]
+        old_ipc_rows: list[IPCacheEntry]
+        if previous is None:
+            old_lxc = list(self.lxc.list(txn, lxc_owner_index.query(owner))) if lxc_too else []
+            old_ipc_rows = list(self.ipcache.list(txn, ipcache_owner_index.query(owner)))
+        else:
+            prev = list(previous)
+            lxc_rows = [self.lxc.get(txn, lxc_ip_index.query(ip)) for ip in prev]
+            ipc_rows = [
+                self.ipcache.get(txn, ipcache_prefix_index.query(_host_net(ip))) for ip in prev
+            ]
+            old_lxc = [r for r in lxc_rows if r is not None and r.owner == owner]
+            old_ipc_rows = [r for r in ipc_rows if r is not None and r.owner == owner]
         if lxc_too:
-            for old in list(self.lxc.list(txn, lxc_owner_index.query(owner))):
+            for old in old_lxc:
                 if old.ip not in want_lxc:
                     self.lxc.delete(txn, old)
                     changed += 1
@@ -243,7 +270,7 @@ class EntryTables:
                 if cur is not None and cur.owner != owner and owner == HOST_OWNER:
                     continue  # an endpoint's entry wins over a host entry for one address
                 changed += self._put_lxc(txn, row)
-        for old_ipc in list(self.ipcache.list(txn, ipcache_owner_index.query(owner))):
+        for old_ipc in old_ipc_rows:
             if old_ipc.prefix not in want_ipc:
                 self.ipcache.delete(txn, old_ipc)
                 changed += 1

@@ -25,6 +25,7 @@ Endpoints wait in ``regenerating`` until the reconcilers have written all their 
 
 from __future__ import annotations
 
+import ipaddress
 import logging
 import os
 import threading
@@ -37,8 +38,8 @@ from statedb import DB, ReadTxn, Table
 from tables.endpoint_entries import (
     EntryTables,
     endpoint_owner,
-    ipcache_owner_index,
-    lxc_owner_index,
+    ipcache_prefix_index,
+    lxc_ip_index,
 )
 from tables.endpoints import (
     MAX_ENDPOINT_ID,
@@ -225,7 +226,7 @@ class EndpointManager:
             ident = self.identities.acquire(wtxn, ep.labels)
             ep = replace(ep, identity=ident.id, state=EndpointState.REGENERATING)
             self.endpoints.insert(wtxn, ep)
-            self.entries.set_endpoint(wtxn, ep)
+            self.entries.set_endpoint(wtxn, ep, previous=[])
             self._persist(ep)
         log.info("endpoint %d created (%s)", ep.id, ", ".join(map(str, ep.addresses())))
         return ep
@@ -247,7 +248,7 @@ class EndpointManager:
                     new = replace(new, identity=ident.id)
                 if new == old:
                     return old
-                if self.entries.set_endpoint(wtxn, new):
+                if self.entries.set_endpoint(wtxn, new, previous=old.addresses()):
                     new = replace(new, state=EndpointState.REGENERATING)
                 self.endpoints.insert(wtxn, new)
                 self._persist(new)
@@ -264,7 +265,7 @@ class EndpointManager:
     def _remove(self, ep: Endpoint) -> None:
         with self.db.write_txn(*self._tables()) as wtxn:
             self.endpoints.insert(wtxn, replace(ep, state=EndpointState.DISCONNECTING))
-            self.entries.delete_endpoint(wtxn, ep.id)
+            self.entries.delete_endpoint(wtxn, ep.id, previous=ep.addresses())
             self.identities.release(wtxn, ep.identity)
             self.endpoints.delete(wtxn, ep)
             if self.state_dir is not None:
@@ -300,12 +301,21 @@ class EndpointManager:
         return done
 
     def _reconciled(self, txn: ReadTxn, ep: Endpoint) -> bool:
+        """Whether every entry of ``ep`` (looked up by its addresses) is Done."""
         owner = endpoint_owner(ep.id)
-        lxc = self.entries.lxc.list(txn, lxc_owner_index.query(owner))
-        ipc = self.entries.ipcache.list(txn, ipcache_owner_index.query(owner))
-        return all(r.status.kind is StatusKind.DONE for r in lxc) and all(
-            r.status.kind is StatusKind.DONE for r in ipc
-        )
+        for ip in ep.addresses():
+            rows = (
+                self.entries.lxc.get(txn, lxc_ip_index.query(ip)),
+                self.entries.ipcache.get(txn, ipcache_prefix_index.query(ipaddress.ip_network(ip))),
+            )
+            for row in rows:
+                if (
+                    row is not None
+                    and row.owner == owner
+                    and row.status.kind is not StatusKind.DONE
+                ):
+                    return False
+        return True
 
     def sync_host(self, host_ips: Iterable[IPAddress]) -> int:
         """Host and world entries for the node's addresses plus the IPAM router addresses
@@ -372,7 +382,7 @@ class EndpointManager:
                         )
                     ep = replace(ep, identity=ident.id, state=EndpointState.REGENERATING)
                     self.endpoints.insert(wtxn, ep)
-                    self.entries.set_endpoint(wtxn, ep)
+                    self.entries.set_endpoint(wtxn, ep, previous=[])
                 result.restored.append(ep.id)
         log.info(
             "endpoint restore: %d restored, %d removed (interface gone), %d unreadable",
