@@ -195,7 +195,7 @@ def synthetic_figure(count: int) -> dict[str, Any]:
                 with db.write_txn(entries.lxc, entries.ipcache) as txn:
                     for n, ep in enumerate(eps[i : i + 1000]):
                         # distinct owners: endpoint ids wrap at 4095, entries must not
-                        entries.set_endpoint(txn, replace(ep, id=i + n + 1))
+                        entries.set_endpoint(txn, replace(ep, id=i + n + 1), previous=[])
                 await anyio.sleep(0)
             await recs[0].wait_until_reconciled(entries.lxc.revision(db.read_txn()))
             await recs[1].wait_until_reconciled(entries.ipcache.revision(db.read_txn()))
