@@ -36,6 +36,7 @@ from pathlib import Path
 from bpf import lb, libbpf
 from bpf.catalog import lb_specs
 from bpf.probe import DEFAULT_PIN_DIR
+from statedb.errors import StatewrightError
 
 log = logging.getLogger("statewright.bpf.datapath")
 
@@ -62,7 +63,7 @@ PROGRAMS = {
 _BPF_LINK_TYPE_CGROUP = 3
 
 
-class DatapathError(OSError):
+class DatapathError(StatewrightError, OSError):
     """Loading, attaching or detaching failed; the message names the object or program,
     the cgroup and the errno."""
 

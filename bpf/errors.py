@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import errno as _errno
 
+from statedb.errors import StatewrightError
+
 # Short explanations for the errnos map operations commonly return.
 _ERRNO_HINTS: dict[int, str] = {
     _errno.E2BIG: "map full",
@@ -30,7 +32,7 @@ def errno_name(err: int) -> str:
     return _errno.errorcode.get(err, f"errno {err}")
 
 
-class MapError(OSError):
+class MapError(StatewrightError, OSError):
     """A failed map operation: which map, which operation, which errno, and why.
 
     It subclasses OSError so callers can match on ``.errno``; ``str()`` reads like

@@ -15,6 +15,8 @@ import struct
 from functools import cache
 from typing import Any
 
+from statedb.errors import StatewrightError
+
 LIBBPF_SONAME = "libbpf.so.1"
 
 Buffer = ctypes.Array[ctypes.c_char]
@@ -50,7 +52,7 @@ _MAP_INFO = struct.Struct("<6I16s")
 _MAP_INFO_LEN = 80
 
 
-class LibBpfUnavailable(OSError):
+class LibBpfUnavailable(StatewrightError, OSError):
     """libbpf.so.1 could not be loaded (package libbpf1 missing)."""
 
 

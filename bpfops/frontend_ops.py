@@ -69,6 +69,7 @@ from bpfops.model import (
     proto_number,
 )
 from statedb import ReadTxn
+from statedb.errors import StatewrightError
 
 log = logging.getLogger("statewright.bpfops")
 
@@ -80,7 +81,7 @@ BACKEND_QUARANTINED = lb.BACKEND_QUARANTINED
 BACKEND_MAINTENANCE = lb.BACKEND_MAINTENANCE
 
 
-class LBOpsError(RuntimeError):
+class LBOpsError(StatewrightError, RuntimeError):
     """A frontend could not be written; the message names the frontend and the step."""
 
 

@@ -20,6 +20,8 @@ from __future__ import annotations
 from collections.abc import Hashable
 from typing import Generic, TypeVar
 
+from statedb.errors import StatewrightError
+
 A = TypeVar("A", bound=Hashable)
 
 FIRST_SERVICE_ID = 1
@@ -28,7 +30,7 @@ FIRST_BACKEND_ID = 1
 BACKEND_ID_LIMIT = 0xFFFFFFFF  # exclusive
 
 
-class IDExhaustedError(RuntimeError):
+class IDExhaustedError(StatewrightError, RuntimeError):
     """No free id is left in the allocator's range."""
 
 

@@ -2,8 +2,11 @@
 
 Objects are plain dicts as parsed from YAML/JSON. The pure functions
 (`convert_service`, `convert_endpoint_slice`, `convert_pod_host_ports`) turn
-one object into rows/parameters and raise `ConversionError` naming the object
-(``Service test/echo``) and the field (``spec.ports[0].port``) for bad input.
+one object into rows/parameters and raise `ConversionError` (an `InputError`)
+naming the object (``Service test/echo``) and the field (``spec.ports[0].port``)
+for bad input, including the API server's validation limits the conversion
+depends on (`MAX_SLICE_ENDPOINTS` and the other ``MAX_*`` constants, unique
+service port names and port/protocol pairs).
 `K8sConverter` applies them through an `LBWriter`, remembering each
 EndpointSlice's backends so that several slices of one service merge, and a
 deleted slice releases exactly its own backends.
@@ -43,7 +46,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from statedb import WriteTxn
+from statedb import InputError, WriteTxn
 from tables.backends import DEFAULT_WEIGHT, BackendParams, BackendState, new_backend_params
 from tables.frontends import FrontendParams, SVCType
 from tables.l3n4 import (
@@ -87,15 +90,21 @@ KIND_SERVICE = "Service"
 KIND_ENDPOINT_SLICE = "EndpointSlice"
 KIND_POD = "Pod"
 
+#: The API server's validation limits for a discovery.k8s.io/v1 EndpointSlice.
+MAX_SLICE_ENDPOINTS = 1000
+MAX_SLICE_PORTS = 100
+MAX_ENDPOINT_ADDRESSES = 100
+#: A Service has at most two cluster IPs (dual stack). The API server also wants them of
+#: different families; Cilium's test corpus (pruning.txtar) has two IPv4 ones, both used.
+MAX_CLUSTER_IPS = 2
 
-class ConversionError(ValueError):
-    """An object cannot be converted; the message names the object and the field."""
+
+class ConversionError(InputError):
+    """An object cannot be converted: ``obj`` names it (``Service default/echo``), ``field``
+    the field path (``spec.ports[0].port``), ``message`` what is wrong."""
 
     def __init__(self, obj_ref: str, field_path: str, reason: str) -> None:
-        super().__init__(f"{obj_ref}: field {field_path}: {reason}")
-        self.obj_ref = obj_ref
-        self.field = field_path
-        self.reason = reason
+        super().__init__(reason, obj=obj_ref, field=field_path)
 
 
 # ----- object helpers ---------------------------------------------------------------
@@ -187,7 +196,7 @@ def _parse_ip(text: str) -> IPAddress:
 
     inet_pton(AF_INET) accepts exactly what ipaddress accepts for IPv4 (four decimal
     octets of at most 255, no leading zeros); anything else (IPv6, errors) goes the
-    ipaddress way, which raises the same ValueError as before.
+    ipaddress way (raising its ValueError).
     """
     try:
         packed = _inet_pton(_AF_INET, text)
@@ -277,6 +286,7 @@ def convert_service(
     # Ports.
     ports: list[ServicePort] = []
     port_names: dict[str, int] = {}
+    port_protos: set[tuple[int, str]] = set()
     for i, p in enumerate(_list(ref, "spec.ports", spec.get("ports"))):
         path = f"spec.ports[{i}]"
         pm = _mapping(ref, path, p)
@@ -285,8 +295,19 @@ def convert_service(
         proto = _proto(ref, f"{path}.protocol", pm.get("protocol"))
         np = pm.get("nodePort")
         node_port = 0 if np is None else _port(ref, f"{path}.nodePort", np, allow_zero=True)
+        if pname and pname in port_names:
+            raise ConversionError(ref, f"{path}.name", f"duplicate port name {pname!r}")
+        if (port, proto) in port_protos:
+            raise ConversionError(ref, path, f"duplicate port {port}/{proto}")
         ports.append(ServicePort(pname, port, proto, node_port))
         port_names[pname] = port
+        port_protos.add((port, proto))
+    if len(ports) > 1:
+        for i, sp in enumerate(ports):
+            if not sp.name:
+                raise ConversionError(
+                    ref, f"spec.ports[{i}].name", "required when a service has several ports"
+                )
 
     # Policies and options.
     ext_policy = _policy(ref, "spec.externalTrafficPolicy", spec.get("externalTrafficPolicy"))
@@ -392,6 +413,10 @@ def convert_service(
     cluster_ips: list[IPAddress] = []
     raw_ips = spec.get("clusterIPs")
     ip_list = _list(ref, "spec.clusterIPs", raw_ips) if raw_ips is not None else []
+    if len(ip_list) > MAX_CLUSTER_IPS:
+        raise ConversionError(
+            ref, "spec.clusterIPs", f"at most {MAX_CLUSTER_IPS} addresses, got {len(ip_list)}"
+        )
     ip_path = "spec.clusterIPs"
     if not ip_list and spec.get("clusterIP") is not None:
         ip_list, ip_path = [spec.get("clusterIP")], "spec.clusterIP"
@@ -417,9 +442,14 @@ def convert_service(
 
     allowed = _exposed_types(ref, annotations)
     families = {ip.version for ip in cluster_ips if _family_enabled(ip, cfg)}
-    for i, fam in enumerate(_list(ref, "spec.ipFamilies", spec.get("ipFamilies"))):
+    ip_families = _list(ref, "spec.ipFamilies", spec.get("ipFamilies"))
+    if len(ip_families) > 2:
+        raise ConversionError(ref, "spec.ipFamilies", f"at most 2 families, got {len(ip_families)}")
+    for i, fam in enumerate(ip_families):
         if fam not in ("IPv4", "IPv6"):
             raise ConversionError(ref, f"spec.ipFamilies[{i}]", f"unknown IP family {fam!r}")
+        if fam in ip_families[:i]:
+            raise ConversionError(ref, f"spec.ipFamilies[{i}]", f"duplicate IP family {fam}")
     fes: dict[L3n4Addr, FrontendParams] = {}
 
     def add(addr: IPAddress, port: int, p: ServicePort, t: SVCType) -> None:
@@ -558,20 +588,19 @@ def _endpoint_fast(ep: Any, want_v6: bool) -> _EndpointFields | None:
                 names.append(zname)
             zones = tuple(sorted(names))
     addrs = ep.get("addresses")
+    if type(addrs) is not list or not 0 < len(addrs) <= MAX_ENDPOINT_ADDRESSES:
+        return None
     ips: list[IPAddress] = []
-    if addrs is not None:
-        if type(addrs) is not list:
+    for a in addrs:
+        if type(a) is not str:
             return None
-        for a in addrs:
-            if type(a) is not str:
-                return None
-            try:
-                ip = _parse_ip(a.strip())
-            except ValueError:
-                return None
-            if (ip.version == 6) != want_v6:
-                return None
-            ips.append(ip)
+        try:
+            ip = _parse_ip(a.strip())
+        except ValueError:
+            return None
+        if (ip.version == 6) != want_v6:
+            return None
+        ips.append(ip)
     return state, node, zone, zones, ips
 
 
@@ -588,6 +617,7 @@ def _endpoint_checked(ref: str, i: int, ep: Any, addr_type: str) -> _EndpointFie
         zm = _mapping(ref, f"{path}.hints.forZones[{j}]", z)
         for_zones.append(_str(ref, f"{path}.hints.forZones[{j}].name", zm.get("name")))
     addrs = _list(ref, f"{path}.addresses", em.get("addresses"))
+    _address_count(ref, i, addrs)
     ips = [_ip(ref, f"{path}.addresses[{j}]", a) for j, a in enumerate(addrs)]
     for j, ip in enumerate(ips):
         if (ip.version == 6) != (addr_type == "IPv6"):
@@ -595,6 +625,18 @@ def _endpoint_checked(ref: str, i: int, ep: Any, addr_type: str) -> _EndpointFie
                 ref, f"{path}.addresses[{j}]", f"{ip} does not match addressType {addr_type}"
             )
     return state, node, zone, tuple(sorted(for_zones)), ips
+
+
+def _address_count(ref: str, i: int, addrs: Sequence[Any]) -> None:
+    """Raise ConversionError unless endpoint ``i`` has 1..MAX_ENDPOINT_ADDRESSES addresses."""
+    if not addrs:
+        raise ConversionError(ref, f"endpoints[{i}].addresses", "at least one address is required")
+    if len(addrs) > MAX_ENDPOINT_ADDRESSES:
+        raise ConversionError(
+            ref,
+            f"endpoints[{i}].addresses",
+            f"at most {MAX_ENDPOINT_ADDRESSES} addresses, got {len(addrs)}",
+        )
 
 
 def convert_endpoint_slice(
@@ -613,10 +655,23 @@ def convert_endpoint_slice(
     addr_type = _str(ref, "addressType", obj.get("addressType"), "IPv4")
     if addr_type not in ("IPv4", "IPv6", "FQDN"):
         raise ConversionError(ref, "addressType", f"unknown address type {addr_type!r}")
+    endpoints = _list(ref, "endpoints", obj.get("endpoints"))
+    if len(endpoints) > MAX_SLICE_ENDPOINTS:
+        raise ConversionError(
+            ref, "endpoints", f"at most {MAX_SLICE_ENDPOINTS} endpoints, got {len(endpoints)}"
+        )
+    raw_ports = _list(ref, "ports", obj.get("ports"))
+    if len(raw_ports) > MAX_SLICE_PORTS:
+        raise ConversionError(
+            ref, "ports", f"at most {MAX_SLICE_PORTS} ports, got {len(raw_ports)}"
+        )
     if addr_type == "FQDN":
+        for i, ep in enumerate(endpoints):
+            em = _mapping(ref, f"endpoints[{i}]", ep)
+            _address_count(ref, i, _list(ref, f"endpoints[{i}].addresses", em.get("addresses")))
         return ConvertedEndpoints(slice_name, service_name, ())
     ports: list[tuple[str, int, str]] = []
-    for i, p in enumerate(_list(ref, "ports", obj.get("ports"))):
+    for i, p in enumerate(raw_ports):
         pm = _mapping(ref, f"ports[{i}]", p)
         if pm.get("port") is None:
             continue
@@ -633,7 +688,7 @@ def convert_endpoint_slice(
     want_v6 = addr_type == "IPv6"
     # One shared tuple per port name (every backend of a slice has the same ones).
     single_names = {pname: ((pname,) if pname else ()) for pname, _, _ in ports}
-    for i, ep in enumerate(_list(ref, "endpoints", obj.get("endpoints"))):
+    for i, ep in enumerate(endpoints):
         # Well-formed endpoints take the fast path; anything unusual is validated (and
         # reported) field by field by _endpoint_checked.
         fields = _endpoint_fast(ep, want_v6)
@@ -791,6 +846,19 @@ class K8sConverter:
             self.delete_endpoint_slice(txn, name)
         elif kind == KIND_POD:
             self.delete_pod(txn, name)
+        else:
+            raise ConversionError(object_ref(obj), "kind", f"unsupported kind {kind!r}")
+
+    def check(self, obj: Mapping[str, Any]) -> None:
+        """Convert ``obj`` as `upsert` would, writing nothing: raise ConversionError if it
+        is invalid. (Conflicts with rows already in the tables show only in `upsert`.)"""
+        kind = object_kind(obj)
+        if kind == KIND_SERVICE:
+            convert_service(obj, self.config, self.writer.node_labels, self.source)
+        elif kind == KIND_ENDPOINT_SLICE:
+            convert_endpoint_slice(obj, self.config, self.source)
+        elif kind == KIND_POD:
+            convert_pod_host_ports(obj, self.config)
         else:
             raise ConversionError(object_ref(obj), "kind", f"unsupported kind {kind!r}")
 

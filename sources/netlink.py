@@ -53,7 +53,7 @@ import select
 import socket
 import threading
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -66,7 +66,7 @@ from sources.node_address_selection import (
     select_device,
     select_node_addresses,
 )
-from statedb import DB, Table, WriteTxn
+from statedb import DB, StatewrightError, Table, WriteTxn
 from tables.devices import Device, DeviceAddress, flag_names, new_devices_table
 from tables.l3n4 import IPAddress, IPNetwork
 from tables.lb_writer import LBWriter
@@ -170,14 +170,14 @@ class Snapshot:
 
 
 @dataclass(frozen=True, slots=True)
-class ReaderError:
+class ReaderErrorEvent:
     """The reader hit an error (events may be lost) and is rebuilding from a new dump."""
 
     message: str
     errno: int | None = None
 
 
-ReaderItem = Snapshot | tuple[Update, ...] | ReaderError
+ReaderItem = Snapshot | tuple[Update, ...] | ReaderErrorEvent
 
 
 # ----- message conversion ---------------------------------------------------------------------
@@ -379,8 +379,9 @@ class KernelModel:
 
 
 # ----- the reader thread ----------------------------------------------------------------------
-class _Stopped(Exception):
-    """The reader was asked to stop (or the event loop side went away)."""
+class _Stopped(StatewrightError):
+    """The reader was asked to stop (or the event loop side went away); caught inside the
+    reader thread, never raised to callers."""
 
 
 class NetlinkReader:
@@ -465,7 +466,7 @@ class NetlinkReader:
                     where = f" in netns {self.netns!r}" if self.netns else ""
                     msg = f"netlink{where}: {type(e).__name__}: {e}; rebuilding from a full dump"
                     self._close()
-                    self.emit(ReaderError(msg, code if isinstance(code, int) else None))
+                    self.emit(ReaderErrorEvent(msg, code if isinstance(code, int) else None))
                     if self._stop.wait(backoff):
                         break
                     backoff = min(backoff * 2, MAX_BACKOFF)
@@ -792,7 +793,7 @@ class NetlinkSource:
                 len(item.links), len(item.addrs), len(item.routes),
             )
             return True
-        if isinstance(item, ReaderError):
+        if isinstance(item, ReaderErrorEvent):
             st.errors += 1
             st.last_error = item.message
             st.last_error_at = time.time()
@@ -832,11 +833,6 @@ class NetlinkSource:
         self.stats.applies += 1
 
 
-def selected_devices(db: DB, devices: Table[Device]) -> Sequence[Device]:
-    """The currently selected devices (a convenience for other components)."""
-    return list(devices.list(db.read_txn(), devices.index("selected").query(True)))
-
-
 __all__ = [
     "INITIALIZER",
     "AddrInfo",
@@ -845,9 +841,8 @@ __all__ = [
     "NetlinkReader",
     "NetlinkSource",
     "NetlinkStats",
-    "ReaderError",
+    "ReaderErrorEvent",
     "RouteInfo",
     "Snapshot",
     "Update",
-    "selected_devices",
 ]

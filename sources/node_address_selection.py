@@ -42,6 +42,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from statedb import InputError
 from tables.devices import SCOPE_LINK, Device, DeviceAddress
 from tables.l3n4 import IPAddress, IPNetwork
 from tables.node_addresses import NodeAddress
@@ -84,10 +85,14 @@ def _parse_cidrs(field_name: str, values: Iterable[IPNetwork | str]) -> tuple[IP
         try:
             out.append(ipaddress.ip_network(str(v).strip(), strict=False))
         except ValueError as e:
-            raise ValueError(
-                f"node address config: {field_name}: invalid CIDR {v!r}: {e}"
+            raise InputError(
+                f"invalid CIDR {v!r}: {e}", obj=_CONFIG, field=field_name
             ) from None
     return tuple(out)
+
+
+#: How errors name a NodeAddressConfig built directly (from_dict names its origin).
+_CONFIG = "node address config"
 
 
 @dataclass(frozen=True, slots=True)
@@ -116,7 +121,7 @@ class NodeAddressConfig:
             object.__setattr__(self, name, _parse_cidrs(name, getattr(self, name)))
         for d in self.devices:
             if not d or d == "+":
-                raise ValueError(f"node address config: devices: invalid entry {d!r}")
+                raise InputError(f"invalid entry {d!r}", obj=_CONFIG, field="devices")
 
     @classmethod
     def from_dict(
@@ -125,18 +130,19 @@ class NodeAddressConfig:
         """Build from configuration (YAML/JSON): keys ``devices``, ``exclude-prefixes``,
         ``address-cidrs``, ``nodeport-cidrs`` (``_`` also accepted), each a list of strings
         or one comma-separated string (as a command-line override gives it). Raise
-        ValueError naming ``origin`` and the field; unknown keys are refused so a typo is
+        InputError naming ``origin`` and the field; unknown keys are refused so a typo is
         not silently ignored."""
         if not isinstance(obj, Mapping):
-            raise ValueError(f"{origin}: expected a mapping, got {type(obj).__name__}")
+            raise InputError(f"expected a mapping, got {type(obj).__name__}", obj=origin)
         fields = {"devices", "exclude_prefixes", "address_cidrs", "nodeport_cidrs"}
         values: dict[str, tuple[str, ...]] = {}
         for key, raw in obj.items():
             name = str(key).replace("-", "_")
             if name not in fields:
-                raise ValueError(
-                    f"{origin}: unknown field {key!r} (expected one of "
-                    f"{', '.join(sorted(f.replace('_', '-') for f in fields))})"
+                raise InputError(
+                    f"unknown field {key!r} (expected one of "
+                    f"{', '.join(sorted(f.replace('_', '-') for f in fields))})",
+                    obj=origin,
                 )
             if isinstance(raw, str):
                 items = [x.strip() for x in raw.split(",") if x.strip()]
@@ -145,15 +151,14 @@ class NodeAddressConfig:
             elif raw is None:
                 items = []
             else:
-                raise ValueError(
-                    f"{origin}: field {key!r}: expected a list of strings, got {raw!r}"
+                raise InputError(
+                    f"expected a list of strings, got {raw!r}", obj=origin, field=str(key)
                 )
             values[name] = tuple(items)
         try:
             return cls(**values)  # type: ignore[arg-type]
-        except ValueError as e:
-            detail = str(e).removeprefix("node address config: ")
-            raise ValueError(f"{origin}: {detail}") from None
+        except InputError as e:
+            raise InputError(e.message, obj=origin, field=e.field) from None
 
     def device_allowed(self, name: str) -> bool:
         """True when ``name`` is on the allow-list (exact, or by ``prefix+``)."""

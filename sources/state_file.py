@@ -15,9 +15,11 @@ The file is a mapping with two optional lists::
 
 A missing or empty file means "no state". Every change replaces the whole
 state of this source (source name ``api``) in one write transaction; a file
-that cannot be parsed or converted is reported (`StateFileSource.error`,
-naming the file, object and field) and changes nothing. Writers should
-replace the file atomically (write elsewhere, then rename).
+that cannot be read, parsed or converted is reported (`StateFileSource.error`,
+naming the file, the line and column of a syntax error, or the object and
+field) and changes nothing. Only `InputError` is reported this way: any other
+exception is a bug and propagates out of `StateFileSource.sync`. Writers
+should replace the file atomically (write elsewhere, then rename).
 """
 
 from __future__ import annotations
@@ -32,7 +34,8 @@ import anyio
 import yaml
 
 from sources.k8s_convert import KIND_ENDPOINT_SLICE, KIND_SERVICE, K8sConverter
-from statedb import WriteTxn
+from sources.manifests import describe_yaml_error
+from statedb import InputError, WriteTxn
 from tables.lb_config import LBConfig
 from tables.lb_writer import LBWriter
 
@@ -46,8 +49,9 @@ DEFAULT_INTERVAL = 1.0
 STATE_FILE_FLAGS = ("lb-state-file", "lb-state-file-interval")
 
 
-class StateFileError(ValueError):
-    """The state file cannot be applied; the message names the file and what is wrong."""
+class StateFileError(InputError):
+    """The state file cannot be read or parsed: ``obj`` is the file, ``field`` where in it
+    (``services[2].kind``, ``line 3, column 5``; may be empty)."""
 
 
 def parse_state_file(text: str, path: str = "<state>") -> tuple[list[dict[str, Any]], ...]:
@@ -55,24 +59,25 @@ def parse_state_file(text: str, path: str = "<state>") -> tuple[list[dict[str, A
     try:
         data = yaml.safe_load(text) if text.strip() else None
     except yaml.YAMLError as e:
-        raise StateFileError(f"{path}: cannot parse: {e}") from None
+        where, what = describe_yaml_error(e)
+        raise StateFileError(what, obj=path, field=where) from None
     if data is None:
         return [], []
     if not isinstance(data, Mapping):
-        raise StateFileError(f"{path}: expected a mapping with 'services' and 'endpoints'")
+        raise StateFileError("expected a mapping with 'services' and 'endpoints'", obj=path)
     out: list[list[dict[str, Any]]] = []
     for key, kind in (("services", KIND_SERVICE), ("endpoints", KIND_ENDPOINT_SLICE)):
         items = data.get(key) or []
         if not isinstance(items, list):
-            raise StateFileError(f"{path}: field {key}: expected a list")
+            raise StateFileError("expected a list", obj=path, field=key)
         objs = []
         for i, item in enumerate(items):
             if not isinstance(item, Mapping):
-                raise StateFileError(f"{path}: field {key}[{i}]: expected an object")
+                raise StateFileError("expected an object", obj=path, field=f"{key}[{i}]")
             obj = dict(item)
             obj.setdefault("kind", kind)
             if obj["kind"] != kind:
-                raise StateFileError(f"{path}: field {key}[{i}].kind: expected {kind}")
+                raise StateFileError(f"expected {kind}", obj=path, field=f"{key}[{i}].kind")
             objs.append(obj)
         out.append(objs)
     return out[0], out[1]
@@ -127,16 +132,22 @@ class StateFileSource:
         if digest == self._digest:
             return False
         try:
-            services, slices = parse_state_file(data.decode(), str(self.path))
-        except (StateFileError, UnicodeDecodeError) as e:
-            return self._fail(str(e) if isinstance(e, StateFileError) else f"{self.path}: {e}")
+            try:
+                text = data.decode()
+            except UnicodeDecodeError as e:
+                raise StateFileError(
+                    f"not UTF-8 text (at byte offset {e.start})", obj=str(self.path)
+                ) from None
+            services, slices = parse_state_file(text, str(self.path))
+        except StateFileError as e:
+            return self._fail(str(e))
         conv = self.converter
         checkpoint = conv.checkpoint()
         txn = self.writer.write_txn()
         try:
             conv.resync(txn, KIND_SERVICE, services)
             conv.resync(txn, KIND_ENDPOINT_SLICE, slices)
-        except (ValueError, KeyError, TypeError) as e:
+        except InputError as e:
             txn.abort()
             conv.rollback(checkpoint)
             return self._fail(f"{self.path}: {e}")

@@ -1,11 +1,55 @@
-"""Errors raised by statedb; each names the table (and key or index) it concerns."""
+"""The project's exception root and statedb's own errors.
+
+`StatewrightError` is the root of every exception Statewright raises, so a caller
+can tell "the agent refused or failed" from a bug (a TypeError, an AttributeError,
+...). `InputError` is the part of it that means "bad input": a manifest, a
+Kubernetes object, a flag, a config key. Sources catch `InputError` and report
+it; anything else propagates. statedb is the lowest layer every package imports,
+so both live here.
+
+statedb's own errors (`StateDBError` and its subclasses) each name the table (and
+key or index) they concern.
+"""
 
 from __future__ import annotations
+
+from typing import Any
 
 
 class StatewrightError(Exception):
     """The root of every error the project raises (statedb is the lowest layer, so it
     lives here): ``except StatewrightError`` catches the project's errors and nothing else."""
+
+
+class InputError(StatewrightError, ValueError):
+    """Bad input: ``message`` says what is wrong with ``field`` of ``obj``.
+
+    ``obj`` names the object (``Service default/echo``, a file path, ``flag
+    --foo``), ``field`` the field path inside it (``spec.ports[1].port``; may be
+    empty). ``str()`` joins the non-empty parts: ``Service default/echo:
+    spec.ports[1].port: port 0 is not allowed``. It subclasses ValueError, so
+    callers that catch ValueError for bad values keep working.
+    """
+
+    def __init__(self, message: str, *, obj: str = "", field: str = "") -> None:
+        super().__init__(message)
+        self.message = message
+        self.obj = obj
+        self.field = field
+
+    def __str__(self) -> str:
+        return ": ".join(part for part in (self.obj, self.field, self.message) if part)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # Subclasses have their own __init__ signatures: rebuild through InputError's.
+        return (_rebuild_input_error, (type(self), self.message, self.obj, self.field),
+                self.__dict__)
+
+
+def _rebuild_input_error(cls: type[InputError], message: str, obj: str, field: str) -> InputError:
+    err = cls.__new__(cls)
+    InputError.__init__(err, message, obj=obj, field=field)
+    return err
 
 
 class StateDBError(StatewrightError):

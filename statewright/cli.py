@@ -1,52 +1,125 @@
-"""The ``statewright`` command line: one argparse tree, each command group in its own module."""
+"""The ``statewright`` command line: one argparse tree, each command group in its own module.
+
+Every command group module (``COMMAND_MODULES``) exposes
+``add_commands(subparsers, commands) -> None``: it adds its parsers under ``subparsers``,
+sets ``func(args) -> int`` on each leaf and records each leaf parser in ``commands`` under
+its path (``"lb list"``). A later module may look up a parser an earlier one recorded and
+extend it (more arguments, another ``func``): that is how ``cli_agent`` sends ``lb list``
+and ``bpf dump`` to the running agent. A module that cannot be imported is a bug and fails
+``statewright`` at once.
+
+`run` is the one place a command is executed: it also makes every command end quietly
+when its standard output is closed early (``statewright db watch t | head``), as Unix
+tools do, instead of printing a BrokenPipeError traceback.
+"""
 
 from __future__ import annotations
 
 import argparse
-import importlib
 import logging
+import os
+import signal
 import sys
-from typing import Any
+from typing import Any, Protocol
 
-# Command groups: module -> it exposes add_commands(subparsers). Groups whose module
-# is not installed yet (later components) are simply absent from --help.
-COMMAND_MODULES = (
-    "statewright.cli_run",
-    "statewright.cli_bpf",
-    "statewright.cli_lb",
-    "statewright.cli_agent",  # after cli_lb: it routes `lb list` through the agent
-)
+from statewright import cli_agent, cli_bpf, cli_lb, cli_run
+
+#: Exit code after stdout was closed by the reader: 128 + SIGPIPE, what a shell reports for
+#: a tool killed by SIGPIPE (``yes | head -1``; visible with ``set -o pipefail``).
+EXIT_BROKEN_PIPE = 128 + signal.SIGPIPE
+
+
+class SubParsers(Protocol):
+    """What ``ArgumentParser.add_subparsers()`` returns, as far as command modules use it."""
+
+    def add_parser(self, name: str, **kwargs: Any) -> argparse.ArgumentParser:
+        """Add and return the parser of sub-command ``name``."""
+        ...
+
+
+#: Leaf parsers by command path, e.g. ``"lb list"``; filled by the modules' add_commands.
+Commands = dict[str, argparse.ArgumentParser]
+
+
+class CommandModule(Protocol):
+    """A command group module."""
+
+    def add_commands(self, subparsers: SubParsers, commands: Commands) -> None:
+        """Register this group's commands (see the module docstring)."""
+        ...
+
+
+#: In registration order: cli_agent comes after cli_lb and cli_bpf, whose ``lb list`` and
+#: ``bpf dump`` it extends.
+COMMAND_MODULES: tuple[CommandModule, ...] = (cli_run, cli_bpf, cli_lb, cli_agent)
 
 
 def build_parser() -> argparse.ArgumentParser:
-    """Return the parser with every available command group registered."""
+    """Return the parser with every command group registered."""
+    return build_commands()[0]
+
+
+def build_commands() -> tuple[argparse.ArgumentParser, Commands]:
+    """The full parser and its leaf parsers by command path."""
     parser = argparse.ArgumentParser(
         prog="statewright",
-        description="Statewright: a state-reconciliation engine for Linux node agents.",
+        description="Statewright: a state-reconciliation engine for Linux node agents. "
+        "The main job is `statewright agent` (`make run` runs `statewright agent --demo "
+        "--status-line`); the other commands inspect a running agent or its pinned maps.",
     )
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     sub = parser.add_subparsers(dest="command", required=True)
-    for name in COMMAND_MODULES:
-        try:
-            module: Any = importlib.import_module(name)
-        except ModuleNotFoundError as err:
-            if err.name != name:
-                raise
-            continue
-        module.add_commands(sub)
-    return parser
+    commands: Commands = {}
+    for module in COMMAND_MODULES:
+        module.add_commands(sub, commands)
+    return parser, commands
 
 
 def main(argv: list[str] | None = None) -> int:
     """Parse ``argv`` and run the chosen command; returns the process exit code."""
-    args = build_parser().parse_args(argv)
-    logging.basicConfig(
-        level=logging.DEBUG if args.verbose else logging.INFO,
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-        stream=sys.stderr,
-    )
-    code: int = args.func(args)
-    return code
+    return run(build_parser(), argv)
+
+
+def run(parser: argparse.ArgumentParser, argv: list[str] | None = None) -> int:
+    """Parse ``argv`` with ``parser``, set up logging and run ``args.func``; return its exit
+    code, or `EXIT_BROKEN_PIPE` without a word when the reader closed standard output."""
+    try:
+        try:
+            args = parser.parse_args(argv)
+            logging.basicConfig(
+                level=logging.DEBUG if getattr(args, "verbose", False) else logging.INFO,
+                format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+                stream=sys.stderr,
+            )
+            code: int = args.func(args)
+            return code
+        finally:
+            # Inside the guard: a reader gone before the last buffered write ends quietly too
+            # (also after --help, whose SystemExit passes through when the flush succeeds).
+            sys.stdout.flush()
+    except BrokenPipeError:
+        _discard_stdout()
+        return EXIT_BROKEN_PIPE
+    except BaseExceptionGroup as group:  # a command running a task group (agent --status-line)
+        _, rest = group.split(BrokenPipeError)
+        if rest is not None:
+            raise
+        _discard_stdout()
+        return EXIT_BROKEN_PIPE
+
+
+def _discard_stdout() -> None:
+    """Point file descriptor 1 at /dev/null so that the interpreter's final flush of what is
+    still buffered for the closed pipe does not print 'Exception ignored ... BrokenPipeError'."""
+    try:
+        fd = sys.stdout.fileno()
+    except (AttributeError, OSError, ValueError):  # replaced by an object without a file
+        return
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, fd)
+    finally:
+        os.close(devnull)
 
 
 if __name__ == "__main__":

@@ -1,6 +1,7 @@
-"""``statewright agent`` and the commands that talk to a running agent through its API socket:
-``status``, ``db show|list|watch``, ``exec -- CMD``; and ``lb list``, which asks the agent
-when one runs (any map backend) and otherwise reads the pinned maps as before.
+"""``statewright agent``, the main job, and the commands that talk to a running agent through
+its API socket: ``status``, ``db show|list|watch``, ``exec -- CMD``. It also extends ``lb list``
+(asks the agent when one runs, any map backend; otherwise reads the pinned maps) and ``bpf dump``
+(asks the agent when its maps are in memory).
 
 Client commands print tables for people and JSON with ``-o json`` for scripts; when no
 agent answers they say so (exit 2) instead of printing a traceback. The socket is
@@ -16,23 +17,28 @@ import logging
 import os
 import shutil
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from statewright.agent import config as agent_config
 from statewright.agent.client import AgentClient, AgentRequestError, AgentUnavailable
 
+if TYPE_CHECKING:
+    from statewright.cli import Commands, SubParsers
+
 log = logging.getLogger("statewright.agent")
 
 #: The namespace ``--demo`` (and ``make run``) creates for the example backends.
-DEMO_NETNS = "statewright-demo"
+DEMO_NETNS = agent_config.DEMO_NETNS
 
 EXIT_NO_AGENT = 2
 
 
-def add_commands(subparsers: Any) -> None:
-    """Register ``agent``, ``status``, ``db``, ``exec`` and hook ``lb list`` up to the agent."""
+def add_commands(subparsers: SubParsers, commands: Commands) -> None:
+    """Register ``agent``, ``status``, ``db show|list|watch`` and ``exec``; route ``lb list``
+    and ``bpf dump`` (registered earlier in ``commands``) through the agent."""
     ag = subparsers.add_parser(
-        "agent", help="run the node agent (foreground); --cleanup removes what it pinned"
+        "agent", help="the main job: run the node agent in the foreground "
+        "(--cleanup removes what it pinned)"
     )
     ag.add_argument("--config", metavar="FILE", help="YAML configuration file")
     ag.add_argument("--cleanup", action="store_true",
@@ -47,7 +53,11 @@ def add_commands(subparsers: Any) -> None:
     ag.add_argument("--allow-root-cgroup", action="store_true", default=None,
                     help="allow attaching to the root cgroup (every process of the machine)")
     ag.add_argument("--no-datapath", dest="datapath", action="store_false", default=None)
-    ag.add_argument("--node-name")
+    ag.add_argument("--node-name", help="this node's name (default: $NODE_NAME, else the "
+                    "host name); backends on this node are local (externalTrafficPolicy)")
+    ag.add_argument("--node-label", dest="node_labels", action="append", metavar="KEY=VALUE",
+                    help="a label of this node, e.g. topology.kubernetes.io/zone=zone-a "
+                    "(topology-aware routing); repeat for more")
     ag.add_argument("--lb-flag", dest="lb_flags", action="append", metavar="FLAG",
                     help="Cilium-style LB flag, e.g. --lb-flag=--bpf-lb-algorithm=maglev")
     ag.add_argument("--api-socket", metavar="PATH")
@@ -91,8 +101,9 @@ def add_commands(subparsers: Any) -> None:
     ex.add_argument("cmd", nargs=argparse.REMAINDER, help="-- CMD [ARGS...]")
     ex.set_defaults(func=cmd_exec)
 
-    _hook_lb_list(subparsers)
-    _hook_bpf_dump(subparsers)
+    commands.update({"agent": ag, "status": st, "db show": show, "db list": lst,
+                     "db watch": watch, "exec": ex})
+    _route_through_agent(commands)
 
 
 def _client_args(p: argparse.ArgumentParser, formats: tuple[str, ...] | None = ("table", "json")
@@ -126,7 +137,8 @@ def _overrides(args: argparse.Namespace) -> dict[str, Any]:
     out: dict[str, Any] = {
         name: getattr(args, name)
         for name in ("pin_dir", "backend", "manifests", "manifests_interval", "cgroup",
-                     "allow_root_cgroup", "datapath", "node_name", "lb_flags", "api_socket",
+                     "allow_root_cgroup", "datapath", "node_name", "node_labels", "lb_flags",
+                     "api_socket",
                      "metrics_port", "netlink", "demo_netns", "log_format")
     }
     if args.manifests:
@@ -214,52 +226,17 @@ def cmd_agent(args: argparse.Namespace) -> int:
 
 
 def cleanup(cfg: agent_config.AgentConfig) -> int:
-    """``agent --cleanup``: detach the datapath links, unpin the LB maps, remove the agent's
-    own cgroup (when it created it) and the demo namespace. Refused while an agent runs."""
+    """``agent --cleanup``: every component removes what it left on the machine (datapath
+    links, pinned maps, the agent's cgroup, the demo namespace, the socket directory).
+    Refused while an agent runs."""
     with contextlib.suppress(AgentUnavailable, AgentRequestError):
         AgentClient(cfg.api_socket, timeout=2).get("/health")
         print(f"statewright agent --cleanup: an agent is running on {cfg.api_socket}; "
               "stop it first", file=sys.stderr)
         return 1
-    from bpf.datapath import SockLB, cgroup2_mount
-    from bpfops.lb_maps import LB_MAP_NAMES
-    from statewright.agent.demo_netns import delete_netns
+    from statewright.agent.runtime import cleanup as cleanup_components
 
-    removed: list[str] = []
-    errors: list[str] = []
-    try:
-        removed += SockLB.cleanup(cfg.pin_dir)
-    except OSError as e:
-        errors.append(str(e))
-    for name in LB_MAP_NAMES:
-        path = os.path.join(cfg.pin_dir, name)
-        if os.path.exists(path):
-            try:
-                os.unlink(path)
-                removed.append(path)
-            except OSError as e:
-                errors.append(f"unpin {path}: {e}")
-    if os.path.isdir(cfg.pin_dir):
-        try:
-            os.rmdir(cfg.pin_dir)
-            removed.append(cfg.pin_dir)
-        except OSError as e:
-            errors.append(f"remove {cfg.pin_dir}: {e} (other pins left in place)")
-    if not cfg.cgroup:
-        with contextlib.suppress(OSError):
-            cg = os.path.join(cgroup2_mount(), "statewright")
-            if os.path.isdir(cg):
-                try:
-                    os.rmdir(cg)
-                    removed.append(cg)
-                except OSError as e:
-                    errors.append(f"remove cgroup {cg}: {e} (processes still in it?)")
-    for ns in {cfg.demo_netns or DEMO_NETNS}:
-        try:
-            if delete_netns(ns):
-                removed.append(f"netns {ns}")
-        except Exception as e:
-            errors.append(str(e))
+    removed, errors = cleanup_components(cfg)
     for r in removed:
         print(f"removed {r}")
     if not removed:
@@ -324,15 +301,19 @@ def cmd_db_list(args: argparse.Namespace) -> int:
 
 
 def cmd_db_watch(args: argparse.Namespace) -> int:
-    """Print a table's changes as they happen (newline-delimited JSON) until interrupted."""
+    """Print a table's changes as they happen (newline-delimited JSON) until interrupted
+    (exit 0) or until the agent ends the feed, which it does when it stops (exit 1)."""
+    client = _client(args)
     try:
-        for doc in _client(args).stream(f"/tables/{args.table}/changes"):
+        for doc in client.stream(f"/tables/{args.table}/changes"):
             print(json.dumps(doc), flush=True)
     except (AgentUnavailable, AgentRequestError) as e:
         return _fail("db watch", e)
     except KeyboardInterrupt:
-        pass
-    return 0
+        return 0
+    print(f"statewright db watch: the agent on {client.socket_path} ended the change feed "
+          "(it stopped?)", file=sys.stderr)
+    return 1
 
 
 def cmd_exec(args: argparse.Namespace) -> int:
@@ -375,32 +356,23 @@ def cmd_exec(args: argparse.Namespace) -> int:
     return 0  # not reached
 
 
-# ----- lb list through the agent -----------------------------------------------------------
-def _hook_lb_list(subparsers: Any) -> None:
-    """Make ``lb list`` (statewright/cli_lb.py) ask the running agent first. argparse offers
-    no public way to reach a registered sub-command, hence the private attributes."""
-    lb_parser = subparsers.choices.get("lb")
-    if lb_parser is None:
-        return
-    for action in lb_parser._actions:
-        if isinstance(action, argparse._SubParsersAction) and "list" in action.choices:
-            lst = action.choices["list"]
-            lst.add_argument("--socket", default=None,
-                             help="agent API socket (used when an agent runs)")
-            lst.set_defaults(func=cmd_lb_list, pinned_func=lst.get_default("func"))
-
-
-def _hook_bpf_dump(subparsers: Any) -> None:
-    """Make ``bpf dump MAP`` (statewright/cli_bpf.py) ask the running agent when its maps are
-    in memory (only it can read them); pinned kernel maps are read directly as before."""
-    bpf_parser = subparsers.choices.get("bpf")
-    if bpf_parser is None:
-        return
-    for action in bpf_parser._actions:
-        if isinstance(action, argparse._SubParsersAction) and "dump" in action.choices:
-            dump = action.choices["dump"]
-            dump.add_argument("--socket", default=None, help="agent API socket")
-            dump.set_defaults(func=cmd_bpf_dump, pinned_func=dump.get_default("func"))
+# ----- lb list and bpf dump through the agent ---------------------------------------------
+def _route_through_agent(commands: Commands) -> None:
+    """Extend ``lb list`` (statewright/cli_lb.py) and ``bpf dump`` (statewright/cli_bpf.py),
+    registered before this module, so that they ask the running agent first. ``lb list``
+    always does; ``bpf dump MAP`` only when the agent's maps are in memory under --pin-dir
+    (only the agent can read those). Each keeps its own function as ``pinned_func``, the
+    fallback reading the pinned maps directly."""
+    for path, func, help_text in (
+        ("lb list", cmd_lb_list, "agent API socket (used when an agent runs)"),
+        ("bpf dump", cmd_bpf_dump, "agent API socket"),
+    ):
+        parser = commands.get(path)
+        if parser is None:
+            raise RuntimeError(f"statewright.cli_agent extends `{path}`, which is not "
+                               "registered: register its module before cli_agent")
+        parser.add_argument("--socket", default=None, help=help_text)
+        parser.set_defaults(func=func, pinned_func=parser.get_default("func"))
 
 
 def cmd_bpf_dump(args: argparse.Namespace) -> int:

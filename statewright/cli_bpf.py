@@ -10,7 +10,7 @@ import argparse
 import json
 import os
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from bpf import catalog
 from bpf.codec import RawCodec
@@ -19,11 +19,14 @@ from bpf.kernel_map import KernelMap
 from bpf.probe import DEFAULT_PIN_DIR, kernel_support
 from bpf.spec import MAP_OF_MAPS, MapInfo, MapSpec, MapType
 
+if TYPE_CHECKING:
+    from statewright.cli import Commands, SubParsers
+
 PIN_DIR_ENV = "STATEWRIGHT_BPF_PIN_DIR"
 
 
-def add_commands(subparsers: Any) -> None:
-    """Register the ``bpf`` command group; each leaf sets ``func(args) -> int``."""
+def add_commands(subparsers: SubParsers, commands: Commands) -> None:
+    """Register ``bpf maps`` and ``bpf dump``; each leaf sets ``func(args) -> int``."""
     bpf = subparsers.add_parser("bpf", help="inspect the agent's pinned BPF maps")
     sub = bpf.add_subparsers(dest="bpf_command", required=True)
     default_dir = os.environ.get(PIN_DIR_ENV, DEFAULT_PIN_DIR)
@@ -32,12 +35,14 @@ def add_commands(subparsers: Any) -> None:
     maps.add_argument("--pin-dir", default=default_dir, help=f"default {default_dir}")
     maps.add_argument("-o", "--output", choices=("table", "json"), default="table")
     maps.set_defaults(func=cmd_maps)
+    commands["bpf maps"] = maps
 
     dump = sub.add_parser("dump", help="print a pinned map's decoded entries")
     dump.add_argument("map", help="map name (e.g. lb4_services) or pinned path")
     dump.add_argument("--pin-dir", default=default_dir, help=f"default {default_dir}")
     dump.add_argument("-o", "--output", choices=("table", "json"), default="table")
     dump.set_defaults(func=cmd_dump)
+    commands["bpf dump"] = dump
 
 
 def _type_name(map_type: int) -> str:
@@ -171,11 +176,11 @@ def _print_table(header: list[str], rows: list[list[Any]]) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     """Standalone entry: ``python -m statewright.cli_bpf bpf maps``."""
+    from statewright.cli import run
+
     parser = argparse.ArgumentParser(prog="statewright")
-    add_commands(parser.add_subparsers(dest="command", required=True))
-    args = parser.parse_args(argv)
-    result: int = args.func(args)
-    return result
+    add_commands(parser.add_subparsers(dest="command", required=True), {})
+    return run(parser, argv)
 
 
 if __name__ == "__main__":

@@ -19,7 +19,7 @@ import json
 import os
 import sys
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from bpf import catalog, lb
 from bpf.errors import MapError
@@ -32,16 +32,20 @@ from bpfops import flags as svcflags
 from bpfops.lb_maps import LB_MAP_NAMES, MAGLEV4, MAGLEV6, LBMaps
 from bpfops.maps_dump import LB_ALG_NAMES, LB_ALG_SHIFT, dump_lines
 from bpfops.model import SCOPE_INTERNAL, STATE_NAMES, proto_name
+from statedb.errors import StatewrightError
+
+if TYPE_CHECKING:
+    from statewright.cli import Commands, SubParsers
 
 PIN_DIR_ENV = "STATEWRIGHT_BPF_PIN_DIR"
 
 
-class LBCliError(RuntimeError):
+class LBCliError(StatewrightError, RuntimeError):
     """The pinned maps cannot be read; the message says why."""
 
 
-def add_commands(subparsers: Any) -> None:
-    """Register the ``lb`` command group; each leaf sets ``func(args) -> int``."""
+def add_commands(subparsers: SubParsers, commands: Commands) -> None:
+    """Register ``lb maps-dump`` and ``lb list``; each leaf sets ``func(args) -> int``."""
     group = subparsers.add_parser("lb", help="inspect the load-balancer BPF maps")
     sub = group.add_subparsers(dest="lb_command", required=True)
     default_dir = os.environ.get(PIN_DIR_ENV, DEFAULT_PIN_DIR)
@@ -53,11 +57,13 @@ def add_commands(subparsers: Any) -> None:
         "--check-empty", action="store_true", help="exit 1 when any LB map entry remains"
     )
     dump.set_defaults(func=cmd_maps_dump)
+    commands["lb maps-dump"] = dump
 
     lst = sub.add_parser("list", help="list frontends with their backends")
     lst.add_argument("--pin-dir", default=default_dir, help=f"default {default_dir}")
     lst.add_argument("-o", "--output", choices=("table", "json"), default="table")
     lst.set_defaults(func=cmd_list)
+    commands["lb list"] = lst
 
 
 # -- opening pinned maps read-only --------------------------------------------------------
@@ -221,11 +227,11 @@ def cmd_list(args: argparse.Namespace) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     """Standalone entry: ``python -m statewright.cli_lb lb maps-dump``."""
+    from statewright.cli import run
+
     parser = argparse.ArgumentParser(prog="statewright")
-    add_commands(parser.add_subparsers(dest="command", required=True))
-    args = parser.parse_args(argv)
-    result: int = args.func(args)
-    return result
+    add_commands(parser.add_subparsers(dest="command", required=True), {})
+    return run(parser, argv)
 
 
 if __name__ == "__main__":

@@ -1,23 +1,30 @@
-"""``statewright run``: the main job started by ``make run``.
+"""``statewright run``: the small demo of statedb + reconciler + one BPF map (statewright/demo.py).
 
-Until the agent runtime exists this runs `statewright.demo`: a statedb table
-reconciled into a real BPF map (kernel when permitted, in memory otherwise).
+A statedb table of endpoints is reconciled into the endpoints BPF map (kernel when permitted,
+in memory otherwise) with injected faults, retries and a prune. The main job, the node agent,
+is ``statewright agent`` (statewright/cli_agent.py).
 """
 
 from __future__ import annotations
 
 import argparse
-from typing import Any
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from statewright.cli import Commands, SubParsers
 
 
-def add_commands(subparsers: Any) -> None:
+def add_commands(subparsers: SubParsers, commands: Commands) -> None:
     """Register ``run``."""
-    run = subparsers.add_parser("run", help="run the main job (currently the demo)")
+    run = subparsers.add_parser(
+        "run", help="small demo: a statedb table reconciled into one BPF map (not the agent)"
+    )
     run.add_argument(
         "--backend", choices=("auto", "kernel", "memory"), default="auto",
         help="BPF map backend (auto: kernel maps when the machine allows)",
     )
     run.set_defaults(func=cmd_run)
+    commands["run"] = run
 
 
 def cmd_run(args: argparse.Namespace) -> int:

@@ -133,6 +133,35 @@ class Route:
         return None if m is None else dict(m.groupdict())
 
 
+@dataclass(frozen=True, slots=True)
+class MapView:
+    """A BPF map as the API lists it: name, backend kind, entry count, decoded entries."""
+
+    name: str
+    kind: str
+    count: Callable[[], int]
+    entries: Callable[[], list[dict[str, Any]]]
+    pinned: str = ""
+    map_id: Callable[[], int] = lambda: 0
+
+
+def typed_map_view(m: Any, kind: str) -> MapView:
+    """The view of a `bpf.typed_map.TypedMap`: entries decoded by its spec's codecs (as
+    ``statewright bpf dump -o json``), the kernel's map id when it has one."""
+    spec = m.spec
+
+    def entries() -> list[dict[str, Any]]:
+        return [{"key": spec.key.to_json(k), "value": spec.value.to_json(v)} for k, v in m.dump()]
+
+    def map_id() -> int:
+        try:
+            return int(m.backend.info().id)
+        except Exception:  # memory maps have no kernel id
+            return 0
+
+    return MapView(spec.name, kind, m.count, entries, m.backend.pinned_path or "", map_id)
+
+
 class Component:
     """One part of the agent. Subclasses override what they use; every hook has a
     harmless default. Building a component must have no side effect (``--cleanup`` builds
@@ -148,9 +177,13 @@ class Component:
     async def start(self, hive: Hive) -> None:
         """Start: take what it needs, provide what it provides, spawn its tasks."""
 
+    async def ready(self, hive: Hive) -> None:
+        """Called in list order once every component has started (the API starts serving
+        here, so no request sees a half-started agent)."""
+
     async def stop(self) -> None:
-        """Stop what ``start`` started (tasks spawned with `Hive.spawn` are cancelled by
-        the hive right after this returns)."""
+        """Stop what ``start`` started (the tasks it spawned with `Hive.spawn` are already
+        cancelled and finished when this runs)."""
 
     def health(self) -> list[Health]:
         """This component's health lines (usually one, named after the component)."""
@@ -160,9 +193,9 @@ class Component:
         """API routes this component serves."""
         return ()
 
-    def bpf_maps(self) -> Mapping[str, Any]:
-        """The open BPF maps this component owns, by name (`bpf.typed_map.TypedMap`)."""
-        return {}
+    def bpf_maps(self) -> Sequence[MapView]:
+        """The open BPF maps this component owns."""
+        return ()
 
     def cleanup(self) -> list[str]:
         """Remove what this component leaves on the machine after it stopped (pins, links,
@@ -233,8 +266,9 @@ class Hive:
     # ----- lifecycle ----------------------------------------------------------------------
     async def start(self, tg: anyio.abc.TaskGroup) -> None:
         """Start every component in order, its tasks in ``tg``. A component whose start
-        raises stops the start-up: the ones already started are stopped, and the error
-        (a `ComponentError` naming it) is raised."""
+        raises stops the start-up: it and the ones started before it are stopped (so its
+        stop must undo a partial start), and the error (a `ComponentError` naming it) is
+        raised."""
         self._tg = tg
         for comp in self.components:
             running = _Running(comp)
@@ -248,6 +282,12 @@ class Hive:
                 await self.stop()
                 raise ComponentError(f"{comp.name}: {e}") from e
             log.debug("hive: started %s", comp.name)
+        for running in list(self._running):
+            try:
+                await running.component.ready(self)
+            except Exception as e:
+                await self.stop()
+                raise ComponentError(f"{running.component.name}: {e}") from e
 
     async def spawn(
         self,
@@ -260,8 +300,9 @@ class Hive:
         """Run ``func(task_status=...)`` as a task of ``component``; with ``wait_started``
         wait for its ``task_status.started()``. A failure is recorded as the component's
         health instead of ending the agent. The task is cancelled when the component stops."""
-        if self._tg is None or not self._running or self._running[-1].component is not component:
-            raise ComponentError(f"{component.name}: spawn only from its own start()")
+        running = next((r for r in self._running if r.component is component), None)
+        if self._tg is None or running is None:
+            raise ComponentError(f"{component.name}: spawn only while it is started")
         scope = anyio.CancelScope()
         done = anyio.Event()
         name = label or component.name
@@ -293,20 +334,20 @@ class Hive:
                     task_status.started()
 
         await self._tg.start(runner)
-        self._running[-1].tasks.append((scope, done))
+        running.tasks.append((scope, done))
 
     async def stop(self) -> None:
-        """Stop the started components in reverse order (each one's tasks after its stop)."""
+        """Stop the started components in reverse order (each one's tasks, then its stop)."""
         while self._running:
             running = self._running.pop()
             comp = running.component
+            for scope, done in reversed(running.tasks):
+                scope.cancel()
+                await done.wait()
             try:
                 await comp.stop()
             except Exception as e:  # keep stopping the rest
                 log.error("hive: stopping %s failed: %s", comp.name, e)
-            for scope, done in reversed(running.tasks):
-                scope.cancel()
-                await done.wait()
             log.debug("hive: stopped %s", comp.name)
 
     # ----- derived views --------------------------------------------------------------------
@@ -334,12 +375,9 @@ class Hive:
         """Every component's routes, in component order."""
         return [r for comp in self.components for r in comp.routes()]
 
-    def bpf_maps(self) -> dict[str, Any]:
+    def bpf_maps(self) -> dict[str, MapView]:
         """Every open BPF map of every component, by name."""
-        out: dict[str, Any] = {}
-        for comp in self.components:
-            out.update(comp.bpf_maps())
-        return out
+        return {v.name: v for comp in self.components for v in comp.bpf_maps()}
 
     def cleanup(self) -> tuple[list[str], list[str]]:
         """Call every component's `cleanup` in reverse order; (removed, errors)."""

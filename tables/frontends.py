@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import enum
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any
 
 from reconciler.status import Status, StatusKind, status_pending
@@ -271,16 +271,6 @@ def _human_duration(seconds: float) -> str:
     if h < 48:
         return f"{h}h"
     return f"{h // 24}d"
-
-
-def get_frontend_status(fe: Frontend) -> Status:
-    """Reconciler accessor: the frontend's status."""
-    return fe.status
-
-
-def set_frontend_status(fe: Frontend, status: Status) -> Frontend:
-    """Reconciler accessor: a copy of the frontend with ``status`` set."""
-    return replace(fe, status=status)
 
 
 #: Primary index: the frontend address (``ip:port/PROTO[/i]``).

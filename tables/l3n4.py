@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from statedb import keys as keycodec
+from statedb.errors import InputError
 
 IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
 IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
@@ -44,7 +45,7 @@ _IP_TYPES = (ipaddress.IPv4Address, ipaddress.IPv6Address)
 _V4_MAPPED = b"\x00" * 10 + b"\xff\xff"
 
 
-class AddressError(ValueError):
+class AddressError(InputError):
     """A malformed address, port, protocol or scope; the message names what is wrong."""
 
 

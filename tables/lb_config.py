@@ -22,6 +22,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from statedb.errors import InputError
+
 OptionKind = Literal["bool", "int", "float", "str", "duration", "range"]
 
 
@@ -31,8 +33,8 @@ def default_node_name() -> str:
     return os.environ.get("NODE_NAME") or socket.gethostname()
 
 
-class FlagError(ValueError):
-    """A flag is unknown or its value is invalid; the message names the flag."""
+class FlagError(InputError):
+    """A flag is unknown or its value is invalid; ``obj`` (or the message) names the flag."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -265,7 +267,7 @@ def _split_flags(tokens: Sequence[str], strict: bool) -> list[tuple[Option, str 
                 out.append((opt, None))
                 continue
             if i >= len(tokens) or tokens[i].startswith("--"):
-                raise FlagError(f"flag --{name} needs a value")
+                raise FlagError("needs a value", obj=f"flag --{name}")
             value = tokens[i]
             i += 1
         out.append((opt, value))
@@ -298,4 +300,4 @@ def _apply(opt: Option, value: str | None) -> dict[str, Any]:
             return {"node_port_min": a, "node_port_max": b}
         return {opt.field: value}
     except ValueError as e:
-        raise FlagError(f"flag --{opt.flag}: {e}") from None
+        raise FlagError(str(e), obj=f"flag --{opt.flag}") from None

@@ -34,7 +34,7 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
-from statedb import DB, Table, WriteTxn
+from statedb import DB, InputError, StatewrightError, Table, WriteTxn
 from tables.backends import Backend, BackendParams, BackendState, new_backends_table
 from tables.frontends import Frontend, FrontendParams, SVCType, new_frontends_table
 from tables.l3n4 import SCOPE_INTERNAL, IPAddress, L3n4Addr
@@ -46,17 +46,24 @@ from tables.services import Service, ServiceName, TrafficPolicy, new_services_ta
 ZONE_LABEL = "topology.kubernetes.io/zone"
 
 
-class LBWriterError(ValueError):
-    """A write was refused; the message names the object and the reason."""
+class LBWriterError(StatewrightError, ValueError):
+    """A write was refused; the message names the object and the reason.
+
+    Raised as such, it means the caller broke the writer's contract (a frontend
+    naming another service, a backend of another source, a duplicate frontend) or
+    named a row that does not exist. Refusals caused by the input objects
+    themselves are the subclasses that are also `InputError`:
+    `FrontendConflictError` and `InvalidBackendError`.
+    """
 
 
-class FrontendConflictError(LBWriterError):
-    """A frontend address is already owned by another service."""
+class FrontendConflictError(LBWriterError, InputError):
+    """A frontend address is already owned by another service (``obj``: the claimant)."""
 
     def __init__(self, address: L3n4Addr, owner: ServiceName, claimant: ServiceName) -> None:
         super().__init__(
-            f"frontend {address} of service {claimant} conflicts with service {owner}, "
-            f"which already owns it"
+            f"frontend {address} conflicts with service {owner}, which already owns it",
+            obj=f"service {claimant}",
         )
         self.address = address
         self.owner = owner
@@ -65,6 +72,10 @@ class FrontendConflictError(LBWriterError):
 
 class ServiceNotFoundError(LBWriterError):
     """A frontend was given for a service that is not in the services table."""
+
+
+class InvalidBackendError(LBWriterError, InputError):
+    """A backend's parameters are invalid (port 0, weight, state); ``obj`` names it."""
 
 
 class LBWriter:
@@ -722,8 +733,6 @@ class _Touched:
         self.backends_of: dict[ServiceName, dict[bytes, Backend]] = {}
 
 
-#: Sort key of L3n4Addr (its encoded index key), without a method call per address.
-_addr_key = operator.attrgetter("_key")
 #: Sort key of a frontend or backend row: its address's key.
 _row_addr_key = operator.attrgetter("address._key")
 
@@ -741,8 +750,11 @@ def _policy_for(fe: Frontend, svc: Service) -> TrafficPolicy:
 
 def _validate_backend(service: ServiceName, p: BackendParams) -> None:
     if p.address.port == 0:
-        raise LBWriterError(f"backend {p.address} of service {service}: port 0 is not allowed")
-    if not 0 <= p.weight <= 65535:
-        raise LBWriterError(f"backend {p.address} of service {service}: invalid weight {p.weight}")
-    if not isinstance(p.state, BackendState):
-        raise LBWriterError(f"backend {p.address} of service {service}: invalid state {p.state!r}")
+        problem = "port 0 is not allowed"
+    elif not 0 <= p.weight <= 65535:
+        problem = f"invalid weight {p.weight}"
+    elif not isinstance(p.state, BackendState):
+        problem = f"invalid state {p.state!r}"
+    else:
+        return
+    raise InvalidBackendError(problem, obj=f"backend {p.address} of service {service}")

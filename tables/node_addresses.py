@@ -2,9 +2,9 @@
 
 NodePort and HostPort surrogate frontends (``0.0.0.0:port``) are expanded by
 the BPF operations over the addresses whose ``nodeport`` flag is set, of the
-same IP family. For now the rows come from configuration and tests (the corpus
-inserts them with ``db/insert node-addresses``, YAML fields ``addr``,
-``nodeport``, ``primary``, ``devicename``); later from netlink.
+same IP family. On the agent the netlink source (sources/netlink.py) writes the
+rows; the conformance corpus inserts them with ``db/insert node-addresses`` (YAML
+fields ``addr``, ``nodeport``, ``primary``, ``devicename``).
 
 Key: (address, device name).
 """

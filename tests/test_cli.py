@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 
 from statewright import cli, demo
@@ -30,3 +34,72 @@ def test_cli_lists_command_groups(capsys: pytest.CaptureFixture[str]) -> None:
     assert exc.value.code == 0
     out = capsys.readouterr().out
     assert "run" in out and "bpf" in out
+
+
+def test_help_names_the_agent_as_the_main_job_and_run_as_the_small_demo(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    with pytest.raises(SystemExit) as exc:
+        cli.main(["--help"])
+    assert exc.value.code == 0
+    out = " ".join(capsys.readouterr().out.split())  # argparse wraps lines
+    assert "The main job is `statewright agent`" in out
+    assert "run small demo" in out and "(not the agent)" in out
+    assert "agent the main job" in out
+    assert "currently the demo" not in out
+
+
+def test_every_command_is_registered_with_its_path() -> None:
+    from statewright import cli_agent, cli_bpf, cli_lb, cli_run
+
+    parser, commands = cli.build_commands()
+    assert set(commands) == {
+        "run", "bpf maps", "bpf dump", "lb maps-dump", "lb list",
+        "agent", "status", "db show", "db list", "db watch", "exec",
+    }
+    assert commands["run"].get_default("func") is cli_run.cmd_run
+    # cli_agent extended the parsers cli_lb and cli_bpf registered: the agent first, the
+    # pinned maps as the fallback.
+    assert commands["lb list"].get_default("func") is cli_agent.cmd_lb_list
+    assert commands["lb list"].get_default("pinned_func") is cli_lb.cmd_list
+    assert commands["bpf dump"].get_default("func") is cli_agent.cmd_bpf_dump
+    assert commands["bpf dump"].get_default("pinned_func") is cli_bpf.cmd_dump
+    args = parser.parse_args(["lb", "list", "--socket", "/x.sock", "-o", "json"])
+    assert (args.func, args.pinned_func, args.socket) == (
+        cli_agent.cmd_lb_list, cli_lb.cmd_list, "/x.sock")
+    args = parser.parse_args(["bpf", "maps"])
+    assert args.func is cli_bpf.cmd_maps and not hasattr(args, "socket")
+
+
+def test_agent_commands_refuse_to_extend_commands_not_registered() -> None:
+    import argparse
+
+    from statewright import cli_agent
+
+    sub = argparse.ArgumentParser().add_subparsers()
+    with pytest.raises(RuntimeError, match="extends `lb list`, which is not registered"):
+        cli_agent.add_commands(sub, {})
+
+
+def test_the_cli_uses_no_private_argparse_attributes() -> None:
+    import inspect
+
+    from statewright import cli_agent, cli_bpf, cli_lb, cli_run
+
+    for module in (cli, cli_agent, cli_bpf, cli_lb, cli_run):
+        source = inspect.getsource(module)
+        assert "._actions" not in source and "_SubParsersAction" not in source, module
+
+
+def test_a_command_module_that_cannot_be_imported_fails_the_cli(tmp_path: Path) -> None:
+    # As if statewright/cli_lb.py were missing: importing it raises ImportError.
+    code = (
+        "import sys; sys.modules['statewright.cli_lb'] = None\n"
+        "from statewright import cli\n"
+        "raise SystemExit(cli.main(['--help']))\n"
+    )
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         cwd=tmp_path, timeout=60)
+    assert res.returncode == 1, res
+    assert "ModuleNotFoundError: import of statewright.cli_lb" in res.stderr
+    assert res.stdout == ""

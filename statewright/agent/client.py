@@ -9,12 +9,14 @@ import socket
 from collections.abc import Iterator
 from typing import Any
 
+from statedb.errors import StatewrightError
 
-class AgentUnavailable(ConnectionError):
+
+class AgentUnavailable(StatewrightError, ConnectionError):
     """No agent answers on the socket; the message says where it looked and what to do."""
 
 
-class AgentRequestError(RuntimeError):
+class AgentRequestError(StatewrightError, RuntimeError):
     """The agent answered with an error status; the message is the agent's."""
 
 
@@ -59,43 +61,79 @@ class AgentClient:
                 f"cannot open the agent socket {self.socket_path}: {e.strerror} "
                 "(it is mode 0660: run as root or as a member of its group)"
             ) from None
-        except OSError as e:
+        except TimeoutError:
             conn.close()
-            raise AgentUnavailable(f"agent socket {self.socket_path}: {e}") from None
+            raise AgentUnavailable(
+                f"the agent on {self.socket_path} did not answer {path} within "
+                f"{conn.timeout:g} s (busy or hung?)"
+            ) from None
+        except (OSError, http.client.HTTPException) as e:
+            conn.close()
+            raise AgentUnavailable(f"agent socket {self.socket_path}: {e or type(e).__name__}"
+                                   ) from None
         if resp.status != 200:
             body = resp.read().decode(errors="replace")
             conn.close()
             try:
-                msg = json.loads(body).get("error", body)
+                doc = json.loads(body)
             except ValueError:
-                msg = body
+                doc = None
+            msg = str(doc.get("error", body)) if isinstance(doc, dict) else body
             raise AgentRequestError(f"{path}: {msg.strip()}")
         return conn, resp
 
     def get(self, path: str) -> Any:
         """The decoded JSON answer of ``path``."""
-        conn, resp = self._open(path, None)
-        try:
-            return json.loads(resp.read())
-        finally:
-            conn.close()
+        return _decode(path, self._read(path))
 
     def get_text(self, path: str) -> str:
         """The text answer of ``path``."""
+        return self._read(path).decode(errors="replace")
+
+    def _read(self, path: str) -> bytes:
         conn, resp = self._open(path, None)
         try:
-            return str(resp.read().decode())
+            return bytes(resp.read())
+        except TimeoutError:
+            raise AgentUnavailable(
+                f"the agent on {self.socket_path} stopped answering {path} within "
+                f"{self.timeout:g} s (busy or hung?)"
+            ) from None
+        except (OSError, http.client.HTTPException) as e:
+            raise AgentUnavailable(
+                f"the connection to the agent on {self.socket_path} broke while reading "
+                f"{path}: {e or type(e).__name__}"
+            ) from None
         finally:
             conn.close()
 
     def stream(self, path: str) -> Iterator[Any]:
-        """The documents of a newline-delimited JSON feed, as they arrive (no timeout)."""
+        """The documents of a newline-delimited JSON feed, as they arrive (no timeout). It
+        ends when the agent ends the response (for a followed feed: the agent stopped)."""
         conn, resp = self._open(path, None)
         if conn.sock is not None:
             conn.sock.settimeout(None)
         try:
-            for line in resp:
+            while True:
+                try:
+                    line = resp.readline()
+                except (OSError, http.client.HTTPException) as e:
+                    raise AgentUnavailable(
+                        f"the connection to the agent on {self.socket_path} broke while "
+                        f"reading {path}: {e or type(e).__name__}"
+                    ) from None
+                if not line:
+                    return
                 if line.strip():
-                    yield json.loads(line)
+                    yield _decode(path, line)
         finally:
             conn.close()
+
+
+def _decode(path: str, data: bytes) -> Any:
+    """JSON ``data`` answered for ``path``; AgentRequestError when it is not JSON."""
+    try:
+        return json.loads(data)
+    except ValueError as e:
+        raise AgentRequestError(f"{path}: the agent's answer is not JSON ({e}): "
+                                f"{data[:80]!r}") from None

@@ -9,7 +9,8 @@ refused (a typo must not be silently ignored). Example::
     cgroup: ""               # "": <cgroup2 mount>/statewright, created by the agent
     allow-root-cgroup: false # attaching to the root cgroup affects every process
     datapath: true
-    node-name: node-1
+    node-name: node-1                 # default: $NODE_NAME, else the host name
+    node-labels: {topology.kubernetes.io/zone: zone-a}
     lb-flags: ["--bpf-lb-algorithm=maglev"]
     api-socket: /run/statewright/agent.sock
     metrics-port: 0          # 0: no metrics server; else bound to metrics-address
@@ -25,7 +26,6 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import socket
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -35,6 +35,8 @@ import yaml
 
 from bpf.probe import DEFAULT_PIN_DIR
 from sources.node_address_selection import NodeAddressConfig
+from statedb.errors import InputError
+from tables.lb_config import default_node_name
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_MANIFESTS = str(REPO_ROOT / "examples" / "manifests")
@@ -43,10 +45,12 @@ DEFAULT_SOCKET = "/run/statewright/agent.sock"
 SOCKET_ENV = "STATEWRIGHT_SOCKET"
 #: The cgroup the agent creates under the cgroup2 mount when none is configured.
 DEFAULT_CGROUP_NAME = "statewright"
+#: The demo network namespace of ``statewright agent --demo``.
+DEMO_NETNS = "statewright-demo"
 BACKENDS = ("auto", "kernel", "memory")
 
 
-class ConfigError(ValueError):
+class ConfigError(InputError):
     """The configuration is invalid; the message names the file (or override) and field."""
 
 
@@ -61,7 +65,10 @@ class AgentConfig:
     cgroup: str = ""
     allow_root_cgroup: bool = False
     datapath: bool = True
-    node_name: str = field(default_factory=socket.gethostname)
+    #: This node's name: ``$NODE_NAME`` (a DaemonSet sets it), else the host name.
+    node_name: str = field(default_factory=default_node_name)
+    #: This node's labels (topology zone, node exposure), as a Node object would carry them.
+    node_labels: Mapping[str, str] = field(default_factory=dict)
     lb_flags: tuple[str, ...] = ()
     api_socket: str = DEFAULT_SOCKET
     api_socket_mode: int = 0o660
@@ -100,6 +107,8 @@ class AgentConfig:
                 }
             elif isinstance(value, tuple):
                 value = list(value)
+            elif isinstance(value, Mapping):
+                value = dict(value)
             out[f.name.replace("_", "-")] = value
         out["api-socket-mode"] = oct(self.api_socket_mode)
         return out
@@ -122,6 +131,8 @@ def _convert(name: str, raw: Any, origin: str) -> Any:
             return NodeAddressConfig.from_dict(raw, where)
         except ValueError as e:
             raise ConfigError(str(e)) from None
+    if name == "node_labels":
+        return _labels(raw, where)
     if name in _TUPLES:
         if isinstance(raw, str):
             return tuple(x for x in (s.strip() for s in raw.split(",")) if x)
@@ -150,6 +161,25 @@ def _convert(name: str, raw: Any, origin: str) -> Any:
     if not isinstance(raw, str):
         raise ConfigError(f"{where}: expected a string, got {raw!r}")
     return raw
+
+
+def _labels(raw: Any, where: str) -> dict[str, str]:
+    """Node labels from a YAML mapping, or ``key=value`` strings (command line)."""
+    if raw is None:
+        return {}
+    if isinstance(raw, str):
+        raw = [x for x in (p.strip() for p in raw.split(",")) if x]
+    if isinstance(raw, list | tuple):
+        out: dict[str, str] = {}
+        for item in raw:
+            key, sep, value = str(item).partition("=")
+            if not sep or not key:
+                raise ConfigError(f"{where}: expected key=value, got {item!r}")
+            out[key] = value
+        return out
+    if isinstance(raw, Mapping) and all(isinstance(k, str) for k in raw):
+        return {k: "" if v is None else str(v) for k, v in raw.items()}
+    raise ConfigError(f"{where}: expected a mapping of label to value, got {raw!r}")
 
 
 def from_mapping(data: Mapping[str, Any], origin: str = "config") -> dict[str, Any]:

@@ -31,7 +31,7 @@ from tests.conformance.engine import (
     parse_flags,
 )
 
-#: Default db/cmp timeout (the later upstream harness uses 5 s).
+#: Default db/cmp timeout, the one of Cilium's script-test harness.
 CMP_TIMEOUT = 5.0
 
 

@@ -36,6 +36,7 @@ import anyio
 import anyio.abc
 
 from sources.state_file import STATE_FILE_FLAGS
+from statedb.errors import InputError
 from statewright.loadbalancer import LoadBalancer, MapsPlacement
 from tables.lb_config import LBConfig
 
@@ -369,7 +370,7 @@ class LBSystem:
         old = applied.get(key)
         try:
             self._convert(obj, old)
-        except ValueError as e:  # bad input is reported and leaves everything else alone
+        except InputError as e:  # bad input is reported and leaves everything else alone
             msg = f"{resource} {key}: {e}"
             log.warning("lb: %s", msg)
             self._source_errors.append(msg)

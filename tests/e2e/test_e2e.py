@@ -2,8 +2,8 @@
 the socket LB on the test's cgroup, and clients in the test's namespace and cgroup that
 connect to ClusterIP and NodePort addresses and reach backend servers (see harness.py).
 
-Time bounds asserted here are generous (10 s) upper bounds on what the issue asks to
-measure; the measured figures are printed in the "e2e timings" summary.
+Time bounds asserted here are generous (10 s) upper bounds; the measured figures are
+printed in the "e2e timings" summary.
 """
 
 from __future__ import annotations

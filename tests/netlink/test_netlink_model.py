@@ -17,7 +17,7 @@ from sources.netlink import (
     KernelModel,
     LinkInfo,
     NetlinkSource,
-    ReaderError,
+    ReaderErrorEvent,
     ReaderItem,
     RouteInfo,
     Snapshot,
@@ -164,7 +164,9 @@ def test_dump_after_error_replaces_state_and_keeps_foreign_rows(
                            routes=(route(3, "192.168.0.0/24"),))
     db, w, src = new_source(monkeypatch, [
         eth0_snapshot(), lambda: second.wait(10),
-        ReaderError("netlink: OSError: [Errno 105] No buffer space available; rebuilding", 105),
+        ReaderErrorEvent(
+            "netlink: OSError: [Errno 105] No buffer space available; rebuilding", 105
+        ),
         after_error,
     ])
     foreign = NodeAddress(ipaddress.ip_address("192.0.2.1"), True, True, "cfg")
@@ -193,7 +195,7 @@ def test_dump_after_error_replaces_state_and_keeps_foreign_rows(
 def test_errors_before_first_dump_keep_tables_uninitialized(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    db, w, src = new_source(monkeypatch, [ReaderError("netlink in netns 'x': no such netns")])
+    db, w, src = new_source(monkeypatch, [ReaderErrorEvent("netlink in netns 'x': no such netns")])
 
     async def main() -> None:
         async with anyio.create_task_group() as tg:

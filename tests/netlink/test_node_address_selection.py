@@ -26,6 +26,7 @@ from sources.node_address_selection import (
     select_device,
     select_node_addresses,
 )
+from statedb import InputError
 from tables.devices import SCOPE_HOST, SCOPE_LINK, SCOPE_SITE, SCOPE_UNIVERSE, Device, DeviceAddress
 from tables.node_addresses import NodeAddress
 
@@ -106,9 +107,9 @@ def test_config_from_dict() -> None:
     assert NodeAddressConfig.from_dict({}) == NodeAddressConfig()
     with pytest.raises(ValueError, match=r"agent.yaml: unknown field 'device'"):
         NodeAddressConfig.from_dict({"device": ["eth0"]}, "agent.yaml")
-    with pytest.raises(ValueError, match=r"cfg: field 'devices': expected a list of strings"):
+    with pytest.raises(InputError, match=r"^cfg: devices: expected a list of strings"):
         NodeAddressConfig.from_dict({"devices": [1]}, "cfg")
-    with pytest.raises(ValueError, match=r"^cfg: address_cidrs: invalid CIDR '10.0.0.0/33'"):
+    with pytest.raises(InputError, match=r"^cfg: address_cidrs: invalid CIDR '10.0.0.0/33'"):
         NodeAddressConfig.from_dict({"address-cidrs": ["10.0.0.0/33"]}, "cfg")
     with pytest.raises(ValueError, match="expected a mapping"):
         NodeAddressConfig.from_dict(["eth0"], "cfg")  # type: ignore[arg-type]

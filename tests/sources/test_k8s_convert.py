@@ -401,3 +401,84 @@ def test_no_nodeport_frontends_without_kube_proxy_replacement() -> None:
                   status={"loadBalancer": {"ingress": [{"ip": "172.16.1.1"}]}})
     assert fe_addrs(convert_service(obj, LBConfig(kube_proxy_replacement=False))) == [
         "10.96.50.104:80/TCP", "172.16.1.1:80/TCP"]
+
+
+# ----- API server validation limits and error shape ---------------------------------------
+def _many(n: int) -> list[dict[str, Any]]:
+    return [endpoint(f"10.{i // 65536}.{i // 256 % 256}.{i % 256}") for i in range(n)]
+
+
+@pytest.mark.parametrize(
+    "mutate, field, words",
+    [(lambda o: o.update(endpoints=_many(1001)), "endpoints", "at most 1000 endpoints, got 1001"),
+     (lambda o: o.update(ports=[{"name": f"p{i}", "port": i + 1} for i in range(101)]),
+      "ports", "at most 100 ports"),
+     (lambda o: o["endpoints"][0].update(addresses=[]), "endpoints[0].addresses",
+      "at least one address"),
+     (lambda o: o["endpoints"][0].pop("addresses"), "endpoints[0].addresses",
+      "at least one address"),
+     (lambda o: o["endpoints"][0].update(addresses=[f"10.0.0.{i}" for i in range(101)]),
+      "endpoints[0].addresses", "at most 100 addresses"),
+     (lambda o: o.update(addressType="FQDN", endpoints=[{"addresses": []}]),
+      "endpoints[0].addresses", "at least one address"),
+     (lambda o: o.update(addressType="FQDN", endpoints=_many(1001)), "endpoints", "at most 1000")],
+)
+def test_endpoint_slice_limits(mutate: Any, field: str, words: str) -> None:
+    obj = eps()
+    mutate(obj)
+    with pytest.raises(ConversionError) as e:
+        convert_endpoint_slice(obj)
+    assert (e.value.obj, e.value.field) == ("EndpointSlice test/echo-1", field)
+    assert words in e.value.message
+
+
+def test_endpoint_slice_at_the_limits_converts() -> None:
+    obj = eps(endpoints=_many(1000))
+    obj["endpoints"][0]["addresses"] = [f"10.200.0.{i}" for i in range(100)]
+    assert len(convert_endpoint_slice(obj).backends) == 1099
+    ports = [{"name": f"p{i}", "port": i + 1} for i in range(100)]
+    assert len(convert_endpoint_slice(eps(ports=ports)).backends) == 100
+
+
+@pytest.mark.parametrize(
+    "spec, field, words",
+    [({"ports": [{"name": "a", "port": 80}, {"port": 81}]}, "spec.ports[1].name", "required"),
+     ({"ports": [{"port": 80}, {"name": "b", "port": 81}]}, "spec.ports[0].name", "required"),
+     ({"ports": [{"port": 80}, {"port": 81}]}, "spec.ports[0].name", "required"),
+     ({"ports": [{"name": "a", "port": 80}, {"name": "a", "port": 81}]}, "spec.ports[1].name",
+      "duplicate port name"),
+     ({"ports": [{"name": "a", "port": 80}, {"name": "b", "port": 80, "protocol": "TCP"}]},
+      "spec.ports[1]", "duplicate port 80/TCP"),
+     ({"clusterIPs": ["10.96.0.1", "fd00::1", "10.96.0.2"]}, "spec.clusterIPs", "at most 2"),
+     ({"ipFamilies": ["IPv4", "IPv4"]}, "spec.ipFamilies[1]", "duplicate IP family"),
+     ({"ipFamilies": ["IPv4", "IPv6", "IPv4"]}, "spec.ipFamilies", "at most 2 families")],
+)
+def test_service_api_limits(spec: dict[str, Any], field: str, words: str) -> None:
+    with pytest.raises(ConversionError) as e:
+        convert_service(service(**spec))
+    assert (e.value.obj, e.value.field) == ("Service test/echo", field)
+    assert words in e.value.message
+
+
+def test_service_same_port_other_protocol_is_fine() -> None:
+    c = convert_service(service(ports=[{"name": "dns", "port": 53, "protocol": "UDP"},
+                                       {"name": "dns-tcp", "port": 53, "protocol": "TCP"}]))
+    assert fe_addrs(c) == ["10.96.50.104:53/TCP", "10.96.50.104:53/UDP"]
+
+
+def test_conversion_error_is_an_input_error_naming_object_and_field() -> None:
+    import pickle
+
+    from statedb import InputError, StatewrightError
+
+    obj = service(name="echo", ns="default")
+    obj["spec"]["ports"][0]["port"] = 0
+    with pytest.raises(InputError) as e:
+        convert_service(obj)
+    err = e.value
+    assert isinstance(err, ConversionError) and isinstance(err, StatewrightError)
+    assert isinstance(err, ValueError)
+    assert str(err) == "Service default/echo: spec.ports[0].port: port 0 is not allowed"
+    copy_ = pickle.loads(pickle.dumps(err))
+    assert type(copy_) is ConversionError and str(copy_) == str(err)
+    assert (copy_.obj, copy_.field, copy_.message) == (err.obj, err.field, err.message)

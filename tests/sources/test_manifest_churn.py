@@ -1,8 +1,8 @@
 """Property: after any sequence of manifest file writes, rewrites and deletions (some of them
 invalid or conflicting), once every file is valid again the tables equal those of a fresh
-source reading the final files (an invalid file keeps its last valid objects meanwhile, so
-the comparison is made after the invalid files are fixed; files that still conflict with
-each other at the end are excluded, since which one wins depends on history)."""
+source reading the final files (an invalid object keeps its last valid version meanwhile,
+so the comparison is made after the invalid objects are fixed; files that still conflict
+with each other at the end are excluded, since which one wins depends on history)."""
 
 from __future__ import annotations
 
@@ -90,7 +90,7 @@ def test_churn_converges_to_fresh_load(rounds: list[list[tuple[str, Any]]]) -> N
             if spec is not None and spec[3]:
                 gen += 1
                 _write(root / fname, _objects(*spec[:3], False), gen)
-        # Settle: files rejected only because of another file may apply now.
+        # Settle: objects rejected only because of another file may apply now.
         for _ in range(len(FILES)):
             src.sync()
         db2 = DB()

@@ -70,6 +70,47 @@ def test_parse_errors(text: str, match: str) -> None:
         parse_state_file(text, "s.yaml")
 
 
+def test_errors_name_the_file_and_position(tmp_path: Path) -> None:
+    db = DB()
+    w = LBWriter.create(db)
+    path = tmp_path / "state.yaml"
+    src = StateFileSource(w, path, interval=0.01)
+    path.write_text("services:\n  - metadata: {name: [x}\n")
+    assert not src.sync()
+    assert src.error.startswith(f"{path}: line 2, column ") and "cannot parse YAML" in src.error
+    assert "<unicode string>" not in src.error and "\n" not in src.error
+    path.write_bytes(b"services: \xff\n")
+    assert not src.sync() and src.error == f"{path}: not UTF-8 text (at byte offset 10)"
+    path.write_text(yaml.safe_dump({"endpoints": [{"kind": "Service"}]}))
+    assert not src.sync() and src.error == f"{path}: endpoints[0].kind: expected EndpointSlice"
+    with pytest.raises(StateFileError) as e:
+        parse_state_file("services: 3", "s.yaml")
+    err = e.value
+    assert (err.obj, err.field, err.message) == ("s.yaml", "services", "expected a list")
+
+
+def test_a_bug_is_not_reported_as_a_bad_state_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import sources.k8s_convert as k8s_convert
+
+    db = DB()
+    w = LBWriter.create(db)
+    path = tmp_path / "state.yaml"
+    src = StateFileSource(w, path, interval=0.01)
+    path.write_text(yaml.safe_dump({"services": [_lb_service()]}))
+
+    def broken(*args: object, **kwargs: object) -> object:
+        raise TypeError("a bug in the converter")
+
+    monkeypatch.setattr(k8s_convert, "convert_service", broken)
+    with pytest.raises(TypeError, match="a bug in the converter"):
+        src.sync()
+    assert src.error == "" and _state(db, w) == ([], [], [])
+    monkeypatch.undo()
+    assert src.sync() and _state(db, w)[0] == ["test/echo api"]
+
+
 def test_run_loop(tmp_path: Path) -> None:
     db = DB()
     w = LBWriter.create(db)

@@ -303,9 +303,9 @@ def test_table_watch_not_lost_between_back_to_back_commits() -> None:
     """Writers committing one table back to back while readers keep taking all() watches:
     once the writers are done, every watch taken on an older revision must be closed.
 
-    Regression test: watches used to be swapped and closed after the table locks were
-    released, so two commits could swap concurrently and drop a watch handed out in
-    between, which then never closed (a lost wake-up).
+    Guards against a lost wake-up: swapping and closing watches after the table locks are
+    released would let two commits swap concurrently and drop a watch handed out in
+    between, which would then never close.
     """
     old_interval = sys.getswitchinterval()
     sys.setswitchinterval(1e-6)
@@ -365,9 +365,9 @@ def test_ordered_views_consistent_under_concurrent_readers() -> None:
     """Ordered queries (all, list) agree with hash lookups on every snapshot while readers
     on old and new snapshots derive ordered views concurrently with commits.
 
-    Regression test: log compaction at commit relabelled the table's cached view as the
-    new state's view, but a reader could have replaced the cache entry with the view of
-    an older snapshot in the meantime; later views derived from it kept stale rows.
+    Guards against log compaction at commit relabelling the table's cached view as the
+    new state's view while a reader may have replaced the cache entry with the view of
+    an older snapshot in the meantime: views derived from it would keep stale rows.
     """
     old_interval = sys.getswitchinterval()
     sys.setswitchinterval(1e-6)

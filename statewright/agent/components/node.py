@@ -1,0 +1,214 @@
+"""What the agent sets up on the node: the demo namespace, the socket-LB datapath, metrics."""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import Any
+
+import anyio
+
+from statewright.agent.config import DEFAULT_CGROUP_NAME, AgentConfig
+from statewright.component import DEGRADED, DISABLED, OK, Component, Health, Hive
+from statewright.loadbalancer import LoadBalancer
+
+log = logging.getLogger("statewright.agent.node")
+
+
+class DemoComponent(Component):
+    """A network namespace with an echo server for every backend in the tables (demo mode:
+    ``demo-netns`` configured). Syncs run in a worker thread, never on the event loop."""
+
+    name = "demo"
+    needs = ("lb",)
+
+    def __init__(self, config: AgentConfig) -> None:
+        self.config = config
+        self.demo: Any = None
+        self.error = ""
+
+    async def start(self, hive: Hive) -> None:
+        """Create the namespace and follow the backends table."""
+        if not self.config.demo_netns:
+            return
+        from statewright.agent.demo_netns import DemoNetns
+
+        lb = hive.get("lb", LoadBalancer)
+        demo = DemoNetns(self.config.demo_netns)
+        try:
+            await anyio.to_thread.run_sync(demo.start)
+        except Exception as e:
+            self.error = f"demo namespace {self.config.demo_netns}: {e}"
+            log.error("agent: %s", self.error)
+            await anyio.to_thread.run_sync(demo.stop)
+            return
+        self.demo = demo
+
+        async def follow(*, task_status: Any = anyio.TASK_STATUS_IGNORED) -> None:
+            task_status.started()
+            while True:
+                rows, watch = lb.backends.all_watch(lb.db.read_txn())
+                addresses = sorted({(str(b.address.address), int(b.address.port),
+                                     str(b.address.protocol)) for b in rows})
+                try:
+                    await anyio.to_thread.run_sync(demo.sync, addresses)
+                except Exception as e:
+                    log.warning("agent: demo backends: %s", e)
+                await watch.wait_async()
+
+        await hive.spawn(self, follow, label="demo-backends")
+
+    async def stop(self) -> None:
+        """Remove the namespace and its servers."""
+        if self.demo is not None:
+            await anyio.to_thread.run_sync(self.demo.stop)
+            self.demo = None
+
+    def health(self) -> list[Health]:
+        """Only in demo mode: the namespace and its servers."""
+        if not self.config.demo_netns:
+            return []
+        if self.demo is None:
+            return [Health(self.name, DEGRADED, self.error or "not running")]
+        return [Health(self.name, OK, self.demo.describe())]
+
+    def cleanup(self) -> list[str]:
+        """Delete the demo namespace if one is left."""
+        from statewright.agent.config import DEMO_NETNS
+        from statewright.agent.demo_netns import delete_netns
+
+        name = self.config.demo_netns or DEMO_NETNS
+        return [f"netns {name}"] if delete_netns(name) else []
+
+
+class DatapathComponent(Component):
+    """The socket load balancer (bpf/sock_lb.c) attached to the agent's cgroup; only on
+    kernel maps. Its pinned links keep load balancing while the agent is down."""
+
+    name = "datapath"
+    needs = ("lb-maps",)
+
+    def __init__(self, config: AgentConfig) -> None:
+        self.config = config
+        self.datapath: Any = None
+        self.cgroup = ""
+        self.state = DISABLED
+        self.reason = "not started"
+
+    async def start(self, hive: Hive) -> None:
+        """Attach (or adopt the pinned links); a failure leaves the agent Degraded."""
+        cfg = self.config
+        if not cfg.datapath:
+            self.reason = "disabled by configuration"
+            return
+        lb = hive.get("lb-maps", LoadBalancer)
+        if lb.maps_kind != "kernel":
+            self.reason = f"needs kernel maps; using {lb.maps_kind} ({lb.maps_reason})"
+            log.warning("agent: datapath not attached: %s", self.reason)
+            return
+        from bpf.datapath import DatapathConfig, SockLB, cgroup2_mount
+
+        try:
+            self.cgroup = cfg.cgroup or os.path.join(cgroup2_mount(), DEFAULT_CGROUP_NAME)
+            if not cfg.cgroup:
+                os.makedirs(self.cgroup, exist_ok=True)
+            dp = SockLB(DatapathConfig(cgroup=self.cgroup, pin_dir=cfg.pin_dir,
+                                       allow_root_cgroup=cfg.allow_root_cgroup,
+                                       maglev_table_size=lb.config.maglev_table_size))
+            attached = dp.attach()
+        except OSError as e:
+            self.state = DEGRADED
+            self.reason = f"attach to cgroup {self.cgroup or cfg.cgroup}: {e}"
+            log.error("agent: datapath: %s", self.reason)
+            return
+        self.datapath = dp
+        adopted = sum(1 for a in attached if a.adopted)
+        self.state = OK
+        self.reason = f"{len(attached)} programs on cgroup {self.cgroup} ({adopted} adopted links)"
+        log.info("agent: datapath: %s", self.reason)
+
+    async def stop(self) -> None:
+        """Close the handles; the pinned links keep load balancing."""
+        if self.datapath is not None:
+            self.datapath.close()
+            self.datapath = None
+
+    def health(self) -> list[Health]:
+        """Attached (OK), not attached and why (Disabled), or failed (Degraded)."""
+        return [Health(self.name, self.state, self.reason)]
+
+    def cleanup(self) -> list[str]:
+        """Detach the pinned links and programs; remove the agent's own cgroup."""
+        from bpf.datapath import SockLB, cgroup2_mount
+
+        removed = list(SockLB.cleanup(self.config.pin_dir))
+        if not self.config.cgroup:
+            try:
+                cg = os.path.join(cgroup2_mount(), DEFAULT_CGROUP_NAME)
+            except OSError:
+                return removed
+            if os.path.isdir(cg):
+                try:
+                    os.rmdir(cg)
+                except OSError as e:
+                    raise OSError(f"remove cgroup {cg}: {e.strerror} (processes still in it?)"
+                                  ) from e
+                removed.append(cg)
+        return removed
+
+
+class MetricsComponent(Component):
+    """Prometheus metrics of the reconciler on ``metrics-address:metrics-port`` (opt-in)."""
+
+    name = "metrics"
+    needs = ("lb-maps",)
+
+    def __init__(self, config: AgentConfig) -> None:
+        self.config = config
+        self.server: Any = None
+        self.thread: Any = None
+        self.error = ""
+
+    @property
+    def url(self) -> str:
+        """Where the metrics are served."""
+        return f"http://{self.config.metrics_address}:{self.config.metrics_port}/metrics"
+
+    async def start(self, hive: Hive) -> None:
+        """Serve the metrics (a busy port leaves the agent running, Degraded)."""
+        cfg = self.config
+        if not cfg.metrics_port:
+            return
+        from prometheus_client import CollectorRegistry, start_http_server
+
+        from reconciler.metrics import PrometheusCollector
+
+        lb = hive.get("lb-maps", LoadBalancer)
+        assert lb.reconciler is not None
+        registry = CollectorRegistry()
+        registry.register(PrometheusCollector([lb.reconciler.metrics]))
+        try:
+            self.server, self.thread = start_http_server(
+                cfg.metrics_port, addr=cfg.metrics_address, registry=registry
+            )
+        except OSError as e:
+            self.error = f"metrics server on {cfg.metrics_address}:{cfg.metrics_port}: {e}"
+            log.error("agent: %s", self.error)
+            return
+        log.info("agent: metrics on %s", self.url)
+
+    async def stop(self) -> None:
+        """Shut the HTTP server down."""
+        if self.server is not None:
+            self.server.shutdown()
+            self.server.server_close()
+            await anyio.to_thread.run_sync(self.thread.join, 5)
+            self.server = None
+
+    def health(self) -> list[Health]:
+        """Only when enabled: serving or why not."""
+        if not self.config.metrics_port:
+            return []
+        if self.server is None:
+            return [Health(self.name, DEGRADED, self.error or "not serving")]
+        return [Health(self.name, OK, self.url)]

@@ -1,0 +1,92 @@
+"""The agent's sources of LB state: the manifest directory and netlink.
+
+Both come after the ``lb`` component and before ``maps`` in the component list: each
+registers its initializer on the tables it fills while it starts, so the reconciler,
+started later, prunes nothing before their initial state is in.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from statedb import DB
+from statewright.agent.config import AgentConfig
+from statewright.component import DEGRADED, DISABLED, OK, Component, Health, Hive
+from statewright.loadbalancer import LoadBalancer
+
+log = logging.getLogger("statewright.agent.sources")
+
+
+class ManifestsComponent(Component):
+    """Kubernetes objects from the manifest directories (sources/manifests.py), polled."""
+
+    name = "manifests"
+    needs = ("lb",)
+
+    def __init__(self, config: AgentConfig) -> None:
+        self.config = config
+        self.source: Any = None
+
+    async def start(self, hive: Hive) -> None:
+        """Register the ``manifests`` initializer and run the first poll before going on."""
+        from sources.manifests import ManifestSource
+
+        lb = hive.get("lb", LoadBalancer)
+        source = ManifestSource(lb.writer, self.config.manifests,
+                                interval=self.config.manifests_interval)
+        with lb.writer.write_txn() as txn:
+            source.register_initializer(txn)
+        self.source = source
+        await hive.spawn(self, source.run)
+        log.info("agent: manifest source on %s: %d file(s), %d error(s)",
+                 ", ".join(self.config.manifests), len(source.files), len(source.errors))
+
+    def health(self) -> list[Health]:
+        """Degraded with every rejected object's error; OK with the number of files."""
+        src = self.source
+        if src is None:
+            return [Health(self.name, DEGRADED, "not started")]
+        if src.errors:
+            return [Health(self.name, DEGRADED, "; ".join(src.errors.values()))]
+        return [Health(self.name, OK, f"{len(src.files)} file(s) from "
+                       + ", ".join(self.config.manifests))]
+
+
+class NetlinkComponent(Component):
+    """Devices and node addresses from the kernel (sources/netlink.py, pyroute2)."""
+
+    name = "netlink"
+    needs = ("db", "lb")
+
+    def __init__(self, config: AgentConfig) -> None:
+        self.config = config
+        self.source: Any = None
+        self.error = ""
+
+    async def start(self, hive: Hive) -> None:
+        """Create the source (it registers its initializers) and start reading; a source
+        that cannot be created leaves the agent running, Degraded."""
+        if not self.config.netlink:
+            return
+        try:
+            from sources.netlink import NetlinkSource
+
+            self.source = NetlinkSource.create(
+                hive.get("db", DB), hive.get("lb", LoadBalancer).writer,
+                self.config.node_addresses,
+            )
+        except (ImportError, OSError) as e:
+            self.error = f"cannot create the netlink source: {e}"
+            log.error("agent: %s", self.error)
+            return
+        await hive.spawn(self, self.source.run, wait_started=False)
+
+    def health(self) -> list[Health]:
+        """Disabled by configuration, Degraded until the first dump, else OK."""
+        if not self.config.netlink:
+            return [Health(self.name, DISABLED, "disabled by configuration")]
+        if self.source is None:
+            return [Health(self.name, DEGRADED, self.error or "not started")]
+        ok, why = self.source.health()
+        return [Health(self.name, OK if ok else DEGRADED, why)]

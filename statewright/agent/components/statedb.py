@@ -1,0 +1,106 @@
+"""The statedb component: the agent's database, its health and the ``/tables`` routes."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator, Sequence
+from typing import Any
+
+from statedb import DB, Table
+from statedb.show import FORMATS, show_table, to_plain
+from statewright.component import (
+    DEGRADED,
+    OK,
+    ApiError,
+    Component,
+    Health,
+    Hive,
+    NdjsonStream,
+    Request,
+    Route,
+    TextBody,
+)
+
+
+def row_document(row: Any) -> Any:
+    """A row as JSON-ready data (its ``to_json()`` when it has one), as ``db show -o json``."""
+    fn = getattr(row, "to_json", None)
+    return to_plain(fn() if fn is not None else row)
+
+
+class StateDBComponent(Component):
+    """Provides ``db``; healthy when every table's initializers are done."""
+
+    name = "statedb"
+    provides = ("db",)
+
+    def __init__(self) -> None:
+        self.db = DB()
+
+    async def start(self, hive: Hive) -> None:
+        """Publish the database."""
+        hive.provide("db", self.db)
+
+    def health(self) -> list[Health]:
+        """Degraded while some table waits for an initializer (names them)."""
+        txn = self.db.read_txn()
+        pending = {t.name: p for t in self.db.tables if (p := t.pending_initializers(txn))}
+        if pending:
+            return [Health(self.name, DEGRADED, "tables waiting for " + json.dumps(pending))]
+        return [Health(self.name, OK, f"{len(self.db.tables)} tables initialized")]
+
+    def routes(self) -> Sequence[Route]:
+        """``/tables``, ``/tables/{name}``, ``/tables/{name}/changes``."""
+        return (
+            Route("/tables", self._tables),
+            Route("/tables/{name}", self._table),
+            Route("/tables/{name}/changes", self._changes),
+        )
+
+    def _lookup(self, name: str) -> Table[Any]:
+        for t in self.db.tables:
+            if t.name == name:
+                return t
+        names = ", ".join(t.name for t in self.db.tables)
+        raise ApiError(404, f"no table {name!r} (tables: {names})")
+
+    async def _tables(self, req: Request) -> Any:
+        txn = self.db.read_txn()
+        out = []
+        for t in self.db.tables:
+            init, _ = t.initialized(txn)
+            out.append({"name": t.name, "rows": t.count(txn), "revision": t.revision(txn),
+                        "initialized": init, "pending": t.pending_initializers(txn)})
+        return out
+
+    async def _table(self, req: Request) -> Any:
+        name = req.params["name"]
+        table = self._lookup(name)
+        fmt = req.query.get("format", "json")
+        if fmt not in FORMATS:
+            raise ApiError(400, f"unknown format {fmt!r}; use one of: {', '.join(FORMATS)}")
+        if fmt == "json":
+            return [row_document(r) for r in table.all(self.db.read_txn())]
+        return TextBody(show_table(self.db, name, fmt))
+
+    async def _changes(self, req: Request) -> Any:
+        table = self._lookup(req.params["name"])
+        follow = req.query.get("follow", "1") not in ("0", "false")
+        db = self.db
+
+        async def lines() -> AsyncIterator[str]:
+            with db.write_txn(table) as wtxn:
+                it = table.changes(wtxn)
+            try:
+                while True:
+                    changes, watch = it.next(db.read_txn())
+                    for c in changes:
+                        yield json.dumps({"revision": c.revision, "deleted": c.deleted,
+                                          "object": row_document(c.obj)}) + "\n"
+                    if not follow:
+                        return
+                    await watch.wait_async()
+            finally:
+                it.close()
+
+        return NdjsonStream(lines)

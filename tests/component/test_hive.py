@@ -1,0 +1,134 @@
+"""The component model: order, needs, stop in reverse, failures as health, routes, cleanup."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import anyio
+import pytest
+
+from statewright.component import (
+    DEGRADED,
+    OK,
+    Component,
+    ComponentError,
+    Health,
+    Hive,
+    Request,
+    Route,
+)
+
+
+class Recorder(Component):
+    """A component that records its calls in a shared log."""
+
+    def __init__(self, name: str, log: list[str], needs: tuple[str, ...] = (),
+                 provides: tuple[str, ...] = (), fail_start: bool = False) -> None:
+        self.name = name
+        self.needs = needs
+        self.provides = provides
+        self.log = log
+        self.fail_start = fail_start
+        self.seen: dict[str, Any] = {}
+
+    async def start(self, hive: Hive) -> None:
+        for n in self.needs:
+            self.seen[n] = hive.get(n)
+        if self.fail_start:
+            raise OSError("no such device")
+        for p in self.provides:
+            hive.provide(p, f"{self.name}:{p}")
+        self.log.append(f"start {self.name}")
+
+    async def ready(self, hive: Hive) -> None:
+        self.log.append(f"ready {self.name}")
+
+    async def stop(self) -> None:
+        self.log.append(f"stop {self.name}")
+
+    def cleanup(self) -> list[str]:
+        self.log.append(f"cleanup {self.name}")
+        return [self.name]
+
+
+def test_needs_must_be_provided_by_an_earlier_component() -> None:
+    log: list[str] = []
+    with pytest.raises(ComponentError, match="'b' needs x, which no earlier component"):
+        Hive([Recorder("b", log, needs=("x",)), Recorder("a", log, provides=("x",))])
+    with pytest.raises(ComponentError, match="listed twice"):
+        Hive([Recorder("a", log), Recorder("a", log)])
+    assert log == []  # nothing started
+
+
+def test_start_in_order_ready_after_all_stop_in_reverse() -> None:
+    log: list[str] = []
+    a = Recorder("a", log, provides=("x",))
+    b = Recorder("b", log, needs=("x",))
+    hive = Hive([a, b])
+
+    async def main() -> None:
+        async with anyio.create_task_group() as tg:
+            await hive.start(tg)
+            await hive.stop()
+
+    anyio.run(main)
+    assert log == ["start a", "start b", "ready a", "ready b", "stop b", "stop a"]
+    assert b.seen == {"x": "a:x"}
+
+
+def test_a_failing_start_stops_what_started_and_names_the_component() -> None:
+    log: list[str] = []
+    hive = Hive([Recorder("a", log), Recorder("b", log, fail_start=True), Recorder("c", log)])
+
+    async def main() -> None:
+        async with anyio.create_task_group() as tg:
+            with pytest.raises(ComponentError, match="b: no such device"):
+                await hive.start(tg)
+
+    anyio.run(main)
+    # b's stop runs too: it undoes whatever b started before failing.
+    assert log == ["start a", "stop b", "stop a"]
+
+
+class Worker(Component):
+    """A component with a task that fails after start."""
+
+    name = "worker"
+
+    async def start(self, hive: Hive) -> None:
+        async def work(*, task_status: Any) -> None:
+            task_status.started()
+            await anyio.sleep(0)
+            raise ValueError("lost the connection")
+
+        await hive.spawn(self, work)
+
+    def health(self) -> list[Health]:
+        return [Health(self.name, OK, "working")]
+
+
+def test_a_failed_task_degrades_its_component_not_the_agent() -> None:
+    hive = Hive([Worker()])
+
+    async def main() -> list[Health]:
+        async with anyio.create_task_group() as tg:
+            await hive.start(tg)
+            await anyio.sleep(0.01)
+            health = hive.health()
+            await hive.stop()
+            return health
+
+    health = anyio.run(main)
+    assert health == [Health("worker", DEGRADED, "ValueError: lost the connection")]
+
+
+def test_routes_match_path_parameters_and_cleanup_runs_in_reverse() -> None:
+    async def handler(req: Request) -> Any:
+        return dict(req.params)
+
+    route = Route("/tables/{name}/changes", handler)
+    assert route.match("/tables/frontends/changes") == {"name": "frontends"}
+    assert route.match("/tables/frontends") is None
+    log: list[str] = []
+    removed, errors = Hive([Recorder("a", log), Recorder("b", log)]).cleanup()
+    assert log == ["cleanup b", "cleanup a"] and removed == ["b", "a"] and errors == []
