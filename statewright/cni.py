@@ -51,6 +51,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, TextIO
 
+from statedb.errors import StatewrightError
+
 CNI_VERSION = "1.0.0"
 SUPPORTED_VERSIONS = ["0.3.0", "0.3.1", "0.4.0", "1.0.0"]
 DEFAULT_SOCKET = "/run/statewright/agent.sock"
@@ -67,7 +69,7 @@ ERR_INVALID_CONFIG = 7
 ERR_TRY_AGAIN = 11
 
 
-class CNIError(Exception):
+class CNIError(StatewrightError):
     """A failure reported to the runtime as a CNI error document."""
 
     def __init__(self, code: int, msg: str, details: str = "") -> None:

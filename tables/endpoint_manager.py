@@ -59,7 +59,7 @@ from tables.endpoints import (
 from tables.identities import IdentityAllocator
 from tables.ipam import IPAM, NotAllocatedError
 from tables.l3n4 import IPAddress
-from tables.state_dir import StateFileError, read_json, remove_file, write_json_atomic
+from tables.state_dir import StateDirError, read_json, remove_file, write_json_atomic
 
 log = logging.getLogger("statewright.endpoints")
 
@@ -353,7 +353,7 @@ class EndpointManager:
                 path = os.path.join(directory, name)
                 try:
                     ep = Endpoint.from_json(read_json(path) or {})
-                except (StateFileError, EndpointRequestError) as e:
+                except (StateDirError, EndpointRequestError) as e:
                     log.error("endpoint restore: %s: %s (file left in place)", path, e)
                     result.failed.append(f"{path}: {e}")
                     continue

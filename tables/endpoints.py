@@ -31,7 +31,7 @@ from typing import Any
 
 from statedb import Index, Table
 from statedb import keys as keycodec
-from statedb.errors import StatewrightError
+from statedb.errors import InputError, StatewrightError
 from tables.identities import LabelError, Labels, normalize_labels
 from tables.l3n4 import IPAddress
 
@@ -59,11 +59,8 @@ class EndpointError(StatewrightError):
     http_status = 500
 
 
-class EndpointRequestError(EndpointError, ValueError):
-    """A bad endpoint change request (400); the message names the field. Changes nothing.
-
-    (On StatewrightError + ValueError: the project's common input-error class was not on
-    main when this was written.)"""
+class EndpointRequestError(InputError, EndpointError):
+    """A bad endpoint change request (400); the message names the field. Changes nothing."""
 
     http_status = 400
 

@@ -26,7 +26,7 @@ from typing import Any
 
 from statedb import DB, Index, ReadTxn, Table, WriteTxn
 from statedb import keys as keycodec
-from statedb.errors import StatewrightError
+from statedb.errors import InputError, StatewrightError
 
 IDENTITIES_TABLE = "identities"
 
@@ -66,7 +66,7 @@ class IdentityError(StatewrightError):
     http_status = 500
 
 
-class LabelError(IdentityError, ValueError):
+class LabelError(InputError, IdentityError):
     """Malformed labels in a request (400)."""
 
     http_status = 400

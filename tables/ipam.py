@@ -33,7 +33,7 @@ from typing import Any
 
 from statedb import DB, Index, ReadTxn, Table, WriteTxn
 from statedb import keys as keycodec
-from statedb.errors import StatewrightError
+from statedb.errors import InputError, StatewrightError
 from tables.l3n4 import IPAddress, IPNetwork
 from tables.state_dir import read_json, write_json_atomic
 
@@ -53,12 +53,9 @@ class IPAMError(StatewrightError):
     http_status = 500
 
 
-class IPAMRequestError(IPAMError, ValueError):
+class IPAMRequestError(InputError, IPAMError):
     """A bad request: an address that is malformed, outside the pod CIDRs or never handed
-    out (network, broadcast), or a family without a pod CIDR. Changes nothing.
-
-    (Defined on StatewrightError + ValueError: the project's common input-error class was
-    not on main when this was written.)"""
+    out (network, broadcast), or a family without a pod CIDR. Changes nothing."""
 
     http_status = 400
 

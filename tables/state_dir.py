@@ -17,7 +17,7 @@ from typing import Any
 from statedb.errors import StatewrightError
 
 
-class StateFileError(StatewrightError):
+class StateDirError(StatewrightError):
     """A state file that cannot be read or written; the message names the file."""
 
     def __init__(self, path: str, reason: str) -> None:
@@ -32,7 +32,7 @@ def write_json_atomic(path: str, doc: Any) -> None:
         os.makedirs(directory, mode=0o700, exist_ok=True)
         fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=directory)
     except OSError as e:
-        raise StateFileError(path, f"cannot create a temporary file: {e}") from e
+        raise StateDirError(path, f"cannot create a temporary file: {e}") from e
     try:
         with os.fdopen(fd, "w") as f:
             json.dump(doc, f, sort_keys=True, separators=(",", ":"))
@@ -49,7 +49,7 @@ def write_json_atomic(path: str, doc: Any) -> None:
             os.unlink(tmp)
         except OSError:
             pass
-        raise StateFileError(path, f"cannot write: {e}") from e
+        raise StateDirError(path, f"cannot write: {e}") from e
 
 
 def read_json(path: str) -> Any | None:
@@ -60,7 +60,7 @@ def read_json(path: str) -> Any | None:
     except FileNotFoundError:
         return None
     except (OSError, ValueError) as e:
-        raise StateFileError(path, f"cannot read: {e}") from e
+        raise StateDirError(path, f"cannot read: {e}") from e
 
 
 def remove_file(path: str) -> bool:
@@ -70,7 +70,7 @@ def remove_file(path: str) -> bool:
     except FileNotFoundError:
         return False
     except OSError as e:
-        raise StateFileError(path, f"cannot remove: {e}") from e
+        raise StateDirError(path, f"cannot remove: {e}") from e
     dfd = os.open(os.path.dirname(os.path.abspath(path)), os.O_RDONLY | os.O_DIRECTORY)
     try:
         os.fsync(dfd)

@@ -26,6 +26,9 @@ INPUT_ERRORS = {
     "tables.lb_writer.FrontendConflictError",
     "tables.lb_writer.InvalidBackendError",
     "statewright.agent.config.ConfigError",
+    "tables.ipam.IPAMRequestError",
+    "tables.endpoints.EndpointRequestError",
+    "tables.identities.LabelError",
 }
 
 

@@ -27,7 +27,7 @@ from tables.ipam import (
     NotAllocatedError,
     PoolExhaustedError,
 )
-from tables.state_dir import StateFileError
+from tables.state_dir import StateDirError
 
 
 def make_ipam(state_dir: str | None, *cidrs: str, router: bool = True) -> IPAM:
@@ -128,7 +128,7 @@ def test_failed_persist_aborts_the_allocation(tmp_path: Path) -> None:
     before = ipam.allocations()
     shutil.rmtree(state)
     state.write_text("not a directory")  # the state directory can no longer be written
-    with pytest.raises(StateFileError, match="state file"):
+    with pytest.raises(StateDirError, match="state file"):
         ipam.allocate_next(4, "a")
     assert ipam.allocations() == before
     state.unlink()

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -47,15 +47,17 @@ from statewright.component import (
     Component,
     Health,
     Hive,
+    MapView,
     Request,
     Route,
+    typed_map_view,
 )
 from tables.endpoint_entries import EntryTables, IPCacheEntry, LXCEntry
 from tables.endpoint_manager import EndpointManager, LinkCheck, RestoreResult, host_link_exists
 from tables.endpoints import EndpointChange, EndpointError
 from tables.identities import IdentityAllocator, IdentityError
 from tables.ipam import IPAM, IPAMConfig, IPAMError, parse_address
-from tables.state_dir import StateFileError
+from tables.state_dir import StateDirError
 
 log = logging.getLogger("statewright.agent.endpoints")
 
@@ -97,7 +99,7 @@ async def _call(fn: Callable[..., Any], *args: Any) -> Any:
     """Run a manager call (it fsyncs state files) in a worker thread; errors -> ApiError."""
     try:
         return await anyio.to_thread.run_sync(fn, *args)
-    except (IPAMError, EndpointError, IdentityError, StateFileError) as e:
+    except (IPAMError, EndpointError, IdentityError, StateDirError) as e:
         raise _api_error(e) from None
 
 
@@ -250,9 +252,9 @@ class EndpointsComponent(Component):
             return [Health(self.name, DEGRADED, "; ".join(bad))]
         return [Health(self.name, OK, f"{n} endpoint(s), {self.maps_kind} maps")]
 
-    def bpf_maps(self) -> Mapping[str, Any]:
+    def bpf_maps(self) -> Sequence[MapView]:
         """The endpoints (lxc) and ipcache maps."""
-        return dict(self.maps)
+        return [typed_map_view(m, self.maps_kind) for _, m in sorted(self.maps.items())]
 
     def cleanup(self) -> list[str]:
         """Unpin the endpoints and ipcache maps (kernel pins under the pin directory)."""
