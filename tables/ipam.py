@@ -27,7 +27,7 @@ from __future__ import annotations
 import ipaddress
 import logging
 import os
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -161,6 +161,26 @@ def parse_address(text: str) -> IPAddress:
         return ipaddress.ip_address(text)
     except ValueError:
         raise IPAMRequestError(f"ipam: {text!r} is not an IP address") from None
+
+
+def pod_cidrs_of_node(node: Any) -> tuple[str, ...]:
+    """The pod CIDRs of a Kubernetes Node object (a mapping as the API returns it):
+    ``spec.podCIDRs``, else ``spec.podCIDR``; IPAMRequestError naming the node when
+    there are none or one is not a CIDR (Cilium's Kubernetes IPAM mode waits for them)."""
+    meta = node.get("metadata", {}) if isinstance(node, Mapping) else {}
+    name = f"Node {meta.get('name', '?')}"
+    spec = node.get("spec", {}) if isinstance(node, Mapping) else {}
+    cidrs = spec.get("podCIDRs") or ([spec["podCIDR"]] if spec.get("podCIDR") else [])
+    if not isinstance(cidrs, list) or not cidrs:
+        raise IPAMRequestError("has no pod CIDRs", obj=name, field="spec.podCIDRs")
+    for i, c in enumerate(cidrs):
+        if not isinstance(c, str):
+            raise IPAMRequestError(f"{c!r} is not a CIDR", obj=name, field=f"spec.podCIDRs[{i}]")
+        try:
+            parse_cidr(c)
+        except IPAMRequestError as e:
+            raise IPAMRequestError(e.message, obj=name, field=f"spec.podCIDRs[{i}]") from None
+    return tuple(cidrs)
 
 
 @dataclass(frozen=True, slots=True)

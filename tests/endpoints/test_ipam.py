@@ -26,6 +26,7 @@ from tables.ipam import (
     IPAMRequestError,
     NotAllocatedError,
     PoolExhaustedError,
+    pod_cidrs_of_node,
 )
 from tables.state_dir import StateDirError
 
@@ -133,6 +134,16 @@ def test_failed_persist_aborts_the_allocation(tmp_path: Path) -> None:
     assert ipam.allocations() == before
     state.unlink()
     assert str(ipam.allocate_next(4, "a")) == "10.4.0.2"
+
+
+def test_pod_cidrs_of_node() -> None:
+    node = {"metadata": {"name": "n1"}, "spec": {"podCIDRs": ["10.6.0.0/24", "fd06::/112"]}}
+    assert pod_cidrs_of_node(node) == ("10.6.0.0/24", "fd06::/112")
+    assert pod_cidrs_of_node({"spec": {"podCIDR": "10.7.0.0/24"}}) == ("10.7.0.0/24",)
+    with pytest.raises(IPAMRequestError, match=r"Node n1: spec\.podCIDRs: has no pod CIDRs"):
+        pod_cidrs_of_node({"metadata": {"name": "n1"}, "spec": {}})
+    with pytest.raises(IPAMRequestError, match=r"spec\.podCIDRs\[1\]"):
+        pod_cidrs_of_node({"spec": {"podCIDRs": ["10.6.0.0/24", "10.6.0.1/24"]}})
 
 
 def test_unknown_state_version(tmp_path: Path) -> None:
