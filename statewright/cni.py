@@ -238,6 +238,9 @@ def invocation(env: Mapping[str, str], stdin: str) -> Invocation:
     missing = [k for k in need if not env.get(k)]
     if missing:
         raise CNIError(ERR_INVALID_ENV, f"missing environment variable(s): {', '.join(missing)}")
+    ifname = env["CNI_IFNAME"]
+    if len(ifname) > 15 or any(c in ifname for c in "/: \t\n") or ifname in (".", ".."):
+        raise CNIError(ERR_INVALID_ENV, f"CNI_IFNAME {ifname!r} is not an interface name")
     return Invocation(
         command,
         env["CNI_CONTAINERID"],

@@ -16,8 +16,8 @@ What one change touches, and in which order:
 3. if step 2 fails, the addresses step 1 allocated are released again: a bad request
    changes nothing.
 
-Deletion goes the other way (state ``disconnecting``, entries, identity, row, state file,
-then the addresses). `restore` reads the state directory at start; see its docstring.
+Deletion goes the other way in one transaction (entries, identity, row, state file), then
+the addresses are released. `restore` reads the state directory at start; see its docstring.
 Endpoints wait in ``regenerating`` until the reconcilers have written all their entries;
 `mark_ready` (called by the component whenever the entry tables change) moves them to
 ``ready``.
@@ -264,7 +264,6 @@ class EndpointManager:
 
     def _remove(self, ep: Endpoint) -> None:
         with self.db.write_txn(*self._tables()) as wtxn:
-            self.endpoints.insert(wtxn, replace(ep, state=EndpointState.DISCONNECTING))
             self.entries.delete_endpoint(wtxn, ep.id, previous=ep.addresses())
             self.identities.release(wtxn, ep.identity)
             self.endpoints.delete(wtxn, ep)

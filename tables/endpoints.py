@@ -9,8 +9,9 @@ state:
 * ``waiting-for-identity``: created, no identity yet;
 * ``regenerating``: identity known, its datapath entries are being written;
 * ``ready``: the endpoint map and ipcache entries are in the maps;
-* ``disconnecting``: being deleted (entries and addresses being released);
-* ``restoring``: read back from the state directory at start, not yet checked.
+* ``disconnecting``, ``restoring``: Cilium's states for an endpoint being deleted and
+  one read back at start; part of the model but not used yet (deletion is one
+  transaction; restored endpoints come back ``regenerating``).
 
 `EndpointChange` is the validated form of an endpoint change request (``PUT /endpoint``
 body, Cilium's ``EndpointChangeRequest`` model: ``container-id``, ``interface-name``,

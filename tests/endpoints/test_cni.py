@@ -77,6 +77,9 @@ def test_errors_and_version() -> None:
             cni.ERR_INCOMPATIBLE_VERSION,
         ),
         ({**base, "CNI_COMMAND": "ADD", "CNI_ARGS": "bad"}, CONF, cni.ERR_INVALID_ENV),
+        ({**base, "CNI_COMMAND": "ADD", "CNI_IFNAME": "../eth0"}, CONF, cni.ERR_INVALID_ENV),
+        ({**base, "CNI_COMMAND": "ADD", "CNI_IFNAME": "x" * 16}, CONF, cni.ERR_INVALID_ENV),
+        ({**base, "CNI_COMMAND": "ADD"}, {**CONF, "ipam": {"type": ""}}, cni.ERR_INVALID_CONFIG),
         (
             {**base, "CNI_COMMAND": "ADD"},
             {**CONF, "agent-socket": f"/nonexistent/sw-{PID}.sock"},
