@@ -57,7 +57,13 @@ from tables.endpoints import (
     new_endpoints_table,
 )
 from tables.identities import IdentityAllocator
-from tables.ipam import IPAM, NotAllocatedError
+from tables.ipam import (
+    IPAM,
+    ROUTER_OWNER,
+    AddressInUseError,
+    IPAMRequestError,
+    NotAllocatedError,
+)
 from tables.l3n4 import IPAddress
 from tables.state_dir import StateDirError, read_json, remove_file, write_json_atomic
 
@@ -213,7 +219,10 @@ class EndpointManager:
                     got.append(self.ipam.allocate_next(fam, owner))
                 return got
             for ip in ep.addresses():
-                if self.ipam.owner_of(self.db.read_txn(), ip) is None:
+                held_by = self.ipam.owner_of(self.db.read_txn(), ip)
+                if held_by == ROUTER_OWNER:
+                    raise AddressInUseError(ip, held_by, owner)
+                if held_by is None:
                     got.append(self.ipam.allocate(ip, owner))
         except BaseException:
             for ip in got:
@@ -278,7 +287,6 @@ class EndpointManager:
             return
         for ip in ep.addresses():
             self._release_quiet(ip)
-        self.ipam.release_owner(ep.ipam_owner)
 
     def mark_ready(self) -> list[int]:
         """Move every ``regenerating`` endpoint whose entries are all reconciled (Done) to
@@ -401,9 +409,10 @@ class EndpointManager:
         raise EndpointExistsError(f"endpoints: all ids {MIN_ENDPOINT_ID}..{MAX_ENDPOINT_ID} in use")
 
     def _release_quiet(self, ip: IPAddress) -> None:
+        """Release ``ip`` if it is allocated (never the router address)."""
         try:
             self.ipam.release(ip)
-        except NotAllocatedError:
+        except (NotAllocatedError, IPAMRequestError):
             pass
 
     def _state_path(self, ep_id: int) -> str:

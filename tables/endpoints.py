@@ -113,8 +113,7 @@ class Endpoint:
     @property
     def ipam_owner(self) -> str:
         """The IPAM owner of the endpoint's addresses."""
-        base = f"endpoint:{self.container_id or self.id}"
-        return f"{base}:{self.container_interface_name}" if self.container_interface_name else base
+        return f"endpoint:{self.id}"
 
     def to_json(self) -> dict[str, Any]:
         """The API's model of an endpoint (also the persisted form)."""
