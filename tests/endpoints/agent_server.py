@@ -10,6 +10,7 @@ import os
 import socketserver
 import threading
 import urllib.parse
+from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler
 from typing import Any
 
@@ -18,6 +19,7 @@ import anyio.from_thread
 
 from statewright.agent.components.endpoints import EndpointsComponent, EndpointsConfig
 from statewright.component import ApiError, Hive, Request
+from tables.endpoints import Endpoint
 
 from .helpers import DBComponent
 
@@ -29,10 +31,19 @@ class _Server(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
 class AgentUnderTest:
     """Start with `start()`, stop with `stop()`; ``socket`` is the path to talk to."""
 
-    def __init__(self, config: EndpointsConfig, socket_path: str) -> None:
+    def __init__(
+        self,
+        config: EndpointsConfig,
+        socket_path: str,
+        link_exists: Callable[[Endpoint], bool] | None = None,
+    ) -> None:
         self.config = config
         self.socket = socket_path
-        self.comp = EndpointsComponent(config)
+        self.comp = (
+            EndpointsComponent(config, link_exists=link_exists)
+            if link_exists is not None
+            else EndpointsComponent(config)
+        )
         self._portal_cm: Any = None
         self._portal: Any = None
         self._hive = Hive([DBComponent(), self.comp])

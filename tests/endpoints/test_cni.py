@@ -20,6 +20,7 @@ import pytest
 
 from statewright import cni
 from statewright.agent.components.endpoints import EndpointsConfig
+from tables.endpoints import Endpoint
 
 from .agent_server import AgentUnderTest
 from .helpers import new_pin_dir, remove_pins
@@ -293,3 +294,70 @@ def test_delegated_ipam_with_host_local(netns_names: dict[str, str], agent: Agen
         assert mgr.all() == []
     finally:
         shutil.rmtree(data_dir, ignore_errors=True)
+
+
+def link_exists_in(netns: str) -> Any:
+    """An endpoint interface check in ``netns`` (the test's node namespace)."""
+
+    def check(ep: Endpoint) -> bool:
+        from pyroute2 import IPRoute
+
+        with IPRoute(netns=netns) as ipr:
+            found = ipr.link_lookup(ifname=ep.interface_name)
+            return bool(found) and found[0] == ep.ifindex
+
+    return check
+
+
+@pytest.mark.kernel
+def test_agent_restart_keeps_pods_and_drops_vanished(netns_names: dict[str, str]) -> None:
+    """ADD two pods, stop the agent, remove one pod's host interface, start a new agent
+    on the same state directory: the other pod keeps its endpoint id, addresses and
+    identity and passes CHECK; the vanished one is gone and its addresses are free."""
+    state = tempfile.mkdtemp(prefix=f"sw-cni-restart-{PID}-")
+    pin_dir = new_pin_dir("memory")
+    cfg = EndpointsConfig(("10.78.0.0/24",), state, "memory", pin_dir)
+    sock = os.path.join(state, "agent.sock")
+    node = netns_names["node"]
+    conf = {**CONF, "agent-socket": sock}
+    envs = {
+        pod: {
+            "CNI_CONTAINERID": f"r{i}-{PID}",
+            "CNI_IFNAME": "eth0",
+            "CNI_NETNS": f"/var/run/netns/{netns_names[pod]}",
+        }
+        for i, pod in ((1, "pod1"), (2, "pod2"))
+    }
+    first = AgentUnderTest(cfg, sock)
+    first.start()
+    try:
+        for env in envs.values():
+            rc, res = run_plugin("ADD", conf, node, **env)
+            assert rc == 0, res
+        assert first.comp.manager is not None
+        before = {e.container_id: e for e in first.comp.manager.all()}
+    finally:
+        first.stop()
+    gone = before[envs["pod2"]["CNI_CONTAINERID"]]
+    subprocess.run(["ip", "-n", node, "link", "del", gone.interface_name], check=True)
+    second = AgentUnderTest(cfg, sock, link_exists=link_exists_in(f"/var/run/netns/{node}"))
+    second.start()
+    try:
+        mgr, ipam = second.comp.manager, second.comp.ipam
+        assert mgr is not None and ipam is not None
+        kept = before[envs["pod1"]["CNI_CONTAINERID"]]
+        now = mgr.all()
+        assert [(e.id, e.addresses(), e.identity) for e in now] == [
+            (kept.id, kept.addresses(), kept.identity)
+        ]
+        held = {a.ip for a in ipam.allocations()}
+        assert not set(gone.addresses()) & held
+        assert set(kept.addresses()) <= held
+        assert run_plugin("CHECK", conf, node, **envs["pod1"]) == (0, None)
+        assert run_plugin("DEL", conf, node, **envs["pod1"]) == (0, None)
+        assert run_plugin("DEL", conf, node, **envs["pod2"]) == (0, None)
+        assert mgr.all() == []
+    finally:
+        second.stop()
+        remove_pins("memory", pin_dir)
+        shutil.rmtree(state, ignore_errors=True)
