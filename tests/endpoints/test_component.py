@@ -324,3 +324,35 @@ def test_host_link_exists() -> None:
     assert not host_link_exists(
         replace(Endpoint(1), interface_name="sw-none-" + str(os.getpid())[:6])
     )
+
+
+def test_config_from_agent_config_and_health(tmp_path: Any) -> None:
+    from statewright.agent.config import AgentConfig
+
+    cfg = EndpointsConfig.from_agent_config(AgentConfig(backend="memory", pin_dir="/x"))
+    assert (cfg.backend, cfg.pin_dir, cfg.pod_cidrs) == (
+        "memory",
+        "/x",
+        EndpointsConfig().pod_cidrs,
+    )
+
+    class WithCidrs:
+        backend, pin_dir = "memory", "/y"
+        pod_cidrs, state_dir = ("10.1.0.0/24",), str(tmp_path)
+
+    cfg = EndpointsConfig.from_agent_config(WithCidrs())
+    assert (cfg.pod_cidrs, cfg.state_dir) == (("10.1.0.0/24",), str(tmp_path))
+    (tmp_path / "endpoints").mkdir()
+    (tmp_path / "endpoints" / "3.json").write_text("{broken")
+    cfg = replace(cfg, pin_dir=new_pin_dir("memory"))
+
+    async def main() -> None:
+        async with running_agent(cfg) as (_hive, comp):
+            (line,) = comp.health()
+            assert line.state == "Degraded" and "3.json" in line.message
+        assert comp.health()[0].state == "Degraded"
+
+    try:
+        anyio.run(main)
+    finally:
+        remove_pins("memory", cfg.pin_dir)

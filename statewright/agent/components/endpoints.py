@@ -248,9 +248,13 @@ class EndpointsComponent(Component):
             if r.health.level is not Level.OK
         ]
         n = len(self.manager.all())
+        r = self.restore_result
+        restored = f"restored {len(r.restored)}, removed {len(r.removed)} at start"
+        if r.failed:
+            bad.append(f"{len(r.failed)} endpoint state file(s) unreadable: {r.failed[0]}")
         if bad:
             return [Health(self.name, DEGRADED, "; ".join(bad))]
-        return [Health(self.name, OK, f"{n} endpoint(s), {self.maps_kind} maps")]
+        return [Health(self.name, OK, f"{n} endpoint(s), {self.maps_kind} maps; {restored}")]
 
     def bpf_maps(self) -> Sequence[MapView]:
         """The endpoints (lxc) and ipcache maps."""
