@@ -482,9 +482,14 @@ def cmd_add(inv: Invocation) -> dict[str, Any]:
     }
     for a, gw in ips:
         ip = ipaddress.ip_address(a)
-        result["ips"].append(
-            {"address": f"{a}/{32 if ip.version == 4 else 128}", "gateway": gw, "interface": 1}
-        )
+        entry: dict[str, Any] = {
+            "address": f"{a}/{32 if ip.version == 4 else 128}",
+            "gateway": gw,
+            "interface": 1,
+        }
+        if inv.version != CNI_VERSION:  # 0.3.x and 0.4.0 results name the family
+            entry["version"] = str(ip.version)
+        result["ips"].append(entry)
         result["routes"].append({"dst": "0.0.0.0/0" if ip.version == 4 else "::/0"})
     return result
 
@@ -501,8 +506,9 @@ def cmd_del(inv: Invocation) -> None:
 
 
 def cmd_check(inv: Invocation) -> None:
-    """CHECK: the endpoint exists, its host veth has the recorded ifindex, and the container
-    interface carries the endpoint's addresses."""
+    """CHECK: the endpoint exists, its host veth has the recorded ifindex, the container
+    interface carries the endpoint's addresses, and the ``prevResult`` of the
+    configuration (when given) names those addresses."""
     api = AgentAPI(inv.socket)
     ref = urllib.parse.quote(inv.attachment, safe=":")
     ep = api.request("GET", f"/endpoint/{ref}", not_found_ok=True)
@@ -520,6 +526,18 @@ def cmd_check(inv: Invocation) -> None:
             raise CNIError(ERR_IO, f"interface {inv.ifname} is missing in {inv.netns}")
         have = {str(a.get_attr("IFA_ADDRESS")) for a in cipr.get_addr(index=idx)}
     want = {a for a in ep["addressing"].values() if a}
+    prev = inv.config.get("prevResult")
+    if isinstance(prev, Mapping):
+        try:
+            prev_ips = {str(ipaddress.ip_interface(i["address"]).ip) for i in prev.get("ips", [])}
+        except (KeyError, TypeError, ValueError):
+            raise CNIError(ERR_DECODE, "prevResult: malformed 'ips'") from None
+        if prev_ips != want:
+            raise CNIError(
+                ERR_IO,
+                f"prevResult addresses {sorted(prev_ips)} differ from the endpoint's "
+                f"{sorted(want)}",
+            )
     if not want <= have:
         raise CNIError(ERR_IO, f"{inv.ifname} lacks {', '.join(sorted(want - have))}")
     if inv.delegated_ipam:

@@ -198,8 +198,11 @@ def test_add_check_del_in_network_namespaces(
         assert res["cniVersion"] == "1.0.0"
         assert [i["name"] for i in res["interfaces"]][1] == "eth0"
         assert {ipaddress.ip_interface(ip["address"]).version for ip in res["ips"]} == {4, 6}
-        rc, out = run_plugin("CHECK", conf, node, **env)
+        rc, out = run_plugin("CHECK", {**conf, "prevResult": res}, node, **env)
         assert (rc, out) == (0, None)
+        wrong = {**res, "ips": [{"address": "10.77.0.250/32"}]}
+        rc, out = run_plugin("CHECK", {**conf, "prevResult": wrong}, node, **env)
+        assert rc == 1 and "prevResult" in out["msg"], out
 
     mgr = agent.comp.manager
     assert mgr is not None
