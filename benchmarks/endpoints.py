@@ -49,7 +49,7 @@ from reconciler.status import StatusKind
 from statedb import DB
 from statewright.agent.components.endpoints import EndpointsConfig
 from tables.endpoint_entries import EntryTables
-from tables.endpoints import Endpoint, EndpointState
+from tables.endpoints import Endpoint, EndpointState, endpoint_container_index
 from tables.state_dir import write_json_atomic
 from tests.endpoints.agent_server import AgentUnderTest
 from tests.pins import remove_memory_pins, remove_pin_dir
@@ -117,9 +117,13 @@ def cni_figures(sequential: int, concurrent: int) -> dict[str, Any]:
             )
             if proc.returncode != 0:
                 raise RuntimeError(f"ADD {i}: {proc.stdout} {proc.stderr}")
-            ref = f"cni-attachment-id:bench{i}:eth0"
-            while mgr.get(ref).state is not EndpointState.READY:
-                time.sleep(0.002)
+            # wait on the endpoints table's watch (no polling: the agent shares this process)
+            query = endpoint_container_index.query(f"bench{i}")
+            while True:
+                rows, watch = mgr.endpoints.list_watch(mgr.db.read_txn(), query)
+                if any(e.state is EndpointState.READY for e in rows):
+                    break
+                watch.wait(5.0)
             return (time.perf_counter() - start) * 1000
 
         seq = [add(i) for i in range(sequential)]
@@ -247,8 +251,11 @@ def restore_figure(count: int = 1000) -> dict[str, Any]:
         agent.start()
         mgr = agent.comp.manager
         assert mgr is not None
-        while not all(e.state is EndpointState.READY for e in mgr.all()):
-            time.sleep(0.001)
+        while True:
+            rows, watch = mgr.endpoints.all_watch(mgr.db.read_txn())
+            if all(e.state is EndpointState.READY for e in rows):
+                break
+            watch.wait(5.0)
         elapsed = time.perf_counter() - start
         assert len(agent.comp.restore_result.restored) == count
     finally:
