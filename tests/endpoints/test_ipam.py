@@ -3,11 +3,13 @@ machine of allocate/release/restart sequences (no address is ever held twice).""
 
 from __future__ import annotations
 
+import glob
 import ipaddress
 import json
 import os
 import shutil
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -150,6 +152,16 @@ def test_unknown_state_version(tmp_path: Path) -> None:
     (tmp_path / "ipam.json").write_text('{"version": 99}')
     with pytest.raises(IPAMError, match="version 99"):
         make_ipam(str(tmp_path), "10.5.0.0/24")
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _remove_machine_dirs() -> Iterator[None]:
+    """The state machine removes its directory in teardown; this also catches a run that
+    ended before teardown (the directories carry this process's pid)."""
+    yield
+    for base in ("/dev/shm", tempfile.gettempdir()):
+        for path in glob.glob(os.path.join(base, f"sw-ipam-{os.getpid()}-*")):
+            shutil.rmtree(path, ignore_errors=True)
 
 
 OWNERS = st.sampled_from(["a", "b", "c", "d"])

@@ -9,11 +9,14 @@ their addresses free)."""
 from __future__ import annotations
 
 import collections
+import glob
 import os
 import shutil
 import tempfile
+from collections.abc import Iterator
 from dataclasses import dataclass
 
+import pytest
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
@@ -27,6 +30,16 @@ from tables.ipam import IPAM, AddressInUseError, IPAMConfig, PoolExhaustedError
 
 CIDRS = ("10.31.0.0/28", "fd31::/124")
 LABELS = st.sampled_from([["k8s:app=a"], ["k8s:app=b"], ["k8s:app=a", "k8s:tier=x"]])
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _remove_machine_dirs() -> Iterator[None]:
+    """The state machine removes its directory in teardown; this also catches a run that
+    ended before teardown (the directories carry this process's pid)."""
+    yield
+    for base in ("/dev/shm", tempfile.gettempdir()):
+        for path in glob.glob(os.path.join(base, f"sw-epm-{os.getpid()}-*")):
+            shutil.rmtree(path, ignore_errors=True)
 
 
 @dataclass
