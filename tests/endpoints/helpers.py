@@ -14,7 +14,7 @@ import anyio
 
 from statedb import DB
 from statewright.agent.components.endpoints import EndpointsComponent, EndpointsConfig
-from statewright.component import ApiError, Component, Hive, Request, Route
+from statewright.component import ApiError, Component, Hive, Request
 from tables.endpoints import Endpoint
 from tests.pins import BPFFS, remove_memory_pins, remove_pin_dir
 
@@ -85,12 +85,12 @@ async def call(
 
 
 async def wait_for(check: Callable[[], bool], what: str, timeout: float = 20.0) -> None:
-    """Poll ``check`` until true (a bound on waiting, not a timing assertion)."""
-    with anyio.fail_after(timeout):
-        while not check():
-            await anyio.sleep(0.01)
+    """Poll ``check`` until true (a bound on waiting, not a timing assertion); the
+    TimeoutError names ``what`` was awaited."""
+    try:
+        with anyio.fail_after(timeout):
+            while not check():
+                await anyio.sleep(0.01)
+    except TimeoutError:
+        raise TimeoutError(f"still waiting for: {what}") from None
 
-
-def routes_of(comp: Component) -> list[Route]:
-    """The component's routes."""
-    return list(comp.routes())
