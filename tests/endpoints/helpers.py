@@ -93,4 +93,3 @@ async def wait_for(check: Callable[[], bool], what: str, timeout: float = 20.0) 
                 await anyio.sleep(0.01)
     except TimeoutError:
         raise TimeoutError(f"still waiting for: {what}") from None
-
