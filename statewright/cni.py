@@ -495,14 +495,21 @@ def cmd_add(inv: Invocation) -> dict[str, Any]:
 
 
 def cmd_del(inv: Invocation) -> None:
-    """DEL: delete the endpoint (the agent releases its addresses) and the veth; what is
-    already gone is fine."""
+    """DEL: delete the endpoint (the agent releases its addresses) and the veth, and
+    release any address still allocated to this container (an ADD that died between
+    ``POST /ipam`` and ``PUT /endpoint``); what is already gone is fine."""
     api = AgentAPI(inv.socket)
     ref = urllib.parse.quote(inv.attachment, safe=":")
     api.request("DELETE", f"/endpoint/{ref}", not_found_ok=True)
     delete_veth(inv)
     if inv.delegated_ipam:
         delegate_ipam(inv, "DEL")
+        return
+    status = api.request("GET", "/ipam")
+    for alloc in status.get("allocations", []):
+        if alloc.get("owner") == inv.container_id:
+            owner = urllib.parse.quote(inv.container_id, safe="")
+            api.request("DELETE", f"/ipam/{alloc['ip']}?owner={owner}", not_found_ok=True)
 
 
 def cmd_check(inv: Invocation) -> None:

@@ -235,6 +235,14 @@ def test_add_check_del_in_network_namespaces(
     rc, out = run_plugin("CHECK", conf, node, **env1)
     assert rc == 1 and out["code"] == cni.ERR_UNKNOWN_CONTAINER
 
+    # an ADD that died after POST /ipam left an address with the container: DEL frees it
+    leak = {**env1, "CNI_CONTAINERID": f"dead-{PID}"}
+    status, doc = agent.dispatch("POST", "/ipam", {"owner": leak["CNI_CONTAINERID"]}, b"")
+    assert status == 200
+    leaked = set(doc["address"].values())
+    assert run_plugin("DEL", conf, node, **leak) == (0, None)
+    assert not leaked & {str(a.ip) for a in agent.comp.ipam.allocations()}
+
     # ADD into a namespace that does not exist: error 3, nothing left behind
     before = {str(a.ip) for a in agent.comp.ipam.allocations()}
     bad = {**env1, "CNI_NETNS": f"/var/run/netns/swep-missing-{PID}"}
