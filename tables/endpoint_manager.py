@@ -246,9 +246,10 @@ class EndpointManager:
         with self._lock:
             old = self.get(ref)
             new = change.apply(old)
-            if new.addresses() != old.addresses():
+            if new.addresses() != old.addresses() or new.external_ipam != old.external_ipam:
                 raise EndpointRequestError(
-                    f"endpoint {ref}: addressing cannot change (delete and create it again)"
+                    f"endpoint {ref}: addressing and external-ipam cannot change "
+                    "(delete and create it again)"
                 )
             with self.db.write_txn(*self._tables()) as wtxn:
                 if new.labels != old.labels:

@@ -192,6 +192,8 @@ BAD_REQUESTS: list[tuple[str, str, Any, int, str]] = [
     ("PUT", "/endpoint/7", {"addressing": {"ipv4": "10.20.0.9"}}, 409, "belongs to endpoint"),
     ("PUT", "/endpoint/5", {}, 409, "already exists"),
     ("PATCH", "/endpoint/5", {"addressing": {"ipv4": "10.20.0.20"}}, 400, "cannot change"),
+    ("PATCH", "/endpoint/5", {"datapath-configuration": {"external-ipam": True}}, 400, "cannot"),
+    ("PATCH", "/endpoint/5", {"datapath-configuration": {"external-ipam": 1}}, 400, "bool"),
     ("PATCH", "/endpoint/6", {}, 404, "not found"),
     ("DELETE", "/endpoint/6", None, 404, "not found"),
     ("POST", "/ipam", None, 400, "family"),
