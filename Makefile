@@ -6,11 +6,12 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 APT_PKGS := clang llvm libbpf-dev bpftool iproute2
 BPF_OBJ  := build/sock_lb.o
+BTF_OBJ  := build/maps.o
 MULTIARCH ?= $(shell python3 -c 'import sysconfig; print(sysconfig.get_config_var("MULTIARCH") or "")' 2>/dev/null)
 
 .PHONY: setup system-deps test lint pytest run bench conformance clean
 
-setup: system-deps $(STAMP) $(BPF_OBJ)
+setup: system-deps $(STAMP) $(BPF_OBJ) $(BTF_OBJ)
 
 # The socket load balancer (bpf/sock_lb.c); without clang the datapath tests skip.
 $(BPF_OBJ): bpf/sock_lb.c $(wildcard bpf/include/*.h) | system-deps
@@ -18,6 +19,14 @@ $(BPF_OBJ): bpf/sock_lb.c $(wildcard bpf/include/*.h) | system-deps
 	@if command -v clang >/dev/null; then \
 	  clang -O2 -g -Wall -target bpf $(if $(MULTIARCH),-I/usr/include/$(MULTIARCH)) -c $< -o $@ && echo "setup: built $@"; \
 	else echo "setup: clang not installed, $@ not built (datapath tests will skip)"; fi
+
+# Every map's key/value types as BTF (bpf/maps.c declares the maps; bpf/btf.py reads the BTF
+# when it creates maps); without clang maps are created without BTF (bpftool dumps hex).
+$(BTF_OBJ): bpf/maps.c $(wildcard bpf/include/*.h) | system-deps
+	@mkdir -p $(dir $@)
+	@if command -v clang >/dev/null; then \
+	  clang -O2 -g -Wall -target bpf $(if $(MULTIARCH),-I/usr/include/$(MULTIARCH)) -c $< -o $@ && echo "setup: built $@"; \
+	else echo "setup: clang not installed, $@ not built (maps get no BTF)"; fi
 
 # Debian packages for the BPF toolchain and network tests; installed only when root and missing.
 system-deps:

@@ -8,9 +8,9 @@ import threading
 from collections.abc import Iterator, Sequence
 from typing import Any
 
-from bpf import libbpf
+from bpf import btf, libbpf
 from bpf.backend import MapBackend, join_fixed, split_fixed
-from bpf.errors import BatchError, MapError
+from bpf.errors import BatchError, MapError, errno_name
 from bpf.spec import MAP_OF_MAPS, MapInfo, MapSpec, MapType, UpdateFlag
 
 _ENOTSUPP = 524
@@ -43,7 +43,12 @@ class KernelMap(MapBackend):
 
     @classmethod
     def create(cls, spec: MapSpec[Any, Any]) -> KernelMap:
-        """Create a new unpinned map from ``spec`` (with a template inner map for map-of-maps)."""
+        """Create a new unpinned map from ``spec`` (with a template inner map for map-of-maps).
+
+        The map carries BTF for its key and value types when ``bpf.btf`` has them
+        (bpftool then prints entries as structs). Should the kernel refuse the map with
+        BTF, it is created without and the reason logged once: BTF never stops the agent.
+        """
         inner_fd = 0
         template: KernelMap | None = None
         if spec.type in MAP_OF_MAPS:
@@ -51,16 +56,30 @@ class KernelMap(MapBackend):
                 raise MapError(spec.name, "create", errno.EINVAL, "map-of-maps needs an inner spec")
             template = cls.create(spec.inner)
             inner_fd = template.fd
+        args = (
+            spec.type,
+            spec.name,
+            spec.key_size,
+            spec.value_size,
+            spec.max_entries,
+            spec.flags,
+            inner_fd,
+        )
         try:
-            fd = libbpf.map_create(
-                spec.type,
-                spec.name,
-                spec.key_size,
-                spec.value_size,
-                spec.max_entries,
-                spec.flags,
-                inner_fd,
-            )
+            types = btf.map_btf(spec)
+            if types is None:
+                fd = libbpf.map_create(*args)
+            else:
+                fd = libbpf.map_create(
+                    *args, types.fd, types.key_type_id, types.value_type_id
+                )
+                if fd < 0 and -fd != errno.EPERM:
+                    plain = libbpf.map_create(*args)
+                    if plain >= 0:
+                        btf.registry().refused(
+                            spec, f"the kernel refuses it with BTF: {errno_name(-fd)}"
+                        )
+                    fd = plain
         finally:
             if template is not None:
                 template.close()
@@ -103,8 +122,8 @@ class KernelMap(MapBackend):
         res = libbpf.map_info(self.fd)
         if isinstance(res, int):
             raise self._error("info", -res)
-        mtype, mid, ksz, vsz, maxe, flags, name = res
-        return MapInfo(mtype, ksz, vsz, maxe, flags, name, mid)
+        mtype, mid, ksz, vsz, maxe, flags, name, btf_id = res
+        return MapInfo(mtype, ksz, vsz, maxe, flags, name, mid, btf_id)
 
     def pin(self, path: str) -> None:
         """Pin at ``path`` (its directory must exist on bpffs)."""

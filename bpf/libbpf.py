@@ -47,8 +47,21 @@ class _BatchOpts(ctypes.Structure):
     _fields_ = [("sz", ctypes.c_size_t), ("elem_flags", _c_u64), ("flags", _c_u64)]
 
 
-# struct bpf_map_info prefix: type, id, key_size, value_size, max_entries, map_flags, name[16]
-_MAP_INFO = struct.Struct("<6I16s")
+class _BtfLoadOpts(ctypes.Structure):
+    """struct bpf_btf_load_opts (libbpf 1.1): where the kernel writes its BTF verifier log."""
+
+    _fields_ = [
+        ("sz", ctypes.c_size_t),
+        ("log_buf", ctypes.c_void_p),
+        ("log_level", _c_u32),
+        ("log_size", _c_u32),
+    ]
+
+
+# struct bpf_map_info prefix: type, id, key_size, value_size, max_entries, map_flags,
+# name[16], ifindex, btf_vmlinux_value_type_id, netns_dev, netns_ino, btf_id,
+# btf_key_type_id, btf_value_type_id.
+_MAP_INFO = struct.Struct("<6I16sIIQQIII")
 _MAP_INFO_LEN = 80
 
 
@@ -171,6 +184,21 @@ class _Lib:
         self.link_destroy = eproto("bpf_link__destroy", _c_int, _c_void_p)
         self.link_update = eproto("bpf_link_update", _c_int, _c_int, _c_int, _c_void_p)
         self.link_detach = eproto("bpf_link_detach", _c_int, _c_int)
+        # BTF (bpf/btf.py): libbpf parses the compiled types and appends array types;
+        # the kernel loads the raw blob.
+        self.object_btf = eproto("bpf_object__btf", _c_void_p, _c_void_p)
+        self.btf_new = eproto("btf__new", _c_void_p, _c_void_p, _c_u32)
+        self.btf_free = eproto("btf__free", None, _c_void_p)
+        self.btf_type_cnt = eproto("btf__type_cnt", _c_u32, _c_void_p)
+        self.btf_find_by_name_kind = eproto(
+            "btf__find_by_name_kind", ctypes.c_int32, _c_void_p, _c_char_p, _c_u32
+        )
+        self.btf_resolve_size = eproto("btf__resolve_size", ctypes.c_int64, _c_void_p, _c_u32)
+        self.btf_add_array = eproto("btf__add_array", _c_int, _c_void_p, _c_int, _c_int, _c_u32)
+        self.btf_raw_data = eproto("btf__raw_data", _c_void_p, _c_void_p, ctypes.POINTER(_c_u32))
+        self.btf_load = eproto(
+            "bpf_btf_load", _c_int, _c_void_p, ctypes.c_size_t, ctypes.POINTER(_BtfLoadOpts)
+        )
 
 
 @cache
@@ -202,10 +230,21 @@ def map_create(
     max_entries: int,
     flags: int,
     inner_map_fd: int = 0,
+    btf_fd: int = 0,
+    btf_key_type_id: int = 0,
+    btf_value_type_id: int = 0,
 ) -> int:
-    """Create a map; returns its fd or -errno. Kernel names are cut to 15 characters."""
+    """Create a map; returns its fd or -errno. Kernel names are cut to 15 characters.
+
+    With ``btf_fd`` (a loaded BTF object, see ``btf_load``) and the two type ids the
+    kernel checks the types' sizes against the key and value sizes and keeps them with
+    the map, so tools such as bpftool print entries as the C types.
+    """
     opts = _MapCreateOpts(sz=ctypes.sizeof(_MapCreateOpts), map_flags=flags)
     opts.inner_map_fd = inner_map_fd
+    opts.btf_fd = btf_fd
+    opts.btf_key_type_id = btf_key_type_id
+    opts.btf_value_type_id = btf_value_type_id
     kname = name[:15].encode()
     fd: int = lib().map_create(map_type, kname, key_size, value_size, max_entries, opts)
     return fd
@@ -229,15 +268,17 @@ def map_fd_by_id(map_id: int) -> int:
     return fd
 
 
-def map_info(fd: int) -> tuple[int, int, int, int, int, int, str] | int:
-    """(type, id, key_size, value_size, max_entries, flags, name) of a map fd, or -errno."""
+def map_info(fd: int) -> tuple[int, int, int, int, int, int, str, int] | int:
+    """(type, id, key_size, value_size, max_entries, flags, name, btf_id) of a map fd, or
+    -errno. ``btf_id`` is 0 for a map created without BTF."""
     buf = ctypes.create_string_buffer(_MAP_INFO_LEN)
     length = _c_u32(_MAP_INFO_LEN)
     ret: int = lib().obj_get_info_by_fd(fd, buf, ctypes.byref(length))
     if ret < 0:
         return ret
-    mtype, mid, ksz, vsz, maxe, flags, name = _MAP_INFO.unpack_from(buf.raw)
-    return mtype, mid, ksz, vsz, maxe, flags, name.rstrip(b"\0").decode(errors="replace")
+    mtype, mid, ksz, vsz, maxe, flags, name, *_, btf_id, _, _ = _MAP_INFO.unpack_from(buf.raw)
+    text = name.rstrip(b"\0").decode(errors="replace")
+    return mtype, mid, ksz, vsz, maxe, flags, text, btf_id
 
 
 class BatchCall:
@@ -400,3 +441,81 @@ def link_info(fd: int) -> tuple[int, int, int, int, int] | int:
         return ret
     ltype, lid, prog_id, cgroup_id, attach_type = _LINK_INFO.unpack_from(buf.raw)
     return ltype, lid, prog_id, cgroup_id, attach_type
+
+
+# -- BTF (bpf/btf.py) -----------------------------------------------------------------
+
+#: enum btf_kind values used to find types by name.
+BTF_KIND_INT = 1
+BTF_KIND_STRUCT = 4
+BTF_KIND_UNION = 5
+BTF_KIND_TYPEDEF = 8
+
+
+def object_btf(obj: int) -> int:
+    """bpf_object__btf of an opened object: its ``struct btf`` pointer (owned by the
+    object, valid until ``object_close``), or 0 when the object has no BTF."""
+    ptr: int | None = lib().object_btf(obj)
+    return ptr or 0
+
+
+def btf_new(data: bytes) -> int:
+    """btf__new: a ``struct btf`` pointer (as int, free it with ``btf_free``) parsed from
+    a raw BTF blob (copied), or -errno."""
+    ctypes.set_errno(0)
+    return _errno_result(lib().btf_new(data, len(data)))
+
+
+def btf_free(btf: int) -> None:
+    """btf__free."""
+    lib().btf_free(btf)
+
+
+def btf_type_count(btf: int) -> int:
+    """btf__type_cnt: the number of types, counting the void type (id 0)."""
+    n: int = lib().btf_type_cnt(btf)
+    return n
+
+
+def btf_find(btf: int, name: str, kind: int) -> int:
+    """btf__find_by_name_kind: the id of the type ``name`` of ``kind``, or -errno
+    (-ENOENT when there is none)."""
+    ret: int = lib().btf_find_by_name_kind(btf, name.encode(), kind)
+    return ret
+
+
+def btf_resolve_size(btf: int, type_id: int) -> int:
+    """btf__resolve_size: the size in bytes of a type (typedefs followed), or -errno."""
+    ret: int = lib().btf_resolve_size(btf, type_id)
+    return ret
+
+
+def btf_add_array(btf: int, index_type_id: int, elem_type_id: int, nr_elems: int) -> int:
+    """btf__add_array: append ``elem[nr_elems]``; the new type id or -errno."""
+    ret: int = lib().btf_add_array(btf, index_type_id, elem_type_id, nr_elems)
+    return ret
+
+
+def btf_raw_data(btf: int) -> bytes | int:
+    """btf__raw_data: the BTF blob as the kernel loads it (header, types, strings),
+    or -errno."""
+    size = _c_u32(0)
+    ctypes.set_errno(0)
+    ptr = lib().btf_raw_data(btf, ctypes.byref(size))
+    if not ptr:
+        return -(ctypes.get_errno() or errno.ENOMEM)
+    return ctypes.string_at(ptr, size.value)
+
+
+def btf_load(data: bytes, log_size: int = 0) -> tuple[int, str]:
+    """bpf_btf_load: (a new BTF object fd or -errno, the kernel's log). With ``log_size``
+    the kernel writes its reasons for rejecting the blob into a buffer of that size."""
+    opts = _BtfLoadOpts(sz=ctypes.sizeof(_BtfLoadOpts))
+    log = ctypes.create_string_buffer(log_size) if log_size else None
+    if log is not None:
+        opts.log_buf = ctypes.cast(log, ctypes.c_void_p)
+        opts.log_size = log_size
+        opts.log_level = 1
+    fd: int = lib().btf_load(data, len(data), ctypes.byref(opts))
+    text = log.value.decode(errors="replace").strip() if log is not None else ""
+    return fd, text

@@ -1,7 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
 /* Statewright: instantiates every map declared in bpf/include so that the
  * compiled object's BTF describes all structs and maps. Built by the layout
- * test (clang -target bpf -g); never loaded. */
+ * test and by make setup (build/maps.o); bpf/btf.py gives its BTF to every map
+ * it creates. Never loaded as a program. */
 #define SW_DEFINE_MAPS
 #include "include/lb.h"
 #include "include/eps.h"

@@ -43,7 +43,11 @@ MAP_OF_MAPS = frozenset({MapType.HASH_OF_MAPS, MapType.ARRAY_OF_MAPS})
 
 @dataclass(frozen=True, slots=True)
 class MapInfo:
-    """What a live map reports about itself (kernel ``bpf_map_info`` or its memory twin)."""
+    """What a live map reports about itself (kernel ``bpf_map_info`` or its memory twin).
+
+    ``btf_id`` is the kernel id of the BTF describing the key and value (0: none, always
+    for memory maps); it is informational and not part of the layout comparison.
+    """
 
     type: int
     key_size: int
@@ -52,6 +56,7 @@ class MapInfo:
     flags: int
     name: str = ""
     id: int = 0
+    btf_id: int = 0
 
 
 @dataclass(frozen=True, slots=True)

@@ -790,7 +790,9 @@ class NetlinkSource:
             self._have_dump = True
             log.debug(
                 "netlink: full dump: %d links, %d addresses, %d routes",
-                len(item.links), len(item.addrs), len(item.routes),
+                len(item.links),
+                len(item.addrs),
+                len(item.routes),
             )
             return True
         if isinstance(item, ReaderErrorEvent):

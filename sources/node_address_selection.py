@@ -85,9 +85,7 @@ def _parse_cidrs(field_name: str, values: Iterable[IPNetwork | str]) -> tuple[IP
         try:
             out.append(ipaddress.ip_network(str(v).strip(), strict=False))
         except ValueError as e:
-            raise InputError(
-                f"invalid CIDR {v!r}: {e}", obj=_CONFIG, field=field_name
-            ) from None
+            raise InputError(f"invalid CIDR {v!r}: {e}", obj=_CONFIG, field=field_name) from None
     return tuple(out)
 
 
@@ -162,9 +160,7 @@ class NodeAddressConfig:
 
     def device_allowed(self, name: str) -> bool:
         """True when ``name`` is on the allow-list (exact, or by ``prefix+``)."""
-        return any(
-            name.startswith(d[:-1]) if d.endswith("+") else name == d for d in self.devices
-        )
+        return any(name.startswith(d[:-1]) if d.endswith("+") else name == d for d in self.devices)
 
 
 def is_public(addr: IPAddress) -> bool:

@@ -17,6 +17,11 @@ refused (a typo must not be silently ignored). Example::
     netlink: true
     node-addresses: {devices: [eth0], nodeport-cidrs: [10.0.0.0/8]}
     demo-netns: ""           # e.g. statewright-demo: example backends live there
+    k8s-kubeconfig: ""       # Kubernetes source: a kubeconfig path, or
+    k8s-api-server: ""       #   an API server URL, or
+    k8s-in-cluster: false    #   the pod's service account (a DaemonSet)
+    k8s-qps: 20              # API requests per second, and the burst above it
+    k8s-burst: 40
 
 Why a frozen dataclass: the runtime and the API report it as-is (``to_json``) and
 nothing may change it behind the components' backs.
@@ -78,6 +83,13 @@ class AgentConfig:
     node_addresses: NodeAddressConfig = field(default_factory=NodeAddressConfig)
     demo_netns: str = ""
     log_format: str = "text"
+    #: The Kubernetes source (statewright/agent/components/kubernetes.py) runs when one of
+    #: these three is set; manifests stay the default, and both may run together.
+    k8s_kubeconfig: str = ""
+    k8s_api_server: str = ""
+    k8s_in_cluster: bool = False
+    k8s_qps: float = 20.0
+    k8s_burst: int = 40
 
     def __post_init__(self) -> None:
         if self.backend not in BACKENDS:
@@ -92,6 +104,12 @@ class AgentConfig:
             raise ConfigError("api-socket: must not be empty")
         if not self.pin_dir:
             raise ConfigError("pin-dir: must not be empty")
+        if self.k8s_qps <= 0:
+            raise ConfigError(f"k8s-qps: must be > 0, got {self.k8s_qps}")
+        if self.k8s_burst < 1:
+            raise ConfigError(f"k8s-burst: must be >= 1, got {self.k8s_burst}")
+        if self.k8s_api_server and not self.k8s_api_server.startswith(("https://", "http://")):
+            raise ConfigError(f"k8s-api-server: {self.k8s_api_server!r} is not an http(s) URL")
 
     def to_json(self) -> dict[str, Any]:
         """The configuration as plain data (for the API and logs)."""
@@ -116,9 +134,9 @@ class AgentConfig:
 
 _FIELDS = {f.name: f for f in dataclasses.fields(AgentConfig)}
 _TUPLES = {"manifests", "lb_flags"}
-_BOOLS = {"allow_root_cgroup", "datapath", "netlink"}
-_INTS = {"metrics_port", "api_socket_mode"}
-_FLOATS = {"manifests_interval"}
+_BOOLS = {"allow_root_cgroup", "datapath", "netlink", "k8s_in_cluster"}
+_INTS = {"metrics_port", "api_socket_mode", "k8s_burst"}
+_FLOATS = {"manifests_interval", "k8s_qps"}
 
 
 def _convert(name: str, raw: Any, origin: str) -> Any:

@@ -16,8 +16,8 @@ from tests.pins import BPFFS, remove_memory_pins, remove_pin_dir
 
 @pytest.fixture
 def kernel_pin_dir() -> Iterator[str]:
-    """A unique directory on bpffs, removed with everything pinned in it."""
-    path = os.path.join(BPFFS, f"statewright-test-{uuid.uuid4().hex[:12]}")
+    """A unique directory on bpffs (named with the pid), removed with everything pinned in it."""
+    path = os.path.join(BPFFS, f"statewright-test-{os.getpid()}-{uuid.uuid4().hex[:12]}")
     os.makedirs(path)
     try:
         yield path

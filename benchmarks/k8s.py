@@ -1,0 +1,352 @@
+"""Kubernetes source benchmark: API server to LB maps; prints one JSON object.
+
+The fake API server (tests/k8s/fake_apiserver.py: HTTPS, bearer token, chunked watches)
+runs in a child process, so its JSON encoding does not share the agent's interpreter.
+The agent side is what the ``k8s`` component runs: `K8sSource` (four reflectors, the
+batching applier, the converter) feeding a `statewright.loadbalancer.LoadBalancer` whose
+reconciler writes kernel maps (memory maps where the kernel does not allow them; the
+``maps`` key says which), with the garbage-collector tuning the agent uses (``tune_gc``
+at start, ``freeze_loaded`` once the initial state is in the maps).
+
+Keys:
+
+- initial_sync_s / initial_sync_services_per_s: from starting the source until every
+  frontend of N Services (one ClusterIP port, an EndpointSlice of 10 endpoints each) is
+  Done in the maps and the tables are initialized; the list is paginated (500 per page).
+- rss_mb_after_sync: resident memory of the agent process after the sync.
+- churn_*: the server changes one EndpointSlice (one endpoint address replaced) at
+  ``--churn-rate`` events/s for ``--churn-seconds``; latency from the server creating
+  the event until the new backend is in the frontend's map entries (its frontend row
+  Done with the new backend, polled every millisecond: +-1 ms resolution).
+  churn_kept_up is true when the backlog (events emitted but not yet in the maps)
+  stayed under one second's worth of events and every event arrived.
+- decode_*: one list page of 500 Services decoded from the raw JSON with ``json.loads``
+  versus the client's model classes (``ApiClient.deserialize``), and the models turned
+  back into the dicts the converter takes (``sanitize_for_serialization``): microseconds
+  per object. The reflector uses ``json.loads``.
+
+``--quick``: 2,000 services and 10 s of churn (well under 60 s); the full run is 10,000
+services and 30 s of churn at 1,000 events/s. ``load_avg_1m_*``: the machine's load
+around the run (it is shared; figures from a loaded machine are pessimistic).
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import ipaddress
+import json
+import multiprocessing
+import multiprocessing.connection
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import anyio
+
+from bpf.probe import kernel_support
+from reconciler.status import StatusKind
+from sources.k8s_client import ClientSettings, K8sClient
+from sources.k8s_source import K8sSource
+from statedb.gc_tuning import freeze_loaded, tune_gc
+from statewright.loadbalancer import LoadBalancer, MapsPlacement
+from tables.lb_config import LBConfig
+
+NODE = "bench-node"
+BACKENDS_PER_SERVICE = 10
+
+
+def service_obj(i: int) -> dict[str, Any]:
+    """The i-th Service: one ClusterIP, one TCP port."""
+    ip = str(ipaddress.ip_address("10.96.0.0") + i + 1)
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": {"name": f"svc-{i}", "namespace": "bench"},
+        "spec": {
+            "type": "ClusterIP",
+            "clusterIP": ip,
+            "clusterIPs": [ip],
+            "ports": [{"name": "http", "port": 80, "protocol": "TCP", "targetPort": 8080}],
+        },
+    }
+
+
+def churn_ip(gen: int) -> str:
+    """The endpoint address churn event ``gen`` (1-based) introduces."""
+    return str(ipaddress.ip_address(int(ipaddress.ip_address("10.200.0.0")) + gen))
+
+
+def slice_obj(i: int, gen: int = 0) -> dict[str, Any]:
+    """The EndpointSlice of the i-th Service; ``gen`` replaces its first endpoint."""
+    base = int(ipaddress.ip_address("10.128.0.0")) + i * 16
+    addrs = [str(ipaddress.ip_address(base + j + 1)) for j in range(BACKENDS_PER_SERVICE)]
+    if gen:
+        addrs[0] = churn_ip(gen)
+    return {
+        "apiVersion": "discovery.k8s.io/v1",
+        "kind": "EndpointSlice",
+        "metadata": {
+            "name": f"svc-{i}-abcde",
+            "namespace": "bench",
+            "labels": {"kubernetes.io/service-name": f"svc-{i}"},
+        },
+        "addressType": "IPv4",
+        "endpoints": [
+            {"addresses": [a], "conditions": {"ready": True, "serving": True}} for a in addrs
+        ],
+        "ports": [{"name": "http", "port": 8080, "protocol": "TCP"}],
+    }
+
+
+def churn_service(k: int, n: int) -> int:
+    """The service churn event ``k`` (0-based) changes."""
+    return (k * 7919) % n
+
+
+# ----- the server process -----------------------------------------------------------------
+def _server(conn: multiprocessing.connection.Connection, kubeconfig: str) -> None:
+    """Child process: serve, and obey ("populate", n), ("churn", n, rate, s), ("stop",)."""
+    from tests.k8s.fake_apiserver import FakeAPIServer
+
+    srv = FakeAPIServer(bookmark_interval=5.0, history_limit=20_000).start()
+    try:
+        srv.write_kubeconfig(kubeconfig)
+        conn.send(("ready",))
+        while True:
+            cmd = conn.recv()
+            if cmd[0] == "populate":
+                for i in range(cmd[1]):
+                    srv.upsert(service_obj(i))
+                    srv.upsert(slice_obj(i))
+                srv.upsert({"kind": "Node", "metadata": {"name": NODE, "labels": {}}})
+                # The real API server's collector does not stop the world: keep this
+                # process' collector off the loaded objects, or its pauses would count
+                # as the agent's latency.
+                gc.collect()
+                gc.freeze()
+                conn.send(("ok",))
+            elif cmd[0] == "churn":
+                _, n, rate, seconds = cmd
+                total = int(rate * seconds)
+                times: list[float] = []
+                t0 = time.monotonic()
+                conn.send(("started", t0))
+                for k in range(total):
+                    due = t0 + k / rate
+                    delay = due - time.monotonic()
+                    if delay > 0:
+                        time.sleep(delay)
+                    times.append(time.monotonic())
+                    srv.upsert(slice_obj(churn_service(k, n), k + 1))
+                conn.send(("done", times))
+            else:
+                break
+    finally:
+        srv.stop()
+
+
+def _rss_mb() -> float:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    return 0.0
+
+
+# ----- decoding ---------------------------------------------------------------------------
+def decode_figures(objects: int = 500, rounds: int = 5) -> dict[str, float]:
+    """Microseconds per object: json.loads vs the client's models (and back to dicts)."""
+    import kubernetes.client
+
+    page = {
+        "kind": "ServiceList",
+        "apiVersion": "v1",
+        "metadata": {"resourceVersion": "1"},
+        "items": [service_obj(i) for i in range(objects)],
+    }
+    text = json.dumps(page)
+    api = kubernetes.client.ApiClient()
+
+    def best(fn: Any) -> float:
+        out = []
+        for _ in range(rounds):
+            t = time.perf_counter()
+            fn()
+            out.append(time.perf_counter() - t)
+        return min(out) / objects * 1e6
+
+    raw = best(lambda: json.loads(text))
+    models = best(lambda: api.deserialize(text, "V1ServiceList", "application/json"))
+    back = best(
+        lambda: api.sanitize_for_serialization(
+            api.deserialize(text, "V1ServiceList", "application/json")
+        )
+    )
+    api.close()
+    return {
+        "decode_json_us_per_object": round(raw, 2),
+        "decode_models_us_per_object": round(models, 2),
+        "decode_models_to_dicts_us_per_object": round(back, 2),
+        "decode_models_slowdown": round(models / raw, 1),
+    }
+
+
+# ----- the agent side ---------------------------------------------------------------------
+def _frontend_ok(lb: LoadBalancer, txn: Any, addr: Any, ip: str) -> bool:
+    fe = lb.frontends.get(txn, addr)
+    return (
+        fe is not None
+        and fe.status.kind is StatusKind.DONE
+        and any(str(b.address.address) == ip for b in fe.backends)
+    )
+
+
+async def run(n: int, churn_rate: float, churn_seconds: float) -> dict[str, Any]:
+    """The benchmark; returns the figures."""
+    tune_gc()
+    result: dict[str, Any] = {"services": n, "backends_per_service": BACKENDS_PER_SERVICE}
+    ctx = multiprocessing.get_context("spawn")
+    parent, child = ctx.Pipe()
+    with tempfile.TemporaryDirectory(prefix=f"statewright-k8s-bench-{os.getpid()}-") as tmp:
+        kubeconfig = str(Path(tmp) / "kubeconfig")
+        proc = ctx.Process(target=_server, args=(child, kubeconfig), daemon=True)
+        proc.start()
+        try:
+            assert parent.recv() == ("ready",)
+            parent.send(("populate", n))
+            assert parent.recv() == ("ok",)
+            result.update(await _agent(parent, kubeconfig, n, churn_rate, churn_seconds))
+        finally:
+            parent.send(("stop",))
+            proc.join(timeout=30)
+            if proc.is_alive():
+                proc.kill()
+                proc.join()
+    return result
+
+
+async def _agent(
+    conn: multiprocessing.connection.Connection,
+    kubeconfig: str,
+    n: int,
+    churn_rate: float,
+    churn_seconds: float,
+) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    backend = "kernel" if kernel_support().ok else "memory"
+    entries = 1 << max(16, (n * (BACKENDS_PER_SERVICE + 1) * 2).bit_length())
+    cfg = LBConfig.from_flags([f"--bpf-lb-map-max={entries}"], LBConfig(node_name=NODE))
+    lb = LoadBalancer(cfg, MapsPlacement(backend=backend, pin_dir=""))
+    lb.open_maps()
+    lb.build_reconciler()
+    out["maps"] = lb.maps_kind
+    client = K8sClient(ClientSettings(kubeconfig=kubeconfig, qps=50, burst=100))
+    source = K8sSource(lb.writer, client, node_name=NODE, converter=lb.converter)
+    with lb.writer.write_txn() as txn:
+        source.register_initializer(txn)
+    try:
+        async with anyio.create_task_group() as tg:
+            await tg.start(lb.run)
+            gc.collect()
+            t0 = time.perf_counter()
+            await tg.start(source.run)
+            while not source.synced:
+                await anyio.sleep(0.005)
+            assert lb.reconciler is not None
+            rev = lb.frontends.revision(lb.db.read_txn())
+            await lb.reconciler.wait_until_reconciled(rev)
+            elapsed = time.perf_counter() - t0
+            rtxn = lb.db.read_txn()
+            done = sum(1 for f in lb.frontends.all(rtxn) if f.status.kind is StatusKind.DONE)
+            if done != n:
+                raise RuntimeError(f"only {done} of {n} frontends Done after the sync")
+            out["initial_sync_s"] = round(elapsed, 3)
+            out["initial_sync_services_per_s"] = round(n / elapsed)
+            gc.collect()
+            out["rss_mb_after_sync"] = round(_rss_mb(), 1)
+            # As the agent does once the initial state is in the maps (components/lb.py).
+            freeze_loaded()
+            if churn_seconds > 0:
+                out.update(await _churn(conn, lb, n, churn_rate, churn_seconds))
+            tg.cancel_scope.cancel()
+    finally:
+        client.close()
+        lb.close_maps()
+    return out
+
+
+async def _churn(
+    conn: multiprocessing.connection.Connection,
+    lb: LoadBalancer,
+    n: int,
+    rate: float,
+    seconds: float,
+) -> dict[str, Any]:
+    txn = lb.db.read_txn()
+    addr_of = {f.service_name: f.address for f in lb.frontends.all(txn)}
+    total = int(rate * seconds)
+    conn.send(("churn", n, rate, seconds))
+    msg = await anyio.to_thread.run_sync(conn.recv)
+    assert msg[0] == "started"
+    t0 = msg[1]
+    confirmed: list[float] = []
+    max_backlog = 0
+    deadline = t0 + seconds + 10.0
+    while len(confirmed) < total and time.monotonic() < deadline:
+        await anyio.sleep(0.001)
+        now = time.monotonic()
+        emitted = min(total, int((now - t0) * rate) + 1)
+        snap = lb.db.read_txn()
+        while len(confirmed) < emitted:
+            k = len(confirmed)
+            svc = f"bench/svc-{churn_service(k, n)}"
+            if not _frontend_ok(lb, snap, addr_of[svc], churn_ip(k + 1)):
+                break
+            confirmed.append(now)
+        max_backlog = max(max_backlog, emitted - len(confirmed))
+    msg = await anyio.to_thread.run_sync(conn.recv)
+    assert msg[0] == "done"
+    emitted_at: list[float] = msg[1]
+    lat = sorted((c - e) * 1000 for c, e in zip(confirmed, emitted_at))
+    out: dict[str, Any] = {
+        "churn_events": total,
+        "churn_events_applied": len(confirmed),
+        "churn_max_backlog": max_backlog,
+        "churn_kept_up": len(confirmed) == total and max_backlog <= rate,
+    }
+    if lat:
+        out["churn_event_to_map_p50_ms"] = round(statistics.median(lat), 2)
+        out["churn_event_to_map_p99_ms"] = round(lat[min(len(lat) - 1, int(len(lat) * 0.99))], 2)
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run and print the JSON figures."""
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--quick", action="store_true", help="2,000 services, 10 s of churn")
+    p.add_argument("--services", type=int, default=0)
+    p.add_argument("--churn-rate", type=float, default=1000.0)
+    p.add_argument("--churn-seconds", type=float, default=0.0)
+    p.add_argument("--decode-only", action="store_true")
+    args = p.parse_args(argv)
+    n = args.services or (2000 if args.quick else 10_000)
+    seconds = args.churn_seconds or (10.0 if args.quick else 30.0)
+    # The machine is shared: its load says how far the figures are from an idle run.
+    result: dict[str, Any] = {"load_avg_1m_at_start": round(os.getloadavg()[0], 2)}
+    result.update(decode_figures())
+    if not args.decode_only:
+        result.update(anyio.run(run, n, args.churn_rate, seconds))
+    result["load_avg_1m_at_end"] = round(os.getloadavg()[0], 2)
+    print(json.dumps(result))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,389 @@
+"""The Kubernetes source: four reflectors feeding the LB tables through the converter.
+
+`K8sSource` runs one `sources.k8s_reflector.Reflector` per resource the agent
+reads — Services and EndpointSlices in every namespace, the Pods on this node
+(``fieldSelector=spec.nodeName=NODE``, for hostPort frontends) and this Node
+(``fieldSelector=metadata.name=NODE``, whose labels go to
+`LBWriter.set_node_labels`) — and one applier task that writes what they
+deliver into the tables:
+
+* deliveries queue up (bounded: a slow writer holds the reflectors back) and
+  the applier writes them in batches, one write transaction per batch of at
+  most ``batch_size`` changes, started at the latest ``batch_delay`` seconds
+  after the first change arrived;
+* every object goes through the same `sources.k8s_convert.K8sConverter` as the
+  manifest source. An object the converter refuses (`ConversionError`, or a
+  `FrontendConflictError`: its frontend belongs to another service) gets its own
+  error in `K8sSource.errors` and is left out, and the others apply: a Service
+  or EndpointSlice is refused before anything of it is written, so the batch
+  goes on; a Pod may be refused half-written, so then the batch is written
+  again without it (transaction aborted, converter rolled back; see
+  `K8sSource.apply_batch`);
+* the source registers an initializer on the LB tables (`register_initializer`)
+  and completes it in the transaction that applies the last of the four initial
+  lists: pruning of the BPF maps starts only once the tables hold the whole
+  cluster state, so an agent restarted against a changed cluster removes
+  exactly the stale entries.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import anyio
+import anyio.abc
+from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
+
+from sources.k8s_client import K8sClient
+from sources.k8s_convert import ConversionError, K8sConverter
+from sources.k8s_reflector import (
+    BACKING_OFF,
+    LISTING,
+    STOPPED,
+    WATCHING,
+    Delta,
+    Reflector,
+    ReflectorConfig,
+    ResourceSpec,
+)
+from statedb import WriteTxn
+from statedb.errors import InputError, StatewrightError
+from tables.lb_writer import FrontendConflictError, LBWriter
+
+log = logging.getLogger(__name__)
+
+#: What the applier catches per object: bad input (`statedb.errors.InputError`: the
+#: converter's `ConversionError`, the writer's `FrontendConflictError`...). Anything else
+#: is a bug and ends the source (the component reports it).
+INPUT_ERRORS: tuple[type[Exception], ...] = (InputError,)
+#: Input errors raised before anything of the object is written: the conversion (a pure
+#: function, run first) and the writer's frontend-conflict check (done before writing).
+CLEAN_ERRORS: tuple[type[Exception], ...] = (ConversionError, FrontendConflictError)
+
+KIND_NODE = "Node"
+KIND_POD = "Pod"
+#: Kinds whose `CLEAN_ERRORS` leave nothing written (see `apply_batch`); a Pod's host
+#: ports are several services, one may be written before the next is refused.
+_REFUSED_BEFORE_WRITING = frozenset({"Service", "EndpointSlice", KIND_NODE})
+
+
+def resource_specs(node_name: str) -> list[ResourceSpec]:
+    """The four resources the agent reads (pods and node restricted to ``node_name``)."""
+    return [
+        ResourceSpec("services", "Service", "v1", lambda c: c.core.list_service_for_all_namespaces),
+        ResourceSpec(
+            "endpointslices",
+            "EndpointSlice",
+            "discovery.k8s.io/v1",
+            lambda c: c.discovery.list_endpoint_slice_for_all_namespaces,
+        ),
+        ResourceSpec(
+            "pods",
+            "Pod",
+            "v1",
+            lambda c: c.core.list_pod_for_all_namespaces,
+            field_selector=f"spec.nodeName={node_name}",
+        ),
+        ResourceSpec(
+            "nodes",
+            KIND_NODE,
+            "v1",
+            lambda c: c.core.list_node,
+            field_selector=f"metadata.name={node_name}",
+        ),
+    ]
+
+
+class SourceError(StatewrightError, RuntimeError):
+    """The source cannot go on (an object refused in a way it cannot undo)."""
+
+
+@dataclass(frozen=True, slots=True)
+class SourceConfig:
+    """Batching of the applier and the reflectors' timing."""
+
+    #: Changes per write transaction, at most (plus the rest of the delivery that crossed
+    #: it): a batch holds the event loop while it is written, ~0.2 ms per object.
+    batch_size: int = 500
+    #: How long the applier waits for more changes after the first one (under load the
+    #: changes that arrive while a batch is written make the next batch anyway).
+    batch_delay: float = 0.001
+    #: Deliveries that may wait for the applier before reflectors are held back.
+    queue_depth: int = 64
+    reflector: ReflectorConfig = field(default_factory=ReflectorConfig)
+
+
+@dataclass(slots=True)
+class _Item:
+    reflector: Reflector
+    deltas: list[Delta]
+    synced: bool
+    received: float
+
+
+class K8sSource:
+    """Keeps the LB tables equal to what the API server holds (see the module docstring)."""
+
+    def __init__(
+        self,
+        writer: LBWriter,
+        client: K8sClient,
+        *,
+        node_name: str,
+        converter: K8sConverter | None = None,
+        config: SourceConfig | None = None,
+        on_applied: Callable[[list[Delta], float], None] | None = None,
+    ) -> None:
+        self.writer = writer
+        self.client = client
+        self.node_name = node_name
+        self.converter = converter if converter is not None else K8sConverter(writer)
+        self.config = config or SourceConfig()
+        #: Called after each committed batch with its deltas and the time the oldest of
+        #: them arrived (benchmarks measure event-to-table latency with it).
+        self.on_applied = on_applied
+        self.reflectors = [
+            Reflector(client, spec, self._deliver, self.config.reflector)
+            for spec in resource_specs(node_name)
+        ]
+        #: Current error per object (``Kind namespace/name`` -> message).
+        self.errors: dict[str, str] = {}
+        # Objects refused for a frontend conflict, as last received (tried again later).
+        self._conflicts: dict[str, tuple[Reflector, Delta]] = {}
+        self._send: MemoryObjectSendStream[_Item]
+        self._recv: MemoryObjectReceiveStream[_Item]
+        self._send, self._recv = anyio.create_memory_object_stream[_Item](self.config.queue_depth)
+        self._init_done: Callable[[WriteTxn], None] | None = None
+        self._synced: set[str] = set()
+        #: True once every initial list has been applied.
+        self.synced = False
+        self.batches = 0
+        self.applied = 0
+        #: Per resource: the highest resourceVersion among the objects processed (committed
+        #: or refused).
+        self.applied_rv: dict[str, int] = {}
+        # Set (and dropped) after each batch; created by a waiter (an anyio Event needs
+        # the running event loop, the source may be built before it).
+        self._applied_event: anyio.Event | None = None
+
+    # ----- initialization -----------------------------------------------------------------
+    def register_initializer(self, txn: WriteTxn) -> None:
+        """Keep the LB tables uninitialized until every initial list has been applied."""
+        self._init_done = self.writer.register_initializer(txn, "k8s")
+
+    # ----- running ------------------------------------------------------------------------
+    async def run(
+        self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED
+    ) -> None:
+        """Run the reflectors and the applier until cancelled."""
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(self._apply_loop)
+            for r in self.reflectors:
+                tg.start_soon(r.run, name=f"k8s reflector {r.name}")
+            task_status.started()
+
+    async def wait_synced(self) -> None:
+        """Wait until every initial list has been applied (tests, start-up)."""
+        while not self.synced:
+            await anyio.sleep(0.01)
+
+    async def wait_applied(self, resource: str, resource_version: int | str) -> None:
+        """Wait until a change of ``resource`` ("services", "endpointslices", "pods",
+        "nodes") at ``resource_version`` (or later) has been processed: committed to the
+        tables, or refused with its error in `errors`. What a caller that changed the API
+        server and wants to look at the result waits for (e.g. a conformance runner after
+        ``k8s/add``)."""
+        want = int(resource_version)
+        while self.applied_rv.get(resource, 0) < want:
+            if self._applied_event is None:
+                self._applied_event = anyio.Event()
+            await self._applied_event.wait()
+
+    async def _deliver(self, reflector: Reflector, deltas: list[Delta], synced: bool) -> None:
+        """A reflector's delivery: queued for the applier (waits when the queue is full)."""
+        await self._send.send(_Item(reflector, deltas, synced, time.monotonic()))
+
+    async def _apply_loop(self) -> None:
+        """Take deliveries as they come and write them in batches: after the first, what
+        arrives within ``batch_delay`` joins it, up to ``batch_size`` changes."""
+        cfg = self.config
+        while True:
+            first = await self._recv.receive()
+            batch = [first]
+            size = len(first.deltas)
+            deadline = anyio.current_time() + cfg.batch_delay
+            while size < cfg.batch_size:
+                try:
+                    item = self._recv.receive_nowait()
+                except anyio.WouldBlock:
+                    remaining = deadline - anyio.current_time()
+                    if remaining <= 0:
+                        break
+                    got: _Item | None = None
+                    with anyio.move_on_after(remaining):
+                        got = await self._recv.receive()
+                    if got is None:
+                        break
+                    item = got
+                batch.append(item)
+                size += len(item.deltas)
+            self.apply_batch(batch)
+
+    def apply_batch(self, batch: list[_Item], *, retrying: bool = False) -> None:
+        """Write a batch in one transaction; objects the converter refuses are left out.
+
+        Services and EndpointSlices are refused before anything is written (the converter
+        converts first, and `LBWriter.upsert_service_and_frontends` checks for conflicts
+        before writing), so a refused one is skipped and the transaction goes on. A Pod
+        may be refused after some of its host-port services were written: then the
+        transaction is aborted, the converter rolled back to a checkpoint taken before
+        the batch, and the batch written again without it. The checkpoint copies the
+        converter's whole memory (tens of milliseconds at 10,000 services), so it is taken
+        only for batches with Pods, which are rare (this node's Pods only).
+
+        An object refused for a frontend conflict may apply once the other service lets
+        go of the address: after a batch that wrote a Service or Pod, the conflicting
+        objects are tried again (``retrying``: that second pass does not retry again)."""
+        deltas = [(item.reflector, d) for item in batch for d in item.deltas]
+        skip: set[int] = set()
+        newly_synced = {item.reflector.name for item in batch if item.synced}
+        all_synced = (self._synced | newly_synced) >= {r.name for r in self.reflectors}
+        conv = self.converter
+        while True:
+            with_pods = any(
+                r.spec.kind == KIND_POD for i, (r, _) in enumerate(deltas) if i not in skip
+            )
+            cp = conv.checkpoint() if with_pods else None
+            txn = self.writer.write_txn()
+            redo = False
+            try:
+                for i, (r, d) in enumerate(deltas):
+                    if i in skip:
+                        continue
+                    try:
+                        self._apply_one(txn, r, d)
+                    except INPUT_ERRORS as e:
+                        skip.add(i)
+                        self._record_error(r, d, str(e))
+                        if isinstance(e, FrontendConflictError):
+                            self._conflicts[f"{r.spec.kind} {d.key}"] = (r, d)
+                        if r.spec.kind in _REFUSED_BEFORE_WRITING and isinstance(e, CLEAN_ERRORS):
+                            continue
+                        if cp is None:
+                            # Possibly half-written, and no checkpoint to undo the batch's
+                            # earlier objects in the converter: stop rather than diverge.
+                            raise SourceError(
+                                f"{r.spec.kind} {d.key} refused after a partial write "
+                                f"({type(e).__name__}: {e}); the source must be restarted"
+                            ) from e
+                        redo = True
+                        break
+                if not redo and all_synced and self._init_done is not None:
+                    # The last initial list is in this transaction: pruning may start.
+                    self._init_done(txn)
+            except BaseException:
+                txn.abort()
+                if cp is not None:
+                    conv.rollback(cp)
+                raise
+            if redo:
+                txn.abort()
+                assert cp is not None
+                conv.rollback(cp)
+                continue
+            txn.commit()
+            break
+        if all_synced:
+            self._init_done = None
+            self.synced = True
+        self._synced |= newly_synced
+        for i, (r, d) in enumerate(deltas):
+            if i not in skip:
+                self.errors.pop(f"{r.spec.kind} {d.key}", None)
+                self._conflicts.pop(f"{r.spec.kind} {d.key}", None)
+        self.batches += 1
+        self.applied += len(deltas) - len(skip)
+        for r, d in deltas:
+            rv = (d.obj.get("metadata") or {}).get("resourceVersion")
+            if isinstance(rv, str) and rv.isdigit() and int(rv) > self.applied_rv.get(r.name, 0):
+                self.applied_rv[r.name] = int(rv)
+        if self._applied_event is not None:
+            self._applied_event.set()
+            self._applied_event = None
+        if self.on_applied is not None and batch:
+            self.on_applied([d for _, d in deltas], min(item.received for item in batch))
+        # Only a Service or Pod written (changed or deleted) can free an address.
+        if (
+            not retrying
+            and self._conflicts
+            and any(
+                r.spec.kind != "EndpointSlice" and r.spec.kind != KIND_NODE
+                for i, (r, _) in enumerate(deltas)
+                if i not in skip
+            )
+        ):
+            now = time.monotonic()
+            again = [_Item(r, [d], False, now) for r, d in self._conflicts.values()]
+            self.apply_batch(again, retrying=True)
+
+    def _apply_one(self, txn: WriteTxn, r: Reflector, d: Delta) -> None:
+        if r.spec.kind == KIND_NODE:
+            labels: Mapping[str, Any] = {}
+            if d.op == "upsert":
+                raw = (d.obj.get("metadata") or {}).get("labels") or {}
+                labels = (
+                    {str(k): str(v) for k, v in raw.items()} if isinstance(raw, Mapping) else {}
+                )
+            self.writer.set_node_labels(txn, labels)
+            return
+        if d.op == "upsert":
+            self.converter.upsert(txn, d.obj)
+        else:
+            self.converter.delete(txn, d.obj)
+
+    def _record_error(self, r: Reflector, d: Delta, message: str) -> None:
+        key = f"{r.spec.kind} {d.key}"
+        if self.errors.get(key) != message:
+            log.error("k8s source: %s", message)
+        self.errors[key] = message
+
+    # ----- health ---------------------------------------------------------------------------
+    def health(self) -> list[tuple[str, bool, str]]:
+        """(resource, ok, message) per reflector, then one line for refused objects."""
+        out: list[tuple[str, bool, str]] = []
+        now = time.time()
+        for r in self.reflectors:
+            h = r.health
+            synced = "synced" if h.synced else "not synced"
+            if h.state == BACKING_OFF:
+                ago = _ago(now - h.error_since)
+                out.append((r.name, False, f"backing off ({synced}); since {ago}: {h.last_error}"))
+            elif h.state == LISTING:
+                out.append((r.name, True, f"listing ({synced})"))
+            elif h.state == WATCHING:
+                out.append(
+                    (r.name, True, f"watching ({synced}, resourceVersion {h.resource_version})")
+                )
+            elif h.state == STOPPED:
+                out.append((r.name, False, "stopped"))
+        if self.errors:
+            first = sorted(self.errors)[0]
+            out.append(
+                (
+                    "objects",
+                    False,
+                    f"{len(self.errors)} object(s) refused, e.g. {self.errors[first]}",
+                )
+            )
+        return out
+
+
+def _ago(seconds: float) -> str:
+    if seconds < 60:
+        return f"{math.floor(seconds)}s ago"
+    return f"{math.floor(seconds / 60)}m ago"

@@ -1,0 +1,162 @@
+"""The Kubernetes source in the agent: list and watch the API server into the LB tables.
+
+`KubernetesComponent` (``k8s``) runs `sources.k8s_source.K8sSource` with the load
+balancer's writer and converter (the same converter as the manifest source, so both
+sources can run together). It is enabled when the configuration says where the API
+server is — ``k8s-kubeconfig``, ``k8s-api-server`` or ``k8s-in-cluster: true`` — and
+Disabled otherwise (manifests stay the default for ``make run``).
+
+It comes after ``lb`` and before ``maps`` in the component list: it registers the ``k8s``
+initializer on the LB tables while it starts, so the reconciler prunes nothing from the
+maps before all four initial lists (services, endpoint slices, this node's pods, this
+node) are in the tables. The agent does not wait for the API server at start: an
+unreachable server leaves the agent running and the component Degraded, with the reason,
+until it answers.
+
+The Node object's labels replace the configured ``node-labels`` once it has been read
+(the Node is the truth in a cluster).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from sources.k8s_client import ClientSettings, K8sClient, K8sConfigError
+from sources.k8s_source import K8sSource, SourceConfig
+from statewright.agent.config import AgentConfig
+from statewright.component import (
+    DEGRADED,
+    DISABLED,
+    OK,
+    Component,
+    ComponentError,
+    Health,
+    Hive,
+    Request,
+    Route,
+)
+from statewright.loadbalancer import LoadBalancer
+
+log = logging.getLogger("statewright.agent.kubernetes")
+
+
+def client_settings(config: AgentConfig) -> ClientSettings:
+    """The client settings the agent configuration asks for."""
+    return ClientSettings(
+        kubeconfig=config.k8s_kubeconfig,
+        api_server=config.k8s_api_server,
+        in_cluster=config.k8s_in_cluster,
+        qps=config.k8s_qps,
+        burst=config.k8s_burst,
+    )
+
+
+class KubernetesComponent(Component):
+    """Services, EndpointSlices, this node's Pods and this Node from the API server."""
+
+    name = "k8s"
+    needs = ("lb",)
+    provides = ("k8s",)
+
+    def __init__(self, config: AgentConfig, source_config: SourceConfig | None = None) -> None:
+        self.config = config
+        #: Batching and reflector timing (None: the defaults, made for a real cluster).
+        self.source_config = source_config
+        self.settings = client_settings(config)
+        self.source: K8sSource | None = None
+        self.client: K8sClient | None = None
+
+    @property
+    def enabled(self) -> bool:
+        """True when the configuration points at an API server."""
+        return self.settings.enabled
+
+    async def start(self, hive: Hive) -> None:
+        """Connect the client, register the ``k8s`` initializer and start the reflectors.
+        A configuration that cannot work (no such kubeconfig, no service-account token in
+        cluster mode) stops the agent's start with the reason."""
+        if not self.enabled:
+            return
+        lb = hive.get("lb", LoadBalancer)
+        try:
+            client = K8sClient(self.settings)
+        except K8sConfigError as e:
+            raise ComponentError(f"{self.name}: {e}") from None
+        self.client = client
+        source = K8sSource(
+            lb.writer,
+            client,
+            node_name=self.config.node_name,
+            converter=lb.converter,
+            config=self.source_config,
+        )
+        with lb.writer.write_txn() as txn:
+            source.register_initializer(txn)
+        self.source = source
+        hive.provide("k8s", source)
+        await hive.spawn(self, source.run)
+        log.info(
+            "agent: kubernetes source on %s for node %s", client.description, self.config.node_name
+        )
+
+    async def stop(self) -> None:
+        """Close the client's connections (the reflector tasks are cancelled by the hive)."""
+        if self.client is not None:
+            self.client.close()
+
+    def health(self) -> list[Health]:
+        """One line for the source, one per resource (``k8s/services``...), one for refused
+        objects when there are any."""
+        if not self.enabled:
+            return [
+                Health(self.name, DISABLED, "no k8s-kubeconfig, k8s-api-server or k8s-in-cluster")
+            ]
+        src = self.source
+        if src is None:
+            return [Health(self.name, DEGRADED, "not started")]
+        lines = [
+            Health(f"{self.name}/{res}", OK if ok else DEGRADED, msg)
+            for res, ok, msg in src.health()
+        ]
+        bad = [h for h in lines if h.state != OK]
+        where = self.client.description if self.client is not None else ""
+        if bad:
+            summary = Health(self.name, DEGRADED, "; ".join(f"{h.name}: {h.message}" for h in bad))
+        elif src.synced:
+            summary = Health(self.name, OK, f"synced with {where}")
+        else:
+            summary = Health(self.name, OK, f"initial sync with {where}")
+        return [summary, *lines]
+
+    def routes(self) -> Sequence[Route]:
+        """``/k8s``: each reflector's state and the refused objects."""
+        return (Route("/k8s", self._status),)
+
+    async def _status(self, _req: Request) -> Any:
+        src = self.source
+        if src is None:
+            return {"enabled": self.enabled, "resources": [], "errors": {}}
+        now = time.time()
+        return {
+            "enabled": True,
+            "server": self.client.description if self.client is not None else "",
+            "synced": src.synced,
+            "resources": [
+                {
+                    "name": r.name,
+                    "state": r.health.state,
+                    "for_s": round(now - r.health.since, 3),
+                    "synced": r.health.synced,
+                    "resource_version": r.health.resource_version,
+                    "last_error": r.health.last_error,
+                    "lists": r.health.lists,
+                    "watches": r.health.watches,
+                    "events": r.health.events,
+                }
+                for r in src.reflectors
+            ],
+            "errors": dict(src.errors),
+        }

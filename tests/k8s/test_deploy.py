@@ -1,0 +1,98 @@
+"""deploy/: every manifest parses with the kubernetes client's models (and loses no field
+on the way, so a misspelt field fails), the ConfigMap is a valid agent configuration that
+enables the Kubernetes source, and the ClusterRole allows what the agent does and no more."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import kubernetes.client
+import pytest
+import yaml
+
+from statewright.agent.components.kubernetes import KubernetesComponent
+from statewright.agent.config import load
+
+from .fake_apiserver import RequestRecord
+from .rbac import DEPLOY, allows, cluster_role_rules
+
+MANIFESTS = sorted(p for p in DEPLOY.glob("*.yaml") if p.name != "kustomization.yaml")
+
+
+def _docs() -> list[tuple[str, dict[str, Any]]]:
+    return [
+        (p.name, doc)
+        for p in MANIFESTS
+        for doc in yaml.safe_load_all(p.read_text())
+        if doc is not None
+    ]
+
+
+def _model_name(doc: dict[str, Any]) -> str:
+    version = doc["apiVersion"].split("/")[-1]
+    return f"{version[0].upper()}{version[1:]}{doc['kind']}"
+
+
+@pytest.mark.parametrize("name,doc", _docs(), ids=lambda x: x if isinstance(x, str) else "")
+def test_manifest_parses_with_the_client_models(name: str, doc: dict[str, Any]) -> None:
+    api = kubernetes.client.ApiClient()
+    model = api.deserialize(json.dumps(doc), _model_name(doc), "application/json")
+    assert type(model).__name__ == _model_name(doc)
+    # A field the model does not know would be dropped: the round trip must be exact.
+    assert api.sanitize_for_serialization(model) == doc, name
+
+
+def test_every_manifest_is_listed_in_the_kustomization() -> None:
+    kust = yaml.safe_load((DEPLOY / "kustomization.yaml").read_text())
+    assert sorted(kust["resources"]) == [p.name for p in MANIFESTS]
+
+
+def test_daemonset_essentials() -> None:
+    ds = yaml.safe_load((DEPLOY / "daemonset.yaml").read_text())
+    pod = ds["spec"]["template"]["spec"]
+    assert pod["hostNetwork"] is True and pod["serviceAccountName"] == "statewright"
+    (agent,) = pod["containers"]
+    env = {e["name"]: e for e in agent["env"]}
+    assert env["NODE_NAME"]["valueFrom"]["fieldRef"]["fieldPath"] == "spec.nodeName"
+    assert "BPF" in agent["securityContext"]["capabilities"]["add"]
+    mounts = {m["mountPath"] for m in agent["volumeMounts"]}
+    assert {"/sys/fs/bpf", "/etc/statewright", "/run/statewright/cgroupv2"} <= mounts
+    assert "statewright status" in " ".join(agent["livenessProbe"]["exec"]["command"])
+    assert agent["readinessProbe"]["exec"]["command"] == ["statewright", "status"]
+
+
+def test_configmap_is_an_agent_config_enabling_kubernetes(tmp_path: Path) -> None:
+    cm = yaml.safe_load((DEPLOY / "configmap.yaml").read_text())
+    path = tmp_path / "config.yaml"
+    path.write_text(cm["data"]["config.yaml"])
+    config = load(str(path))
+    assert config.k8s_in_cluster and config.manifests == ()
+    assert KubernetesComponent(config).enabled
+
+
+def test_cluster_role_is_least_rights() -> None:
+    rules = cluster_role_rules()
+    granted = {
+        (g, r, v)
+        for rule in rules
+        for g in rule["apiGroups"]
+        for r in rule["resources"]
+        for v in rule["verbs"]
+    }
+    assert granted == {
+        (g, r, v)
+        for g, r in [
+            ("", "services"),
+            ("", "pods"),
+            ("", "nodes"),
+            ("discovery.k8s.io", "endpointslices"),
+        ]
+        for v in ("list", "watch")
+    }
+    # The checker itself: a get or another resource is refused.
+    assert not allows(
+        rules, RequestRecord("GET", "/api/v1/secrets", {}, verb="list", resource="secrets")
+    )
+    assert not allows(rules, RequestRecord("GET", "/api", {}))

@@ -1,0 +1,327 @@
+"""The Kubernetes source against the fake API server: sync, changes, relists, faults.
+
+These run on the LB tables alone (no maps); tests/k8s/test_scenarios.py adds the maps.
+"""
+
+from __future__ import annotations
+
+import socket
+from pathlib import Path
+
+import anyio
+import pytest
+import trustme
+
+from sources.k8s_client import ClientSettings
+from sources.k8s_reflector import BACKING_OFF, WATCHING
+
+from .fake_apiserver import FakeAPIServer
+from .helpers import NODE, running_source, wait_for
+from .objects import endpoint_slice, node, pod, service
+
+pytestmark = pytest.mark.anyio
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+def _populate(srv: FakeAPIServer, n: int = 5) -> None:
+    for i in range(n):
+        srv.upsert(service(f"s{i}", f"10.96.0.{i + 1}"))
+        srv.upsert(endpoint_slice(f"s{i}", [f"10.244.0.{i + 1}"]))
+    srv.upsert(node(NODE, {"topology.kubernetes.io/zone": "zone-a"}))
+
+
+async def test_initial_sync_then_live_changes(apiserver: FakeAPIServer, kubeconfig: str) -> None:
+    _populate(apiserver)
+    apiserver.upsert(pod("hp", NODE, "10.244.9.9", 8081))
+    apiserver.upsert(pod("elsewhere", "node-b", "10.244.9.8", 8082))
+    async with running_source(ClientSettings(kubeconfig=kubeconfig)) as r:
+        await wait_for(lambda: r.source.synced, "initial sync")
+        assert r.initialized()
+        assert r.services() == [
+            "default/hp:host-port:8081:uid-hp",
+            *[f"default/s{i}" for i in range(5)],
+        ]
+        assert r.backends("default/s3") == ["10.244.0.4:8080/TCP"]
+        assert r.writer.node_labels == {"topology.kubernetes.io/zone": "zone-a"}
+        # Every list was paginated (page size 2): services took three pages.
+        pages = [q for q in apiserver.requests if q.resource == "services" and q.verb == "list"]
+        assert len(pages) == 3 and "continue" in pages[1].query
+        # Live changes.
+        apiserver.upsert(service("new", "10.96.1.1"))
+        apiserver.upsert(endpoint_slice("new", ["10.244.1.1", "10.244.1.2"]))
+        apiserver.upsert(endpoint_slice("s0", ["10.244.0.99"]))
+        apiserver.delete("Service", "default", "s1")
+        apiserver.delete("Pod", "default", "hp")
+        apiserver.upsert(node(NODE, {"topology.kubernetes.io/zone": "zone-b"}))
+        await wait_for(
+            lambda: (
+                r.backends("default/new") == ["10.244.1.1:8080/TCP", "10.244.1.2:8080/TCP"]
+                and "default/s1" not in r.services()
+                and r.backends("default/s0") == ["10.244.0.99:8080/TCP"]
+                and not any("host-port" in s for s in r.services())
+                and r.writer.node_zone == "zone-b"
+            ),
+            "live changes",
+        )
+        assert all(ok for _, ok, _ in r.source.health())
+        assert {h.state for h in (x.health for x in r.source.reflectors)} == {WATCHING}
+        # Every watch asked for bookmarks and started from its list's version.
+        watches = [q for q in apiserver.requests if q.verb == "watch"]
+        assert watches and all(q.query.get("allowWatchBookmarks") == "true" for q in watches)
+        assert all(q.query.get("resourceVersion") for q in watches)
+        assert {q.query.get("fieldSelector") for q in watches if q.resource == "pods"} == {
+            f"spec.nodeName={NODE}"
+        }
+
+
+async def test_initializer_waits_for_every_list(apiserver: FakeAPIServer, kubeconfig: str) -> None:
+    _populate(apiserver, 2)
+    apiserver.fail_next(500, count=10_000, match="/api/v1/nodes")
+    async with running_source(ClientSettings(kubeconfig=kubeconfig)) as r:
+        await wait_for(lambda: len(r.services()) == 2, "services applied")
+        nodes = next(x for x in r.source.reflectors if x.name == "nodes")
+        await wait_for(lambda: nodes.health.state == BACKING_OFF, "nodes backing off")
+        # Services are in, but the node is not: pruning must not start yet.
+        assert not r.initialized() and not r.source.synced
+        health = dict((n, (ok, msg)) for n, ok, msg in r.source.health())
+        assert health["nodes"][0] is False and "HTTP 500" in health["nodes"][1]
+        apiserver.clear_faults()
+        await wait_for(lambda: r.source.synced, "initial sync")
+        assert r.initialized()
+
+
+async def test_relist_after_410_applies_only_the_difference(
+    apiserver: FakeAPIServer, kubeconfig: str
+) -> None:
+    _populate(apiserver)
+    async with running_source(ClientSettings(kubeconfig=kubeconfig)) as r:
+        await wait_for(lambda: r.source.synced, "initial sync")
+        before = {
+            f.service_name: rev for f, rev in r.writer.frontends.all_revisions(r.db.read_txn())
+        }
+        # The watches go down and stay down while the cluster changes and compacts.
+        apiserver.fail_next(503, count=10_000, match="watch=true")
+        apiserver.drop_watches()
+        services = next(x for x in r.source.reflectors if x.name == "services")
+        await wait_for(lambda: services.health.state == BACKING_OFF, "watch down")
+        apiserver.delete("Service", "default", "s1")
+        apiserver.upsert(service("s2", "10.96.2.2"))
+        apiserver.expire()
+        apiserver.clear_faults()
+        await wait_for(
+            lambda: "default/s1" not in r.services() and "10.96.2.2:80/TCP" in r.frontends(),
+            "relist applied",
+        )
+        assert services.health.lists == 2
+        after = {
+            f.service_name: rev for f, rev in r.writer.frontends.all_revisions(r.db.read_txn())
+        }
+        # Unchanged services' frontends were not written again.
+        for name in ("default/s0", "default/s3", "default/s4"):
+            assert after[name] == before[name], name
+        assert "default/s1" not in after
+        # A relisting reflector never emptied the table: s0 stayed throughout (checked
+        # by revision above, a row deleted and re-added would have a new one).
+
+
+async def test_bad_object_gets_its_own_error(apiserver: FakeAPIServer, kubeconfig: str) -> None:
+    _populate(apiserver, 3)
+    bad = service("bad", "10.96.0.200")
+    bad["spec"]["ports"][0]["port"] = 70000
+    apiserver.upsert(bad)
+    # The same frontend as s0 (listed after it): a conflict, refused for this one only.
+    apiserver.upsert(service("zz-dup", "10.96.0.1"))
+    async with running_source(ClientSettings(kubeconfig=kubeconfig)) as r:
+        await wait_for(lambda: r.source.synced, "initial sync")
+        assert r.services() == ["default/s0", "default/s1", "default/s2"]
+        assert set(r.source.errors) == {"Service default/bad", "Service default/zz-dup"}
+        assert "spec.ports[0].port" in r.source.errors["Service default/bad"]
+        health = {n: (ok, msg) for n, ok, msg in r.source.health()}
+        assert health["objects"][0] is False and "2 object(s) refused" in health["objects"][1]
+        fixed = service("bad", "10.96.0.200")
+        apiserver.upsert(fixed)
+        await wait_for(lambda: "default/bad" in r.services(), "fixed object applied")
+        assert set(r.source.errors) == {"Service default/zz-dup"}
+
+
+async def test_retry_after_is_honoured(apiserver: FakeAPIServer, kubeconfig: str) -> None:
+    _populate(apiserver, 1)
+    apiserver.fail_next(429, retry_after=1, match="/api/v1/services")
+    async with running_source(ClientSettings(kubeconfig=kubeconfig)) as r:
+        await wait_for(lambda: r.source.synced, "initial sync")
+        reqs = [q for q in apiserver.requests if q.resource == "services"]
+        assert reqs[0].status == 429 and reqs[1].status == 200
+        # The second request waited at least the Retry-After (a lower bound: cannot flake).
+        assert reqs[1].time - reqs[0].time >= 1.0
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+async def test_unreachable_at_start_then_recovers(tmp_path: Path) -> None:
+    ca = trustme.CA()
+    port = _free_port()
+    later = FakeAPIServer(ca=ca, port=port)  # bound, not serving yet
+    later.stop()  # release the port: connections are refused
+    srv = FakeAPIServer(ca=ca, port=port, token=later.token)
+    kubeconfig = srv.write_kubeconfig(tmp_path / "kc")
+    srv.stop()
+    _populate(srv, 2)
+    try:
+        async with running_source(ClientSettings(kubeconfig=kubeconfig)) as r:
+            services = next(x for x in r.source.reflectors if x.name == "services")
+            await wait_for(lambda: services.health.state == BACKING_OFF, "backing off")
+            health = {n: (ok, msg) for n, ok, msg in r.source.health()}
+            ok, msg = health["services"]
+            assert not ok and "not synced" in msg and "refused" in msg.lower()
+            assert not r.initialized()
+            srv = FakeAPIServer(ca=ca, port=port, token=later.token)
+            _populate(srv, 2)
+            srv.start()
+            await wait_for(lambda: r.source.synced, "sync after the server came up")
+            assert r.services() == ["default/s0", "default/s1"]
+            assert all(ok for _, ok, _ in r.source.health())
+    finally:
+        srv.stop()
+
+
+async def test_in_cluster_token_rotation(apiserver: FakeAPIServer, tmp_path: Path) -> None:
+    _populate(apiserver, 1)
+    token = tmp_path / "token"
+    ca = tmp_path / "ca.crt"
+    token.write_text(apiserver.token)
+    ca.write_bytes(apiserver.ca_pem)
+    settings = ClientSettings(
+        in_cluster=True,
+        token_file=str(token),
+        ca_file=str(ca),
+        environ={
+            "KUBERNETES_SERVICE_HOST": "127.0.0.1",
+            "KUBERNETES_SERVICE_PORT": str(apiserver.port),
+        },
+    )
+    async with running_source(settings) as r:
+        await wait_for(lambda: r.source.synced, "initial sync")
+        # The server rotates the token; open watches are cut, new requests get 401 ...
+        new = apiserver.rotate_token()
+        apiserver.drop_watches()
+        services = next(x for x in r.source.reflectors if x.name == "services")
+        await wait_for(lambda: "401" in services.health.last_error, "401 seen")
+        # ... until the kubelet writes the new token into the file.
+        tmp = tmp_path / "token.new"
+        tmp.write_text(new)
+        tmp.replace(token)
+        apiserver.upsert(service("after", "10.96.5.5"))
+        await wait_for(lambda: "default/after" in r.services(), "changes after rotation")
+        assert any(q.token == new and q.status == 200 for q in apiserver.requests)
+
+
+async def test_stalled_watch_is_restarted(apiserver: FakeAPIServer, kubeconfig: str) -> None:
+    _populate(apiserver, 1)
+    async with running_source(ClientSettings(kubeconfig=kubeconfig)) as r:
+        await wait_for(lambda: r.source.synced, "initial sync")
+        services = next(x for x in r.source.reflectors if x.name == "services")
+        watches = services.health.watches
+        apiserver.stall_watches()
+        apiserver.upsert(service("during", "10.96.6.6"))
+        # Nothing arrives on the stalled stream (not even bookmarks); after the stall
+        # timeout (1 s here) the reflector restarts the watch, which replays the change.
+        await wait_for(lambda: "default/during" in r.services(), "change after restart")
+        assert services.health.watches > watches
+        assert services.health.lists == 1  # a restart, not a relist
+
+
+async def test_refused_pod_leaves_nothing_behind(apiserver: FakeAPIServer, kubeconfig: str) -> None:
+    _populate(apiserver, 1)
+    apiserver.upsert(pod("a", NODE, "10.244.9.1", 8081))
+    # Pod b's first host port is free, its second is pod a's: b is refused as a whole,
+    # after its first host-port service was written (the batch is written again).
+    b = pod("b", NODE, "10.244.9.2", 9000)
+    b["spec"]["containers"][0]["ports"].append(
+        {"containerPort": 8081, "hostPort": 8081, "protocol": "TCP"}
+    )
+    apiserver.upsert(b)
+    async with running_source(ClientSettings(kubeconfig=kubeconfig)) as r:
+        await wait_for(lambda: r.source.synced, "initial sync")
+        assert r.services() == ["default/a:host-port:8081:uid-a", "default/s0"]
+        assert set(r.source.errors) == {"Pod default/b"}
+        assert "0.0.0.0:8081/TCP" in r.frontends() and "0.0.0.0:9000/TCP" not in r.frontends()
+
+
+async def test_expired_continue_token_restarts_the_list(
+    apiserver: FakeAPIServer, kubeconfig: str
+) -> None:
+    _populate(apiserver, 5)
+    # The first continued page (services' or endpoint slices') finds its token expired.
+    apiserver.fail_next(410, match="continue=")
+    async with running_source(ClientSettings(kubeconfig=kubeconfig)) as r:
+        await wait_for(lambda: r.source.synced, "initial sync")
+        assert r.services() == [f"default/s{i}" for i in range(5)]
+        lists = [
+            (q.status, "continue" in q.query)
+            for q in apiserver.requests
+            if q.verb == "list" and q.resource in ("services", "endpointslices")
+        ]
+        assert (410, True) in lists
+        services = next(x for x in r.source.reflectors if x.name == "services")
+        slices = next(x for x in r.source.reflectors if x.name == "endpointslices")
+        assert services.health.lists + slices.health.lists == 2  # each completed once
+
+
+async def test_wait_applied_makes_changes_synchronous(
+    apiserver: FakeAPIServer, kubeconfig: str
+) -> None:
+    """What a conformance runner needs: change the server, wait, look at the tables."""
+    async with running_source(ClientSettings(kubeconfig=kubeconfig)) as r:
+        await wait_for(lambda: r.source.synced, "initial sync")
+        for i in range(5):
+            stored = apiserver.upsert(service(f"w{i}", f"10.96.7.{i + 1}"))
+            with anyio.fail_after(20):
+                await r.source.wait_applied("services", stored["metadata"]["resourceVersion"])
+            assert f"default/w{i}" in r.services()
+        rv = apiserver.delete("Service", "default", "w0")
+        with anyio.fail_after(20):
+            await r.source.wait_applied("services", rv)
+        assert "default/w0" not in r.services()
+
+
+async def test_watch_refused_with_410_relists_without_spinning(
+    apiserver: FakeAPIServer, kubeconfig: str
+) -> None:
+    _populate(apiserver, 1)
+    # Every watch of services is refused with 410 (as a status, not an event) 3 times.
+    apiserver.fail_next(410, count=3, match="/api/v1/services?allowWatchBookmarks")
+    async with running_source(ClientSettings(kubeconfig=kubeconfig)) as r:
+        await wait_for(lambda: r.source.synced, "initial sync")
+        services = next(x for x in r.source.reflectors if x.name == "services")
+        await wait_for(lambda: services.health.lists == 4, "relisted after each 410")
+        await wait_for(lambda: services.health.state == WATCHING, "watching at last")
+        reqs = [q for q in apiserver.requests if q.resource == "services"]
+        # list, watch (410), list, watch (410), ...: a relist follows each refusal.
+        refused = [q for q in reqs if q.verb == "watch" and q.status == 410]
+        assert len(refused) == 3
+        relists = [q for q in reqs if q.verb == "list"][1:]
+        assert all(b.time > a.time for a, b in zip(refused, relists))
+
+
+async def test_conflicting_service_applies_once_the_address_is_free(
+    apiserver: FakeAPIServer, kubeconfig: str
+) -> None:
+    apiserver.upsert(service("a", "10.96.0.1"))
+    apiserver.upsert(service("b", "10.96.0.1"))  # the same frontend: refused
+    async with running_source(ClientSettings(kubeconfig=kubeconfig)) as r:
+        await wait_for(lambda: r.source.synced, "initial sync")
+        assert r.frontends() == {"10.96.0.1:80/TCP": "default/a"}
+        assert set(r.source.errors) == {"Service default/b"}
+        apiserver.delete("Service", "default", "a")
+        await wait_for(
+            lambda: r.frontends() == {"10.96.0.1:80/TCP": "default/b"}, "b takes the address"
+        )
+        assert not r.source.errors
