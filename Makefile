@@ -9,7 +9,7 @@ BPF_OBJ  := build/sock_lb.o
 BTF_OBJ  := build/maps.o
 MULTIARCH ?= $(shell python3 -c 'import sysconfig; print(sysconfig.get_config_var("MULTIARCH") or "")' 2>/dev/null)
 
-.PHONY: setup system-deps test lint pytest run bench conformance clean
+.PHONY: setup system-deps test lint pytest run bench conformance docs clean
 
 setup: system-deps $(STAMP) $(BPF_OBJ) $(BTF_OBJ)
 
@@ -43,7 +43,7 @@ system-deps:
 $(STAMP): pyproject.toml constraints.txt
 	python3 -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -c constraints.txt -e '.[test]'
+	$(PY) -m pip install -q -c constraints.txt -e '.[agent,test]'
 	touch $@
 
 lint: setup
@@ -64,6 +64,13 @@ run: setup
 # [JSON=results.json]`; ends with `conformance: N passed, M failed`.
 conformance: setup
 	$(PY) -m tests.conformance $(if $(CORPUS),--corpus $(CORPUS)) $(if $(BACKEND),--backend $(BACKEND)) $(if $(JSON),--json $(JSON))
+
+# The API reference of the library packages, generated from the docstrings into build/api
+# (tests/test_api_docs.py builds the same modules, failing on any pdoc warning).
+API_MODULES := statedb statedb.show statedb.gc_tuning reconciler reconciler.testing reconciler.testing.machine
+docs: setup
+	$(PY) -W error -m pdoc $(API_MODULES) -o build/api
+	@echo "docs: open build/api/index.html"
 
 bench: setup
 	$(PY) benchmarks/statedb.py --quick

@@ -3,8 +3,11 @@
 A table says what should be; a `Reconciler` makes a target (BPF maps, files,
 routes, anything) match it and keeps it matching: incremental rounds from the
 table's change stream, per-object retries with exponential backoff, pruning
-once the table is initialized and periodically, optional refreshes, health,
-metrics and progress. See docs/reconciler.md.
+(never before the table is initialized; periodically with ``prune_interval``,
+and on request), optional refreshes, health, metrics and progress. See
+docs/reconciler.md; `reconciler.testing` is a kit for testing targets and
+controllers (fault injection, an in-memory target, convergence waits, a
+hypothesis state machine).
 """
 
 from reconciler.clock import Clock, FakeClock, SystemClock

@@ -1,9 +1,10 @@
 """Pruning: a full reconciliation that hands every desired row to ``Operations.prune`` so the
 target drops whatever is not in the table.
 
-It runs once as soon as the table is initialized (never before: an uninitialized
-table would make the target drop everything), then every ``prune_interval``,
-and on request. A failure is reported in health and tried again at the next prune.
+It never runs before the table is initialized (an uninitialized table would make the
+target drop everything). With ``prune_interval`` set it runs in the first round after
+initialization and then every ``prune_interval``; with ``None`` only on request
+(``Reconciler.prune``). A failure is reported in health and tried again at the next prune.
 """
 
 from __future__ import annotations

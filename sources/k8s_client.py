@@ -37,7 +37,7 @@ import kubernetes.config
 import urllib3
 import yaml
 
-from statedb.errors import StatewrightError
+from statedb.errors import InputError
 
 SA_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"
 SA_TOKEN = f"{SA_DIR}/token"
@@ -46,7 +46,7 @@ HOST_ENV = "KUBERNETES_SERVICE_HOST"
 PORT_ENV = "KUBERNETES_SERVICE_PORT"
 
 
-class K8sConfigError(StatewrightError, ValueError):
+class K8sConfigError(InputError):
     """The Kubernetes connection cannot be configured; the message says which setting."""
 
 

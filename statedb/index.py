@@ -25,7 +25,9 @@ class Index(Generic[O, K]):
     """An index over rows of type O with key values of type K.
 
     Give ``key`` for one key per row or ``keys`` for several (a multi-key index,
-    e.g. tags). ``encode`` turns a key value into ordered bytes (see statedb.keys);
+    e.g. tags). ``encode`` turns a key value into ordered bytes (see statedb.keys); the
+    default, ``keys.string``, takes ``str`` keys only: give any other key type its encoder
+    (``encode=keys.uint64`` for ints), else the first insert raises ``keys.KeyTypeError``;
     ``parse`` turns a command-line string into a key value. The primary index of a
     table must be unique and single-key.
     """

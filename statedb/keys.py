@@ -6,13 +6,21 @@ signed integers have their sign bit flipped, IP addresses are 16 bytes
 (IPv4 as IPv4-mapped IPv6, so both families share one order) and networks
 add one byte of prefix length. `tuple_of` composes encoders; each part is
 escaped and terminated so that tuple order is preserved.
+
+An encoder given a value of the wrong type raises `KeyTypeError`, naming the encoder, the
+value and its type: the usual cause is an index whose keys are not ``str`` left with the
+default encoder, `string` (e.g. ``Index("id", key=lambda r: r.id)`` with int ids needs
+``encode=keys.uint64``). Indexes cannot check this before the first row is encoded, so it
+shows at the first insert or lookup.
 """
 
 from __future__ import annotations
 
 import ipaddress
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NoReturn
+
+from statedb.errors import StateDBError
 
 Encoder = Callable[[Any], bytes]
 
@@ -22,9 +30,34 @@ IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
 _V4_MAPPED = b"\x00" * 10 + b"\xff\xff"
 
 
+class KeyTypeError(StateDBError, TypeError):
+    """A key encoder was given a value of a type it does not encode (see the module doc)."""
+
+    def __init__(self, encoder: str, expected: str, value: Any) -> None:
+        hint = (
+            " (the default encoder of an Index: give the index an encoder for its key type, "
+            "e.g. encode=keys.uint64 for int keys)"
+            if encoder == "string"
+            else ""
+        )
+        super().__init__(
+            f"key encoder keys.{encoder} takes {expected}, got {type(value).__name__} "
+            f"{value!r}{hint}"
+        )
+        self.encoder = encoder
+        self.value = value
+
+
+def _wrong_type(encoder: str, expected: str, value: Any) -> NoReturn:
+    raise KeyTypeError(encoder, expected, value) from None
+
+
 def string(value: str) -> bytes:
     """Encode a str as UTF-8 (prefix queries on the encoded key are string prefixes)."""
-    return value.encode()
+    try:
+        return value.encode()
+    except AttributeError:  # not a str: only the error path pays for the check
+        _wrong_type("string", "str", value)
 
 
 def raw(value: bytes) -> bytes:
@@ -39,7 +72,10 @@ def boolean(value: bool) -> bytes:
 
 def _uint(width: int) -> Callable[[int], bytes]:
     def encode(value: int) -> bytes:
-        return value.to_bytes(width, "big")
+        try:
+            return value.to_bytes(width, "big")
+        except AttributeError:
+            _wrong_type(f"uint{width * 8}", "int", value)
 
     encode.__name__ = f"uint{width * 8}"
     encode.__doc__ = f"Encode a non-negative int as {width} big-endian bytes."
@@ -54,6 +90,8 @@ uint64 = _uint(8)
 
 def int64(value: int) -> bytes:
     """Encode a signed 64-bit int so that negative numbers sort first."""
+    if not isinstance(value, int):
+        _wrong_type("int64", "int", value)
     return (value + (1 << 63)).to_bytes(8, "big")
 
 

@@ -28,12 +28,11 @@ from __future__ import annotations
 import dataclasses
 import datetime
 import enum
+import functools
 import ipaddress
 import json
 from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Literal, get_args
-
-import yaml
 
 if TYPE_CHECKING:
     from statedb.db import DB
@@ -209,22 +208,32 @@ def format_json(rows: Iterable[Any]) -> str:
     )
 
 
-class _Dumper(yaml.SafeDumper):
-    """Block-style YAML with sequences indented under their key (``key:\\n    - item``)."""
+@functools.cache
+def _dumper() -> type[Any]:
+    """The YAML dumper class, built on first use: PyYAML is imported only when YAML is asked
+    for, so statedb itself does not depend on it (it comes with the ``agent`` extra)."""
+    import yaml
 
-    def increase_indent(self, flow: bool = False, indentless: bool = False) -> None:
-        """Never emit indentless sequences."""
-        super().increase_indent(flow, False)
+    class _Dumper(yaml.SafeDumper):
+        """Block-style YAML with sequences indented under their key (``key:\\n    - item``)."""
+
+        def increase_indent(self, flow: bool = False, indentless: bool = False) -> None:
+            """Never emit indentless sequences."""
+            super().increase_indent(flow, False)
+
+    return _Dumper
 
 
 def format_yaml(rows: Iterable[Any]) -> str:
-    """Render rows as YAML documents separated by ``---``."""
+    """Render rows as YAML documents separated by ``---`` (needs PyYAML)."""
+    import yaml
+
     docs = [_document(row, "to_yaml") for row in rows]
     if not docs:
         return ""
     text: str = yaml.dump_all(
         docs,
-        Dumper=_Dumper,
+        Dumper=_dumper(),
         indent=4,
         sort_keys=False,
         default_flow_style=False,

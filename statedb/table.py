@@ -56,11 +56,11 @@ class Table(Generic[O]):
         self.pk_encode: Callable[[Any], bytes] = primary.encode
         # (key, keys, encode, unique) per secondary index, for the write path.
         # (position, key, keys, encode) per unique secondary index, for the write path.
-        self.unique_specs: list[tuple[int, Any, Any, Any]] = [
+        self.unique_specs: builtins.list[tuple[int, Any, Any, Any]] = [
             (pos, i.key, i.keys, i.encode) for pos, i in enumerate(secondary) if i.unique
         ]
         # Newest ordered view built per index position: (state, view).
-        self.ordered_cache: list[tuple[TableState, SortedMap] | None] = [None] * (
+        self.ordered_cache: builtins.list[tuple[TableState, SortedMap] | None] = [None] * (
             len(secondary) + 1
         )
         # Set when registered with a DB.
@@ -70,10 +70,10 @@ class Table(Generic[O]):
         # Watch registries, shared by all snapshots: index position (0 = primary,
         # i + 1 = secondary i) -> key -> watch. Weak values: a watch nobody holds
         # is forgotten instead of piling up.
-        self.key_watches: list[weakref.WeakValueDictionary[bytes, Watch]] = [
+        self.key_watches: builtins.list[weakref.WeakValueDictionary[bytes, Watch]] = [
             weakref.WeakValueDictionary() for _ in range(len(secondary) + 1)
         ]
-        self.prefix_watches: list[weakref.WeakValueDictionary[bytes, Watch]] = [
+        self.prefix_watches: builtins.list[weakref.WeakValueDictionary[bytes, Watch]] = [
             weakref.WeakValueDictionary() for _ in range(len(secondary) + 1)
         ]
         self.table_watch = Watch()
@@ -81,7 +81,7 @@ class Table(Generic[O]):
         self.table_watch_taken = False
         self.init_watch = Watch()
         # Change iterators that still need deletions: id -> [last seen revision].
-        self.delete_trackers: dict[int, list[int]] = {}
+        self.delete_trackers: dict[int, builtins.list[int]] = {}
         # (revision, log position) of deletions kept for change iterators; writer-owned.
         self.held_tombstones: collections.deque[tuple[int, int]] = collections.deque()
 
@@ -89,7 +89,7 @@ class Table(Generic[O]):
         return f"<Table {self.name}>"
 
     @property
-    def indexes(self) -> list[Index[O, Any]]:
+    def indexes(self) -> builtins.list[Index[O, Any]]:
         """The primary index followed by the secondary indexes."""
         return [self.primary, *self.secondary]
 

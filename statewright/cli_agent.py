@@ -58,6 +58,16 @@ def add_commands(subparsers: SubParsers, commands: Commands) -> None:
     ag.add_argument("--node-label", dest="node_labels", action="append", metavar="KEY=VALUE",
                     help="a label of this node, e.g. topology.kubernetes.io/zone=zone-a "
                     "(topology-aware routing); repeat for more")
+    ag.add_argument("--k8s-kubeconfig", metavar="PATH",
+                    help="follow the Kubernetes API server of this kubeconfig")
+    ag.add_argument("--k8s-api-server", metavar="URL",
+                    help="follow the Kubernetes API server at URL (no credentials)")
+    ag.add_argument("--k8s-in-cluster", action="store_true", default=None,
+                    help="follow the API server with the pod's service account (DaemonSet)")
+    ag.add_argument("--k8s-qps", type=float, metavar="N",
+                    help="API requests per second (default 20)")
+    ag.add_argument("--k8s-burst", type=int, metavar="N",
+                    help="API requests above --k8s-qps in a burst (default 40)")
     ag.add_argument("--lb-flag", dest="lb_flags", action="append", metavar="FLAG",
                     help="Cilium-style LB flag, e.g. --lb-flag=--bpf-lb-algorithm=maglev")
     ag.add_argument("--api-socket", metavar="PATH")
@@ -138,8 +148,9 @@ def _overrides(args: argparse.Namespace) -> dict[str, Any]:
         name: getattr(args, name)
         for name in ("pin_dir", "backend", "manifests", "manifests_interval", "cgroup",
                      "allow_root_cgroup", "datapath", "node_name", "node_labels", "lb_flags",
-                     "api_socket",
-                     "metrics_port", "netlink", "demo_netns", "log_format")
+                     "api_socket", "metrics_port", "netlink", "demo_netns", "log_format",
+                     "k8s_kubeconfig", "k8s_api_server", "k8s_in_cluster", "k8s_qps",
+                     "k8s_burst")
     }
     if args.manifests:
         out["manifests"] = [os.path.abspath(p) for p in args.manifests]

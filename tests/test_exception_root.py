@@ -26,6 +26,7 @@ INPUT_ERRORS = {
     "tables.lb_writer.FrontendConflictError",
     "tables.lb_writer.InvalidBackendError",
     "statewright.agent.config.ConfigError",
+    "sources.k8s_client.K8sConfigError",
     "tables.ipam.IPAMRequestError",
     "tables.endpoints.EndpointRequestError",
     "tables.identities.LabelError",

@@ -9,7 +9,7 @@ reverse order:
 2. ``statedb``: the database (and the ``/tables`` routes);
 3. ``lb``: the LB tables and writer, with this node's name and labels;
 4. the sources, each registering its initializer on the tables it fills: ``manifests``,
-   ``netlink``;
+   ``k8s`` (the API server, when configured), ``netlink``;
 5. ``maps``: the LB maps (pinned kernel maps of an earlier run are adopted, ids restored)
    and the reconciler, which prunes stale entries only once every source is initialized;
 6. ``demo`` (demo mode only), ``datapath`` (socket LB on the agent's cgroup, kernel maps
@@ -38,6 +38,7 @@ import anyio
 import anyio.abc
 
 from statewright.agent.components.api import ApiComponent
+from statewright.agent.components.kubernetes import KubernetesComponent
 from statewright.agent.components.lb import LBMapsComponent, LoadBalancerComponent
 from statewright.agent.components.node import DatapathComponent, DemoComponent, MetricsComponent
 from statewright.agent.components.sources import ManifestsComponent, NetlinkComponent
@@ -60,6 +61,7 @@ def agent_components(config: AgentConfig, agent: Agent | None = None) -> list[Co
         StateDBComponent(),
         LoadBalancerComponent(config),
         ManifestsComponent(config),
+        KubernetesComponent(config),
         NetlinkComponent(config),
         LBMapsComponent(config),
         DemoComponent(config),

@@ -1,5 +1,6 @@
 """Shared test fixtures for the reconciler: a test row type, a recording mock target and a
-harness running a reconciler on an anyio event loop in a background thread (blocking portal)."""
+harness running a reconciler on an anyio event loop in a background thread (the public
+`reconciler.testing.BackgroundReconciler`)."""
 
 from __future__ import annotations
 
@@ -10,8 +11,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, cast
 
-import anyio
-from anyio.from_thread import BlockingPortal, start_blocking_portal
+from anyio.from_thread import BlockingPortal
 
 from reconciler import (
     BatchEntry,
@@ -23,6 +23,7 @@ from reconciler import (
     StatusKind,
     status_pending,
 )
+from reconciler.testing import BackgroundReconciler
 from statedb import DB, Index, ReadTxn, Table, keys
 
 WAIT_S = 15.0  # generous bound for conditions on a loaded 2-core machine
@@ -166,18 +167,13 @@ class Harness:
             batch_operations=cast("BatchOperations[TestObject]", self.ops) if batch else None,
             **settings,
         )
-        self.reconciler = Reconciler(self.db, self.config)
-        self._portal_cm = start_blocking_portal(backend=backend)
-        self.portal: BlockingPortal = self._portal_cm.__enter__()
-        self._future, _ = self.portal.start_task(self.reconciler.run)
+        self.runner = BackgroundReconciler(self.db, self.config, backend=backend)
+        self.reconciler: Reconciler[TestObject] = self.runner.reconciler
+        self.portal: BlockingPortal = self.runner.portal
 
     def close(self) -> None:
         """Stop the reconciler (cancel its task) and the event loop."""
-        self._future.cancel()
-        try:
-            self._portal_cm.__exit__(None, None, None)
-        except anyio.get_cancelled_exc_class():
-            pass
+        self.runner.close()
 
     def __enter__(self) -> Harness:
         return self
@@ -214,9 +210,7 @@ class Harness:
 
     def wait_reconciled(self, revision: int | None = None) -> int:
         """Wait until the reconciler attempted every change up to revision (default: now)."""
-        if revision is None:
-            revision = self.table.revision(self.db.read_txn())
-        return self.portal.call(self.reconciler.wait_until_reconciled, revision, WAIT_S)
+        return self.runner.wait_reconciled(revision, WAIT_S)
 
     # ----- expectations ---------------------------------------------------------------
     def expect_ops(self, *expected: str) -> None:

@@ -104,3 +104,40 @@ def test_tuple_arity_is_checked() -> None:
     """A tuple with the wrong number of parts is refused."""
     with pytest.raises(ValueError, match="2 items"):
         keys.tuple_of(keys.string, keys.uint8)(("a",))
+
+
+def test_int_key_with_the_default_encoder_is_a_clear_error() -> None:
+    """An index over int keys left with the default (str) encoder fails at the first insert
+    with a KeyTypeError that says which encoder to give, not with an AttributeError."""
+    from dataclasses import dataclass
+
+    from statedb import DB, Index, StateDBError, Table
+
+    @dataclass(frozen=True)
+    class Row:
+        id: int
+
+    table = Table("rows", Index("id", key=lambda r: r.id))
+    db = DB(table)
+    with (
+        pytest.raises(keys.KeyTypeError, match=r"keys\.string takes str, got int 7.*uint64"),
+        db.write_txn(table) as txn,
+    ):
+        table.insert(txn, Row(7))
+    named = Table("named", Index("name", key=lambda r: str(r.id)))
+    named_db = DB(named)
+    with pytest.raises(keys.KeyTypeError, match="got int 12345"):
+        named.get(named_db.read_txn(), 12345)
+    # Both a statedb error and a TypeError, so either kind of handler catches it.
+    assert issubclass(keys.KeyTypeError, StateDBError)
+    assert issubclass(keys.KeyTypeError, TypeError)
+
+
+@pytest.mark.parametrize(
+    ("encoder", "value"),
+    [(keys.uint8, "1"), (keys.uint16, 1.5), (keys.uint32, None), (keys.uint64, b"1"),
+     (keys.int64, "1"), (keys.string, 1), (keys.string, b"x")],
+)
+def test_encoders_refuse_wrong_types(encoder: Any, value: Any) -> None:
+    with pytest.raises(keys.KeyTypeError, match=type(value).__name__):
+        encoder(value)

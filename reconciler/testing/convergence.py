@@ -1,0 +1,146 @@
+"""Convergence checks and a reconciler running on a background event loop.
+
+`convergence_problems` says why a reconciler is not done yet (rows not Done, retries
+pending, health not OK, changes not yet attempted); `wait_until_done` awaits the moment it
+has none. `BackgroundReconciler` runs a reconciler on its own event loop thread (asyncio or
+trio) for synchronous tests, such as hypothesis state machines, and waits from the test's
+thread.
+
+``wait_until_done`` polls: failed deletes leave no row behind, so nothing in the table
+signals when their retries finish, and the reconciler's progress signal fires only when a
+round runs. Under a `FakeClock`, retries become due only when the test advances the clock:
+pass ``advance`` to move it on each poll.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any, Generic, TypeVar
+
+import anyio
+from anyio.from_thread import BlockingPortal, start_blocking_portal
+
+from reconciler.config import Config
+from reconciler.reconciler import Reconciler
+from reconciler.status import StatusKind
+from statedb import DB
+
+O = TypeVar("O")
+
+#: Default bound, in seconds, of the waits below: generous, for loaded CI machines. It is a
+#: guard against a hang, not a timing requirement.
+DEFAULT_TIMEOUT = 30.0
+
+
+def convergence_problems(reconciler: Reconciler[Any], limit: int = 5) -> list[str]:
+    """Why ``reconciler`` has not converged: [] when every change of its table was attempted,
+    every row's status is Done, no retry (update or delete) is pending and health is OK."""
+    cfg = reconciler.config
+    table = cfg.table
+    txn = reconciler.db.read_txn()
+    problems: list[str] = []
+    revision = table.revision(txn)
+    if reconciler.reconciled_revision < revision:
+        problems.append(
+            f"changes up to revision {revision} not attempted yet "
+            f"(attempted up to {reconciler.reconciled_revision})"
+        )
+    not_done = [o for o in table.all(txn) if cfg.get_object_status(o).kind is not StatusKind.DONE]
+    if not_done:
+        shown = ", ".join(
+            f"{table.primary_key_of(o)!r}: {cfg.get_object_status(o)}" for o in not_done[:limit]
+        )
+        problems.append(f"{len(not_done)} row(s) not Done ({shown})")
+    if len(reconciler.retries):
+        problems.append(f"{len(reconciler.retries)} retry(ies) pending")
+    if not reconciler.health.ok:
+        problems.append(f"health: {reconciler.health}")
+    return problems
+
+
+async def wait_until_done(
+    reconciler: Reconciler[Any],
+    timeout: float | None = DEFAULT_TIMEOUT,
+    *,
+    poll: float = 0.005,
+    advance: Callable[[], None] | None = None,
+) -> None:
+    """Wait until `convergence_problems` finds none; raise TimeoutError (naming what is
+    left) after ``timeout`` seconds. ``advance`` is called before each poll, e.g.
+    ``lambda: clock.advance(5.0)`` to make every retry due under a `FakeClock`.
+
+    A prune is covered only through health: one that failed keeps health Degraded, but
+    one still running when everything else is done is not waited for."""
+    deadline = None if timeout is None else time.monotonic() + timeout
+    while True:
+        problems = convergence_problems(reconciler)
+        if not problems:
+            return
+        if deadline is not None and time.monotonic() > deadline:
+            raise TimeoutError(
+                f"reconciler {reconciler.name!r} not done after {timeout}s: "
+                + "; ".join(problems)
+            )
+        if advance is not None:
+            advance()
+        await anyio.sleep(poll)
+
+
+class BackgroundReconciler(Generic[O]):
+    """A `Reconciler` running on an event loop in a background thread; a context manager.
+
+    The test thread writes to the DB as usual and waits with `wait_reconciled` or
+    `wait_done`; `close` (or leaving the ``with`` block) cancels the reconciler and stops
+    the loop. ``backend`` is ``"asyncio"`` or ``"trio"`` (trio must be installed).
+    """
+
+    def __init__(self, db: DB, config: Config[O], *, backend: str = "asyncio") -> None:
+        self.db = db
+        self.config = config
+        self.reconciler: Reconciler[O] = Reconciler(db, config)
+        self._portal_cm = start_blocking_portal(backend=backend)
+        self.portal: BlockingPortal = self._portal_cm.__enter__()
+        try:
+            self._future, _ = self.portal.start_task(self.reconciler.run)
+        except BaseException:
+            self._portal_cm.__exit__(None, None, None)
+            raise
+        self._closed = False
+
+    def wait_reconciled(self, revision: int | None = None, timeout: float = DEFAULT_TIMEOUT) -> int:
+        """Wait until every change up to ``revision`` (default: the table's current revision)
+        was attempted; return the number of objects still waiting for a retry."""
+        if revision is None:
+            revision = self.config.table.revision(self.db.read_txn())
+        return self.portal.call(self.reconciler.wait_until_reconciled, revision, timeout)
+
+    def wait_done(
+        self,
+        timeout: float | None = DEFAULT_TIMEOUT,
+        *,
+        advance: Callable[[], None] | None = None,
+    ) -> None:
+        """`wait_until_done` on the reconciler's loop, from the calling thread."""
+
+        async def wait() -> None:
+            await wait_until_done(self.reconciler, timeout, advance=advance)
+
+        self.portal.call(wait)
+
+    def close(self) -> None:
+        """Cancel the reconciler and stop the event loop (idempotent)."""
+        if self._closed:
+            return
+        self._closed = True
+        self._future.cancel()
+        try:
+            self._portal_cm.__exit__(None, None, None)
+        except anyio.get_cancelled_exc_class():
+            pass
+
+    def __enter__(self) -> BackgroundReconciler[O]:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
