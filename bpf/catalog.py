@@ -53,6 +53,21 @@ def lb_specs(
     ]
 
 
+def scale_to_zero_spec(
+    max_entries: int = lb.LB_MAP_MAX_ENTRIES,
+) -> MapSpec[lb.ScaleToZeroKey, lb.ScaleToZeroValue]:
+    """The scale-to-zero map (services-map ids that opted in); opened only with
+    --enable-scale-to-zero, sized like the services map."""
+    return MapSpec(
+        "lb_scale_to_zero",
+        MapType.HASH,
+        lb.SCALE_TO_ZERO_KEY,
+        lb.SCALE_TO_ZERO_VALUE,
+        max_entries,
+        NO_PREALLOC,
+    )
+
+
 def maglev_spec(
     family: int,
     max_entries: int = lb.LB_MAP_MAX_ENTRIES,
@@ -100,5 +115,5 @@ def ipcache_spec(
 
 def all_specs() -> dict[str, MapSpec[Any, Any]]:
     """Every map by name, with default capacities."""
-    specs = [*lb_specs(), endpoints_spec(), ipcache_spec()]
+    specs = [*lb_specs(), scale_to_zero_spec(), endpoints_spec(), ipcache_spec()]
     return {s.name: s for s in specs}

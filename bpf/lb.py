@@ -122,6 +122,21 @@ class AffinityMatchKey:
 
 
 @dataclass(frozen=True, slots=True)
+class ScaleToZeroKey:
+    """scale_to_zero_key: a services-map id (rev-NAT index) that opted into scale-to-zero."""
+
+    svc_id: int
+
+
+@dataclass(frozen=True, slots=True)
+class ScaleToZeroValue:
+    """scale_to_zero_value: when the datapath last signalled demand for the service (ns);
+    the agent writes 0 and leaves an existing value alone."""
+
+    last_emit_ns: int = 0
+
+
+@dataclass(frozen=True, slots=True)
 class Affinity4Key:
     """lb4_affinity_key: client IPv4 (as a u32 in memory order) or netns cookie, per service."""
 
@@ -234,6 +249,12 @@ REVNAT4 = StructCodec(RevNat4, "lb4_reverse_nat", [ipv4("address"), be16("port")
 REVNAT6 = StructCodec(RevNat6, "lb6_reverse_nat", [ipv6("address"), be16("port")])
 AFFINITY_MATCH_KEY = StructCodec(
     AffinityMatchKey, "lb_affinity_match", [u32("backend_id"), be16("rev_nat_id"), pad("pad", 2)]
+)
+SCALE_TO_ZERO_KEY = StructCodec(
+    ScaleToZeroKey, "scale_to_zero_key", [be16("svc_id"), pad("pad", 2)]
+)
+SCALE_TO_ZERO_VALUE = StructCodec(
+    ScaleToZeroValue, "scale_to_zero_value", [u64("last_emit_ns")]
 )
 AFFINITY4_KEY = StructCodec(
     Affinity4Key,

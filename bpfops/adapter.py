@@ -59,6 +59,7 @@ def ops_config(cfg: LBConfig) -> LBOpsConfig:
         kube_proxy_replacement=cfg.kube_proxy_replacement,
         enable_ipv4=getattr(cfg, "enable_ipv4", True),
         enable_ipv6=getattr(cfg, "enable_ipv6", True),
+        scale_to_zero=cfg.enable_scale_to_zero,
     )
 
 
@@ -96,6 +97,7 @@ def service_spec(svc: Service | None, name: str, service_port: int, cfg: LBConfi
         loopback_hostport=svc.loopback_host_port,
         load_balancer_class=svc.load_balancer_class,
         l7_proxy_port=l7,
+        scale_to_zero=svc.scale_to_zero,
     )
 
 
@@ -172,6 +174,14 @@ class TablesNodeView:
             existing.type is SVCType.NODE_PORT
             or (existing.type is SVCType.HOST_PORT and existing.address.is_unspecified)
         )
+
+    def frontend_type(self, txn: ReadTxn, addr: Addr) -> str | None:
+        """The type of the frontend the snapshot holds at ``addr`` (as `frontend_spec`
+        gives it), or None."""
+        row = self.frontends.get(txn, l3n4_of(addr))
+        if row is None:
+            return None
+        return LOCAL_REDIRECT if row.redirect_to else row.type.value
 
     def backend_referenced(self, txn: ReadTxn, be_addr: Addr, other_than: Addr) -> bool:
         """Whether a frontend other than ``other_than`` selects the backend at ``be_addr``

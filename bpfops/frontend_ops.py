@@ -3,10 +3,12 @@
 For each frontend (``bpfops.model.FrontendSpec``) the ops keep these entries right:
 
 * services map: slots ``1..N`` hold the backend ids in a stable order (healthy before
-  unhealthy, then by state - active, terminating, quarantined - then address and port;
-  maintenance backends get no slot); the master slot 0, written *last*, holds the active
-  count, the inactive count (``qcount``), the flags, the algorithm and the affinity
-  timeout. Terminating backends count as active only when no active backend is left.
+  unhealthy, then by state - active, terminating (serving before not serving),
+  quarantined - then address and port; maintenance backends get no slot); the master
+  slot 0, written *last*, holds the active count, the inactive count (``qcount``), the
+  flags, the algorithm and the affinity timeout. Serving terminating backends count as
+  active only when no active backend is left; terminating backends that no longer serve
+  stay in the inactive tail.
   Slots beyond a shrunk backend list are deleted after the new master is in place.
 * backends map: one entry per backend address, shared by every frontend that uses it
   (reference counted) and deleted with its id released when the last reference goes.
@@ -103,6 +105,10 @@ class NodeView(Protocol):
     # Optional: ``backend_referenced(txn, be_addr, other_than) -> bool``, whether another
     # frontend of the snapshot selects the backend (keeps its entry and id alive while
     # that frontend is still to be written).
+    # Optional: ``frontend_type(txn, addr) -> str | None``, the type of the frontend the
+    # snapshot has at ``addr`` (None: none). A deletion of a frontend whose address the
+    # snapshot holds again (replaced by another service's frontend in the same batch)
+    # then keeps the address's entries and ids for the update that follows.
 
 
 class StaticNodeView:
@@ -113,6 +119,8 @@ class StaticNodeView:
         self.local = set(local) | set(self.nodeport)
         self.primary: set[Addr] = set()
         self.referenced: set[Addr] = set()
+        #: Frontends "in the snapshot" (address -> type), for `frontend_type`.
+        self.present: dict[Addr, str] = {}
 
     def nodeport_addresses(self, txn: ReadTxn, v6: bool) -> list[IPAddress]:
         """The configured addresses of the family."""
@@ -129,6 +137,10 @@ class StaticNodeView:
     def backend_referenced(self, txn: ReadTxn, be_addr: Addr, other_than: Addr) -> bool:
         """Membership in ``referenced``."""
         return be_addr in self.referenced
+
+    def frontend_type(self, txn: ReadTxn, addr: Addr) -> str | None:
+        """The type recorded in ``present``."""
+        return self.present.get(addr)
 
 
 #: A backend's wanted entry as one int ordered like (state, cluster id, zone): the
@@ -209,6 +221,7 @@ class _FrontendState:
         "maglev",
         "master",
         "revnat",
+        "scale_to_zero",
         "slot_flags",
         "slots",
         "source_ranges",
@@ -232,6 +245,8 @@ class _FrontendState:
         self.maglev = False
         self.wildcard: tuple[IPAddress, int] | None = None
         self.revnat = False
+        # The frontend's id is in the scale-to-zero map.
+        self.scale_to_zero = False
 
 
 #: The empty set a frontend state starts with (read-only; replaced by a set on first add).
@@ -376,9 +391,44 @@ class FrontendOps(Generic[R]):
         self.update_spec(txn, fe)
 
     def delete(self, txn: ReadTxn, revision: int, obj: R) -> None:
-        """Remove the frontend (and its expansion) from the maps."""
+        """Remove the frontend (and its expansion) from the maps, unless the snapshot holds
+        a frontend at the same address again (see `delete_replaced`)."""
         fe = self.spec_of(txn, obj)
-        self.delete_spec(txn, fe)
+        lookup = getattr(self.node, "frontend_type", None)
+        new_type = lookup(txn, fe.addr) if lookup is not None else None
+        if new_type is None:
+            self.delete_spec(txn, fe)
+        else:
+            self.delete_replaced(txn, fe, new_type)
+
+    def delete_replaced(self, txn: ReadTxn, fe: FrontendSpec, new_type: str) -> None:
+        """``fe`` was deleted and its address inserted again (another service took it over,
+        e.g. a pod recreated under a new UID, in one batch). The address stays programmed
+        with its service id: the update of the new frontend, which follows in the change
+        stream, rewrites its entries in place. Only what the new frontend will not rewrite
+        goes now: the node-address expansion when the new type has none, the wildcard
+        entry when the new type has none."""
+        if not self._enabled(fe.addr):
+            return
+        if self._is_expansion(fe) and not self._is_expansion(
+            FrontendSpec(fe.addr, new_type, fe.service)
+        ):
+            for addr in list(self.expansions.get(fe.addr, ())):
+                if self.node.is_primary_frontend(txn, addr):
+                    continue
+                try:
+                    self._delete_frontend(txn, addr)
+                except MapError as exc:
+                    raise LBOpsError(
+                        f"frontend {addr} (expansion of replaced {fe.addr}): delete: {exc}"
+                    ) from exc
+            self.expansions.pop(fe.addr, None)
+        state = self.frontends.get(fe.addr)
+        if state is not None and new_type not in (CLUSTER_IP, LOAD_BALANCER):
+            try:
+                self._delete_wildcard(fe.addr, state)
+            except MapError as exc:
+                raise LBOpsError(f"frontend {fe.addr} (replaced): wildcard: {exc}") from exc
 
     def prune(self, txn: ReadTxn, objects: Iterator[R]) -> None:
         """Remove everything the given rows (all desired frontends) do not explain."""
@@ -516,8 +566,12 @@ class FrontendOps(Generic[R]):
                 _unhealthy(be) if be.addr in quarantined and not be.unhealthy else be for be in bes
             ]
         # Addr.sort_key's order (family, address bytes, port) from the address as an int.
+        # Serving terminating backends before those no longer serving: when no active
+        # backend is left the first ones are used.
         bes.sort(
-            key=lambda b: (b.unhealthy, b.state, b.addr.ip.version, int(b.addr.ip), b.addr.port)
+            key=lambda b: (
+                b.unhealthy, b.state, b.not_serving, b.addr.ip.version, int(b.addr.ip), b.addr.port
+            )
         )
         return bes
 
@@ -640,7 +694,7 @@ class FrontendOps(Generic[R]):
                     ),
                 )
                 bstate.written = want
-            if be_state == BACKEND_MAINTENANCE or be.not_serving:
+            if be_state == BACKEND_MAINTENANCE:
                 continue
             idx = slot - 1
             if idx >= nslots or slots[idx] != be_id:
@@ -662,7 +716,9 @@ class FrontendOps(Generic[R]):
             elif not want_aff and be_id in state.affinity:
                 delete_quiet(maps.aff_match, lb.AffinityMatchKey(be_id, fe_id))
                 state.affinity.discard(be_id)
-            if be.unhealthy:
+            if be.unhealthy or be.not_serving:
+                # Not serving (unhealthy, or terminating and no longer serving): only in
+                # the inactive tail, never a fallback for missing active backends.
                 inactive += 1
             elif be_state == BACKEND_ACTIVE:
                 active += 1
@@ -739,13 +795,33 @@ class FrontendOps(Generic[R]):
         svc_raw.update(key_pack(key_ip, key_port, 0, key_proto, key_scope), master)
         state.master = master
 
+        self._sync_scale_to_zero(state, cfg.scale_to_zero and svc.scale_to_zero)
+
         if self._wildcard_candidate(fe) and self._wildcard_class(fe):
             if cfg.wildcard_entries and (is_local is None or not is_local(ip)):
                 self._upsert_wildcard(fe, state)
             else:
                 self._delete_wildcard(addr, state)
+        elif state.wildcard is not None:
+            # The address' type or load-balancer class no longer has a wildcard entry
+            # (e.g. another service's frontend of another type took the address over).
+            self._delete_wildcard(addr, state)
 
         self._trim_slots(addr, state, slot - 1)
+
+    def _sync_scale_to_zero(self, state: _FrontendState, want: bool) -> None:
+        """Track (or stop tracking) the frontend's id in the scale-to-zero map. An existing
+        entry is left as it is: its value is the datapath's last demand signal."""
+        m = self.maps.scale_to_zero
+        if m is None or want == state.scale_to_zero:
+            return
+        key = lb.ScaleToZeroKey(state.id)
+        if want:
+            if m.lookup(key) is None:
+                m.update(key, lb.ScaleToZeroValue(0))
+        else:
+            delete_quiet(m, key)
+        state.scale_to_zero = want
 
     def _trim_slots(self, addr: Addr, state: _FrontendState, count: int) -> None:
         """Delete the slots above ``count`` (after the master no longer counts them)."""
@@ -868,6 +944,7 @@ class FrontendOps(Generic[R]):
             state.slots.pop()
         delete_quiet(svc_raw, self._svc_key(addr, 0))
         state.master = None
+        self._sync_scale_to_zero(state, False)
         if state.revnat:
             delete_quiet(maps.revnat(v6), fe_id)
             state.revnat = False
@@ -949,6 +1026,13 @@ class FrontendOps(Generic[R]):
             hit = live_ids.get(key.rev_nat_id)
             if hit is None or key.backend_id not in hit[1].affinity:
                 self._prune_delete(errs, aff, key)
+        stz = maps.scale_to_zero
+        if stz is not None:
+            # Entries of a previous run whose frontend is gone or no longer opted in.
+            for key, _ in stz.dump():
+                hit = live_ids.get(key.svc_id)
+                if hit is None or not hit[1].scale_to_zero:
+                    self._prune_delete(errs, stz, key)
 
     @staticmethod
     def _prune_delete(errs: list[str], m: TypedMap[Any, Any], key: Any) -> None:

@@ -20,7 +20,7 @@ from typing import Any
 
 from bpf import lb
 from bpf.backend import MapBackend
-from bpf.catalog import lb_specs
+from bpf.catalog import lb_specs, scale_to_zero_spec
 from bpf.errors import MapError
 from bpf.factory import BackendConfig, BackendKind, MapFactory
 from bpf.memory_map import MemoryMap
@@ -44,6 +44,9 @@ SRCRANGE4 = "lb4_source_range"
 SRCRANGE6 = "lb6_source_range"
 MAGLEV4 = "lb4_maglev"
 MAGLEV6 = "lb6_maglev"
+#: Opened only with --enable-scale-to-zero (LBMapsConfig.scale_to_zero), not one of
+#: LB_MAP_NAMES: the services-map ids whose service opted into scale-to-zero.
+SCALE_TO_ZERO = "lb_scale_to_zero"
 
 LB_MAP_NAMES = (
     SERVICES4,
@@ -73,6 +76,8 @@ class LBMapsConfig:
     pin: bool = True
     max_entries: int = lb.LB_MAP_MAX_ENTRIES
     maglev_table_size: int = lb.MAGLEV_TABLE_SIZE
+    #: Also open the scale-to-zero map (--enable-scale-to-zero).
+    scale_to_zero: bool = False
 
 
 def delete_quiet(m: TypedMap[Any, Any] | MapBackend, key: Any) -> bool:
@@ -120,6 +125,10 @@ class LBMaps:
         self.src6: TypedMap[lb.SourceRange6Key, int] = maps[SRCRANGE6]
         self.maglev4: TypedMap[int, int] = maps[MAGLEV4]
         self.maglev6: TypedMap[int, int] = maps[MAGLEV6]
+        #: The scale-to-zero map when it was opened (--enable-scale-to-zero), else None.
+        self.scale_to_zero: TypedMap[lb.ScaleToZeroKey, lb.ScaleToZeroValue] | None = maps.get(
+            SCALE_TO_ZERO
+        )
 
     # -- construction ----------------------------------------------------------------
 
@@ -136,6 +145,8 @@ class LBMaps:
             BackendConfig(backend=config.backend, pin_dir=config.pin_dir, pin=config.pin)
         )
         specs = lb_specs(config.max_entries, config.maglev_table_size)
+        if config.scale_to_zero:
+            specs.append(scale_to_zero_spec(config.max_entries))
         maps: dict[str, TypedMap[Any, Any]] = {}
         try:
             for spec in specs:
@@ -154,10 +165,14 @@ class LBMaps:
         max_entries: int = lb.LB_MAP_MAX_ENTRIES,
         maglev_table_size: int = lb.MAGLEV_TABLE_SIZE,
         wrap: Wrapper | None = None,
+        scale_to_zero: bool = False,
     ) -> LBMaps:
-        """Fresh unpinned in-memory maps (tests, tools)."""
+        """Fresh unpinned in-memory maps (tests, tools); ``scale_to_zero`` adds that map."""
         maps: dict[str, TypedMap[Any, Any]] = {}
-        for spec in lb_specs(max_entries, maglev_table_size):
+        specs = lb_specs(max_entries, maglev_table_size)
+        if scale_to_zero:
+            specs.append(scale_to_zero_spec(max_entries))
+        for spec in specs:
             backend: MapBackend = MemoryMap.create(spec)
             maps[spec.name] = TypedMap(spec, wrap(backend) if wrap else backend)
         return cls(maps, MemoryMap, maglev_table_size, "memory", None)

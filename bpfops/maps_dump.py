@@ -99,3 +99,14 @@ def dump_text(maps: LBMaps) -> str:
 def maps_empty(maps: LBMaps) -> list[str]:
     """The lines still in the maps; empty when ``lb/maps-empty`` should pass."""
     return dump_lines(maps)
+
+
+def scale_to_zero_text(maps: LBMaps) -> str:
+    """The scale-to-zero map as ``lb/scale-to-zero-dump`` prints it: one
+    ``SCALETOZERO: ID=<n>`` line per tracked services-map id, by id (numerically, as
+    upstream sorts the ids), newline-terminated; empty when the map is not open."""
+    m = maps.scale_to_zero
+    if m is None:
+        return ""
+    ids = sorted(key.svc_id for key, _ in m.dump())
+    return "".join(f"SCALETOZERO: ID={i}\n" for i in ids)

@@ -126,6 +126,8 @@ class ServiceSpec:
     loopback_hostport: bool = False
     load_balancer_class: str | None = None
     l7_proxy_port: int = 0
+    #: The service opted into scale-to-zero (annotation service.cilium.io/scale-to-zero).
+    scale_to_zero: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -142,7 +144,7 @@ class BackendSpec:
     #: True once a health check reported on this backend; until then a quarantine
     #: restored from the maps after a restart stands in for its health.
     health_known: bool = False
-    #: Terminating and no longer serving: kept in the backends map, never given a slot.
+    #: Terminating and no longer serving: in the inactive tail (QCOUNT), never active.
     not_serving: bool = False
 
 
@@ -176,6 +178,8 @@ class LBOpsConfig:
     enable_ipv4: bool = True
     enable_ipv6: bool = True
     default_lb_class_is_lbipam: bool = True
+    #: --enable-scale-to-zero: track opted-in frontends' ids in the scale-to-zero map.
+    scale_to_zero: bool = False
     managed_lb_classes: tuple[str, ...] = field(
         default=("io.cilium/bgp-control-plane", "io.cilium/l2-announcer")
     )

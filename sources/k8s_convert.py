@@ -32,7 +32,9 @@ What is converted (following Cilium's semantics):
   states (ready -> active, terminating+serving -> terminating,
   terminating+not serving -> terminating-not-serving, not ready and not
   terminating -> maintenance: kept, but never load-balanced); node name, zone
-  and ``hints.forZones``.
+  and ``hints.forZones``; the slice's ``service.cilium.io/weight`` annotation
+  (0..65535, invalid values ignored) is the weight of every backend of the slice
+  (Maglev honours it), 0 putting them in maintenance.
 * Pod: every container port with a hostPort becomes a HostPort service named
   ``namespace/pod:host-port:<port>:<uid>`` with a ``0.0.0.0``/``::`` (or host IP)
   frontend and the pod IPs as backends.
@@ -82,6 +84,9 @@ ANN_SRC_RANGES_POLICY = "service.cilium.io/src-ranges-policy"
 ANN_PROXY_DELEGATION = "service.cilium.io/proxy-delegation"
 ANN_SCALE_TO_ZERO = "service.cilium.io/scale-to-zero"
 ANN_NODE = "service.cilium.io/node"
+#: EndpointSlice annotation: the weight of every backend of the slice (Cilium's).
+ANN_WEIGHT = "service.cilium.io/weight"
+MAX_WEIGHT = 65535
 
 #: Default session-affinity timeout (Kubernetes: 3 hours).
 DEFAULT_AFFINITY_TIMEOUT = 10800
@@ -351,8 +356,8 @@ def convert_service(
     traffic_dist = _str(ref, "spec.trafficDistribution", spec.get("trafficDistribution"))
     if traffic_dist not in ("", "PreferClose", "PreferSameNode", "PreferSameZone"):
         traffic_dist = ""
-    if traffic_dist == "PreferSameZone":
-        traffic_dist = "PreferClose"
+    # PreferSameZone and its older name PreferClose are kept as the Service spells them
+    # (tables and output show the Service's value); the writer treats both alike.
     topo = annotations.get(TOPOLOGY_MODE_ANNOTATION, annotations.get(TOPOLOGY_HINTS_ANNOTATION))
     if not traffic_dist and topo is not None and topo.strip().lower() in ("auto", "true"):
         traffic_dist = "PreferClose"
@@ -639,6 +644,19 @@ def _address_count(ref: str, i: int, addrs: Sequence[Any]) -> None:
         )
 
 
+def _slice_weight(annotations: Mapping[str, str]) -> int:
+    """The backends' weight from the slice's ``service.cilium.io/weight`` annotation: an
+    integer 0..65535; absent or invalid (ignored, as Cilium does) gives the default."""
+    text = annotations.get(ANN_WEIGHT)
+    if text is None:
+        return DEFAULT_WEIGHT
+    text = text.strip()
+    if not (text.isascii() and text.isdigit()):
+        return DEFAULT_WEIGHT
+    value = int(text)
+    return value if value <= MAX_WEIGHT else DEFAULT_WEIGHT
+
+
 def convert_endpoint_slice(
     obj: Mapping[str, Any], config: LBConfig | None = None, source: str = "k8s"
 ) -> ConvertedEndpoints:
@@ -652,6 +670,7 @@ def convert_endpoint_slice(
     if not svc:
         raise ConversionError(ref, f"metadata.labels[{SERVICE_NAME_LABEL}]", "missing")
     service_name = f"{slice_name.split('/', 1)[0]}/{svc}"
+    weight = _slice_weight(_str_map(ref, "metadata.annotations", meta.get("annotations")))
     addr_type = _str(ref, "addressType", obj.get("addressType"), "IPv4")
     if addr_type not in ("IPv4", "IPv6", "FQDN"):
         raise ConversionError(ref, "addressType", f"unknown address type {addr_type!r}")
@@ -695,6 +714,9 @@ def convert_endpoint_slice(
         if fields is None:
             fields = _endpoint_checked(ref, i, ep, addr_type)
         state, node, zone, zones, ips = fields
+        if weight == 0:
+            # Weight 0: in maintenance (existing connections live on, no new ones).
+            state = BackendState.MAINTENANCE
         for ip in ips:
             if not _family_enabled(ip, cfg):
                 continue
@@ -712,7 +734,7 @@ def convert_endpoint_slice(
                 # BackendParams(address, port_names, weight, node_name, zone, for_zones,
                 # cluster_id, source, state, unhealthy, unhealthy_updated_at)
                 merged[akey] = new_backend_params(
-                    a, port_names, DEFAULT_WEIGHT, node, zone, zones, 0, source, state, False, 0.0
+                    a, port_names, weight, node, zone, zones, 0, source, state, False, 0.0
                 )
     return ConvertedEndpoints(slice_name, service_name, tuple(merged.values()))
 

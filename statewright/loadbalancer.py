@@ -15,7 +15,8 @@ Life cycle, in the order callers use it:
 3. `open_maps`: the LB maps on the chosen backend, pinned or not, optionally wrapped
    (the conformance runner injects faults this way).
 4. ``await tg.start(lb.run)``: FrontendOps restores service and backend ids from the maps,
-   then the reconciler (and the state file source) run until cancelled.
+   then the reconciler (and the state file source, and the health-check server of
+   `statewright.lb_healthserver`) run until cancelled.
 5. `close_maps` after the run was cancelled: pinned maps keep their entries.
 """
 
@@ -36,12 +37,15 @@ from sources.k8s_convert import K8sConverter
 from sources.state_file import StateFileSource
 from statedb import DB
 from statedb.errors import StatewrightError
+from statewright.lb_healthserver import HealthServer
 from tables.lb_config import LBConfig
 from tables.lb_writer import LBWriter
 
 #: Periodic full reconciliation of the maps (the first prune runs once the frontends
 #: table is initialized).
 PRUNE_INTERVAL = 3600.0
+#: Periodic rewrite of every frontend's entries (Cilium's default refresh interval).
+REFRESH_INTERVAL = 1800.0
 
 #: Wraps each map backend (fault injection in tests); None for the plain backends.
 MapWrapper = Callable[[Any], Any]
@@ -70,6 +74,7 @@ class LoadBalancer:
         *,
         db: DB | None = None,
         name: str = "bpf-lb",
+        health_bind_address: str = "",
     ) -> None:
         self.config = config
         self.placement = placement or MapsPlacement()
@@ -79,6 +84,14 @@ class LoadBalancer:
         self.services, self.frontends, self.backends, self.node_addresses = self.writer.tables
         self.converter = K8sConverter(self.writer, config)
         self.state_file = StateFileSource.from_config(self.writer, config)
+        #: The health-check server (--enable-health-check-nodeport, with kube-proxy
+        #: replacement as in Cilium); its listeners bind ``health_bind_address`` (all
+        #: addresses when empty).
+        self.health_server: HealthServer | None = None
+        if config.enable_health_check_nodeport and config.kube_proxy_replacement:
+            self.health_server = HealthServer(
+                self.db, self.writer, config.node_name, health_bind_address
+            )
         self.maps_kind = "none"
         self.maps_reason = "not opened"
         #: The maps as the reconciler writes them (maybe wrapped) and without wrappers.
@@ -104,6 +117,7 @@ class LoadBalancer:
             pin=bool(placement.pin_dir),
             max_entries=self.config.lb_map_max,
             maglev_table_size=self.config.maglev_table_size,
+            scale_to_zero=self.config.enable_scale_to_zero,
         )
         return factory, LBMaps.open(config, wrap=wrap, factory=factory)
 
@@ -157,6 +171,7 @@ class LoadBalancer:
                 retry_min_backoff=max(cfg.retry_backoff_min, 0.001),
                 retry_max_backoff=max(cfg.retry_backoff_max, cfg.retry_backoff_min, 0.001),
                 prune_interval=prune_interval,
+                refresh_interval=REFRESH_INTERVAL,
             ),
         )
         return self.reconciler
@@ -175,16 +190,21 @@ class LoadBalancer:
                 await tg.start(reconciler.run)
                 if self.state_file is not None:
                     await tg.start(self.state_file.run)
+                if self.health_server is not None:
+                    await tg.start(self.health_server.run)
                 task_status.started()
         finally:
             self.running = False
 
     # ----- what callers ask -------------------------------------------------------------------
     def idle(self) -> bool:
-        """True when every change of the frontends table was applied and nothing retries."""
+        """True when every change of the frontends table was applied, nothing retries and
+        the health server has seen every change."""
         rec = self.reconciler
         if not self.running or rec is None:
             return True
+        if self.health_server is not None and not self.health_server.idle():
+            return False
         rev = self.frontends.revision(self.db.read_txn())
         return bool(rec.reconciled_revision >= rev and len(rec.retries) == 0)
 
@@ -211,6 +231,13 @@ class LoadBalancer:
 
         with self.dump_view() as maps:
             return str(dump_text(maps))
+
+    def scale_to_zero_dump(self) -> str:
+        """The scale-to-zero map as ``SCALETOZERO: ID=<n>`` lines (empty when disabled)."""
+        from bpfops.maps_dump import scale_to_zero_text
+
+        with self.dump_view() as maps:
+            return scale_to_zero_text(maps)
 
     def maps_leftovers(self) -> list[str]:
         """Map entries that remain (empty when the maps are empty)."""

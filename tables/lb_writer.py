@@ -16,9 +16,9 @@ Invariants kept here:
 * a frontend's ``backends`` are the preferred instances, for its service (or
   ``redirect_to``), of the backends that match its IP family, port name,
   traffic policy (Local: ``node_name`` equal to the configured node name),
-  topology zone and PreferSameNode preference, sorted by address; terminating
-  instances stay in the list (the BPF ops use them only when no active backend
-  remains);
+  topology zone (`_zone_backends`) and PreferSameNode preference, sorted by address;
+  terminating instances stay in the list (the BPF ops use them only when no active
+  backend remains);
 * whenever any of that input changes (service, backends, node addresses for
   NodePort/HostPort surrogates, node zone), the frontend is re-written with a
   fresh Pending status so the BPF reconciler applies it again; its ``id`` is
@@ -41,6 +41,12 @@ from tables.l3n4 import SCOPE_INTERNAL, IPAddress, L3n4Addr
 from tables.lb_config import LBConfig
 from tables.node_addresses import NodeAddress, new_node_addresses_table
 from tables.services import Service, ServiceName, TrafficPolicy, new_services_table, source_priority
+
+#: trafficDistribution values that prefer backends of the node's zone: Kubernetes'
+#: ``PreferSameZone`` and its older name ``PreferClose`` (also what the topology-mode
+#: annotation stands for).
+ZONE_DISTRIBUTIONS = frozenset({"PreferClose", "PreferSameZone"})
+_TERMINATING = (BackendState.TERMINATING, BackendState.TERMINATING_NOT_SERVING)
 
 #: Node label holding the node's zone (topology-aware routing).
 ZONE_LABEL = "topology.kubernetes.io/zone"
@@ -409,7 +415,7 @@ class LBWriter:
         self._node_labels = dict(labels)
         if self.node_zone != old_zone:
             for svc in list(self.services.all(txn)):
-                if svc.traffic_distribution == "PreferClose":
+                if svc.traffic_distribution in ZONE_DISTRIBUTIONS:
                     self._refresh_service(txn, svc.name)
 
     def set_node_ip(self, txn: WriteTxn, ip: IPAddress | None) -> None:
@@ -453,10 +459,10 @@ class LBWriter:
             return tuple(candidates)
         if _policy_for(fe, svc) is TrafficPolicy.LOCAL:
             candidates = [b for b in candidates if self.is_local(svc, b)]
-        if svc.traffic_distribution == "PreferClose":
+        if svc.traffic_distribution in ZONE_DISTRIBUTIONS:
             zone = self.node_zone
-            if zone:
-                candidates = [b for b in candidates if not b.for_zones or zone in b.for_zones]
+            if zone and fe.redirect_to is None:
+                candidates = self._zone_backends(txn, name, candidates, zone)
         elif svc.traffic_distribution == "PreferSameNode":
             # Only serving (active) local backends may win the preference.
             local = [
@@ -467,6 +473,40 @@ class LBWriter:
             if local:
                 candidates = local
         return tuple(candidates)
+
+    def _zone_backends(
+        self, txn: WriteTxn, name: ServiceName, candidates: list[BackendParams], zone: str
+    ) -> list[BackendParams]:
+        """Topology-aware routing: the ``candidates`` (the frontend's backends so far) meant
+        for ``zone``, by their EndpointSlice hints.
+
+        * Safeguard: when a candidate that is not terminating has no zone hints, the hints
+          are not usable and every candidate stays (terminating endpoints lose their hints
+          and do not count).
+        * The service has endpoints hinted for the zone, but none of them is usable by
+          this frontend (another port name, not ready): every candidate stays rather than
+          none.
+        * Otherwise only the candidates hinted for the zone stay, and those without hints
+          (terminating ones, which the datapath uses only as the last resort). When no
+          endpoint of the service is hinted for the zone at all, that leaves none but the
+          unhinted.
+        """
+        if any(not b.for_zones and b.state not in _TERMINATING for b in candidates):
+            return candidates
+        in_zone = [b for b in candidates if zone in b.for_zones]
+        usable = [b for b in in_zone if b.effective_state is BackendState.ACTIVE]
+        if not usable and self._zone_has_endpoints(txn, name, zone):
+            return candidates
+        return [b for b in candidates if not b.for_zones or zone in b.for_zones]
+
+    def _zone_has_endpoints(self, txn: WriteTxn, name: ServiceName, zone: str) -> bool:
+        """Whether any backend of service ``name`` (any port, family or state) is hinted
+        for ``zone``."""
+        for be in self._backends_of(txn, name):
+            inst = be.instance(name)
+            if inst is not None and zone in inst.for_zones:
+                return True
+        return False
 
     # ----- per-service lookups -----------------------------------------------------------------
     # Queries on a non-unique index inside a write transaction re-derive the index's ordered

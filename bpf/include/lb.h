@@ -107,6 +107,20 @@ struct lb_affinity_match {
 	__u16 pad;
 } __attribute__((packed));
 
+/* Scale to zero (Cilium's struct scale_to_zero_key/value): the services-map ids
+ * (rev-NAT index, network order) of the frontends whose service opted in with
+ * the service.cilium.io/scale-to-zero annotation. The value is the time the
+ * datapath last signalled demand; the agent creates entries with 0 and never
+ * overwrites an existing one. */
+struct scale_to_zero_key {
+	__be16 svc_id;
+	__u16 pad;
+} __attribute__((packed));
+
+struct scale_to_zero_value {
+	__u64 last_emit_ns;
+};
+
 /* Affinity LRU key: client address (or socket cookie) per service. Bit 0 of
  * netns_cookie says whether client_id holds a network-namespace cookie. */
 struct lb4_affinity_key {
@@ -179,6 +193,16 @@ SW_HASH_MAP(lb6_backends, __u32, struct lb6_backend, SW_LB_MAP_MAX_ENTRIES);
 SW_HASH_MAP(lb4_reverse_nat, __be16, struct lb4_reverse_nat, SW_LB_MAP_MAX_ENTRIES);
 SW_HASH_MAP(lb6_reverse_nat, __be16, struct lb6_reverse_nat, SW_LB_MAP_MAX_ENTRIES);
 SW_HASH_MAP(lb_affinity_match, struct lb_affinity_match, __u8, SW_LB_MAP_MAX_ENTRIES);
+
+/* Created by the agent only with --enable-scale-to-zero; only the agent adds
+ * entries, so it never allocates in BPF context (no preallocation, as Cilium). */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__type(key, struct scale_to_zero_key);
+	__type(value, struct scale_to_zero_value);
+	__uint(max_entries, SW_LB_MAP_MAX_ENTRIES);
+	__uint(map_flags, SW_F_NO_PREALLOC);
+} lb_scale_to_zero SEC(".maps");
 
 struct {
 	__uint(type, BPF_MAP_TYPE_LRU_HASH);

@@ -82,9 +82,9 @@ def test_agent_refuses_lb_flags_it_does_not_implement(
 ) -> None:
     code, _, err = run_cli(
         capsys, "agent", "--backend", "memory", "--no-netlink", "--pin-dir", str(tmp_path / "p"),
-        "--api-socket", str(tmp_path / "s.sock"), "--lb-flag=--enable-health-check-nodeport",
+        "--api-socket", str(tmp_path / "s.sock"), "--lb-flag=--bpf-lb-dsr-dispatch=geneve",
     )
-    assert code != 0 and "not implemented" in err and "--enable-health-check-nodeport" in err
+    assert code != 0 and "not implemented" in err and "--bpf-lb-dsr-dispatch" in err
 
 
 def test_lb_state_file_feeds_the_agent(tmp_path: Path) -> None:

@@ -18,8 +18,12 @@ from bpfops.maglev import (
     slot_counts,
 )
 
+# $STATEWRIGHT_LB_CORPUS as every other corpus test ($STATEWRIGHT_CORPUS, the name this
+# test used alone, is still read).
 CORPUS = Path(
-    os.environ.get("STATEWRIGHT_CORPUS", Path(__file__).parents[3] / "shared/conformance/cilium-lb")
+    os.environ.get("STATEWRIGHT_LB_CORPUS")
+    or os.environ.get("STATEWRIGHT_CORPUS")
+    or Path(__file__).parents[3] / "shared/conformance/cilium-lb"
 )
 
 # Reference values of MurmurHash3_x64_128 (computed with the reference implementation).

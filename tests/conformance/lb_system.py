@@ -39,6 +39,7 @@ from sources.state_file import STATE_FILE_FLAGS
 from statedb.errors import InputError
 from statewright.loadbalancer import LoadBalancer, MapsPlacement
 from tables.lb_config import LBConfig
+from tests.conformance.health_table import health_rows, new_health_table
 
 log = logging.getLogger("statewright.lb")
 
@@ -181,6 +182,8 @@ class SystemOptions:
     harness_defaults: bool = False
     #: Seed of the fault-injecting map wrapper (when --lb-test-fault-probability > 0).
     fault_seed: int = 1
+    #: Address the health-check server's listeners bind (a loopback address in tests).
+    health_address: str = ""
 
 
 #: Flags the harness acts on besides the load balancer's own: metrics are read when asked
@@ -207,11 +210,14 @@ class LBSystem:
         self.lb = LoadBalancer(
             self.config, MapsPlacement(backend=loc.backend, pin_dir=loc.pin_dir),
             name="lb-frontends",
+            health_bind_address=self.options.health_address,
         )
         self.db = self.lb.db
         self.writer = self.lb.writer
         self.services, self.frontends, self.backends, self.node_addresses = self.writer.tables
         self.converter = self.lb.converter
+        self.health = new_health_table()
+        self.db.register(self.health)
         self._cancel: anyio.CancelScope | None = None
         self._stopped: anyio.Event | None = None
         self._source_errors: list[str] = []
@@ -294,10 +300,36 @@ class LBSystem:
         with anyio.CancelScope() as scope:
             self._cancel = scope
             try:
-                await self.lb.run(task_status=task_status)
+                async with anyio.create_task_group() as tg:
+                    await tg.start(self.lb.run)
+                    tg.start_soon(self._report_health)
+                    task_status.started()
             finally:
                 assert self._stopped is not None
                 self._stopped.set()
+
+    #: How often the health table is brought up to date.
+    HEALTH_INTERVAL = 0.05
+
+    async def _report_health(self) -> None:
+        """Keep the ``health`` table equal to `health_rows` while the system runs."""
+        while True:
+            self._write_health()
+            await anyio.sleep(self.HEALTH_INTERVAL)
+
+    def _write_health(self) -> None:
+        rows = {r.key: r for r in health_rows(self)}
+        txn = self.db.read_txn()
+        current = {r.key: r for r in self.health.all(txn)}
+        if current == rows:
+            return
+        with self.db.write_txn(self.health) as wtxn:
+            for key, row in current.items():
+                if key not in rows:
+                    self.health.delete(wtxn, row)
+            for key, row in rows.items():
+                if current.get(key) != row:
+                    self.health.insert(wtxn, row)
 
     async def stop(self) -> None:
         """Stop the load balancer and close the maps (pinned maps keep their contents)."""

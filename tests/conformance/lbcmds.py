@@ -10,7 +10,10 @@ fail ``hive start`` with ``unsupported: flag ...`` instead of being ignored.
 from __future__ import annotations
 
 import dataclasses
+import http.client
+import os
 import time
+import urllib.parse
 from collections.abc import Hashable
 from pathlib import Path
 from types import TracebackType
@@ -39,6 +42,18 @@ from tests.conformance.lb_system import (
 
 #: How long lb/prune and test/init-wait wait for the system.
 WAIT_TIMEOUT = 5.0
+#: How long http/get waits for an answer.
+HTTP_TIMEOUT = 2.0
+
+
+def health_server_address(pid: int | None = None) -> str:
+    """The loopback address the health-check server binds in tests (``$HEALTHADDR``).
+
+    As upstream's harness, one address per process (127.x.y.z from the process id), so
+    test processes running side by side never compete for the health ports; the whole of
+    127.0.0.0/8 is loopback on Linux, so nothing listens on the machine's interfaces."""
+    pid = os.getpid() if pid is None else pid
+    return f"127.{1 | (pid >> 16 & 0xFF)}.{pid >> 8 & 0xFF}.{1 | (pid & 0xFF)}"
 
 
 class LBHarness:
@@ -52,6 +67,12 @@ class LBHarness:
         self._tg: anyio.abc.TaskGroup | None = None
         self._tg_cm: Any = None
         self.snapshot: dict[str, Any] | None = None
+        self.health_address = health_server_address()
+
+    def script_env(self) -> dict[str, str]:
+        """Variables a script sees from the start: ``$HEALTHADDR``, where the health-check
+        server listens."""
+        return {"HEALTHADDR": self.health_address}
 
     # ----- async context manager ---------------------------------------------------------
     async def __aenter__(self) -> LBHarness:
@@ -88,7 +109,9 @@ class LBHarness:
         try:
             return LBSystem(
                 flags,
-                SystemOptions(maps=self.maps, harness_defaults=True),
+                SystemOptions(
+                    maps=self.maps, harness_defaults=True, health_address=self.health_address
+                ),
                 self.k8s,
             )
         except ValueError as e:
@@ -213,6 +236,27 @@ async def cmd_hive_recreate(state: State, args: list[str]) -> None:
 
 
 # ----- k8s -------------------------------------------------------------------------------
+#: How long a k8s/* command lets the running system catch up with the change it made.
+CATCH_UP = 1.0
+
+
+async def _catch_up(h: LBHarness) -> None:
+    """Let the running system process the change just made before the next command.
+
+    Upstream the reflector and the reconciler run in goroutines beside the script and
+    follow a change within microseconds; here they are tasks of the same event loop and
+    would not run until the script awaits, so back-to-back commands would always reach the
+    reconciler as one batch. Waiting (at most `CATCH_UP`) until the system is idle gives
+    the script the same view as upstream: each command's change is processed on its own.
+    """
+    sys = h._system
+    if sys is None or not sys.running:
+        return
+    with anyio.move_on_after(CATCH_UP):
+        while not sys.idle():
+            await anyio.sleep(0.002)
+
+
 async def cmd_k8s_add(state: State, args: list[str]) -> None:
     """``k8s/add file...``: create (or replace) the objects."""
     h = _harness(state)
@@ -221,6 +265,7 @@ async def cmd_k8s_add(state: State, args: list[str]) -> None:
             h.k8s.upsert(obj)
         except ValueError as e:
             raise CommandError(f"k8s/add: {e}") from None
+    await _catch_up(h)
 
 
 async def cmd_k8s_delete(state: State, args: list[str]) -> None:
@@ -235,6 +280,7 @@ async def cmd_k8s_delete(state: State, args: list[str]) -> None:
             # Not an error: a retried section runs its k8s/delete again (as upstream, whose
             # scripts rely on it, e.g. a delete followed by `* lb/maps-empty`).
             state.log.append(f"({obj.get('kind')} {key_of(obj)} was already gone)")
+    await _catch_up(h)
 
 
 async def cmd_k8s_resync(state: State, args: list[str]) -> None:
@@ -247,6 +293,7 @@ async def cmd_k8s_resync(state: State, args: list[str]) -> None:
         h.k8s.replace(args[0], objs)
     except ValueError as e:
         raise CommandError(f"k8s/resync: {e}") from None
+    await _catch_up(h)
 
 
 # ----- lb ---------------------------------------------------------------------------------
@@ -266,6 +313,56 @@ def _maps_call(state: State, fn: Any) -> Any:
         raise
     except Exception as e:
         raise CommandError(f"{type(e).__name__}: {e}") from None
+
+
+async def cmd_scale_to_zero_dump(state: State, args: list[str]) -> str | None:
+    """``lb/scale-to-zero-dump [file]``: the ids tracked in the scale-to-zero map."""
+    if len(args) > 1:
+        raise CommandError("usage: lb/scale-to-zero-dump [file]")
+    text = _maps_call(state, lambda s: s.lb.scale_to_zero_dump())
+    if args:
+        state.write(args[0], text)
+        return None
+    return text
+
+
+def http_get_text(url: str, timeout: float = HTTP_TIMEOUT) -> str:
+    """GET ``url`` and render the answer as the corpus expects it: the status line
+    (``200 OK``), the headers as ``Name=value`` sorted by name with the Date's value
+    replaced by ``<omitted>``, a ``---`` line, then the body. Raises OSError (or
+    http.client.HTTPException) when no answer comes."""
+    parts = urllib.parse.urlsplit(url)
+    if parts.scheme != "http" or not parts.hostname:
+        raise ValueError(f"not an http URL: {url!r}")
+    conn = http.client.HTTPConnection(parts.hostname, parts.port or 80, timeout=timeout)
+    try:
+        conn.request("GET", parts.path or "/")
+        resp = conn.getresponse()
+        body = resp.read()
+        headers: dict[str, list[str]] = {}
+        for name, value in resp.getheaders():
+            canon = "-".join(w.capitalize() for w in name.split("-"))
+            headers.setdefault(canon, []).append("<omitted>" if canon == "Date" else value)
+    finally:
+        conn.close()
+    lines = [f"{resp.status} {resp.reason}"]
+    lines += [f"{name}={', '.join(headers[name])}" for name in sorted(headers)]
+    lines.append("---")
+    return "\n".join(lines) + "\n" + body.decode("utf-8", "replace")
+
+
+async def cmd_http_get(state: State, args: list[str]) -> str | None:
+    """``http/get URL [file]``: an HTTP GET; fails when nothing answers."""
+    if len(args) not in (1, 2):
+        raise CommandError("usage: http/get URL [file]")
+    try:
+        text = await anyio.to_thread.run_sync(http_get_text, args[0])
+    except (OSError, http.client.HTTPException, ValueError) as e:
+        raise CommandError(f"http/get {args[0]}: {type(e).__name__}: {e}") from None
+    if len(args) == 2:
+        state.write(args[1], text)
+        return None
+    return text
 
 
 async def cmd_maps_empty(state: State, args: list[str]) -> None:
@@ -461,6 +558,7 @@ def lb_commands() -> dict[str, Command]:
         "hive/start": cmd_hive_start,
         "hive/stop": cmd_hive_stop,
         "hive/recreate": cmd_hive_recreate,
+        "http/get": cmd_http_get,
         "k8s/add": cmd_k8s_add,
         "k8s/update": cmd_k8s_add,
         "k8s/delete": cmd_k8s_delete,
@@ -470,6 +568,7 @@ def lb_commands() -> dict[str, Command]:
         "lb/maps-snapshot": cmd_maps_snapshot,
         "lb/maps-restore": cmd_maps_restore,
         "lb/prune": cmd_prune,
+        "lb/scale-to-zero-dump": cmd_scale_to_zero_dump,
         "metrics": cmd_metrics,
         "test/bpfops-reset": cmd_bpfops_reset,
         "test/bpfops-state-empty": cmd_bpfops_state_empty,

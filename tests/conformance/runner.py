@@ -97,6 +97,10 @@ def run_archive(
                 return
             async with harness_factory(flags, workdir) as harness:
                 state.harness = harness
+                # Variables the harness defines for its scripts (e.g. $HEALTHADDR).
+                script_env = getattr(harness, "script_env", None)
+                if script_env is not None:
+                    state.env.update(script_env())
                 await script()
 
         try:

@@ -42,9 +42,15 @@ def kernel_root() -> Iterator[str]:
 
 
 # Corpus files whose expected maps contradict other corpus files (different Cilium
-# generations; see docs/conformance.md). Empty since the corpus curation of 2026-11-22;
-# kept so that a future contradiction is recorded here rather than hidden.
-KNOWN_CONFLICTS: dict[str, str] = {}
+# generations; see docs/conformance.md). Everything before the conflicting comparison
+# must pass; tests/conformance/test_healthserver.py covers the rest of healthserver.
+KNOWN_CONFLICTS: dict[str, str] = {
+    "healthserver": (
+        "its maps expect LBALG=random on every master entry without "
+        "--bpf-lb-algorithm-annotation (the version at upstream commit c39bc9c); every "
+        "other file, and upstream's later copy of the same test, expect LBALG=undef"
+    ),
+}
 
 
 def _check(result: FileResult) -> None:
@@ -59,7 +65,7 @@ def _check(result: FileResult) -> None:
         return
     if result.reason.startswith("unsupported:"):
         pytest.xfail(f"{result.file}: {result.reason}")
-    if known is not None and "cmp" in result.command:
+    if known is not None and "cmp" in result.command and "maps" in result.command:
         pytest.xfail(f"{result.file}: known corpus conflict: {known}")
     pytest.fail(result.describe(), pytrace=False)
 

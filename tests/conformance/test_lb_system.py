@@ -119,9 +119,9 @@ def test_lb_system_kernel(kernel_root: str) -> None:
 def test_unsupported_flags_are_named() -> None:
     """Flags Statewright does not implement are listed, known ones are not."""
     bad = LBSystem.unsupported_flags(
-        ["--bpf-lb-algorithm=maglev", "--enable-scale-to-zero", "--no-such-flag=1"]
+        ["--bpf-lb-algorithm=maglev", "--bpf-lb-dsr-dispatch=geneve", "--no-such-flag=1"]
     )
-    assert bad == ["--enable-scale-to-zero", "--no-such-flag=1"]
+    assert bad == ["--bpf-lb-dsr-dispatch=geneve", "--no-such-flag=1"]
 
 
 def test_state_file_source_feeds_the_tables(memory_root: str, tmp_path: Any) -> None:

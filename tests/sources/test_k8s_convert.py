@@ -175,6 +175,11 @@ def test_topology_annotation_and_traffic_distribution() -> None:
     assert a.service.traffic_distribution == "PreferClose"
     b = convert_service(service(trafficDistribution="PreferSameNode"))
     assert b.service.traffic_distribution == "PreferSameNode"
+    # The Service's own spelling is kept: PreferSameZone (newer) and PreferClose (older).
+    for value in ("PreferSameZone", "PreferClose"):
+        c = convert_service(service(trafficDistribution=value))
+        assert c.service.traffic_distribution == value
+        assert f"TrafficDistribution={value}" in c.service.flags_text()
 
 
 def test_node_exposure_annotation() -> None:
@@ -482,3 +487,26 @@ def test_conversion_error_is_an_input_error_naming_object_and_field() -> None:
     copy_ = pickle.loads(pickle.dumps(err))
     assert type(copy_) is ConversionError and str(copy_) == str(err)
     assert (copy_.obj, copy_.field, copy_.message) == (err.obj, err.field, err.message)
+
+
+@pytest.mark.parametrize(
+    "value, weight, state",
+    [
+        (None, 100, BackendState.ACTIVE),
+        ("300", 300, BackendState.ACTIVE),
+        (" 7 ", 7, BackendState.ACTIVE),
+        ("65535", 65535, BackendState.ACTIVE),
+        ("0", 0, BackendState.MAINTENANCE),
+        ("65536", 100, BackendState.ACTIVE),  # out of range: ignored
+        ("-1", 100, BackendState.ACTIVE),
+        ("heavy", 100, BackendState.ACTIVE),
+        ("²", 100, BackendState.ACTIVE),
+    ],
+)
+def test_slice_weight_annotation(value: str | None, weight: int, state: BackendState) -> None:
+    """service.cilium.io/weight on a slice is every backend's weight; 0 is maintenance."""
+    obj = eps(endpoints=[endpoint("10.244.1.1", "n1"), endpoint("10.244.1.2", "n1")])
+    if value is not None:
+        obj["metadata"]["annotations"] = {"service.cilium.io/weight": value}
+    c = convert_endpoint_slice(obj)
+    assert {(b.weight, b.state) for b in c.backends} == {(weight, state)}

@@ -77,9 +77,9 @@ def test_non_strict_skips_unknown() -> None:
 
 def test_unsupported_flags_reported() -> None:
     flags = ["--lb-state-file=$WORK/state.yaml", "--bpf-lb-algorithm=maglev", "--bogus",
-             "--enable-scale-to-zero"]
+             "--bpf-lb-dsr-dispatch=geneve", "--enable-scale-to-zero"]
     assert LBConfig.unsupported_flags(flags) == [
-        "--lb-state-file=$WORK/state.yaml", "--bogus", "--enable-scale-to-zero"]
+        "--lb-state-file=$WORK/state.yaml", "--bogus", "--bpf-lb-dsr-dispatch=geneve"]
 
 
 @pytest.mark.parametrize("text, secs", [("10ms", 0.01), ("1m30s", 90.0), ("0", 0.0),
@@ -89,6 +89,6 @@ def test_parse_duration(text: str, secs: float) -> None:
 
 
 def test_unsupported_flags_with_caller_extensions() -> None:
-    flags = ["--enable-scale-to-zero", "--bogus"]
-    assert LBConfig.unsupported_flags(flags, also_supported=["enable-scale-to-zero", "bogus"]) == [
+    flags = ["--bpf-lb-dsr-dispatch=geneve", "--bogus"]
+    assert LBConfig.unsupported_flags(flags, also_supported=["bpf-lb-dsr-dispatch", "bogus"]) == [
         "--bogus"]

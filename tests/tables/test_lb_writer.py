@@ -384,3 +384,73 @@ def test_frontends_written_in_address_order() -> None:
     order = [str(c.obj.address) for c in changes.next(db.read_txn())[0]]
     assert order == ["0.0.0.0:30001/TCP", "1.1.1.1:80/TCP", "10.96.0.1:80/TCP",
                      "[fd00::1]:80/TCP"]
+
+
+def test_prefer_same_zone_is_kept_and_filters_like_prefer_close() -> None:
+    """Kubernetes' newer name selects by zone too, and the service keeps its spelling."""
+    db, w = new_writer()
+    with w.write_txn() as t:
+        w.set_node_labels(t, {"topology.kubernetes.io/zone": "foo"})
+        w.upsert_service_and_frontends(t, Service("a/b", traffic_distribution="PreferSameZone"),
+                                       [fe("10.96.0.1:80/TCP", "a/b")])
+        w.set_backends(t, "a/b", "k8s", [be("10.244.1.1:80/TCP", for_zones=("foo",)),
+                                        be("10.244.2.1:80/TCP", for_zones=("quux",))])
+    f = frontend_map(db, w)["10.96.0.1:80/TCP"]
+    assert backend_addrs(f) == ["10.244.1.1:80/TCP"]
+    assert f.service is not None and f.service.traffic_distribution == "PreferSameZone"
+    # A zone change re-selects for PreferSameZone services as well.
+    with w.write_txn() as t:
+        w.set_node_labels(t, {"topology.kubernetes.io/zone": "quux"})
+    assert backend_addrs(frontend_map(db, w)["10.96.0.1:80/TCP"]) == ["10.244.2.1:80/TCP"]
+
+
+def test_zone_falls_back_when_no_in_zone_backend_is_usable() -> None:
+    """In-zone endpoints exist but none serves this port or is ready: all candidates."""
+    db, w = new_writer()
+    with w.write_txn() as t:
+        w.set_node_labels(t, {"topology.kubernetes.io/zone": "foo"})
+        w.upsert_service_and_frontends(
+            t, Service("a/b", traffic_distribution="PreferClose"),
+            [fe("10.96.0.1:80/TCP", "a/b", port_name="http")])
+        w.set_backends(t, "a/b", "k8s", [
+            be("10.244.1.1:80/TCP", "metrics", for_zones=("foo",)),
+            be("10.244.2.1:80/TCP", "http", for_zones=("quux",)),
+            be("10.244.3.1:80/TCP", "http", for_zones=("bar",))])
+    assert backend_addrs(frontend_map(db, w)["10.96.0.1:80/TCP"]) == [
+        "10.244.2.1:80/TCP", "10.244.3.1:80/TCP"]
+    # The in-zone endpoint serves the port but is not ready (maintenance): still all.
+    with w.write_txn() as t:
+        w.set_backends(t, "a/b", "k8s", [
+            be("10.244.1.1:80/TCP", "http", for_zones=("foo",),
+               state=BackendState.MAINTENANCE),
+            be("10.244.2.1:80/TCP", "http", for_zones=("quux",))])
+    assert backend_addrs(frontend_map(db, w)["10.96.0.1:80/TCP"]) == [
+        "10.244.1.1:80/TCP", "10.244.2.1:80/TCP"]
+    # Ready again: only the in-zone one.
+    with w.write_txn() as t:
+        w.set_backends(t, "a/b", "k8s", [
+            be("10.244.1.1:80/TCP", "http", for_zones=("foo",)),
+            be("10.244.2.1:80/TCP", "http", for_zones=("quux",))])
+    assert backend_addrs(frontend_map(db, w)["10.96.0.1:80/TCP"]) == ["10.244.1.1:80/TCP"]
+
+
+def test_terminating_endpoints_do_not_count_in_the_zone_safeguard() -> None:
+    """A terminating endpoint without hints does not switch the hints off (an active one
+    without hints does); it stays selected as the last resort."""
+    db, w = new_writer()
+    with w.write_txn() as t:
+        w.set_node_labels(t, {"topology.kubernetes.io/zone": "foo"})
+        w.upsert_service_and_frontends(t, Service("a/b", traffic_distribution="PreferClose"),
+                                       [fe("10.96.0.1:80/TCP", "a/b")])
+        w.set_backends(t, "a/b", "k8s", [
+            be("10.244.1.1:80/TCP", for_zones=("foo",)),
+            be("10.244.2.1:80/TCP", for_zones=("quux",)),
+            be("10.244.9.1:80/TCP", state=BackendState.TERMINATING)])
+    assert backend_addrs(frontend_map(db, w)["10.96.0.1:80/TCP"]) == [
+        "10.244.1.1:80/TCP", "10.244.9.1:80/TCP"]
+    with w.write_txn() as t:
+        w.set_backends(t, "a/b", "k8s", [
+            be("10.244.1.1:80/TCP", for_zones=("foo",)),
+            be("10.244.2.1:80/TCP", for_zones=("quux",)),
+            be("10.244.9.1:80/TCP")])  # active and unhinted: hints unusable
+    assert len(frontend_map(db, w)["10.96.0.1:80/TCP"].backends) == 3
