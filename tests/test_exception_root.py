@@ -27,6 +27,9 @@ INPUT_ERRORS = {
     "tables.lb_writer.InvalidBackendError",
     "statewright.agent.config.ConfigError",
     "sources.k8s_client.K8sConfigError",
+    "tables.ipam.IPAMRequestError",
+    "tables.endpoints.EndpointRequestError",
+    "tables.identities.LabelError",
 }
 
 

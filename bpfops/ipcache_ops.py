@@ -1,0 +1,92 @@
+"""IPCacheOps: the reconciler Operations writing the ``ipcache`` table into the ipcache LPM
+BPF map (layout: bpf/include/ipcache.h, codec: bpf/ipcache.py).
+
+Each row is one prefix and its identity: key ``ipcache_key`` (prefixlen = 32 + the CIDR
+length, family, address), value ``remote_endpoint_info`` (identity; no tunnel endpoint:
+every entry here is local or world). Like LXCOps, ``update`` reads first and writes only
+a different entry, and ``prune`` deletes what no row explains.
+"""
+
+from __future__ import annotations
+
+import errno as errno_mod
+from collections.abc import Iterator
+
+from bpf.errors import MapError
+from bpf.ipcache import PREFIX_HEADER_BITS, IPCacheKey, RemoteEndpointInfo
+from bpf.typed_map import TypedMap
+from bpfops.endpoint_ops import EndpointMapError
+from statedb import ReadTxn
+from tables.endpoint_entries import IPCacheEntry
+from tables.l3n4 import IPNetwork
+
+
+def ipcache_key(prefix: IPNetwork) -> IPCacheKey:
+    """The ipcache key of a prefix."""
+    return IPCacheKey.for_cidr(prefix.network_address.packed, prefix.prefixlen)
+
+
+def ipcache_value(row: IPCacheEntry) -> RemoteEndpointInfo:
+    """The ipcache value of a row."""
+    return RemoteEndpointInfo(sec_identity=row.identity)
+
+
+class IPCacheOps:
+    """Operations of the ``ipcache`` reconciler (see the module doc)."""
+
+    def __init__(self, ipcache_map: TypedMap[IPCacheKey, RemoteEndpointInfo]) -> None:
+        self.map = ipcache_map
+        self.writes = 0
+        self.skipped = 0
+        self.deletes = 0
+
+    def update(self, txn: ReadTxn, revision: int, obj: IPCacheEntry) -> None:
+        """Write the entry of ``obj`` unless the map already holds exactly it."""
+        key, value = ipcache_key(obj.prefix), ipcache_value(obj)
+        try:
+            if self._exact(key) == value:
+                self.skipped += 1
+                return
+            self.map.update(key, value)
+        except MapError as e:
+            raise EndpointMapError(self.map.name, "update", f"{obj.prefix} ({obj.owner})", e) from e
+        self.writes += 1
+
+    def _exact(self, key: IPCacheKey) -> RemoteEndpointInfo | None:
+        """The entry stored under exactly ``key``, as far as one lookup can tell.
+
+        An LPM lookup returns the longest stored prefix that covers the key, which may be
+        a shorter one. For a full-length key (/32, /128) the only covering entries this
+        agent writes are world's 0.0.0.0/0 and ::/0, whose identity (2, 9, 10) is never
+        a host's or an endpoint's, so an equal value means this very entry is present.
+        A /0 key (world's) can only match itself (nothing shorter is ever written).
+        Other lengths are always written: telling a covering entry apart from an exact
+        one would take a scan of the whole map."""
+        if key.prefixlen in (PREFIX_HEADER_BITS, 32 + 32, 32 + 128):
+            return self.map.lookup(key)
+        return None
+
+    def delete(self, txn: ReadTxn, revision: int, obj: IPCacheEntry) -> None:
+        """Delete the entry of ``obj``; an absent entry is fine."""
+        try:
+            self.map.delete(ipcache_key(obj.prefix))
+        except MapError as e:
+            if e.errno == errno_mod.ENOENT:
+                return
+            raise EndpointMapError(self.map.name, "delete", f"{obj.prefix} ({obj.owner})", e) from e
+        self.deletes += 1
+
+    def prune(self, txn: ReadTxn, objects: Iterator[IPCacheEntry]) -> None:
+        """Delete every map entry that no row explains."""
+        want = {ipcache_key(o.prefix) for o in objects}
+        try:
+            stray = [k for k in self.map if k not in want]
+        except MapError as e:
+            raise EndpointMapError(self.map.name, "prune (iterate)", "", e) from e
+        for key in stray:
+            try:
+                self.map.delete(key)
+                self.deletes += 1
+            except MapError as e:
+                if e.errno != errno_mod.ENOENT:
+                    raise EndpointMapError(self.map.name, "prune", repr(key), e) from e

@@ -1,0 +1,408 @@
+"""The endpoints component: IPAM, identities, the endpoints table, the endpoint (lxc) and
+ipcache maps with their reconcilers, restore at start, and the endpoint/IPAM API routes.
+
+Needs ``db`` (the statedb `DB`). When a ``node-addresses`` table is registered in it by the
+time this component starts (the LB component registers it: list this component after it),
+the host entries follow it; otherwise only the IPAM router addresses are host entries.
+Provides ``endpoints`` (the `EndpointManager`).
+
+Start-up order, so nothing is pruned or served too early:
+
+1. register the tables and an initializer ``endpoint-restore`` on the two entry tables
+   (the reconcilers prune only once it is done);
+2. open (adopt) the pinned maps and start the two reconcilers;
+3. restore IPAM, then the endpoints (tables/endpoint_manager.py: those whose interface is
+   gone are removed and their addresses released), then the host and world entries;
+4. complete the initializer: the reconcilers prune whatever no row explains;
+5. follow the node addresses (host entries) and the entry statuses (endpoints become
+   ``ready`` once their entries are written).
+
+Routes follow Cilium's API: ``PUT/GET/PATCH/DELETE /endpoint/{id}``, ``GET /endpoint``,
+``POST /ipam`` (``?family=ipv4|ipv6&owner=..``), ``POST /ipam/{ip}``, ``DELETE /ipam/{ip}``,
+``GET /ipam``. A bad request gets a 4xx `ApiError` with the reason and changes nothing.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, replace
+from typing import Any
+
+import anyio
+
+from bpf.catalog import endpoints_spec, ipcache_spec
+from bpf.factory import BackendConfig, MapFactory
+from bpf.typed_map import TypedMap
+from bpfops.endpoint_ops import LXCOps
+from bpfops.ipcache_ops import IPCacheOps
+from reconciler import Config, Reconciler
+from reconciler.health import Level
+from statedb import DB, Table
+from statewright.component import (
+    DEGRADED,
+    OK,
+    ApiError,
+    Component,
+    Health,
+    Hive,
+    MapView,
+    Request,
+    Route,
+    typed_map_view,
+)
+from tables.endpoint_entries import EntryTables, IPCacheEntry, LXCEntry
+from tables.endpoint_manager import EndpointManager, LinkCheck, RestoreResult, host_link_exists
+from tables.endpoints import EndpointChange, EndpointError
+from tables.identities import IdentityAllocator, IdentityError
+from tables.ipam import IPAM, IPAMConfig, IPAMError, parse_address
+from tables.state_dir import StateDirError
+
+log = logging.getLogger("statewright.agent.endpoints")
+
+DEFAULT_STATE_DIR = "/var/run/statewright/state"
+RESTORE_INITIALIZER = "endpoint-restore"
+NODE_ADDRESSES_TABLE = "node-addresses"
+
+
+@dataclass(frozen=True, slots=True)
+class EndpointsConfig:
+    """What the component needs from the agent's configuration."""
+
+    pod_cidrs: tuple[str, ...] = ("10.200.0.0/24", "fd00:200::/112")
+    state_dir: str = DEFAULT_STATE_DIR
+    backend: str = "auto"
+    pin_dir: str = "/sys/fs/bpf/statewright"
+    prune_interval: float | None = 300.0
+
+    @classmethod
+    def from_agent_config(cls, cfg: Any) -> EndpointsConfig:
+        """From an AgentConfig: ``backend`` and ``pin_dir`` always, ``pod_cidrs`` and
+        ``state_dir`` when it has them (defaults otherwise)."""
+        base = cls()
+        return cls(
+            pod_cidrs=tuple(getattr(cfg, "pod_cidrs", None) or base.pod_cidrs),
+            state_dir=getattr(cfg, "state_dir", None) or base.state_dir,
+            backend=getattr(cfg, "backend", base.backend),
+            pin_dir=getattr(cfg, "pin_dir", base.pin_dir),
+        )
+
+
+def _api_error(e: Exception) -> ApiError:
+    """The API's answer to a failure of IPAM, identities, endpoints or state files."""
+    status = getattr(e, "http_status", 500)
+    return ApiError(int(status), str(e))
+
+
+async def _call(fn: Callable[..., Any], *args: Any) -> Any:
+    """Run a manager call (it fsyncs state files) in a worker thread; errors -> ApiError."""
+    try:
+        return await anyio.to_thread.run_sync(fn, *args)
+    except (IPAMError, EndpointError, IdentityError, StateDirError) as e:
+        raise _api_error(e) from None
+
+
+class EndpointsComponent(Component):
+    """See the module doc."""
+
+    name = "endpoints"
+    needs = ("db",)
+    provides = ("endpoints",)
+
+    def __init__(self, config: EndpointsConfig, link_exists: LinkCheck = host_link_exists) -> None:
+        self.config = config
+        self.link_exists = link_exists
+        self.manager: EndpointManager | None = None
+        self.ipam: IPAM | None = None
+        self.maps: dict[str, TypedMap[Any, Any]] = {}
+        self.ops: dict[str, LXCOps | IPCacheOps] = {}
+        self.reconcilers: dict[str, Reconciler[Any]] = {}
+        self.restore_result = RestoreResult()
+        self.maps_kind = ""
+
+    # ----- lifecycle ----------------------------------------------------------------------------
+    async def start(self, hive: Hive) -> None:
+        """Steps 1-5 of the module doc."""
+        db = hive.get("db", DB)
+        cfg = self.config
+        ipam = IPAM(db, IPAMConfig.parse(cfg.pod_cidrs, cfg.state_dir))
+        identities = IdentityAllocator(db)
+        entries = EntryTables()
+        manager = EndpointManager(db, ipam, identities, cfg.state_dir, entries=entries)
+        with db.write_txn(entries.lxc, entries.ipcache) as txn:
+            done_lxc = entries.lxc.register_initializer(txn, RESTORE_INITIALIZER)
+            done_ipc = entries.ipcache.register_initializer(txn, RESTORE_INITIALIZER)
+        self.ipam, self.manager = ipam, manager
+
+        factory = MapFactory(BackendConfig(backend=cfg.backend, pin_dir=cfg.pin_dir))  # type: ignore[arg-type]
+        self.maps_kind = factory.kind
+        lxc_map = factory.open_typed(endpoints_spec())
+        try:
+            ipc_map = factory.open_typed(ipcache_spec())
+        except BaseException:
+            lxc_map.close()
+            raise
+        self.maps = {"endpoints": lxc_map, "ipcache": ipc_map}
+        try:
+            await self._start_with_maps(hive, db, manager, entries, done_lxc, done_ipc)
+        except BaseException:
+            await self.stop()
+            raise
+
+    async def _start_with_maps(
+        self,
+        hive: Hive,
+        db: DB,
+        manager: EndpointManager,
+        entries: EntryTables,
+        done_lxc: Callable[[Any], None],
+        done_ipc: Callable[[Any], None],
+    ) -> None:
+        """Steps 2 (reconcilers) to 5 of the module doc, once the maps are open."""
+        cfg, ipam = self.config, manager.ipam
+        lxc_map, ipc_map = self.maps["endpoints"], self.maps["ipcache"]
+        lxc_ops, ipc_ops = LXCOps(lxc_map), IPCacheOps(ipc_map)
+        self.ops = {"endpoint-map": lxc_ops, "ipcache": ipc_ops}
+        self.reconcilers = {
+            "endpoint-map": Reconciler(db, _config(entries.lxc, lxc_ops, cfg)),
+            "ipcache": Reconciler(db, _config(entries.ipcache, ipc_ops, cfg)),
+        }
+        for name, rec in self.reconcilers.items():
+            await hive.spawn(self, rec.run, label=f"{self.name}-{name}")
+
+        def restore() -> None:
+            # endpoints claim their addresses before the router addresses are reserved
+            ipam.restore(reserve_router=False)
+            self.restore_result = manager.restore(self.link_exists)
+            ipam.reserve_routers()
+            manager.sync_host(self._node_ips(db))
+
+        await anyio.to_thread.run_sync(restore)
+        with db.write_txn(entries.lxc, entries.ipcache) as txn:
+            done_lxc(txn)
+            done_ipc(txn)
+        await hive.spawn(self, self._follow_node_addresses(db, manager), label="endpoints-host")
+        await hive.spawn(self, self._follow_entries(db, manager), label="endpoints-ready")
+        hive.provide("endpoints", manager)
+
+    async def stop(self) -> None:
+        """Close the maps (their pins stay: the next start adopts them)."""
+        for m in self.maps.values():
+            m.close()
+        self.maps = {}
+
+    @staticmethod
+    def _node_ips(db: DB) -> list[Any]:
+        table = _node_addresses(db)
+        if table is None:
+            return []
+        return [na.address for na in table.all(db.read_txn())]
+
+    def _follow_node_addresses(
+        self, db: DB, manager: EndpointManager
+    ) -> Callable[..., Awaitable[None]]:
+        async def follow(*, task_status: Any = anyio.TASK_STATUS_IGNORED) -> None:
+            task_status.started()
+            table = _node_addresses(db)
+            if table is None:
+                return
+            while True:
+                rows, watch = table.all_watch(db.read_txn())
+                manager.sync_host([na.address for na in rows])
+                await watch.wait_async()
+
+        return follow
+
+    def _follow_entries(self, db: DB, manager: EndpointManager) -> Callable[..., Awaitable[None]]:
+        entries = manager.entries
+
+        async def follow(*, task_status: Any = anyio.TASK_STATUS_IGNORED) -> None:
+            task_status.started()
+            while True:
+                txn = db.read_txn()
+                _, w1 = entries.lxc.all_watch(txn)
+                _, w2 = entries.ipcache.all_watch(txn)
+                _, w3 = manager.endpoints.all_watch(txn)
+                manager.mark_ready()
+                with anyio.move_on_after(5.0):  # also a slow safety net if a watch is missed
+                    async with anyio.create_task_group() as tg:
+
+                        async def wait(w: Any) -> None:
+                            await w.wait_async()
+                            tg.cancel_scope.cancel()
+
+                        for w in (w1, w2, w3):
+                            tg.start_soon(wait, w)
+
+        return follow
+
+    # ----- reporting ----------------------------------------------------------------------------
+    def health(self) -> list[Health]:
+        """One line: maps kind, endpoints, reconcilers' state."""
+        if self.manager is None:
+            return [Health(self.name, DEGRADED, "not started")]
+        bad = [
+            f"{n}: {r.health.message}"
+            for n, r in self.reconcilers.items()
+            if r.health.level is not Level.OK
+        ]
+        n = len(self.manager.all())
+        r = self.restore_result
+        restored = f"restored {len(r.restored)}, removed {len(r.removed)} at start"
+        if r.failed:
+            bad.append(f"{len(r.failed)} endpoint state file(s) unreadable: {r.failed[0]}")
+        if bad:
+            return [Health(self.name, DEGRADED, "; ".join(bad))]
+        return [Health(self.name, OK, f"{n} endpoint(s), {self.maps_kind} maps; {restored}")]
+
+    def bpf_maps(self) -> Sequence[MapView]:
+        """The endpoints (lxc) and ipcache maps."""
+        return [typed_map_view(m, self.maps_kind) for _, m in sorted(self.maps.items())]
+
+    def cleanup(self) -> list[str]:
+        """Unpin the endpoints and ipcache maps (kernel pins under the pin directory)."""
+        removed = []
+        for name in ("endpoints", "ipcache"):
+            path = os.path.join(self.config.pin_dir, name)
+            if os.path.exists(path):
+                os.unlink(path)
+                removed.append(f"pin {path}")
+        return removed
+
+    # ----- API ------------------------------------------------------------------------------
+    def routes(self) -> Sequence[Route]:
+        """The endpoint and IPAM routes (module doc)."""
+        return (
+            Route("/endpoint", self._list),
+            Route("/endpoint/{id}", self._get),
+            Route("/endpoint/{id}", self._put, ("PUT",)),
+            Route("/endpoint/{id}", self._patch, ("PATCH",)),
+            Route("/endpoint/{id}", self._delete, ("DELETE",)),
+            Route("/ipam", self._ipam_status),
+            Route("/ipam", self._ipam_next, ("POST",)),
+            Route("/ipam/{ip}", self._ipam_ip, ("POST",)),
+            Route("/ipam/{ip}", self._ipam_release, ("DELETE",)),
+        )
+
+    def _mgr(self) -> EndpointManager:
+        if self.manager is None or self.ipam is None:
+            raise ApiError(503, "endpoints: not started")
+        return self.manager
+
+    async def _list(self, req: Request) -> Any:
+        return [ep.to_json() for ep in self._mgr().all()]
+
+    async def _get(self, req: Request) -> Any:
+        ep = await _call(self._mgr().get, req.params["id"])
+        return ep.to_json()
+
+    async def _put(self, req: Request) -> Any:
+        mgr = self._mgr()
+        change = _parse_change(req)
+        ep = await _call(mgr.create, req.params["id"], change)
+        return ep.to_json()
+
+    async def _patch(self, req: Request) -> Any:
+        mgr = self._mgr()
+        change = _parse_change(req)
+        ep = await _call(mgr.update, req.params["id"], change)
+        return ep.to_json()
+
+    async def _delete(self, req: Request) -> Any:
+        ep = await _call(self._mgr().delete, req.params["id"])
+        return {"deleted": ep.id}
+
+    async def _ipam_status(self, req: Request) -> Any:
+        self._mgr()
+        assert self.ipam is not None
+        return self.ipam.status()
+
+    async def _ipam_next(self, req: Request) -> Any:
+        self._mgr()
+        ipam = self.ipam
+        assert ipam is not None
+        owner = req.query.get("owner", "") or "api"
+        family = req.query.get("family", "")
+        if family not in ("", "ipv4", "ipv6"):
+            raise ApiError(400, f"ipam: family {family!r}: use ipv4 or ipv6")
+        fams = [int(family[-1])] if family else ipam.families()
+        got: list[Any] = []
+        try:
+            for fam in fams:
+                got.append(await _call(ipam.allocate_next, fam, owner))
+        except ApiError:
+            for ip in got:  # all families or none
+                await _call(ipam.release, ip)
+            raise
+        return self._ipam_response(got)
+
+    async def _ipam_ip(self, req: Request) -> Any:
+        self._mgr()
+        ipam = self.ipam
+        assert ipam is not None
+        owner = req.query.get("owner", "") or "api"
+        try:
+            ip = parse_address(req.params["ip"])
+        except IPAMError as e:
+            raise _api_error(e) from None
+        await _call(ipam.allocate, ip, owner)
+        return self._ipam_response([ip])
+
+    async def _ipam_release(self, req: Request) -> Any:
+        self._mgr()
+        ipam = self.ipam
+        assert ipam is not None
+        owner = req.query.get("owner") or None
+        held = await _call(ipam.release, req.params["ip"], owner)
+        return held.to_json()
+
+    def _ipam_response(self, ips: list[Any]) -> dict[str, Any]:
+        """Cilium's IPAMResponse shape: ``address`` plus per family the address, the
+        gateway (the router address) and the pod CIDRs."""
+        assert self.ipam is not None
+        txn = self.ipam.db.read_txn()
+        out: dict[str, Any] = {"address": {}}
+        for ip in ips:
+            fam = f"ipv{ip.version}"
+            router = self.ipam.router(txn, ip.version)
+            out["address"][fam] = str(ip)
+            out[fam] = {
+                "ip": str(ip),
+                "gateway": str(router) if router else "",
+                "cidrs": [str(c) for c in self.ipam.cidrs(ip.version)],
+            }
+        return out
+
+
+def _parse_change(req: Request) -> EndpointChange:
+    try:
+        return EndpointChange.parse(req.json())
+    except EndpointError as e:
+        raise _api_error(e) from None
+
+
+def _node_addresses(db: DB) -> Table[Any] | None:
+    for t in db.tables:
+        if t.name == NODE_ADDRESSES_TABLE:
+            return t
+    return None
+
+
+def _config(table: Table[Any], ops: Any, cfg: EndpointsConfig) -> Config[Any]:
+    return Config(
+        table=table,
+        operations=ops,
+        get_object_status=_status_of,
+        set_object_status=_with_status,
+        name=table.name,
+        prune_interval=cfg.prune_interval,
+    )
+
+
+def _status_of(row: LXCEntry | IPCacheEntry) -> Any:
+    return row.status
+
+
+def _with_status(row: Any, status: Any) -> Any:
+    return replace(row, status=status)

@@ -1,0 +1,586 @@
+"""statewright-cni: a CNI 1.0 plugin that connects a container to the node through the agent.
+
+A container runtime runs it with the network configuration on stdin and ``CNI_COMMAND``,
+``CNI_CONTAINERID``, ``CNI_NETNS``, ``CNI_IFNAME``, ``CNI_ARGS`` and ``CNI_PATH`` in the
+environment; it prints a result (ADD), nothing (DEL, CHECK) or the version document
+(VERSION) on stdout, or an error document (``code``, ``msg``, ``details``) with exit
+status 1. Error codes are the specification's: 1 incompatible version, 2 unsupported
+field, 3 unknown container, 4 invalid environment variables, 5 I/O failure, 6 failed to
+decode content, 7 invalid network configuration, 11 try again later (agent not reachable).
+
+ADD, as Cilium's plugin does it:
+
+1. ``POST /ipam?owner=<container id>`` on the agent's unix socket: one address per
+   family of the node's pod CIDRs and the gateway (the router address);
+2. a veth pair in the current (node) network namespace: ``lxc<hash>`` stays, the peer is
+   moved into ``CNI_NETNS`` and renamed ``CNI_IFNAME``; MTU on both;
+3. inside the container: the address as /32 (/128); for IPv4 a permanent neighbour entry
+   gateway (the router address) -> the host side's MAC, a link route to the gateway and
+   the default route through it (the node need not own or answer ARP for the router
+   address); for IPv6 the default route through the host side's link-local address;
+4. on the node: a route to each pod address through the host-side veth;
+5. ``PUT /endpoint/cni-attachment-id:<container id>:<ifname>``: the endpoint change
+   request (interfaces, MACs, addressing, pod name/namespace from ``CNI_ARGS``,
+   netns path).
+
+A failure undoes what was done (veth deleted, addresses released). DEL deletes the
+endpoint (which releases its addresses) and the veth, and succeeds when they are already
+gone. CHECK verifies that the endpoint, both interfaces and the addresses are there.
+
+Network configuration keys: ``cniVersion``, ``name``, ``type`` (required), ``mtu``
+(default 1500), ``agent-socket`` (default ``$STATEWRIGHT_SOCKET`` or
+``/run/statewright/agent.sock``), ``ipam`` (optional: ``{"type": "host-local", ...}``
+delegates addressing to that IPAM plugin, found in ``CNI_PATH`` and run with the same
+environment and configuration; the endpoint is then registered with
+``datapath-configuration.external-ipam`` and DEL/CHECK are delegated too).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import http.client
+import ipaddress
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.parse
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, TextIO
+
+from statedb.errors import StatewrightError
+
+CNI_VERSION = "1.0.0"
+SUPPORTED_VERSIONS = ["0.3.0", "0.3.1", "0.4.0", "1.0.0"]
+DEFAULT_SOCKET = "/run/statewright/agent.sock"
+DEFAULT_MTU = 1500
+NUD_PERMANENT = 0x80
+
+ERR_INCOMPATIBLE_VERSION = 1
+ERR_UNSUPPORTED_FIELD = 2
+ERR_UNKNOWN_CONTAINER = 3
+ERR_INVALID_ENV = 4
+ERR_IO = 5
+ERR_DECODE = 6
+ERR_INVALID_CONFIG = 7
+ERR_TRY_AGAIN = 11
+
+
+class CNIError(StatewrightError):
+    """A failure reported to the runtime as a CNI error document."""
+
+    def __init__(self, code: int, msg: str, details: str = "") -> None:
+        super().__init__(msg)
+        self.code = code
+        self.msg = msg
+        self.details = details
+
+    def document(self, version: str) -> dict[str, Any]:
+        """The specification's error result."""
+        doc: dict[str, Any] = {"cniVersion": version, "code": self.code, "msg": self.msg}
+        if self.details:
+            doc["details"] = self.details
+        return doc
+
+
+# ----- the agent's API -----------------------------------------------------------------------
+class _UnixHTTP(http.client.HTTPConnection):
+    def __init__(self, path: str, timeout: float) -> None:
+        super().__init__("statewright-agent", timeout=timeout)
+        self.unix_path = path
+
+    def connect(self) -> None:
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.settimeout(self.timeout)
+        try:
+            sock.connect(self.unix_path)
+        except OSError:
+            sock.close()
+            raise
+        self.sock = sock
+
+
+class AgentAPI:
+    """JSON requests to the agent's unix socket; errors become `CNIError`s (11 when the
+    agent does not answer, 5 for an error answer, ``not_found`` lets 404 through)."""
+
+    def __init__(self, socket_path: str, timeout: float = 30.0) -> None:
+        self.socket_path = socket_path
+        self.timeout = timeout
+
+    def request(self, method: str, path: str, body: Any = None, not_found_ok: bool = False) -> Any:
+        """The decoded answer, or None for an allowed 404."""
+        conn = _UnixHTTP(self.socket_path, self.timeout)
+        data = None if body is None else json.dumps(body).encode()
+        headers = {"Content-Type": "application/json"} if data is not None else {}
+        try:
+            conn.request(method, path, body=data, headers=headers)
+            resp = conn.getresponse()
+            raw = resp.read()
+        except OSError as e:
+            raise CNIError(
+                ERR_TRY_AGAIN,
+                f"statewright agent not reachable on {self.socket_path}",
+                f"{method} {path}: {e}",
+            ) from None
+        finally:
+            conn.close()
+        if resp.status == 404 and not_found_ok:
+            return None
+        try:
+            doc = json.loads(raw or b"null")
+        except ValueError:
+            doc = {"error": raw.decode(errors="replace")}
+        if resp.status >= 300:
+            msg = doc.get("error", doc) if isinstance(doc, dict) else doc
+            raise CNIError(ERR_IO, f"agent: {method} {path}: {resp.status}: {msg}")
+        return doc
+
+
+# ----- configuration and environment ----------------------------------------------------------
+@dataclass(frozen=True, slots=True)
+class Invocation:
+    """One call of the plugin: command, environment and network configuration."""
+
+    command: str
+    container_id: str
+    netns: str
+    ifname: str
+    args: Mapping[str, str]
+    config: Mapping[str, Any]
+    env: Mapping[str, str] = field(default_factory=dict)
+
+    @property
+    def version(self) -> str:
+        """The configuration's cniVersion (what results are written as)."""
+        return str(self.config.get("cniVersion", CNI_VERSION))
+
+    @property
+    def socket(self) -> str:
+        """The agent's socket."""
+        return str(
+            self.config.get("agent-socket")
+            or os.environ.get("STATEWRIGHT_SOCKET")
+            or DEFAULT_SOCKET
+        )
+
+    @property
+    def mtu(self) -> int:
+        """The interfaces' MTU."""
+        return int(self.config.get("mtu", DEFAULT_MTU))
+
+    @property
+    def delegated_ipam(self) -> str | None:
+        """The IPAM plugin type when the configuration delegates IPAM (``ipam.type``)."""
+        ipam = self.config.get("ipam")
+        return str(ipam["type"]) if isinstance(ipam, Mapping) else None
+
+    @property
+    def attachment(self) -> str:
+        """The endpoint reference of this attachment."""
+        return f"cni-attachment-id:{self.container_id}:{self.ifname}"
+
+
+def parse_cni_args(text: str) -> dict[str, str]:
+    """``CNI_ARGS`` (``K=V;K2=V2``); CNIError 4 when malformed."""
+    out: dict[str, str] = {}
+    for part in filter(None, text.split(";")):
+        key, sep, value = part.partition("=")
+        if not sep or not key:
+            raise CNIError(ERR_INVALID_ENV, f"CNI_ARGS: {part!r} is not KEY=VALUE")
+        out[key] = value
+    return out
+
+
+def parse_config(raw: str) -> dict[str, Any]:
+    """The network configuration; CNIError 6 (not JSON) or 7 (invalid), 1 (version)."""
+    try:
+        conf = json.loads(raw or "{}")
+    except ValueError as e:
+        raise CNIError(ERR_DECODE, "network configuration is not JSON", str(e)) from None
+    if not isinstance(conf, dict):
+        raise CNIError(ERR_DECODE, "network configuration is not a JSON object")
+    for key in ("cniVersion", "name", "type"):
+        if not isinstance(conf.get(key), str) or not conf[key]:
+            raise CNIError(ERR_INVALID_CONFIG, f"network configuration: {key!r} is required")
+    if conf["cniVersion"] not in SUPPORTED_VERSIONS:
+        raise CNIError(
+            ERR_INCOMPATIBLE_VERSION,
+            f"cniVersion {conf['cniVersion']} is not supported",
+            f"supported: {', '.join(SUPPORTED_VERSIONS)}",
+        )
+    ipam = conf.get("ipam")
+    if ipam is not None and (
+        not isinstance(ipam, dict)
+        or not isinstance(ipam.get("type"), str)
+        or not ipam["type"]
+        or "/" in ipam["type"]
+    ):
+        raise CNIError(ERR_INVALID_CONFIG, "network configuration: 'ipam' needs a plugin 'type'")
+    mtu = conf.get("mtu", DEFAULT_MTU)
+    if not isinstance(mtu, int) or isinstance(mtu, bool) or not 576 <= mtu <= 65535:
+        raise CNIError(ERR_INVALID_CONFIG, f"network configuration: mtu {mtu!r} is invalid")
+    return conf
+
+
+def invocation(env: Mapping[str, str], stdin: str) -> Invocation:
+    """Read the environment and the configuration; CNIError for what is missing or bad."""
+    command = env.get("CNI_COMMAND", "")
+    if command not in ("ADD", "DEL", "CHECK", "VERSION"):
+        raise CNIError(ERR_INVALID_ENV, f"CNI_COMMAND {command!r}: want ADD, DEL, CHECK or VERSION")
+    if command == "VERSION":
+        return Invocation(command, "", "", "", {}, {})
+    config = parse_config(stdin)
+    need = ("CNI_CONTAINERID", "CNI_IFNAME") + (("CNI_NETNS",) if command != "DEL" else ())
+    missing = [k for k in need if not env.get(k)]
+    if missing:
+        raise CNIError(ERR_INVALID_ENV, f"missing environment variable(s): {', '.join(missing)}")
+    ifname = env["CNI_IFNAME"]
+    if len(ifname) > 15 or any(c in ifname for c in "/: \t\n") or ifname in (".", ".."):
+        raise CNIError(ERR_INVALID_ENV, f"CNI_IFNAME {ifname!r} is not an interface name")
+    return Invocation(
+        command,
+        env["CNI_CONTAINERID"],
+        env.get("CNI_NETNS", ""),
+        env["CNI_IFNAME"],
+        parse_cni_args(env.get("CNI_ARGS", "")),
+        config,
+        dict(env),
+    )
+
+
+def host_ifname(container_id: str, ifname: str) -> str:
+    """The host-side veth name: ``lxc`` + 11 hex digits of a hash (15 characters max)."""
+    return "lxc" + hashlib.sha256(f"{container_id}:{ifname}".encode()).hexdigest()[:11]
+
+
+# ----- netlink ----------------------------------------------------------------------------------
+def _iproute(netns: str | None = None) -> Any:
+    from pyroute2 import IPRoute
+
+    return IPRoute(netns=netns) if netns else IPRoute()
+
+
+def _mac(ipr: Any, index: int) -> str:
+    return str(ipr.get_links(index)[0].get_attr("IFLA_ADDRESS"))
+
+
+def _link_index(ipr: Any, name: str) -> int | None:
+    found = ipr.link_lookup(ifname=name)
+    return int(found[0]) if found else None
+
+
+def _no_dad(ifname: str) -> None:
+    """No duplicate address detection on the host-side veth (a setting of this interface
+    only): its link-local address is the pods' IPv6 gateway and must answer at once."""
+    path = f"/proc/sys/net/ipv6/conf/{ifname}/accept_dad"
+    if os.path.exists(path):
+        with open(path, "w") as f:
+            f.write("0")
+
+
+def _host_link_local(ipr: Any, index: int) -> str | None:
+    # The kernel adds the link-local address once both ends are up. It may still be
+    # tentative (DAD): a route through it is valid already, traffic flows after DAD.
+    for _ in range(500):
+        for a in ipr.get_addr(index=index, family=socket.AF_INET6):
+            addr = a.get_attr("IFA_ADDRESS")
+            if addr and addr.startswith("fe80:"):
+                return str(addr)
+        time.sleep(0.01)
+    return None
+
+
+def create_veth(inv: Invocation, ips: list[tuple[str, str]]) -> dict[str, Any]:
+    """Steps 2-4 of ADD; returns the names, indexes and MACs. ``ips``: (address, gateway)."""
+    host = host_ifname(inv.container_id, inv.ifname)
+    tmp = "tmp" + host[3:]
+    if not os.path.exists(inv.netns):
+        raise CNIError(ERR_UNKNOWN_CONTAINER, f"network namespace {inv.netns} does not exist")
+    with _iproute() as ipr:
+        if _link_index(ipr, host) is not None:
+            raise CNIError(ERR_IO, f"interface {host} already exists (container attached twice?)")
+        ipr.link("add", ifname=host, kind="veth", peer={"ifname": tmp})
+        try:
+            host_idx = _link_index(ipr, host)
+            peer_idx = _link_index(ipr, tmp)
+            assert host_idx is not None and peer_idx is not None
+            fd = os.open(inv.netns, os.O_RDONLY)
+            try:
+                ipr.link("set", index=peer_idx, net_ns_fd=fd)
+            finally:
+                os.close(fd)
+            if any(ipaddress.ip_address(a).version == 6 for a, _ in ips):
+                _no_dad(host)
+            ipr.link("set", index=host_idx, mtu=inv.mtu, state="up")
+            host_mac = _mac(ipr, host_idx)
+            with _iproute(inv.netns) as cipr:
+                cidx = _link_index(cipr, tmp)
+                assert cidx is not None
+                cipr.link("set", index=cidx, ifname=inv.ifname, mtu=inv.mtu)
+                cipr.link("set", index=cidx, state="up")
+                lo = _link_index(cipr, "lo")
+                if lo is not None:
+                    cipr.link("set", index=lo, state="up")
+                for addr, gw in ips:
+                    ip = ipaddress.ip_address(addr)
+                    plen = 32 if ip.version == 4 else 128
+                    cipr.addr("add", index=cidx, address=addr, prefixlen=plen, nodad=True)
+                    if ip.version == 4:
+                        # the gateway (the router address) resolves to the host side's MAC
+                        # for good: nothing on the node has to answer ARP for it
+                        cipr.neigh(
+                            "add", dst=gw, lladdr=host_mac, ifindex=cidx, state=NUD_PERMANENT
+                        )
+                        cipr.route("add", dst=f"{gw}/32", oif=cidx, scope=253)
+                        cipr.route("add", dst="0.0.0.0/0", gateway=gw, oif=cidx)
+                if any(ipaddress.ip_address(a).version == 6 for a, _ in ips):
+                    # both ends are up now: the host side gets its link-local address
+                    host_ll = _host_link_local(ipr, host_idx)
+                    if host_ll is None:
+                        raise CNIError(ERR_IO, f"{host}: no IPv6 link-local address appeared")
+                    cipr.route("add", dst="::/0", gateway=host_ll, oif=cidx, family=10)
+                mac = _mac(cipr, cidx)
+            for addr, _ in ips:
+                ip = ipaddress.ip_address(addr)
+                fam = 2 if ip.version == 4 else 10
+                ipr.route(
+                    "add", dst=f"{addr}/{32 if ip.version == 4 else 128}", oif=host_idx, family=fam
+                )
+        except BaseException:
+            try:
+                ipr.link("del", ifname=host)
+            except Exception:
+                pass
+            raise
+    return {"host": host, "host_index": host_idx, "host_mac": host_mac, "mac": mac}
+
+
+def delete_veth(inv: Invocation) -> bool:
+    """Delete the host-side veth (its peer goes with it); False when it is not there."""
+    host = host_ifname(inv.container_id, inv.ifname)
+    with _iproute() as ipr:
+        if _link_index(ipr, host) is None:
+            return False
+        ipr.link("del", ifname=host)
+    return True
+
+
+# ----- delegated IPAM ---------------------------------------------------------------------------
+def delegate_ipam(inv: Invocation, command: str) -> Any:
+    """Run the configured IPAM plugin (found in ``CNI_PATH``) for ``command`` with this
+    invocation's environment and configuration, as the specification's delegation does;
+    its result (ADD), or None. Its error document becomes our CNIError."""
+    plugin = inv.delegated_ipam
+    assert plugin is not None
+    dirs = [d for d in inv.env.get("CNI_PATH", "").split(os.pathsep) if d]
+    path = next(
+        (os.path.join(d, plugin) for d in dirs if os.access(os.path.join(d, plugin), os.X_OK)),
+        None,
+    )
+    if path is None:
+        raise CNIError(
+            ERR_INVALID_CONFIG,
+            f"IPAM plugin {plugin!r} not found in CNI_PATH",
+            inv.env.get("CNI_PATH", "(unset)"),
+        )
+    env = {**inv.env, "CNI_COMMAND": command}
+    proc = subprocess.run(
+        [path],
+        input=json.dumps(inv.config),
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    try:
+        doc = json.loads(proc.stdout) if proc.stdout.strip() else None
+    except ValueError:
+        raise CNIError(
+            ERR_DECODE, f"IPAM plugin {plugin}: output is not JSON", proc.stdout[:200]
+        ) from None
+    if proc.returncode != 0:
+        err = doc if isinstance(doc, dict) else {}
+        raise CNIError(
+            int(err.get("code", ERR_IO)),
+            f"IPAM plugin {plugin}: {err.get('msg', proc.stderr.strip() or 'failed')}",
+            str(err.get("details", "")),
+        )
+    return doc
+
+
+def _delegated_ips(result: Any) -> list[tuple[str, str]]:
+    """(address, gateway) pairs of an IPAM plugin's result; the gateway defaults to the
+    first address of the address's subnet (only the pod's neighbour entry uses it)."""
+    out = []
+    for entry in (result or {}).get("ips", []):
+        iface = ipaddress.ip_interface(entry["address"])
+        gw = entry.get("gateway") or str(iface.network.network_address + 1)
+        out.append((str(iface.ip), gw))
+    if not out:
+        raise CNIError(ERR_IO, "IPAM plugin returned no address")
+    return out
+
+
+# ----- commands ---------------------------------------------------------------------------------
+def cmd_add(inv: Invocation) -> dict[str, Any]:
+    """ADD (module doc); returns the CNI result."""
+    api = AgentAPI(inv.socket)
+    if inv.delegated_ipam:
+        ips = _delegated_ips(delegate_ipam(inv, "ADD"))
+    else:
+        owner = urllib.parse.quote(inv.container_id, safe="")
+        alloc = api.request("POST", f"/ipam?owner={owner}")
+        ips = [
+            (alloc[f"ipv{f}"]["ip"], alloc[f"ipv{f}"]["gateway"])
+            for f in (4, 6)
+            if f"ipv{f}" in alloc
+        ]
+    created: dict[str, Any] | None = None
+    try:
+        created = create_veth(inv, ips)
+        body = {
+            "container-id": inv.container_id,
+            "interface-name": created["host"],
+            "interface-index": created["host_index"],
+            "container-interface-name": inv.ifname,
+            "mac": created["mac"],
+            "host-mac": created["host_mac"],
+            "addressing": {f"ipv{ipaddress.ip_address(a).version}": a for a, _ in ips},
+            "k8s-pod-name": inv.args.get("K8S_POD_NAME", ""),
+            "k8s-namespace": inv.args.get("K8S_POD_NAMESPACE", ""),
+            "netns-path": inv.netns,
+            "datapath-configuration": {"external-ipam": bool(inv.delegated_ipam)},
+        }
+        ref = urllib.parse.quote(inv.attachment, safe=":")
+        api.request("PUT", f"/endpoint/{ref}", body)
+    except BaseException:
+        if created is not None:
+            delete_veth(inv)
+        try:
+            if inv.delegated_ipam:
+                delegate_ipam(inv, "DEL")
+            else:
+                for a, _ in ips:
+                    api.request("DELETE", f"/ipam/{a}", not_found_ok=True)
+        except CNIError:
+            pass  # the original failure is what the runtime needs to see
+        raise
+    result: dict[str, Any] = {
+        "cniVersion": inv.version,
+        "interfaces": [
+            {"name": created["host"], "mac": created["host_mac"]},
+            {"name": inv.ifname, "mac": created["mac"], "sandbox": inv.netns},
+        ],
+        "ips": [],
+        "routes": [],
+        "dns": {},
+    }
+    for a, gw in ips:
+        ip = ipaddress.ip_address(a)
+        entry: dict[str, Any] = {
+            "address": f"{a}/{32 if ip.version == 4 else 128}",
+            "gateway": gw,
+            "interface": 1,
+        }
+        if inv.version != CNI_VERSION:  # 0.3.x and 0.4.0 results name the family
+            entry["version"] = str(ip.version)
+        result["ips"].append(entry)
+        result["routes"].append({"dst": "0.0.0.0/0" if ip.version == 4 else "::/0"})
+    return result
+
+
+def cmd_del(inv: Invocation) -> None:
+    """DEL: delete the endpoint (the agent releases its addresses) and the veth, and
+    release any address still allocated to this container (an ADD that died between
+    ``POST /ipam`` and ``PUT /endpoint``); what is already gone is fine."""
+    api = AgentAPI(inv.socket)
+    ref = urllib.parse.quote(inv.attachment, safe=":")
+    api.request("DELETE", f"/endpoint/{ref}", not_found_ok=True)
+    delete_veth(inv)
+    if inv.delegated_ipam:
+        delegate_ipam(inv, "DEL")
+        return
+    status = api.request("GET", "/ipam")
+    for alloc in status.get("allocations", []):
+        if alloc.get("owner") == inv.container_id:
+            owner = urllib.parse.quote(inv.container_id, safe="")
+            api.request("DELETE", f"/ipam/{alloc['ip']}?owner={owner}", not_found_ok=True)
+
+
+def cmd_check(inv: Invocation) -> None:
+    """CHECK: the endpoint exists, its host veth has the recorded ifindex, the container
+    interface carries the endpoint's addresses, and the ``prevResult`` of the
+    configuration (when given) names those addresses."""
+    api = AgentAPI(inv.socket)
+    ref = urllib.parse.quote(inv.attachment, safe=":")
+    ep = api.request("GET", f"/endpoint/{ref}", not_found_ok=True)
+    if ep is None:
+        raise CNIError(ERR_UNKNOWN_CONTAINER, f"no endpoint for {inv.attachment}")
+    host = host_ifname(inv.container_id, inv.ifname)
+    with _iproute() as ipr:
+        if _link_index(ipr, host) != ep["interface-index"]:
+            raise CNIError(ERR_IO, f"host interface {host} is missing or has another ifindex")
+    if not os.path.exists(inv.netns):
+        raise CNIError(ERR_UNKNOWN_CONTAINER, f"network namespace {inv.netns} does not exist")
+    with _iproute(inv.netns) as cipr:
+        idx = _link_index(cipr, inv.ifname)
+        if idx is None:
+            raise CNIError(ERR_IO, f"interface {inv.ifname} is missing in {inv.netns}")
+        have = {str(a.get_attr("IFA_ADDRESS")) for a in cipr.get_addr(index=idx)}
+    want = {a for a in ep["addressing"].values() if a}
+    prev = inv.config.get("prevResult")
+    if isinstance(prev, Mapping):
+        try:
+            prev_ips = {str(ipaddress.ip_interface(i["address"]).ip) for i in prev.get("ips", [])}
+        except (KeyError, TypeError, ValueError):
+            raise CNIError(ERR_DECODE, "prevResult: malformed 'ips'") from None
+        if prev_ips != want:
+            raise CNIError(
+                ERR_IO,
+                f"prevResult addresses {sorted(prev_ips)} differ from the endpoint's "
+                f"{sorted(want)}",
+            )
+    if not want <= have:
+        raise CNIError(ERR_IO, f"{inv.ifname} lacks {', '.join(sorted(want - have))}")
+    if inv.delegated_ipam:
+        delegate_ipam(inv, "CHECK")
+
+
+def run(env: Mapping[str, str], stdin: str, stdout: TextIO) -> int:
+    """Run one invocation; returns the exit status (0 or 1)."""
+    version = CNI_VERSION
+    try:
+        inv = invocation(env, stdin)
+        version = inv.version if inv.config else CNI_VERSION
+        if inv.command == "VERSION":
+            json.dump({"cniVersion": CNI_VERSION, "supportedVersions": SUPPORTED_VERSIONS}, stdout)
+        elif inv.command == "ADD":
+            json.dump(cmd_add(inv), stdout)
+        elif inv.command == "DEL":
+            cmd_del(inv)
+        else:
+            cmd_check(inv)
+        return 0
+    except CNIError as e:
+        json.dump(e.document(version), stdout)
+        return 1
+    except OSError as e:
+        json.dump(CNIError(ERR_IO, str(e)).document(version), stdout)
+        return 1
+    except Exception as e:  # never a traceback on stdout: the runtime parses it
+        json.dump(CNIError(ERR_IO, f"{type(e).__name__}: {e}").document(version), stdout)
+        return 1
+
+
+def main() -> None:
+    """The ``statewright-cni`` console script."""
+    sys.exit(run(os.environ, sys.stdin.read(), sys.stdout))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,287 @@
+"""Desired entries of the endpoint (lxc) map and the ipcache: two statedb tables that the
+generic reconciler writes into the BPF maps (bpfops/endpoint_ops.py, bpfops/ipcache_ops.py).
+
+Where the entries come from (what Cilium's agent writes):
+
+* every local endpoint: one ``lxc`` entry per address (ifindex and MACs of its veth, its
+  endpoint id as ``lxc_id``, its identity) and one ipcache ``/32`` or ``/128`` entry per
+  address with its identity (owner ``endpoint:<id>``);
+* every address of this node (the node-addresses table, and the IPAM router addresses,
+  i.e. ``cilium_host``'s): an ``lxc`` entry with the host flag and an ipcache entry with
+  the host identity (Cilium's ``syncHostIPs``; owner ``host``), following the addresses as
+  they come and go;
+* ``0.0.0.0/0`` and ``::/0`` in the ipcache with the world identity (owner ``world``):
+  ``world-ipv4``/``world-ipv6`` when both families are enabled, ``world`` otherwise.
+
+Writers only insert a row when its content changed (`_upsert`), so an unchanged endpoint
+never sends its entries back through the reconciler.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+from collections.abc import Iterable
+from dataclasses import dataclass, field, replace
+from typing import Any, TypeVar
+
+from reconciler.status import Status, status_pending
+from statedb import Index, Table, WriteTxn
+from statedb import keys as keycodec
+from tables.endpoints import Endpoint, mac_to_u64
+from tables.identities import (
+    IDENTITY_HOST,
+    IDENTITY_WORLD,
+    IDENTITY_WORLD_IPV4,
+    IDENTITY_WORLD_IPV6,
+)
+from tables.l3n4 import IPAddress, IPNetwork
+
+LXC_TABLE = "endpoint-map"
+IPCACHE_TABLE = "ipcache"
+ENDPOINT_F_HOST = 1  # endpoint_info.flags: the entry is one of the host's addresses
+
+HOST_OWNER = "host"
+WORLD_OWNER = "world"
+
+
+def endpoint_owner(ep_id: int) -> str:
+    """The owner string of an endpoint's entries."""
+    return f"endpoint:{ep_id}"
+
+
+@dataclass(frozen=True, slots=True)
+class LXCEntry:
+    """One desired entry of the endpoints (lxc) map."""
+
+    ip: IPAddress
+    owner: str
+    ifindex: int = 0
+    lxc_id: int = 0
+    flags: int = 0
+    mac: int = 0
+    node_mac: int = 0
+    sec_id: int = 0
+    status: Status = field(default_factory=status_pending, compare=False)
+
+    def to_json(self) -> dict[str, Any]:
+        """JSON form (``db show``)."""
+        return {
+            "ip": str(self.ip),
+            "owner": self.owner,
+            "ifindex": self.ifindex,
+            "lxc_id": self.lxc_id,
+            "flags": self.flags,
+            "sec_id": self.sec_id,
+            "status": str(self.status.kind),
+        }
+
+    @staticmethod
+    def table_header() -> list[str]:
+        """Columns of ``db show endpoint-map``."""
+        return ["IP", "Owner", "IfIndex", "LxcID", "Flags", "Identity", "Status"]
+
+    def table_row(self) -> list[str]:
+        """Cells of ``db show endpoint-map``."""
+        return [
+            str(self.ip),
+            self.owner,
+            str(self.ifindex),
+            str(self.lxc_id),
+            str(self.flags),
+            str(self.sec_id),
+            str(self.status.kind),
+        ]
+
+
+@dataclass(frozen=True, slots=True)
+class IPCacheEntry:
+    """One desired ipcache entry: a prefix and its security identity."""
+
+    prefix: IPNetwork
+    identity: int
+    owner: str
+    status: Status = field(default_factory=status_pending, compare=False)
+
+    def to_json(self) -> dict[str, Any]:
+        """JSON form (``db show``)."""
+        return {
+            "prefix": str(self.prefix),
+            "identity": self.identity,
+            "owner": self.owner,
+            "status": str(self.status.kind),
+        }
+
+    @staticmethod
+    def table_header() -> list[str]:
+        """Columns of ``db show ipcache``."""
+        return ["Prefix", "Identity", "Owner", "Status"]
+
+    def table_row(self) -> list[str]:
+        """Cells of ``db show ipcache``."""
+        return [str(self.prefix), str(self.identity), self.owner, str(self.status.kind)]
+
+
+lxc_ip_index: Index[LXCEntry, IPAddress] = Index(
+    "ip", key=lambda e: e.ip, encode=keycodec.ip_address, parse=ipaddress.ip_address
+)
+lxc_owner_index: Index[LXCEntry, str] = Index(
+    "owner", key=lambda e: e.owner, encode=keycodec.string, unique=False
+)
+ipcache_prefix_index: Index[IPCacheEntry, IPNetwork] = Index(
+    "prefix", key=lambda e: e.prefix, encode=keycodec.ip_network, parse=ipaddress.ip_network
+)
+ipcache_owner_index: Index[IPCacheEntry, str] = Index(
+    "owner", key=lambda e: e.owner, encode=keycodec.string, unique=False
+)
+
+
+def new_lxc_table() -> Table[LXCEntry]:
+    """A new, unregistered ``endpoint-map`` table."""
+    table: Table[LXCEntry] = Table(LXC_TABLE, lxc_ip_index, lxc_owner_index)
+    table.row_type = LXCEntry  # type: ignore[attr-defined]
+    return table
+
+
+def new_ipcache_table() -> Table[IPCacheEntry]:
+    """A new, unregistered ``ipcache`` table."""
+    table: Table[IPCacheEntry] = Table(IPCACHE_TABLE, ipcache_prefix_index, ipcache_owner_index)
+    table.row_type = IPCacheEntry  # type: ignore[attr-defined]
+    return table
+
+
+R = TypeVar("R", LXCEntry, IPCacheEntry)
+
+
+def _host_net(ip: IPAddress) -> IPNetwork:
+    """The /32 or /128 of an address (tuple form: no string parsing)."""
+    if ip.version == 4:
+        return ipaddress.IPv4Network((int(ip), 32))
+    return ipaddress.IPv6Network((int(ip), 128))
+
+
+@dataclass
+class EntryTables:
+    """The two desired-entry tables and the writers that keep them derived."""
+
+    lxc: Table[LXCEntry] = field(default_factory=new_lxc_table)
+    ipcache: Table[IPCacheEntry] = field(default_factory=new_ipcache_table)
+
+    def _put_lxc(self, txn: WriteTxn, row: LXCEntry) -> bool:
+        old = self.lxc.get(txn, lxc_ip_index.query(row.ip))
+        if old == row:
+            return False
+        self.lxc.insert(txn, row)
+        return True
+
+    def _put_ipcache(self, txn: WriteTxn, row: IPCacheEntry) -> bool:
+        old = self.ipcache.get(txn, ipcache_prefix_index.query(row.prefix))
+        if old == row:
+            return False
+        self.ipcache.insert(txn, row)
+        return True
+
+    def set_endpoint(
+        self, txn: WriteTxn, ep: Endpoint, previous: Iterable[IPAddress] | None = None
+    ) -> int:
+        """Make ``ep``'s entries match it (insert changed ones, delete stale ones); returns
+        how many rows were written or deleted. Needs an identity (no entries before).
+
+        ``previous``: the addresses the endpoint's entries had (``[]`` for a new endpoint),
+        so stale entries are found by key; None looks them up by owner (slower: the
+        owner index is ordered and kept current in the transaction)."""
+        owner = endpoint_owner(ep.id)
+        want_lxc: dict[IPAddress, LXCEntry] = {}
+        want_ipc: dict[IPNetwork, IPCacheEntry] = {}
+        if ep.identity:
+            for ip in ep.addresses():
+                want_lxc[ip] = LXCEntry(
+                    ip,
+                    owner,
+                    ifindex=ep.ifindex,
+                    lxc_id=ep.id,
+                    mac=mac_to_u64(ep.mac),
+                    node_mac=mac_to_u64(ep.host_mac),
+                    sec_id=ep.identity,
+                )
+                net = _host_net(ip)
+                want_ipc[net] = IPCacheEntry(net, ep.identity, owner)
+        return self._replace_owned(txn, owner, want_lxc, want_ipc, previous=previous)
+
+    def delete_endpoint(
+        self, txn: WriteTxn, ep_id: int, previous: Iterable[IPAddress] | None = None
+    ) -> int:
+        """Delete the entries of endpoint ``ep_id`` (at ``previous`` addresses when given,
+        see `set_endpoint`); returns how many."""
+        return self._replace_owned(txn, endpoint_owner(ep_id), {}, {}, previous=previous)
+
+    def set_host(
+        self, txn: WriteTxn, host_ips: Iterable[IPAddress], families: Iterable[int]
+    ) -> int:
+        """Host entries for ``host_ips`` (host identity, host flag) and world entries for
+        ``families``; entries of addresses no longer listed are deleted. Returns changes."""
+        want_lxc = {
+            ip: LXCEntry(ip, HOST_OWNER, flags=ENDPOINT_F_HOST, sec_id=IDENTITY_HOST)
+            for ip in host_ips
+        }
+        want_ipc = {
+            _host_net(ip): IPCacheEntry(_host_net(ip), IDENTITY_HOST, HOST_OWNER) for ip in want_lxc
+        }
+        changed = self._replace_owned(txn, HOST_OWNER, want_lxc, want_ipc)
+        fams = sorted(set(families))
+        world: dict[IPNetwork, IPCacheEntry] = {}
+        for fam in fams:
+            net = ipaddress.ip_network("0.0.0.0/0" if fam == 4 else "::/0")
+            ident = IDENTITY_WORLD
+            if len(fams) == 2:
+                ident = IDENTITY_WORLD_IPV4 if fam == 4 else IDENTITY_WORLD_IPV6
+            world[net] = IPCacheEntry(net, ident, WORLD_OWNER)
+        return changed + self._replace_owned(txn, WORLD_OWNER, {}, world, lxc_too=False)
+
+    def _replace_owned(
+        self,
+        txn: WriteTxn,
+        owner: str,
+        want_lxc: dict[IPAddress, LXCEntry],
+        want_ipc: dict[IPNetwork, IPCacheEntry],
+        lxc_too: bool = True,
+        previous: Iterable[IPAddress] | None = None,
+    ) -> int:
+        changed = 0
+        old_lxc: list[LXCEntry]
+        old_ipc_rows: list[IPCacheEntry]
+        if previous is None:
+            old_lxc = list(self.lxc.list(txn, lxc_owner_index.query(owner))) if lxc_too else []
+            old_ipc_rows = list(self.ipcache.list(txn, ipcache_owner_index.query(owner)))
+        else:
+            prev = list(previous)
+            lxc_rows = [self.lxc.get(txn, lxc_ip_index.query(ip)) for ip in prev]
+            ipc_rows = [
+                self.ipcache.get(txn, ipcache_prefix_index.query(_host_net(ip))) for ip in prev
+            ]
+            old_lxc = [r for r in lxc_rows if r is not None and r.owner == owner]
+            old_ipc_rows = [r for r in ipc_rows if r is not None and r.owner == owner]
+        if lxc_too:
+            for old in old_lxc:
+                if old.ip not in want_lxc:
+                    self.lxc.delete(txn, old)
+                    changed += 1
+            for ip, row in want_lxc.items():
+                cur = self.lxc.get(txn, lxc_ip_index.query(ip))
+                if cur is not None and cur.owner != owner and owner == HOST_OWNER:
+                    continue  # an endpoint's entry wins over a host entry for one address
+                changed += self._put_lxc(txn, row)
+        for old_ipc in old_ipc_rows:
+            if old_ipc.prefix not in want_ipc:
+                self.ipcache.delete(txn, old_ipc)
+                changed += 1
+        for net, ipc_row in want_ipc.items():
+            cur_ipc = self.ipcache.get(txn, ipcache_prefix_index.query(net))
+            if cur_ipc is not None and cur_ipc.owner != owner and owner == HOST_OWNER:
+                continue
+            changed += self._put_ipcache(txn, ipc_row)
+        return changed
+
+
+def reset_status(row: R) -> R:
+    """``row`` with a fresh Pending status (used to force a rewrite)."""
+    return replace(row, status=status_pending())

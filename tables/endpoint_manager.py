@@ -1,0 +1,453 @@
+"""EndpointManager: creates, changes, deletes and restores endpoints, keeping the endpoints
+table, identities, IPAM, the desired map entries and the state directory consistent.
+
+What one change touches, and in which order:
+
+1. addresses (unless ``datapath-configuration.external-ipam``: another IPAM owns them and
+   the agent neither allocates nor releases them): an address the request names is
+   allocated to the endpoint if nobody holds it
+   (an address the runtime took with ``POST /ipam`` stays with that owner); with no
+   ``addressing`` at all one address per pod-CIDR family is allocated. IPAM persists each
+   allocation before returning (tables/ipam.py);
+2. one write transaction over ``endpoints``, ``identities``, ``endpoint-map`` and
+   ``ipcache``: the endpoint row, its identity's reference, its map entries; the endpoint's
+   state file (``<state_dir>/endpoints/<id>.json``, written atomically) is written before
+   the commit, so the table never holds an endpoint the state directory lacks;
+3. if step 2 fails, the addresses step 1 allocated are released again: a bad request
+   changes nothing.
+
+Deletion goes the other way in one transaction (entries, identity, row, state file), then
+the addresses are released. `restore` reads the state directory at start; see its docstring.
+Endpoints wait in ``regenerating`` until the reconcilers have written all their entries;
+`mark_ready` (called by the component whenever the entry tables change) moves them to
+``ready``.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import logging
+import os
+import threading
+import urllib.parse
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field, replace
+
+from reconciler.status import StatusKind
+from statedb import DB, ReadTxn, Table
+from tables.endpoint_entries import (
+    EntryTables,
+    endpoint_owner,
+    ipcache_prefix_index,
+    lxc_ip_index,
+)
+from tables.endpoints import (
+    MAX_ENDPOINT_ID,
+    MIN_ENDPOINT_ID,
+    Endpoint,
+    EndpointChange,
+    EndpointExistsError,
+    EndpointNotFoundError,
+    EndpointRequestError,
+    EndpointState,
+    endpoint_container_index,
+    endpoint_id_index,
+    endpoint_ip_index,
+    endpoint_pod_index,
+    new_endpoints_table,
+)
+from tables.identities import IdentityAllocator
+from tables.ipam import (
+    IPAM,
+    ROUTER_OWNER,
+    AddressInUseError,
+    IPAMRequestError,
+    NotAllocatedError,
+)
+from tables.l3n4 import IPAddress
+from tables.state_dir import StateDirError, read_json, remove_file, write_json_atomic
+
+log = logging.getLogger("statewright.endpoints")
+
+ENDPOINTS_DIR = "endpoints"
+
+#: Whether an endpoint's interface still exists (restore removes those whose does not).
+LinkCheck = Callable[[Endpoint], bool]
+
+
+def host_link_exists(ep: Endpoint) -> bool:
+    """True when the endpoint's host-side interface exists in this network namespace with
+    the same ifindex (and name, when recorded). Endpoints without an interface count as
+    present (nothing can have vanished)."""
+    if not ep.ifindex and not ep.interface_name:
+        return True
+    from pyroute2 import IPRoute
+
+    with IPRoute() as ipr:
+        try:
+            if ep.ifindex:
+                links = ipr.get_links(ep.ifindex)
+            else:
+                links = ipr.get_links(ifname=ep.interface_name)
+        except Exception:  # pyroute2 raises NetlinkError (ENODEV) for a missing link
+            return False
+        if not links:
+            return False
+        name = links[0].get_attr("IFLA_IFNAME")
+        return not ep.interface_name or name == ep.interface_name
+
+
+@dataclass
+class RestoreResult:
+    """What `EndpointManager.restore` did."""
+
+    restored: list[int] = field(default_factory=list)
+    removed: list[int] = field(default_factory=list)
+    failed: list[str] = field(default_factory=list)
+
+
+class EndpointManager:
+    """The endpoint lifecycle over the tables (see the module doc)."""
+
+    def __init__(
+        self,
+        db: DB,
+        ipam: IPAM,
+        identities: IdentityAllocator,
+        state_dir: str | None,
+        endpoints: Table[Endpoint] | None = None,
+        entries: EntryTables | None = None,
+    ) -> None:
+        self.db = db
+        self.ipam = ipam
+        self.identities = identities
+        self.state_dir = state_dir
+        self.endpoints = endpoints or new_endpoints_table()
+        self.entries = entries or EntryTables()
+        for t in (self.endpoints, self.entries.lxc, self.entries.ipcache):
+            if t not in db.tables:
+                db.register(t)
+        self._lock = threading.RLock()
+
+    # ----- lookups ------------------------------------------------------------------------------
+    def _tables(self) -> tuple[Table[object], ...]:
+        return (
+            self.endpoints,  # type: ignore[return-value]
+            self.identities.table,
+            self.entries.lxc,
+            self.entries.ipcache,
+        )
+
+    def all(self, txn: ReadTxn | None = None) -> list[Endpoint]:
+        """Every endpoint, by id."""
+        return list(self.endpoints.all(txn or self.db.read_txn()))
+
+    def resolve(self, ref: str, txn: ReadTxn | None = None) -> Endpoint | None:
+        """The endpoint ``ref`` names: a numeric id, ``container-id:<id>``,
+        ``pod-name:<namespace>/<name>`` or ``cni-attachment-id:<container id>:<ifname>``.
+        EndpointRequestError for a malformed reference. ``ref`` may be percent-encoded
+        (``pod-name:default%2Fweb`` in a URL path)."""
+        txn = txn or self.db.read_txn()
+        ref = urllib.parse.unquote(ref)
+        kind, sep, value = ref.partition(":")
+        if not sep:
+            return self.endpoints.get(txn, endpoint_id_index.query(_parse_id(ref)))
+        if not value:
+            raise EndpointRequestError(f"endpoint id {ref!r}: empty value after {kind!r}")
+        if kind == "container-id":
+            return next(iter(self.endpoints.list(txn, endpoint_container_index.query(value))), None)
+        if kind == "pod-name":
+            if "/" not in value:
+                raise EndpointRequestError(f"endpoint id {ref!r}: want pod-name:<namespace>/<name>")
+            return next(iter(self.endpoints.list(txn, endpoint_pod_index.query(value))), None)
+        if kind == "cni-attachment-id":
+            cid, _, ifname = value.rpartition(":")
+            if not cid:
+                raise EndpointRequestError(
+                    f"endpoint id {ref!r}: want cni-attachment-id:<container id>:<ifname>"
+                )
+            for ep in self.endpoints.list(txn, endpoint_container_index.query(cid)):
+                if ep.container_interface_name == ifname:
+                    return ep
+            return None
+        raise EndpointRequestError(
+            f"endpoint id {ref!r}: unknown prefix {kind!r} (numeric id, container-id:, "
+            "pod-name:, cni-attachment-id:)"
+        )
+
+    def get(self, ref: str) -> Endpoint:
+        """The endpoint ``ref`` names; EndpointNotFoundError when none."""
+        ep = self.resolve(ref)
+        if ep is None:
+            raise EndpointNotFoundError(f"endpoint {ref}: not found")
+        return ep
+
+    # ----- changes ------------------------------------------------------------------------------
+    def create(self, ref: str, change: EndpointChange) -> Endpoint:
+        """PUT /endpoint/{ref}: create an endpoint (see the module doc). ``ref`` is a free
+        numeric id, ``0`` or a prefixed reference (the agent picks the id)."""
+        with self._lock:
+            txn = self.db.read_txn()
+            if self.resolve(ref, txn) is not None:
+                raise EndpointExistsError(f"endpoint {ref}: already exists")
+            ep_id = self._pick_id(ref, txn)
+            ep = change.apply(Endpoint(ep_id))
+            ep = _ids_from_ref(ep, ref)
+            for ip in ep.addresses():
+                other = next(iter(self.endpoints.list(txn, endpoint_ip_index.query(ip))), None)
+                if other is not None:
+                    raise EndpointExistsError(
+                        f"endpoint {ref}: address {ip} belongs to endpoint {other.id}"
+                    )
+            taken = [] if ep.external_ipam else self._take_addresses(ep, change)
+            try:
+                ep = replace(ep, **{f"ipv{ip.version}": ip for ip in taken})  # type: ignore[arg-type]
+                return self._commit_new(ep)
+            except BaseException:
+                for ip in taken:
+                    self._release_quiet(ip)
+                raise
+
+    def _take_addresses(self, ep: Endpoint, change: EndpointChange) -> list[IPAddress]:
+        """Allocate the endpoint's addresses (see the module doc); returns the ones this call
+        allocated (to release on failure)."""
+        owner = ep.ipam_owner
+        got: list[IPAddress] = []
+        try:
+            if "ipv4" not in change.fields and "ipv6" not in change.fields:
+                for fam in self.ipam.families():
+                    got.append(self.ipam.allocate_next(fam, owner))
+                return got
+            for ip in ep.addresses():
+                held_by = self.ipam.owner_of(self.db.read_txn(), ip)
+                if held_by == ROUTER_OWNER:
+                    raise AddressInUseError(ip, held_by, owner)
+                if held_by is None:
+                    got.append(self.ipam.allocate(ip, owner))
+        except BaseException:
+            for ip in got:
+                self._release_quiet(ip)
+            raise
+        return got
+
+    def _commit_new(self, ep: Endpoint) -> Endpoint:
+        with self.db.write_txn(*self._tables()) as wtxn:
+            ident = self.identities.acquire(wtxn, ep.labels)
+            ep = replace(ep, identity=ident.id, state=EndpointState.REGENERATING)
+            self.endpoints.insert(wtxn, ep)
+            self.entries.set_endpoint(wtxn, ep, previous=[])
+            self._persist(ep)
+        log.info("endpoint %d created (%s)", ep.id, ", ".join(map(str, ep.addresses())))
+        return ep
+
+    def update(self, ref: str, change: EndpointChange) -> Endpoint:
+        """PATCH /endpoint/{ref}: change the fields the request carries. Addresses cannot
+        change (EndpointRequestError); new labels move the endpoint to another identity."""
+        with self._lock:
+            old = self.get(ref)
+            new = change.apply(old)
+            if new.addresses() != old.addresses() or new.external_ipam != old.external_ipam:
+                raise EndpointRequestError(
+                    f"endpoint {ref}: addressing and external-ipam cannot change "
+                    "(delete and create it again)"
+                )
+            with self.db.write_txn(*self._tables()) as wtxn:
+                if new.labels != old.labels:
+                    ident = self.identities.acquire(wtxn, new.labels)
+                    self.identities.release(wtxn, old.identity)
+                    new = replace(new, identity=ident.id)
+                if new == old:
+                    return old
+                if self.entries.set_endpoint(wtxn, new, previous=old.addresses()):
+                    new = replace(new, state=EndpointState.REGENERATING)
+                self.endpoints.insert(wtxn, new)
+                self._persist(new)
+            return new
+
+    def delete(self, ref: str) -> Endpoint:
+        """DELETE /endpoint/{ref}: remove the endpoint, its entries, identity reference,
+        state file and addresses. EndpointNotFoundError when it does not exist."""
+        with self._lock:
+            ep = self.get(ref)
+            self._remove(ep)
+            return ep
+
+    def _remove(self, ep: Endpoint) -> None:
+        with self.db.write_txn(*self._tables()) as wtxn:
+            self.entries.delete_endpoint(wtxn, ep.id, previous=ep.addresses())
+            self.identities.release(wtxn, ep.identity)
+            self.endpoints.delete(wtxn, ep)
+            if self.state_dir is not None:
+                remove_file(self._state_path(ep.id))
+        self._release_addresses(ep)
+        log.info("endpoint %d deleted", ep.id)
+
+    def _release_addresses(self, ep: Endpoint) -> None:
+        """Release the endpoint's addresses (not those of an external IPAM)."""
+        if ep.external_ipam:
+            return
+        for ip in ep.addresses():
+            self._release_quiet(ip)
+
+    def mark_ready(self) -> list[int]:
+        """Move every ``regenerating`` endpoint whose entries are all reconciled (Done) to
+        ``ready``; returns their ids. Cheap when nothing is regenerating."""
+        txn = self.db.read_txn()
+        ready: list[Endpoint] = []
+        for ep in self.endpoints.all(txn):
+            if ep.state is EndpointState.REGENERATING and self._reconciled(txn, ep):
+                ready.append(ep)
+        if not ready:
+            return []
+        done: list[int] = []
+        with self._lock, self.db.write_txn(self.endpoints) as wtxn:
+            for ep in ready:
+                cur = self.endpoints.get(wtxn, endpoint_id_index.query(ep.id))
+                if cur == ep:
+                    self.endpoints.insert(wtxn, replace(ep, state=EndpointState.READY))
+                    done.append(ep.id)
+        return done
+
+    def _reconciled(self, txn: ReadTxn, ep: Endpoint) -> bool:
+        """Whether every entry of ``ep`` (looked up by its addresses) is Done."""
+        owner = endpoint_owner(ep.id)
+        for ip in ep.addresses():
+            rows = (
+                self.entries.lxc.get(txn, lxc_ip_index.query(ip)),
+                self.entries.ipcache.get(txn, ipcache_prefix_index.query(ipaddress.ip_network(ip))),
+            )
+            for row in rows:
+                if (
+                    row is not None
+                    and row.owner == owner
+                    and row.status.kind is not StatusKind.DONE
+                ):
+                    return False
+        return True
+
+    def sync_host(self, host_ips: Iterable[IPAddress]) -> int:
+        """Host and world entries for the node's addresses plus the IPAM router addresses
+        (call it whenever the node-addresses table changes); returns rows changed."""
+        txn = self.db.read_txn()
+        ips = set(host_ips)
+        for fam in self.ipam.families():
+            router = self.ipam.router(txn, fam)
+            if router is not None:
+                ips.add(router)
+        with self.db.write_txn(self.entries.lxc, self.entries.ipcache) as wtxn:
+            ordered = sorted(ips, key=lambda a: (a.version, int(a)))
+            return self.entries.set_host(wtxn, ordered, self.ipam.families())
+
+    # ----- restore ------------------------------------------------------------------------------
+    def restore(self, link_exists: LinkCheck = host_link_exists) -> RestoreResult:
+        """Read the endpoints of the state directory back (call it once at start, after
+        IPAM's restore and before the map reconcilers prune). An endpoint whose interface
+        vanished is removed: its state file, identity reference and addresses are released.
+        The others come back with their ids, addresses, identity numbers and map entries
+        (the reconcilers then find those entries unchanged in the pinned maps and do not
+        rewrite them). A state file that cannot be read is logged and left in place."""
+        result = RestoreResult()
+        if self.state_dir is None:
+            return result
+        directory = os.path.join(self.state_dir, ENDPOINTS_DIR)
+        try:
+            names = sorted(os.listdir(directory))
+        except FileNotFoundError:
+            return result
+        with self._lock:
+            for name in names:
+                if not name.endswith(".json") or name.startswith("."):
+                    continue
+                path = os.path.join(directory, name)
+                try:
+                    ep = Endpoint.from_json(read_json(path) or {})
+                except (StateDirError, EndpointRequestError) as e:
+                    log.error("endpoint restore: %s: %s (file left in place)", path, e)
+                    result.failed.append(f"{path}: {e}")
+                    continue
+                if not link_exists(ep):
+                    log.info(
+                        "endpoint restore: %d: interface %s (ifindex %d) is gone; removing it",
+                        ep.id,
+                        ep.interface_name,
+                        ep.ifindex,
+                    )
+                    remove_file(path)
+                    self._release_addresses(ep)
+                    result.removed.append(ep.id)
+                    continue
+                for ip in [] if ep.external_ipam else ep.addresses():
+                    if self.ipam.owner_of(self.db.read_txn(), ip) is None:
+                        self.ipam.allocate(ip, ep.ipam_owner)
+                with self.db.write_txn(*self._tables()) as wtxn:
+                    ident = self.identities.acquire(wtxn, ep.labels, want=ep.identity)
+                    if ident.id != ep.identity:
+                        log.warning(
+                            "endpoint restore: %d: identity %d became %d",
+                            ep.id,
+                            ep.identity,
+                            ident.id,
+                        )
+                    ep = replace(ep, identity=ident.id, state=EndpointState.REGENERATING)
+                    self.endpoints.insert(wtxn, ep)
+                    self.entries.set_endpoint(wtxn, ep, previous=[])
+                result.restored.append(ep.id)
+        log.info(
+            "endpoint restore: %d restored, %d removed (interface gone), %d unreadable",
+            len(result.restored),
+            len(result.removed),
+            len(result.failed),
+        )
+        return result
+
+    # ----- internals ----------------------------------------------------------------------------
+    def _pick_id(self, ref: str, txn: ReadTxn) -> int:
+        if ":" not in ref and _parse_id(ref) != 0:
+            return _parse_id(ref)  # resolve() found nothing under it: free
+        for num in range(MIN_ENDPOINT_ID, MAX_ENDPOINT_ID + 1):
+            if self.endpoints.get(txn, endpoint_id_index.query(num)) is None:
+                return num
+        raise EndpointExistsError(f"endpoints: all ids {MIN_ENDPOINT_ID}..{MAX_ENDPOINT_ID} in use")
+
+    def _release_quiet(self, ip: IPAddress) -> None:
+        """Release ``ip`` if it is allocated (never the router address)."""
+        try:
+            self.ipam.release(ip)
+        except (NotAllocatedError, IPAMRequestError):
+            pass
+
+    def _state_path(self, ep_id: int) -> str:
+        assert self.state_dir is not None
+        return os.path.join(self.state_dir, ENDPOINTS_DIR, f"{ep_id}.json")
+
+    def _persist(self, ep: Endpoint) -> None:
+        if self.state_dir is not None:
+            write_json_atomic(self._state_path(ep.id), ep.to_json())
+
+
+def _parse_id(text: str) -> int:
+    try:
+        num = int(text)
+    except ValueError:
+        raise EndpointRequestError(f"endpoint id {text!r}: not a number") from None
+    if num != 0 and not MIN_ENDPOINT_ID <= num <= MAX_ENDPOINT_ID:
+        raise EndpointRequestError(
+            f"endpoint id {num}: out of range {MIN_ENDPOINT_ID}..{MAX_ENDPOINT_ID}"
+        )
+    return num
+
+
+def _ids_from_ref(ep: Endpoint, ref: str) -> Endpoint:
+    """Fill the container id (and interface) from a ``container-id:`` or
+    ``cni-attachment-id:`` reference when the request body did not give them."""
+    kind, _, value = ref.partition(":")
+    if kind == "container-id" and not ep.container_id:
+        return replace(ep, container_id=value)
+    if kind == "cni-attachment-id":
+        cid, _, ifname = value.rpartition(":")
+        return replace(
+            ep,
+            container_id=ep.container_id or cid,
+            container_interface_name=ep.container_interface_name or ifname,
+        )
+    return ep

@@ -1,0 +1,360 @@
+"""The endpoints component on both map backends: API handlers called with Request objects,
+map entries for endpoints, host and world, host entries following node addresses,
+restore across restarts (vanished interfaces removed, others unchanged and not rewritten),
+prune after initialization, bad requests changing nothing."""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+import shutil
+import tempfile
+from collections.abc import Iterator
+from dataclasses import replace
+from typing import Any
+
+import anyio
+import pytest
+
+from bpf.endpoints import FAMILY_IPV4, EndpointInfo, EndpointKey
+from bpf.ipcache import IPCacheKey, RemoteEndpointInfo
+from bpfops.endpoint_ops import LXCOps, endpoint_key
+from bpfops.ipcache_ops import IPCacheOps, ipcache_key
+from statedb import DB
+from statewright.agent.components.endpoints import EndpointsComponent, EndpointsConfig
+from statewright.component import ApiError
+from tables.endpoint_manager import host_link_exists
+from tables.endpoints import Endpoint, mac_to_u64
+from tables.identities import (
+    IDENTITY_HOST,
+    IDENTITY_WORLD_IPV4,
+    IDENTITY_WORLD_IPV6,
+    MIN_ALLOCATED_IDENTITY,
+)
+from tables.node_addresses import NodeAddress, new_node_addresses_table
+
+from .helpers import call, new_pin_dir, remove_pins, running_agent, wait_for
+
+
+@pytest.fixture(params=["memory", pytest.param("kernel", marks=pytest.mark.kernel)])
+def setup(request: pytest.FixtureRequest) -> Iterator[EndpointsConfig]:
+    """A config with a unique pin dir and state dir on the backend; removed afterwards."""
+    backend = str(request.param)
+    pin_dir = new_pin_dir(backend)
+    state = tempfile.mkdtemp(prefix=f"sw-ep-{os.getpid()}-")
+    try:
+        yield EndpointsConfig(
+            pod_cidrs=("10.20.0.0/24", "fd00:20::/112"),
+            state_dir=state,
+            backend=backend,
+            pin_dir=pin_dir,
+        )
+    finally:
+        remove_pins(backend, pin_dir)
+        shutil.rmtree(state, ignore_errors=True)
+
+
+POD = {
+    "container-id": "c0ffee",
+    "interface-name": "lxc12345",
+    "interface-index": 42,
+    "container-interface-name": "eth0",
+    "mac": "0a:00:00:00:00:01",
+    "host-mac": "0a:00:00:00:00:02",
+    "k8s-pod-name": "web-1",
+    "k8s-namespace": "default",
+    "labels": ["k8s:app=web"],
+    "netns-path": "/var/run/netns/x",
+}
+
+
+def lxc_entries(comp: EndpointsComponent) -> dict[EndpointKey, EndpointInfo]:
+    return dict(comp.maps["endpoints"].items())
+
+
+def ipcache_entries(comp: EndpointsComponent) -> dict[IPCacheKey, RemoteEndpointInfo]:
+    return dict(comp.maps["ipcache"].items())
+
+
+def ip4key(text: str) -> EndpointKey:
+    return endpoint_key(ipaddress.ip_address(text))
+
+
+def net_key(text: str) -> IPCacheKey:
+    return ipcache_key(ipaddress.ip_network(text))
+
+
+def test_endpoint_lifecycle_and_maps(setup: EndpointsConfig) -> None:
+    async def main() -> None:
+        db = DB()
+        na = new_node_addresses_table()
+        db.register(na)
+        with db.write_txn(na) as txn:
+            na.insert(txn, NodeAddress(ipaddress.ip_address("192.0.2.10"), device_name="eth0"))
+        async with running_agent(setup, db=db) as (_hive, comp):
+            mgr = comp.manager
+            assert mgr is not None
+            # POST /ipam, then PUT /endpoint with that address, as the CNI plugin does
+            got = await call(comp, "POST", "/ipam", query={"family": "ipv4", "owner": "c0ffee"})
+            ip4 = got["address"]["ipv4"]
+            assert got["ipv4"]["gateway"] == "10.20.0.1" and ip4 == "10.20.0.2"
+            body = {**POD, "addressing": {"ipv4": ip4}}
+            ep = await call(comp, "PUT", "/endpoint/cni-attachment-id:c0ffee:eth0", body)
+            assert ep["id"] == 1 and ep["identity"] == MIN_ALLOCATED_IDENTITY
+            assert ep["addressing"] == {"ipv4": ip4, "ipv6": ""}
+            await wait_for(lambda: mgr.get("1").state.value == "ready", "endpoint ready")
+            lxc = lxc_entries(comp)
+            assert lxc[ip4key(ip4)] == EndpointInfo(
+                ifindex=42,
+                lxc_id=1,
+                mac=mac_to_u64("0a:00:00:00:00:01"),
+                node_mac=mac_to_u64("0a:00:00:00:00:02"),
+                sec_id=MIN_ALLOCATED_IDENTITY,
+            )
+            # host entries: the node address and the router address; world for both families
+            assert lxc[ip4key("192.0.2.10")] == EndpointInfo(ifindex=0, flags=1, sec_id=1)
+            assert lxc[ip4key("10.20.0.1")].flags == 1
+            ipc = ipcache_entries(comp)
+            assert ipc[net_key(f"{ip4}/32")].sec_identity == MIN_ALLOCATED_IDENTITY
+            assert ipc[net_key("192.0.2.10/32")].sec_identity == IDENTITY_HOST
+            assert ipc[net_key("0.0.0.0/0")].sec_identity == IDENTITY_WORLD_IPV4
+            assert ipc[net_key("::/0")].sec_identity == IDENTITY_WORLD_IPV6
+
+            # GET by every kind of reference; list
+            for ref in (
+                "1",
+                "container-id:c0ffee",
+                "pod-name:default%2Fweb-1",
+                "cni-attachment-id:c0ffee:eth0",
+            ):
+                assert (await call(comp, "GET", f"/endpoint/{ref}"))["id"] == 1
+            assert [e["id"] for e in await call(comp, "GET", "/endpoint")] == [1]
+
+            # a second endpoint with the same labels shares the identity; auto addresses
+            ep2 = await call(
+                comp, "PUT", "/endpoint/0", {**POD, "container-id": "beef", "interface-index": 43}
+            )
+            assert ep2["identity"] == MIN_ALLOCATED_IDENTITY
+            assert ep2["addressing"]["ipv4"] == "10.20.0.3" and ep2["addressing"]["ipv6"]
+
+            # PATCH labels: a new identity, the map follows
+            p = await call(comp, "PATCH", "/endpoint/2", {"labels": ["k8s:app=db"]})
+            assert p["identity"] == MIN_ALLOCATED_IDENTITY + 1
+            await wait_for(
+                lambda: (
+                    lxc_entries(comp).get(ip4key("10.20.0.3"), EndpointInfo(0)).sec_id
+                    == MIN_ALLOCATED_IDENTITY + 1
+                ),
+                "map follows the new identity",
+            )
+
+            # node addresses come and go: host entries follow
+            with db.write_txn(na) as txn:
+                na.insert(txn, NodeAddress(ipaddress.ip_address("192.0.2.11"), device_name="e1"))
+                na.delete(txn, NodeAddress(ipaddress.ip_address("192.0.2.10"), device_name="eth0"))
+            await wait_for(
+                lambda: (
+                    ip4key("192.0.2.11") in lxc_entries(comp)
+                    and ip4key("192.0.2.10") not in lxc_entries(comp)
+                    and net_key("192.0.2.10/32") not in ipcache_entries(comp)
+                ),
+                "host entries follow the node addresses",
+            )
+
+            # DELETE: entries, addresses released
+            assert await call(comp, "DELETE", "/endpoint/1") == {"deleted": 1}
+            await wait_for(lambda: ip4key(ip4) not in lxc_entries(comp), "entry deleted")
+            assert net_key(f"{ip4}/32") not in ipcache_entries(comp)
+            assert (
+                comp.ipam is not None
+                and comp.ipam.owner_of(db.read_txn(), ipaddress.ip_address(ip4)) is None
+            )
+            with pytest.raises(ApiError) as ei:
+                await call(comp, "GET", "/endpoint/1")
+            assert ei.value.status == 404
+
+    anyio.run(main)
+
+
+BAD_REQUESTS: list[tuple[str, str, Any, int, str]] = [
+    ("PUT", "/endpoint/1", b"{not json", 400, "not JSON"),
+    ("PUT", "/endpoint/1", ["x"], 400, "expected a JSON object"),
+    ("PUT", "/endpoint/1", {"mac": "zz"}, 400, "'mac'"),
+    ("PUT", "/endpoint/1", {"interface-index": -1}, 400, "interface-index"),
+    ("PUT", "/endpoint/1", {"bogus": 1}, 400, "unknown field 'bogus'"),
+    ("PUT", "/endpoint/1", {"labels": "app=x"}, 400, "labels"),
+    ("PUT", "/endpoint/9999", {}, 400, "out of range"),
+    ("PUT", "/endpoint/x", {}, 400, "not a number"),
+    ("PUT", "/endpoint/foo:bar", {}, 400, "unknown prefix"),
+    ("PUT", "/endpoint/1", {"addressing": {"ipv4": "192.168.1.1"}}, 400, "pod CIDRs"),
+    ("PUT", "/endpoint/1", {"addressing": {"ipv4": "10.20.0.255"}}, 400, "never handed out"),
+    ("PUT", "/endpoint/1", {"addressing": {"ipv4": "fd00:20::5"}}, 400, "is not IPv4"),
+    ("PUT", "/endpoint/7", {"addressing": {"ipv4": "10.20.0.9"}}, 409, "belongs to endpoint"),
+    ("PUT", "/endpoint/5", {}, 409, "already exists"),
+    ("PATCH", "/endpoint/5", {"addressing": {"ipv4": "10.20.0.20"}}, 400, "cannot change"),
+    ("PATCH", "/endpoint/5", {"datapath-configuration": {"external-ipam": True}}, 400, "cannot"),
+    ("PATCH", "/endpoint/5", {"datapath-configuration": {"external-ipam": 1}}, 400, "bool"),
+    ("PATCH", "/endpoint/6", {}, 404, "not found"),
+    ("DELETE", "/endpoint/6", None, 404, "not found"),
+    ("POST", "/ipam", None, 400, "family"),
+    ("POST", "/ipam/10.20.0.9", None, 409, "already allocated"),
+    ("POST", "/ipam/nonsense", None, 400, "not an IP address"),
+    ("DELETE", "/ipam/10.20.0.77", None, 404, "not allocated"),
+    ("DELETE", "/ipam/10.20.0.1", None, 400, "router address"),
+]
+
+
+def test_bad_requests_change_nothing() -> None:
+    cfg = EndpointsConfig(
+        ("10.20.0.0/24",),
+        tempfile.mkdtemp(prefix=f"sw-ep-{os.getpid()}-"),
+        "memory",
+        new_pin_dir("memory"),
+    )
+
+    async def main() -> None:
+        async with running_agent(cfg) as (_hive, comp):
+            assert comp.manager is not None and comp.ipam is not None
+            await call(comp, "PUT", "/endpoint/5", {"addressing": {"ipv4": "10.20.0.9"}})
+            mgr = comp.manager
+            await wait_for(lambda: mgr.get("5").state.value == "ready", "ready")
+            before = (comp.manager.all(), comp.ipam.allocations(), os.listdir(cfg.state_dir))
+            for method, path, body, status, msg in BAD_REQUESTS:
+                query = {"family": "ipv5"} if path == "/ipam" else None
+                with pytest.raises(ApiError) as ei:
+                    await call(comp, method, path, body, query=query)
+                assert (ei.value.status, msg in str(ei.value)) == (status, True), (
+                    method,
+                    path,
+                    str(ei.value),
+                )
+                after = (comp.manager.all(), comp.ipam.allocations(), os.listdir(cfg.state_dir))
+                assert after == before, (method, path)
+
+    try:
+        anyio.run(main)
+    finally:
+        remove_pins("memory", cfg.pin_dir)
+        shutil.rmtree(cfg.state_dir, ignore_errors=True)
+
+
+def test_restore_keeps_ids_addresses_entries_and_removes_vanished(
+    setup: EndpointsConfig,
+) -> None:
+    gone: set[int] = set()
+
+    async def first_run() -> dict[str, Any]:
+        async with running_agent(setup) as (_hive, comp):
+            out = {}
+            for i in range(1, 4):
+                ep = await call(
+                    comp,
+                    "PUT",
+                    f"/endpoint/{i}",
+                    {
+                        **POD,
+                        "container-id": f"c{i}",
+                        "interface-index": 100 + i,
+                        "labels": [f"k8s:app=a{i % 2}"],
+                    },
+                )
+                out[str(i)] = ep
+            mgr = comp.manager
+            assert mgr is not None
+            await wait_for(lambda: all(e.state.value == "ready" for e in mgr.all()), "ready")
+            # a stray entry written behind the agent's back, pruned after the restart
+            comp.maps["endpoints"].update(
+                EndpointKey(bytes([10, 20, 0, 200]) + bytes(12), FAMILY_IPV4), EndpointInfo(7)
+            )
+            out["lxc"] = lxc_entries(comp)
+            out["ipcache"] = ipcache_entries(comp)
+            return out
+
+    async def second_run(before: dict[str, Any]) -> None:
+        def alive(ep: Endpoint) -> bool:
+            return ep.id not in gone
+
+        async with running_agent(setup, link_exists=alive) as (_hive, comp):
+            mgr = comp.manager
+            assert mgr is not None and comp.ipam is not None
+            assert comp.restore_result.restored == [1, 3]
+            assert comp.restore_result.removed == [2]
+            for i in (1, 3):
+                assert (await call(comp, "GET", f"/endpoint/{i}"))["addressing"] == before[str(i)][
+                    "addressing"
+                ]
+                assert mgr.get(str(i)).identity == before[str(i)]["identity"]
+            ip2 = before["2"]["addressing"]["ipv4"]
+            assert comp.ipam.owner_of(mgr.db.read_txn(), ipaddress.ip_address(ip2)) is None
+            await wait_for(lambda: all(e.state.value == "ready" for e in mgr.all()), "ready")
+            await wait_for(
+                lambda: (
+                    ip4key("10.20.0.200") not in lxc_entries(comp)
+                    and ip4key(ip2) not in lxc_entries(comp)
+                ),
+                "prune after restore",
+            )
+            want_lxc = {
+                k: v
+                for k, v in before["lxc"].items()
+                if k not in (ip4key("10.20.0.200"), ip4key(ip2))
+            }
+            assert lxc_entries(comp) == {
+                k: v
+                for k, v in want_lxc.items()
+                if k != endpoint_key(ipaddress.ip_address(before["2"]["addressing"]["ipv6"]))
+            }
+            # nothing that was already in the maps was written again
+            lxc_ops, ipc_ops = comp.ops["endpoint-map"], comp.ops["ipcache"]
+            assert isinstance(lxc_ops, LXCOps) and isinstance(ipc_ops, IPCacheOps)
+            assert (lxc_ops.writes, ipc_ops.writes) == (0, 0)
+            assert lxc_ops.skipped > 0 and ipc_ops.skipped > 0
+            # a new endpoint never gets a restored or removed one's id twice; addresses
+            # of the removed one may be reused only because they were released
+            ep = await call(comp, "PUT", "/endpoint/0", {**POD, "container-id": "new"})
+            assert ep["id"] == 2
+
+    before = anyio.run(first_run)
+    gone.add(2)
+    anyio.run(second_run, before)
+
+
+def test_host_link_exists() -> None:
+    assert host_link_exists(Endpoint(1))  # no interface recorded
+    assert host_link_exists(Endpoint(1, interface_name="lo", ifindex=1))
+    assert not host_link_exists(Endpoint(1, interface_name="lo", ifindex=2**31 - 7))
+    assert not host_link_exists(
+        replace(Endpoint(1), interface_name="sw-none-" + str(os.getpid())[:6])
+    )
+
+
+def test_config_from_agent_config_and_health(tmp_path: Any) -> None:
+    from statewright.agent.config import AgentConfig
+
+    cfg = EndpointsConfig.from_agent_config(AgentConfig(backend="memory", pin_dir="/x"))
+    assert (cfg.backend, cfg.pin_dir, cfg.pod_cidrs) == (
+        "memory",
+        "/x",
+        EndpointsConfig().pod_cidrs,
+    )
+
+    class WithCidrs:
+        backend, pin_dir = "memory", "/y"
+        pod_cidrs, state_dir = ("10.1.0.0/24",), str(tmp_path)
+
+    cfg = EndpointsConfig.from_agent_config(WithCidrs())
+    assert (cfg.pod_cidrs, cfg.state_dir) == (("10.1.0.0/24",), str(tmp_path))
+    (tmp_path / "endpoints").mkdir()
+    (tmp_path / "endpoints" / "3.json").write_text("{broken")
+    cfg = replace(cfg, pin_dir=new_pin_dir("memory"))
+
+    async def main() -> None:
+        async with running_agent(cfg) as (_hive, comp):
+            (line,) = comp.health()
+            assert line.state == "Degraded" and "3.json" in line.message
+        assert comp.health()[0].state == "Degraded"
+
+    try:
+        anyio.run(main)
+    finally:
+        remove_pins("memory", cfg.pin_dir)
