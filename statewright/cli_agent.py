@@ -58,6 +58,12 @@ def add_commands(subparsers: SubParsers, commands: Commands) -> None:
     ag.add_argument("--node-label", dest="node_labels", action="append", metavar="KEY=VALUE",
                     help="a label of this node, e.g. topology.kubernetes.io/zone=zone-a "
                     "(topology-aware routing); repeat for more")
+    ag.add_argument("--state-dir", metavar="PATH",
+                    help="endpoint and IPAM state kept for restarts (default "
+                    f"{agent_config.DEFAULT_STATE_DIR})")
+    ag.add_argument("--pod-cidr", dest="pod_cidrs", action="append", metavar="CIDR",
+                    help="a pod CIDR of this node for the endpoints' IPAM; repeat for IPv6 "
+                    f"(default {' '.join(agent_config.DEFAULT_POD_CIDRS)})")
     ag.add_argument("--k8s-kubeconfig", metavar="PATH",
                     help="follow the Kubernetes API server of this kubeconfig")
     ag.add_argument("--k8s-api-server", metavar="URL",
@@ -150,7 +156,7 @@ def _overrides(args: argparse.Namespace) -> dict[str, Any]:
                      "allow_root_cgroup", "datapath", "node_name", "node_labels", "lb_flags",
                      "api_socket", "metrics_port", "netlink", "demo_netns", "log_format",
                      "k8s_kubeconfig", "k8s_api_server", "k8s_in_cluster", "k8s_qps",
-                     "k8s_burst")
+                     "k8s_burst", "state_dir", "pod_cidrs")
     }
     if args.manifests:
         out["manifests"] = [os.path.abspath(p) for p in args.manifests]

@@ -23,21 +23,25 @@ DEFAULT_SOCKET = "/run/statewright/agent.sock"
 ENDPOINT_COLUMNS = ["ID", "POD", "INTERFACE", "IPV4", "IPV6", "IDENTITY", "STATE"]
 
 
-def add_commands(subparsers: Any) -> None:
-    """Register the ``endpoint`` and ``ipam`` command groups (leaves set ``func``)."""
+def add_commands(subparsers: Any, commands: dict[str, argparse.ArgumentParser]) -> None:
+    """Register the ``endpoint`` and ``ipam`` command groups (leaves set ``func`` and are
+    recorded in ``commands``, as statewright/cli.py describes)."""
     ep = subparsers.add_parser("endpoint", help="the agent's endpoints")
     sub = ep.add_subparsers(dest="endpoint_command", required=True)
     lst = sub.add_parser("list", help="list endpoints")
     _common(lst)
     lst.set_defaults(func=cmd_endpoint_list)
+    commands["endpoint list"] = lst
     get = sub.add_parser("get", help="one endpoint (id, container-id:X, pod-name:NS/NAME, ...)")
     get.add_argument("id")
     _common(get, json_default=True)
     get.set_defaults(func=cmd_endpoint_get)
+    commands["endpoint get"] = get
 
     ipam = subparsers.add_parser("ipam", help="the agent's pod CIDRs and allocations")
     _common(ipam)
     ipam.set_defaults(func=cmd_ipam)
+    commands["ipam"] = ipam
 
 
 def _common(p: argparse.ArgumentParser, json_default: bool = False) -> None:
@@ -124,16 +128,3 @@ def cmd_ipam(args: argparse.Namespace) -> int:
     allocs = [[a["ip"], a["owner"]] for a in doc["allocations"]]
     sys.stdout.write("\n" + format_table(["IP", "OWNER"], allocs))
     return 0
-
-
-def main(argv: list[str] | None = None) -> int:
-    """``python -m statewright.cli_endpoint endpoint list`` (until registered in cli.py)."""
-    parser = argparse.ArgumentParser(prog="statewright")
-    add_commands(parser.add_subparsers(dest="command", required=True))
-    args = parser.parse_args(argv)
-    code: int = args.func(args)
-    return code
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

@@ -17,6 +17,8 @@ refused (a typo must not be silently ignored). Example::
     netlink: true
     node-addresses: {devices: [eth0], nodeport-cidrs: [10.0.0.0/8]}
     demo-netns: ""           # e.g. statewright-demo: example backends live there
+    pod-cidrs: [10.200.0.0/24, "fd00:200::/112"]   # endpoints' IPAM (statewright-cni)
+    state-dir: /run/statewright/state                # endpoint and IPAM state
     k8s-kubeconfig: ""       # Kubernetes source: a kubeconfig path, or
     k8s-api-server: ""       #   an API server URL, or
     k8s-in-cluster: false    #   the pod's service account (a DaemonSet)
@@ -46,6 +48,8 @@ from tables.lb_config import default_node_name
 REPO_ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_MANIFESTS = str(REPO_ROOT / "examples" / "manifests")
 DEFAULT_SOCKET = "/run/statewright/agent.sock"
+DEFAULT_STATE_DIR = "/run/statewright/state"
+DEFAULT_POD_CIDRS = ("10.200.0.0/24", "fd00:200::/112")
 #: Environment variable naming the API socket for the client commands.
 SOCKET_ENV = "STATEWRIGHT_SOCKET"
 #: The cgroup the agent creates under the cgroup2 mount when none is configured.
@@ -85,6 +89,11 @@ class AgentConfig:
     log_format: str = "text"
     #: The Kubernetes source (statewright/agent/components/kubernetes.py) runs when one of
     #: these three is set; manifests stay the default, and both may run together.
+    #: This node's pod CIDRs (IPv4 and/or IPv6) for the endpoints' IPAM.
+    pod_cidrs: tuple[str, ...] = DEFAULT_POD_CIDRS
+    #: Where endpoint and IPAM state is kept for restarts (a tmpfs: a reboot forgets it,
+    #: as it forgets the pods).
+    state_dir: str = DEFAULT_STATE_DIR
     k8s_kubeconfig: str = ""
     k8s_api_server: str = ""
     k8s_in_cluster: bool = False
@@ -133,7 +142,7 @@ class AgentConfig:
 
 
 _FIELDS = {f.name: f for f in dataclasses.fields(AgentConfig)}
-_TUPLES = {"manifests", "lb_flags"}
+_TUPLES = {"manifests", "lb_flags", "pod_cidrs"}
 _BOOLS = {"allow_root_cgroup", "datapath", "netlink", "k8s_in_cluster"}
 _INTS = {"metrics_port", "api_socket_mode", "k8s_burst"}
 _FLOATS = {"manifests_interval", "k8s_qps"}

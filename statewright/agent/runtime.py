@@ -12,7 +12,9 @@ reverse order:
    ``k8s`` (the API server, when configured), ``netlink``;
 5. ``maps``: the LB maps (pinned kernel maps of an earlier run are adopted, ids restored)
    and the reconciler, which prunes stale entries only once every source is initialized;
-6. ``demo`` (demo mode only), ``datapath`` (socket LB on the agent's cgroup, kernel maps
+6. ``endpoints``: IPAM, the endpoint API (statewright-cni calls it), the endpoint and
+   ipcache maps; endpoints restored from ``state-dir`` before anything is pruned;
+7. ``demo`` (demo mode only), ``datapath`` (socket LB on the agent's cgroup, kernel maps
    only), ``metrics`` (opt-in).
 
 Stopping (SIGTERM/SIGINT or `Agent.request_stop`) never unpins anything: the maps keep
@@ -38,6 +40,7 @@ import anyio
 import anyio.abc
 
 from statewright.agent.components.api import ApiComponent
+from statewright.agent.components.endpoints import EndpointsComponent, EndpointsConfig
 from statewright.agent.components.kubernetes import KubernetesComponent
 from statewright.agent.components.lb import LBMapsComponent, LoadBalancerComponent
 from statewright.agent.components.node import DatapathComponent, DemoComponent, MetricsComponent
@@ -64,6 +67,7 @@ def agent_components(config: AgentConfig, agent: Agent | None = None) -> list[Co
         KubernetesComponent(config),
         NetlinkComponent(config),
         LBMapsComponent(config),
+        EndpointsComponent(EndpointsConfig.from_agent_config(config)),
         DemoComponent(config),
         DatapathComponent(config),
         MetricsComponent(config),

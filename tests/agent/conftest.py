@@ -75,9 +75,17 @@ class AgentProc:
         return self.log.read_text(errors="replace") if self.log.exists() else ""
 
 
+def state_dir_of(socket: str) -> str:
+    """The endpoint state directory of a test agent on ``socket``."""
+    return os.path.join(os.path.dirname(os.path.abspath(socket)), "state")
+
+
 def start_agent(args: list[str], socket: str, log: Path, timeout: float = 20.0
                 ) -> subprocess.Popen[str]:
-    """Start ``statewright agent ARGS`` and wait until its API answers /health."""
+    """Start ``statewright agent ARGS`` and wait until its API answers /health. Its endpoint
+    state goes beside its socket unless ARGS say where (never the machine's default)."""
+    if "--state-dir" not in args:
+        args = [*args, "--state-dir", state_dir_of(socket)]
     f = open(log, "a", encoding="utf-8")  # noqa: SIM115 - owned by the process below
     proc = subprocess.Popen(
         [sys.executable, "-m", "statewright", "agent", "--api-socket", socket, *args],

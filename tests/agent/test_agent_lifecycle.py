@@ -22,6 +22,7 @@ from tests.agent.conftest import (
     running_agent,
     service_yaml,
     start_agent,
+    state_dir_of,
     stop_agent,
     wait_for,
 )
@@ -138,7 +139,7 @@ def test_second_agent_on_the_same_socket_is_refused(tmp_path: Path) -> None:
         res = subprocess.run(
             [sys.executable, "-m", "statewright", "agent", "--backend", "memory", "--no-netlink",
              "--pin-dir", str(tmp_path / "pins2"), "--api-socket", agent.socket,
-             "--manifests", str(agent.manifests)],
+             "--manifests", str(agent.manifests), "--state-dir", str(tmp_path / "state2")],
             capture_output=True, text=True, timeout=30, cwd=REPO,
         )
         assert res.returncode == 1
@@ -246,7 +247,7 @@ def test_restart_keeps_ids_prunes_stale_entries_and_cleanup_removes_everything(
                 assert SockLB.pinned(pin_dir)
             code, out, err = run_cli(capsys, "agent", "--cleanup", "--pin-dir", pin_dir,
                                      "--api-socket", sock, "--cgroup", cgroup,
-                                     "--demo-netns", netns)
+                                     "--demo-netns", netns, "--state-dir", state_dir_of(sock))
             assert code == 0, err
             assert not os.path.exists(pin_dir)
             assert "lb4_services" in out

@@ -16,7 +16,6 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 
-import pytest
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 

@@ -30,6 +30,8 @@ db/cmp --grep=^loadbalancer.healthserver health idle.table
 k8s/add slice.yaml svc.yaml
 db/cmp frontends frontends.table
 db/cmp --grep=^loadbalancer.healthserver health serving.table
+
+# A retry re-runs its section (from the last blank line): only the request.
 * http/get http://$HEALTHADDR:41000 got.txt
 cmp ok.expected got.txt
 

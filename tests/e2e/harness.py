@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tests.agent.conftest import REPO, start_agent, stop_agent
+from tests.agent.conftest import REPO, start_agent, state_dir_of, stop_agent
 from tests.datapath.conftest import (
     CLIENT,
     SERVER,
@@ -256,7 +256,7 @@ def _cleanup_agent_state(pin_dir: str, socket: str, cgroup: str) -> None:
 
     subprocess.run(
         [sys.executable, "-m", "statewright", "agent", "--cleanup", "--pin-dir", pin_dir,
-         "--api-socket", socket, "--cgroup", cgroup],
+         "--api-socket", socket, "--cgroup", cgroup, "--state-dir", state_dir_of(socket)],
         capture_output=True, text=True, timeout=60, cwd=REPO,
     )
     if os.path.isdir(pin_dir):

@@ -39,7 +39,7 @@ def agent() -> Iterator[AgentUnderTest]:
 
 def cli(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "statewright.cli_endpoint", *args],
+        [sys.executable, "-m", "statewright", *args],
         capture_output=True,
         text=True,
         timeout=60,

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import logging
 import os
+import shutil
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
@@ -40,6 +41,7 @@ from bpfops.ipcache_ops import IPCacheOps
 from reconciler import Config, Reconciler
 from reconciler.health import Level
 from statedb import DB, Table
+from statewright.agent.config import DEFAULT_POD_CIDRS, DEFAULT_STATE_DIR, AgentConfig
 from statewright.component import (
     DEGRADED,
     OK,
@@ -53,7 +55,13 @@ from statewright.component import (
     typed_map_view,
 )
 from tables.endpoint_entries import EntryTables, IPCacheEntry, LXCEntry
-from tables.endpoint_manager import EndpointManager, LinkCheck, RestoreResult, host_link_exists
+from tables.endpoint_manager import (
+    ENDPOINTS_DIR,
+    EndpointManager,
+    LinkCheck,
+    RestoreResult,
+    host_link_exists,
+)
 from tables.endpoints import EndpointChange, EndpointError
 from tables.identities import IdentityAllocator, IdentityError
 from tables.ipam import IPAM, IPAMConfig, IPAMError, parse_address
@@ -61,7 +69,6 @@ from tables.state_dir import StateDirError
 
 log = logging.getLogger("statewright.agent.endpoints")
 
-DEFAULT_STATE_DIR = "/var/run/statewright/state"
 RESTORE_INITIALIZER = "endpoint-restore"
 NODE_ADDRESSES_TABLE = "node-addresses"
 
@@ -70,23 +77,17 @@ NODE_ADDRESSES_TABLE = "node-addresses"
 class EndpointsConfig:
     """What the component needs from the agent's configuration."""
 
-    pod_cidrs: tuple[str, ...] = ("10.200.0.0/24", "fd00:200::/112")
+    pod_cidrs: tuple[str, ...] = DEFAULT_POD_CIDRS
     state_dir: str = DEFAULT_STATE_DIR
     backend: str = "auto"
     pin_dir: str = "/sys/fs/bpf/statewright"
     prune_interval: float | None = 300.0
 
     @classmethod
-    def from_agent_config(cls, cfg: Any) -> EndpointsConfig:
-        """From an AgentConfig: ``backend`` and ``pin_dir`` always, ``pod_cidrs`` and
-        ``state_dir`` when it has them (defaults otherwise)."""
-        base = cls()
-        return cls(
-            pod_cidrs=tuple(getattr(cfg, "pod_cidrs", None) or base.pod_cidrs),
-            state_dir=getattr(cfg, "state_dir", None) or base.state_dir,
-            backend=getattr(cfg, "backend", base.backend),
-            pin_dir=getattr(cfg, "pin_dir", base.pin_dir),
-        )
+    def from_agent_config(cls, cfg: AgentConfig) -> EndpointsConfig:
+        """The agent's ``pod-cidrs``, ``state-dir``, ``backend`` and ``pin-dir``."""
+        return cls(pod_cidrs=tuple(cfg.pod_cidrs), state_dir=cfg.state_dir,
+                   backend=cfg.backend, pin_dir=cfg.pin_dir)
 
 
 def _api_error(e: Exception) -> ApiError:
@@ -261,13 +262,21 @@ class EndpointsComponent(Component):
         return [typed_map_view(m, self.maps_kind) for _, m in sorted(self.maps.items())]
 
     def cleanup(self) -> list[str]:
-        """Unpin the endpoints and ipcache maps (kernel pins under the pin directory)."""
+        """Unpin the endpoints and ipcache maps (kernel pins under the pin directory).
+        The state directory stays while it records endpoints (their pods still use the
+        addresses: a later agent restores them); without endpoints it is removed."""
         removed = []
         for name in ("endpoints", "ipcache"):
             path = os.path.join(self.config.pin_dir, name)
             if os.path.exists(path):
                 os.unlink(path)
                 removed.append(f"pin {path}")
+        state = self.config.state_dir
+        records = os.path.join(state, ENDPOINTS_DIR)
+        if os.path.isdir(state) and not (os.path.isdir(records) and any(
+                n.endswith(".json") for n in os.listdir(records))):
+            shutil.rmtree(state)
+            removed.append(state)
         return removed
 
     # ----- API ------------------------------------------------------------------------------
