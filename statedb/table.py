@@ -339,7 +339,8 @@ class Table(Generic[O]):
         gone or at another revision, with the exception when writing it failed (obj's key is
         not ``key``, a unique index conflict, a reused object). Every other item is written.
         Meant for bulk write-backs such as the reconciler's statuses, whose keys come from
-        `ChangeIterator.next_records`: no key is encoded and a refused row costs no exception.
+        `Change.key` of a change iterator's records: no key is encoded and a refused row
+        costs no exception.
         Per row it costs about what `compare_and_swap` does (the hash-map write dominates).
         """
         return txn.table_txn(self).swap_many(items)

@@ -3,12 +3,15 @@
 A `TableState` is a table's committed, immutable contents at one revision.
 Point data lives in persistent hash maps (immutables' HAMT, written in C):
 
-- ``hash``: encoded primary key -> entry ``(obj, revision, primary key)``;
+- ``hash``: encoded primary key -> entry, a `Change` record
+  ``(obj, revision, key, False)`` (the row's latest upsert);
 - ``secondary[i]``: for a unique index, key -> entry (None for non-unique
   indexes, which exist only as ordered views);
-- ``log``: the change log, a list of entries and tombstones
-  ``(obj, revision, primary key, DELETED)`` in revision order, appended by
-  writers and read by snapshots only up to their own ``log_len``.
+- ``log``: the change log, a list of `Change` records in revision order:
+  the entries themselves and tombstones ``(obj, revision, key, True)``,
+  appended by writers and read by snapshots only up to their own ``log_len``.
+  Change iterators hand these very records out, so reporting a change
+  allocates nothing.
 
 Ordered views (sorted maps used by prefix, lower_bound and all) are not
 kept up to date by writers; `statedb.ordered` builds them on demand from
@@ -23,7 +26,7 @@ transaction: its maps are HAMT mutations and it appends to the shared log
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Generic, NamedTuple, TypeVar
 
 import immutables
 
@@ -34,15 +37,47 @@ if TYPE_CHECKING:
     from statedb.ordered import TxnView
     from statedb.table import Table
 
-# An entry is (obj, revision, primary key); a tombstone adds a fourth item.
-Entry = tuple[Any, ...]
-DELETED = True
+O = TypeVar("O")
+
+
+class Change(NamedTuple, Generic[O]):
+    """One upsert or deletion of a row, at the revision that made it: statedb's change record.
+
+    Change iterators (`statedb.ChangeIterator`) yield these, and they are what the table
+    stores: the change log and the hash maps hold the same records, so handing one out
+    costs no allocation. ``key`` is the row's encoded primary key (what
+    `Table.primary_key_of` returns), ready for `Table.compare_and_swap_many` and for
+    primary-key queries (``table.primary.query_bytes(key)``). ``obj`` of a deletion is the
+    deleted row. A tuple underneath: build one with ``Change(obj, revision, key, deleted)``.
+    """
+
+    obj: O
+    revision: int
+    key: bytes
+    deleted: bool
+
+
+# The stored form of a row or deletion; same thing as Change, named for the storage code.
+Entry = Change[Any]
 EMPTY_MAP: Any = immutables.Map()
+# tuple.__new__ bound once: builds a Change from a prepared tuple without running the
+# NamedTuple's Python-level __new__ (the write path creates one record per write).
+_tuple_new = tuple.__new__
+
+
+def new_entry(obj: Any, revision: int, pk: bytes) -> Entry:
+    """The record of an upsert of ``obj`` at ``revision`` under primary key ``pk``."""
+    return _tuple_new(Change, (obj, revision, pk, False))
+
+
+def new_tombstone(obj: Any, revision: int, pk: bytes) -> Entry:
+    """The record of a deletion (``obj``: the deleted row, or None once no one needs it)."""
+    return _tuple_new(Change, (obj, revision, pk, True))
 
 
 def is_tombstone(e: Entry) -> bool:
     """True for a deletion record in the log."""
-    return len(e) == 4
+    return e[3]
 
 
 class TableState:
@@ -111,7 +146,7 @@ class TableTxn(TableState):
         if old is not None and old[0] is obj:
             raise ObjectReusedError(table.name, pk)
         rev = self.revision + 1
-        entry = (obj, rev, pk)
+        entry = _tuple_new(Change, (obj, rev, pk, False))
         if table.unique_specs:
             self._index(pk, entry, old)
         self.revision = rev
@@ -134,6 +169,8 @@ class TableTxn(TableState):
         h = self.hash
         get = h.get
         append = self.log.append
+        new = _tuple_new
+        change = Change
         rev = start = self.revision
         try:
             for obj in objs:
@@ -142,7 +179,7 @@ class TableTxn(TableState):
                 if old is not None and old[0] is obj:
                     raise ObjectReusedError(table.name, pk)
                 rev += 1
-                entry = (obj, rev, pk)
+                entry = new(change, (obj, rev, pk, False))
                 h[pk] = entry
                 append(entry)
         finally:
@@ -161,6 +198,8 @@ class TableTxn(TableState):
         get = h.get
         append = self.log.append
         skipped: list[tuple[int, Any]] = []
+        new = _tuple_new
+        change = Change
         rev = start = self.revision
         try:
             for i, (pk, expected, obj) in enumerate(items):
@@ -169,7 +208,7 @@ class TableTxn(TableState):
                     skipped.append((i, None))
                     continue
                 old_obj = old[0]
-                entry = (obj, rev + 1, pk)
+                entry = new(change, (obj, rev + 1, pk, False))
                 try:
                     # The stored row has key ``pk``: comparing key values avoids encoding.
                     if key_of(obj) != key_of(old_obj):
@@ -245,9 +284,9 @@ class TableTxn(TableState):
         if table.delete_trackers:
             # Held for change iterators: the graveyard, released by release_tombstones.
             table.held_tombstones.append((rev, len(self.log)))
-            self.log.append((old_obj, rev, pk, DELETED))
+            self.log.append(new_tombstone(old_obj, rev, pk))
         else:
-            self.log.append((None, rev, pk, DELETED))
+            self.log.append(new_tombstone(None, rev, pk))
         self.modified = True
         for i, idx in enumerate(table.secondary):
             if idx.unique:
@@ -302,5 +341,5 @@ class TableTxn(TableState):
             while held and held[0][0] <= low:
                 _, pos = held.popleft()
                 e = log[pos]
-                log[pos] = (None, e[1], e[2], DELETED)
+                log[pos] = new_tombstone(None, e[1], e[2])
         self.tombstones = len(held)
