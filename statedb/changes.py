@@ -18,8 +18,7 @@ import weakref
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Generic, TypeVar
 
-from statedb.ordered import log_position
-from statedb.table_state import Change, TableState, TableTxn
+from statedb.table_state import Change, TableState, TableTxn, live_entries, log_position
 from statedb.watch import Watch
 
 if TYPE_CHECKING:
@@ -115,17 +114,15 @@ class ChangeIterator(Generic[O]):
     @staticmethod
     def _current(st: TableState) -> Iterator[Change[O]]:
         """Every row of the snapshot, as upsert records in revision order."""
-        h = st.hash
-        records = st.log[: st.log_len]  # copied now: see TableTxn.release_tombstones
-        # A tombstone is never the stored entry of its key, so the identity test skips it.
-        return (e for e in records if h.get(e[2]) is e)
+        return iter(live_entries(st))
 
     @staticmethod
     def _since(st: TableState, seen: int, own: list[tuple[int, int]]) -> Iterator[Change[O]]:
         """Deletions and latest upserts after revision ``seen``, in revision order, leaving
         out the revision ranges ``own`` ((lo, hi], ascending): the log slice is cut around
         them by binary search, so skipping costs nothing per record."""
-        h = st.hash
+        rows_get = st.rows.get
+        entry = st.entry
         log, n = st.log, st.log_len
         start = log_position(log, n, seen)
         if not own:
@@ -137,4 +134,6 @@ class ChangeIterator(Generic[O]):
                 records += log[start:cut]
                 start = max(start, log_position(log, n, hi))
             records += log[start:n]
-        return (e for e in records if e[3] or h.get(e[2]) is e)
+        # Every deletion; an upsert only while it is still its key's row in st (mostly
+        # the head: one dict lookup).
+        return (e for e in records if e[3] or rows_get(e[2]) is e or entry(e[2]) is e)

@@ -25,7 +25,7 @@ from statedb.errors import (
 from statedb.index import Index, Query
 from statedb.ordered import KEY_END, escape_key, ordered_view
 from statedb.sortedmap import SortedMap
-from statedb.table_state import TableState, TableTxn
+from statedb.table_state import SnapshotTracker, TableState, TableTxn
 from statedb.watch import Watch, closed_watch
 
 if TYPE_CHECKING:
@@ -84,6 +84,16 @@ class Table(Generic[O]):
         self.delete_trackers: dict[int, list[int]] = {}
         # (revision, log position) of deletions kept for change iterators; writer-owned.
         self.held_tombstones: collections.deque[tuple[int, int]] = collections.deque()
+        # Live snapshots of this table, and how far versions were trimmed below them.
+        self.snapshots = SnapshotTracker()
+        self.trimmed_revision = 0
+        # Log length kept by the last compaction (see statedb.ordered.compact_log).
+        self.log_floor = 0
+        # Per unique secondary index position: (revision, key) of each record written
+        # under a key since the last trim, in revision order; writer-owned.
+        self.index_logs: dict[int, builtins.list[tuple[int, bytes]]] = {
+            pos: [] for pos, i in enumerate(secondary) if i.unique
+        }
 
     def __repr__(self) -> str:
         return f"<Table {self.name}>"
@@ -136,8 +146,15 @@ class Table(Generic[O]):
     def get(self, txn: ReadTxn, q: Query | Any) -> O | None:
         """Return the first row matching the key exactly, or None."""
         if type(q) is not Query:
-            e = txn.states[self.name].hash.get(self.pk_encode(q))
-            return e[0] if e is not None else None
+            st = txn.states[self.name]
+            pk = self.pk_encode(q)
+            e = st.rows.get(pk)
+            if e is None:
+                return None
+            if e[1] > st.revision:  # written after this snapshot: an older version
+                e = st.store.older_at(pk, st.revision, e)
+                return e[0] if e is not None else None
+            return None if e[3] else e[0]
         e = self._get_entry(txn, q)
         return e[0] if e is not None else None
 
@@ -150,9 +167,9 @@ class Table(Generic[O]):
         st = self._state(txn)
         pos, unique, key = self._resolve(q)
         if pos == 0:
-            return st.hash.get(key)
+            return st.entry(key)
         if unique:
-            return st.secondary[pos - 1].get(key)
+            return st.index_entry(pos - 1, key)
         for e in self._list_nonunique(self._view(txn, pos), key):
             return e
         return None
@@ -176,7 +193,7 @@ class Table(Generic[O]):
         st = self._state(txn)
         pos, unique, key = self._resolve(q)
         if unique:
-            found = st.hash.get(key) if pos == 0 else st.secondary[pos - 1].get(key)
+            found = st.entry(key) if pos == 0 else st.index_entry(pos - 1, key)
             return iter((found,) if found is not None else ())
         return self._list_nonunique(ordered_view(self, st, pos), key)
 
@@ -245,7 +262,7 @@ class Table(Generic[O]):
 
     def count(self, txn: ReadTxn) -> int:
         """Return the number of rows."""
-        return len(self._state(txn).hash)
+        return self._state(txn).count
 
     def revision(self, txn: ReadTxn) -> int:
         """Return the table's revision in this transaction (the revision of its last write)."""
@@ -279,7 +296,7 @@ class Table(Generic[O]):
         latest = self._latest()
         if latest is st or latest.revision == st.revision:
             return watch
-        if pos == 0 and entry is not ... and latest.hash.get(key) is entry:
+        if pos == 0 and entry is not ... and latest.entry(key) is entry:
             return watch
         return closed_watch()
 
@@ -309,7 +326,7 @@ class Table(Generic[O]):
     def modify(self, txn: WriteTxn, obj: O, merge: Callable[[O, O], O]) -> O | None:
         """Insert ``merge(old, obj)`` if a row with obj's key exists, else ``obj``; return old."""
         tt = txn.table_txn(self)
-        old = tt.hash.get(self.primary_key_of(obj))
+        old = tt.entry(self.primary_key_of(obj))
         return tt.insert(merge(old[0], obj) if old is not None else obj)
 
     def compare_and_swap(self, txn: WriteTxn, revision: int, obj: O) -> O:
@@ -320,7 +337,7 @@ class Table(Generic[O]):
         """
         tt = txn.table_txn(self)
         pk = self.primary_key_of(obj)
-        old = tt.hash.get(pk)
+        old = tt.entry(pk)
         if old is None:
             raise ObjectNotFoundError(self.name, pk)
         if old[1] != revision:
@@ -353,7 +370,7 @@ class Table(Generic[O]):
         """Delete the row with obj's key only if it is still at ``revision``; return it."""
         tt = txn.table_txn(self)
         pk = self.primary_key_of(obj)
-        old = tt.hash.get(pk)
+        old = tt.entry(pk)
         if old is None:
             raise ObjectNotFoundError(self.name, pk)
         if old[1] != revision:

@@ -86,7 +86,9 @@ class WriteTxn(ReadTxn):
             for tt in self._locked.values():
                 if tt.modified:
                     tt.release_tombstones()
-                    st = compact_log(tt.table, tt.seal())
+                    st = tt.seal()
+                    tt.table.snapshots.track(st)
+                    st = compact_log(tt.table, st)
                     sealed.append((tt, st))
             with db.commit_lock:
                 root = dict(db.root)
@@ -193,7 +195,7 @@ def _changed_index_keys(
     idx = tt.table.secondary[pos - 1]
     keys: set[bytes] = set()
     for pk in pks:
-        for e in (tt.base.hash.get(pk), st.hash.get(pk)):
+        for e in (tt.base.entry(pk), st.entry(pk)):
             if e is not None:
                 keys.update(idx.keys_of(e[0]))
     return keys
