@@ -7,7 +7,7 @@ updates (a snapshot never holds a live row older than a deletion of its key);
 then writes Done/Error with compare-and-swap on the row's revision so a newer
 write is never overwritten.
 
-The work comes from statedb as typed `Change` records (obj, revision, key,
+The work comes from statedb as typed `Change` records (obj, revision, key;
 deleted): the change iterator's own records, used as they are, with the
 encoded primary key (``key``) serving the retry queue and the status
 write-back without computing it again.
@@ -172,11 +172,11 @@ class Incremental(Generic[O]):
         add_update = updates.append
         taken = 0
         examined = 0
-        # Fields by position (obj, revision, key, deleted): the same fields as the names, a
-        # little cheaper per record in this loop.
+        # Fields by position (obj, revision, key): the same fields as the names, a little
+        # cheaper per record in this loop.
         for rec in changes:
             obj = rec[0]
-            if rec[3]:  # deleted
+            if rec.deleted:
                 if has_retries:
                     retries.clear(rec[2])
                 deletes.append((obj, rec[1]))
@@ -230,7 +230,7 @@ class Incremental(Generic[O]):
                 continue
             if rev == item.revision and item.obj is not row:
                 updates.targets[len(updates.work)] = item.obj
-            updates.work.append(Change(row, rev, item.key, False))
+            updates.work.append(Change(row, rev, item.key))
 
     # ----- deletes ----------------------------------------------------------------
     async def _run_deletes(self, txn: ReadTxn, deletes: list[tuple[O, int]]) -> None:

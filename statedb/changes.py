@@ -7,7 +7,7 @@ later write is skipped, the later one is reported). While an iterator is
 open, log compaction keeps the deletions it has not seen; `close` releases
 that hold.
 
-Changes come out as `Change` records (obj, revision, key, deleted): the
+Changes come out as `Change` records (obj, revision, key; deleted): the
 records the table's log stores, handed out as they are.
 """
 
@@ -58,7 +58,7 @@ class ChangeIterator(Generic[O]):
         """Return the changes committed up to ``txn``'s snapshot since the last call, and a
         watch that closes when more changes arrive.
 
-        Each change is a `Change` record ``(obj, revision, key, deleted)``: the table's own
+        Each change is a `Change` record ``(obj, revision, key)`` with ``deleted``: the table's own
         log record, so no object is allocated per change, and ``key`` (the encoded primary
         key) need not be computed again by a caller writing rows back.
         """
@@ -136,4 +136,4 @@ class ChangeIterator(Generic[O]):
             records += log[start:n]
         # Every deletion; an upsert only while it is still its key's row in st (mostly
         # the head: one dict lookup).
-        return (e for e in records if e[3] or rows_get(e[2]) is e or entry(e[2]) is e)
+        return (e for e in records if e.deleted or rows_get(e[2]) is e or entry(e[2]) is e)

@@ -154,7 +154,7 @@ class Table(Generic[O]):
             if e[1] > st.revision:  # written after this snapshot: an older version
                 e = st.store.older_at(pk, st.revision, e)
                 return e[0] if e is not None else None
-            return None if e[3] else e[0]
+            return None if e.deleted else e[0]
         e = self._get_entry(txn, q)
         return e[0] if e is not None else None
 

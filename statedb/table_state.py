@@ -6,7 +6,7 @@ snapshot's revision:
 
 - ``store``: a multi-version map (`statedb.versions.VersionStore`) from the
   encoded primary key to the row's records, `Change` tuples
-  ``(obj, revision, key, deleted)``; ``rows`` is its dict of newest records,
+  ``(obj, revision, key)`` (``deleted`` tells deletions); ``rows`` is its dict of newest records,
   the fast path of a lookup;
 - ``secondary[i]``: for a unique index, a multi-version map from index key to
   the row's record (None for non-unique indexes, which exist only as ordered
@@ -37,7 +37,7 @@ import weakref
 from bisect import bisect_right
 from collections.abc import Iterable
 from operator import itemgetter
-from typing import TYPE_CHECKING, Any, Generic, NamedTuple, TypeVar
+from typing import TYPE_CHECKING, Any, ClassVar, Generic, NamedTuple, TypeVar
 
 from statedb.errors import ObjectReusedError, UniqueIndexConflictError
 from statedb.sortedmap import SortedMap
@@ -50,21 +50,45 @@ if TYPE_CHECKING:
 O = TypeVar("O")
 
 
-class Change(NamedTuple, Generic[O]):
-    """One upsert or deletion of a row, at the revision that made it: statedb's change record.
-
-    Change iterators (`statedb.ChangeIterator`) yield these, and they are what the table
-    stores: the change log and the hash maps hold the same records, so handing one out
-    costs no allocation. ``key`` is the row's encoded primary key (what
-    `Table.primary_key_of` returns), ready for `Table.compare_and_swap_many` and for
-    primary-key queries (``table.primary.query_bytes(key)``). ``obj`` of a deletion is the
-    deleted row. A tuple underneath: build one with ``Change(obj, revision, key, deleted)``.
-    """
+class _ChangeFields(NamedTuple, Generic[O]):
+    """The tuple fields of a `Change` (a NamedTuple body cannot hold class attributes)."""
 
     obj: O
     revision: int
     key: bytes
-    deleted: bool
+
+
+class Change(_ChangeFields[O]):
+    """One upsert or deletion of a row, at the revision that made it: statedb's change record.
+
+    Change iterators (`statedb.ChangeIterator`) yield these, and they are what the table
+    stores: the change log and the version stores hold the same records, so handing one
+    out costs no allocation. ``obj`` is the row (for a deletion, the deleted row),
+    ``revision`` the revision of the write, ``key`` the row's encoded primary key (what
+    `Table.primary_key_of` returns), ready for `Table.compare_and_swap_many` and for
+    primary-key queries (``table.primary.query_bytes(key)``), and ``deleted`` is True
+    for a deletion.
+
+    A named tuple of ``(obj, revision, key)``; ``deleted`` is a class attribute, True on
+    deletion records (instances of the `Deletion` subclass), so a record costs three
+    slots and reading ``deleted`` is one attribute lookup. Build an upsert record with
+    ``Change(obj, revision, key)``, a deletion with `Change.deletion`.
+    """
+
+    __slots__ = ()
+    deleted: ClassVar[bool] = False
+
+    @staticmethod
+    def deletion(obj: Any, revision: int, key: bytes) -> Change[Any]:
+        """The record of the deletion of ``obj`` (key ``key``) at ``revision``."""
+        return _tuple_new(Deletion, (obj, revision, key))
+
+
+class Deletion(Change[O]):
+    """A `Change` that is a deletion (``deleted`` is True)."""
+
+    __slots__ = ()
+    deleted = True
 
 
 # The stored form of a row or deletion; same thing as Change, named for the storage code.
@@ -76,17 +100,17 @@ _tuple_new = tuple.__new__
 
 def new_entry(obj: Any, revision: int, pk: bytes) -> Entry:
     """The record of an upsert of ``obj`` at ``revision`` under primary key ``pk``."""
-    return _tuple_new(Change, (obj, revision, pk, False))
+    return _tuple_new(Change, (obj, revision, pk))
 
 
 def new_tombstone(obj: Any, revision: int, pk: bytes) -> Entry:
     """The record of a deletion (``obj``: the deleted row, or None once no one needs it)."""
-    return _tuple_new(Change, (obj, revision, pk, True))
+    return _tuple_new(Deletion, (obj, revision, pk))
 
 
 def is_tombstone(e: Entry) -> bool:
     """True for a deletion record in the log."""
-    return e[3]
+    return e.deleted
 
 
 _rev = itemgetter(1)
@@ -165,7 +189,7 @@ class TableState:
         if e is None:
             return None
         if e[1] <= self.revision:
-            return None if e[3] else e
+            return None if e.deleted else e
         return self.store.older_at(pk, self.revision, e)
 
     def index_entry(self, i: int, key: bytes) -> Entry | None:
@@ -202,7 +226,7 @@ def live_entries(st: TableState) -> list[Entry]:
     entry = st.entry
     # A record is a live row when it is the newest record of its key in st: mostly it is
     # still the head (one dict lookup); otherwise ask the version store.
-    return [e for e in records if not e[3] and (rows_get(e[2]) is e or entry(e[2]) is e)]
+    return [e for e in records if not e.deleted and (rows_get(e[2]) is e or entry(e[2]) is e)]
 
 
 class TableTxn(TableState):
@@ -236,7 +260,7 @@ class TableTxn(TableState):
         # The writer holds the table lock: every head is committed or its own, so the
         # head is what it sees.
         e = self.rows.get(pk)
-        return None if e is None or e[3] else e
+        return None if e is None or e.deleted else e
 
     # ----- writes --------------------------------------------------
     def insert(self, obj: Any, pk: bytes | None = None) -> Any:
@@ -249,12 +273,12 @@ class TableTxn(TableState):
             pk = table.pk_encode(table.pk_key(obj))
         old = self.rows.get(pk)
         if old is not None:
-            if old[3]:
+            if old.deleted:
                 old = None
             elif old[0] is obj:
                 raise ObjectReusedError(table.name, pk)
         rev = self.revision + 1
-        entry = _tuple_new(Change, (obj, rev, pk, False))
+        entry = _tuple_new(Change, (obj, rev, pk))
         if table.unique_specs:
             self._index(pk, entry, old)
         self.revision = rev
@@ -291,12 +315,12 @@ class TableTxn(TableState):
             for obj in objs:
                 pk = encode(key_of(obj))
                 old = get(pk)
-                if old is None or old[3]:
+                if old is None or old.deleted:
                     added += 1
                 elif old[0] is obj:
                     raise ObjectReusedError(table.name, pk)
                 rev += 1
-                entry = new(change, (obj, rev, pk, False))
+                entry = new(change, (obj, rev, pk))
                 # VersionStore.put, inlined: keep the committed head for snapshots.
                 if old is not None and old[1] <= base_rev:
                     o = older_get(pk)
@@ -335,11 +359,11 @@ class TableTxn(TableState):
         try:
             for i, (pk, expected, obj) in enumerate(items):
                 old = get(pk)
-                if old is None or old[1] != expected or old[3]:
+                if old is None or old[1] != expected or old.deleted:
                     skipped.append((i, None))
                     continue
                 old_obj = old[0]
-                entry = new(change, (obj, rev + 1, pk, False))
+                entry = new(change, (obj, rev + 1, pk))
                 try:
                     # The stored row has key ``pk``: comparing key values avoids encoding.
                     if key_of(obj) != key_of(old_obj):
@@ -397,7 +421,7 @@ class TableTxn(TableState):
                 for k in oks:
                     if k not in nks:
                         # The key leaves this row: a deletion record under it.
-                        store.put(k, _tuple_new(Change, (None, rev, pk, True)), base_rev)
+                        store.put(k, _tuple_new(Deletion, (None, rev, pk)), base_rev)
                         written.append((rev, k))
             for k in nks:
                 store.put(k, entry, base_rev)
@@ -411,7 +435,7 @@ class TableTxn(TableState):
             heads = store.heads
             for k in keys:
                 existing = heads.get(k)
-                if existing is not None and not existing[3] and existing[2] != pk:
+                if existing is not None and not existing.deleted and existing[2] != pk:
                     raise UniqueIndexConflictError(table.name, table.secondary[i].name, k)
 
     def delete(self, obj: Any) -> Any:
@@ -446,7 +470,7 @@ class TableTxn(TableState):
                 assert store is not None
                 written = table.index_logs[i]
                 for k in idx.keys_of(old_obj):
-                    store.put(k, _tuple_new(Change, (None, rev, pk, True)), base_rev)
+                    store.put(k, _tuple_new(Deletion, (None, rev, pk)), base_rev)
                     written.append((rev, k))
 
     def delete_all(self) -> int:

@@ -33,7 +33,7 @@ from bisect import bisect_right
 from operator import itemgetter
 from typing import Any
 
-# A record: Change(obj, revision, key, deleted); typed loosely here to stay import-free.
+# A record: Change(obj, revision, key) with .deleted; typed loosely to stay import-free.
 Record = Any
 _rev = itemgetter(1)
 
@@ -55,7 +55,7 @@ class VersionStore:
         if e is None:
             return None
         if e[1] <= revision:
-            return None if e[3] else e
+            return None if e.deleted else e
         return self.older_at(key, revision, e)
 
     def older_at(self, key: bytes, revision: int, head: Record) -> Record | None:
@@ -63,22 +63,22 @@ class VersionStore:
         while True:
             o = self.older.get(key)
             if o is not None:
-                if type(o) is list:
+                if isinstance(o, list):
                     # Oldest first, revisions ascending: binary search (an old snapshot
                     # can be many versions behind).
                     i = bisect_right(o, revision, key=_rev)
                     if i:
                         v = o[i - 1]
-                        return None if v[3] else v
+                        return None if v.deleted else v
                 elif o[1] <= revision:
-                    return None if o[3] else o
+                    return None if o.deleted else o
             # Nothing at or below ``revision``: the key was absent then, unless an abort
             # replaced the head meanwhile (it restores the head first): read again.
             h = self.heads.get(key)
             if h is head or h is None:
                 return None
             if h[1] <= revision:
-                return None if h[3] else h
+                return None if h.deleted else h
             head = h
 
     # ----- writer side (table lock held) ----------------------------------------
@@ -130,7 +130,7 @@ class VersionStore:
         of it was written at ``revision`` (<= ``oldest``)."""
         heads = self.heads
         h = heads.get(key)
-        if h is not None and h[3] and h[1] <= oldest:
+        if h is not None and h.deleted and h[1] <= oldest:
             # Deleted before every live snapshot: the key is gone for all of them.
             del heads[key]
             self.older.pop(key, None)

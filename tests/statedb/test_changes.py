@@ -280,7 +280,7 @@ def test_iterator_in_a_write_txn_sees_later_commits_only() -> None:
 
 def test_changes_are_typed_records_with_the_encoded_primary_key() -> None:
     """next() yields `Change` records: obj, revision, key (the encoded primary key), deleted;
-    also a tuple in that order."""
+    a named tuple of (obj, revision, key)."""
     db, (t1,) = new_db("t1")
     it = start(db, t1)
     assert drain(it, db.read_txn()) == []  # the first call: every row (none yet)
@@ -298,4 +298,6 @@ def test_changes_are_typed_records_with_the_encoded_primary_key() -> None:
     ]
     assert got[0].revision == dict(t1.all_revisions(rtxn))[OBJ2]
     assert got[1].revision == t1.revision(rtxn)
-    assert tuple(got[0]) == (got[0].obj, got[0].revision, got[0].key, got[0].deleted)
+    assert tuple(got[0]) == (got[0].obj, got[0].revision, got[0].key)
+    assert Change(OBJ2, 7, b"k").deleted is False
+    assert Change.deletion(OBJ2, 7, b"k").deleted is True
