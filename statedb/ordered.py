@@ -15,6 +15,7 @@ primary key for non-unique ones (see `nonunique_key`).
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from itertools import islice
 from operator import itemgetter
 from typing import TYPE_CHECKING, Any
@@ -177,6 +178,77 @@ def _txn_view(table: Table[Any], tt: TableTxn, pos: int) -> SortedMap:
     if tv.frozen is None:
         tv.frozen = tv.view.freeze()
     return tv.frozen
+
+
+class TxnOverlay:
+    """A write transaction's own changes as one non-unique index sees them.
+
+    ``entries``: primary key -> the transaction's current record of that row (None once
+    deleted), for every row it wrote; ``keys``: primary key -> that record's index keys;
+    ``by_key``: index key -> the primary keys of written rows having it now. Kept in step
+    with the log lazily, O(1) per write, so a query after each write costs no view copy.
+    """
+
+    __slots__ = ("by_key", "entries", "keys", "synced")
+
+    def __init__(self, synced: int) -> None:
+        self.synced = synced
+        self.entries: dict[bytes, Entry | None] = {}
+        self.keys: dict[bytes, list[bytes]] = {}
+        self.by_key: dict[bytes, set[bytes]] = {}
+
+
+def _txn_overlay(table: Table[Any], tt: TableTxn, pos: int) -> TxnOverlay:
+    """The overlay of index ``pos`` for ``tt``, brought up to its last write."""
+    ov = tt.overlays.get(pos)
+    if ov is None:
+        ov = tt.overlays[pos] = TxnOverlay(tt.base.log_len)
+    n = len(tt.log)
+    if ov.synced < n:
+        keys_of = table.secondary[pos - 1].keys_of
+        entries, keys, by_key = ov.entries, ov.keys, ov.by_key
+        for e in tt.log[ov.synced : n]:
+            pk = e[2]
+            for k in keys.get(pk, ()):
+                by_key[k].discard(pk)
+            if e.deleted:
+                entries[pk] = None
+                keys[pk] = []
+                continue
+            ks = keys_of(e[0])
+            entries[pk] = e
+            keys[pk] = ks
+            for k in ks:
+                group = by_key.get(k)
+                if group is None:
+                    by_key[k] = {pk}
+                else:
+                    group.add(pk)
+        ov.synced = n
+    return ov
+
+
+def nonunique_entries(table: Table[Any], st: TableState, pos: int, key: bytes) -> Iterator[Entry]:
+    """The records under ``key`` in non-unique index ``pos`` of ``st``, in primary key order.
+
+    In a write transaction, without a view of its own contents: the committed base's view
+    (cached, or derived once per snapshot) with the transaction's own writes laid over it
+    (`TxnOverlay`), so write-query-write loops never copy or freeze a view.
+    """
+    prefix = escape_key(key) + KEY_END
+    if isinstance(st, TableTxn) and pos not in st.view_cache:
+        ov = _txn_overlay(table, st, pos)
+        base = ordered_view(table, st.base, pos).items_prefix(prefix)
+        entries = ov.entries
+        if not entries:
+            return (e for _, e in base)
+        out = [e for _, e in base if e[2] not in entries]
+        mine = ov.by_key.get(key)
+        if mine:
+            out.extend(entries[pk] for pk in mine)
+            out.sort(key=_pk)
+        return iter(out)
+    return (e for _, e in ordered_view(table, st, pos).items_prefix(prefix))
 
 
 def compact_log(table: Table[Any], st: TableState) -> TableState:

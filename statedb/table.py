@@ -23,7 +23,7 @@ from statedb.errors import (
     UnknownIndexError,
 )
 from statedb.index import Index, Query
-from statedb.ordered import KEY_END, escape_key, ordered_view
+from statedb.ordered import escape_key, nonunique_entries, ordered_view
 from statedb.sortedmap import SortedMap
 from statedb.table_state import SnapshotTracker, TableState, TableTxn
 from statedb.watch import Watch, closed_watch
@@ -170,7 +170,7 @@ class Table(Generic[O]):
             return st.entry(key)
         if unique:
             return st.index_entry(pos - 1, key)
-        for e in self._list_nonunique(self._view(txn, pos), key):
+        for e in nonunique_entries(self, st, pos, key):
             return e
         return None
 
@@ -195,11 +195,7 @@ class Table(Generic[O]):
         if unique:
             found = st.entry(key) if pos == 0 else st.index_entry(pos - 1, key)
             return iter((found,) if found is not None else ())
-        return self._list_nonunique(ordered_view(self, st, pos), key)
-
-    @staticmethod
-    def _list_nonunique(view: SortedMap, key: bytes) -> Iterator[Any]:
-        return (e for _, e in view.items_prefix(escape_key(key) + KEY_END))
+        return nonunique_entries(self, st, pos, key)
 
     def list_watch(self, txn: ReadTxn, q: Query | Any) -> tuple[Iterator[O], Watch]:
         """Like `list`, plus a watch that closes when a row under this key changes."""

@@ -44,7 +44,7 @@ from statedb.sortedmap import SortedMap
 from statedb.versions import VersionStore
 
 if TYPE_CHECKING:
-    from statedb.ordered import TxnView
+    from statedb.ordered import TxnOverlay, TxnView
     from statedb.table import Table
 
 O = TypeVar("O")
@@ -232,7 +232,7 @@ def live_entries(st: TableState) -> list[Entry]:
 class TableTxn(TableState):
     """The writable state of one table inside a write transaction."""
 
-    __slots__ = ("base", "modified", "table", "view_cache")
+    __slots__ = ("base", "modified", "overlays", "table", "view_cache")
 
     def __init__(self, table: Table[Any], base: TableState) -> None:
         self.table = table
@@ -252,6 +252,8 @@ class TableTxn(TableState):
         self.ordered = [None] * len(base.ordered)
         # Ordered views of this transaction's contents, per index position.
         self.view_cache: dict[int, TxnView] = {}
+        # Its own writes as non-unique indexes see them, per index position.
+        self.overlays: dict[int, TxnOverlay] = {}
         self.modified = False
         self._trim()
 
