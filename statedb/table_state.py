@@ -498,9 +498,21 @@ class TableTxn(TableState):
         log, n = self.log, self.base.log_len
         start = log_position(log, n, done)
         end = log_position(log, n, oldest)
-        trim = self.store.trim
+        primary = self.store
+        trim = primary.trim
+        heads = primary.heads
+        older_get = primary.older.get
         for e in log[start:end]:
-            trim(e[2], e[1], oldest)
+            pk = e[2]
+            if older_get(pk) is None:
+                # The common case: nothing older kept. Only a deletion can still leave
+                # something behind: its own record as the head.
+                if e.deleted:
+                    h = heads.get(pk)
+                    if h is not None and h.deleted and h[1] <= oldest:
+                        del heads[pk]
+                continue
+            trim(pk, e[1], oldest)
         for i, written in table.index_logs.items():
             if written:
                 store = self.secondary[i]
