@@ -87,6 +87,8 @@ class Table(Generic[O]):
         # Live snapshots of this table, and how far versions were trimmed below them.
         self.snapshots = SnapshotTracker()
         self.trimmed_revision = 0
+        # (log list, position) where the last trim stopped: saves two binary searches.
+        self.trim_mark: tuple[builtins.list[Any] | None, int] = (None, 0)
         # Log length kept by the last compaction (see statedb.ordered.compact_log).
         self.log_floor = 0
         # Per unique secondary index position: (revision, key) of each record written

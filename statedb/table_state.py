@@ -496,8 +496,11 @@ class TableTxn(TableState):
         if oldest <= done:
             return
         log, n = self.log, self.base.log_len
-        start = log_position(log, n, done)
-        end = log_position(log, n, oldest)
+        # Where the last trim stopped, while the log is still the same list (compaction
+        # replaces it); the whole committed log when only the newest state is live.
+        mark = table.trim_mark
+        start = mark[1] if mark[0] is log else log_position(log, n, done)
+        end = n if oldest >= self.base.revision else log_position(log, n, oldest)
         primary = self.store
         trim = primary.trim
         heads = primary.heads
@@ -522,6 +525,7 @@ class TableTxn(TableState):
                     store.trim(key, rev, oldest)
                 del written[:k]
         table.trimmed_revision = oldest
+        table.trim_mark = (log, end)
 
     def seal(self) -> TableState:
         """Return this transaction's contents as an immutable TableState (not yet tracked)."""
