@@ -69,6 +69,13 @@ def check(table: Table[Row], txn: ReadTxn, model: dict[int, Row], revision: int)
         assert list(table.list(txn, BY_GRP.query(v))) == [r for r in ordered if r.value == v]
 
 
+def check_held(table: Table[Row], held: list[tuple[ReadTxn, dict[int, Row], int]]) -> None:
+    """`check` every held snapshot (in a function: no loop variable outlives the checks
+    and keeps a snapshot alive)."""
+    for snap, model, rev in held:
+        check(table, snap, model, rev)
+
+
 @settings(max_examples=120, deadline=None)
 @given(st.lists(OPS, max_size=60))
 # A deletion one revision above a held snapshot, trimmed once an older snapshot goes.
@@ -100,9 +107,8 @@ def test_snapshots_read_their_revision_forever(ops: list[Op]) -> None:
                 pending.pop(op[1], None)
         elif kind == "commit":
             if wtxn is not None:
-                rtxn = wtxn.commit()
-                committed, committed_rev = pending, table.revision(rtxn)
-                held.append((rtxn, dict(committed), committed_rev))
+                committed, committed_rev = pending, table.revision(wtxn)
+                held.append((wtxn.commit(), dict(committed), committed_rev))
                 wtxn = None
         elif kind == "abort":
             if wtxn is not None:
@@ -113,8 +119,7 @@ def test_snapshots_read_their_revision_forever(ops: list[Op]) -> None:
         elif held:
             del held[op[1] % len(held)]
             gc.collect()
-        for snap, model, rev in held:
-            check(table, snap, model, rev)
+        check_held(table, held)
         if wtxn is not None:
             # The write transaction sees its own writes; its revision is its last write's.
             assert {r.id: r for r in table.all(wtxn)} == pending
