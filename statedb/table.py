@@ -153,7 +153,8 @@ class Table(Generic[O]):
             e = st.rows.get(pk)
             if e is None:
                 return None
-            if e[1] > st.revision:  # written after this snapshot: an older version
+            # Only when a head may be newer than this snapshot, read the head's revision.
+            if st.revision < st.store.newest and e[1] > st.revision:
                 e = st.store.older_at(pk, st.revision, e)
                 return e[0] if e is not None else None
             return None if e.deleted else e[0]

@@ -41,7 +41,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Generic, NamedTuple, TypeVar
 
 from statedb.errors import ObjectReusedError, UniqueIndexConflictError
 from statedb.sortedmap import SortedMap
-from statedb.versions import VersionStore
+from statedb.versions import WRITING, VersionStore
 
 if TYPE_CHECKING:
     from statedb.ordered import TxnOverlay, TxnView
@@ -188,9 +188,9 @@ class TableState:
         e = self.rows.get(pk)
         if e is None:
             return None
-        if e[1] <= self.revision:
-            return None if e.deleted else e
-        return self.store.older_at(pk, self.revision, e)
+        if self.revision < self.store.newest and e[1] > self.revision:
+            return self.store.older_at(pk, self.revision, e)
+        return None if e.deleted else e
 
     def index_entry(self, i: int, key: bytes) -> Entry | None:
         """The record of the row under ``key`` in unique secondary index ``i``, or None."""
@@ -244,9 +244,6 @@ class TableTxn(TableState):
         self.count = base.count
         self.log = base.log
         self.log_len = base.log_len
-        if len(self.log) != base.log_len:
-            # A previous transaction died without abort(); take out its leftovers.
-            self.discard()
         self.tombstones = base.tombstones
         self.pending_init = base.pending_init
         self.ordered = [None] * len(base.ordered)
@@ -255,7 +252,24 @@ class TableTxn(TableState):
         # Its own writes as non-unique indexes see them, per index position.
         self.overlays: dict[int, TxnOverlay] = {}
         self.modified = False
+        # Before any head is installed (also by the leftover cleanup below): readers
+        # compare revisions until the transaction ends (see VersionStore.newest).
+        for store in self._stores():
+            store.newest = WRITING
+        if len(self.log) != base.log_len:
+            # A previous transaction died without abort(); take out its leftovers.
+            self.discard()
         self._trim()
+
+    def _stores(self) -> list[VersionStore]:
+        """The version stores of this table (primary, then unique secondary indexes)."""
+        return [self.store, *(s for s in self.secondary if s is not None)]
+
+    def settle(self, revision: int) -> None:
+        """Mark the stores as holding no head above ``revision`` (the committed revision),
+        once this transaction's records are either published or taken out."""
+        for store in self._stores():
+            store.newest = revision
 
     def entry(self, pk: bytes) -> Entry | None:
         """The record of ``pk`` as this transaction sees it (its own writes included)."""

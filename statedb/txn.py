@@ -95,6 +95,9 @@ class WriteTxn(ReadTxn):
                 for tt, st in sealed:
                     root[tt.table.name] = st
                 db.root = root
+            # Published: no head is above the new committed revisions any more.
+            for tt in self._locked.values():
+                tt.settle(root[tt.table.name].revision)
             # Close watches while the tables are still locked: the next writer of a
             # table must not swap its watches concurrently with this one, or a watch
             # handed out in between is replaced without ever being closed.
@@ -112,6 +115,7 @@ class WriteTxn(ReadTxn):
             return
         for tt in self._locked.values():
             tt.discard()
+            tt.settle(tt.base.revision)
         self._finish("aborted")
 
     def _finish(self, state: str) -> None:
