@@ -98,11 +98,6 @@ Entry = Change[Any]
 _tuple_new = tuple.__new__
 
 
-def new_entry(obj: Any, revision: int, pk: bytes) -> Entry:
-    """The record of an upsert of ``obj`` at ``revision`` under primary key ``pk``."""
-    return _tuple_new(Change, (obj, revision, pk))
-
-
 def new_tombstone(obj: Any, revision: int, pk: bytes) -> Entry:
     """The record of a deletion (``obj``: the deleted row, or None once no one needs it)."""
     return _tuple_new(Deletion, (obj, revision, pk))
