@@ -24,7 +24,7 @@ Quick tour::
 """
 
 from statedb import keys
-from statedb.changes import Change, ChangeIterator
+from statedb.changes import ChangeIterator
 from statedb.db import DB
 from statedb.errors import (
     DuplicateTableError,
@@ -42,6 +42,7 @@ from statedb.errors import (
 )
 from statedb.index import Index, Query
 from statedb.table import Table
+from statedb.table_state import Change
 from statedb.txn import ReadTxn, WriteTxn
 from statedb.watch import Watch, WatchSet, closed_watch
 

@@ -6,6 +6,9 @@ log: every deletion, and each row's latest upsert (an upsert superseded by a
 later write is skipped, the later one is reported). While an iterator is
 open, log compaction keeps the deletions it has not seen; `close` releases
 that hold.
+
+Changes come out as `Change` records (obj, revision, key; deleted): the
+records the table's log stores, handed out as they are.
 """
 
 from __future__ import annotations
@@ -13,11 +16,9 @@ from __future__ import annotations
 import itertools
 import weakref
 from collections.abc import Iterator
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Generic, TypeVar
 
-from statedb.ordered import log_position
-from statedb.table_state import Entry, TableState, TableTxn
+from statedb.table_state import Change, TableState, TableTxn, live_entries, log_position
 from statedb.watch import Watch
 
 if TYPE_CHECKING:
@@ -27,15 +28,6 @@ if TYPE_CHECKING:
 O = TypeVar("O")
 
 _ids = itertools.count(1)
-
-
-@dataclass(frozen=True, slots=True)
-class Change(Generic[O]):
-    """One upsert or deletion of a row, at the revision that made it."""
-
-    obj: O
-    revision: int
-    deleted: bool
 
 
 class ChangeIterator(Generic[O]):
@@ -64,17 +56,11 @@ class ChangeIterator(Generic[O]):
 
     def next(self, txn: ReadTxn) -> tuple[Iterator[Change[O]], Watch]:
         """Return the changes committed up to ``txn``'s snapshot since the last call, and a
-        watch that closes when more changes arrive."""
-        records, watch = self.next_records(txn)
-        return (Change(e[0], e[1], len(e) == 4) for e in records), watch
+        watch that closes when more changes arrive.
 
-    def next_records(self, txn: ReadTxn) -> tuple[Iterator[Entry], Watch]:
-        """Like `next`, but yield the change log's own records instead of `Change` objects.
-
-        An upsert is ``(obj, revision, primary key)``, a deletion
-        ``(obj, revision, primary key, True)``; the key is the encoded primary key.
-        For hot loops such as the reconciler's: no object is allocated per change and
-        the key need not be computed again.
+        Each change is a `Change` record ``(obj, revision, key)`` with ``deleted``: the table's own
+        log record, so no object is allocated per change, and ``key`` (the encoded primary
+        key) need not be computed again by a caller writing rows back.
         """
         if self.closed:
             raise RuntimeError(f"change iterator of table {self.table.name!r} is closed")
@@ -87,7 +73,7 @@ class ChangeIterator(Generic[O]):
                 f"the change iterator (created at {self._start}); take a new read_txn()"
             )
         seen, upto = self._seen, st.revision
-        records: Iterator[Entry]
+        records: Iterator[Change[O]]
         if seen < 0:
             records = self._current(st)
         elif upto <= seen:
@@ -101,6 +87,10 @@ class ChangeIterator(Generic[O]):
         self._seen = upto
         self._tracker[0] = upto
         return records, self.table._table_watch(txn)
+
+    def next_records(self, txn: ReadTxn) -> tuple[Iterator[Change[O]], Watch]:
+        """The same as `next` (kept for callers written when `next` built new objects)."""
+        return self.next(txn)
 
     def mark_seen(self, from_revision: int, to_revision: int) -> bool:
         """Skip revisions (from_revision, to_revision]: the caller's own write transaction.
@@ -122,18 +112,17 @@ class ChangeIterator(Generic[O]):
         return True
 
     @staticmethod
-    def _current(st: TableState) -> Iterator[Entry]:
+    def _current(st: TableState) -> Iterator[Change[O]]:
         """Every row of the snapshot, as upsert records in revision order."""
-        h = st.hash
-        records = st.log[: st.log_len]  # copied now: see TableTxn.release_tombstones
-        return (e for e in records if len(e) == 3 and h.get(e[2]) is e)
+        return iter(live_entries(st))
 
     @staticmethod
-    def _since(st: TableState, seen: int, own: list[tuple[int, int]]) -> Iterator[Entry]:
+    def _since(st: TableState, seen: int, own: list[tuple[int, int]]) -> Iterator[Change[O]]:
         """Deletions and latest upserts after revision ``seen``, in revision order, leaving
         out the revision ranges ``own`` ((lo, hi], ascending): the log slice is cut around
         them by binary search, so skipping costs nothing per record."""
-        h = st.hash
+        rows_get = st.rows.get
+        entry = st.entry
         log, n = st.log, st.log_len
         start = log_position(log, n, seen)
         if not own:
@@ -145,4 +134,6 @@ class ChangeIterator(Generic[O]):
                 records += log[start:cut]
                 start = max(start, log_position(log, n, hi))
             records += log[start:n]
-        return (e for e in records if len(e) == 4 or h.get(e[2]) is e)
+        # Every deletion; an upsert only while it is still its key's row in st (mostly
+        # the head: one dict lookup).
+        return (e for e in records if e.deleted or rows_get(e[2]) is e or entry(e[2]) is e)

@@ -10,6 +10,7 @@ from statedb.metrics import DBMetrics
 from statedb.table import Table
 from statedb.table_state import TableState
 from statedb.txn import ReadTxn, WriteTxn
+from statedb.versions import VersionStore
 
 
 class DB:
@@ -34,8 +35,10 @@ class DB:
                 t.db = self
                 t.lock_order = len(self._tables)
                 self._tables[t.name] = t
-                st = TableState(len(t.secondary))
-                st.secondary = [m if i.unique else None for m, i in zip(st.secondary, t.secondary)]
+                st = TableState(
+                    VersionStore(), [VersionStore() if i.unique else None for i in t.secondary]
+                )
+                t.snapshots.track(st)
                 root[t.name] = st
             self.root = root
 

@@ -66,7 +66,7 @@ class DBMetrics:
         for name, st in txn.states.items():
             m = self.tables.get(name, TableMetrics())
             out[name] = {
-                "objects": len(st.hash),
+                "objects": st.count,
                 "revision": st.revision,
                 "graveyard_objects": st.tombstones,
                 "write_txn_lock_wait_seconds_total": m.lock_wait.total_s,

@@ -15,18 +15,25 @@ primary key for non-unique ones (see `nonunique_key`).
 
 from __future__ import annotations
 
-from bisect import bisect_right
+from collections.abc import Iterator
 from itertools import islice
 from operator import itemgetter
 from typing import TYPE_CHECKING, Any
 
 from statedb.sortedmap import SortedMap
-from statedb.table_state import Entry, TableState, TableTxn, is_tombstone
+from statedb.table_state import (
+    Entry,
+    TableState,
+    TableTxn,
+    is_tombstone,
+    live_entries,
+    log_position,
+)
 
 if TYPE_CHECKING:
     from statedb.table import Table
 
-_rev = itemgetter(1)
+_pk = itemgetter(2)
 
 
 def escape_key(key: bytes) -> bytes:
@@ -44,11 +51,6 @@ def nonunique_key(key: bytes, primary: bytes) -> bytes:
     prefix of another.
     """
     return escape_key(key) + KEY_END + primary
-
-
-def log_position(log: list[Entry], log_len: int, revision: int) -> int:
-    """Return the position of the first log record with a revision above ``revision``."""
-    return bisect_right(log, revision, 0, log_len, key=_rev)
 
 
 def changed_keys(st: TableState, lo_rev: int, hi_rev: int) -> set[bytes]:
@@ -70,14 +72,14 @@ def _view_items(table: Table[Any], pos: int, entry: Entry) -> list[bytes]:
 
 def build_view(table: Table[Any], st: TableState, pos: int) -> SortedMap:
     """Build the ordered view of index ``pos`` from scratch (O(n log n))."""
+    entries = live_entries(st)
     if pos == 0:
-        # Sorting bare keys and looking the entries up again is several times faster than
-        # sorting (key, entry) pairs, whose comparisons touch every entry.
-        h = st.hash
-        keys = sorted(h.keys())
-        return SortedMap.from_sorted(keys, [h[k] for k in keys])
+        # Sorting by the extracted key (computed once per entry) keeps the comparisons
+        # on bytes objects only.
+        entries.sort(key=_pk)
+        return SortedMap.from_sorted(list(map(_pk, entries)), entries)
     pairs = []
-    for entry in st.hash.values():
+    for entry in entries:
         for k in _view_items(table, pos, entry):
             pairs.append((k, entry))
     pairs.sort(key=itemgetter(0))
@@ -85,15 +87,20 @@ def build_view(table: Table[Any], st: TableState, pos: int) -> SortedMap:
 
 
 def replay(
-    table: Table[Any], view: SortedMap, src: Any, dst: Any, keys: set[bytes], pos: int
+    table: Table[Any],
+    view: SortedMap,
+    src: TableState,
+    dst: TableState,
+    keys: set[bytes],
+    pos: int,
 ) -> SortedMap:
-    """Turn ``view`` (of hash map ``src``) into the view of hash map ``dst``.
+    """Turn ``view`` (of snapshot ``src``) into the view of snapshot ``dst``.
 
     ``keys`` must hold every primary key whose entry differs between the two.
     """
     out = view.transient()
     for pk in keys:
-        _move(table, pos, out, src.get(pk), dst.get(pk))
+        _move(table, pos, out, src.entry(pk), dst.entry(pk))
     return out.seal()
 
 
@@ -125,7 +132,7 @@ def ordered_view(table: Table[Any], st: TableState, pos: int) -> SortedMap:
         newer = st if st.revision >= base.revision else base
         lo, hi = sorted((base.revision, st.revision))
         keys = changed_keys(newer, lo, hi)
-        view = replay(table, base_view, base.hash, st.hash, keys, pos)
+        view = replay(table, base_view, base, st, keys, pos)
     else:
         view = build_view(table, st, pos)
     st.ordered[pos] = view
@@ -159,11 +166,11 @@ def _txn_view(table: Table[Any], tt: TableTxn, pos: int) -> SortedMap:
         tv = TxnView(ordered_view(table, tt.base, pos).transient(), tt.base.log_len)
         tt.view_cache[pos] = tv
     if tv.synced < n:
-        base_hash = tt.base.hash
+        base = tt.base
         in_view = tv.in_view
         for pk in {e[2] for e in tt.log[tv.synced : n]}:
-            old = in_view[pk] if pk in in_view else base_hash.get(pk)
-            new = tt.hash.get(pk)
+            old = in_view[pk] if pk in in_view else base.entry(pk)
+            new = tt.entry(pk)
             _move(table, pos, tv.view, old, new)
             in_view[pk] = new
         tv.synced = n
@@ -171,6 +178,77 @@ def _txn_view(table: Table[Any], tt: TableTxn, pos: int) -> SortedMap:
     if tv.frozen is None:
         tv.frozen = tv.view.freeze()
     return tv.frozen
+
+
+class TxnOverlay:
+    """A write transaction's own changes as one non-unique index sees them.
+
+    ``entries``: primary key -> the transaction's current record of that row (None once
+    deleted), for every row it wrote; ``keys``: primary key -> that record's index keys;
+    ``by_key``: index key -> the primary keys of written rows having it now. Kept in step
+    with the log lazily, O(1) per write, so a query after each write costs no view copy.
+    """
+
+    __slots__ = ("by_key", "entries", "keys", "synced")
+
+    def __init__(self, synced: int) -> None:
+        self.synced = synced
+        self.entries: dict[bytes, Entry | None] = {}
+        self.keys: dict[bytes, list[bytes]] = {}
+        self.by_key: dict[bytes, set[bytes]] = {}
+
+
+def _txn_overlay(table: Table[Any], tt: TableTxn, pos: int) -> TxnOverlay:
+    """The overlay of index ``pos`` for ``tt``, brought up to its last write."""
+    ov = tt.overlays.get(pos)
+    if ov is None:
+        ov = tt.overlays[pos] = TxnOverlay(tt.base.log_len)
+    n = len(tt.log)
+    if ov.synced < n:
+        keys_of = table.secondary[pos - 1].keys_of
+        entries, keys, by_key = ov.entries, ov.keys, ov.by_key
+        for e in tt.log[ov.synced : n]:
+            pk = e[2]
+            for k in keys.get(pk, ()):
+                by_key[k].discard(pk)
+            if e.deleted:
+                entries[pk] = None
+                keys[pk] = []
+                continue
+            ks = keys_of(e[0])
+            entries[pk] = e
+            keys[pk] = ks
+            for k in ks:
+                group = by_key.get(k)
+                if group is None:
+                    by_key[k] = {pk}
+                else:
+                    group.add(pk)
+        ov.synced = n
+    return ov
+
+
+def nonunique_entries(table: Table[Any], st: TableState, pos: int, key: bytes) -> Iterator[Entry]:
+    """The records under ``key`` in non-unique index ``pos`` of ``st``, in primary key order.
+
+    In a write transaction, without a view of its own contents: the committed base's view
+    (cached, or derived once per snapshot) with the transaction's own writes laid over it
+    (`TxnOverlay`), so write-query-write loops never copy or freeze a view.
+    """
+    prefix = escape_key(key) + KEY_END
+    if isinstance(st, TableTxn) and pos not in st.view_cache:
+        ov = _txn_overlay(table, st, pos)
+        base = ordered_view(table, st.base, pos).items_prefix(prefix)
+        entries = ov.entries
+        if not entries:
+            return (e for _, e in base)
+        out = [e for _, e in base if e[2] not in entries]
+        mine = ov.by_key.get(key)
+        if mine:
+            out.extend(entries[pk] for pk in mine)
+            out.sort(key=_pk)
+        return iter(out)
+    return (e for _, e in ordered_view(table, st, pos).items_prefix(prefix))
 
 
 def compact_log(table: Table[Any], st: TableState) -> TableState:
@@ -183,27 +261,29 @@ def compact_log(table: Table[Any], st: TableState) -> TableState:
     object: ``st`` may already be visible to readers through the view cache, and a state a
     reader can see never changes.
     """
-    if st.log_len <= 2 * len(st.hash) + 1024:
+    # The log cannot shrink below what the last compaction kept (records not yet trimmed
+    # stay, e.g. while an old snapshot is held): wait until it doubled again.
+    if st.log_len <= 2 * max(st.count, table.log_floor) + 1024:
         return st
     for pos, cached in enumerate(table.ordered_cache):
         if cached is not None and cached[0].log is st.log:
             ordered_view(table, st, pos)
         else:
             table.ordered_cache[pos] = None
-    h = st.hash
+    entry = st.entry
+    # Records not yet trimmed stay: the next trim reads them to find what it can drop.
+    untrimmed = table.trimmed_revision
     log = [
         e
         for e in islice(st.log, 0, st.log_len)
-        if (e[0] is not None if is_tombstone(e) else h.get(e[2]) is e)
+        if e[1] > untrimmed or (e[0] is not None if is_tombstone(e) else entry(e[2]) is e)
     ]
-    out = TableState.__new__(TableState)
-    out.revision = st.revision
-    out.hash = st.hash
-    out.secondary = st.secondary
-    out.pending_init = st.pending_init
+    table.log_floor = len(log)
+    out = st.copy()
     out.log = log
     out.log_len = len(log)
     out.ordered = list(st.ordered)  # same contents, same views
+    table.snapshots.track(out)
     table.held_tombstones.clear()
     table.held_tombstones.extend(
         (e[1], i) for i, e in enumerate(log) if is_tombstone(e) and e[0] is not None

@@ -23,9 +23,9 @@ from statedb.errors import (
     UnknownIndexError,
 )
 from statedb.index import Index, Query
-from statedb.ordered import KEY_END, escape_key, ordered_view
+from statedb.ordered import escape_key, nonunique_entries, ordered_view
 from statedb.sortedmap import SortedMap
-from statedb.table_state import TableState, TableTxn
+from statedb.table_state import SnapshotTracker, TableState, TableTxn
 from statedb.watch import Watch, closed_watch
 
 if TYPE_CHECKING:
@@ -84,6 +84,18 @@ class Table(Generic[O]):
         self.delete_trackers: dict[int, builtins.list[int]] = {}
         # (revision, log position) of deletions kept for change iterators; writer-owned.
         self.held_tombstones: collections.deque[tuple[int, int]] = collections.deque()
+        # Live snapshots of this table, and how far versions were trimmed below them.
+        self.snapshots = SnapshotTracker()
+        self.trimmed_revision = 0
+        # (log list, position) where the last trim stopped: saves two binary searches.
+        self.trim_mark: tuple[builtins.list[Any] | None, int] = (None, 0)
+        # Log length kept by the last compaction (see statedb.ordered.compact_log).
+        self.log_floor = 0
+        # Per unique secondary index position: (revision, key) of each record written
+        # under a key since the last trim, in revision order; writer-owned.
+        self.index_logs: dict[int, builtins.list[tuple[int, bytes]]] = {
+            pos: [] for pos, i in enumerate(secondary) if i.unique
+        }
 
     def __repr__(self) -> str:
         return f"<Table {self.name}>"
@@ -136,8 +148,16 @@ class Table(Generic[O]):
     def get(self, txn: ReadTxn, q: Query | Any) -> O | None:
         """Return the first row matching the key exactly, or None."""
         if type(q) is not Query:
-            e = txn.states[self.name].hash.get(self.pk_encode(q))
-            return e[0] if e is not None else None
+            st = txn.states[self.name]
+            pk = self.pk_encode(q)
+            e = st.rows.get(pk)
+            if e is None:
+                return None
+            # Only when a head may be newer than this snapshot, read the head's revision.
+            if st.revision < st.store.newest and e[1] > st.revision:
+                e = st.store.older_at(pk, st.revision, e)
+                return e[0] if e is not None else None
+            return None if e.deleted else e[0]
         e = self._get_entry(txn, q)
         return e[0] if e is not None else None
 
@@ -150,10 +170,10 @@ class Table(Generic[O]):
         st = self._state(txn)
         pos, unique, key = self._resolve(q)
         if pos == 0:
-            return st.hash.get(key)
+            return st.entry(key)
         if unique:
-            return st.secondary[pos - 1].get(key)
-        for e in self._list_nonunique(self._view(txn, pos), key):
+            return st.index_entry(pos - 1, key)
+        for e in nonunique_entries(self, st, pos, key):
             return e
         return None
 
@@ -176,13 +196,9 @@ class Table(Generic[O]):
         st = self._state(txn)
         pos, unique, key = self._resolve(q)
         if unique:
-            found = st.hash.get(key) if pos == 0 else st.secondary[pos - 1].get(key)
+            found = st.entry(key) if pos == 0 else st.index_entry(pos - 1, key)
             return iter((found,) if found is not None else ())
-        return self._list_nonunique(ordered_view(self, st, pos), key)
-
-    @staticmethod
-    def _list_nonunique(view: SortedMap, key: bytes) -> Iterator[Any]:
-        return (e for _, e in view.items_prefix(escape_key(key) + KEY_END))
+        return nonunique_entries(self, st, pos, key)
 
     def list_watch(self, txn: ReadTxn, q: Query | Any) -> tuple[Iterator[O], Watch]:
         """Like `list`, plus a watch that closes when a row under this key changes."""
@@ -245,7 +261,7 @@ class Table(Generic[O]):
 
     def count(self, txn: ReadTxn) -> int:
         """Return the number of rows."""
-        return len(self._state(txn).hash)
+        return self._state(txn).count
 
     def revision(self, txn: ReadTxn) -> int:
         """Return the table's revision in this transaction (the revision of its last write)."""
@@ -279,7 +295,7 @@ class Table(Generic[O]):
         latest = self._latest()
         if latest is st or latest.revision == st.revision:
             return watch
-        if pos == 0 and entry is not ... and latest.hash.get(key) is entry:
+        if pos == 0 and entry is not ... and latest.entry(key) is entry:
             return watch
         return closed_watch()
 
@@ -309,7 +325,7 @@ class Table(Generic[O]):
     def modify(self, txn: WriteTxn, obj: O, merge: Callable[[O, O], O]) -> O | None:
         """Insert ``merge(old, obj)`` if a row with obj's key exists, else ``obj``; return old."""
         tt = txn.table_txn(self)
-        old = tt.hash.get(self.primary_key_of(obj))
+        old = tt.entry(self.primary_key_of(obj))
         return tt.insert(merge(old[0], obj) if old is not None else obj)
 
     def compare_and_swap(self, txn: WriteTxn, revision: int, obj: O) -> O:
@@ -320,7 +336,7 @@ class Table(Generic[O]):
         """
         tt = txn.table_txn(self)
         pk = self.primary_key_of(obj)
-        old = tt.hash.get(pk)
+        old = tt.entry(pk)
         if old is None:
             raise ObjectNotFoundError(self.name, pk)
         if old[1] != revision:
@@ -339,7 +355,8 @@ class Table(Generic[O]):
         gone or at another revision, with the exception when writing it failed (obj's key is
         not ``key``, a unique index conflict, a reused object). Every other item is written.
         Meant for bulk write-backs such as the reconciler's statuses, whose keys come from
-        `ChangeIterator.next_records`: no key is encoded and a refused row costs no exception.
+        `Change.key` of a change iterator's records: no key is encoded and a refused row
+        costs no exception.
         Per row it costs about what `compare_and_swap` does (the hash-map write dominates).
         """
         return txn.table_txn(self).swap_many(items)
@@ -352,7 +369,7 @@ class Table(Generic[O]):
         """Delete the row with obj's key only if it is still at ``revision``; return it."""
         tt = txn.table_txn(self)
         pk = self.primary_key_of(obj)
-        old = tt.hash.get(pk)
+        old = tt.entry(pk)
         if old is None:
             raise ObjectNotFoundError(self.name, pk)
         if old[1] != revision:

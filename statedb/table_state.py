@@ -1,101 +1,277 @@
 """The stored state of one table, and the per-table part of a write transaction.
 
-A `TableState` is a table's committed, immutable contents at one revision.
-Point data lives in persistent hash maps (immutables' HAMT, written in C):
+A `TableState` is a table's contents at one revision: a snapshot. Its data
+lives in structures shared by every snapshot of the table, read at the
+snapshot's revision:
 
-- ``hash``: encoded primary key -> entry ``(obj, revision, primary key)``;
-- ``secondary[i]``: for a unique index, key -> entry (None for non-unique
-  indexes, which exist only as ordered views);
-- ``log``: the change log, a list of entries and tombstones
-  ``(obj, revision, primary key, DELETED)`` in revision order, appended by
-  writers and read by snapshots only up to their own ``log_len``.
+- ``store``: a multi-version map (`statedb.versions.VersionStore`) from the
+  encoded primary key to the row's records, `Change` tuples
+  ``(obj, revision, key)`` (``deleted`` tells deletions); ``rows`` is its dict of newest records,
+  the fast path of a lookup;
+- ``secondary[i]``: for a unique index, a multi-version map from index key to
+  the row's record (None for non-unique indexes, which exist only as ordered
+  views);
+- ``log``: the change log, a list of the same `Change` records in revision
+  order, appended by writers and read by a snapshot only up to its own
+  ``log_len``. Change iterators hand these very records out, and iteration
+  over a snapshot goes through the log (never through the mutable dicts).
+
+A committed `TableState` object is registered with its table's snapshot
+tracker (`SnapshotTracker`): while it is referenced, the records it can see
+are kept; once the oldest live snapshot moves on, the next write transaction
+trims what no live snapshot needs.
 
 Ordered views (sorted maps used by prefix, lower_bound and all) are not
 kept up to date by writers; `statedb.ordered` builds them on demand from
-the nearest earlier view plus the log, so a write costs only a few HAMT
-updates and one list append.
+the nearest earlier view plus the log.
 
 A `TableTxn` is the writable version of a `TableState` inside one write
-transaction: its maps are HAMT mutations and it appends to the shared log
-(an abort truncates what it appended).
+transaction: it writes records above the committed revision into the shared
+stores (invisible to every snapshot until the commit publishes the new
+revision) and appends to the shared log; an abort takes them out again.
 """
 
 from __future__ import annotations
 
+import weakref
+from bisect import bisect_right
 from collections.abc import Iterable
-from typing import TYPE_CHECKING, Any
-
-import immutables
+from operator import itemgetter
+from typing import TYPE_CHECKING, Any, ClassVar, Generic, NamedTuple, TypeVar
 
 from statedb.errors import ObjectReusedError, UniqueIndexConflictError
 from statedb.sortedmap import SortedMap
+from statedb.versions import WRITING, VersionStore
 
 if TYPE_CHECKING:
-    from statedb.ordered import TxnView
+    from statedb.ordered import TxnOverlay, TxnView
     from statedb.table import Table
 
-# An entry is (obj, revision, primary key); a tombstone adds a fourth item.
-Entry = tuple[Any, ...]
-DELETED = True
-EMPTY_MAP: Any = immutables.Map()
+O = TypeVar("O")
+
+
+class _ChangeFields(NamedTuple, Generic[O]):
+    """The tuple fields of a `Change` (a NamedTuple body cannot hold class attributes)."""
+
+    obj: O
+    revision: int
+    key: bytes
+
+
+class Change(_ChangeFields[O]):
+    """One upsert or deletion of a row, at the revision that made it: statedb's change record.
+
+    Change iterators (`statedb.ChangeIterator`) yield these, and they are what the table
+    stores: the change log and the version stores hold the same records, so handing one
+    out costs no allocation. ``obj`` is the row (for a deletion, the deleted row),
+    ``revision`` the revision of the write, ``key`` the row's encoded primary key (what
+    `Table.primary_key_of` returns), ready for `Table.compare_and_swap_many` and for
+    primary-key queries (``table.primary.query_bytes(key)``), and ``deleted`` is True
+    for a deletion.
+
+    A named tuple of ``(obj, revision, key)``; ``deleted`` is a class attribute, True on
+    deletion records (instances of the `Deletion` subclass), so a record costs three
+    slots and reading ``deleted`` is one attribute lookup. Build an upsert record with
+    ``Change(obj, revision, key)``, a deletion with `Change.deletion`.
+    """
+
+    __slots__ = ()
+    deleted: ClassVar[bool] = False
+
+    @staticmethod
+    def deletion(obj: Any, revision: int, key: bytes) -> Change[Any]:
+        """The record of the deletion of ``obj`` (key ``key``) at ``revision``."""
+        return _tuple_new(Deletion, (obj, revision, key))
+
+
+class Deletion(Change[O]):
+    """A `Change` that is a deletion (``deleted`` is True)."""
+
+    __slots__ = ()
+    deleted = True
+
+
+# The stored form of a row or deletion; same thing as Change, named for the storage code.
+Entry = Change[Any]
+# tuple.__new__ bound once: builds a Change from a prepared tuple without running the
+# NamedTuple's Python-level __new__ (the write path creates one record per write).
+_tuple_new = tuple.__new__
+
+
+def new_tombstone(obj: Any, revision: int, pk: bytes) -> Entry:
+    """The record of a deletion (``obj``: the deleted row, or None once no one needs it)."""
+    return _tuple_new(Deletion, (obj, revision, pk))
 
 
 def is_tombstone(e: Entry) -> bool:
     """True for a deletion record in the log."""
-    return len(e) == 4
+    return e.deleted
+
+
+_rev = itemgetter(1)
+
+
+def log_position(log: list[Entry], log_len: int, revision: int) -> int:
+    """Return the position of the first log record with a revision above ``revision``."""
+    return bisect_right(log, revision, 0, log_len, key=_rev)
+
+
+class SnapshotTracker:
+    """The revisions of a table's live snapshots (committed `TableState` objects).
+
+    Each committed state gets a weak reference whose callback forgets it when the
+    state is freed: no reader registers or unregisters anything, so `DB.read_txn`
+    stays one reference copy, and a dropped snapshot cannot leak.
+    """
+
+    __slots__ = ("live",)
+
+    def __init__(self) -> None:
+        # weak reference -> revision; the callback (dict.pop) runs when the state dies.
+        self.live: dict[weakref.ref[TableState], int] = {}
+
+    def track(self, st: TableState) -> None:
+        """Keep what ``st`` can see until ``st`` is freed."""
+        live = self.live
+        live[weakref.ref(st, live.pop)] = st.revision
+
+    def oldest(self, default: int) -> int:
+        """The lowest revision of a live snapshot (``default`` when none is live)."""
+        while True:
+            try:
+                return min(self.live.values(), default=default)
+            except RuntimeError:
+                # A snapshot was freed (its callback ran) during the scan: scan again.
+                continue
 
 
 class TableState:
     """One table's contents at one revision (immutable once committed)."""
 
     __slots__ = (
-        "hash",
+        "__weakref__",
+        "count",
         "log",
         "log_len",
         "ordered",
         "pending_init",
         "revision",
+        "rows",
         "secondary",
+        "store",
         "tombstones",
     )
 
-    def __init__(self, n_secondary: int) -> None:
+    def __init__(self, store: VersionStore, secondary: list[VersionStore | None]) -> None:
         self.revision = 0
-        self.hash: Any = EMPTY_MAP
-        self.secondary: list[Any] = [EMPTY_MAP] * n_secondary  # None: non-unique
+        self.store = store
+        self.rows = store.heads
+        self.secondary = secondary  # None: non-unique
+        self.count = 0
         self.log: list[Entry] = []
         self.log_len = 0
         self.tombstones = 0  # deletions held for change iterators (the graveyard)
         self.pending_init: frozenset[str] = frozenset()
         # Ordered views built on demand, per index position (0 = primary).
-        self.ordered: list[SortedMap | None] = [None] * (n_secondary + 1)
+        self.ordered: list[SortedMap | None] = [None] * (len(secondary) + 1)
 
     def __len__(self) -> int:
-        return len(self.hash)
+        return self.count
+
+    def entry(self, pk: bytes) -> Entry | None:
+        """The stored record of the row with primary key ``pk`` in this snapshot, or None."""
+        e = self.rows.get(pk)
+        if e is None:
+            return None
+        if self.revision < self.store.newest and e[1] > self.revision:
+            return self.store.older_at(pk, self.revision, e)
+        return None if e.deleted else e
+
+    def index_entry(self, i: int, key: bytes) -> Entry | None:
+        """The record of the row under ``key`` in unique secondary index ``i``, or None."""
+        store = self.secondary[i]
+        assert store is not None
+        return store.get(key, self.revision)
+
+    def copy(self) -> TableState:
+        """A new state object with the same contents (the caller registers it)."""
+        st = TableState.__new__(TableState)
+        st.revision = self.revision
+        st.store = self.store
+        st.rows = self.rows
+        st.secondary = self.secondary
+        st.count = self.count
+        st.log = self.log
+        st.log_len = self.log_len
+        st.tombstones = self.tombstones
+        st.pending_init = self.pending_init
+        st.ordered = [None] * len(self.ordered)
+        return st
+
+
+def live_entries(st: TableState) -> list[Entry]:
+    """Every row record of snapshot ``st``, in revision order, read through the log.
+
+    The log slice is copied first (a C-level copy), so writers appending, compacting or
+    releasing tombstones meanwhile cannot disturb the scan.
+    """
+    n = len(st.log) if isinstance(st, TableTxn) else st.log_len
+    records = st.log[:n]
+    rows_get = st.rows.get
+    entry = st.entry
+    # A record is a live row when it is the newest record of its key in st: mostly it is
+    # still the head (one dict lookup); otherwise ask the version store.
+    return [e for e in records if not e.deleted and (rows_get(e[2]) is e or entry(e[2]) is e)]
 
 
 class TableTxn(TableState):
     """The writable state of one table inside a write transaction."""
 
-    __slots__ = ("base", "modified", "table", "view_cache")
+    __slots__ = ("base", "modified", "overlays", "table", "view_cache")
 
     def __init__(self, table: Table[Any], base: TableState) -> None:
         self.table = table
         self.base = base
         self.revision = base.revision
-        self.hash = base.hash.mutate()
-        self.secondary = [m.mutate() if m is not None else None for m in base.secondary]
+        self.store = base.store
+        self.rows = base.rows
+        self.secondary = base.secondary
+        self.count = base.count
         self.log = base.log
         self.log_len = base.log_len
-        if len(self.log) != base.log_len:
-            # A previous transaction died without abort(); drop its leftovers.
-            del self.log[base.log_len :]
         self.tombstones = base.tombstones
         self.pending_init = base.pending_init
         self.ordered = [None] * len(base.ordered)
         # Ordered views of this transaction's contents, per index position.
         self.view_cache: dict[int, TxnView] = {}
+        # Its own writes as non-unique indexes see them, per index position.
+        self.overlays: dict[int, TxnOverlay] = {}
         self.modified = False
+        # Before any head is installed (also by the leftover cleanup below): readers
+        # compare revisions until the transaction ends (see VersionStore.newest).
+        for store in self._stores():
+            store.newest = WRITING
+        if len(self.log) != base.log_len:
+            # A previous transaction died without abort(); take out its leftovers.
+            self.discard()
+        self._trim()
+
+    def _stores(self) -> list[VersionStore]:
+        """The version stores of this table (primary, then unique secondary indexes)."""
+        return [self.store, *(s for s in self.secondary if s is not None)]
+
+    def settle(self, revision: int) -> None:
+        """Mark the stores as holding no head above ``revision`` (the committed revision),
+        once this transaction's records are either published or taken out."""
+        for store in self._stores():
+            store.newest = revision
+
+    def entry(self, pk: bytes) -> Entry | None:
+        """The record of ``pk`` as this transaction sees it (its own writes included)."""
+        # The writer holds the table lock: every head is committed or its own, so the
+        # head is what it sees.
+        e = self.rows.get(pk)
+        return None if e is None or e.deleted else e
 
     # ----- writes --------------------------------------------------
     def insert(self, obj: Any, pk: bytes | None = None) -> Any:
@@ -106,17 +282,21 @@ class TableTxn(TableState):
         table = self.table
         if pk is None:
             pk = table.pk_encode(table.pk_key(obj))
-        h = self.hash
-        old = h.get(pk)
-        if old is not None and old[0] is obj:
-            raise ObjectReusedError(table.name, pk)
+        old = self.rows.get(pk)
+        if old is not None:
+            if old.deleted:
+                old = None
+            elif old[0] is obj:
+                raise ObjectReusedError(table.name, pk)
         rev = self.revision + 1
-        entry = (obj, rev, pk)
+        entry = _tuple_new(Change, (obj, rev, pk))
         if table.unique_specs:
             self._index(pk, entry, old)
         self.revision = rev
-        h[pk] = entry
+        self.store.put(pk, entry, self.base.revision)
         self.log.append(entry)
+        if old is None:
+            self.count += 1
         self.modified = True
         return old[0] if old is not None else None
 
@@ -131,22 +311,41 @@ class TableTxn(TableState):
             return n
         key_of = table.pk_key
         encode = table.pk_encode
-        h = self.hash
-        get = h.get
+        store = self.store
+        heads = store.heads
+        get = heads.get
+        older = store.older
+        older_get = older.get
+        base_rev = self.base.revision
         append = self.log.append
+        new = _tuple_new
+        change = Change
+        added = 0
         rev = start = self.revision
         try:
             for obj in objs:
                 pk = encode(key_of(obj))
                 old = get(pk)
-                if old is not None and old[0] is obj:
+                if old is None or old.deleted:
+                    added += 1
+                elif old[0] is obj:
                     raise ObjectReusedError(table.name, pk)
                 rev += 1
-                entry = (obj, rev, pk)
-                h[pk] = entry
+                entry = new(change, (obj, rev, pk))
+                # VersionStore.put, inlined: keep the committed head for snapshots.
+                if old is not None and old[1] <= base_rev:
+                    o = older_get(pk)
+                    if o is None:
+                        older[pk] = old
+                    elif type(o) is list:
+                        o.append(old)
+                    else:
+                        older[pk] = [o, old]
+                heads[pk] = entry
                 append(entry)
         finally:
             # Also after an error: the rows written so far stay, as with one insert() each.
+            self.count += added
             self._advance(start, rev)
         return rev - start
 
@@ -157,19 +356,25 @@ class TableTxn(TableState):
         table = self.table
         key_of = table.pk_key
         indexed = bool(table.unique_specs)
-        h = self.hash
-        get = h.get
+        store = self.store
+        heads = store.heads
+        get = heads.get
+        older = store.older
+        older_get = older.get
+        base_rev = self.base.revision
         append = self.log.append
         skipped: list[tuple[int, Any]] = []
+        new = _tuple_new
+        change = Change
         rev = start = self.revision
         try:
             for i, (pk, expected, obj) in enumerate(items):
                 old = get(pk)
-                if old is None or old[1] != expected:
+                if old is None or old[1] != expected or old.deleted:
                     skipped.append((i, None))
                     continue
                 old_obj = old[0]
-                entry = (obj, rev + 1, pk)
+                entry = new(change, (obj, rev + 1, pk))
                 try:
                     # The stored row has key ``pk``: comparing key values avoids encoding.
                     if key_of(obj) != key_of(old_obj):
@@ -184,7 +389,16 @@ class TableTxn(TableState):
                     skipped.append((i, exc))
                     continue
                 rev += 1
-                h[pk] = entry
+                # VersionStore.put, inlined.
+                if old[1] <= base_rev:
+                    o = older_get(pk)
+                    if o is None:
+                        older[pk] = old
+                    elif type(o) is list:
+                        o.append(old)
+                    else:
+                        older[pk] = [o, old]
+                heads[pk] = entry
                 append(entry)
         finally:
             self._advance(start, rev)
@@ -207,30 +421,39 @@ class TableTxn(TableState):
             for _, one, many, enc in specs
         ]
         self._check_unique(pk, new_keys)
+        base_rev = self.base.revision
+        rev = entry[1]
         for (i, one, many, enc), nks in zip(specs, new_keys):
-            smap = self.secondary[i]
+            store = self.secondary[i]
+            assert store is not None
+            written = table.index_logs[i]
             if old_obj is not None:
                 oks = [enc(one(old_obj))] if one is not None else [enc(k) for k in many(old_obj)]
                 for k in oks:
                     if k not in nks:
-                        del smap[k]
+                        # The key leaves this row: a deletion record under it.
+                        store.put(k, _tuple_new(Deletion, (None, rev, pk)), base_rev)
+                        written.append((rev, k))
             for k in nks:
-                smap[k] = entry
+                store.put(k, entry, base_rev)
+                written.append((rev, k))
 
     def _check_unique(self, pk: bytes, new_keys: list[list[bytes]]) -> None:
         table = self.table
         for (i, _, _, _), keys in zip(table.unique_specs, new_keys):
-            smap = self.secondary[i]
+            store = self.secondary[i]
+            assert store is not None
+            heads = store.heads
             for k in keys:
-                existing = smap.get(k)
-                if existing is not None and existing[2] != pk:
+                existing = heads.get(k)
+                if existing is not None and not existing.deleted and existing[2] != pk:
                     raise UniqueIndexConflictError(table.name, table.secondary[i].name, k)
 
     def delete(self, obj: Any) -> Any:
         """Delete the row with obj's primary key; return the deleted row or None."""
         table = self.table
         pk = table.pk_encode(table.pk_key(obj))
-        old = self.hash.get(pk)
+        old = self.entry(pk)
         if old is None:
             return None
         self._delete_entry(pk, old)
@@ -239,39 +462,88 @@ class TableTxn(TableState):
     def _delete_entry(self, pk: bytes, old: Entry) -> None:
         rev = self.revision + 1
         self.revision = rev
-        del self.hash[pk]
         old_obj = old[0]
         table = self.table
+        base_rev = self.base.revision
         if table.delete_trackers:
             # Held for change iterators: the graveyard, released by release_tombstones.
             table.held_tombstones.append((rev, len(self.log)))
-            self.log.append((old_obj, rev, pk, DELETED))
+            tomb = new_tombstone(old_obj, rev, pk)
         else:
-            self.log.append((None, rev, pk, DELETED))
+            tomb = new_tombstone(None, rev, pk)
+        self.store.put(pk, tomb, base_rev)
+        self.log.append(tomb)
+        self.count -= 1
         self.modified = True
         for i, idx in enumerate(table.secondary):
             if idx.unique:
-                smap = self.secondary[i]
+                store = self.secondary[i]
+                assert store is not None
+                written = table.index_logs[i]
                 for k in idx.keys_of(old_obj):
-                    del smap[k]
+                    store.put(k, _tuple_new(Deletion, (None, rev, pk)), base_rev)
+                    written.append((rev, k))
 
     def delete_all(self) -> int:
         """Delete every row; return how many were deleted."""
-        # A HAMT mutation cannot be iterated: finish it, read it, and mutate anew.
-        current = self.hash.finish()
-        self.hash = current.mutate()
-        items = list(current.items())
-        for pk, entry in items:
-            self._delete_entry(pk, entry)
-        return len(items)
+        entries = live_entries(self)
+        for e in entries:
+            self._delete_entry(e[2], e)
+        return len(entries)
 
-    # ----- commit and abort -----------------------------------------
+    # ----- trimming, commit and abort ----------------------------------
+    def _trim(self) -> None:
+        """Drop the records no live snapshot needs (runs when the transaction starts).
+
+        Every record written at or below the oldest live snapshot's revision makes the
+        records of its key before it unreachable: the log and the index logs list what
+        was written since the last trim, in revision order.
+        """
+        table = self.table
+        oldest = table.snapshots.oldest(self.base.revision)
+        done = table.trimmed_revision
+        if oldest <= done:
+            return
+        log, n = self.log, self.base.log_len
+        # Where the last trim stopped, while the log is still the same list (compaction
+        # replaces it); the whole committed log when only the newest state is live.
+        mark = table.trim_mark
+        start = mark[1] if mark[0] is log else log_position(log, n, done)
+        end = n if oldest >= self.base.revision else log_position(log, n, oldest)
+        primary = self.store
+        trim = primary.trim
+        heads = primary.heads
+        older_get = primary.older.get
+        for e in log[start:end]:
+            pk = e[2]
+            if older_get(pk) is None:
+                # The common case: nothing older kept. Only a deletion can still leave
+                # something behind: its own record as the head.
+                if e.deleted:
+                    h = heads.get(pk)
+                    if h is not None and h.deleted and h[1] <= oldest:
+                        del heads[pk]
+                continue
+            trim(pk, e[1], oldest)
+        for i, written in table.index_logs.items():
+            if written:
+                store = self.secondary[i]
+                assert store is not None
+                k = bisect_right(written, oldest, key=itemgetter(0))
+                for rev, key in written[:k]:
+                    store.trim(key, rev, oldest)
+                del written[:k]
+        table.trimmed_revision = oldest
+        table.trim_mark = (log, end)
+
     def seal(self) -> TableState:
-        """Return this transaction's contents as an immutable TableState."""
+        """Return this transaction's contents as an immutable TableState (not yet tracked)."""
         st = TableState.__new__(TableState)
         st.revision = self.revision
-        st.hash = self.hash.finish()
-        st.secondary = [m.finish() if m is not None else None for m in self.secondary]
+        st.store = self.store
+        st.rows = self.rows
+        st.secondary = self.secondary
+        st.count = self.count
         st.log = self.log
         st.log_len = len(self.log)
         st.tombstones = self.tombstones
@@ -280,11 +552,24 @@ class TableTxn(TableState):
         return st
 
     def discard(self) -> None:
-        """Undo this transaction's log appends (abort)."""
+        """Undo this transaction's writes (abort): restore the heads, truncate the logs."""
         end = self.base.log_len
-        held = self.table.held_tombstones
+        base_rev = self.base.revision
+        table = self.table
+        held = table.held_tombstones
         while held and held[-1][1] >= end:
             held.pop()
+        restore = self.store.restore
+        for pk in {e[2] for e in self.log[end:]}:
+            restore(pk, base_rev)
+        for i, written in table.index_logs.items():
+            k = bisect_right(written, base_rev, key=itemgetter(0))
+            if k < len(written):
+                store = self.secondary[i]
+                assert store is not None
+                for key in {key for _, key in written[k:]}:
+                    store.restore(key, base_rev)
+                del written[k:]
         del self.log[end:]
 
     def release_tombstones(self) -> None:
@@ -302,5 +587,5 @@ class TableTxn(TableState):
             while held and held[0][0] <= low:
                 _, pos = held.popleft()
                 e = log[pos]
-                log[pos] = (None, e[1], e[2], DELETED)
+                log[pos] = new_tombstone(None, e[1], e[2])
         self.tombstones = len(held)

@@ -86,13 +86,18 @@ class WriteTxn(ReadTxn):
             for tt in self._locked.values():
                 if tt.modified:
                     tt.release_tombstones()
-                    st = compact_log(tt.table, tt.seal())
+                    st = tt.seal()
+                    tt.table.snapshots.track(st)
+                    st = compact_log(tt.table, st)
                     sealed.append((tt, st))
             with db.commit_lock:
                 root = dict(db.root)
                 for tt, st in sealed:
                     root[tt.table.name] = st
                 db.root = root
+            # Published: no head is above the new committed revisions any more.
+            for tt in self._locked.values():
+                tt.settle(root[tt.table.name].revision)
             # Close watches while the tables are still locked: the next writer of a
             # table must not swap its watches concurrently with this one, or a watch
             # handed out in between is replaced without ever being closed.
@@ -110,6 +115,7 @@ class WriteTxn(ReadTxn):
             return
         for tt in self._locked.values():
             tt.discard()
+            tt.settle(tt.base.revision)
         self._finish("aborted")
 
     def _finish(self, state: str) -> None:
@@ -193,7 +199,7 @@ def _changed_index_keys(
     idx = tt.table.secondary[pos - 1]
     keys: set[bytes] = set()
     for pk in pks:
-        for e in (tt.base.hash.get(pk), st.hash.get(pk)):
+        for e in (tt.base.entry(pk), st.entry(pk)):
             if e is not None:
                 keys.update(idx.keys_of(e[0]))
     return keys

@@ -36,7 +36,7 @@ def test_next_records_match_next() -> None:
         changes, _ = it_objects.next(txn)
         records, _ = it_records.next_records(txn)
         expected = [(c.obj, c.revision, c.deleted) for c in changes]
-        got = [(r[0], r[1], len(r) == 4) for r in records]
+        got = [(r.obj, r.revision, r.deleted) for r in records]
         assert got == expected
     # The record carries the encoded primary key.
     txn = db.read_txn()
@@ -191,7 +191,7 @@ def test_insert_many_equals_one_insert_per_object(rows: list[tuple[int, str]]) -
             (
                 [(o.id, o.tags) for o in t1.all(txn)],
                 t1.revision(txn),
-                [(r[0].id, r[1], len(r)) for r in records],
+                [(r.obj.id, r.revision, r.deleted) for r in records],
                 [(o.id, sorted(o.tags)) for o in t1.list(txn, t1.index("tags").query("b"))],
             )
         )

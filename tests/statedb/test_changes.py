@@ -276,3 +276,28 @@ def test_iterator_in_a_write_txn_sees_later_commits_only() -> None:
         t1.insert(txn, OBJ2)
     assert sorted(summary(drain(it, db.read_txn()))) == [(1, False), (2, False)]
     assert _ids(t1.all(db.read_txn())) == [1, 2]
+
+
+def test_changes_are_typed_records_with_the_encoded_primary_key() -> None:
+    """next() yields `Change` records: obj, revision, key (the encoded primary key), deleted;
+    a named tuple of (obj, revision, key)."""
+    db, (t1,) = new_db("t1")
+    it = start(db, t1)
+    assert drain(it, db.read_txn()) == []  # the first call: every row (none yet)
+    with db.write_txn(t1) as txn:
+        t1.insert(txn, OBJ1)
+        t1.insert(txn, OBJ2)
+    with db.write_txn(t1) as txn:
+        t1.delete(txn, OBJ1)
+    rtxn = db.read_txn()
+    got = drain(it, rtxn)
+    assert all(isinstance(c, Change) for c in got)
+    assert [(c.obj, c.key, c.deleted) for c in got] == [
+        (OBJ2, t1.primary_key_of(OBJ2), False),
+        (OBJ1, t1.primary_key_of(OBJ1), True),
+    ]
+    assert got[0].revision == dict(t1.all_revisions(rtxn))[OBJ2]
+    assert got[1].revision == t1.revision(rtxn)
+    assert tuple(got[0]) == (got[0].obj, got[0].revision, got[0].key)
+    assert Change(OBJ2, 7, b"k").deleted is False
+    assert Change.deletion(OBJ2, 7, b"k").deleted is True

@@ -1,0 +1,159 @@
+"""Multi-version key -> record maps: one shared, mutable store per index of a table.
+
+A `VersionStore` holds, for each key, the newest record (``heads``) and the
+older records some open snapshot may still need (``older``: one record, or a
+list in revision order). A snapshot is just a revision: a reader at revision
+R sees, for each key, the newest record with ``revision <= R``, and a
+deletion record (``deleted``) or no record at all means "absent". Writers
+(one per table at a time, under the table lock) add records with revisions
+above every committed one, so no snapshot ever sees them before they commit;
+they move the replaced committed record to ``older`` *before* installing the
+new head, so a reader that finds a head too new for it always finds the
+record it needs in ``older``.
+
+Readers in other threads never iterate these dicts (iteration goes through
+the change log, see `statedb.table_state.live_entries`); they only call
+``dict.get``, which is atomic under the GIL. Two writer operations replace
+what a reader may be looking at:
+
+- trimming (`trim`) drops records older than the newest one at or below the
+  oldest live snapshot's revision: no live reader needs them, and a record a
+  reader needs is never removed;
+- abort (`restore`) puts the committed head back before removing it from
+  ``older``; a reader that read the aborted head and then misses the record in
+  ``older`` sees the head changed and reads again (`VersionStore.older_at`).
+
+Records are `statedb.table_state.Change` tuples: index 1 is the revision,
+index 3 the deletion flag.
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_right
+from operator import itemgetter
+from typing import Any
+
+# A record: Change(obj, revision, key) with .deleted; typed loosely to stay import-free.
+Record = Any
+# VersionStore.newest while a write transaction may install heads: above every revision.
+WRITING = 1 << 62
+_rev = itemgetter(1)
+
+
+class VersionStore:
+    """Key -> versions of one index of one table, shared by every snapshot of it."""
+
+    __slots__ = ("heads", "newest", "older")
+
+    def __init__(self) -> None:
+        # The newest record per key (committed or, during a write txn, the writer's own).
+        self.heads: dict[bytes, Record] = {}
+        # Older records still needed by some snapshot: one record or a list, oldest first.
+        self.older: dict[bytes, Record | list[Record]] = {}
+        # No head is above this revision: the committed revision between write
+        # transactions, WRITING while one may be installing heads. A reader at or above it
+        # takes the head without reading the head's revision (an int object elsewhere in
+        # memory: one cache miss less per lookup). A writer raises it before it installs a
+        # head, so a reader that got a newer head also sees the raised value.
+        self.newest = 0
+
+    def get(self, key: bytes, revision: int) -> Record | None:
+        """The live (not deleted) record of ``key`` at ``revision``, or None."""
+        e = self.heads.get(key)
+        if e is None:
+            return None
+        if revision < self.newest and e[1] > revision:
+            return self.older_at(key, revision, e)
+        return None if e.deleted else e
+
+    def older_at(self, key: bytes, revision: int, head: Record) -> Record | None:
+        """The live record of ``key`` at ``revision`` when ``head`` is newer than that."""
+        while True:
+            o = self.older.get(key)
+            if o is not None:
+                if isinstance(o, list):
+                    # Oldest first, revisions ascending: binary search (an old snapshot
+                    # can be many versions behind).
+                    i = bisect_right(o, revision, key=_rev)
+                    if i:
+                        v = o[i - 1]
+                        return None if v.deleted else v
+                elif o[1] <= revision:
+                    return None if o.deleted else o
+            # Nothing at or below ``revision``: the key was absent then, unless an abort
+            # replaced the head meanwhile (it restores the head first): read again.
+            h = self.heads.get(key)
+            if h is head or h is None:
+                return None
+            if h[1] <= revision:
+                return None if h.deleted else h
+            head = h
+
+    # ----- writer side (table lock held) ----------------------------------------
+    def put(self, key: bytes, record: Record, base_revision: int) -> Record | None:
+        """Install ``record`` as the head of ``key``; return the previous head or None.
+
+        A previous head at or below ``base_revision`` is committed, so snapshots may need
+        it: it moves to ``older`` first. A newer one is the writer's own, seen by no one.
+        """
+        heads = self.heads
+        old = heads.get(key)
+        if old is not None and old[1] <= base_revision:
+            older = self.older
+            o = older.get(key)
+            if o is None:
+                older[key] = old
+            elif type(o) is list:
+                o.append(old)
+            else:
+                older[key] = [o, old]
+        heads[key] = record
+        return old
+
+    def restore(self, key: bytes, base_revision: int) -> None:
+        """Undo a write transaction's records of ``key`` (those above ``base_revision``)."""
+        heads = self.heads
+        h = heads.get(key)
+        if h is None or h[1] <= base_revision:
+            return
+        older = self.older
+        o = older.get(key)
+        if o is None:
+            # The key had no record before the transaction.
+            del heads[key]
+            return
+        if type(o) is list:
+            heads[key] = o[-1]  # the head first: see the module docstring
+            rest = o[:-1]
+            if len(rest) == 1:
+                older[key] = rest[0]
+            else:
+                older[key] = rest
+        else:
+            heads[key] = o
+            del older[key]
+
+    def trim(self, key: bytes, revision: int, oldest: int) -> None:
+        """Drop what no snapshot at or above ``oldest`` needs of ``key``, given that a record
+        of it was written at ``revision`` (<= ``oldest``)."""
+        heads = self.heads
+        h = heads.get(key)
+        if h is not None and h.deleted and h[1] <= oldest:
+            # Deleted before every live snapshot: the key is gone for all of them.
+            del heads[key]
+            self.older.pop(key, None)
+            return
+        older = self.older
+        o = older.get(key)
+        if o is None:
+            return
+        if type(o) is list:
+            keep = [v for v in o if v[1] >= revision]
+            if not keep:
+                del older[key]
+            elif len(keep) == 1:
+                older[key] = keep[0]
+            elif len(keep) != len(o):
+                older[key] = keep
+        elif o[1] < revision:
+            del older[key]
