@@ -58,6 +58,12 @@ class _ChangeFields(NamedTuple, Generic[O]):
     key: bytes
 
 
+# The generated __new__ lives in a namespace of its own, where this module's string
+# annotations cannot be resolved (documentation tools and get_type_hints try): give it
+# the objects themselves.
+_ChangeFields.__new__.__annotations__ = {"obj": O, "revision": int, "key": bytes}
+
+
 class Change(_ChangeFields[O]):
     """One upsert or deletion of a row, at the revision that made it: statedb's change record.
 

@@ -115,7 +115,11 @@ class WriteTxn(ReadTxn):
             return
         for tt in self._locked.values():
             tt.discard()
-            tt.settle(tt.base.revision)
+            # Not the base revision: a reader may have read one of the discarded heads
+            # just before it was taken out and compare it with ``newest`` only now; with
+            # ``newest`` above every revision this transaction used, that reader still
+            # takes the slow path and finds the committed record (VersionStore.older_at).
+            tt.settle(max(tt.revision, tt.base.revision))
         self._finish("aborted")
 
     def _finish(self, state: str) -> None:

@@ -88,7 +88,7 @@ def test_fresh_install_core_then_agent(tmp_path: Path) -> None:
     _run([*pip, str(src)], tmp_path)
     names = _installed(python) - {"pip", "setuptools"}
     assert not names & set(AGENT_DISTRIBUTIONS), names
-    assert names <= {"statewright", "anyio", "immutables", "idna", "sniffio",
+    assert names <= {"statewright", "anyio", "idna", "sniffio",
                      "typing-extensions"}, names
     check = (
         "import json, sys, pathlib, statedb, reconciler, reconciler.testing\n"

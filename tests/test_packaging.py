@@ -22,7 +22,7 @@ TEST_MODULES = ("hypothesis", "pytest", "trio")
 
 #: What the library modules listed in each case may import outside the standard library and
 #: the project itself: the core dependencies and what they pull in.
-ALLOWED_THIRD_PARTY = {"anyio", "immutables", "sniffio", "idna", "typing_extensions"}
+ALLOWED_THIRD_PARTY = {"anyio", "sniffio", "idna", "typing_extensions"}
 
 
 def _imported_after(modules: list[str]) -> set[str]:
@@ -67,7 +67,7 @@ def test_core_dependencies_are_only_the_library_ones() -> None:
     """pyproject's runtime dependencies are the core's; the agent's are in the extra."""
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
     core = {d.split(">")[0].split("=")[0].strip().lower() for d in project["dependencies"]}
-    assert core == {"anyio", "immutables"}
+    assert core == {"anyio"}
     agent = {
         d.split(">")[0].split("=")[0].strip().lower()
         for d in project["optional-dependencies"]["agent"]

@@ -197,15 +197,13 @@ class System:
     def reconcile(self) -> None:
         """Apply the frontends table's changes: deletions first, then updates."""
         txn = self.db.read_txn()
-        records, _ = self.changes.next_records(txn)
-        deletes: list[tuple[Any, ...]] = []
-        updates: list[tuple[Any, ...]] = []
-        for rec in records:
-            (deletes if len(rec) == 4 else updates).append(rec)
-        for rec in deletes:
-            self.ops.delete(txn, rec[1], rec[0])
-        for rec in updates:
-            self.ops.update(txn, rec[1], rec[0])
+        changes, _ = self.changes.next(txn)
+        for c in changes:
+            if c.deleted:
+                self.ops.delete(txn, c.revision, c.obj)
+        for c in changes:
+            if not c.deleted:
+                self.ops.update(txn, c.revision, c.obj)
 
 
 # ----- invariants -----------------------------------------------------------------------------

@@ -449,3 +449,26 @@ def test_held_snapshots_unchanged_by_later_commits_aborts_and_trims() -> None:
             assert bad is None, f"trial {trial}: {bad}"
     finally:
         sys.setswitchinterval(old_interval)
+
+
+def test_a_reader_that_read_an_aborted_head_is_not_fooled() -> None:
+    """The interleaving the fuzz found: a reader reads a head a writer installed, the
+    writer aborts (restoring the committed head), and only then the reader compares the
+    head's revision with the store's ``newest``. It must take the slow path and see the
+    committed row, never the aborted one."""
+    t = Table("t", BY_ID, BY_GRP)
+    db = DB(t)
+    with db.write_txn(t) as w:
+        t.insert(w, account(1, 10))
+    snap = db.read_txn()
+    st = snap.states["t"]
+    pk = t.pk_encode(1)
+    w = db.write_txn(t)
+    t.insert(w, account(1, 99))
+    head = st.rows.get(pk)  # the reader's first step: the aborted-to-be head
+    assert head is not None and head[0].value == 99
+    w.abort()
+    # The reader's second step, after the abort completed.
+    assert st.revision < st.store.newest and head[1] > st.revision
+    assert st.store.older_at(pk, st.revision, head)[0].value == 10
+    assert t.get(snap, 1).value == 10
