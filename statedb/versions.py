@@ -20,8 +20,9 @@ what a reader may be looking at:
   oldest live snapshot's revision: no live reader needs them, and a record a
   reader needs is never removed;
 - abort (`restore`) puts the committed head back before removing it from
-  ``older``; a reader that read the aborted head and then misses the record in
-  ``older`` sees the head changed and reads again (`VersionStore.older_at`).
+  ``older``; a reader that read the aborted head checks, after reading ``older``,
+  that the head is still the one it read, and reads again when it is not
+  (`VersionStore.older_at`).
 
 Records are `statedb.table_state.Change` tuples: index 1 is the revision,
 index 3 the deletion flag.
@@ -67,8 +68,14 @@ class VersionStore:
         return None if e.deleted else e
 
     def older_at(self, key: bytes, revision: int, head: Record) -> Record | None:
-        """The live record of ``key`` at ``revision`` when ``head`` is newer than that."""
+        """The live record of ``key`` at ``revision`` when ``head`` is newer than that.
+
+        What ``older`` holds is only trusted if the head is still ``head`` afterwards: an
+        abort puts the committed head back and then takes it out of ``older``, so a reader
+        that read ``older`` after that sees an older record there, but also a changed
+        head, and reads again."""
         while True:
+            found: Record | None = None
             o = self.older.get(key)
             if o is not None:
                 if isinstance(o, list):
@@ -76,14 +83,15 @@ class VersionStore:
                     # can be many versions behind).
                     i = bisect_right(o, revision, key=_rev)
                     if i:
-                        v = o[i - 1]
-                        return None if v.deleted else v
+                        found = o[i - 1]
                 elif o[1] <= revision:
-                    return None if o.deleted else o
-            # Nothing at or below ``revision``: the key was absent then, unless an abort
-            # replaced the head meanwhile (it restores the head first): read again.
+                    found = o
             h = self.heads.get(key)
-            if h is head or h is None:
+            if h is head:
+                return None if found is None or found.deleted else found
+            if h is None:
+                # Taken out: an aborted insert of a new key, or a deletion every live
+                # snapshot sees. Absent either way.
                 return None
             if h[1] <= revision:
                 return None if h.deleted else h

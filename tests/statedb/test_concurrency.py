@@ -472,3 +472,29 @@ def test_a_reader_that_read_an_aborted_head_is_not_fooled() -> None:
     assert st.revision < st.store.newest and head[1] > st.revision
     assert st.store.older_at(pk, st.revision, head)[0].value == 10
     assert t.get(snap, 1).value == 10
+
+
+def test_a_reader_reading_older_versions_during_an_abort_finds_the_restored_head() -> None:
+    """The other interleaving the fuzz found: the committed head the snapshot needs is in
+    ``older`` while a writer's head is installed; the writer aborts (the committed head
+    goes back, then leaves ``older``); a reader that read the writer's head and reads
+    ``older`` only now finds an even older version there. It must return the restored
+    head, not that older version."""
+    t = Table("t", BY_ID, BY_GRP)
+    db = DB(t)
+    with db.write_txn(t) as w:
+        t.insert(w, account(1, 123))
+    keep_old = db.read_txn()  # keeps the first version in ``older``
+    with db.write_txn(t) as w:
+        t.insert(w, account(1, 126))
+    snap = db.read_txn()
+    st = snap.states["t"]
+    pk = t.pk_encode(1)
+    w = db.write_txn(t)
+    t.insert(w, account(1, 999))
+    head = st.rows.get(pk)  # the reader's first step: the writer's head
+    assert head is not None and head[0].value == 999
+    w.abort()
+    found = st.store.older_at(pk, st.revision, head)
+    assert found is not None and found[0].value == 126
+    assert t.get(snap, 1).value == 126 and t.get(keep_old, 1).value == 123
