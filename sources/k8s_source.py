@@ -124,6 +124,8 @@ class _Item:
     deltas: list[Delta]
     synced: bool
     received: float
+    #: The resourceVersion of the list a ``synced`` delivery completes (0 otherwise).
+    list_rv: int = 0
 
 
 class K8sSource:
@@ -206,7 +208,11 @@ class K8sSource:
 
     async def _deliver(self, reflector: Reflector, deltas: list[Delta], synced: bool) -> None:
         """A reflector's delivery: queued for the applier (waits when the queue is full)."""
-        await self._send.send(_Item(reflector, deltas, synced, time.monotonic()))
+        # A delivery that completes a list carries the list's version (the reflector sets
+        # it before delivering): once applied, everything up to it has been processed.
+        rv = reflector.health.resource_version if synced else ""
+        list_rv = int(rv) if rv.isdigit() else 0
+        await self._send.send(_Item(reflector, deltas, synced, time.monotonic(), list_rv))
 
     async def _apply_loop(self) -> None:
         """Take deliveries as they come and write them in batches: after the first, what
@@ -312,6 +318,13 @@ class K8sSource:
             rv = (d.obj.get("metadata") or {}).get("resourceVersion")
             if isinstance(rv, str) and rv.isdigit() and int(rv) > self.applied_rv.get(r.name, 0):
                 self.applied_rv[r.name] = int(rv)
+        # A completed list covers every change up to its version, including deletions it
+        # found (delivered as stubs without a resourceVersion) and changes it found none
+        # for: without this a waiter for such a change's version would wait forever.
+        for item in batch:
+            name = item.reflector.name
+            if item.list_rv > self.applied_rv.get(name, 0):
+                self.applied_rv[name] = item.list_rv
         if self._applied_event is not None:
             self._applied_event.set()
             self._applied_event = None

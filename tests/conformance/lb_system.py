@@ -1,4 +1,4 @@
-"""The corpus' system under test: the product `LoadBalancer` fed from a fake Kubernetes store.
+"""The corpus' system under test: the product `LoadBalancer` fed from a fake Kubernetes API server.
 
 `LBSystem` is what the conformance runner starts and stops (``hive start``,
 ``hive/recreate``):
@@ -7,27 +7,30 @@
   Cilium test harness' own defaults (`HARNESS_DEFAULTS`: node name ``testnode``, a 10%
   fault probability on map writes, short retry backoffs), set here explicitly because
   they are the harness' settings, not the product's;
-* a `FakeKubernetes` object store (Services, EndpointSlices, Pods) whose changes are fed
-  through the load balancer's Kubernetes converter, as a reflector would: the initial
-  listing happens at start, then the ``k8s`` initializer is done (so pruning may run),
-  then every add/update/delete is applied as it happens, and ``resync`` re-lists;
+* a `FakeKubernetes`: the wire-level fake API server of tests/k8s (HTTPS on loopback)
+  holding the Services, EndpointSlices and Pods (and Nodes) of the script, read by the
+  product's `sources.k8s_source.K8sSource` — its reflectors list and watch the server,
+  its applier writes what they deliver through the load balancer's converter — exactly
+  as the agent reads a cluster. The source's ``k8s`` initializer is registered before
+  the reconciler starts and completed with its initial lists (so pruning waits for
+  them); ``start`` returns once they are applied, and `LBSystem.wait_caught_up` waits
+  until the source has processed every change written to the server;
 * the LB maps pinned under a directory the caller owns, behind the fault-injecting
   wrapper when the fault probability is above zero.
 
-`recreate` builds a new system that keeps the Kubernetes store and the pinned maps but
+`recreate` builds a new system that keeps the API server and the pinned maps but
 starts statedb from scratch, which is how an agent restart looks (ids must be restored
 from the maps).
 """
 
 from __future__ import annotations
 
-import builtins
 import contextlib
-import copy
 import errno
-import logging
 import os
 import shutil
+import tempfile
+import weakref
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -35,18 +38,20 @@ from typing import Any
 import anyio
 import anyio.abc
 
+from sources.k8s_client import ClientSettings, K8sClient
+from sources.k8s_reflector import ReflectorConfig
+from sources.k8s_source import K8sSource, SourceConfig
 from sources.state_file import STATE_FILE_FLAGS
-from statedb.errors import InputError
 from statewright.loadbalancer import LoadBalancer, MapsPlacement
 from tables.lb_config import LBConfig
 from tests.conformance.health_table import health_rows, new_health_table
-
-log = logging.getLogger("statewright.lb")
+from tests.k8s.fake_apiserver import FakeAPIServer
 
 #: Resource names as the Kubernetes client (and ``k8s/resync``) spells them.
 SERVICES = "v1.services"
 ENDPOINTSLICES = "discovery.k8s.io.v1.endpointslices"
 PODS = "v1.pods"
+NODES = "v1.nodes"
 
 #: Map operations the fault injection (--lb-test-fault-probability) may fail: the writes.
 #: Reads (dumps, restore of ids at start) are never faulted, as in Cilium's test maps.
@@ -67,6 +72,30 @@ HARNESS_DEFAULTS: tuple[str, ...] = (
 def harness_config(flags: Iterable[str] = ()) -> LBConfig:
     """The LB configuration of a corpus file: `HARNESS_DEFAULTS`, then ``flags``."""
     return LBConfig.from_flags([*HARNESS_DEFAULTS, *flags])
+
+
+#: The reflectors' timing against the loopback fake server: quick backoffs, so a relist
+#: (``k8s/resync``) or a lost connection costs the corpus little time. The server sends a
+#: bookmark every 0.2 s; a watch is judged stalled after 5 s without one (a loaded machine
+#: may delay the server's thread; a false stall would only cost a reconnect).
+REFLECTOR = ReflectorConfig(
+    watch_timeout=30.0,
+    stall_timeout=5.0,
+    connect_timeout=2.0,
+    list_timeout=5.0,
+    backoff_initial=0.02,
+    backoff_max=0.2,
+)
+#: The source's batching: a change is written 1 ms after it arrived at the latest.
+SOURCE = SourceConfig(batch_delay=0.001, reflector=REFLECTOR)
+#: The client's rate limit: high, a corpus file relists and rewatches often.
+CLIENT_QPS = 1000.0
+#: How often the fake server's thread checks for a stop: every corpus file stops one.
+SERVER_POLL = 0.005
+#: How long `LBSystem.start` and `LBSystem.wait_caught_up` wait for the source before
+#: they fail (a bound against a hang, not a timed assertion: on the loopback server the
+#: source follows within milliseconds).
+SOURCE_TIMEOUT = 20.0
 
 
 class LBSystemError(RuntimeError):
@@ -92,63 +121,107 @@ def key_of(obj: Mapping[str, Any]) -> str:
     return f"{ns}/{meta['name']}"
 
 
-Listener = Callable[[str, str, dict[str, Any] | None, dict[str, Any] | None], None]
+#: Corpus resource name (as ``k8s/resync`` spells it) -> (kind, K8sSource resource name).
+RESOURCES: dict[str, tuple[str, str]] = {
+    SERVICES: ("Service", "services"),
+    ENDPOINTSLICES: ("EndpointSlice", "endpointslices"),
+    PODS: ("Pod", "pods"),
+    NODES: ("Node", "nodes"),
+}
+
+
+def source_resource(obj: Mapping[str, Any]) -> str:
+    """The `K8sSource` resource name ("services", ...) an object is delivered under."""
+    resource = resource_of(obj)
+    if resource not in RESOURCES:
+        raise ValueError(f"unsupported resource {resource} (kind {obj.get('kind')})")
+    return RESOURCES[resource][1]
 
 
 class FakeKubernetes:
-    """An in-memory Kubernetes API: objects by resource and ``namespace/name``.
+    """The corpus' Kubernetes: a wire-level `FakeAPIServer` (HTTPS on loopback) and a
+    kubeconfig for it, plus the revision of the last change written per resource.
 
-    One listener (the running system's source) is told about every change as
-    ``(resource, op, new, old)`` with op ``upsert``, ``delete`` or ``resync`` (for
-    ``resync`` new/old are None: the listener re-lists the resource). The store
-    outlives a system, so a recreated system sees the same objects.
+    The running system reads it through the product's `K8sSource` (reflectors, applier,
+    converter), so the corpus exercises the real path. The server outlives a system, so
+    a recreated system lists the same objects. It starts on construction and stops with
+    `close` (or when the object is garbage collected).
+
+    As client-go's fake clientset (which Cilium's harness uses), the server ignores the
+    Pods' ``spec.nodeName`` field selector: corpus files add Pods of other nodes and
+    expect their host ports.
     """
 
     def __init__(self) -> None:
-        self.objects: dict[str, dict[str, dict[str, Any]]] = {}
-        self.version = 0
-        self.listener: Listener | None = None
+        self._dir = tempfile.mkdtemp(prefix="statewright-k8s-")
+        self.server = FakeAPIServer(
+            ignored_field_labels=("spec.nodeName",), poll_interval=SERVER_POLL
+        ).start()
+        self.kubeconfig = self.server.write_kubeconfig(os.path.join(self._dir, "kubeconfig"))
+        #: Source resource name ("services", or "nodes/NAME" for Nodes) -> revision of the
+        #: last change written to it (what a caught-up source has applied).
+        self.written: dict[str, int] = {}
+        self._finalizer = weakref.finalize(self, _close_server, self.server, self._dir)
 
-    def list(self, resource: str) -> builtins.list[dict[str, Any]]:
-        """Every object of ``resource``, in key order."""
-        objs = self.objects.get(resource, {})
-        return [objs[k] for k in sorted(objs)]
+    @property
+    def version(self) -> int:
+        """The server's current revision (changes with every write)."""
+        return self.server.resource_version
 
-    def resources(self) -> builtins.list[str]:
-        """Resources that have (or had) objects."""
-        return sorted(self.objects)
+    def close(self) -> None:
+        """Stop the server and remove the kubeconfig."""
+        self._finalizer()
 
-    def _notify(self, resource: str, op: str, new: Any, old: Any) -> None:
-        self.version += 1
-        if self.listener is not None:
-            self.listener(resource, op, new, old)
+    def __enter__(self) -> FakeKubernetes:
+        return self
 
-    def upsert(self, obj: dict[str, Any]) -> None:
-        """Create or update an object (``k8s/add`` and ``k8s/update``)."""
-        resource, key = resource_of(obj), key_of(obj)
-        obj = copy.deepcopy(obj)
-        old = self.objects.setdefault(resource, {}).get(key)
-        self.objects[resource][key] = obj
-        self._notify(resource, "upsert", obj, old)
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
-    def delete(self, obj: Mapping[str, Any]) -> bool:
-        """Delete an object; False when it did not exist."""
-        resource, key = resource_of(obj), key_of(obj)
-        old = self.objects.get(resource, {}).pop(key, None)
-        if old is None:
-            return False
-        self._notify(resource, "delete", None, old)
-        return True
+    def _note(self, obj: Mapping[str, Any], rv: int) -> None:
+        resource = source_resource(obj)
+        if resource == "nodes":
+            resource = f"nodes/{key_of(obj).lstrip('/')}"
+        self.written[resource] = max(rv, self.written.get(resource, 0))
 
-    def replace(self, resource: str, objs: Iterable[dict[str, Any]]) -> None:
-        """Atomically replace every object of ``resource`` and make watchers re-list it."""
-        fresh: dict[str, dict[str, Any]] = {}
+    def upsert(self, obj: Mapping[str, Any]) -> int:
+        """Create or update an object (``k8s/add`` and ``k8s/update``); its revision."""
+        source_resource(obj)
+        key_of(obj)
+        stored = self.server.upsert(obj)
+        rv = int(stored["metadata"]["resourceVersion"])
+        self._note(obj, rv)
+        return rv
+
+    def delete(self, obj: Mapping[str, Any]) -> int:
+        """Delete an object: the revision of the deletion, 0 when it did not exist."""
+        source_resource(obj)
+        ns, _, name = key_of(obj).partition("/")
+        rv = self.server.delete(str(obj["kind"]), ns or "default", name)
+        if rv:
+            self._note(obj, rv)
+        return rv
+
+    def replace(self, resource: str, objs: Iterable[dict[str, Any]]) -> int:
+        """Atomically replace every object of ``resource`` (``v1.services``...) and end its
+        watches with 410 Gone, so the reflector sees the new set only by relisting; the
+        revision after the replacement."""
+        if resource not in RESOURCES:
+            raise ValueError(f"unsupported resource {resource}")
+        kind, name = RESOURCES[resource]
+        objs = list(objs)
         for obj in objs:
             if resource_of(obj) != resource:
                 raise ValueError(f"{key_of(obj)} is not a {resource} object")
-            fresh[key_of(obj)] = copy.deepcopy(obj)
-        self.objects[resource] = fresh
-        self._notify(resource, "resync", None, None)
+        rv = self.server.replace(kind, objs)
+        if name != "nodes":
+            self.written[name] = rv
+        return rv
+
+
+def _close_server(server: FakeAPIServer, tmpdir: str) -> None:
+    server.stop()
+    shutil.rmtree(tmpdir, ignore_errors=True)
 
 
 @dataclass
@@ -193,7 +266,9 @@ HARNESS_FLAGS = ("metrics-sampling-interval", "lb-test-fault-probability", *STAT
 
 
 class LBSystem:
-    """One load balancer fed from a `FakeKubernetes`; see the module docstring."""
+    """One load balancer fed from a `FakeKubernetes` through a `K8sSource`; see the module
+    docstring. Without ``k8s`` the system starts its own server (stopped when the
+    `FakeKubernetes` is garbage collected)."""
 
     def __init__(
         self,
@@ -220,8 +295,8 @@ class LBSystem:
         self.db.register(self.health)
         self._cancel: anyio.CancelScope | None = None
         self._stopped: anyio.Event | None = None
-        self._source_errors: list[str] = []
-        self._applied: dict[str, dict[str, dict[str, Any]]] = {}
+        self.client: K8sClient | None = None
+        self.source: K8sSource | None = None
         self.running = False
         self.started_once = False
 
@@ -242,9 +317,11 @@ class LBSystem:
 
     @property
     def source_errors(self) -> list[str]:
-        """Objects that could not be applied, with the reason (newest last): Kubernetes
-        objects, then the state file's current error if any."""
-        errors = list(self._source_errors)
+        """Objects that cannot be applied, with the reason: the Kubernetes source's current
+        errors (``Kind namespace/name: message``), then the state file's current error."""
+        errors = []
+        if self.source is not None:
+            errors = [f"{key}: {msg}" for key, msg in self.source.errors.items()]
         if self.lb.state_file is not None and self.lb.state_file.error:
             errors.append(self.lb.state_file.error)
         return errors
@@ -256,30 +333,43 @@ class LBSystem:
 
     # ----- lifecycle ------------------------------------------------------------------
     async def start(self, tg: anyio.abc.TaskGroup) -> None:
-        """Open the maps, start the load balancer in ``tg`` and sync the Kubernetes objects."""
+        """Open the maps, start the load balancer and the Kubernetes source in ``tg``, and
+        wait until the source has applied its initial lists (`SOURCE_TIMEOUT` at most)."""
         if self.running:
             raise LBSystemError("the load balancer is already running")
         if self.started_once:
             raise LBSystemError("a stopped load balancer cannot be restarted; recreate it")
         self.started_once = True
         self._stopped = anyio.Event()
+        self.client = K8sClient(
+            ClientSettings(kubeconfig=self.k8s.kubeconfig, qps=CLIENT_QPS, burst=int(CLIENT_QPS))
+        )
+        self.source = K8sSource(
+            self.writer,
+            self.client,
+            node_name=self.config.node_name,
+            converter=self.converter,
+            config=SOURCE,
+        )
+        # Before the reconciler starts: pruning waits for the source's initial lists.
         with self.writer.write_txn() as txn:
-            init_done = self.writer.register_initializer(txn, "k8s")
+            self.source.register_initializer(txn)
         self.lb.open_maps(wrap=self._fault_wrapper())
         try:
             self.lb.build_reconciler()
             await tg.start(self._run)
         except BaseException:
             self.lb.close_maps()
+            self.client.close()
             raise
         self.running = True
-        # The reflector: list everything, then follow changes.
-        self.k8s.listener = self._on_k8s_event
-        for resource in (SERVICES, ENDPOINTSLICES, PODS, *self.k8s.resources()):
-            if resource not in self._applied:
-                self._resync(resource)
-        with self.writer.write_txn() as txn:
-            init_done(txn)
+        source = self.source
+        try:
+            with anyio.fail_after(SOURCE_TIMEOUT):
+                await source.wait_synced()
+        except TimeoutError:
+            health = "; ".join(f"{name}: {msg}" for name, _, msg in source.health())
+            raise LBSystemError(f"the Kubernetes source did not sync: {health}") from None
 
     def _fault_wrapper(self) -> Callable[[Any], Any] | None:
         probability = self.config.test_fault_probability
@@ -302,6 +392,8 @@ class LBSystem:
             try:
                 async with anyio.create_task_group() as tg:
                     await tg.start(self.lb.run)
+                    assert self.source is not None
+                    await tg.start(self.source.run)
                     tg.start_soon(self._report_health)
                     task_status.started()
             finally:
@@ -336,12 +428,12 @@ class LBSystem:
         if not self.running:
             return
         self.running = False
-        if self.k8s.listener == self._on_k8s_event:
-            self.k8s.listener = None
         if self._cancel is not None and self._stopped is not None:
             self._cancel.cancel()
             await self._stopped.wait()
         self.lb.close_maps()
+        if self.client is not None:
+            self.client.close()
 
     def recreate(self, extra_flags: Iterable[str] = ()) -> LBSystem:
         """A new system with this one's flags then ``extra_flags``, the same Kubernetes store
@@ -364,8 +456,44 @@ class LBSystem:
         return self.lb.metric_samples()
 
     def idle(self) -> bool:
-        """True when every change of the frontends table has been applied without error."""
-        return self.lb.idle()
+        """True when every change written to the fake API server has been applied to the
+        tables (while running) and every change of the frontends table to the maps,
+        without error."""
+        return (not self.running or self.caught_up()) and self.lb.idle()
+
+    def caught_up(self) -> bool:
+        """True when the source has processed (applied or refused) every change written to
+        the fake API server; Nodes count only when named as this node (the source reads
+        no other)."""
+        source = self.source
+        if source is None:
+            return False
+        for resource, rv in self.k8s.written.items():
+            name = resource
+            if resource.startswith("nodes/"):
+                if resource != f"nodes/{self.config.node_name}":
+                    continue
+                name = "nodes"
+            if source.applied_rv.get(name, 0) < rv:
+                return False
+        return True
+
+    async def wait_caught_up(self) -> None:
+        """Wait until `caught_up` (at most `SOURCE_TIMEOUT`, then `LBSystemError`)."""
+        source = self.source
+        if not self.running or source is None:
+            return
+        try:
+            with anyio.fail_after(SOURCE_TIMEOUT):
+                for resource, rv in list(self.k8s.written.items()):
+                    if resource.startswith("nodes/"):
+                        if resource != f"nodes/{self.config.node_name}":
+                            continue
+                        resource = "nodes"
+                    await source.wait_applied(resource, rv)
+        except TimeoutError:
+            health = "; ".join(f"{name}: {msg}" for name, _, msg in source.health())
+            raise LBSystemError(f"the Kubernetes source did not catch up: {health}") from None
 
     def maps_dump(self) -> str:
         """The LB maps in the corpus line format."""
@@ -374,56 +502,6 @@ class LBSystem:
     def maps_leftovers(self) -> list[str]:
         """Map entries that remain (empty when the maps are empty)."""
         return self.lb.maps_leftovers()
-
-    # ----- the Kubernetes feed ------------------------------------------------------------
-    def _on_k8s_event(
-        self, resource: str, op: str, new: dict[str, Any] | None, old: dict[str, Any] | None
-    ) -> None:
-        if op == "resync":
-            self._resync(resource)
-        elif op == "upsert" and new is not None:
-            self._apply(resource, key_of(new), new)
-        elif op == "delete" and old is not None:
-            self._apply(resource, key_of(old), None)
-
-    def _resync(self, resource: str) -> None:
-        """Re-list ``resource``: apply every object, delete those that disappeared."""
-        current = {key_of(o): o for o in self.k8s.list(resource)}
-        applied = self._applied.setdefault(resource, {})
-        for key in sorted(set(applied) - set(current)):
-            self._apply(resource, key, None)
-        for key in sorted(current):
-            if applied.get(key) != current[key]:
-                self._apply(resource, key, current[key])
-
-    def _apply(self, resource: str, key: str, obj: dict[str, Any] | None) -> None:
-        """Convert one object change into writer calls, in one write transaction."""
-        applied = self._applied.setdefault(resource, {})
-        old = applied.get(key)
-        try:
-            self._convert(obj, old)
-        except InputError as e:  # bad input is reported and leaves everything else alone
-            msg = f"{resource} {key}: {e}"
-            log.warning("lb: %s", msg)
-            self._source_errors.append(msg)
-            return
-        if obj is None:
-            applied.pop(key, None)
-        else:
-            applied[key] = obj
-
-    def _convert(self, obj: dict[str, Any] | None, old: dict[str, Any] | None) -> None:
-        conv = self.converter
-        checkpoint = conv.checkpoint()
-        try:
-            with self.writer.write_txn() as txn:
-                if obj is not None:
-                    conv.upsert(txn, obj)
-                elif old is not None:
-                    conv.delete(txn, old)
-        except BaseException:
-            conv.rollback(checkpoint)
-            raise
 
     # ----- node state ---------------------------------------------------------------------
     def upsert_node_addresses(self, rows: Iterable[Any], insert: bool = True) -> None:

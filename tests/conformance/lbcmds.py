@@ -35,6 +35,7 @@ from tests.conformance.engine import (
 from tests.conformance.lb_system import (
     FakeKubernetes,
     LBSystem,
+    LBSystemError,
     MapsLocation,
     SystemOptions,
     key_of,
@@ -100,6 +101,7 @@ class LBHarness:
             self._tg.cancel_scope.cancel()
             await self._tg_cm.__aexit__(exc_type, exc, tb)
             self.maps.cleanup()
+            self.k8s.close()
 
     # ----- the system ------------------------------------------------------------------
     def _build(self, flags: list[str]) -> LBSystem:
@@ -243,15 +245,23 @@ CATCH_UP = 1.0
 async def _catch_up(h: LBHarness) -> None:
     """Let the running system process the change just made before the next command.
 
-    Upstream the reflector and the reconciler run in goroutines beside the script and
-    follow a change within microseconds; here they are tasks of the same event loop and
-    would not run until the script awaits, so back-to-back commands would always reach the
-    reconciler as one batch. Waiting (at most `CATCH_UP`) until the system is idle gives
-    the script the same view as upstream: each command's change is processed on its own.
+    First the Kubernetes source must have processed the change (the reflector received it
+    from the fake API server and the applier wrote it to the tables, or refused it):
+    `LBSystem.wait_caught_up`, an error if it does not within its bound. Then the
+    reconciler: upstream it runs in a goroutine beside the script and follows a change
+    within microseconds; here it is a task of the same event loop and would not run until
+    the script awaits, so back-to-back commands would always reach it as one batch.
+    Waiting (at most `CATCH_UP`) until the system is idle gives the script the same view
+    as upstream: each command's change is processed on its own.
     """
     sys = h._system
     if sys is None or not sys.running:
         return
+    # The change reached the tables through the reflector and the source's applier.
+    try:
+        await sys.wait_caught_up()
+    except LBSystemError as e:
+        raise CommandError(str(e)) from None
     with anyio.move_on_after(CATCH_UP):
         while not sys.idle():
             await anyio.sleep(0.002)
@@ -273,7 +283,7 @@ async def cmd_k8s_delete(state: State, args: list[str]) -> None:
     h = _harness(state)
     for obj in _k8s_objects(state, args):
         try:
-            found = h.k8s.delete(obj)
+            found = h.k8s.delete(obj) > 0
         except ValueError as e:
             raise CommandError(f"k8s/delete: {e}") from None
         if not found:

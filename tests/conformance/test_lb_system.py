@@ -1,6 +1,7 @@
-"""LBSystem on its own (no corpus): objects in, maps out, restart keeps ids, bad objects are
-reported and disturb nothing else. Runs on memory maps and, marked ``kernel``, on pinned
-kernel maps under a temporary bpffs directory."""
+"""LBSystem on its own (no corpus): objects in (through the fake API server and the
+product's Kubernetes source), maps out, restart keeps ids, bad objects are reported and
+disturb nothing else, a resync is seen by relisting, the node's labels. Runs on memory maps
+and, marked ``kernel``, on pinned kernel maps under a temporary bpffs directory."""
 
 from __future__ import annotations
 
@@ -58,9 +59,8 @@ def _scenario(backend: str, root: str) -> None:
     flags = ["--lb-test-fault-probability=0.0", "--bpf-lb-enable-wildcard-entries=false"]
 
     async def main() -> None:
-        k8s = FakeKubernetes()
-        system = LBSystem(flags, SystemOptions(maps=loc, harness_defaults=True), k8s)
-        try:
+        with FakeKubernetes() as k8s:
+            system = LBSystem(flags, SystemOptions(maps=loc, harness_defaults=True), k8s)
             async with anyio.create_task_group() as tg:
                 k8s.upsert(SERVICE)
                 await system.start(tg)
@@ -74,7 +74,7 @@ def _scenario(backend: str, root: str) -> None:
                 assert system.services.count(system.db.read_txn()) == 1
                 await system.stop()
 
-                # Restart: same store and pinned maps, fresh database; ids are kept.
+                # Restart: same API server and pinned maps, fresh database; ids are kept.
                 again = system.recreate()
                 await again.start(tg)
                 await _settle(again)
@@ -85,10 +85,81 @@ def _scenario(backend: str, root: str) -> None:
                 assert again.maps_leftovers() == []
                 await again.stop()
                 tg.cancel_scope.cancel()
-        finally:
-            loc.cleanup()
 
-    anyio.run(main)
+    try:
+        anyio.run(main)
+    finally:
+        loc.cleanup()
+
+
+def test_resync_is_seen_by_relisting(memory_root: str) -> None:
+    """``k8s/resync``: the server's objects are replaced without watch events, the watch
+    ends with 410 Gone, and the source's relist removes what disappeared; waiting for the
+    replacement's revision returns once that relist is applied."""
+    loc = MapsLocation(backend="memory", pin_dir=f"{memory_root}/{uuid.uuid4().hex[:8]}")
+    flags = ["--lb-test-fault-probability=0.0", "--bpf-lb-enable-wildcard-entries=false"]
+
+    async def main() -> None:
+        with FakeKubernetes() as k8s:
+            system = LBSystem(flags, SystemOptions(maps=loc, harness_defaults=True), k8s)
+            async with anyio.create_task_group() as tg:
+                k8s.upsert(SERVICE)
+                k8s.upsert(SLICE)
+                await system.start(tg)
+                assert system.backends.count(system.db.read_txn()) == 2
+                source = system.source
+                assert source is not None
+                lists = {r.name: r.health.lists for r in source.reflectors}
+                k8s.replace("discovery.k8s.io.v1.endpointslices", [])
+                await system.wait_caught_up()
+                slices = next(r for r in source.reflectors if r.name == "endpointslices")
+                assert slices.health.lists == lists["endpointslices"] + 1
+                assert system.backends.count(system.db.read_txn()) == 0
+                assert system.services.count(system.db.read_txn()) == 1
+                await _settle(system)
+                await system.stop()
+                tg.cancel_scope.cancel()
+
+    try:
+        anyio.run(main)
+    finally:
+        loc.cleanup()
+
+
+def test_node_labels(memory_root: str) -> None:
+    """Without a Node object the source leaves the node's labels alone (the corpus sets
+    them with ``test/set-node-labels``); a Node named as this node sets them; other nodes
+    are not read."""
+    loc = MapsLocation(backend="memory", pin_dir=f"{memory_root}/{uuid.uuid4().hex[:8]}")
+    flags = ["--lb-test-fault-probability=0.0"]
+    zone = "topology.kubernetes.io/zone"
+
+    def node(name: str, labels: dict[str, str]) -> dict[str, Any]:
+        return {"apiVersion": "v1", "kind": "Node", "metadata": {"name": name, "labels": labels}}
+
+    async def main() -> None:
+        with FakeKubernetes() as k8s:
+            system = LBSystem(flags, SystemOptions(maps=loc, harness_defaults=True), k8s)
+            async with anyio.create_task_group() as tg:
+                system.set_node_labels({zone: "zone-a"})
+                await system.start(tg)
+                assert system.writer.node_labels == {zone: "zone-a"}
+                k8s.upsert(node("elsewhere", {zone: "zone-x"}))
+                k8s.upsert(node(system.config.node_name, {zone: "zone-b"}))
+                await system.wait_caught_up()
+                assert system.writer.node_labels == {zone: "zone-b"}
+                # The watch delivers in revision order: had the other node been delivered,
+                # it would have been before this node's change.
+                assert system.source is not None
+                nodes = next(r for r in system.source.reflectors if r.name == "nodes")
+                assert "elsewhere" not in nodes.store
+                await system.stop()
+                tg.cancel_scope.cancel()
+
+    try:
+        anyio.run(main)
+    finally:
+        loc.cleanup()
 
 
 @pytest.fixture

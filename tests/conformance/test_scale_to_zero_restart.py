@@ -47,44 +47,56 @@ def _scenario(backend: str, root: str) -> None:
     )
 
     async def main() -> None:
-        k8s = FakeKubernetes()
-        for svc in (kept, gone, out):
-            k8s.upsert(svc)
-        system = LBSystem(FLAGS, SystemOptions(maps=loc, harness_defaults=True), k8s)
-        async with anyio.create_task_group() as tg:
-            await system.start(tg)
-            await _settle(system)
-            assert system.lb.scale_to_zero_dump() == (
-                "SCALETOZERO: ID=1\nSCALETOZERO: ID=2\nSCALETOZERO: ID=3\n"
-            )
-            maps = system.plain_maps
-            assert maps is not None and maps.scale_to_zero is not None
-            # The datapath's demand timestamp of "kept" (id 2: services are applied by name).
-            maps.scale_to_zero.update(lb.ScaleToZeroKey(2), lb.ScaleToZeroValue(777))
-            await system.stop()
-
-            # While the agent is down: one service is deleted, one opts out.
-            k8s.delete(gone)
-            plain = copy.deepcopy(out)
-            del plain["metadata"]["annotations"]
-            k8s.upsert(plain)
-
-            again = system.recreate()
-            await again.start(tg)
-            await _settle(again)
-            assert again.lb.scale_to_zero_dump() == "SCALETOZERO: ID=2\n"
-            restarted = again.plain_maps
-            assert restarted is not None and restarted.scale_to_zero is not None
-            assert restarted.scale_to_zero.lookup(lb.ScaleToZeroKey(2)) == lb.ScaleToZeroValue(
-                777
-            )
-            await again.stop()
-            tg.cancel_scope.cancel()
+        with FakeKubernetes() as k8s:
+            await _restart(k8s, loc, kept, gone, out)
 
     try:
         anyio.run(main)
     finally:
         loc.cleanup()
+
+
+async def _restart(
+    k8s: FakeKubernetes,
+    loc: MapsLocation,
+    kept: dict[str, Any],
+    gone: dict[str, Any],
+    out: dict[str, Any],
+) -> None:
+    """Start with the three services, mark "kept" as in demand, and restart after "gone"
+    was deleted and "optout" lost its annotation."""
+    for svc in (kept, gone, out):
+        k8s.upsert(svc)
+    system = LBSystem(FLAGS, SystemOptions(maps=loc, harness_defaults=True), k8s)
+    async with anyio.create_task_group() as tg:
+        await system.start(tg)
+        await _settle(system)
+        assert system.lb.scale_to_zero_dump() == (
+            "SCALETOZERO: ID=1\nSCALETOZERO: ID=2\nSCALETOZERO: ID=3\n"
+        )
+        maps = system.plain_maps
+        assert maps is not None and maps.scale_to_zero is not None
+        # The datapath's demand timestamp of "kept" (id 2: services are applied by name).
+        maps.scale_to_zero.update(lb.ScaleToZeroKey(2), lb.ScaleToZeroValue(777))
+        await system.stop()
+
+        # While the agent is down: one service is deleted, one opts out.
+        k8s.delete(gone)
+        plain = copy.deepcopy(out)
+        del plain["metadata"]["annotations"]
+        k8s.upsert(plain)
+
+        again = system.recreate()
+        await again.start(tg)
+        await _settle(again)
+        assert again.lb.scale_to_zero_dump() == "SCALETOZERO: ID=2\n"
+        restarted = again.plain_maps
+        assert restarted is not None and restarted.scale_to_zero is not None
+        assert restarted.scale_to_zero.lookup(lb.ScaleToZeroKey(2)) == lb.ScaleToZeroValue(
+            777
+        )
+        await again.stop()
+        tg.cancel_scope.cancel()
 
 
 @pytest.fixture

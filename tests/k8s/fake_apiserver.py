@@ -191,6 +191,18 @@ def _parse_selector(text: str, kind: str) -> Callable[[Mapping[str, Any]], bool]
     return accepts
 
 
+def _drop_terms(text: str, fields: frozenset[str]) -> str:
+    """A field selector without its terms on ``fields`` (see ``ignored_field_labels``)."""
+    if not fields:
+        return text
+    kept = []
+    for raw in filter(None, (t.strip() for t in text.split(","))):
+        name = raw.split("!=", 1)[0].split("=", 1)[0].strip()
+        if name not in fields:
+            kept.append(raw)
+    return ",".join(kept)
+
+
 class FakeAPIServer:
     """The fake API server; ``with FakeAPIServer() as srv:`` starts and stops it."""
 
@@ -203,6 +215,8 @@ class FakeAPIServer:
         ca: trustme.CA | None = None,
         port: int = 0,
         history_limit: int = 0,
+        ignored_field_labels: Iterable[str] = (),
+        poll_interval: float = 0.05,
     ) -> None:
         self.ca = ca or trustme.CA()
         self._cert = self.ca.issue_cert("127.0.0.1", "localhost")
@@ -215,6 +229,12 @@ class FakeAPIServer:
         #: Events kept for watches to resume from (0: all); older ones are compacted away
         #: (watches from before them get 410), as etcd's periodic compaction does.
         self.history_limit = history_limit
+        #: Field-selector terms on these fields are ignored (every object matches them), as
+        #: client-go's fake clientset ignores field selectors: Cilium's LB script tests rely
+        #: on it (a Pod on another node is still seen through ``spec.nodeName=NODE``).
+        self.ignored_field_labels = frozenset(ignored_field_labels)
+        #: How often the serving thread checks for `stop` (what a stop may wait).
+        self.poll_interval = poll_interval
         self._lock = threading.RLock()
         self._rv = 100
         #: Oldest resourceVersion a watch may start from (older: 410 Gone).
@@ -251,7 +271,9 @@ class FakeAPIServer:
     def start(self) -> FakeAPIServer:
         """Serve in a background thread."""
         self._thread = threading.Thread(
-            target=self._httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True
+            target=self._httpd.serve_forever,
+            kwargs={"poll_interval": self.poll_interval},
+            daemon=True,
         )
         self._thread.start()
         return self
@@ -358,6 +380,53 @@ class FakeAPIServer:
             gone["metadata"]["resourceVersion"] = str(self._rv)
             self._emit(res, "DELETED", gone)
             return self._rv
+
+    def replace(self, kind: str, objs: Iterable[Mapping[str, Any]]) -> int:
+        """Replace every object of ``kind`` by ``objs`` without watch events, then end the
+        kind's open watches with 410 Gone (the history is compacted): clients see the new
+        set only by relisting. Each created, changed or deleted object takes a revision, as
+        in `upsert` and `delete`; returns the revision after the replacement."""
+        res = _BY_KIND[kind]
+        fresh: dict[tuple[str, str], dict[str, Any]] = {}
+        for obj in objs:
+            if obj.get("kind") != kind:
+                raise ValueError(f"replace {kind}: got a {obj.get('kind')!r} object")
+            stored = json.loads(json.dumps(obj))
+            meta = stored.setdefault("metadata", {})
+            if res.namespaced:
+                meta.setdefault("namespace", "default")
+            else:
+                meta.pop("namespace", None)
+            stored["apiVersion"] = res.api_version
+            fresh[(meta.get("namespace", ""), meta["name"])] = stored
+        with self._lock:
+            current = self._objects[res.plural]
+            for key in sorted(current.keys() - fresh.keys()):
+                self._rv += 1
+                del current[key]
+            for key, stored in sorted(fresh.items()):
+                old = current.get(key)
+                meta = stored["metadata"]
+                if old is not None:
+                    meta["uid"] = old["metadata"]["uid"]
+                    meta["creationTimestamp"] = old["metadata"]["creationTimestamp"]
+                    meta["resourceVersion"] = old["metadata"]["resourceVersion"]
+                    if old == stored:
+                        continue
+                self._rv += 1
+                meta["resourceVersion"] = str(self._rv)
+                meta.setdefault("uid", str(uuid.uuid4()))
+                meta.setdefault("creationTimestamp", "2026-11-23T00:00:00Z")
+                current[key] = stored
+            self._oldest_rv = self._rv
+            self._history.clear()
+            self._snapshots.clear()
+            ws = [w for w in self._watchers if w.resource is res]
+            rv = self._rv
+        for w in ws:
+            w.events.put(self._expired_event(0))
+            w.events.put(None)
+        return rv
 
     def objects(self, kind: str) -> list[dict[str, Any]]:
         """The current objects of ``kind`` (copies)."""
@@ -736,7 +805,9 @@ class _Handler(http.server.BaseHTTPRequestHandler):
             self._fail(404, f"the server could not find the requested resource ({path})")
             return
         try:
-            fsel = _parse_selector(query.get("fieldSelector", ""), "field")
+            fsel = _parse_selector(
+                _drop_terms(query.get("fieldSelector", ""), fake.ignored_field_labels), "field"
+            )
             lsel = _parse_selector(query.get("labelSelector", ""), "label")
         except ValueError as e:
             self._fail(400, str(e))
