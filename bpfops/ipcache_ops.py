@@ -9,13 +9,10 @@ a different entry, and ``prune`` deletes what no row explains.
 
 from __future__ import annotations
 
-import errno as errno_mod
-from collections.abc import Iterator
-
 from bpf.errors import MapError
 from bpf.ipcache import PREFIX_HEADER_BITS, IPCacheKey, RemoteEndpointInfo
 from bpf.typed_map import TypedMap
-from bpfops.endpoint_ops import EndpointMapError
+from bpfops.keyed_map_ops import EndpointMapError, KeyedMapOps
 from statedb import ReadTxn
 from tables.endpoint_entries import IPCacheEntry
 from tables.l3n4 import IPNetwork
@@ -31,14 +28,19 @@ def ipcache_value(row: IPCacheEntry) -> RemoteEndpointInfo:
     return RemoteEndpointInfo(sec_identity=row.identity)
 
 
-class IPCacheOps:
+class IPCacheOps(KeyedMapOps[IPCacheEntry]):
     """Operations of the ``ipcache`` reconciler (see the module doc)."""
 
     def __init__(self, ipcache_map: TypedMap[IPCacheKey, RemoteEndpointInfo]) -> None:
-        self.map = ipcache_map
-        self.writes = 0
-        self.skipped = 0
-        self.deletes = 0
+        super().__init__(ipcache_map)
+
+    def key_of(self, obj: IPCacheEntry) -> IPCacheKey:
+        """The ipcache key of the row's prefix."""
+        return ipcache_key(obj.prefix)
+
+    def describe(self, obj: IPCacheEntry) -> str:
+        """Prefix and owner."""
+        return f"{obj.prefix} ({obj.owner})"
 
     def update(self, txn: ReadTxn, revision: int, obj: IPCacheEntry) -> None:
         """Write the entry of ``obj`` unless the map already holds exactly it."""
@@ -49,7 +51,7 @@ class IPCacheOps:
                 return
             self.map.update(key, value)
         except MapError as e:
-            raise EndpointMapError(self.map.name, "update", f"{obj.prefix} ({obj.owner})", e) from e
+            raise EndpointMapError(self.map.name, "update", self.describe(obj), e) from e
         self.writes += 1
 
     def _exact(self, key: IPCacheKey) -> RemoteEndpointInfo | None:
@@ -65,28 +67,3 @@ class IPCacheOps:
         if key.prefixlen in (PREFIX_HEADER_BITS, 32 + 32, 32 + 128):
             return self.map.lookup(key)
         return None
-
-    def delete(self, txn: ReadTxn, revision: int, obj: IPCacheEntry) -> None:
-        """Delete the entry of ``obj``; an absent entry is fine."""
-        try:
-            self.map.delete(ipcache_key(obj.prefix))
-        except MapError as e:
-            if e.errno == errno_mod.ENOENT:
-                return
-            raise EndpointMapError(self.map.name, "delete", f"{obj.prefix} ({obj.owner})", e) from e
-        self.deletes += 1
-
-    def prune(self, txn: ReadTxn, objects: Iterator[IPCacheEntry]) -> None:
-        """Delete every map entry that no row explains."""
-        want = {ipcache_key(o.prefix) for o in objects}
-        try:
-            stray = [k for k in self.map if k not in want]
-        except MapError as e:
-            raise EndpointMapError(self.map.name, "prune (iterate)", "", e) from e
-        for key in stray:
-            try:
-                self.map.delete(key)
-                self.deletes += 1
-            except MapError as e:
-                if e.errno != errno_mod.ENOENT:
-                    raise EndpointMapError(self.map.name, "prune", repr(key), e) from e

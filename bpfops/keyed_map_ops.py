@@ -1,0 +1,71 @@
+"""KeyedMapOps: what the endpoint and ipcache Operations share: one map entry per row, found
+by a key computed from the row; deletes that tolerate an absent entry; a prune that deletes
+every key no row explains. Subclasses say how a row becomes a key (``key_of``) and how it is
+named in errors (``describe``), and write entries in their own ``update``.
+"""
+
+from __future__ import annotations
+
+import errno as errno_mod
+from collections.abc import Iterator
+from typing import Any, Generic, TypeVar
+
+from bpf.errors import MapError
+from bpf.typed_map import TypedMap
+from statedb import ReadTxn
+from statedb.errors import StatewrightError
+
+R = TypeVar("R")
+
+
+class EndpointMapError(StatewrightError):
+    """A failed write of the endpoints or ipcache map: map, operation, object, errno."""
+
+    def __init__(self, map_name: str, op: str, obj: str, err: MapError) -> None:
+        what = f"{op} {obj}" if obj else op
+        super().__init__(f"map {map_name}: {what}: {err}")
+        self.map_name = map_name
+        self.errno = err.errno
+
+
+class KeyedMapOps(Generic[R]):
+    """Delete and prune for a map with one entry per row (see the module doc)."""
+
+    def __init__(self, bpf_map: TypedMap[Any, Any]) -> None:
+        self.map = bpf_map
+        self.writes = 0
+        self.skipped = 0
+        self.deletes = 0
+
+    def key_of(self, obj: R) -> Any:
+        """The map key of a row."""
+        raise NotImplementedError
+
+    def describe(self, obj: R) -> str:
+        """The row as errors name it."""
+        raise NotImplementedError
+
+    def delete(self, txn: ReadTxn, revision: int, obj: R) -> None:
+        """Delete the entry of ``obj``; an absent entry is fine."""
+        try:
+            self.map.delete(self.key_of(obj))
+        except MapError as e:
+            if e.errno == errno_mod.ENOENT:
+                return
+            raise EndpointMapError(self.map.name, "delete", self.describe(obj), e) from e
+        self.deletes += 1
+
+    def prune(self, txn: ReadTxn, objects: Iterator[R]) -> None:
+        """Delete every map entry that no row explains."""
+        want = {self.key_of(o) for o in objects}
+        try:
+            stray = [k for k in self.map if k not in want]
+        except MapError as e:
+            raise EndpointMapError(self.map.name, "prune (iterate)", "", e) from e
+        for key in stray:
+            try:
+                self.map.delete(key)
+                self.deletes += 1
+            except MapError as e:
+                if e.errno != errno_mod.ENOENT:
+                    raise EndpointMapError(self.map.name, "prune", repr(key), e) from e
