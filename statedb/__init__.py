@@ -29,6 +29,7 @@ from statedb.db import DB
 from statedb.errors import (
     DuplicateTableError,
     InputError,
+    NestedWriteTxnError,
     ObjectNotFoundError,
     ObjectReusedError,
     RevisionMismatchError,
@@ -53,6 +54,7 @@ __all__ = [
     "DuplicateTableError",
     "Index",
     "InputError",
+    "NestedWriteTxnError",
     "ObjectNotFoundError",
     "ObjectReusedError",
     "Query",

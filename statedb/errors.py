@@ -146,3 +146,16 @@ class UnknownIndexError(StateDBError):
         )
         self.table = table
         self.index = index
+
+
+class NestedWriteTxnError(StateDBError):
+    """A thread asked for a write transaction on a table its own open write transaction
+    already holds: waiting for the lock would never end. Write through the open
+    transaction, or commit it first."""
+
+    def __init__(self, table: str) -> None:
+        super().__init__(
+            f"table {table!r} is already locked by a write transaction of this thread; "
+            "use that transaction or commit it before opening another"
+        )
+        self.table = table

@@ -10,12 +10,13 @@ everything that changed, `abort` discards the writes and closes nothing.
 
 from __future__ import annotations
 
+import threading
 import time
 import weakref
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
-from statedb.errors import TableNotLockedError, TransactionClosedError
+from statedb.errors import NestedWriteTxnError, TableNotLockedError, TransactionClosedError
 from statedb.ordered import compact_log
 from statedb.table_state import TableState, TableTxn
 from statedb.watch import Watch
@@ -46,8 +47,21 @@ class WriteTxn(ReadTxn):
 
     def __init__(self, db: DB, tables: list[Table[Any]]) -> None:
         start = time.perf_counter()
+        me = threading.get_ident()
         for t in tables:
-            t.lock.acquire()
+            if t.lock_owner == me:
+                raise NestedWriteTxnError(t.name)
+        taken: list[Table[Any]] = []
+        try:
+            for t in tables:
+                t.lock.acquire()
+                t.lock_owner = me
+                taken.append(t)
+        except BaseException:
+            for t in reversed(taken):
+                t.lock_owner = 0
+                t.lock.release()
+            raise
         acquired = time.perf_counter()
         self._wait_s = acquired - start
         self._started = acquired
@@ -128,6 +142,7 @@ class WriteTxn(ReadTxn):
             self.states[name] = tt.base
         self._locked = {}
         for t in reversed(self._tables):
+            t.lock_owner = 0
             t.lock.release()
         held = time.perf_counter() - self._started
         self.db.metrics.record_write_txn(self._tables, self._wait_s, held, state)
