@@ -151,7 +151,7 @@ class Incremental(Generic[O]):
             await self._run_deletes(txn, deletes)
         if updates:
             errors = await self._run_updates(txn, updates)
-            self._commit_statuses(updates, errors)
+            self._commit_statuses(updates, errors, await self._status_txn())
         if stream_revision >= 0:
             self.attempted_revision = stream_revision
         self.metrics.current_errors = len(self.retries)
@@ -308,8 +308,20 @@ class Incremental(Generic[O]):
         self.metrics.updates.observe(time.perf_counter() - start, len(updates))
         return errors
 
-    def _commit_statuses(self, updates: Updates[O], errors: dict[int, BaseException]) -> None:
-        """Write Done/Error onto each row unless the row's own status changed meanwhile."""
+    async def _status_txn(self) -> WriteTxn:
+        """A write transaction on the table, taken without blocking the event loop: while
+        another writer (in any thread) holds the table, wait for it in a worker thread."""
+        while True:
+            wtxn = self.db.try_write_txn(self.table)
+            if wtxn is not None:
+                return wtxn
+            await anyio.to_thread.run_sync(self.db.wait_unlocked, self.table)
+
+    def _commit_statuses(
+        self, updates: Updates[O], errors: dict[int, BaseException], wtxn: WriteTxn
+    ) -> None:
+        """Write Done/Error onto each row unless the row's own status changed meanwhile, in
+        ``wtxn`` (committed here)."""
         cfg = self.config
         table = self.table
         set_status = cfg.set_object_status
@@ -320,24 +332,28 @@ class Incremental(Generic[O]):
         items: list[tuple[bytes, int, Any]] = []
         positions: list[int] | None = None  # items[k] is work[positions[k]] when not None
         work = updates.work
-        for i, w in enumerate(work):
-            row = w[0]  # obj, by position: the cheapest access in this per-row loop
-            exc = errors.get(i) if errors else None
-            status = done if exc is None else status_error(error_text(exc), wall)
-            try:
-                new_row = set_status(row, status)
-            except Exception as write_exc:
-                self._log_status_write_error(row, write_exc)
-                outcome[i] = (exc if exc is not None else write_exc, False)
-                if positions is None:
-                    positions = list(range(len(items)))
-                continue
-            items.append((w[2], w[1], new_row))
-            if positions is not None:
-                positions.append(i)
-            if exc is not None:
-                outcome[i] = (exc, True)
-        with self.db.write_txn(table) as wtxn:
+        try:
+            for i, w in enumerate(work):
+                row = w[0]  # obj, by position: the cheapest access in this per-row loop
+                exc = errors.get(i) if errors else None
+                status = done if exc is None else status_error(error_text(exc), wall)
+                try:
+                    new_row = set_status(row, status)
+                except Exception as write_exc:
+                    self._log_status_write_error(row, write_exc)
+                    outcome[i] = (exc if exc is not None else write_exc, False)
+                    if positions is None:
+                        positions = list(range(len(items)))
+                    continue
+                items.append((w[2], w[1], new_row))
+                if positions is not None:
+                    positions.append(i)
+                if exc is not None:
+                    outcome[i] = (exc, True)
+        except BaseException:
+            wtxn.abort()  # nothing written yet: give the table back
+            raise
+        with wtxn:
             base_revision = table.revision(wtxn)
             for k, swap_exc in table.compare_and_swap_many(wtxn, items):
                 i = positions[k] if positions is not None else k

@@ -9,7 +9,7 @@ from statedb.errors import DuplicateTableError, TableNotRegisteredError
 from statedb.metrics import DBMetrics
 from statedb.table import Table
 from statedb.table_state import TableState
-from statedb.txn import ReadTxn, WriteTxn
+from statedb.txn import LocksBusy, ReadTxn, WriteTxn
 from statedb.versions import VersionStore
 
 
@@ -65,3 +65,25 @@ class DB:
                 raise TableNotRegisteredError(t.name)
         ordered = sorted(set(tables), key=lambda t: t.lock_order)
         return WriteTxn(self, ordered)
+
+    def try_write_txn(self, *tables: Table[Any]) -> WriteTxn | None:
+        """`write_txn` without waiting: None when another transaction holds one of
+        ``tables`` (nothing is left locked then). An event loop uses it to write without
+        blocking: on None it waits for the tables elsewhere (e.g. `wait_unlocked` in a
+        worker thread) and tries again."""
+        for t in tables:
+            if t.db is not self:
+                raise TableNotRegisteredError(t.name)
+        ordered = sorted(set(tables), key=lambda t: t.lock_order)
+        try:
+            return WriteTxn(self, ordered, blocking=False)
+        except LocksBusy:
+            return None
+
+    @staticmethod
+    def wait_unlocked(*tables: Table[Any]) -> None:
+        """Block until each of ``tables`` was free once (a hint for `try_write_txn`: another
+        writer may take a table again before the caller does)."""
+        for t in tables:
+            with t.lock:
+                pass

@@ -16,7 +16,12 @@ import weakref
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
-from statedb.errors import NestedWriteTxnError, TableNotLockedError, TransactionClosedError
+from statedb.errors import (
+    NestedWriteTxnError,
+    StateDBError,
+    TableNotLockedError,
+    TransactionClosedError,
+)
 from statedb.ordered import compact_log
 from statedb.table_state import TableState, TableTxn
 from statedb.watch import Watch
@@ -40,12 +45,17 @@ class ReadTxn:
         return f"<{type(self).__name__} {revs}>"
 
 
+class LocksBusy(StateDBError):
+    """Internal: a non-blocking write transaction found a table locked (`DB.try_write_txn`
+    turns it into None)."""
+
+
 class WriteTxn(ReadTxn):
     """A transaction that may write the tables it locked; use as a context manager."""
 
     __slots__ = ("_done", "_locked", "_started", "_tables", "_wait_s")
 
-    def __init__(self, db: DB, tables: list[Table[Any]]) -> None:
+    def __init__(self, db: DB, tables: list[Table[Any]], *, blocking: bool = True) -> None:
         start = time.perf_counter()
         me = threading.get_ident()
         for t in tables:
@@ -54,7 +64,8 @@ class WriteTxn(ReadTxn):
         taken: list[Table[Any]] = []
         try:
             for t in tables:
-                t.lock.acquire()
+                if not t.lock.acquire(blocking):
+                    raise LocksBusy(t.name)
                 t.lock_owner = me
                 taken.append(t)
         except BaseException:
