@@ -25,9 +25,12 @@ from reconciler.prune import Pruner
 from reconciler.ratelimit import RateLimiter
 from reconciler.refresh import Refresher
 from reconciler.retries import RetryQueue, backoff_delay
+from reconciler.status import StatusKind
 from statedb import DB, ReadTxn, Watch, closed_watch
 
 O = TypeVar("O")
+
+_DONE = StatusKind.DONE
 
 log = logging.getLogger(__name__)
 
@@ -94,6 +97,51 @@ class Reconciler(Generic[O]):
                     break
                 await watch.wait_async()
         return len(self.retries)
+
+    def problems(self, limit: int = 5) -> list[str]:
+        """Why the target has not converged: [] when every change of the table was
+        attempted, every row's status is Done, no retry (update or delete) is pending and
+        health is OK; otherwise one line per reason (at most ``limit`` rows named)."""
+        cfg = self.config
+        table = cfg.table
+        txn = self.db.read_txn()
+        out: list[str] = []
+        revision = table.revision(txn)
+        if self._incremental.attempted_revision < revision:
+            out.append(
+                f"changes up to revision {revision} not attempted yet "
+                f"(attempted up to {self._incremental.attempted_revision})"
+            )
+        not_done = [o for o in table.all(txn) if cfg.get_object_status(o).kind is not _DONE]
+        if not_done:
+            shown = ", ".join(
+                f"{table.primary_key_of(o)!r}: {cfg.get_object_status(o)}"
+                for o in not_done[:limit]
+            )
+            out.append(f"{len(not_done)} row(s) not Done ({shown})")
+        if len(self.retries):
+            out.append(f"{len(self.retries)} retry(ies) pending")
+        if not self._health.ok:
+            out.append(f"health: {self._health}")
+        return out
+
+    async def wait_until_done(self, timeout: float | None = None) -> None:
+        """Wait until the target has converged (`problems` finds none): every row Done, no
+        retry pending, including deletes that failed and have no row any more. Woken by
+        each round, never by polling. Raises TimeoutError naming what is left after
+        ``timeout`` seconds."""
+        try:
+            with anyio.fail_after(timeout) if timeout is not None else contextlib.nullcontext():
+                while True:
+                    watch = self._progress
+                    if not self.problems():
+                        return
+                    await watch.wait_async()
+        except TimeoutError:
+            raise TimeoutError(
+                f"reconciler {self.name!r} not done after {timeout} s: "
+                + "; ".join(self.problems())
+            ) from None
 
     async def run(
         self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED

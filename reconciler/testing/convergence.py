@@ -23,7 +23,6 @@ from anyio.from_thread import BlockingPortal, start_blocking_portal
 
 from reconciler.config import Config
 from reconciler.reconciler import Reconciler
-from reconciler.status import StatusKind
 from statedb import DB
 
 O = TypeVar("O")
@@ -34,29 +33,10 @@ DEFAULT_TIMEOUT = 30.0
 
 
 def convergence_problems(reconciler: Reconciler[Any], limit: int = 5) -> list[str]:
-    """Why ``reconciler`` has not converged: [] when every change of its table was attempted,
-    every row's status is Done, no retry (update or delete) is pending and health is OK."""
-    cfg = reconciler.config
-    table = cfg.table
-    txn = reconciler.db.read_txn()
-    problems: list[str] = []
-    revision = table.revision(txn)
-    if reconciler.reconciled_revision < revision:
-        problems.append(
-            f"changes up to revision {revision} not attempted yet "
-            f"(attempted up to {reconciler.reconciled_revision})"
-        )
-    not_done = [o for o in table.all(txn) if cfg.get_object_status(o).kind is not StatusKind.DONE]
-    if not_done:
-        shown = ", ".join(
-            f"{table.primary_key_of(o)!r}: {cfg.get_object_status(o)}" for o in not_done[:limit]
-        )
-        problems.append(f"{len(not_done)} row(s) not Done ({shown})")
-    if len(reconciler.retries):
-        problems.append(f"{len(reconciler.retries)} retry(ies) pending")
-    if not reconciler.health.ok:
-        problems.append(f"health: {reconciler.health}")
-    return problems
+    """Why ``reconciler`` has not converged (`Reconciler.problems`): [] when every change of
+    its table was attempted, every row's status is Done, no retry (update or delete) is
+    pending and health is OK."""
+    return reconciler.problems(limit)
 
 
 async def wait_until_done(
