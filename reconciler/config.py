@@ -49,6 +49,14 @@ class Config(Generic[O]):
     health_max_messages: int = 3
     metrics: ReconcilerMetrics | None = None
     clock: Clock = field(default_factory=SystemClock)
+    #: Writers are expected to give every changed row a Pending status
+    #: (``replace(row, ..., status=status_pending())``). With False (the default) a
+    #: changed row that still carries Done or Error is skipped, and the reconciler logs a
+    #: warning the first time it sees one (``Reconciler.skipped_settled_writes`` counts
+    #: them). With True every write that reaches the reconciler is reconciled whatever its
+    #: status says: the safe choice when writers may forget (the reconciler's own status
+    #: writes never reach it).
+    reconcile_every_change: bool = False
 
     def validate(self) -> None:
         """Raise ValueError naming the reconciler and the offending setting."""

@@ -35,6 +35,7 @@ O = TypeVar("O")
 log = logging.getLogger(__name__)
 
 _NEEDS_WORK = (StatusKind.PENDING, StatusKind.REFRESHING)
+_ALL_KINDS = tuple(StatusKind)
 # Changes examined between two yields to the event loop while skipping Done/Error rows.
 _CHECKPOINT_EVERY = 4096
 
@@ -90,6 +91,10 @@ class Incremental(Generic[O]):
         self._changes_revision = 0
         # Revision of the newest snapshot whose changes were all attempted.
         self.attempted_revision = -1
+        # Changed rows skipped because they carried Done or Error (see
+        # Config.reconcile_every_change); counted once the initial listing is through.
+        self.skipped_settled_writes = 0
+        self._listed = False
 
     # ----- change stream -------------------------------------------------
     def open(self) -> None:
@@ -144,6 +149,7 @@ class Incremental(Generic[O]):
         if taken < budget:
             self._changes = None
             stream_revision = self._changes_revision
+            self._listed = True
         else:
             stream_revision = -1
         self._collect_retries(txn, deletes, updates, budget - taken)
@@ -168,7 +174,8 @@ class Incremental(Generic[O]):
         retries = self.retries
         # Retries are only added after collection, so "is the queue empty" holds throughout.
         has_retries = bool(retries)
-        needs_work = _NEEDS_WORK
+        needs_work = _ALL_KINDS if self.config.reconcile_every_change else _NEEDS_WORK
+        listed = self._listed
         add_update = updates.append
         taken = 0
         examined = 0
@@ -183,6 +190,8 @@ class Incremental(Generic[O]):
             else:
                 status = get_status(obj)
                 if status.kind not in needs_work:
+                    if listed:
+                        self._skipped_settled(rec)
                     examined += 1
                     if examined >= _CHECKPOINT_EVERY:
                         examined = 0
@@ -195,6 +204,18 @@ class Incremental(Generic[O]):
             if taken >= budget:
                 break
         return taken
+
+    def _skipped_settled(self, rec: Change[O]) -> None:
+        """A writer changed a row but left it Done (or Error): say so the first time."""
+        self.skipped_settled_writes += 1
+        if self.skipped_settled_writes == 1:
+            log.warning(
+                "reconciler %s: a write to table %s kept the row's %s status (key %s), so it "
+                "was not reconciled; give changed rows status_pending(), or set "
+                "Config(reconcile_every_change=True)",
+                self.config.name, self.table.name,
+                self.config.get_object_status(rec.obj).kind.name, self._key_text(rec.obj),
+            )
 
     def _collect_retries(
         self,

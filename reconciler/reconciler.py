@@ -98,6 +98,12 @@ class Reconciler(Generic[O]):
                 await watch.wait_async()
         return len(self.retries)
 
+    @property
+    def skipped_settled_writes(self) -> int:
+        """Changed rows skipped because a writer left them Done or Error (see
+        `Config.reconcile_every_change`)."""
+        return self._incremental.skipped_settled_writes
+
     def problems(self, limit: int = 5) -> list[str]:
         """Why the target has not converged: [] when every change of the table was
         attempted, every row's status is Done, no retry (update or delete) is pending and
