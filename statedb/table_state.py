@@ -201,18 +201,7 @@ class TableState:
 
     def copy(self) -> TableState:
         """A new state object with the same contents (the caller registers it)."""
-        st = TableState.__new__(TableState)
-        st.revision = self.revision
-        st.store = self.store
-        st.rows = self.rows
-        st.secondary = self.secondary
-        st.count = self.count
-        st.log = self.log
-        st.log_len = self.log_len
-        st.tombstones = self.tombstones
-        st.pending_init = self.pending_init
-        st.ordered = [None] * len(self.ordered)
-        return st
+        return _state_of(self, self.log_len)
 
 
 def live_entries(st: TableState) -> list[Entry]:
@@ -544,18 +533,7 @@ class TableTxn(TableState):
 
     def seal(self) -> TableState:
         """Return this transaction's contents as an immutable TableState (not yet tracked)."""
-        st = TableState.__new__(TableState)
-        st.revision = self.revision
-        st.store = self.store
-        st.rows = self.rows
-        st.secondary = self.secondary
-        st.count = self.count
-        st.log = self.log
-        st.log_len = len(self.log)
-        st.tombstones = self.tombstones
-        st.pending_init = self.pending_init
-        st.ordered = [None] * len(self.ordered)
-        return st
+        return _state_of(self, len(self.log))
 
     def discard(self) -> None:
         """Undo this transaction's writes (abort): restore the heads, truncate the logs."""
@@ -595,3 +573,20 @@ class TableTxn(TableState):
                 e = log[pos]
                 log[pos] = new_tombstone(None, e[1], e[2])
         self.tombstones = len(held)
+
+
+def _state_of(src: TableState | TableTxn, log_len: int) -> TableState:
+    """A new TableState with ``src``'s contents up to ``log_len`` log records and no ordered
+    view yet (a committed state's copy, or a transaction sealed)."""
+    st = TableState.__new__(TableState)
+    st.revision = src.revision
+    st.store = src.store
+    st.rows = src.rows
+    st.secondary = src.secondary
+    st.count = src.count
+    st.log = src.log
+    st.log_len = log_len
+    st.tombstones = src.tombstones
+    st.pending_init = src.pending_init
+    st.ordered = [None] * len(src.ordered)
+    return st
