@@ -50,6 +50,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import anyio
 
+from benchmarks.lb import BACKENDS_PER_SERVICE, service_obj, slice_obj
 from bpf.probe import kernel_support
 from reconciler.status import StatusKind
 from sources.k8s_client import ClientSettings, K8sClient
@@ -59,50 +60,12 @@ from statewright.loadbalancer import LoadBalancer, MapsPlacement
 from tables.lb_config import LBConfig
 
 NODE = "bench-node"
-BACKENDS_PER_SERVICE = 10
-
-
-def service_obj(i: int) -> dict[str, Any]:
-    """The i-th Service: one ClusterIP, one TCP port."""
-    ip = str(ipaddress.ip_address("10.96.0.0") + i + 1)
-    return {
-        "apiVersion": "v1",
-        "kind": "Service",
-        "metadata": {"name": f"svc-{i}", "namespace": "bench"},
-        "spec": {
-            "type": "ClusterIP",
-            "clusterIP": ip,
-            "clusterIPs": [ip],
-            "ports": [{"name": "http", "port": 80, "protocol": "TCP", "targetPort": 8080}],
-        },
-    }
 
 
 def churn_ip(gen: int) -> str:
-    """The endpoint address churn event ``gen`` (1-based) introduces."""
+    """The endpoint address churn event ``gen`` (1-based) introduces (as
+    `benchmarks.lb.slice_obj` writes it)."""
     return str(ipaddress.ip_address(int(ipaddress.ip_address("10.200.0.0")) + gen))
-
-
-def slice_obj(i: int, gen: int = 0) -> dict[str, Any]:
-    """The EndpointSlice of the i-th Service; ``gen`` replaces its first endpoint."""
-    base = int(ipaddress.ip_address("10.128.0.0")) + i * 16
-    addrs = [str(ipaddress.ip_address(base + j + 1)) for j in range(BACKENDS_PER_SERVICE)]
-    if gen:
-        addrs[0] = churn_ip(gen)
-    return {
-        "apiVersion": "discovery.k8s.io/v1",
-        "kind": "EndpointSlice",
-        "metadata": {
-            "name": f"svc-{i}-abcde",
-            "namespace": "bench",
-            "labels": {"kubernetes.io/service-name": f"svc-{i}"},
-        },
-        "addressType": "IPv4",
-        "endpoints": [
-            {"addresses": [a], "conditions": {"ready": True, "serving": True}} for a in addrs
-        ],
-        "ports": [{"name": "http", "port": 8080, "protocol": "TCP"}],
-    }
 
 
 def churn_service(k: int, n: int) -> int:

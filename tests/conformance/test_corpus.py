@@ -12,12 +12,11 @@ failure fails the test.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from tests.conformance.corpus import corpus_dir, corpus_files, make_engine, pin_root, run_file
+from tests.conformance.corpus import corpus_dir, corpus_files, make_engine, run_file
 from tests.conformance.runner import FileResult
 
 CORPUS = corpus_dir()
@@ -27,18 +26,6 @@ PARAMS = [pytest.param(p, id=p.stem) for p in FILES] or [
 ]
 
 
-@pytest.fixture(scope="module")
-def memory_root() -> Iterator[str]:
-    """One memory pin namespace for the module, cleaned up at the end."""
-    with pin_root("memory") as root:
-        yield root
-
-
-@pytest.fixture(scope="module")
-def kernel_root() -> Iterator[str]:
-    """One bpffs directory for the module, removed at the end (also on failure)."""
-    with pin_root("kernel") as root:
-        yield root
 
 
 # Corpus files whose expected maps contradict other corpus files (different Cilium

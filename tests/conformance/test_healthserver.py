@@ -10,13 +10,10 @@ the harness' loopback address ``$HEALTHADDR`` only.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 
-import pytest
-
 from statewright.lb_healthserver import HealthResponse
-from tests.conformance.corpus import make_engine, pin_root, run_file
+from tests.conformance.corpus import make_engine, run_file
 from tests.conformance.lbcmds import health_server_address
 
 SCRIPT = """\
@@ -149,12 +146,6 @@ ports:
   protocol: TCP
 """
 
-
-@pytest.fixture(scope="module")
-def memory_root() -> Iterator[str]:
-    """A memory pin namespace for this module."""
-    with pin_root("memory") as root:
-        yield root
 
 
 def test_health_server_script(tmp_path: Path, memory_root: str) -> None:

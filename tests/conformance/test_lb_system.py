@@ -6,13 +6,11 @@ and, marked ``kernel``, on pinned kernel maps under a temporary bpffs directory.
 from __future__ import annotations
 
 import uuid
-from collections.abc import Iterator
 from typing import Any
 
 import anyio
 import pytest
 
-from tests.conformance.corpus import pin_root
 from tests.conformance.lb_system import FakeKubernetes, LBSystem, MapsLocation, SystemOptions
 
 SERVICE: dict[str, Any] = {
@@ -162,18 +160,6 @@ def test_node_labels(memory_root: str) -> None:
         loc.cleanup()
 
 
-@pytest.fixture
-def memory_root() -> Iterator[str]:
-    """A unique memory pin namespace."""
-    with pin_root("memory") as root:
-        yield root
-
-
-@pytest.fixture
-def kernel_root() -> Iterator[str]:
-    """A unique bpffs directory, removed afterwards."""
-    with pin_root("kernel") as root:
-        yield root
 
 
 def test_lb_system_memory(memory_root: str) -> None:

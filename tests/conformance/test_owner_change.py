@@ -13,14 +13,11 @@ from __future__ import annotations
 import copy
 import re
 import uuid
-from collections.abc import Iterator
 from typing import Any
 
 import anyio
-import pytest
 
 from tables.node_addresses import NodeAddress
-from tests.conformance.corpus import pin_root
 from tests.conformance.lb_system import LBSystem, MapsLocation, SystemOptions
 
 POD: dict[str, Any] = {
@@ -40,12 +37,6 @@ POD2["metadata"]["uid"] = "2222-bbbb"
 POD2["status"]["podIP"] = "10.244.1.200"
 POD2["status"]["podIPs"] = [{"ip": "10.244.1.200"}]
 
-
-@pytest.fixture(scope="module")
-def memory_root() -> Iterator[str]:
-    """A memory pin namespace for this module."""
-    with pin_root("memory") as root:
-        yield root
 
 
 def _rev_ids(dump: str) -> dict[str, str]:

@@ -7,14 +7,12 @@ from __future__ import annotations
 
 import copy
 import uuid
-from collections.abc import Iterator
 from typing import Any
 
 import anyio
 import pytest
 
 from bpf import lb
-from tests.conformance.corpus import pin_root
 from tests.conformance.lb_system import FakeKubernetes, LBSystem, MapsLocation, SystemOptions
 
 FLAGS = ["--lb-test-fault-probability=0.0", "--enable-scale-to-zero"]
@@ -99,18 +97,6 @@ async def _restart(
         tg.cancel_scope.cancel()
 
 
-@pytest.fixture
-def memory_root() -> Iterator[str]:
-    """A unique memory pin namespace."""
-    with pin_root("memory") as root:
-        yield root
-
-
-@pytest.fixture
-def kernel_root() -> Iterator[str]:
-    """A unique bpffs directory, removed afterwards."""
-    with pin_root("kernel") as root:
-        yield root
 
 
 def test_scale_to_zero_restart_memory(memory_root: str) -> None:

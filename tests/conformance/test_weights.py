@@ -6,13 +6,10 @@ from __future__ import annotations
 
 import re
 import uuid
-from collections.abc import Iterator
 from typing import Any
 
 import anyio
-import pytest
 
-from tests.conformance.corpus import pin_root
 from tests.conformance.lb_system import LBSystem, MapsLocation, SystemOptions
 
 SERVICE: dict[str, Any] = {
@@ -44,12 +41,6 @@ def _slice(name: str, ip: str, weight: str | None) -> dict[str, Any]:
         "ports": [{"name": "http", "port": 8080, "protocol": "TCP"}],
     }
 
-
-@pytest.fixture(scope="module")
-def memory_root() -> Iterator[str]:
-    """A memory pin namespace for this module."""
-    with pin_root("memory") as root:
-        yield root
 
 
 def _maglev_counts(dump: str) -> dict[str, int]:
