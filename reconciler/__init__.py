@@ -27,6 +27,12 @@ from reconciler.status import (
     status_refreshing,
     status_set_accessors,
 )
+from reconciler.status_index import (
+    UnknownStatusKindError,
+    rows_with_status,
+    status_index,
+    wait_for_status,
+)
 
 __all__ = [
     "BatchEntry",
@@ -48,10 +54,14 @@ __all__ = [
     "StatusKind",
     "StatusSet",
     "SystemClock",
+    "UnknownStatusKindError",
     "backoff_delay",
+    "rows_with_status",
     "status_done",
     "status_error",
+    "status_index",
     "status_pending",
     "status_refreshing",
     "status_set_accessors",
+    "wait_for_status",
 ]
