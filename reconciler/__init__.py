@@ -7,7 +7,9 @@ table's change stream, per-object retries with exponential backoff, pruning
 and on request), optional refreshes, health, metrics and progress. See
 docs/reconciler.md; `reconciler.testing` is a kit for testing targets and
 controllers (fault injection, an in-memory target, convergence waits, a
-hypothesis state machine).
+hypothesis state machine). `status_index` indexes a table's rows by status kind
+(query and watch the Pending or Error rows); `Reconciler.health_watch` closes when
+health or the retry queue changes.
 """
 
 from reconciler.clock import Clock, FakeClock, SystemClock
