@@ -11,17 +11,11 @@ from __future__ import annotations
 
 import builtins
 import collections
-import sys
 import threading
 import weakref
 from collections.abc import Callable, Iterable, Iterator
 from operator import itemgetter
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
-
-if sys.version_info >= (3, 13):
-    from typing import TypeVar as TypeVarWithDefault
-else:  # typing_extensions comes with anyio below Python 3.13
-    from typing_extensions import TypeVar as TypeVarWithDefault
 
 from statedb.errors import (
     ObjectNotFoundError,
@@ -40,8 +34,15 @@ if TYPE_CHECKING:
     from statedb.txn import ReadTxn, WriteTxn
 
 O = TypeVar("O")
-#: The key type of a table's primary index: ``Table[Row]`` means ``Table[Row, Any]``.
-PK = TypeVarWithDefault("PK", default=Any)
+if TYPE_CHECKING:
+    from typing_extensions import TypeVar as TypeVarWithDefault
+
+    #: The key type of a table's primary index: ``Table[Row]`` means ``Table[Row, Any]``.
+    PK = TypeVarWithDefault("PK", default=Any)
+else:
+    # At run time a plain TypeVar (the default needs typing_extensions below Python 3.13,
+    # which the core does not depend on); Table.__class_getitem__ supplies it instead.
+    PK = TypeVar("PK")
 
 _obj = itemgetter(0)
 _obj_rev = itemgetter(0, 1)
@@ -116,6 +117,16 @@ class Table(Generic[O, PK]):
 
     def __repr__(self) -> str:
         return f"<Table {self.name}>"
+
+    if not TYPE_CHECKING:
+
+        def __class_getitem__(cls, params):
+            # ``Table[Row]`` is ``Table[Row, Any]`` at run time too (e.g. ``Table[Row](...)``,
+            # whose ``__orig_class__`` statedb.show reads), as PK's default says to type
+            # checkers.
+            if not isinstance(params, tuple):
+                params = (params, Any)
+            return super().__class_getitem__(params)
 
     @property
     def indexes(self) -> builtins.list[Index[O, Any]]:

@@ -14,8 +14,13 @@ import sys
 from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, get_args
 
 import pytest
+
+from statedb import Index, Table, keys
+from statedb.show import row_type_of
+from tests.typing_samples.rows import Host
 
 ROOT = Path(__file__).resolve().parent.parent
 SAMPLES = ROOT / "tests" / "typing_samples"
@@ -112,3 +117,16 @@ def test_markers_are_parsed() -> None:
     assert _ERROR.match(
         'a/b.py:3: error: Need type annotation for "x"  [var-annotated]'
     ) is not None
+
+
+
+def test_subscripted_constructors_work_at_run_time() -> None:
+    """``Index[Row, Key](...)``, ``Table[Row](...)`` and ``Table[Row, Key](...)`` build the
+    same objects as the plain constructors; a table remembers its type arguments (an index,
+    frozen with slots, has nowhere to keep them)."""
+    by_id = Index[Host, int]("id", key=lambda h: h.id, encode=keys.uint64)
+    assert type(by_id) is Index and by_id.encode is keys.uint64
+    loose = Table[Host]("loose", by_id)
+    assert get_args(getattr(loose, "__orig_class__", None)) == (Host, Any)
+    assert row_type_of(loose) is Host
+    assert row_type_of(Table[Host, int]("tight", by_id)) is Host
