@@ -341,10 +341,11 @@ class Table(Generic[O, PK]):
         return closed_watch()
 
     # ----- writes ------------------------------------------------------------
+    # TableTxn hands rows back untyped (Any); the no-any-return ignores below are where
+    # they become O again, with no conversion at run time.
     def insert(self, txn: WriteTxn, obj: O) -> O | None:
         """Insert ``obj``, replacing the row with the same primary key; return the old row."""
-        old: O | None = txn.table_txn(self).insert(obj)
-        return old
+        return txn.table_txn(self).insert(obj)  # type: ignore[no-any-return]
 
     def insert_many(self, txn: WriteTxn, objs: Iterable[O]) -> int:
         """Insert every object of ``objs`` in order, as `insert` would one by one; return how
@@ -356,8 +357,7 @@ class Table(Generic[O, PK]):
         """Insert ``merge(old, obj)`` if a row with obj's key exists, else ``obj``; return old."""
         tt = txn.table_txn(self)
         old = tt.entry(self.primary_key_of(obj))
-        replaced: O | None = tt.insert(merge(old[0], obj) if old is not None else obj)
-        return replaced
+        return tt.insert(merge(old[0], obj) if old is not None else obj)  # type: ignore[no-any-return]
 
     def compare_and_swap(self, txn: WriteTxn, revision: int, obj: O) -> O:
         """Replace the row with obj's key only if it is still at ``revision``; return the old row.
@@ -373,8 +373,7 @@ class Table(Generic[O, PK]):
         if old[1] != revision:
             raise RevisionMismatchError(self.name, pk, revision, old[1])
         tt.insert(obj, pk)
-        replaced: O = old[0]
-        return replaced
+        return old[0]  # type: ignore[no-any-return]
 
     def compare_and_swap_many(
         self, txn: WriteTxn, items: Iterable[tuple[bytes, int, O]]
@@ -395,8 +394,7 @@ class Table(Generic[O, PK]):
 
     def delete(self, txn: WriteTxn, obj: O) -> O | None:
         """Delete the row with obj's primary key; return it, or None when absent."""
-        deleted: O | None = txn.table_txn(self).delete(obj)
-        return deleted
+        return txn.table_txn(self).delete(obj)  # type: ignore[no-any-return]
 
     def compare_and_delete(self, txn: WriteTxn, revision: int, obj: O) -> O:
         """Delete the row with obj's key only if it is still at ``revision``; return it."""
@@ -407,8 +405,7 @@ class Table(Generic[O, PK]):
             raise ObjectNotFoundError(self.name, pk)
         if old[1] != revision:
             raise RevisionMismatchError(self.name, pk, revision, old[1])
-        deleted: O = tt.delete(obj)
-        return deleted
+        return tt.delete(obj)  # type: ignore[no-any-return]
 
     def delete_all(self, txn: WriteTxn) -> int:
         """Delete every row; return how many."""
