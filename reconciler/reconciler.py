@@ -88,7 +88,7 @@ class Reconciler(Generic[O]):
 
     def health_watch(self) -> Watch:
         """A watch that closes at the next change of `health` or of the retry queue
-        (`retries`: a retry added, re-queued with a new error, or cleared); each change
+        (`retries`: a retry added, re-queued after another failure, or cleared); each change
         closes the current watch and puts a new one in its place.
 
         Take the watch first, then read the state, so no change falls in between::
