@@ -63,7 +63,7 @@ BY_NAME: Index[Record, str] = Index("name", key=lambda r: r.name)
 BY_ZONE: Index[Record, str] = Index("zone", key=lambda r: r.zone, unique=False)
 
 
-def new_table() -> Table[Record]:
+def new_table() -> Table[Record, str]:
     """The records table: unique by name, queried by zone."""
     return Table("dns-records", BY_NAME, BY_ZONE)
 

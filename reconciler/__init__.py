@@ -7,7 +7,9 @@ table's change stream, per-object retries with exponential backoff, pruning
 and on request), optional refreshes, health, metrics and progress. See
 docs/reconciler.md; `reconciler.testing` is a kit for testing targets and
 controllers (fault injection, an in-memory target, convergence waits, a
-hypothesis state machine).
+hypothesis state machine). `status_index` indexes a table's rows by status kind
+(query and watch the Pending or Error rows); `Reconciler.health_watch` closes when
+health or the retry queue changes.
 """
 
 from reconciler.clock import Clock, FakeClock, SystemClock
@@ -26,6 +28,12 @@ from reconciler.status import (
     status_pending,
     status_refreshing,
     status_set_accessors,
+)
+from reconciler.status_index import (
+    UnknownStatusKindError,
+    rows_with_status,
+    status_index,
+    wait_for_status,
 )
 
 __all__ = [
@@ -48,10 +56,14 @@ __all__ = [
     "StatusKind",
     "StatusSet",
     "SystemClock",
+    "UnknownStatusKindError",
     "backoff_delay",
+    "rows_with_status",
     "status_done",
     "status_error",
+    "status_index",
     "status_pending",
     "status_refreshing",
     "status_set_accessors",
+    "wait_for_status",
 ]

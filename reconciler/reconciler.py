@@ -12,7 +12,7 @@ import contextlib
 import logging
 import threading
 import time
-from typing import Generic, TypeVar
+from typing import TYPE_CHECKING, Generic, TypeVar, overload
 
 import anyio
 import anyio.abc
@@ -38,6 +38,17 @@ log = logging.getLogger(__name__)
 class Reconciler(Generic[O]):
     """Reconciles ``config.table`` into ``config.operations``' target; see `run`."""
 
+    if TYPE_CHECKING:
+        # Two overloads, for type checking only: with a plain signature mypy infers a
+        # nested ``Config(table, ops)`` from this parameter's type and, when the table's
+        # rows and the Operations' rows disagree, silently takes Config[Any]; an overloaded
+        # constructor has the Config inferred on its own, so the mismatch is reported.
+        @overload
+        def __init__(self, db: DB, config: Config[O], /) -> None: ...
+
+        @overload
+        def __init__(self, db: DB, *, config: Config[O]) -> None: ...
+
     def __init__(self, db: DB, config: Config[O]) -> None:
         config.validate()
         if config.table.db is not db:
@@ -58,6 +69,10 @@ class Reconciler(Generic[O]):
         self._lock = threading.Lock()
         self._trigger = Watch()
         self._progress = Watch()
+        # Closed and replaced when health or the retry queue changed (see health_watch);
+        # _health_seen is the retry queue's change count it was published at.
+        self._health_watch = Watch()
+        self._health_seen = self.retries.changes
         self._running = False
 
     # ----- public API ------------------------------------------------------------
@@ -70,6 +85,22 @@ class Reconciler(Generic[O]):
     def health(self) -> Health:
         """The latest health report."""
         return self._health
+
+    def health_watch(self) -> Watch:
+        """A watch that closes at the next change of `health` or of the retry queue
+        (`retries`: a retry added, re-queued after another failure, or cleared); each change
+        closes the current watch and puts a new one in its place.
+
+        Take the watch first, then read the state, so no change falls in between::
+
+            while True:
+                watch = rec.health_watch()
+                print(rec.health, len(rec.retries))
+                await watch.wait_async()
+
+        It may be waited on from any anyio task (asyncio or trio) or thread
+        (``watch.wait()``), and it also closes when the reconciler stops."""
+        return self._health_watch
 
     @property
     def reconciled_revision(self) -> int:
@@ -165,7 +196,7 @@ class Reconciler(Generic[O]):
                 await self._loop()
         finally:
             self._incremental.close()
-            self._health = health_stopped(self.name)
+            self._set_health(health_stopped(self.name))
             self._running = False
 
     # ----- the loop --------------------------------------------------------------------
@@ -242,8 +273,18 @@ class Reconciler(Generic[O]):
         self.metrics.current_errors = len(self.retries)
         if count:
             first = others + [item.error for item in self.retries.first(shown)]
-            self._health = health_degraded(self.name, count, first[:shown])
+            self._set_health(health_degraded(self.name, count, first[:shown]))
         else:
-            self._health = health_ok(self.name, self.config.table.count(txn))
+            self._set_health(health_ok(self.name, self.config.table.count(txn)))
         old, self._progress = self._progress, Watch()
+        old.close()
+
+    def _set_health(self, health: Health) -> None:
+        """Publish ``health``; close the health watch when it or the retry queue changed."""
+        changes = self.retries.changes
+        if health == self._health and changes == self._health_seen:
+            return
+        self._health = health
+        self._health_seen = changes
+        old, self._health_watch = self._health_watch, Watch()
         old.close()

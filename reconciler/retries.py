@@ -45,6 +45,9 @@ class RetryQueue:
         self._items: dict[bytes, RetryItem] = {}
         self._heap: list[tuple[float, int, bytes]] = []
         self._seq = itertools.count()
+        #: Counts every change of the queue (a retry added, re-queued or cleared): the
+        #: reconciler compares it between rounds to tell watchers (`Reconciler.health_watch`).
+        self.changes = 0
 
     def __len__(self) -> int:
         return len(self._items)
@@ -68,13 +71,15 @@ class RetryQueue:
         at = now + backoff_delay(attempts, self.minimum, self.maximum)
         item = RetryItem(key, obj, revision, delete, error, attempts, at, next(self._seq))
         self._items[key] = item
+        self.changes += 1
         heapq.heappush(self._heap, (at, item.seq, key))
         self._compact()
         return item
 
     def clear(self, key: bytes) -> None:
         """Forget the retry of ``key`` (it succeeded or a newer change supersedes it)."""
-        self._items.pop(key, None)
+        if self._items.pop(key, None) is not None:
+            self.changes += 1
 
     def next_due(self) -> float | None:
         """Time of the earliest pending retry, or None."""

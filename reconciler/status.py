@@ -50,7 +50,8 @@ class Status:
     def __str__(self) -> str:
         if self.kind is StatusKind.ERROR:
             return f"Error: {self.error}"
-        return self.kind.value
+        text: str = self.kind.value
+        return text
 
 
 def status_pending(now: float | None = None) -> Status:

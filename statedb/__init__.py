@@ -11,9 +11,9 @@ Quick tour::
         name: str
         zone: str
 
-    by_name = Index("name", key=lambda h: h.name)
-    by_zone = Index("zone", key=lambda h: h.zone, unique=False)
-    hosts = Table("hosts", by_name, by_zone)
+    by_name: Index[Host, str] = Index("name", key=lambda h: h.name)
+    by_zone: Index[Host, str] = Index("zone", key=lambda h: h.zone, unique=False)
+    hosts = Table("hosts", by_name, by_zone)    # Table[Host, str] for type checkers
     db = DB(hosts)
 
     with db.write_txn(hosts) as txn:
@@ -21,6 +21,9 @@ Quick tour::
     rtxn = db.read_txn()
     hosts.get(rtxn, "a")                      # primary key lookup
     list(hosts.list(rtxn, by_zone.query("eu")))
+
+The API is typed (``Index[O, K]``, ``Query[O]``, ``Table[O, PK]``): mypy rejects a key of
+the wrong type or a query built by another table's index; see docs/statedb.md, "Types".
 """
 
 from statedb import keys

@@ -34,26 +34,41 @@ if TYPE_CHECKING:
     from statedb.txn import ReadTxn, WriteTxn
 
 O = TypeVar("O")
+if TYPE_CHECKING:
+    from typing_extensions import TypeVar as TypeVarWithDefault
+
+    #: The key type of a table's primary index: ``Table[Row]`` means ``Table[Row, Any]``.
+    PK = TypeVarWithDefault("PK", default=Any)
+else:
+    # At run time a plain TypeVar (the default needs typing_extensions below Python 3.13,
+    # which the core does not depend on); Table.__class_getitem__ supplies it instead.
+    PK = TypeVar("PK")
 
 _obj = itemgetter(0)
 _obj_rev = itemgetter(0, 1)
 
 
-class Table(Generic[O]):
-    """A table of rows of type O, registered with one `DB`."""
+class Table(Generic[O, PK]):
+    """A table of rows of type O, registered with one `DB`.
 
-    def __init__(self, name: str, primary: Index[O, Any], *secondary: Index[O, Any]) -> None:
+    For type checkers a table is ``Table[O, PK]``: O is the row type and PK the key type
+    of the primary index, both taken from the indexes given, so ``get(txn, 12345)`` on a
+    table with ``str`` primary keys or a query built by another table's index (of other
+    rows) is rejected. ``Table[Row]`` in an annotation means ``Table[Row, Any]``.
+    """
+
+    def __init__(self, name: str, primary: Index[O, PK], *secondary: Index[O, Any]) -> None:
         if not primary.unique or primary.key is None:
             raise ValueError(f"table {name!r}: the primary index must be unique and single-key")
         names = [primary.name] + [i.name for i in secondary]
         if len(set(names)) != len(names):
             raise ValueError(f"table {name!r}: index names must be distinct: {names}")
         self.name = name
-        self.primary = primary
+        self.primary: Index[O, PK] = primary
         self.secondary: tuple[Index[O, Any], ...] = secondary
         self._index_pos = {idx.name: i for i, idx in enumerate(secondary)}
-        self.pk_key: Callable[[O], Any] = primary.key
-        self.pk_encode: Callable[[Any], bytes] = primary.encode
+        self.pk_key: Callable[[O], PK] = primary.key
+        self.pk_encode: Callable[[PK], bytes] = primary.encode
         # (key, keys, encode, unique) per secondary index, for the write path.
         # (position, key, keys, encode) per unique secondary index, for the write path.
         self.unique_specs: builtins.list[tuple[int, Any, Any, Any]] = [
@@ -103,6 +118,16 @@ class Table(Generic[O]):
     def __repr__(self) -> str:
         return f"<Table {self.name}>"
 
+    if not TYPE_CHECKING:
+
+        def __class_getitem__(cls, params):
+            # ``Table[Row]`` is ``Table[Row, Any]`` at run time too (e.g. ``Table[Row](...)``,
+            # whose ``__orig_class__`` statedb.show reads), as PK's default says to type
+            # checkers.
+            if not isinstance(params, tuple):
+                params = (params, Any)
+            return super().__class_getitem__(params)
+
     @property
     def indexes(self) -> builtins.list[Index[O, Any]]:
         """The primary index followed by the secondary indexes."""
@@ -130,7 +155,7 @@ class Table(Generic[O]):
 
             raise TableNotRegisteredError(self.name) from None
 
-    def _resolve(self, q: Query | Any) -> tuple[int, bool, bytes]:
+    def _resolve(self, q: Query[O] | PK) -> tuple[int, bool, bytes]:
         """Return (index position, unique, encoded key); position 0 is the primary index."""
         if type(q) is Query:
             if q.index == self.primary.name:
@@ -139,7 +164,8 @@ class Table(Generic[O]):
             if pos is None:
                 raise UnknownIndexError(self.name, q.index, [i.name for i in self.indexes])
             return pos + 1, self.secondary[pos].unique, q.key
-        return 0, True, self.pk_encode(q)
+        # Not a Query, so a primary key (a type check cannot narrow ``type(q) is Query``).
+        return 0, True, self.pk_encode(q)  # type: ignore[arg-type]
 
     def _multi_key(self, pos: int) -> bool:
         return pos > 0 and self.secondary[pos - 1].keys is not None
@@ -148,11 +174,11 @@ class Table(Generic[O]):
         return ordered_view(self, self._state(txn), pos)
 
     # ----- queries ---------------------------------------------------------
-    def get(self, txn: ReadTxn, q: Query | Any) -> O | None:
+    def get(self, txn: ReadTxn, q: Query[O] | PK) -> O | None:
         """Return the first row matching the key exactly, or None."""
         if type(q) is not Query:
             st = txn.states[self.name]
-            pk = self.pk_encode(q)
+            pk = self.pk_encode(q)  # type: ignore[arg-type]  # not a Query: a primary key
             e = st.rows.get(pk)
             if e is None:
                 return None
@@ -164,12 +190,12 @@ class Table(Generic[O]):
         e = self._get_entry(txn, q)
         return e[0] if e is not None else None
 
-    def get_revision(self, txn: ReadTxn, q: Query | Any) -> tuple[O, int] | None:
+    def get_revision(self, txn: ReadTxn, q: Query[O] | PK) -> tuple[O, int] | None:
         """Return (row, revision) of the first row matching the key exactly, or None."""
         e = self._get_entry(txn, q)
         return (e[0], e[1]) if e is not None else None
 
-    def _get_entry(self, txn: ReadTxn, q: Query | Any) -> Any:
+    def _get_entry(self, txn: ReadTxn, q: Query[O] | PK) -> Any:
         st = self._state(txn)
         pos, unique, key = self._resolve(q)
         if pos == 0:
@@ -180,22 +206,22 @@ class Table(Generic[O]):
             return e
         return None
 
-    def get_watch(self, txn: ReadTxn, q: Query | Any) -> tuple[O | None, Watch]:
+    def get_watch(self, txn: ReadTxn, q: Query[O] | PK) -> tuple[O | None, Watch]:
         """Like `get`, plus a watch that closes when the row under this key changes."""
         pos, _, key = self._resolve(q)
         watch = self._key_watch(pos, key)
         e = self._get_entry(txn, q)
         return (e[0] if e is not None else None), self._validate(txn, watch, pos, key, e)
 
-    def list(self, txn: ReadTxn, q: Query | Any) -> Iterator[O]:
+    def list(self, txn: ReadTxn, q: Query[O] | PK) -> Iterator[O]:
         """Yield every row whose key equals the query key, in primary key order."""
         return map(_obj, self._list_entries(txn, q))
 
-    def list_revisions(self, txn: ReadTxn, q: Query | Any) -> Iterator[tuple[O, int]]:
+    def list_revisions(self, txn: ReadTxn, q: Query[O] | PK) -> Iterator[tuple[O, int]]:
         """Like `list`, yielding (row, revision) pairs."""
         return map(_obj_rev, self._list_entries(txn, q))
 
-    def _list_entries(self, txn: ReadTxn, q: Query | Any) -> Iterator[Any]:
+    def _list_entries(self, txn: ReadTxn, q: Query[O] | PK) -> Iterator[Any]:
         st = self._state(txn)
         pos, unique, key = self._resolve(q)
         if unique:
@@ -203,21 +229,21 @@ class Table(Generic[O]):
             return iter((found,) if found is not None else ())
         return nonunique_entries(self, st, pos, key)
 
-    def list_watch(self, txn: ReadTxn, q: Query | Any) -> tuple[Iterator[O], Watch]:
+    def list_watch(self, txn: ReadTxn, q: Query[O] | PK) -> tuple[Iterator[O], Watch]:
         """Like `list`, plus a watch that closes when a row under this key changes."""
         pos, _, key = self._resolve(q)
         watch = self._key_watch(pos, key)
         return self.list(txn, q), self._validate(txn, watch, pos, key)
 
-    def prefix(self, txn: ReadTxn, q: Query | Any) -> Iterator[O]:
+    def prefix(self, txn: ReadTxn, q: Query[O] | PK) -> Iterator[O]:
         """Yield every row with a key starting with the query key, in key order."""
         return map(_obj, self._prefix_entries(txn, q))
 
-    def prefix_revisions(self, txn: ReadTxn, q: Query | Any) -> Iterator[tuple[O, int]]:
+    def prefix_revisions(self, txn: ReadTxn, q: Query[O] | PK) -> Iterator[tuple[O, int]]:
         """Like `prefix`, yielding (row, revision) pairs."""
         return map(_obj_rev, self._prefix_entries(txn, q))
 
-    def _prefix_entries(self, txn: ReadTxn, q: Query | Any) -> Iterator[Any]:
+    def _prefix_entries(self, txn: ReadTxn, q: Query[O] | PK) -> Iterator[Any]:
         pos, unique, key = self._resolve(q)
         view = self._view(txn, pos)
         if not unique:
@@ -226,27 +252,27 @@ class Table(Generic[O]):
         # Only a multi-key index can hold one row under several matching keys.
         return _distinct(entries) if self._multi_key(pos) else entries
 
-    def prefix_watch(self, txn: ReadTxn, q: Query | Any) -> tuple[Iterator[O], Watch]:
+    def prefix_watch(self, txn: ReadTxn, q: Query[O] | PK) -> tuple[Iterator[O], Watch]:
         """Like `prefix`, plus a watch that closes when any row under the prefix changes."""
         pos, _, key = self._resolve(q)
         watch = _registered(self.prefix_watches[pos], key)
         return self.prefix(txn, q), self._validate(txn, watch, pos, key)
 
-    def lower_bound(self, txn: ReadTxn, q: Query | Any) -> Iterator[O]:
+    def lower_bound(self, txn: ReadTxn, q: Query[O] | PK) -> Iterator[O]:
         """Yield every row with a key >= the query key, in key order."""
         return map(_obj, self._lower_bound_entries(txn, q))
 
-    def lower_bound_revisions(self, txn: ReadTxn, q: Query | Any) -> Iterator[tuple[O, int]]:
+    def lower_bound_revisions(self, txn: ReadTxn, q: Query[O] | PK) -> Iterator[tuple[O, int]]:
         """Like `lower_bound`, yielding (row, revision) pairs."""
         return map(_obj_rev, self._lower_bound_entries(txn, q))
 
-    def _lower_bound_entries(self, txn: ReadTxn, q: Query | Any) -> Iterator[Any]:
+    def _lower_bound_entries(self, txn: ReadTxn, q: Query[O] | PK) -> Iterator[Any]:
         pos, unique, key = self._resolve(q)
         view = self._view(txn, pos)
         entries = view.values_from(key if unique else escape_key(key))
         return _distinct(entries) if self._multi_key(pos) else entries
 
-    def lower_bound_watch(self, txn: ReadTxn, q: Query | Any) -> tuple[Iterator[O], Watch]:
+    def lower_bound_watch(self, txn: ReadTxn, q: Query[O] | PK) -> tuple[Iterator[O], Watch]:
         """Like `lower_bound`, plus a watch that closes when the table changes."""
         return self.lower_bound(txn, q), self._table_watch(txn)
 
@@ -315,9 +341,11 @@ class Table(Generic[O]):
         return closed_watch()
 
     # ----- writes ------------------------------------------------------------
+    # TableTxn hands rows back untyped (Any); the no-any-return ignores below are where
+    # they become O again, with no conversion at run time.
     def insert(self, txn: WriteTxn, obj: O) -> O | None:
         """Insert ``obj``, replacing the row with the same primary key; return the old row."""
-        return txn.table_txn(self).insert(obj)
+        return txn.table_txn(self).insert(obj)  # type: ignore[no-any-return]
 
     def insert_many(self, txn: WriteTxn, objs: Iterable[O]) -> int:
         """Insert every object of ``objs`` in order, as `insert` would one by one; return how
@@ -329,7 +357,7 @@ class Table(Generic[O]):
         """Insert ``merge(old, obj)`` if a row with obj's key exists, else ``obj``; return old."""
         tt = txn.table_txn(self)
         old = tt.entry(self.primary_key_of(obj))
-        return tt.insert(merge(old[0], obj) if old is not None else obj)
+        return tt.insert(merge(old[0], obj) if old is not None else obj)  # type: ignore[no-any-return]
 
     def compare_and_swap(self, txn: WriteTxn, revision: int, obj: O) -> O:
         """Replace the row with obj's key only if it is still at ``revision``; return the old row.
@@ -345,7 +373,7 @@ class Table(Generic[O]):
         if old[1] != revision:
             raise RevisionMismatchError(self.name, pk, revision, old[1])
         tt.insert(obj, pk)
-        return old[0]
+        return old[0]  # type: ignore[no-any-return]
 
     def compare_and_swap_many(
         self, txn: WriteTxn, items: Iterable[tuple[bytes, int, O]]
@@ -366,7 +394,7 @@ class Table(Generic[O]):
 
     def delete(self, txn: WriteTxn, obj: O) -> O | None:
         """Delete the row with obj's primary key; return it, or None when absent."""
-        return txn.table_txn(self).delete(obj)
+        return txn.table_txn(self).delete(obj)  # type: ignore[no-any-return]
 
     def compare_and_delete(self, txn: WriteTxn, revision: int, obj: O) -> O:
         """Delete the row with obj's key only if it is still at ``revision``; return it."""
@@ -377,7 +405,7 @@ class Table(Generic[O]):
             raise ObjectNotFoundError(self.name, pk)
         if old[1] != revision:
             raise RevisionMismatchError(self.name, pk, revision, old[1])
-        return tt.delete(obj)
+        return tt.delete(obj)  # type: ignore[no-any-return]
 
     def delete_all(self, txn: WriteTxn) -> int:
         """Delete every row; return how many."""

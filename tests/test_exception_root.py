@@ -30,6 +30,7 @@ INPUT_ERRORS = {
     "tables.ipam.IPAMRequestError",
     "tables.endpoints.EndpointRequestError",
     "tables.identities.LabelError",
+    "reconciler.status_index.UnknownStatusKindError",
 }
 
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from typing import Any, Generic, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, TypeVar, overload
 
 import anyio
 from anyio.from_thread import BlockingPortal, start_blocking_portal
@@ -74,6 +74,15 @@ class BackgroundReconciler(Generic[O]):
     `wait_done`; `close` (or leaving the ``with`` block) cancels the reconciler and stops
     the loop. ``backend`` is ``"asyncio"`` or ``"trio"`` (trio must be installed).
     """
+
+    if TYPE_CHECKING:
+        # Overloaded for the reason given at `Reconciler.__init__`: a nested
+        # ``Config(table, ops)`` whose rows disagree is reported, not taken as Config[Any].
+        @overload
+        def __init__(self, db: DB, config: Config[O], /, *, backend: str = ...) -> None: ...
+
+        @overload
+        def __init__(self, db: DB, *, config: Config[O], backend: str = ...) -> None: ...
 
     def __init__(self, db: DB, config: Config[O], *, backend: str = "asyncio") -> None:
         self.db = db
