@@ -58,6 +58,7 @@ SUPPORTED_VERSIONS = ["0.3.0", "0.3.1", "0.4.0", "1.0.0"]
 DEFAULT_SOCKET = "/run/statewright/agent.sock"
 DEFAULT_MTU = 1500
 NUD_PERMANENT = 0x80
+IFA_F_NODAD = 0x02  # an address usable at once (no duplicate address detection)
 
 ERR_INCOMPATIBLE_VERSION = 1
 ERR_UNSUPPORTED_FIELD = 2
@@ -328,7 +329,7 @@ def create_veth(inv: Invocation, ips: list[tuple[str, str]]) -> dict[str, Any]:
                 for addr, gw in ips:
                     ip = ipaddress.ip_address(addr)
                     plen = 32 if ip.version == 4 else 128
-                    cipr.addr("add", index=cidx, address=addr, prefixlen=plen, nodad=True)
+                    cipr.addr("add", index=cidx, address=addr, prefixlen=plen, flags=IFA_F_NODAD)
                     if ip.version == 4:
                         # the gateway (the router address) resolves to the host side's MAC
                         # for good: nothing on the node has to answer ARP for it
