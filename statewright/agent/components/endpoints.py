@@ -22,10 +22,10 @@ Routes follow Cilium's API: ``PUT/GET/PATCH/DELETE /endpoint/{id}``, ``GET /endp
 ``POST /ipam`` (``?family=ipv4|ipv6&owner=..``), ``POST /ipam/{ip}``, ``DELETE /ipam/{ip}``,
 ``GET /ipam``. A bad request gets a 4xx `ApiError` with the reason and changes nothing.
 
-``DELETE /endpoint/{id}`` answers once the endpoint's entries are out of the maps: the
-endpoint is ``disconnecting`` while the reconcilers remove them (at most
-``DISCONNECT_TIMEOUT`` seconds: a map that keeps failing is the reconcilers' to retry and
-shows in health; the deletion then completes anyway).
+``DELETE /endpoint/{id}`` answers once both reconcilers have processed the removal of the
+endpoint's entries (normally: they are out of the maps): the endpoint is
+``disconnecting`` meanwhile, at most ``DISCONNECT_TIMEOUT`` seconds. A removal that failed
+is the reconcilers' to retry and shows in health; the deletion completes anyway.
 """
 
 from __future__ import annotations
