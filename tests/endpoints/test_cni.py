@@ -422,3 +422,16 @@ def test_agent_answers_over_the_plugins_http(tmp_path: Any) -> None:
     head, _, body = requests[0].partition(b"\r\n\r\n")
     assert head.startswith(b"PUT /endpoint/x HTTP/1.1\r\n")
     assert b"Content-Length: 10" in head and json.loads(body) == {"k": "v"}
+
+
+def test_plugin_imports_nothing_heavy() -> None:
+    """The plugin is a new process per call: its import must not pull in pyroute2,
+    http.client (and the email package), asyncio or subprocess (docs/endpoints.md)."""
+    code = (
+        "import sys, statewright.cni\n"
+        "heavy = ('pyroute2', 'http', 'email', 'asyncio', 'anyio', 'subprocess', 'ssl')\n"
+        "print(sorted(m for m in sys.modules if m.split('.')[0] in heavy))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=60, check=True)
+    assert out.stdout.strip() == "[]", out.stdout
