@@ -3,7 +3,10 @@
 - cni_add_p50_ms / cni_add_p99_ms: ``statewright-cni ADD`` run as a runtime runs it (a new
   process with CNI_* variables and the configuration on stdin, inside a "node" network
   namespace created here) until the agent reports the endpoint ``ready`` (its map entries
-  written), pods one after another;
+  written), pods one after another. The plugin enters the node namespace with
+  ``nsenter --net`` (a runtime runs it in its own namespace with no wrapper);
+  ``--ip-netns-exec`` uses ``ip netns exec`` instead, which also makes a mount namespace
+  and remounts /sys per call (the harness of the figures before 2026-11-23 17:20 UTC);
 - cni_add_concurrent_p99_ms: the same with ``--concurrent`` pods started at once;
 - endpoints_per_s: synthetic endpoints (one IPv4 address each, 4 identities) written into
   the desired-entry tables in transactions of 1,000 and reconciled into the endpoint (lxc)
@@ -69,7 +72,7 @@ def plugin() -> list[str]:
     return [script] if os.path.exists(script) else [sys.executable, "-m", "statewright.cni"]
 
 
-def cni_figures(sequential: int, concurrent: int) -> dict[str, Any]:
+def cni_figures(sequential: int, concurrent: int, ip_netns_exec: bool = False) -> dict[str, Any]:
     """ADD-to-ready latencies in network namespaces (module doc)."""
     if os.geteuid() != 0:
         return {
@@ -106,9 +109,11 @@ def cni_figures(sequential: int, concurrent: int) -> dict[str, Any]:
                 "CNI_NETNS": f"/var/run/netns/{pods[i]}",
                 "CNI_PATH": "/usr/lib/cni",
             }
+            enter = (["ip", "netns", "exec", node] if ip_netns_exec
+                     else ["nsenter", f"--net=/var/run/netns/{node}"])
             start = time.perf_counter()
             proc = subprocess.run(
-                ["ip", "netns", "exec", node, *plugin()],
+                [*enter, *plugin()],
                 input=conf,
                 env=env,
                 capture_output=True,
@@ -275,10 +280,13 @@ def restore_figure(count: int = 1000) -> dict[str, Any]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--ip-netns-exec", action="store_true",
+                        help="run the plugin through `ip netns exec` (the older harness)")
     args = parser.parse_args()
     sequential, concurrent, synthetic = (20, 10, 2000) if args.quick else (100, 20, 10000)
-    out: dict[str, Any] = {"quick": args.quick}
-    out.update(cni_figures(sequential, concurrent))
+    out: dict[str, Any] = {"quick": args.quick, "cni_enter": (
+        "ip-netns-exec" if args.ip_netns_exec else "nsenter")}
+    out.update(cni_figures(sequential, concurrent, args.ip_netns_exec))
     out.update(synthetic_figure(synthetic))
     out.update(restore_figure())
     print(json.dumps(out))

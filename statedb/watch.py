@@ -9,7 +9,6 @@ thread event and the waiter list are created only when someone waits.
 
 from __future__ import annotations
 
-import asyncio
 import threading
 from collections.abc import Callable, Iterable
 
@@ -151,6 +150,10 @@ class WatchSet:
 
 async def _wait_any_async(watches: list[Watch]) -> None:
     """Suspend the current task until one of ``watches`` closes (cancellation-safe)."""
+    # imported here: a process that only imports statedb (statewright-cni, which needs
+    # the exception root) does not pay for asyncio; under a running loop it is loaded
+    import asyncio
+
     try:
         loop = asyncio.get_running_loop()
     except RuntimeError:

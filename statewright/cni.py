@@ -38,12 +38,10 @@ environment and configuration; the endpoint is then registered with
 from __future__ import annotations
 
 import hashlib
-import http.client
 import ipaddress
 import json
 import os
 import socket
-import subprocess
 import sys
 import time
 import urllib.parse
@@ -52,12 +50,12 @@ from dataclasses import dataclass, field
 from typing import Any, TextIO
 
 from statedb.errors import StatewrightError
+from statewright.rtnl import RT_SCOPE_LINK, Rtnl
 
 CNI_VERSION = "1.0.0"
 SUPPORTED_VERSIONS = ["0.3.0", "0.3.1", "0.4.0", "1.0.0"]
 DEFAULT_SOCKET = "/run/statewright/agent.sock"
 DEFAULT_MTU = 1500
-NUD_PERMANENT = 0x80
 
 ERR_INCOMPATIBLE_VERSION = 1
 ERR_UNSUPPORTED_FIELD = 2
@@ -87,20 +85,47 @@ class CNIError(StatewrightError):
 
 
 # ----- the agent's API -----------------------------------------------------------------------
-class _UnixHTTP(http.client.HTTPConnection):
-    def __init__(self, path: str, timeout: float) -> None:
-        super().__init__("statewright-agent", timeout=timeout)
-        self.unix_path = path
+def _http(socket_path: str, method: str, path: str, body: bytes | None, timeout: float
+          ) -> tuple[int, bytes]:
+    """One HTTP/1.1 request on a unix socket (``Connection: close``); (status, body).
+    OSError when the socket does not answer, ValueError for a malformed answer. (Not
+    http.client: its import, with the email package, costs more than the request.)"""
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.settimeout(timeout)
+    chunks = []
+    try:
+        sock.connect(socket_path)
+        head = f"{method} {path} HTTP/1.1\r\nHost: statewright-agent\r\nConnection: close\r\n"
+        if body is not None:
+            head += f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n"
+        sock.sendall(head.encode() + b"\r\n" + (body or b""))
+        while chunk := sock.recv(65536):
+            chunks.append(chunk)
+    finally:
+        sock.close()
+    head_raw, sep, payload = b"".join(chunks).partition(b"\r\n\r\n")
+    lines = head_raw.split(b"\r\n")
+    parts = lines[0].split()
+    if not sep or len(parts) < 2 or not parts[0].startswith(b"HTTP/"):
+        raise ValueError(f"not an HTTP answer: {head_raw[:80]!r}")
+    headers = {k.strip().lower(): v.strip() for k, _, v in (ln.partition(b":") for ln in lines[1:])}
+    if headers.get(b"transfer-encoding", b"").lower() == b"chunked":
+        payload = _dechunk(payload)
+    elif b"content-length" in headers:
+        payload = payload[: int(headers[b"content-length"])]
+    return int(parts[1]), payload
 
-    def connect(self) -> None:
-        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        sock.settimeout(self.timeout)
-        try:
-            sock.connect(self.unix_path)
-        except OSError:
-            sock.close()
-            raise
-        self.sock = sock
+
+def _dechunk(data: bytes) -> bytes:
+    """The body of a chunked transfer encoding."""
+    out: list[bytes] = []
+    while True:
+        size_line, _, data = data.partition(b"\r\n")
+        size = int(size_line.split(b";")[0], 16)
+        if size == 0:
+            return b"".join(out)
+        out.append(data[:size])
+        data = data[size + 2 :]
 
 
 class AgentAPI:
@@ -113,30 +138,26 @@ class AgentAPI:
 
     def request(self, method: str, path: str, body: Any = None, not_found_ok: bool = False) -> Any:
         """The decoded answer, or None for an allowed 404."""
-        conn = _UnixHTTP(self.socket_path, self.timeout)
         data = None if body is None else json.dumps(body).encode()
-        headers = {"Content-Type": "application/json"} if data is not None else {}
         try:
-            conn.request(method, path, body=data, headers=headers)
-            resp = conn.getresponse()
-            raw = resp.read()
+            status, raw = _http(self.socket_path, method, path, data, self.timeout)
         except OSError as e:
             raise CNIError(
                 ERR_TRY_AGAIN,
                 f"statewright agent not reachable on {self.socket_path}",
                 f"{method} {path}: {e}",
             ) from None
-        finally:
-            conn.close()
-        if resp.status == 404 and not_found_ok:
+        except ValueError as e:
+            raise CNIError(ERR_IO, f"agent: {method} {path}: {e}") from None
+        if status == 404 and not_found_ok:
             return None
         try:
             doc = json.loads(raw or b"null")
         except ValueError:
             doc = {"error": raw.decode(errors="replace")}
-        if resp.status >= 300:
+        if status >= 300:
             msg = doc.get("error", doc) if isinstance(doc, dict) else doc
-            raise CNIError(ERR_IO, f"agent: {method} {path}: {resp.status}: {msg}")
+            raise CNIError(ERR_IO, f"agent: {method} {path}: {status}: {msg}")
         return doc
 
 
@@ -258,21 +279,6 @@ def host_ifname(container_id: str, ifname: str) -> str:
 
 
 # ----- netlink ----------------------------------------------------------------------------------
-def _iproute(netns: str | None = None) -> Any:
-    from pyroute2 import IPRoute
-
-    return IPRoute(netns=netns) if netns else IPRoute()
-
-
-def _mac(ipr: Any, index: int) -> str:
-    return str(ipr.get_links(index)[0].get_attr("IFLA_ADDRESS"))
-
-
-def _link_index(ipr: Any, name: str) -> int | None:
-    found = ipr.link_lookup(ifname=name)
-    return int(found[0]) if found else None
-
-
 def _no_dad(ifname: str) -> None:
     """No duplicate address detection on the host-side veth (a setting of this interface
     only): its link-local address is the pods' IPv6 gateway and must answer at once."""
@@ -282,14 +288,13 @@ def _no_dad(ifname: str) -> None:
             f.write("0")
 
 
-def _host_link_local(ipr: Any, index: int) -> str | None:
+def _host_link_local(nl: Rtnl, index: int) -> str | None:
     # The kernel adds the link-local address once both ends are up. It may still be
     # tentative (DAD): a route through it is valid already, traffic flows after DAD.
     for _ in range(500):
-        for a in ipr.get_addr(index=index, family=socket.AF_INET6):
-            addr = a.get_attr("IFA_ADDRESS")
-            if addr and addr.startswith("fe80:"):
-                return str(addr)
+        for addr in nl.addresses(index, socket.AF_INET6):
+            if addr.startswith("fe80:"):
+                return addr
         time.sleep(0.01)
     return None
 
@@ -300,72 +305,73 @@ def create_veth(inv: Invocation, ips: list[tuple[str, str]]) -> dict[str, Any]:
     tmp = "tmp" + host[3:]
     if not os.path.exists(inv.netns):
         raise CNIError(ERR_UNKNOWN_CONTAINER, f"network namespace {inv.netns} does not exist")
-    with _iproute() as ipr:
-        if _link_index(ipr, host) is not None:
+    v6 = any(ipaddress.ip_address(a).version == 6 for a, _ in ips)
+    with Rtnl() as nl:
+        if nl.link(host) is not None:
             raise CNIError(ERR_IO, f"interface {host} already exists (container attached twice?)")
-        ipr.link("add", ifname=host, kind="veth", peer={"ifname": tmp})
+        nl.add_veth(host, tmp)
         try:
-            host_idx = _link_index(ipr, host)
-            peer_idx = _link_index(ipr, tmp)
-            assert host_idx is not None and peer_idx is not None
+            host_link, peer = nl.link(host), nl.link(tmp)
+            assert host_link is not None and peer is not None
             fd = os.open(inv.netns, os.O_RDONLY)
             try:
-                ipr.link("set", index=peer_idx, net_ns_fd=fd)
+                nl.set_link(peer.index, netns_fd=fd)
             finally:
                 os.close(fd)
-            if any(ipaddress.ip_address(a).version == 6 for a, _ in ips):
+            if v6:
                 _no_dad(host)
-            ipr.link("set", index=host_idx, mtu=inv.mtu, state="up")
-            host_mac = _mac(ipr, host_idx)
-            with _iproute(inv.netns) as cipr:
-                cidx = _link_index(cipr, tmp)
-                assert cidx is not None
-                cipr.link("set", index=cidx, ifname=inv.ifname, mtu=inv.mtu)
-                cipr.link("set", index=cidx, state="up")
-                lo = _link_index(cipr, "lo")
+            nl.set_link(host_link.index, mtu=inv.mtu, up=True)
+            with Rtnl(inv.netns) as cnl:
+                cpeer = cnl.link(tmp)
+                assert cpeer is not None
+                cidx = cpeer.index
+                cnl.set_link(cidx, name=inv.ifname, mtu=inv.mtu)
+                cnl.set_link(cidx, up=True)
+                lo = cnl.link("lo")
                 if lo is not None:
-                    cipr.link("set", index=lo, state="up")
+                    cnl.set_link(lo.index, up=True)
                 for addr, gw in ips:
                     ip = ipaddress.ip_address(addr)
-                    plen = 32 if ip.version == 4 else 128
-                    cipr.addr("add", index=cidx, address=addr, prefixlen=plen, nodad=True)
+                    cnl.add_address(cidx, addr, 32 if ip.version == 4 else 128, nodad=True)
                     if ip.version == 4:
                         # the gateway (the router address) resolves to the host side's MAC
                         # for good: nothing on the node has to answer ARP for it
-                        cipr.neigh(
-                            "add", dst=gw, lladdr=host_mac, ifindex=cidx, state=NUD_PERMANENT
-                        )
-                        cipr.route("add", dst=f"{gw}/32", oif=cidx, scope=253)
-                        cipr.route("add", dst="0.0.0.0/0", gateway=gw, oif=cidx)
-                if any(ipaddress.ip_address(a).version == 6 for a, _ in ips):
+                        cnl.add_neighbour(cidx, gw, host_link.mac)
+                        cnl.add_route(gw, 32, cidx, scope=RT_SCOPE_LINK)
+                        cnl.add_route("0.0.0.0", 0, cidx, gateway=gw)
+                if v6:
                     # both ends are up now: the host side gets its link-local address
-                    host_ll = _host_link_local(ipr, host_idx)
+                    host_ll = _host_link_local(nl, host_link.index)
                     if host_ll is None:
                         raise CNIError(ERR_IO, f"{host}: no IPv6 link-local address appeared")
-                    cipr.route("add", dst="::/0", gateway=host_ll, oif=cidx, family=10)
-                mac = _mac(cipr, cidx)
+                    cnl.add_route("::", 0, cidx, gateway=host_ll)
             for addr, _ in ips:
                 ip = ipaddress.ip_address(addr)
-                fam = 2 if ip.version == 4 else 10
-                ipr.route(
-                    "add", dst=f"{addr}/{32 if ip.version == 4 else 128}", oif=host_idx, family=fam
-                )
+                nl.add_route(addr, 32 if ip.version == 4 else 128, host_link.index)
         except BaseException:
             try:
-                ipr.link("del", ifname=host)
+                gone = nl.link(host)
+                if gone is not None:
+                    nl.delete_link(gone.index)
             except Exception:
                 pass
             raise
-    return {"host": host, "host_index": host_idx, "host_mac": host_mac, "mac": mac}
+    return {
+        "host": host,
+        "host_index": host_link.index,
+        "host_mac": host_link.mac,
+        "mac": cpeer.mac,
+    }
 
 
 def delete_veth(inv: Invocation) -> bool:
     """Delete the host-side veth (its peer goes with it); False when it is not there."""
     host = host_ifname(inv.container_id, inv.ifname)
-    with _iproute() as ipr:
-        if _link_index(ipr, host) is None:
+    with Rtnl() as nl:
+        link = nl.link(host)
+        if link is None:
             return False
-        ipr.link("del", ifname=host)
+        nl.delete_link(link.index)
     return True
 
 
@@ -387,6 +393,8 @@ def delegate_ipam(inv: Invocation, command: str) -> Any:
             f"IPAM plugin {plugin!r} not found in CNI_PATH",
             inv.env.get("CNI_PATH", "(unset)"),
         )
+    import subprocess  # only delegated IPAM runs a program
+
     env = {**inv.env, "CNI_COMMAND": command}
     proc = subprocess.run(
         [path],
@@ -522,16 +530,17 @@ def cmd_check(inv: Invocation) -> None:
     if ep is None:
         raise CNIError(ERR_UNKNOWN_CONTAINER, f"no endpoint for {inv.attachment}")
     host = host_ifname(inv.container_id, inv.ifname)
-    with _iproute() as ipr:
-        if _link_index(ipr, host) != ep["interface-index"]:
+    with Rtnl() as nl:
+        link = nl.link(host)
+        if link is None or link.index != ep["interface-index"]:
             raise CNIError(ERR_IO, f"host interface {host} is missing or has another ifindex")
     if not os.path.exists(inv.netns):
         raise CNIError(ERR_UNKNOWN_CONTAINER, f"network namespace {inv.netns} does not exist")
-    with _iproute(inv.netns) as cipr:
-        idx = _link_index(cipr, inv.ifname)
-        if idx is None:
+    with Rtnl(inv.netns) as cnl:
+        clink = cnl.link(inv.ifname)
+        if clink is None:
             raise CNIError(ERR_IO, f"interface {inv.ifname} is missing in {inv.netns}")
-        have = {str(a.get_attr("IFA_ADDRESS")) for a in cipr.get_addr(index=idx)}
+        have = set(cnl.addresses(clink.index))
     want = {a for a in ep["addressing"].values() if a}
     prev = inv.config.get("prevResult")
     if isinstance(prev, Mapping):

@@ -16,11 +16,19 @@ What one change touches, and in which order:
 3. if step 2 fails, the addresses step 1 allocated are released again: a bad request
    changes nothing.
 
-Deletion goes the other way in one transaction (entries, identity, row, state file), then
-the addresses are released. `restore` reads the state directory at start; see its docstring.
-Endpoints wait in ``regenerating`` until the reconcilers have written all their entries;
-`mark_ready` (called by the component whenever the entry tables change) moves them to
-``ready``.
+The lifecycle states (tables/endpoints.py) are set here:
+
+* `create` commits the endpoint ``regenerating`` with its entries Pending; `update` moves
+  it back to ``regenerating`` when its entries change;
+* `mark_ready` (the component calls it whenever the entry tables change) moves a
+  ``regenerating`` endpoint to ``ready`` once every entry of it is Done, i.e. written into
+  the maps by the reconcilers;
+* deletion has two halves: `begin_delete` marks the endpoint ``disconnecting`` and takes
+  its entries out of the entry tables in one transaction; the caller waits for the
+  reconcilers to remove them from the maps, then `finish_delete` releases the identity,
+  the row, the state file and the addresses (`delete` does both halves at once);
+* `restore` reads the state directory back at start into ``restoring`` endpoints;
+  `finish_restore` moves them to ``regenerating`` once the agent's restore is complete.
 """
 
 from __future__ import annotations
@@ -245,6 +253,8 @@ class EndpointManager:
         change (EndpointRequestError); new labels move the endpoint to another identity."""
         with self._lock:
             old = self.get(ref)
+            if old.state is EndpointState.DISCONNECTING:
+                raise EndpointExistsError(f"endpoint {ref}: is being deleted")
             new = change.apply(old)
             if new.addresses() != old.addresses() or new.external_ipam != old.external_ipam:
                 raise EndpointRequestError(
@@ -265,14 +275,42 @@ class EndpointManager:
             return new
 
     def delete(self, ref: str) -> Endpoint:
-        """DELETE /endpoint/{ref}: remove the endpoint, its entries, identity reference,
-        state file and addresses. EndpointNotFoundError when it does not exist."""
+        """DELETE /endpoint/{ref} without waiting for the maps: `begin_delete`, then
+        `finish_delete` at once. EndpointNotFoundError when it does not exist."""
+        ep, _ = self.begin_delete(ref)
+        return self.finish_delete(ep)
+
+    def begin_delete(self, ref: str) -> tuple[Endpoint, tuple[int, int]]:
+        """First half of a deletion: the endpoint becomes ``disconnecting`` (also in its
+        state file, so a restart finishes the deletion) and its entries leave the entry
+        tables in the same transaction. Returns the endpoint and the revisions of the
+        ``endpoint-map`` and ``ipcache`` tables the reconcilers must reach before its
+        entries are out of the maps. An endpoint already disconnecting is returned as is.
+        EndpointNotFoundError when it does not exist."""
         with self._lock:
             ep = self.get(ref)
-            self._remove(ep)
-            return ep
+            if ep.state is not EndpointState.DISCONNECTING:
+                with self.db.write_txn(*self._tables()) as wtxn:
+                    self.entries.delete_endpoint(wtxn, ep.id, previous=ep.addresses())
+                    ep = replace(ep, state=EndpointState.DISCONNECTING)
+                    self.endpoints.insert(wtxn, ep)
+                    self._persist(ep)
+            txn = self.db.read_txn()
+            return ep, (self.entries.lxc.revision(txn), self.entries.ipcache.revision(txn))
+
+    def finish_delete(self, ep: Endpoint) -> Endpoint:
+        """Second half: release the identity reference, remove the row and the state file,
+        release the addresses. Nothing to do when another caller finished already."""
+        with self._lock:
+            cur = self.endpoints.get(self.db.read_txn(), endpoint_id_index.query(ep.id))
+            if cur is None or cur.state is not EndpointState.DISCONNECTING:
+                return ep
+            self._remove(cur)
+            return cur
 
     def _remove(self, ep: Endpoint) -> None:
+        """Remove ``ep`` in one transaction (entries, identity, row, state file), then
+        release its addresses."""
         with self.db.write_txn(*self._tables()) as wtxn:
             self.entries.delete_endpoint(wtxn, ep.id, previous=ep.addresses())
             self.identities.release(wtxn, ep.identity)
@@ -291,7 +329,8 @@ class EndpointManager:
 
     def mark_ready(self) -> list[int]:
         """Move every ``regenerating`` endpoint whose entries are all reconciled (Done) to
-        ``ready``; returns their ids. Cheap when nothing is regenerating."""
+        ``ready``; returns their ids. Cheap when nothing is regenerating. (``restoring``
+        endpoints wait for `finish_restore`, ``disconnecting`` ones for `finish_delete`.)"""
         txn = self.db.read_txn()
         ready: list[Endpoint] = []
         for ep in self.endpoints.all(txn):
@@ -342,10 +381,11 @@ class EndpointManager:
     def restore(self, link_exists: LinkCheck = host_link_exists) -> RestoreResult:
         """Read the endpoints of the state directory back (call it once at start, after
         IPAM's restore and before the map reconcilers prune). An endpoint whose interface
-        vanished is removed: its state file, identity reference and addresses are released.
-        The others come back with their ids, addresses, identity numbers and map entries
-        (the reconcilers then find those entries unchanged in the pinned maps and do not
-        rewrite them). A state file that cannot be read is logged and left in place."""
+        vanished, or whose deletion was under way (``disconnecting``), is removed: its
+        state file and addresses are released. The others come back ``restoring`` with
+        their ids, addresses, identity numbers and map entries (the reconcilers then find
+        those entries unchanged in the pinned maps and do not rewrite them). A state file
+        that cannot be read is logged and left in place."""
         result = RestoreResult()
         if self.state_dir is None:
             return result
@@ -365,12 +405,13 @@ class EndpointManager:
                     log.error("endpoint restore: %s: %s (file left in place)", path, e)
                     result.failed.append(f"{path}: {e}")
                     continue
-                if not link_exists(ep):
+                if ep.state is EndpointState.DISCONNECTING or not link_exists(ep):
                     log.info(
-                        "endpoint restore: %d: interface %s (ifindex %d) is gone; removing it",
+                        "endpoint restore: %d: %s; removing it",
                         ep.id,
-                        ep.interface_name,
-                        ep.ifindex,
+                        "its deletion was under way"
+                        if ep.state is EndpointState.DISCONNECTING
+                        else f"interface {ep.interface_name} (ifindex {ep.ifindex}) is gone",
                     )
                     remove_file(path)
                     self._release_addresses(ep)
@@ -388,7 +429,7 @@ class EndpointManager:
                             ep.identity,
                             ident.id,
                         )
-                    ep = replace(ep, identity=ident.id, state=EndpointState.REGENERATING)
+                    ep = replace(ep, identity=ident.id, state=EndpointState.RESTORING)
                     self.endpoints.insert(wtxn, ep)
                     self.entries.set_endpoint(wtxn, ep, previous=[])
                 result.restored.append(ep.id)
@@ -399,6 +440,18 @@ class EndpointManager:
             len(result.failed),
         )
         return result
+
+    def finish_restore(self) -> list[int]:
+        """Move every ``restoring`` endpoint to ``regenerating`` (call it once the agent's
+        restore is complete: host entries derived, pruning allowed); `mark_ready` then
+        makes each ``ready`` once its entries are written. Returns their ids."""
+        with self._lock, self.db.write_txn(self.endpoints) as wtxn:
+            moved = []
+            for ep in self.endpoints.all(wtxn):
+                if ep.state is EndpointState.RESTORING:
+                    self.endpoints.insert(wtxn, replace(ep, state=EndpointState.REGENERATING))
+                    moved.append(ep.id)
+        return moved
 
     # ----- internals ----------------------------------------------------------------------------
     def _pick_id(self, ref: str, txn: ReadTxn) -> int:

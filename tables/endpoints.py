@@ -6,12 +6,19 @@ host-side veth name and ifindex, the container-side name), MACs, IPv4/IPv6 addre
 IPAM, the pod's name, namespace and labels, its security identity, its netns path and a
 state:
 
-* ``waiting-for-identity``: created, no identity yet;
-* ``regenerating``: identity known, its datapath entries are being written;
-* ``ready``: the endpoint map and ipcache entries are in the maps;
-* ``disconnecting``, ``restoring``: Cilium's states for an endpoint being deleted and
-  one read back at start; part of the model but not used yet (deletion is one
-  transaction; restored endpoints come back ``regenerating``).
+* ``waiting-for-identity``: no identity yet. Identities are allocated on the node in the
+  transaction that creates the endpoint, so a committed endpoint is never in this state
+  (it is the default of an `Endpoint` built before that transaction);
+* ``restoring``: read back from the state directory at start, until the agent's restore
+  is complete (host entries derived, pruning allowed);
+* ``regenerating``: identity known, its endpoint-map and ipcache entries are being
+  written into the maps by the reconcilers (after create, after a change of its entries,
+  after restoring);
+* ``ready``: every entry of the endpoint is Done, i.e. in the maps;
+* ``disconnecting``: being deleted: its entries are out of the entry tables and the
+  reconcilers are removing them from the maps; then the row goes.
+
+tables/endpoint_manager.py makes the transitions.
 
 `EndpointChange` is the validated form of an endpoint change request (``PUT /endpoint``
 body, Cilium's ``EndpointChangeRequest`` model: ``container-id``, ``interface-name``,

@@ -14,7 +14,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -80,15 +80,17 @@ def state_dir_of(socket: str) -> str:
     return os.path.join(os.path.dirname(os.path.abspath(socket)), "state")
 
 
-def start_agent(args: list[str], socket: str, log: Path, timeout: float = 20.0
-                ) -> subprocess.Popen[str]:
+def start_agent(args: list[str], socket: str, log: Path, timeout: float = 20.0,
+                prefix: Sequence[str] = ()) -> subprocess.Popen[str]:
     """Start ``statewright agent ARGS`` and wait until its API answers /health. Its endpoint
-    state goes beside its socket unless ARGS say where (never the machine's default)."""
+    state goes beside its socket unless ARGS say where (never the machine's default).
+    ``prefix`` runs the agent through a command that execs it (e.g. ``nsenter --net=..``:
+    the PID is still the agent's)."""
     if "--state-dir" not in args:
         args = [*args, "--state-dir", state_dir_of(socket)]
     f = open(log, "a", encoding="utf-8")  # noqa: SIM115 - owned by the process below
     proc = subprocess.Popen(
-        [sys.executable, "-m", "statewright", "agent", "--api-socket", socket, *args],
+        [*prefix, sys.executable, "-m", "statewright", "agent", "--api-socket", socket, *args],
         stdout=f, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, text=True, cwd=REPO,
     )
     f.close()

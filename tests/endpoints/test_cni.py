@@ -372,3 +372,66 @@ def test_agent_restart_keeps_pods_and_drops_vanished(netns_names: dict[str, str]
         second.stop()
         remove_pins("memory", pin_dir)
         shutil.rmtree(state, ignore_errors=True)
+
+
+def test_agent_answers_over_the_plugins_http(tmp_path: Any) -> None:
+    """The plugin's own HTTP exchange: bodies by Content-Length, chunked or to EOF; an
+    allowed 404; error statuses and malformed answers as CNI errors (5)."""
+    import socket
+    import threading
+
+    answers = [
+        b'HTTP/1.1 200 OK\r\nContent-Length: 8\r\n\r\n{"a": 1}trailing',
+        b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"
+        b'4\r\n{"b"\r\n3\r\n: 2\r\n1\r\n}\r\n0\r\n\r\n',
+        b'HTTP/1.0 200 OK\r\n\r\n{"c": 3}',
+        b"HTTP/1.1 404 Not Found\r\nContent-Length: 2\r\n\r\n{}",
+        b'HTTP/1.1 409 Conflict\r\nContent-Length: 17\r\n\r\n{"error": "busy"}',
+        b"garbage",
+    ]
+    path = str(tmp_path / "agent.sock")
+    server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    server.bind(path)
+    server.listen()
+    requests: list[bytes] = []
+
+    def serve() -> None:
+        for answer in answers:
+            conn, _ = server.accept()
+            with conn:
+                requests.append(conn.recv(65536))
+                conn.sendall(answer)
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    api = cni.AgentAPI(path, timeout=5)
+    try:
+        assert api.request("PUT", "/endpoint/x", {"k": "v"}) == {"a": 1}
+        assert api.request("GET", "/ipam") == {"b": 2}
+        assert api.request("GET", "/ipam") == {"c": 3}
+        assert api.request("GET", "/endpoint/y", not_found_ok=True) is None
+        with pytest.raises(cni.CNIError) as ei:
+            api.request("DELETE", "/endpoint/z")
+        assert ei.value.code == cni.ERR_IO and "409" in ei.value.msg and "busy" in ei.value.msg
+        with pytest.raises(cni.CNIError) as ei:
+            api.request("GET", "/ipam")
+        assert ei.value.code == cni.ERR_IO
+    finally:
+        thread.join(5)
+        server.close()
+    head, _, body = requests[0].partition(b"\r\n\r\n")
+    assert head.startswith(b"PUT /endpoint/x HTTP/1.1\r\n")
+    assert b"Content-Length: 10" in head and json.loads(body) == {"k": "v"}
+
+
+def test_plugin_imports_nothing_heavy() -> None:
+    """The plugin is a new process per call: its import must not pull in pyroute2,
+    http.client (and the email package), asyncio or subprocess (docs/endpoints.md)."""
+    code = (
+        "import sys, statewright.cni\n"
+        "heavy = ('pyroute2', 'http', 'email', 'asyncio', 'anyio', 'subprocess', 'ssl')\n"
+        "print(sorted(m for m in sys.modules if m.split('.')[0] in heavy))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=60, check=True)
+    assert out.stdout.strip() == "[]", out.stdout

@@ -6,6 +6,7 @@ prune after initialization, bad requests changing nothing."""
 from __future__ import annotations
 
 import ipaddress
+import json
 import os
 import shutil
 import tempfile
@@ -358,3 +359,155 @@ def test_config_from_agent_config_and_health(tmp_path: Any) -> None:
         anyio.run(main)
     finally:
         remove_pins("memory", cfg.pin_dir)
+
+
+# ----- lifecycle states ---------------------------------------------------------------------
+
+
+def _gate(comp: EndpointsComponent, op: str, gate: anyio.Event) -> None:
+    """Make the endpoint-map reconciler's ``op`` (update or delete) of endpoint entries
+    wait for ``gate`` (host and world entries pass)."""
+    ops = comp.ops["endpoint-map"]
+    orig = getattr(ops, op)
+
+    async def gated(txn: Any, revision: int, obj: Any) -> None:
+        if obj.owner.startswith("endpoint:"):
+            await gate.wait()
+        orig(txn, revision, obj)
+
+    setattr(ops, op, gated)
+
+
+def test_ready_only_after_the_entries_are_in_the_maps(setup: EndpointsConfig) -> None:
+    async def main() -> None:
+        async with running_agent(setup) as (_hive, comp):
+            mgr = comp.manager
+            assert mgr is not None
+            gate = anyio.Event()
+            _gate(comp, "update", gate)
+            seen: list[tuple[str, bool, bool]] = []
+
+            async def observe() -> None:
+                # every state the row takes, with whether its entries were in the maps then
+                while True:
+                    rows, watch = mgr.endpoints.all_watch(mgr.db.read_txn())
+                    for ep in rows:
+                        ip = str(ep.ipv4)
+                        got = (ep.state.value, ip4key(ip) in lxc_entries(comp),
+                               net_key(f"{ip}/32") in ipcache_entries(comp))
+                        if not seen or seen[-1] != got:
+                            seen.append(got)
+                    await watch.wait_async()
+
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(observe)
+                ep = await call(comp, "PUT", "/endpoint/0", POD)
+                assert ep["state"] == "regenerating"
+                ip = ep["addressing"]["ipv4"]
+                # the ipcache entry is written, the lxc one waits: still regenerating
+                await wait_for(lambda: net_key(f"{ip}/32") in ipcache_entries(comp), "ipcache")
+                await anyio.sleep(0.2)
+                assert mgr.get("1").state.value == "regenerating"
+                assert ip4key(ip) not in lxc_entries(comp)
+                gate.set()
+                await wait_for(lambda: mgr.get("1").state.value == "ready", "ready")
+                await anyio.sleep(0.05)
+                tg.cancel_scope.cancel()
+            assert ip4key(ip) in lxc_entries(comp)
+            assert [s for s, _, _ in seen] == ["regenerating", "ready"], seen
+            assert all(lxc and ipc for s, lxc, ipc in seen if s == "ready"), seen
+            # a change of its entries (new labels, new identity) regenerates it again
+            p = await call(comp, "PATCH", "/endpoint/1", {"labels": ["k8s:app=other"]})
+            assert p["state"] == "regenerating"
+            await wait_for(lambda: mgr.get("1").state.value == "ready", "ready again")
+            assert lxc_entries(comp)[ip4key(ip)].sec_id == p["identity"]
+
+    anyio.run(main)
+
+
+def test_disconnecting_until_the_entries_are_removed(setup: EndpointsConfig) -> None:
+    async def main() -> None:
+        async with running_agent(setup) as (_hive, comp):
+            mgr = comp.manager
+            assert mgr is not None
+            ep = await call(comp, "PUT", "/endpoint/0", POD)
+            ip = ep["addressing"]["ipv4"]
+            await wait_for(lambda: mgr.get("1").state.value == "ready", "ready")
+            gate = anyio.Event()
+            _gate(comp, "delete", gate)
+            answer: list[Any] = []
+
+            async def delete() -> None:
+                answer.append(await call(comp, "DELETE", "/endpoint/1"))
+
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(delete)
+                await wait_for(lambda: mgr.get("1").state.value == "disconnecting", "disconnecting")
+                await anyio.sleep(0.2)
+                # still there, its lxc entry too; the request has not been answered
+                assert not answer and ip4key(ip) in lxc_entries(comp)
+                assert (await call(comp, "GET", "/endpoint/1"))["state"] == "disconnecting"
+                state_file = os.path.join(setup.state_dir, "endpoints", "1.json")
+                with open(state_file) as f:
+                    assert '"disconnecting"' in f.read()
+                with pytest.raises(ApiError) as ei:
+                    await call(comp, "PATCH", "/endpoint/1", {"labels": ["k8s:app=x"]})
+                assert ei.value.status == 409 and "being deleted" in str(ei.value)
+                gate.set()
+            # answered once the entries are out of the maps
+            assert answer == [{"deleted": 1}]
+            assert ip4key(ip) not in lxc_entries(comp)
+            assert net_key(f"{ip}/32") not in ipcache_entries(comp)
+            assert mgr.all() == [] and not os.path.exists(state_file)
+            assert comp.ipam is not None
+            assert comp.ipam.owner_of(mgr.db.read_txn(), ipaddress.ip_address(ip)) is None
+
+    anyio.run(main)
+
+
+def test_restoring_until_the_restore_is_complete(setup: EndpointsConfig) -> None:
+    """Restored endpoints are ``restoring`` while the state directory is read back, then
+    ``regenerating`` and ``ready``; one whose deletion was under way is removed."""
+
+    async def first_run() -> list[dict[str, Any]]:
+        async with running_agent(setup) as (_hive, comp):
+            eps = [
+                await call(comp, "PUT", "/endpoint/0",
+                           {**POD, "container-id": f"c{i}", "interface-index": 50 + i})
+                for i in range(3)
+            ]
+            mgr = comp.manager
+            assert mgr is not None
+            await wait_for(lambda: all(e.state.value == "ready" for e in mgr.all()), "ready")
+            return eps
+
+    eps = anyio.run(first_run)
+    # the agent died while endpoint 3 was being deleted
+    path = os.path.join(setup.state_dir, "endpoints", "3.json")
+    with open(path) as f:
+        doc = json.load(f)
+    with open(path, "w") as f:
+        json.dump({**doc, "state": "disconnecting"}, f)
+
+    async def second_run() -> None:
+        db = DB()
+        during: list[dict[int, str]] = []
+
+        def link_exists(ep: Endpoint) -> bool:
+            table = next(t for t in db.tables if t.name == "endpoints")
+            during.append({e.id: e.state.value for e in table.all(db.read_txn())})
+            return True
+
+        async with running_agent(setup, link_exists=link_exists, db=db) as (_hive, comp):
+            mgr = comp.manager
+            assert mgr is not None and comp.ipam is not None
+            assert during == [{}, {1: "restoring"}]
+            assert comp.restore_result.restored == [1, 2]
+            assert comp.restore_result.removed == [3]
+            assert all(e.state.value in ("regenerating", "ready") for e in mgr.all())
+            await wait_for(lambda: all(e.state.value == "ready" for e in mgr.all()), "ready")
+            ip3 = ipaddress.ip_address(eps[2]["addressing"]["ipv4"])
+            assert comp.ipam.owner_of(db.read_txn(), ip3) is None
+            assert not os.path.exists(path)
+
+    anyio.run(second_run)

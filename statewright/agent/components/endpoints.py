@@ -13,13 +13,19 @@ Start-up order, so nothing is pruned or served too early:
 2. open (adopt) the pinned maps and start the two reconcilers;
 3. restore IPAM, then the endpoints (tables/endpoint_manager.py: those whose interface is
    gone are removed and their addresses released), then the host and world entries;
-4. complete the initializer: the reconcilers prune whatever no row explains;
+4. complete the initializer: the reconcilers prune whatever no row explains; the
+   restored endpoints go from ``restoring`` to ``regenerating``;
 5. follow the node addresses (host entries) and the entry statuses (endpoints become
    ``ready`` once their entries are written).
 
 Routes follow Cilium's API: ``PUT/GET/PATCH/DELETE /endpoint/{id}``, ``GET /endpoint``,
 ``POST /ipam`` (``?family=ipv4|ipv6&owner=..``), ``POST /ipam/{ip}``, ``DELETE /ipam/{ip}``,
 ``GET /ipam``. A bad request gets a 4xx `ApiError` with the reason and changes nothing.
+
+``DELETE /endpoint/{id}`` answers once both reconcilers have processed the removal of the
+endpoint's entries (normally: they are out of the maps): the endpoint is
+``disconnecting`` meanwhile, at most ``DISCONNECT_TIMEOUT`` seconds. A removal that failed
+is the reconcilers' to retry and shows in health; the deletion completes anyway.
 """
 
 from __future__ import annotations
@@ -70,6 +76,8 @@ from tables.state_dir import StateDirError
 log = logging.getLogger("statewright.agent.endpoints")
 
 RESTORE_INITIALIZER = "endpoint-restore"
+#: How long a deletion waits for the reconcilers to remove the endpoint's map entries.
+DISCONNECT_TIMEOUT = 10.0
 NODE_ADDRESSES_TABLE = "node-addresses"
 
 
@@ -183,6 +191,7 @@ class EndpointsComponent(Component):
         with db.write_txn(entries.lxc, entries.ipcache) as txn:
             done_lxc(txn)
             done_ipc(txn)
+        manager.finish_restore()
         await hive.spawn(self, self._follow_node_addresses(db, manager), label="endpoints-host")
         await hive.spawn(self, self._follow_entries(db, manager), label="endpoints-ready")
         hive.provide("endpoints", manager)
@@ -319,8 +328,28 @@ class EndpointsComponent(Component):
         return ep.to_json()
 
     async def _delete(self, req: Request) -> Any:
-        ep = await _call(self._mgr().delete, req.params["id"])
+        mgr = self._mgr()
+        ep, revisions = await _call(mgr.begin_delete, req.params["id"])
+        await self._wait_entries_removed(ep.id, revisions)
+        await _call(mgr.finish_delete, ep)
         return {"deleted": ep.id}
+
+    async def _wait_entries_removed(self, ep_id: int, revisions: tuple[int, int]) -> None:
+        """Wait until both reconcilers attempted every change up to ``revisions`` (the
+        endpoint's entries deleted from the maps); bounded by DISCONNECT_TIMEOUT."""
+        pending = list(zip(("endpoint-map", "ipcache"), revisions, strict=True))
+        with anyio.move_on_after(DISCONNECT_TIMEOUT) as scope:
+            for name, revision in pending:
+                rec = self.reconcilers.get(name)
+                if rec is not None:
+                    await rec.wait_until_reconciled(revision)
+        if scope.cancelled_caught:
+            log.warning(
+                "endpoint %d: map entries not removed within %.0f s; deleting it anyway "
+                "(the reconcilers keep retrying)",
+                ep_id,
+                DISCONNECT_TIMEOUT,
+            )
 
     async def _ipam_status(self, req: Request) -> Any:
         self._mgr()
