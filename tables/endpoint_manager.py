@@ -117,8 +117,11 @@ class EndpointManager:
         state_dir: str | None,
         endpoints: Table[Endpoint] | None = None,
         entries: EntryTables | None = None,
+        netns_cookie: Callable[[str], int] | None = None,
     ) -> None:
         self.db = db
+        #: Reads the cookie of a netns path (statewright.netns_cookie); None: not read.
+        self.netns_cookie = netns_cookie
         self.ipam = ipam
         self.identities = identities
         self.state_dir = state_dir
@@ -202,7 +205,7 @@ class EndpointManager:
             taken = [] if ep.external_ipam else self._take_addresses(ep, change)
             try:
                 ep = replace(ep, **{f"ipv{ip.version}": ip for ip in taken})  # type: ignore[arg-type]
-                return self._commit_new(ep)
+                return self._commit_new(self._with_cookie(ep))
             except BaseException:
                 for ip in taken:
                     self._release_quiet(ip)
@@ -246,6 +249,8 @@ class EndpointManager:
         with self._lock:
             old = self.get(ref)
             new = change.apply(old)
+            if new.netns_path != old.netns_path:
+                new = self._with_cookie(replace(new, netns_cookie=0))
             if new.addresses() != old.addresses() or new.external_ipam != old.external_ipam:
                 raise EndpointRequestError(
                     f"endpoint {ref}: addressing and external-ipam cannot change "
@@ -389,7 +394,7 @@ class EndpointManager:
                             ident.id,
                         )
                     ep = replace(ep, identity=ident.id, state=EndpointState.REGENERATING)
-                    self.endpoints.insert(wtxn, ep)
+                    self.endpoints.insert(wtxn, self._with_cookie(ep))
                     self.entries.set_endpoint(wtxn, ep, previous=[])
                 result.restored.append(ep.id)
         log.info(
@@ -401,6 +406,18 @@ class EndpointManager:
         return result
 
     # ----- internals ----------------------------------------------------------------------------
+    def _with_cookie(self, ep: Endpoint) -> Endpoint:
+        """``ep`` with the cookie of its netns path; unchanged (cookie 0) when there is no
+        path or reader, or when the namespace cannot be read (logged: the endpoint works,
+        but its socket-level policy is not enforced)."""
+        if self.netns_cookie is None or not ep.netns_path:
+            return ep
+        try:
+            return replace(ep, netns_cookie=self.netns_cookie(ep.netns_path))
+        except OSError as e:
+            log.warning("endpoint %d: no netns cookie: %s", ep.id, e)
+            return ep
+
     def _pick_id(self, ref: str, txn: ReadTxn) -> int:
         if ":" not in ref and _parse_id(ref) != 0:
             return _parse_id(ref)  # resolve() found nothing under it: free
