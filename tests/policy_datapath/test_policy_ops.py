@@ -5,7 +5,6 @@ the first entry, removed with the last row), prune, and convergence under inject
 from __future__ import annotations
 
 import os
-import uuid
 from collections.abc import Iterator
 from dataclasses import replace
 
@@ -13,8 +12,9 @@ import anyio
 import pytest
 
 from bpf.catalog import policy_maps_spec, policy_netns_spec
+from bpf.kernel_map import KernelMap
 from bpf.memory_map import MemoryMap
-from bpf.pinning import pin_path
+from bpf.pinning import MapOpener, pin_path
 from bpf.policy import (
     POLICY_ENTRY,
     POLICY_KEY,
@@ -38,7 +38,7 @@ from tables.policy_entries import (
     new_policy_entries_table,
 )
 from tables.policy_netns import F_EGRESS, desired_rows, new_policy_netns_table, sync_rows
-from tests.pins import remove_memory_pins
+from tests.endpoints.helpers import new_pin_dir, remove_pins
 
 
 def test_key_and_entry_bytes() -> None:
@@ -89,16 +89,21 @@ def test_lpm_lookup_covers_ranges_and_wildcards() -> None:
 
 
 class Harness:
-    """A DB with the policy-entries table, memory maps pinned under a unique prefix."""
+    """A DB with the policy-entries table and maps of one backend pinned under a unique
+    directory (bpffs for the kernel, a memory prefix otherwise)."""
 
-    def __init__(self) -> None:
-        self.pin_dir = f"/memory/statewright-poltest-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    def __init__(self, backend: str) -> None:
+        self.backend = backend
+        self.opener: MapOpener = KernelMap if backend == "kernel" else MemoryMap
+        self.pin_dir = new_pin_dir(backend)
+        if backend == "kernel":
+            os.makedirs(self.pin_dir)
         self.db = DB()
         self.table = new_policy_entries_table()
         self.db.register(self.table)
         spec = policy_maps_spec(max_entries=64, policy_max_entries=256)
-        self.outer = TypedMap(spec, MemoryMap.create(spec))
-        self.maps = PolicyMapSet(self.outer, MemoryMap, self.pin_dir)
+        self.outer = TypedMap(spec, self.opener.create(spec))
+        self.maps = PolicyMapSet(self.outer, self.opener, self.pin_dir)
         self.ops = PolicyOps(self.table, self.maps)
 
     def config(self, ops: object) -> Config[PolicyEntry]:
@@ -123,12 +128,15 @@ class Harness:
                 self.table.delete(txn, r)
 
     def pinned(self) -> set[int]:
-        return {
-            i
-            for p in MemoryMap.pinned_paths()
-            if os.path.dirname(p) == self.pin_dir
-            and (i := endpoint_of_map(os.path.basename(p))) is not None
-        }
+        if self.backend == "kernel":
+            names = os.listdir(self.pin_dir)
+        else:
+            names = [
+                os.path.basename(p)
+                for p in MemoryMap.pinned_paths()
+                if os.path.dirname(p) == self.pin_dir
+            ]
+        return {i for n in names if (i := endpoint_of_map(n)) is not None}
 
     def content(self, ep: int) -> dict[PolicyMapKey, PolicyMapEntry]:
         inner = self.outer.get_inner(ep)
@@ -147,12 +155,12 @@ class Harness:
     def close(self) -> None:
         self.maps.close()
         self.outer.close()
-        remove_memory_pins(self.pin_dir)
+        remove_pins(self.backend, self.pin_dir)
 
 
-@pytest.fixture
-def h() -> Iterator[Harness]:
-    harness = Harness()
+@pytest.fixture(params=["memory", pytest.param("kernel", marks=pytest.mark.kernel)])
+def h(request: pytest.FixtureRequest) -> Iterator[Harness]:
+    harness = Harness(request.param)
     try:
         yield harness
     finally:
@@ -222,7 +230,7 @@ def test_prune_removes_stray_entries_and_maps(h: Harness) -> None:
 
     anyio.run(main)
     assert h.content(4) == h.expected(4)
-    assert not MemoryMap.is_pinned(pin_path(h.pin_dir, policy_map_name(3)))
+    assert not h.opener.is_pinned(pin_path(h.pin_dir, policy_map_name(3)))
 
 
 def test_converges_under_faults(h: Harness) -> None:
