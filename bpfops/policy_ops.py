@@ -80,6 +80,26 @@ def describe(row: PolicyEntry) -> str:
     )
 
 
+def egress_allowed(
+    policy_map: TypedMap[PolicyMapKey, PolicyMapEntry] | None,
+    identity: int,
+    protocol: int,
+    dport: int,
+) -> bool:
+    """The socket program's verdict (bpf/sock_lb.c ``sw_policy_allows``) on one endpoint's
+    map: the identity's entry, then any identity's; a deny wins, no entry or no map denies.
+    For tools and for checking the map encoding against the rows' meaning."""
+    if policy_map is None:
+        return False
+    l3 = policy_map.lookup(PolicyMapKey.lookup(identity, True, protocol, dport))
+    if l3 is not None and l3.deny:
+        return False
+    l4 = policy_map.lookup(PolicyMapKey.lookup(0, True, protocol, dport))
+    if l4 is not None:
+        return not l4.deny
+    return l3 is not None
+
+
 class PolicyMapSet:
     """The per-endpoint policy maps of one pin directory and the ``policy_maps`` hash of
     maps that holds them (see the module doc).

@@ -36,7 +36,9 @@ class PolicyKey:
 
     ``identity`` 0 is any identity; ``protocol`` 0 any protocol (then ``dport`` and
     ``port_prefix_len`` are 0); ``port_prefix_len`` 16 means exactly ``dport``, fewer bits
-    a port range written as a prefix (Cilium's port ranges), 0 any port.
+    a port range written as a prefix (Cilium's port ranges), 0 any port. The bits of
+    ``dport`` beyond the prefix are zero: two keys differing only there would be one map
+    entry.
     """
 
     endpoint_id: int

@@ -10,6 +10,8 @@ from dataclasses import replace
 
 import anyio
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from bpf.catalog import policy_maps_spec, policy_netns_spec
 from bpf.kernel_map import KernelMap
@@ -26,7 +28,14 @@ from bpf.policy import (
     policy_map_name,
 )
 from bpf.typed_map import TypedMap
-from bpfops.policy_ops import PolicyMapSet, PolicyNetnsOps, PolicyOps, map_entry, map_key
+from bpfops.policy_ops import (
+    PolicyMapSet,
+    PolicyNetnsOps,
+    PolicyOps,
+    egress_allowed,
+    map_entry,
+    map_key,
+)
 from reconciler import Config, Reconciler
 from reconciler.testing import FaultPlan, FaultyOps, wait_until_done
 from statedb import DB
@@ -297,3 +306,78 @@ def test_netns_rows_and_ops() -> None:
     ops.prune(txn, iter(table.all(txn)))
     assert dict(m.items()) == {44: PolicyNetns(4, 0)}
     m.close()
+
+
+def _reference(rows: list[PolicyEntry], identity: int, proto: int, port: int) -> bool:
+    """The verdict by arithmetic on the rows: per identity set (the identity's, then any
+    identity's) the matching row with the most specific protocol/port wins; a deny among
+    the two winners denies, any winner allows, none denies."""
+
+    def specificity(k: PolicyKey) -> int:
+        if k.protocol == 0:
+            return 0
+        return 8 + k.port_prefix_len
+
+    def matches(k: PolicyKey) -> bool:
+        if k.protocol == 0:
+            return True
+        if k.protocol != proto:
+            return False
+        shift = 16 - k.port_prefix_len
+        return k.port_prefix_len == 0 or (port >> shift) == (k.dport >> shift)
+
+    def best(ident: int) -> PolicyEntry | None:
+        found = [r for r in rows if r.key.identity == ident and matches(r.key)]
+        return max(found, key=lambda r: specificity(r.key), default=None)
+
+    l3, l4 = best(identity), best(0)
+    if (l3 is not None and l3.deny) or (l4 is not None and l4.deny):
+        return False
+    return l3 is not None or l4 is not None
+
+
+_idents = st.sampled_from([0, 100, 101])
+_protos = st.sampled_from([0, 6, 17])
+
+
+@st.composite
+def _rows(draw: st.DrawFn) -> list[PolicyEntry]:
+    out: dict[PolicyMapKey, PolicyEntry] = {}
+    for _ in range(draw(st.integers(0, 12))):
+        proto = draw(_protos)
+        plen = 0 if proto == 0 else draw(st.sampled_from([0, 8, 12, 14, 16]))
+        port = draw(st.integers(0, 0xFFFF)) if plen else 0
+        port &= (0xFFFF << (16 - plen)) & 0xFFFF
+        key = PolicyKey(1, draw(_idents), True, proto, port, plen)
+        row = PolicyEntry(key, deny=draw(st.booleans()))
+        out[map_key(key)] = row  # one row per map entry, as the control plane writes them
+    return list(out.values())
+
+
+@settings(max_examples=60, deadline=None, derandomize=True)
+@given(
+    rows=_rows(),
+    probes=st.lists(
+        st.tuples(_idents.filter(bool), st.sampled_from([6, 17]), st.integers(0, 0xFFFF)),
+        min_size=1,
+        max_size=20,
+    ),
+)
+def test_map_verdict_equals_reference(
+    rows: list[PolicyEntry], probes: list[tuple[int, int, int]]
+) -> None:
+    """The socket program's lookups on the encoded map give the verdict the rows mean,
+    for random wildcards, port prefixes, identities and denies (memory LPM trie)."""
+    spec = policy_maps_spec().inner
+    assert spec is not None
+    m = TypedMap(spec, MemoryMap.create(spec))
+    try:
+        for r in rows:
+            m.update(map_key(r.key), map_entry(r))
+        for ident, proto, port in probes:
+            # probe the rows' own ports too: the edges of every range
+            for p in (port, *(r.key.dport for r in rows)):
+                want = _reference(rows, ident, proto, p)
+                assert egress_allowed(m, ident, proto, p) == want, (ident, proto, p)
+    finally:
+        m.close()
