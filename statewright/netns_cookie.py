@@ -13,12 +13,15 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import errno
+import logging
 import os
 import socket
 import sys
 import threading
 
 from statedb.errors import StatewrightError
+
+log = logging.getLogger("statewright.netns_cookie")
 
 SO_NETNS_COOKIE = 71  # <asm-generic/socket.h>; Linux 5.14 and later
 CLONE_NEWNET = 0x40000000
@@ -47,33 +50,40 @@ def own_netns_cookie() -> int:
     return int.from_bytes(raw, sys.byteorder)
 
 
-def _read_in(path: str, out: list[int | BaseException]) -> None:
+def _enter_and_read(path: str) -> int:
+    """Enter the namespace at ``path`` with the calling thread and read its cookie; the
+    thread returns to its own namespace afterwards (it ends right after in any case)."""
     try:
         home = os.open("/proc/thread-self/ns/net", os.O_RDONLY | os.O_CLOEXEC)
     except OSError as e:
-        out.append(NetnsCookieError(e.errno or errno.EIO, path, "open own namespace"))
-        return
+        raise NetnsCookieError(e.errno or errno.EIO, path, "open own namespace") from None
     try:
         try:
             target = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
         except OSError as e:
-            out.append(NetnsCookieError(e.errno or errno.EIO, path, "open"))
-            return
+            raise NetnsCookieError(e.errno or errno.EIO, path, "open") from None
         try:
             _setns(target, path, "enter")
-        except NetnsCookieError as e:
-            out.append(e)
-            return
         finally:
             os.close(target)
         try:
-            out.append(own_netns_cookie())
+            return own_netns_cookie()
         except OSError as e:
-            out.append(NetnsCookieError(e.errno or errno.EIO, path, "read SO_NETNS_COOKIE"))
+            raise NetnsCookieError(e.errno or errno.EIO, path, "read SO_NETNS_COOKIE") from None
         finally:
-            _setns(home, path, "return to the agent's namespace")
+            try:
+                _setns(home, path, "return to the agent's namespace")
+            except NetnsCookieError as e:
+                log.warning("%s (the reader thread ends now)", e)
     finally:
         os.close(home)
+
+
+def _read_in(path: str, out: list[int | BaseException]) -> None:
+    try:
+        out.append(_enter_and_read(path))
+    except BaseException as e:  # handed to the caller's thread
+        out.append(e)
 
 
 def netns_cookie(path: str) -> int:
