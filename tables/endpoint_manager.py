@@ -384,6 +384,7 @@ class EndpointManager:
                 for ip in [] if ep.external_ipam else ep.addresses():
                     if self.ipam.owner_of(self.db.read_txn(), ip) is None:
                         self.ipam.allocate(ip, ep.ipam_owner)
+                ep = self._with_cookie(ep)  # before the transaction: it enters the netns
                 with self.db.write_txn(*self._tables()) as wtxn:
                     ident = self.identities.acquire(wtxn, ep.labels, want=ep.identity)
                     if ident.id != ep.identity:
@@ -394,7 +395,7 @@ class EndpointManager:
                             ident.id,
                         )
                     ep = replace(ep, identity=ident.id, state=EndpointState.REGENERATING)
-                    self.endpoints.insert(wtxn, self._with_cookie(ep))
+                    self.endpoints.insert(wtxn, ep)
                     self.entries.set_endpoint(wtxn, ep, previous=[])
                 result.restored.append(ep.id)
         log.info(
