@@ -167,3 +167,12 @@ def all_specs() -> dict[str, MapSpec[Any, Any]]:
         policy_netns_spec(),
     ]
     return {s.name: s for s in specs}
+
+
+def spec_for(name: str) -> MapSpec[Any, Any] | None:
+    """The spec of the map pinned as ``name`` with default capacities: a catalogue map, or
+    an endpoint's ``cilium_policy_v2_<id>``; None for other names."""
+    ep = policy.endpoint_of_map(name)
+    if ep is not None:
+        return policy_map_spec(ep)
+    return all_specs().get(name)

@@ -13,7 +13,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from bpf.catalog import policy_maps_spec, policy_netns_spec
+from bpf.catalog import policy_maps_spec, policy_netns_spec, spec_for
 from bpf.kernel_map import KernelMap
 from bpf.memory_map import MemoryMap
 from bpf.pinning import MapOpener, pin_path
@@ -73,6 +73,9 @@ def test_key_and_entry_bytes() -> None:
     assert endpoint_of_map("cilium_policy_v2_00042") == 42
     assert endpoint_of_map("cilium_policy_v2") is None
     assert endpoint_of_map("policy_maps") is None
+    spec = spec_for("cilium_policy_v2_00042")
+    assert spec is not None and spec.name == "cilium_policy_v2_00042" and spec.key is POLICY_KEY
+    assert spec_for("policy_netns") is not None and spec_for("nothing") is None
 
 
 def test_lpm_lookup_covers_ranges_and_wildcards() -> None:
