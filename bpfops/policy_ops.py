@@ -16,6 +16,11 @@ removes:
   deletes the entries no row explains and removes the maps of endpoints without rows,
   also maps pinned by an earlier run and never opened since.
 
+Installing a map in ``policy_maps`` or deleting it from there makes the kernel wait for an
+RCU grace period (milliseconds): those steps, and the prune, run in a worker thread (the
+operation returns an awaitable then), so the event loop never waits for them. Writing an
+entry into an open map stays on the loop (one or two syscalls).
+
 ``PolicyNetnsOps`` writes the ``policy-netns`` table (tables/policy_netns.py) into
 ``policy_netns``: network-namespace cookie -> endpoint id and the directions its policy
 enforces. The socket program finds the connecting endpoint there; an endpoint that does
@@ -30,8 +35,11 @@ import errno as errno_mod
 import logging
 import os
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Awaitable, Iterator
 from typing import Any
+
+import anyio
+import anyio.to_thread
 
 from bpf.catalog import policy_map_spec
 from bpf.errors import MapError
@@ -128,6 +136,10 @@ class PolicyMapSet:
         """The spec of ``endpoint_id``'s map."""
         return policy_map_spec(endpoint_id, self.max_entries)
 
+    def is_open(self, endpoint_id: int) -> bool:
+        """Whether the endpoint's map is open here (using it needs no map-in-map update)."""
+        return endpoint_id in self._maps
+
     def get(self, endpoint_id: int) -> TypedMap[PolicyMapKey, PolicyMapEntry] | None:
         """The endpoint's map if it exists (open, or pinned by an earlier run), else None."""
         m = self._maps.get(endpoint_id)
@@ -156,12 +168,28 @@ class PolicyMapSet:
         except MapError as e:
             raise PolicyMapError(spec.name, "create", f"endpoint {endpoint_id}", e) from e
         try:
-            self.outer.set_inner(endpoint_id, m)
+            if not self._installed(endpoint_id, m):
+                self.outer.set_inner(endpoint_id, m)
         except MapError as e:
             m.close()
             raise PolicyMapError(self.outer.name, "install", f"endpoint {endpoint_id}", e) from e
         self._maps[endpoint_id] = m
         return m
+
+    def _installed(self, endpoint_id: int, m: TypedMap[Any, Any]) -> bool:
+        """Whether ``policy_maps`` already holds ``m`` for the endpoint (an adopted map
+        after a restart: no map-in-map update needed)."""
+        try:
+            raw = self.outer.backend.lookup(self.outer.spec.key.encode(endpoint_id))
+        except MapError:
+            return False
+        if raw is None:
+            return False
+        installed = int.from_bytes(raw, "little")
+        if self.opener is MemoryMap:
+            return installed == m.backend.fd
+        own = m.backend.info().id
+        return own != 0 and installed == own
 
     def remove(self, endpoint_id: int) -> None:
         """Remove the endpoint's map: out of ``policy_maps``, unpinned, closed."""
@@ -233,14 +261,25 @@ class PolicyOps:
         self.deletes = 0
         self.writes_by_endpoint: Counter[int] = Counter()
 
-    def update(self, txn: ReadTxn, revision: int, obj: PolicyEntry) -> None:
-        """Write the entry of ``obj`` into its endpoint's map unless it holds exactly it.
+    def update(self, txn: ReadTxn, revision: int, obj: PolicyEntry) -> Awaitable[None] | None:
+        """Write the entry of ``obj`` into its endpoint's map unless it holds exactly it
+        (an awaitable when the map must first be created or adopted: module doc).
 
         An LPM lookup with the entry's own key returns that entry or a shorter one
         covering it; the value carries the matched prefix length, so an equal value
         means this very entry is stored."""
         ep = obj.key.endpoint_id
-        m = self.maps.ensure(ep)
+        if not self.maps.is_open(ep):
+            return self._update_new_map(obj)
+        self._write(self.maps.ensure(ep), obj)
+        return None
+
+    async def _update_new_map(self, obj: PolicyEntry) -> None:
+        m = await anyio.to_thread.run_sync(self.maps.ensure, obj.key.endpoint_id)
+        self._write(m, obj)
+
+    def _write(self, m: TypedMap[PolicyMapKey, PolicyMapEntry], obj: PolicyEntry) -> None:
+        ep = obj.key.endpoint_id
         key, value = map_key(obj.key), map_entry(obj)
         try:
             if m.lookup(key) == value:
@@ -252,15 +291,23 @@ class PolicyOps:
         self.writes += 1
         self.writes_by_endpoint[ep] += 1
 
-    def delete(self, txn: ReadTxn, revision: int, obj: PolicyEntry) -> None:
+    def delete(self, txn: ReadTxn, revision: int, obj: PolicyEntry) -> Awaitable[None] | None:
         """Delete the entry of ``obj`` (an absent one is fine); remove the endpoint's map
-        once no row of the endpoint is left."""
+        once no row of the endpoint is left (then an awaitable: module doc)."""
         ep = obj.key.endpoint_id
         if not self._has_rows(txn, ep):
-            if ep in self.maps.endpoint_ids():
-                self.maps.remove(ep)
-            return
-        m = self.maps.get(ep)
+            return anyio.to_thread.run_sync(self._remove_if_present, ep)
+        if not self.maps.is_open(ep):
+            return anyio.to_thread.run_sync(self._delete_entry, obj)
+        self._delete_entry(obj)
+        return None
+
+    def _remove_if_present(self, endpoint_id: int) -> None:
+        if endpoint_id in self.maps.endpoint_ids():
+            self.maps.remove(endpoint_id)
+
+    def _delete_entry(self, obj: PolicyEntry) -> None:
+        m = self.maps.get(obj.key.endpoint_id)
         if m is None:
             return
         try:
@@ -271,11 +318,15 @@ class PolicyOps:
             raise PolicyMapError(m.name, "delete", describe(obj), e) from e
         self.deletes += 1
 
-    def prune(self, txn: ReadTxn, objects: Iterator[PolicyEntry]) -> None:
-        """Delete every entry no row explains; remove the maps of endpoints without rows."""
+    async def prune(self, txn: ReadTxn, objects: Iterator[PolicyEntry]) -> None:
+        """Delete every entry no row explains; remove the maps of endpoints without rows
+        (in a worker thread: module doc)."""
         want: dict[int, set[PolicyMapKey]] = {}
         for row in objects:
             want.setdefault(row.key.endpoint_id, set()).add(map_key(row.key))
+        await anyio.to_thread.run_sync(self._prune, want)
+
+    def _prune(self, want: dict[int, set[PolicyMapKey]]) -> None:
         for ep in sorted(self.maps.endpoint_ids()):
             keys = want.get(ep)
             if keys is None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 from collections.abc import Iterator
 from dataclasses import replace
+from typing import Any
 
 import anyio
 import pytest
@@ -384,3 +385,27 @@ def test_map_verdict_equals_reference(
                 assert egress_allowed(m, ident, proto, p) == want, (ident, proto, p)
     finally:
         m.close()
+
+
+def test_adopted_map_is_not_installed_again(h: Harness) -> None:
+    """A restarted agent adopts an endpoint's pinned map that policy_maps already holds
+    without a map-in-map update (each costs the kernel an RCU grace period)."""
+    h.maps.ensure(5)
+    h.maps.close()
+    installs: list[int] = []
+
+    class CountingOuter:
+        """policy_maps, counting set_inner calls."""
+
+        def __getattr__(self, name: str) -> Any:
+            return getattr(h.outer, name)
+
+        def set_inner(self, key: int, inner: Any, flags: int = 0) -> None:
+            installs.append(key)
+            h.outer.set_inner(key, inner, flags)
+
+    again = PolicyMapSet(CountingOuter(), h.opener, h.pin_dir)  # type: ignore[arg-type]
+    again.ensure(5)
+    again.ensure(6)
+    assert installs == [6]
+    again.close()
