@@ -12,7 +12,10 @@ import tempfile
 import anyio
 import pytest
 
+from bpf.catalog import policy_maps_spec, policy_netns_spec
+from bpf.factory import BackendConfig, MapFactory
 from bpf.policy import POLICY_MAPS, POLICY_NETNS, PolicyNetns, policy_map_name
+from bpfops.policy_ops import PolicyMapSet
 from reconciler.status import StatusKind
 from statewright.agent.components.endpoints import EndpointsComponent, EndpointsConfig
 from statewright.agent.components.policy_maps import PolicyMapsComponent, PolicyMapsConfig
@@ -83,3 +86,25 @@ def test_component_writes_maps_and_netns() -> None:
     finally:
         remove_pins("memory", pin_dir)
         shutil.rmtree(state, ignore_errors=True)
+
+
+@pytest.mark.kernel
+def test_cleanup_unpins_every_policy_map() -> None:
+    """``statewright agent --cleanup``: policy_maps, policy_netns and every endpoint's map."""
+    pin_dir = new_pin_dir("kernel")
+    factory = MapFactory(BackendConfig(backend="kernel", pin_dir=pin_dir))
+    try:
+        outer = factory.open_typed(policy_maps_spec())
+        factory.open_typed(policy_netns_spec()).close()
+        maps = PolicyMapSet(outer, factory.opener, pin_dir)
+        maps.ensure(3)
+        maps.close()
+        outer.close()
+        removed = PolicyMapsComponent(PolicyMapsConfig("kernel", pin_dir)).cleanup()
+        assert sorted(removed) == sorted(
+            f"pin {os.path.join(pin_dir, n)}"
+            for n in (POLICY_MAPS, POLICY_NETNS, policy_map_name(3))
+        )
+        assert os.listdir(pin_dir) == []
+    finally:
+        remove_pins("kernel", pin_dir)
