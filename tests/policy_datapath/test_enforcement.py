@@ -3,7 +3,9 @@ created with statewright-cni in network namespaces of the test's own, a test age
 (db, endpoints, policy-maps components on kernel maps pinned in a unique directory), the
 socket program attached to a cgroup of the test's own holding pod1's client process.
 
-The policy tables are filled as the policy control plane would fill them. Each change is
+The policy tables are filled as the policy control plane would fill them; a ClusterIP
+service with pod2 as its backend shows that the check applies to the translated
+destination (pod2's identity and port, not the service's). Each change is
 timed from its commit to the first connection that shows it (printed as JSON; bounded,
 never asserted below the bound). Everything created is removed afterwards, also on failure.
 """
@@ -29,7 +31,9 @@ import pytest
 
 from bpf.datapath import DEFAULT_OBJECT, DatapathConfig, DatapathError, SockLB, cgroup2_mount
 from bpf.policy import policy_map_name
+from bpfops.frontend_ops import FrontendOps
 from bpfops.lb_maps import LBMaps, LBMapsConfig
+from bpfops.model import Addr, BackendSpec, FrontendSpec, LBOpsConfig, ServiceSpec
 from statedb import DB
 from statewright.agent.components.endpoints import EndpointsConfig
 from statewright.agent.components.policy_maps import PolicyMapsComponent, PolicyMapsConfig
@@ -47,6 +51,8 @@ PID = os.getpid()
 PORT = 8765  # allowed by the test's rule
 OTHER_PORT = 9001  # allowed only by the port-range rule
 BOUND_S = 5.0  # every change must show within this time
+VIP = "10.96.79.10"  # a ClusterIP whose backend is pod2:PORT (routed nowhere: translated)
+VIP_PORT = 80
 
 SERVER = """
 import socket, sys, threading
@@ -159,6 +165,7 @@ class Pods:
     """What the test works with."""
 
     agent: PolicyAgent
+    lb: FrontendOps[Any]
     client: Proc
     ep1: Endpoint
     ep2: Endpoint
@@ -202,6 +209,7 @@ def pods(netns_names: dict[str, str]) -> Iterator[Pods]:  # noqa: F811
 
         lb_maps = LBMaps.open(LBMapsConfig(backend="kernel", pin_dir=pin_dir))
         stack.callback(lb_maps.close)
+        lb: FrontendOps[Any] = FrontendOps(lb_maps, LBOpsConfig())
         cgroup = os.path.join(mount, f"statewright-poltest-{tag}")
         os.mkdir(cgroup)
         stack.callback(_remove_cgroup, cgroup)
@@ -236,7 +244,7 @@ def pods(netns_names: dict[str, str]) -> Iterator[Pods]:  # noqa: F811
             f.write(str(client.proc.pid))
         client.send("go")
         assert json.loads(client.line()) == {"ready": True}
-        yield Pods(agent, client, ep1, ep2, pin_dir)
+        yield Pods(agent, lb, client, ep1, ep2, pin_dir)
 
 
 def _until(
@@ -279,12 +287,24 @@ def test_default_deny_then_allow_on_real_connections(pods: Pods) -> None:
     for host in (ip4, ip6):
         _until(pods, f"baseline {host}", {"op": "tcp", "host": host, "port": PORT}, _ok)
 
+    # a service whose backend is pod2:PORT: the policy sees the backend, not the VIP
+    vip = {"op": "tcp", "host": VIP, "port": VIP_PORT}
+    fe = FrontendSpec(
+        Addr.of(VIP, VIP_PORT, "TCP"),
+        "ClusterIP",
+        ServiceSpec("default/pod2-svc"),
+        (BackendSpec(Addr.of(ip4, PORT, "TCP")),),
+    )
+    pods.lb.update_spec(None, fe)
+    assert _ok(client.call(vip))
+
     # default deny: pod1 selected by an egress policy without rules
     with db.write_txn(modes) as txn:
         modes.insert(txn, PolicyEndpoint(ep1.id, egress_enforced=True, revision=1))
     timings["default_deny_s"] = _until(pods, "default deny", tcp4, _eperm)
     assert _eperm(client.call({"op": "tcp", "host": ip6, "port": PORT}))
     assert _eperm(client.call({"op": "udp", "host": ip4, "port": PORT}))
+    assert _eperm(client.call(vip))
 
     # allow pod2's identity on TCP PORT
     allow = PolicyEntry(
@@ -296,6 +316,7 @@ def test_default_deny_then_allow_on_real_connections(pods: Pods) -> None:
     assert _ok(client.call({"op": "tcp", "host": ip6, "port": PORT}))
     assert _eperm(client.call({"op": "tcp", "host": ip4, "port": OTHER_PORT}))
     assert _eperm(client.call({"op": "udp", "host": ip4, "port": PORT}))
+    assert _ok(client.call(vip))  # checked after translation: pod2's identity, PORT
     names = {v.name for v in policy.bpf_maps()}
     assert policy_map_name(ep1.id) in names
     assert os.path.exists(os.path.join(pods.pin_dir, policy_map_name(ep1.id)))
@@ -312,6 +333,7 @@ def test_default_deny_then_allow_on_real_connections(pods: Pods) -> None:
     with db.write_txn(entries) as txn:
         entries.insert(txn, deny)
     timings["deny_wins_s"] = _until(pods, "deny entry", tcp4, _eperm)
+    assert _eperm(client.call(vip))
     assert _ok(client.call(other4))
     with db.write_txn(entries) as txn:
         entries.delete(txn, deny)
@@ -331,4 +353,5 @@ def test_default_deny_then_allow_on_real_connections(pods: Pods) -> None:
     while os.path.exists(os.path.join(pods.pin_dir, policy_map_name(ep1.id))):
         assert time.monotonic() < deadline, "policy map not removed"
         time.sleep(0.01)
+    pods.lb.delete_spec(None, fe)
     print(json.dumps({"policy_enforcement_timings": timings, "bound_s": BOUND_S}))
