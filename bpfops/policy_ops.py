@@ -140,6 +140,19 @@ class PolicyMapSet:
         """Whether the endpoint's map is open here (using it needs no map-in-map update)."""
         return endpoint_id in self._maps
 
+    def exists(self, endpoint_id: int) -> bool:
+        """Whether the endpoint has a map: open here, in ``policy_maps`` or pinned."""
+        if endpoint_id in self._maps:
+            return True
+        try:
+            if self.outer.lookup(endpoint_id) is not None:
+                return True
+        except MapError as e:
+            raise PolicyMapError(self.outer.name, "lookup", f"endpoint {endpoint_id}", e) from e
+        if self.pin_dir is None:
+            return False
+        return self.opener.is_pinned(pin_path(self.pin_dir, self.spec(endpoint_id).name))
+
     def get(self, endpoint_id: int) -> TypedMap[PolicyMapKey, PolicyMapEntry] | None:
         """The endpoint's map if it exists (open, or pinned by an earlier run), else None."""
         m = self._maps.get(endpoint_id)
@@ -296,15 +309,13 @@ class PolicyOps:
         once no row of the endpoint is left (then an awaitable: module doc)."""
         ep = obj.key.endpoint_id
         if not self._has_rows(txn, ep):
-            return anyio.to_thread.run_sync(self._remove_if_present, ep)
+            if not self.maps.exists(ep):
+                return None  # removed with an earlier row of the same endpoint
+            return anyio.to_thread.run_sync(self.maps.remove, ep)
         if not self.maps.is_open(ep):
             return anyio.to_thread.run_sync(self._delete_entry, obj)
         self._delete_entry(obj)
         return None
-
-    def _remove_if_present(self, endpoint_id: int) -> None:
-        if endpoint_id in self.maps.endpoint_ids():
-            self.maps.remove(endpoint_id)
 
     def _delete_entry(self, obj: PolicyEntry) -> None:
         m = self.maps.get(obj.key.endpoint_id)

@@ -60,6 +60,8 @@ from tables.policy_netns import (
 log = logging.getLogger("statewright.agent.policy_maps")
 
 NETNS_INITIALIZER = "policy-netns-derived"
+#: How long start waits for the reconcilers' first rounds (then health tells).
+STARTUP_ROUND_TIMEOUT = 10.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -140,6 +142,11 @@ class PolicyMapsComponent(Component):
             await hive.spawn(self, rec.run, label=f"{self.name}-{name}")
         await hive.spawn(self, self._follow(db, manager, modes, netns, netns_done),
                          label="policy-netns")
+        # A reconciler reports Stopped until its first round: wait for those rounds (they
+        # do not wait for initializers, only the prune does) so the agent starts healthy.
+        with anyio.move_on_after(STARTUP_ROUND_TIMEOUT):
+            while any(r.health.level is Level.STOPPED for r in self.reconcilers.values()):
+                await anyio.sleep(0.005)
         hive.provide("policy-maps", self)
 
     def _follow(
