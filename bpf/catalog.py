@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from bpf import endpoints, ipcache, lb
+from bpf import endpoints, ipcache, lb, policy
 from bpf.codec import BE16, U8, U32
 from bpf.spec import MapFlag, MapSpec, MapType
 
@@ -113,7 +113,66 @@ def ipcache_spec(
     )
 
 
+def policy_map_spec(
+    endpoint_id: int | None = None, max_entries: int = policy.POLICY_MAP_MAX_ENTRIES
+) -> MapSpec[policy.PolicyMapKey, policy.PolicyMapEntry]:
+    """An endpoint's policy map (LPM trie, Cilium's cilium_policy_v2 layout), named
+    ``cilium_policy_v2_<id, 5 digits>``; without an id, the layout's own name."""
+    name = policy.POLICY_MAP_PREFIX if endpoint_id is None else policy.policy_map_name(endpoint_id)
+    return MapSpec(
+        name, MapType.LPM_TRIE, policy.POLICY_KEY, policy.POLICY_ENTRY, max_entries, NO_PREALLOC
+    )
+
+
+def policy_maps_spec(
+    max_entries: int = policy.POLICY_ENDPOINTS_MAX_ENTRIES,
+    policy_max_entries: int = policy.POLICY_MAP_MAX_ENTRIES,
+) -> MapSpec[int, int]:
+    """The hash of maps: endpoint id -> that endpoint's policy map (for the socket program)."""
+    return MapSpec(
+        policy.POLICY_MAPS,
+        MapType.HASH_OF_MAPS,
+        U32,
+        U32,
+        max_entries,
+        NO_PREALLOC,
+        inner=policy_map_spec(max_entries=policy_max_entries),
+    )
+
+
+def policy_netns_spec(
+    max_entries: int = policy.POLICY_ENDPOINTS_MAX_ENTRIES,
+) -> MapSpec[int, policy.PolicyNetns]:
+    """Network-namespace cookie -> endpoint id and enforced directions."""
+    return MapSpec(
+        policy.POLICY_NETNS,
+        MapType.HASH,
+        policy.U64,
+        policy.POLICY_NETNS_VALUE,
+        max_entries,
+        NO_PREALLOC,
+    )
+
+
 def all_specs() -> dict[str, MapSpec[Any, Any]]:
-    """Every map by name, with default capacities."""
-    specs = [*lb_specs(), scale_to_zero_spec(), endpoints_spec(), ipcache_spec()]
+    """Every map by name, with default capacities (the per-endpoint policy maps under
+    their layout's name, ``cilium_policy_v2``)."""
+    specs = [
+        *lb_specs(),
+        scale_to_zero_spec(),
+        endpoints_spec(),
+        ipcache_spec(),
+        policy_map_spec(),
+        policy_maps_spec(),
+        policy_netns_spec(),
+    ]
     return {s.name: s for s in specs}
+
+
+def spec_for(name: str) -> MapSpec[Any, Any] | None:
+    """The spec of the map pinned as ``name`` with default capacities: a catalogue map, or
+    an endpoint's ``cilium_policy_v2_<id>``; None for other names."""
+    ep = policy.endpoint_of_map(name)
+    if ep is not None:
+        return policy_map_spec(ep)
+    return all_specs().get(name)

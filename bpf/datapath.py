@@ -12,7 +12,10 @@ under ``pin_dir`` and hands its fd to libbpf (``bpf_map__reuse_fd``) before load
 the object creates none of them. Only the datapath's reverse-translation maps
 (``lb4_sock_revnat``/``lb6_sock_revnat``) are its own; libbpf pins them under
 ``<pin_dir>/sock_lb/`` and reuses them across restarts, so replies of sockets translated
-before a restart are still shown with the service address.
+before a restart are still shown with the service address. For egress policy it also
+reads ``ipcache``, ``policy_maps`` and ``policy_netns``, reused from their pins when they
+are pinned (the endpoints and policy-maps components pin them; without them the program
+gets empty maps of its own and enforces no policy).
 
 Links are pinned at ``<pin_dir>/sock_lb/links/cg<cgroup id>/<program>``. On attach, a
 link already pinned there for the same cgroup and hook is adopted: its program is swapped
@@ -47,6 +50,10 @@ DEFAULT_OBJECT = str(REPO_ROOT / "build" / "sock_lb.o")
 SUBDIR = "sock_lb"
 #: The maps of sock_lb.c that are the datapath's own (pinned under SUBDIR).
 OWN_MAPS = ("lb4_sock_revnat", "lb6_sock_revnat")
+#: Maps of other components the program reads for egress policy (ipcache: endpoints;
+#: policy_maps, policy_netns: policy-maps). Reused when pinned under ``pin_dir``; when one
+#: is not, the object gets an empty map of its own, which enforces nothing.
+POLICY_MAPS = ("ipcache", "policy_maps", "policy_netns")
 #: The object's section holding the maglev table size (set before loading).
 MAGLEV_SIZE_SECTION = ".rodata.maglev"
 #: The programs of sock_lb.c, by name, with their hooks.
@@ -236,6 +243,8 @@ class SockLB:
                         raise DatapathError(-ret, f"sock_lb: map {name}: set pin path")
                 elif name in lb_names:
                     self._reuse_lb_map(name, map_ptr)
+                elif name in POLICY_MAPS:
+                    self._reuse_if_pinned(name, map_ptr)
                 elif name == MAGLEV_SIZE_SECTION:
                     size = self.config.maglev_table_size.to_bytes(4, sys.byteorder)
                     ret = libbpf.map_set_initial_value(map_ptr, size)
@@ -267,6 +276,21 @@ class SockLB:
                 raise DatapathError(-ret, f"sock_lb: map {name}: reuse pinned {pin}")
         finally:
             os.close(fd)  # libbpf keeps its own duplicate
+
+    def _reuse_if_pinned(self, name: str, map_ptr: int) -> None:
+        pin = os.path.join(self.config.pin_dir, name)
+        if not os.path.exists(pin):
+            log.info("sock_lb: %s is not pinned at %s; egress policy is not enforced", name, pin)
+            return
+        fd = libbpf.obj_get(pin)
+        if fd < 0:
+            raise DatapathError(-fd, f"sock_lb: open pinned map {name} at {pin}")
+        try:
+            ret = libbpf.map_reuse_fd(map_ptr, fd)
+            if ret < 0:
+                raise DatapathError(-ret, f"sock_lb: map {name}: reuse pinned {pin}")
+        finally:
+            os.close(fd)
 
     def _attach_one(self, name: str, prog: int, cg: str, cg_id: int, cg_fd: int) -> None:
         hook = PROGRAMS.get(name, "?")

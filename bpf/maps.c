@@ -4,8 +4,10 @@
  * test and by make setup (build/maps.o); bpf/btf.py gives its BTF to every map
  * it creates. Never loaded as a program. */
 #define SW_DEFINE_MAPS
+#define SW_DEFINE_POLICY_TEMPLATE
 #include "include/lb.h"
 #include "include/eps.h"
 #include "include/ipcache.h"
+#include "include/policy.h"
 
 char LICENSE[] SEC("license") = "Dual BSD/GPL";

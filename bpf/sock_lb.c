@@ -41,8 +41,21 @@
  * IPv4-mapped destinations (::ffff:a.b.c.d) of dual-stack IPv6 sockets are
  * balanced over the IPv4 service, with mapped backend addresses.
  *
+ * Egress policy (include/policy.h): a socket whose network namespace is an
+ * endpoint's (policy_netns, keyed by bpf_get_netns_cookie) and whose endpoint
+ * enforces egress may only connect or send to what that endpoint's policy map
+ * (policy_maps[endpoint id], Cilium's cilium_policy_v2 layout) allows. The
+ * check runs after service translation, on the selected backend's address
+ * and port: the destination's identity comes from the ipcache (longest
+ * prefix; world when absent), then Cilium's two lookups (the identity, then
+ * any identity), a deny entry winning. Refused with EPERM (the cgroup deny
+ * verdict without a retval). Loopback destinations stay inside the pod's own
+ * namespace and are always allowed. TCP, UDP and SCTP sockets are checked;
+ * other protocols (ICMP sockets) are not. Sockets of namespaces that are no
+ * endpoint's, or whose endpoint does not enforce egress, see no difference.
+ *
  * Not handled here: source ranges (not checked at the socket), L7 proxy
- * redirection.
+ * redirection, ingress policy.
  */
 #define SW_DEFINE_MAPS
 #include <stdbool.h>
@@ -52,9 +65,13 @@
 
 #include "include/lb.h"
 #include "include/sock_lb.h"
+#include "include/ipcache.h"
+#include "include/policy.h"
 
 #define SW_IPPROTO_TCP 6
 #define SW_IPPROTO_UDP 17
+#define SW_IPPROTO_SCTP 132
+#define SW_IDENTITY_WORLD 2
 #define SW_ECONNREFUSED 111
 
 /* cgroup sock_addr verdicts. */
@@ -157,6 +174,99 @@ static __always_inline __u32 sw_maglev_backend(void *outer, __be16 rev_nat_index
 	if (idx >= size)
 		return 0;
 	return table[idx];
+}
+
+/* ---------------------------------------------------------------- policy */
+
+static __always_inline bool sw_policy_proto(__u32 proto)
+{
+	return proto == SW_IPPROTO_TCP || proto == SW_IPPROTO_UDP || proto == SW_IPPROTO_SCTP;
+}
+
+/* The endpoint whose namespace ctx's socket lives in, when it enforces egress
+ * policy; 0 otherwise (no endpoint's namespace, or egress not enforced). */
+static __always_inline __u32 sw_policy_egress_endpoint(struct bpf_sock_addr *ctx)
+{
+	__u64 cookie = bpf_get_netns_cookie(ctx);
+	struct policy_netns *pn;
+
+	pn = bpf_map_lookup_elem(&policy_netns, &cookie);
+	if (!pn || !(pn->flags & SW_POLICY_NETNS_F_EGRESS))
+		return 0;
+	return pn->endpoint_id;
+}
+
+/* Whether endpoint `ep`'s policy allows egress to identity `remote` on
+ * proto/dport: Cilium's lookups, the identity's entry first, then the entry
+ * for any identity; a deny in either wins, no entry at all denies. An
+ * endpoint without a policy map allows nothing. */
+static __always_inline bool sw_policy_allows(__u32 ep, __u32 remote, __u8 proto, __be16 dport)
+{
+	struct policy_key key = {
+		.prefixlen = SW_POLICY_FULL_PREFIX,
+		.sec_label = remote,
+		.egress = 1,
+		.protocol = proto,
+		.dport = dport,
+	};
+	struct policy_entry *l3, *l4;
+	void *map;
+
+	map = bpf_map_lookup_elem(&policy_maps, &ep);
+	if (!map)
+		return false;
+	l3 = bpf_map_lookup_elem(map, &key);
+	if (l3 && (l3->flags & SW_POLICY_F_DENY))
+		return false;
+	key.sec_label = 0;
+	l4 = bpf_map_lookup_elem(map, &key);
+	if (l4)
+		return !(l4->flags & SW_POLICY_F_DENY);
+	return l3 != NULL;
+}
+
+static __always_inline __u32 sw_identity4(__be32 addr)
+{
+	struct ipcache_key key = {
+		.prefixlen = 32 + 32,
+		.family = SW_FAMILY_IPV4,
+	};
+	struct remote_endpoint_info *info;
+
+	key.ip4 = addr;
+	info = bpf_map_lookup_elem(&ipcache, &key);
+	return info ? info->sec_identity : SW_IDENTITY_WORLD;
+}
+
+static __always_inline __u32 sw_identity6(const union sw_v6addr *addr)
+{
+	struct ipcache_key key = {
+		.prefixlen = 32 + 128,
+		.family = SW_FAMILY_IPV6,
+	};
+	struct remote_endpoint_info *info;
+
+	key.ip6 = *addr;
+	info = bpf_map_lookup_elem(&ipcache, &key);
+	return info ? info->sec_identity : SW_IDENTITY_WORLD;
+}
+
+/* Whether the egress policy of ctx's endpoint allows its (translated) IPv4
+ * destination. */
+static __always_inline bool sw_policy_egress4(struct bpf_sock_addr *ctx, __u32 proto)
+{
+	__be32 daddr;
+	__u32 ep;
+
+	if (!sw_policy_proto(proto))
+		return true;
+	ep = sw_policy_egress_endpoint(ctx);
+	if (!ep)
+		return true;
+	daddr = ctx->user_ip4;
+	if ((bpf_ntohl(daddr) >> 24) == 127)
+		return true;
+	return sw_policy_allows(ep, sw_identity4(daddr), proto, (__be16)ctx->user_port);
 }
 
 /* ------------------------------------------------------------------ IPv4 */
@@ -356,20 +466,26 @@ int sw_sock4_connect(struct bpf_sock_addr *ctx)
 {
 	__u32 proto = ctx->protocol;
 
-	if (proto != SW_IPPROTO_TCP && proto != SW_IPPROTO_UDP)
-		return SW_SYS_PROCEED;
-	if (sw_xlate4(ctx, proto) < 0)
-		return sw_refuse();
+	if (proto == SW_IPPROTO_TCP || proto == SW_IPPROTO_UDP) {
+		if (sw_xlate4(ctx, proto) < 0)
+			return sw_refuse();
+	}
+	if (!sw_policy_egress4(ctx, proto))
+		return SW_SYS_REJECT;
 	return SW_SYS_PROCEED;
 }
 
 SEC("cgroup/sendmsg4")
 int sw_sock4_sendmsg(struct bpf_sock_addr *ctx)
 {
-	if (ctx->protocol != SW_IPPROTO_UDP)
-		return SW_SYS_PROCEED;
-	if (sw_xlate4(ctx, SW_IPPROTO_UDP) < 0)
-		return sw_refuse();
+	__u32 proto = ctx->protocol;
+
+	if (proto == SW_IPPROTO_UDP) {
+		if (sw_xlate4(ctx, SW_IPPROTO_UDP) < 0)
+			return sw_refuse();
+	}
+	if (!sw_policy_egress4(ctx, proto))
+		return SW_SYS_REJECT;
 	return SW_SYS_PROCEED;
 }
 
@@ -657,25 +773,56 @@ static __always_inline void sw_rev_xlate6(struct bpf_sock_addr *ctx)
 	ctx->user_port = rval->port;
 }
 
+/* Whether the egress policy of ctx's endpoint allows its (translated) IPv6
+ * destination; an IPv4-mapped one is judged by its IPv4 address. */
+static __always_inline bool sw_policy_egress6(struct bpf_sock_addr *ctx, __u32 proto)
+{
+	union sw_v6addr daddr;
+	__u32 ep, remote;
+
+	if (!sw_policy_proto(proto))
+		return true;
+	ep = sw_policy_egress_endpoint(ctx);
+	if (!ep)
+		return true;
+	sw_ctx_ip6(ctx, &daddr);
+	if (sw_is_loopback6(&daddr))
+		return true;
+	if (sw_is_v4mapped(&daddr)) {
+		if ((bpf_ntohl(daddr.p4) >> 24) == 127)
+			return true;
+		remote = sw_identity4(daddr.p4);
+	} else {
+		remote = sw_identity6(&daddr);
+	}
+	return sw_policy_allows(ep, remote, proto, (__be16)ctx->user_port);
+}
+
 SEC("cgroup/connect6")
 int sw_sock6_connect(struct bpf_sock_addr *ctx)
 {
 	__u32 proto = ctx->protocol;
 
-	if (proto != SW_IPPROTO_TCP && proto != SW_IPPROTO_UDP)
-		return SW_SYS_PROCEED;
-	if (sw_xlate6(ctx, proto) < 0)
-		return sw_refuse();
+	if (proto == SW_IPPROTO_TCP || proto == SW_IPPROTO_UDP) {
+		if (sw_xlate6(ctx, proto) < 0)
+			return sw_refuse();
+	}
+	if (!sw_policy_egress6(ctx, proto))
+		return SW_SYS_REJECT;
 	return SW_SYS_PROCEED;
 }
 
 SEC("cgroup/sendmsg6")
 int sw_sock6_sendmsg(struct bpf_sock_addr *ctx)
 {
-	if (ctx->protocol != SW_IPPROTO_UDP)
-		return SW_SYS_PROCEED;
-	if (sw_xlate6(ctx, SW_IPPROTO_UDP) < 0)
-		return sw_refuse();
+	__u32 proto = ctx->protocol;
+
+	if (proto == SW_IPPROTO_UDP) {
+		if (sw_xlate6(ctx, SW_IPPROTO_UDP) < 0)
+			return sw_refuse();
+	}
+	if (!sw_policy_egress6(ctx, proto))
+		return SW_SYS_REJECT;
 	return SW_SYS_PROCEED;
 }
 

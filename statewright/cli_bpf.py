@@ -118,7 +118,7 @@ def cmd_maps(args: argparse.Namespace) -> int:
 def decode_entries(name: str, m: KernelMap) -> list[dict[str, Any]]:
     """Entries of pinned map ``name`` decoded with the catalogue's codecs when layouts match."""
     info = m.info()
-    spec = catalog.all_specs().get(name)
+    spec = catalog.spec_for(name)
     if spec is not None and (spec.key_size, spec.value_size) != (info.key_size, info.value_size):
         spec = None
     out = []

@@ -125,8 +125,11 @@ class EndpointManager:
         state_dir: str | None,
         endpoints: Table[Endpoint] | None = None,
         entries: EntryTables | None = None,
+        netns_cookie: Callable[[str], int] | None = None,
     ) -> None:
         self.db = db
+        #: Reads the cookie of a netns path (statewright.netns_cookie); None: not read.
+        self.netns_cookie = netns_cookie
         self.ipam = ipam
         self.identities = identities
         self.state_dir = state_dir
@@ -210,7 +213,7 @@ class EndpointManager:
             taken = [] if ep.external_ipam else self._take_addresses(ep, change)
             try:
                 ep = replace(ep, **{f"ipv{ip.version}": ip for ip in taken})  # type: ignore[arg-type]
-                return self._commit_new(ep)
+                return self._commit_new(self._with_cookie(ep))
             except BaseException:
                 for ip in taken:
                     self._release_quiet(ip)
@@ -256,6 +259,8 @@ class EndpointManager:
             if old.state is EndpointState.DISCONNECTING:
                 raise EndpointExistsError(f"endpoint {ref}: is being deleted")
             new = change.apply(old)
+            if new.netns_path != old.netns_path:
+                new = self._with_cookie(replace(new, netns_cookie=0))
             if new.addresses() != old.addresses() or new.external_ipam != old.external_ipam:
                 raise EndpointRequestError(
                     f"endpoint {ref}: addressing and external-ipam cannot change "
@@ -420,6 +425,7 @@ class EndpointManager:
                 for ip in [] if ep.external_ipam else ep.addresses():
                     if self.ipam.owner_of(self.db.read_txn(), ip) is None:
                         self.ipam.allocate(ip, ep.ipam_owner)
+                ep = self._with_cookie(ep)  # before the transaction: it enters the netns
                 with self.db.write_txn(*self._tables()) as wtxn:
                     ident = self.identities.acquire(wtxn, ep.labels, want=ep.identity)
                     if ident.id != ep.identity:
@@ -454,6 +460,18 @@ class EndpointManager:
         return moved
 
     # ----- internals ----------------------------------------------------------------------------
+    def _with_cookie(self, ep: Endpoint) -> Endpoint:
+        """``ep`` with the cookie of its netns path; unchanged (cookie 0) when there is no
+        path or reader, or when the namespace cannot be read (logged: the endpoint works,
+        but its socket-level policy is not enforced)."""
+        if self.netns_cookie is None or not ep.netns_path:
+            return ep
+        try:
+            return replace(ep, netns_cookie=self.netns_cookie(ep.netns_path))
+        except OSError as e:
+            log.warning("endpoint %d: no netns cookie: %s", ep.id, e)
+            return ep
+
     def _pick_id(self, ref: str, txn: ReadTxn) -> int:
         if ":" not in ref and _parse_id(ref) != 0:
             return _parse_id(ref)  # resolve() found nothing under it: free

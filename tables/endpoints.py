@@ -112,6 +112,10 @@ class Endpoint:
     #: allocates, checks nor releases them (Cilium's ``datapath-configuration.external-ipam``).
     external_ipam: bool = False
     state: EndpointState = EndpointState.WAITING_FOR_IDENTITY
+    #: The cookie of the network namespace at ``netns_path`` (SO_NETNS_COOKIE), 0 when
+    #: unknown; read by the agent when the endpoint is created or restored (not part of
+    #: the API model: a cookie is only valid while the namespace lives).
+    netns_cookie: int = 0
 
     def addresses(self) -> list[IPAddress]:
         """The endpoint's addresses (IPv4 first)."""

@@ -60,6 +60,7 @@ from statewright.component import (
     Route,
     typed_map_view,
 )
+from statewright.netns_cookie import netns_cookie
 from tables.endpoint_entries import EntryTables, IPCacheEntry, LXCEntry
 from tables.endpoint_manager import (
     ENDPOINTS_DIR,
@@ -138,7 +139,9 @@ class EndpointsComponent(Component):
         ipam = IPAM(db, IPAMConfig.parse(cfg.pod_cidrs, cfg.state_dir))
         identities = IdentityAllocator(db)
         entries = EntryTables()
-        manager = EndpointManager(db, ipam, identities, cfg.state_dir, entries=entries)
+        manager = EndpointManager(
+            db, ipam, identities, cfg.state_dir, entries=entries, netns_cookie=netns_cookie
+        )
         with db.write_txn(entries.lxc, entries.ipcache) as txn:
             done_lxc = entries.lxc.register_initializer(txn, RESTORE_INITIALIZER)
             done_ipc = entries.ipcache.register_initializer(txn, RESTORE_INITIALIZER)

@@ -1,0 +1,279 @@
+"""The policy-maps component: writes every endpoint's computed network policy into its
+Cilium-layout policy map and tells the socket program which namespace is which endpoint.
+
+Needs ``db`` and ``endpoints`` (the `EndpointManager`: its ``endpoints`` table carries each
+endpoint's netns cookie). Provides ``policy-maps`` (this component).
+
+* The ``policy-entries`` and ``policy-endpoints`` tables (tables/policy_entries.py) are
+  the policy control plane's; when no earlier component registered them, this one does
+  (they then stay empty until something fills them).
+* The ``policy-entries`` reconciler (bpfops/policy_ops.PolicyOps) writes the entries into
+  ``cilium_policy_v2_<id>`` maps pinned under the pin directory and installs each in the
+  hash of maps ``policy_maps``.
+* A follower keeps the ``policy-netns`` table (tables/policy_netns.py) derived from the
+  endpoints and their enforcement modes; its reconciler (PolicyNetnsOps) writes it into
+  ``policy_netns``. Its initializer is completed after the first derivation, so a
+  restarted agent never prunes a namespace's entry before it has read the endpoints.
+
+List it after ``endpoints`` and before ``datapath``: the socket program reuses the pinned
+``policy_maps``, ``policy_netns`` and ``ipcache`` when it is loaded (bpf/datapath.py).
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import os
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
+from typing import Any
+
+import anyio
+
+from bpf.catalog import policy_maps_spec, policy_netns_spec
+from bpf.factory import BackendConfig, MapFactory
+from bpf.memory_map import MemoryMap
+from bpf.policy import POLICY_MAPS, POLICY_NETNS, endpoint_of_map
+from bpf.typed_map import TypedMap
+from bpfops.policy_ops import PolicyMapSet, PolicyNetnsOps, PolicyOps
+from reconciler import Config, Reconciler
+from reconciler.health import Level
+from statedb import DB, Table
+from statewright.agent.config import AgentConfig
+from statewright.component import DEGRADED, OK, Component, Health, Hive, MapView, typed_map_view
+from tables.endpoint_manager import EndpointManager
+from tables.policy_entries import (
+    POLICY_ENDPOINTS_TABLE,
+    POLICY_ENTRIES_TABLE,
+    PolicyEndpoint,
+    PolicyEntry,
+    new_policy_endpoints_table,
+    new_policy_entries_table,
+)
+from tables.policy_netns import (
+    PolicyNetnsEntry,
+    desired_rows,
+    new_policy_netns_table,
+    sync_rows,
+)
+
+log = logging.getLogger("statewright.agent.policy_maps")
+
+NETNS_INITIALIZER = "policy-netns-derived"
+#: How long start waits for the reconcilers' first rounds (then health tells).
+STARTUP_ROUND_TIMEOUT = 10.0
+
+
+@dataclass(frozen=True, slots=True)
+class PolicyMapsConfig:
+    """What the component needs from the agent's configuration."""
+
+    backend: str = "auto"
+    pin_dir: str = "/sys/fs/bpf/statewright"
+    prune_interval: float | None = 300.0
+
+    @classmethod
+    def from_agent_config(cls, cfg: AgentConfig) -> PolicyMapsConfig:
+        """The agent's ``backend`` and ``pin-dir``."""
+        return cls(backend=cfg.backend, pin_dir=cfg.pin_dir)
+
+
+def table_of(db: DB, name: str, new: Callable[[], Table[Any]]) -> Table[Any]:
+    """The table ``name`` registered in ``db``, registering a new one when there is none."""
+    for t in db.tables:
+        if t.name == name:
+            return t
+    table = new()
+    db.register(table)
+    return table
+
+
+class PolicyMapsComponent(Component):
+    """See the module doc."""
+
+    name = "policy-maps"
+    needs = ("db", "endpoints")
+    provides = ("policy-maps",)
+
+    def __init__(self, config: PolicyMapsConfig) -> None:
+        self.config = config
+        self.maps_kind = ""
+        self.outer: TypedMap[Any, Any] | None = None
+        self.netns_map: TypedMap[Any, Any] | None = None
+        self.policy_maps: PolicyMapSet | None = None
+        self.ops: PolicyOps | None = None
+        self.netns_ops: PolicyNetnsOps | None = None
+        self.reconcilers: dict[str, Reconciler[Any]] = {}
+        self.entries: Table[PolicyEntry] | None = None
+        self.modes: Table[PolicyEndpoint] | None = None
+        self.netns: Table[PolicyNetnsEntry] | None = None
+        self.manager: EndpointManager | None = None
+
+    async def start(self, hive: Hive) -> None:
+        """Tables, maps, the two reconcilers and the netns follower (module doc)."""
+        db = hive.get("db", DB)
+        manager = hive.get("endpoints", EndpointManager)
+        cfg = self.config
+        entries = table_of(db, POLICY_ENTRIES_TABLE, new_policy_entries_table)
+        modes = table_of(db, POLICY_ENDPOINTS_TABLE, new_policy_endpoints_table)
+        netns = new_policy_netns_table()
+        db.register(netns)
+        with db.write_txn(netns) as txn:
+            netns_done = netns.register_initializer(txn, NETNS_INITIALIZER)
+        self.entries, self.modes, self.netns, self.manager = entries, modes, netns, manager
+
+        factory = MapFactory(BackendConfig(backend=cfg.backend, pin_dir=cfg.pin_dir))  # type: ignore[arg-type]
+        self.maps_kind = factory.kind
+        self.outer = factory.open_typed(policy_maps_spec())
+        try:
+            self.netns_map = factory.open_typed(policy_netns_spec())
+        except BaseException:
+            await self.stop()
+            raise
+        pin_dir = cfg.pin_dir if factory.config.pin else None
+        self.policy_maps = PolicyMapSet(self.outer, factory.opener, pin_dir)
+        self.ops = PolicyOps(entries, self.policy_maps)
+        self.netns_ops = PolicyNetnsOps(self.netns_map)
+        self.reconcilers = {
+            POLICY_ENTRIES_TABLE: Reconciler(db, _config(entries, self.ops, cfg)),
+            netns.name: Reconciler(db, _config(netns, self.netns_ops, cfg)),
+        }
+        for name, rec in self.reconcilers.items():
+            await hive.spawn(self, rec.run, label=f"{self.name}-{name}")
+        await hive.spawn(self, self._follow(db, manager, modes, netns, netns_done),
+                         label="policy-netns")
+        # A reconciler reports Stopped until its first round: wait for those rounds (they
+        # do not wait for initializers, only the prune does) so the agent starts healthy.
+        with anyio.move_on_after(STARTUP_ROUND_TIMEOUT):
+            while any(r.health.level is Level.STOPPED for r in self.reconcilers.values()):
+                await anyio.sleep(0.005)
+        hive.provide("policy-maps", self)
+
+    def _follow(
+        self,
+        db: DB,
+        manager: EndpointManager,
+        modes: Table[PolicyEndpoint],
+        netns: Table[PolicyNetnsEntry],
+        done: Callable[[Any], None],
+    ) -> Callable[..., Any]:
+        async def follow(*, task_status: Any = anyio.TASK_STATUS_IGNORED) -> None:
+            first = True
+            while True:
+                txn = db.read_txn()
+                eps, w1 = manager.endpoints.all_watch(txn)
+                rows, w2 = modes.all_watch(txn)
+                want = desired_rows(eps, rows)
+                with db.write_txn(netns) as wtxn:
+                    sync_rows(wtxn, netns, want)
+                    if first:
+                        done(wtxn)
+                if first:
+                    first = False
+                    task_status.started()
+                async with anyio.create_task_group() as tg:
+
+                    async def wait(w: Any) -> None:
+                        await w.wait_async()
+                        tg.cancel_scope.cancel()
+
+                    for w in (w1, w2):
+                        tg.start_soon(wait, w)
+
+        return follow
+
+    async def stop(self) -> None:
+        """Close the maps (their pins stay: the next start adopts them)."""
+        if self.policy_maps is not None:
+            self.policy_maps.close()
+        for m in (self.outer, self.netns_map):
+            if m is not None:
+                m.close()
+        self.outer = self.netns_map = None
+
+    # ----- reporting ----------------------------------------------------------------------------
+    def unidentified(self) -> list[int]:
+        """Endpoints whose policy enforces egress but whose namespace has no cookie (their
+        sockets cannot be told apart, so the policy is not enforced on them)."""
+        if self.manager is None or self.modes is None:
+            return []
+        txn = self.manager.db.read_txn()
+        enforced = {m.endpoint_id for m in self.modes.all(txn) if m.egress_enforced}
+        return sorted(
+            ep.id for ep in self.manager.endpoints.all(txn)
+            if ep.id in enforced and not ep.netns_cookie
+        )
+
+    def health(self) -> list[Health]:
+        """One line: maps kind, policy maps, entries written; reconciler problems."""
+        if self.ops is None or self.policy_maps is None:
+            return [Health(self.name, DEGRADED, "not started")]
+        bad = [
+            f"{n}: {r.health.message}"
+            for n, r in self.reconcilers.items()
+            if r.health.level is not Level.OK
+        ]
+        missing = self.unidentified()
+        if missing:
+            bad.append(
+                f"egress policy not enforced on endpoint(s) {missing[:5]}: netns cookie unknown"
+            )
+        if bad:
+            return [Health(self.name, DEGRADED, "; ".join(bad))]
+        n = len(self.policy_maps.open_maps())
+        return [Health(self.name, OK, f"{n} endpoint policy map(s), {self.maps_kind} maps, "
+                                      f"{self.ops.writes} entries written")]
+
+    def bpf_maps(self) -> Sequence[MapView]:
+        """``policy_maps``, ``policy_netns`` and every open per-endpoint policy map."""
+        out = [typed_map_view(m, self.maps_kind) for m in (self.outer, self.netns_map) if m]
+        if self.policy_maps is not None:
+            out += [
+                typed_map_view(m, self.maps_kind)
+                for _, m in sorted(self.policy_maps.open_maps().items())
+            ]
+        return out
+
+    def cleanup(self) -> list[str]:
+        """Unpin ``policy_maps``, ``policy_netns`` and every ``cilium_policy_v2_<id>``."""
+        removed = []
+        pin_dir = self.config.pin_dir
+        names = [POLICY_MAPS, POLICY_NETNS]
+        if os.path.isdir(pin_dir):
+            names += sorted(n for n in os.listdir(pin_dir) if endpoint_of_map(n) is not None)
+        for name in names:
+            path = os.path.join(pin_dir, name)
+            try:
+                os.unlink(path)
+                removed.append(f"pin {path}")
+            except FileNotFoundError:
+                continue
+            except OSError as e:
+                if e.errno != errno.ENOENT:
+                    raise
+        for path in MemoryMap.pinned_paths():
+            if os.path.dirname(path) == pin_dir and (
+                os.path.basename(path) in (POLICY_MAPS, POLICY_NETNS)
+                or endpoint_of_map(os.path.basename(path)) is not None
+            ):
+                MemoryMap.remove_pin(path)
+        return removed
+
+
+def _config(table: Table[Any], ops: Any, cfg: PolicyMapsConfig) -> Config[Any]:
+    return Config(
+        table=table,
+        operations=ops,
+        get_object_status=_status_of,
+        set_object_status=_with_status,
+        name=table.name,
+        prune_interval=cfg.prune_interval,
+    )
+
+
+def _status_of(row: Any) -> Any:
+    return row.status
+
+
+def _with_status(row: Any, status: Any) -> Any:
+    return replace(row, status=status)
