@@ -20,6 +20,9 @@ Keys:
   Done with the new backend, polled every millisecond: +-1 ms resolution).
   churn_kept_up is true when the backlog (events emitted but not yet in the maps)
   stayed under one second's worth of events and every event arrived.
+- gc_thresholds_churn: the collector's thresholds during the churn: the agent's
+  steady-state ones (`statewright.agent.components.kubernetes.steady_gc`, switched to
+  after the initial sync) unless ``--no-steady-gc`` keeps tune_gc's.
 - decode_*: one list page of 500 Services decoded from the raw JSON with ``json.loads``
   versus the client's model classes (``ApiClient.deserialize``), and the models turned
   back into the dicts the converter takes (``sanitize_for_serialization``): microseconds
@@ -56,6 +59,7 @@ from reconciler.status import StatusKind
 from sources.k8s_client import ClientSettings, K8sClient
 from sources.k8s_source import K8sSource
 from statedb.gc_tuning import freeze_loaded, tune_gc
+from statewright.agent.components.kubernetes import steady_gc
 from statewright.loadbalancer import LoadBalancer, MapsPlacement
 from tables.lb_config import LBConfig
 
@@ -171,7 +175,9 @@ def _frontend_ok(lb: LoadBalancer, txn: Any, addr: Any, ip: str) -> bool:
     )
 
 
-async def run(n: int, churn_rate: float, churn_seconds: float) -> dict[str, Any]:
+async def run(
+    n: int, churn_rate: float, churn_seconds: float, gc_steady: bool = True
+) -> dict[str, Any]:
     """The benchmark; returns the figures."""
     tune_gc()
     result: dict[str, Any] = {"services": n, "backends_per_service": BACKENDS_PER_SERVICE}
@@ -185,7 +191,9 @@ async def run(n: int, churn_rate: float, churn_seconds: float) -> dict[str, Any]
             assert parent.recv() == ("ready",)
             parent.send(("populate", n))
             assert parent.recv() == ("ok",)
-            result.update(await _agent(parent, kubeconfig, n, churn_rate, churn_seconds))
+            result.update(
+                await _agent(parent, kubeconfig, n, churn_rate, churn_seconds, gc_steady)
+            )
         finally:
             parent.send(("stop",))
             proc.join(timeout=30)
@@ -201,6 +209,7 @@ async def _agent(
     n: int,
     churn_rate: float,
     churn_seconds: float,
+    gc_steady: bool,
 ) -> dict[str, Any]:
     out: dict[str, Any] = {}
     backend = "kernel" if kernel_support().ok else "memory"
@@ -234,8 +243,12 @@ async def _agent(
             out["initial_sync_services_per_s"] = round(n / elapsed)
             gc.collect()
             out["rss_mb_after_sync"] = round(_rss_mb(), 1)
-            # As the agent does once the initial state is in the maps (components/lb.py).
+            # As the agent does once the initial state is in the maps (components/lb.py,
+            # and the k8s component's switch to steady-state collector thresholds).
             freeze_loaded()
+            if gc_steady:
+                steady_gc()
+            out["gc_thresholds_churn"] = list(gc.get_threshold())
             if churn_seconds > 0:
                 out.update(await _churn(conn, lb, n, churn_rate, churn_seconds))
             tg.cancel_scope.cancel()
@@ -298,6 +311,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--churn-rate", type=float, default=1000.0)
     p.add_argument("--churn-seconds", type=float, default=0.0)
     p.add_argument("--decode-only", action="store_true")
+    p.add_argument(
+        "--no-steady-gc",
+        action="store_true",
+        help="keep tune_gc's thresholds during the churn (the agent's setting before "
+        "steady_gc)",
+    )
     args = p.parse_args(argv)
     n = args.services or (2000 if args.quick else 10_000)
     seconds = args.churn_seconds or (10.0 if args.quick else 30.0)
@@ -305,7 +324,7 @@ def main(argv: list[str] | None = None) -> int:
     result: dict[str, Any] = {"load_avg_1m_at_start": round(os.getloadavg()[0], 2)}
     result.update(decode_figures())
     if not args.decode_only:
-        result.update(anyio.run(run, n, args.churn_rate, seconds))
+        result.update(anyio.run(run, n, args.churn_rate, seconds, not args.no_steady_gc))
     result["load_avg_1m_at_end"] = round(os.getloadavg()[0], 2)
     print(json.dumps(result))
     return 0
