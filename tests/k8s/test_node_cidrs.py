@@ -37,6 +37,7 @@ from tests.endpoints.helpers import new_pin_dir, remove_pins
 from .fake_apiserver import FakeAPIServer
 from .helpers import FAST, NODE, running_source, wait_for
 from .objects import node
+from .rbac import disallowed
 
 pytestmark = pytest.mark.anyio
 
@@ -260,6 +261,7 @@ async def test_agent_ipam_follows_the_node(
             ),
             "router host entry",
         )
+    assert not disallowed(apiserver.requests)
 
 
 async def test_agent_with_configured_pod_cidrs_reports_a_mismatch(
