@@ -23,6 +23,14 @@ Keys:
 - gc_thresholds_churn: the collector's thresholds during the churn: the agent's
   steady-state ones (`statewright.agent.components.kubernetes.steady_gc`, switched to
   after the initial sync) unless ``--no-steady-gc`` keeps tune_gc's.
+- churn_profile_*: where the churn's time goes, for finding a latency tail (figures
+  of the whole churn window): ``gc_<gen>_count`` / ``gc_<gen>_cpu_ms_p50|max`` (the
+  collector's passes per generation and their CPU time, ``time.thread_time`` in
+  ``gc.callbacks``: CPU time, so a loaded machine does not inflate it),
+  ``arrival_to_commit_ms_p50|p99`` (per write batch: from the oldest change's arrival at
+  the applier to the commit), ``batch_changes_p99``, ``reconcile_rounds`` /
+  ``reconcile_round_ms_max`` (the LB reconciler's metrics) and ``loop_lag_ms_p99|max``
+  (how late a 1 ms sleep wakes up: everything that holds the event loop).
 - decode_*: one list page of 500 Services decoded from the raw JSON with ``json.loads``
   versus the client's model classes (``ApiClient.deserialize``), and the models turned
   back into the dicts the converter takes (``sanitize_for_serialization``): microseconds
@@ -36,6 +44,7 @@ around the run (it is shared; figures from a loaded machine are pessimistic).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import gc
 import ipaddress
 import json
@@ -46,6 +55,7 @@ import statistics
 import sys
 import tempfile
 import time
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -220,7 +230,10 @@ async def _agent(
     lb.build_reconciler()
     out["maps"] = lb.maps_kind
     client = K8sClient(ClientSettings(kubeconfig=kubeconfig, qps=50, burst=100))
-    source = K8sSource(lb.writer, client, node_name=NODE, converter=lb.converter)
+    profile = _Profile()
+    source = K8sSource(
+        lb.writer, client, node_name=NODE, converter=lb.converter, on_applied=profile.applied
+    )
     with lb.writer.write_txn() as txn:
         source.register_initializer(txn)
     try:
@@ -250,12 +263,88 @@ async def _agent(
                 steady_gc()
             out["gc_thresholds_churn"] = list(gc.get_threshold())
             if churn_seconds > 0:
-                out.update(await _churn(conn, lb, n, churn_rate, churn_seconds))
+                async with profile.measuring(lb):
+                    out.update(await _churn(conn, lb, n, churn_rate, churn_seconds))
+                out.update(profile.figures())
             tg.cancel_scope.cancel()
     finally:
         client.close()
         lb.close_maps()
     return out
+
+
+def _pct(values: list[float], q: float) -> float:
+    if not values:
+        return 0.0
+    ordered = sorted(values)
+    return round(ordered[min(len(ordered) - 1, int(len(ordered) * q))], 2)
+
+
+class _Profile:
+    """The churn_profile_* figures (module docstring)."""
+
+    def __init__(self) -> None:
+        self.active = False
+        self.gc: dict[int, list[float]] = {0: [], 1: [], 2: []}
+        self.commits: list[float] = []
+        self.batch_sizes: list[int] = []
+        self.lag: list[float] = []
+        self._gc_start = 0.0
+        self._rounds = (0, 0.0)
+        self.lb: LoadBalancer | None = None
+
+    def applied(self, deltas: list[Any], oldest: float) -> None:
+        if self.active:
+            self.commits.append((time.monotonic() - oldest) * 1000)
+            self.batch_sizes.append(len(deltas))
+
+    def _gc(self, phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            self._gc_start = time.thread_time()
+        elif self.active:
+            self.gc[info["generation"]].append((time.thread_time() - self._gc_start) * 1000)
+
+    async def _lagger(self) -> None:
+        while True:
+            t = time.perf_counter()
+            await anyio.sleep(0.001)
+            self.lag.append(max(0.0, (time.perf_counter() - t) * 1000 - 1))
+
+    @contextlib.asynccontextmanager
+    async def measuring(self, lb: LoadBalancer) -> AsyncIterator[None]:
+        self.lb = lb
+        assert lb.reconciler is not None
+        rounds = lb.reconciler.metrics.rounds
+        self._rounds = (rounds.count, rounds.max_s)
+        rounds.max_s = 0.0  # the initial sync's rounds are not the churn's
+        gc.callbacks.append(self._gc)
+        self.active = True
+        try:
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(self._lagger)
+                yield
+                tg.cancel_scope.cancel()
+        finally:
+            self.active = False
+            gc.callbacks.remove(self._gc)
+
+    def figures(self) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        p = "churn_profile_"
+        for gen, pauses in self.gc.items():
+            out[f"{p}gc_{gen}_count"] = len(pauses)
+            out[f"{p}gc_{gen}_cpu_ms_p50"] = _pct(pauses, 0.5)
+            out[f"{p}gc_{gen}_cpu_ms_max"] = round(max(pauses, default=0.0), 2)
+        out[f"{p}arrival_to_commit_ms_p50"] = _pct(self.commits, 0.5)
+        out[f"{p}arrival_to_commit_ms_p99"] = _pct(self.commits, 0.99)
+        out[f"{p}batch_changes_p99"] = _pct([float(b) for b in self.batch_sizes], 0.99)
+        if self.lb is not None and self.lb.reconciler is not None:
+            rounds = self.lb.reconciler.metrics.rounds
+            out[f"{p}reconcile_rounds"] = rounds.count - self._rounds[0]
+            out[f"{p}reconcile_round_ms_max"] = round(rounds.max_s * 1000, 2)
+        out[f"{p}loop_lag_ms_p99"] = _pct(self.lag, 0.99)
+        out[f"{p}loop_lag_ms_max"] = round(max(self.lag, default=0.0), 2)
+        return out
 
 
 async def _churn(
