@@ -28,7 +28,9 @@ A young threshold of 20,000 makes each young collection ~7 ms; a middle threshol
 1,000 keeps the middle generation, which holds the churned objects until they are
 replaced, from being traversed every ten young collections (with 5 or 10 its passes cost
 35-50 ms, and the full collections the 25 % rule then allows after `freeze_loaded`
-350-550 ms).
+350-550 ms). The price: under sustained churn a middle pass comes every few minutes and
+traverses every churned object still alive (hundreds of milliseconds with 10,000
+slices); cyclic garbage (rare: rows are acyclic) waits that long to be freed.
 """
 
 from __future__ import annotations
