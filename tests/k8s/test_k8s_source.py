@@ -387,3 +387,40 @@ def test_backoff_is_exponential_jittered_and_capped() -> None:
     assert refl._backoff(too_many) == 3.0
     too_many.headers = {"Retry-After": "3600"}
     assert refl._backoff(too_many) == 10.0
+
+
+async def test_batches_are_bounded_in_size_and_merge_deliveries(
+    apiserver: FakeAPIServer, kubeconfig: str
+) -> None:
+    """A batch holds at most ``batch_size`` changes plus the rest of the delivery that
+    crossed it (a list page: 2 here), and deliveries arriving within ``batch_delay`` of
+    the first share one write transaction."""
+    from sources.k8s_client import K8sClient
+    from sources.k8s_source import K8sSource, SourceConfig
+    from statedb import DB
+    from tables.lb_writer import LBWriter
+
+    from .helpers import FAST
+
+    _populate(apiserver, 10)
+    db = DB()
+    writer = LBWriter.create(db)
+    sizes: list[int] = []
+    client = K8sClient(ClientSettings(kubeconfig=kubeconfig))
+    source = K8sSource(
+        writer,
+        client,
+        node_name=NODE,
+        config=SourceConfig(batch_size=3, batch_delay=0.5, reflector=FAST),
+        on_applied=lambda deltas, _t: sizes.append(len(deltas)),
+    )
+    try:
+        async with anyio.create_task_group() as tg:
+            await tg.start(source.run)
+            await wait_for(lambda: source.synced, "initial sync")
+            tg.cancel_scope.cancel()
+    finally:
+        client.close()
+    assert sum(sizes) == 21  # 10 services, 10 slices, the node
+    assert max(sizes) <= 3 + FAST.page_size - 1
+    assert max(sizes) > FAST.page_size  # deliveries were merged
