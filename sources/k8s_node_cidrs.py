@@ -22,15 +22,20 @@ from __future__ import annotations
 
 import ipaddress
 import logging
+import math
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol
 
 import anyio
 import anyio.abc
 
+from statedb.errors import StatewrightError
 from tables.ipam import IPAM, IPAMRequestError, pod_cidrs_of_node
 
 log = logging.getLogger("statewright.k8s.pod-cidrs")
+
+#: Seconds between attempts when IPAM could not take the Node's pod CIDRs.
+RETRY_INTERVAL = 5.0
 
 
 class NodeSource(Protocol):
@@ -66,6 +71,8 @@ class NodePodCIDRs:
         self.problem = ""
         #: How many times IPAM took the Node's pod CIDRs.
         self.changes = 0
+        #: True while IPAM failed to take them (tried again every `RETRY_INTERVAL`).
+        self.failed = False
 
     @property
     def from_node(self) -> bool:
@@ -78,8 +85,12 @@ class NodePodCIDRs:
         """Follow the Node until cancelled."""
         task_status.started()
         generation = 0
+        node: Mapping[str, Any] | None = None
         while True:
-            generation, node = await self.source.wait_node(generation)
+            # After a failure IPAM could not take (its state file), try again later even
+            # if the Node does not change.
+            with anyio.move_on_after(RETRY_INTERVAL if self.failed else math.inf):
+                generation, node = await self.source.wait_node(generation)
             await anyio.to_thread.run_sync(self.apply, node)
 
     def apply(self, node: Mapping[str, Any] | None) -> None:
@@ -114,6 +125,11 @@ class NodePodCIDRs:
         except IPAMRequestError as e:  # e.g. two overlapping CIDRs
             self._set_problem(f"Node {name}: spec.podCIDRs {', '.join(cidrs)}: {e}")
             return
+        except StatewrightError as e:  # IPAM could not persist: nothing changed
+            self.failed = True
+            self._set_problem(f"IPAM could not take {', '.join(cidrs)}: {e}")
+            return
+        self.failed = False
         self.changes += 1
         self._set_problem("")
         if self.on_change is not None:

@@ -323,7 +323,7 @@ class IPAM:
         IPAMRequestError for a bad or overlapping CIDR (nothing changes)."""
         parsed = IPAMConfig.parse(cidrs, self.config.state_dir, self.config.reserve_router)
         with self.db.write_txn(self.table) as txn:
-            previous, ranges = self.config, self._ranges
+            previous, ranges, cursor = self.config, self._ranges, dict(self._cursor)
             self.config = parsed
             self._ranges = [_Range.of(c) for c in parsed.pod_cidrs]
             try:
@@ -331,7 +331,8 @@ class IPAM:
                 if added:
                     self._persist(txn)
             except BaseException:
-                self.config, self._ranges = previous, ranges
+                # The transaction aborts: so do the new CIDRs and the cursors' moves.
+                self.config, self._ranges, self._cursor = previous, ranges, cursor
                 raise
             kept = [a for a in self.table.all(txn) if self._range_of(a.ip) is None]
         if previous.pod_cidrs != parsed.pod_cidrs or previous.pending:

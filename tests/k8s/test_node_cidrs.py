@@ -278,3 +278,46 @@ async def test_agent_with_configured_pod_cidrs_reports_a_mismatch(
         )
         assert endpoints.ipam is not None
         assert [str(c) for c in endpoints.ipam.config.pod_cidrs] == ["10.40.0.0/24"]
+
+
+class _OneNode:
+    """A NodeSource that delivers one Node, then nothing more."""
+
+    node_name = NODE
+
+    def __init__(self, obj: dict[str, Any]) -> None:
+        self.obj = obj
+
+    async def wait_node(self, after: int = 0) -> tuple[int, Any]:
+        if after == 0:
+            return 1, self.obj
+        await anyio.sleep_forever()
+        raise AssertionError("unreachable")
+
+
+async def test_ipam_that_cannot_persist_is_retried(
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Taking the CIDRs reserves router addresses, which IPAM persists; when it cannot
+    (its state directory is a file here), nothing changes, health says why, and it is
+    tried again without a change of the Node."""
+    import sources.k8s_node_cidrs as mod
+
+    monkeypatch.setattr(mod, "RETRY_INTERVAL", 0.05)
+    state = tmp_path / "state"
+    ipam = IPAM(DB(), IPAMConfig(state_dir=str(state), pending="the Node"))
+    ipam.restore()
+    shutil.rmtree(state)
+    state.write_text("not a directory")
+    follower = NodePodCIDRs(ipam, _OneNode(node_with_cidrs("10.10.0.0/24")))
+    async with anyio.create_task_group() as tg:
+        await tg.start(follower.run)
+        await wait_for(lambda: follower.failed, "the failure")
+        assert ipam.pending and ipam.allocations() == []
+        ok, msg = follower.health()
+        assert not ok and "IPAM could not take 10.10.0.0/24" in msg
+        state.unlink()
+        await wait_for(lambda: follower.changes == 1, "taken on a later attempt")
+        assert not follower.failed and follower.health()[0]
+        assert ipam.status()["router"] == {"ipv4": "10.10.0.1"}
+        tg.cancel_scope.cancel()
