@@ -29,8 +29,13 @@ Keys:
   ``gc.callbacks``: CPU time, so a loaded machine does not inflate it),
   ``arrival_to_commit_ms_p50|p99`` (per write batch: from the oldest change's arrival at
   the applier to the commit), ``batch_changes_p99``, ``reconcile_rounds`` /
-  ``reconcile_round_ms_max`` (the LB reconciler's metrics) and ``loop_lag_ms_p99|max``
-  (how late a 1 ms sleep wakes up: everything that holds the event loop).
+  ``reconcile_round_ms_max`` (the LB reconciler's metrics), ``loop_lag_ms_p99|max``
+  (how late a 1 ms sleep wakes up: everything that holds the event loop), and per churn
+  event the path's three stages, ``p50|p99`` each: ``emit_to_delivered_ms`` (server,
+  wire, the watch thread's read, decoding, up to the reflector's delivery to the
+  applier), ``delivered_to_committed_ms`` (the applier's queue and batch, the converter
+  and LB writer, the commit) and ``committed_to_done_ms`` (reconciler rounds, map writes,
+  the Done status, and this benchmark's 1 ms polling).
 - decode_*: one list page of 500 Services decoded from the raw JSON with ``json.loads``
   versus the client's model classes (``ApiClient.deserialize``), and the models turned
   back into the dicts the converter takes (``sanitize_for_serialization``): microseconds
@@ -234,6 +239,8 @@ async def _agent(
     source = K8sSource(
         lb.writer, client, node_name=NODE, converter=lb.converter, on_applied=profile.applied
     )
+    for r in source.reflectors:
+        r.deliver = profile.tracing(r.deliver)
     with lb.writer.write_txn() as txn:
         source.register_initializer(txn)
     try:
@@ -264,13 +271,28 @@ async def _agent(
             out["gc_thresholds_churn"] = list(gc.get_threshold())
             if churn_seconds > 0:
                 async with profile.measuring(lb):
-                    out.update(await _churn(conn, lb, n, churn_rate, churn_seconds))
+                    out.update(await _churn(conn, lb, n, churn_rate, churn_seconds, profile))
                 out.update(profile.figures())
             tg.cancel_scope.cancel()
     finally:
         client.close()
         lb.close_maps()
     return out
+
+
+_CHURN_BASE = int(ipaddress.ip_address("10.200.0.0"))
+
+
+def _churn_generation(obj: Any) -> int:
+    """The churn generation an EndpointSlice carries (its first address, see `churn_ip`),
+    0 for anything else."""
+    try:
+        first = obj["endpoints"][0]["addresses"][0]
+    except (KeyError, IndexError, TypeError):
+        return 0
+    if not isinstance(first, str) or not first.startswith("10.200."):
+        return 0
+    return int(ipaddress.ip_address(first)) - _CHURN_BASE
 
 
 def _pct(values: list[float], q: float) -> float:
@@ -292,11 +314,55 @@ class _Profile:
         self._gc_start = 0.0
         self._rounds = (0, 0.0)
         self.lb: LoadBalancer | None = None
+        #: Churn generation -> when it was delivered to the applier / committed.
+        self.delivered: dict[int, float] = {}
+        self.committed: dict[int, float] = {}
 
     def applied(self, deltas: list[Any], oldest: float) -> None:
         if self.active:
-            self.commits.append((time.monotonic() - oldest) * 1000)
+            now = time.monotonic()
+            self.commits.append((now - oldest) * 1000)
             self.batch_sizes.append(len(deltas))
+            for d in deltas:
+                gen = _churn_generation(d.obj)
+                if gen:
+                    self.committed.setdefault(gen, now)
+
+    def tracing(self, deliver: Any) -> Any:
+        """Wrap a reflector's delivery callback: note when each churn event is delivered."""
+
+        async def traced(reflector: Any, deltas: list[Any], synced: bool) -> None:
+            if self.active:
+                now = time.monotonic()
+                for d in deltas:
+                    gen = _churn_generation(d.obj)
+                    if gen:
+                        self.delivered.setdefault(gen, now)
+            await deliver(reflector, deltas, synced)
+
+        return traced
+
+    def stages(self, emitted: list[float], confirmed: list[float]) -> dict[str, float]:
+        """Per-event stage latencies (event k is churn generation k + 1)."""
+        a: list[float] = []
+        b: list[float] = []
+        c: list[float] = []
+        for k, (e, done) in enumerate(zip(emitted, confirmed)):
+            dv, cm = self.delivered.get(k + 1), self.committed.get(k + 1)
+            if dv is None or cm is None:
+                continue
+            a.append((dv - e) * 1000)
+            b.append((cm - dv) * 1000)
+            c.append((done - cm) * 1000)
+        out: dict[str, float] = {}
+        for name, values in (
+            ("emit_to_delivered_ms", a),
+            ("delivered_to_committed_ms", b),
+            ("committed_to_done_ms", c),
+        ):
+            out[f"churn_profile_{name}_p50"] = _pct(values, 0.5)
+            out[f"churn_profile_{name}_p99"] = _pct(values, 0.99)
+        return out
 
     def _gc(self, phase: str, info: dict[str, int]) -> None:
         if phase == "start":
@@ -353,6 +419,7 @@ async def _churn(
     n: int,
     rate: float,
     seconds: float,
+    profile: _Profile,
 ) -> dict[str, Any]:
     txn = lb.db.read_txn()
     addr_of = {f.service_name: f.address for f in lb.frontends.all(txn)}
@@ -389,6 +456,7 @@ async def _churn(
     if lat:
         out["churn_event_to_map_p50_ms"] = round(statistics.median(lat), 2)
         out["churn_event_to_map_p99_ms"] = round(lat[min(len(lat) - 1, int(len(lat) * 0.99))], 2)
+    out.update(profile.stages(emitted_at, confirmed))
     return out
 
 
