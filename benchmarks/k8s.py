@@ -20,6 +20,22 @@ Keys:
   Done with the new backend, polled every millisecond: +-1 ms resolution).
   churn_kept_up is true when the backlog (events emitted but not yet in the maps)
   stayed under one second's worth of events and every event arrived.
+- gc_thresholds_churn: the collector's thresholds during the churn: the agent's
+  steady-state ones (`statewright.agent.components.kubernetes.steady_gc`, switched to
+  after the initial sync) unless ``--no-steady-gc`` keeps tune_gc's.
+- churn_profile_*: where the churn's time goes, for finding a latency tail (figures
+  of the whole churn window): ``gc_<gen>_count`` / ``gc_<gen>_cpu_ms_p50|max`` (the
+  collector's passes per generation and their CPU time, ``time.thread_time`` in
+  ``gc.callbacks``: CPU time, so a loaded machine does not inflate it),
+  ``arrival_to_commit_ms_p50|p99`` (per write batch: from the oldest change's arrival at
+  the applier to the commit), ``batch_changes_p99``, ``reconcile_rounds`` /
+  ``reconcile_round_ms_max`` (the LB reconciler's metrics), ``loop_lag_ms_p99|max``
+  (how late a 1 ms sleep wakes up: everything that holds the event loop), and per churn
+  event the path's three stages, ``p50|p99`` each: ``emit_to_delivered_ms`` (server,
+  wire, the watch thread's read, decoding, up to the reflector's delivery to the
+  applier), ``delivered_to_committed_ms`` (the applier's queue and batch, the converter
+  and LB writer, the commit) and ``committed_to_done_ms`` (reconciler rounds, map writes,
+  the Done status, and this benchmark's 1 ms polling).
 - decode_*: one list page of 500 Services decoded from the raw JSON with ``json.loads``
   versus the client's model classes (``ApiClient.deserialize``), and the models turned
   back into the dicts the converter takes (``sanitize_for_serialization``): microseconds
@@ -33,6 +49,7 @@ around the run (it is shared; figures from a loaded machine are pessimistic).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import gc
 import ipaddress
 import json
@@ -43,6 +60,7 @@ import statistics
 import sys
 import tempfile
 import time
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -56,6 +74,7 @@ from reconciler.status import StatusKind
 from sources.k8s_client import ClientSettings, K8sClient
 from sources.k8s_source import K8sSource
 from statedb.gc_tuning import freeze_loaded, tune_gc
+from statewright.agent.components.kubernetes import steady_gc
 from statewright.loadbalancer import LoadBalancer, MapsPlacement
 from tables.lb_config import LBConfig
 
@@ -171,7 +190,9 @@ def _frontend_ok(lb: LoadBalancer, txn: Any, addr: Any, ip: str) -> bool:
     )
 
 
-async def run(n: int, churn_rate: float, churn_seconds: float) -> dict[str, Any]:
+async def run(
+    n: int, churn_rate: float, churn_seconds: float, gc_steady: bool = True
+) -> dict[str, Any]:
     """The benchmark; returns the figures."""
     tune_gc()
     result: dict[str, Any] = {"services": n, "backends_per_service": BACKENDS_PER_SERVICE}
@@ -185,7 +206,9 @@ async def run(n: int, churn_rate: float, churn_seconds: float) -> dict[str, Any]
             assert parent.recv() == ("ready",)
             parent.send(("populate", n))
             assert parent.recv() == ("ok",)
-            result.update(await _agent(parent, kubeconfig, n, churn_rate, churn_seconds))
+            result.update(
+                await _agent(parent, kubeconfig, n, churn_rate, churn_seconds, gc_steady)
+            )
         finally:
             parent.send(("stop",))
             proc.join(timeout=30)
@@ -201,6 +224,7 @@ async def _agent(
     n: int,
     churn_rate: float,
     churn_seconds: float,
+    gc_steady: bool,
 ) -> dict[str, Any]:
     out: dict[str, Any] = {}
     backend = "kernel" if kernel_support().ok else "memory"
@@ -211,7 +235,12 @@ async def _agent(
     lb.build_reconciler()
     out["maps"] = lb.maps_kind
     client = K8sClient(ClientSettings(kubeconfig=kubeconfig, qps=50, burst=100))
-    source = K8sSource(lb.writer, client, node_name=NODE, converter=lb.converter)
+    profile = _Profile()
+    source = K8sSource(
+        lb.writer, client, node_name=NODE, converter=lb.converter, on_applied=profile.applied
+    )
+    for r in source.reflectors:
+        r.deliver = profile.tracing(r.deliver)
     with lb.writer.write_txn() as txn:
         source.register_initializer(txn)
     try:
@@ -234,15 +263,154 @@ async def _agent(
             out["initial_sync_services_per_s"] = round(n / elapsed)
             gc.collect()
             out["rss_mb_after_sync"] = round(_rss_mb(), 1)
-            # As the agent does once the initial state is in the maps (components/lb.py).
+            # As the agent does once the initial state is in the maps (components/lb.py,
+            # and the k8s component's switch to steady-state collector thresholds).
             freeze_loaded()
+            if gc_steady:
+                steady_gc()
+            out["gc_thresholds_churn"] = list(gc.get_threshold())
             if churn_seconds > 0:
-                out.update(await _churn(conn, lb, n, churn_rate, churn_seconds))
+                async with profile.measuring(lb):
+                    out.update(await _churn(conn, lb, n, churn_rate, churn_seconds, profile))
+                out.update(profile.figures())
             tg.cancel_scope.cancel()
     finally:
         client.close()
         lb.close_maps()
     return out
+
+
+_CHURN_BASE = int(ipaddress.ip_address("10.200.0.0"))
+
+
+def _churn_generation(obj: Any) -> int:
+    """The churn generation an EndpointSlice carries (its first address, see `churn_ip`),
+    0 for anything else."""
+    try:
+        first = obj["endpoints"][0]["addresses"][0]
+    except (KeyError, IndexError, TypeError):
+        return 0
+    if not isinstance(first, str) or not first.startswith("10.200."):
+        return 0
+    return int(ipaddress.ip_address(first)) - _CHURN_BASE
+
+
+def _pct(values: list[float], q: float) -> float:
+    if not values:
+        return 0.0
+    ordered = sorted(values)
+    return round(ordered[min(len(ordered) - 1, int(len(ordered) * q))], 2)
+
+
+class _Profile:
+    """The churn_profile_* figures (module docstring)."""
+
+    def __init__(self) -> None:
+        self.active = False
+        self.gc: dict[int, list[float]] = {0: [], 1: [], 2: []}
+        self.commits: list[float] = []
+        self.batch_sizes: list[int] = []
+        self.lag: list[float] = []
+        self._gc_start = 0.0
+        self._rounds = (0, 0.0)
+        self.lb: LoadBalancer | None = None
+        #: Churn generation -> when it was delivered to the applier / committed.
+        self.delivered: dict[int, float] = {}
+        self.committed: dict[int, float] = {}
+
+    def applied(self, deltas: list[Any], oldest: float) -> None:
+        if self.active:
+            now = time.monotonic()
+            self.commits.append((now - oldest) * 1000)
+            self.batch_sizes.append(len(deltas))
+            for d in deltas:
+                gen = _churn_generation(d.obj)
+                if gen:
+                    self.committed.setdefault(gen, now)
+
+    def tracing(self, deliver: Any) -> Any:
+        """Wrap a reflector's delivery callback: note when each churn event is delivered."""
+
+        async def traced(reflector: Any, deltas: list[Any], synced: bool) -> None:
+            if self.active:
+                now = time.monotonic()
+                for d in deltas:
+                    gen = _churn_generation(d.obj)
+                    if gen:
+                        self.delivered.setdefault(gen, now)
+            await deliver(reflector, deltas, synced)
+
+        return traced
+
+    def stages(self, emitted: list[float], confirmed: list[float]) -> dict[str, float]:
+        """Per-event stage latencies (event k is churn generation k + 1)."""
+        a: list[float] = []
+        b: list[float] = []
+        c: list[float] = []
+        for k, (e, done) in enumerate(zip(emitted, confirmed)):
+            dv, cm = self.delivered.get(k + 1), self.committed.get(k + 1)
+            if dv is None or cm is None:
+                continue
+            a.append((dv - e) * 1000)
+            b.append((cm - dv) * 1000)
+            c.append((done - cm) * 1000)
+        out: dict[str, float] = {}
+        for name, values in (
+            ("emit_to_delivered_ms", a),
+            ("delivered_to_committed_ms", b),
+            ("committed_to_done_ms", c),
+        ):
+            out[f"churn_profile_{name}_p50"] = _pct(values, 0.5)
+            out[f"churn_profile_{name}_p99"] = _pct(values, 0.99)
+        return out
+
+    def _gc(self, phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            self._gc_start = time.thread_time()
+        elif self.active:
+            self.gc[info["generation"]].append((time.thread_time() - self._gc_start) * 1000)
+
+    async def _lagger(self) -> None:
+        while True:
+            t = time.perf_counter()
+            await anyio.sleep(0.001)
+            self.lag.append(max(0.0, (time.perf_counter() - t) * 1000 - 1))
+
+    @contextlib.asynccontextmanager
+    async def measuring(self, lb: LoadBalancer) -> AsyncIterator[None]:
+        self.lb = lb
+        assert lb.reconciler is not None
+        rounds = lb.reconciler.metrics.rounds
+        self._rounds = (rounds.count, rounds.max_s)
+        rounds.max_s = 0.0  # the initial sync's rounds are not the churn's
+        gc.callbacks.append(self._gc)
+        self.active = True
+        try:
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(self._lagger)
+                yield
+                tg.cancel_scope.cancel()
+        finally:
+            self.active = False
+            gc.callbacks.remove(self._gc)
+
+    def figures(self) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        p = "churn_profile_"
+        for gen, pauses in self.gc.items():
+            out[f"{p}gc_{gen}_count"] = len(pauses)
+            out[f"{p}gc_{gen}_cpu_ms_p50"] = _pct(pauses, 0.5)
+            out[f"{p}gc_{gen}_cpu_ms_max"] = round(max(pauses, default=0.0), 2)
+        out[f"{p}arrival_to_commit_ms_p50"] = _pct(self.commits, 0.5)
+        out[f"{p}arrival_to_commit_ms_p99"] = _pct(self.commits, 0.99)
+        out[f"{p}batch_changes_p99"] = _pct([float(b) for b in self.batch_sizes], 0.99)
+        if self.lb is not None and self.lb.reconciler is not None:
+            rounds = self.lb.reconciler.metrics.rounds
+            out[f"{p}reconcile_rounds"] = rounds.count - self._rounds[0]
+            out[f"{p}reconcile_round_ms_max"] = round(rounds.max_s * 1000, 2)
+        out[f"{p}loop_lag_ms_p99"] = _pct(self.lag, 0.99)
+        out[f"{p}loop_lag_ms_max"] = round(max(self.lag, default=0.0), 2)
+        return out
 
 
 async def _churn(
@@ -251,6 +419,7 @@ async def _churn(
     n: int,
     rate: float,
     seconds: float,
+    profile: _Profile,
 ) -> dict[str, Any]:
     txn = lb.db.read_txn()
     addr_of = {f.service_name: f.address for f in lb.frontends.all(txn)}
@@ -287,6 +456,7 @@ async def _churn(
     if lat:
         out["churn_event_to_map_p50_ms"] = round(statistics.median(lat), 2)
         out["churn_event_to_map_p99_ms"] = round(lat[min(len(lat) - 1, int(len(lat) * 0.99))], 2)
+    out.update(profile.stages(emitted_at, confirmed))
     return out
 
 
@@ -298,6 +468,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--churn-rate", type=float, default=1000.0)
     p.add_argument("--churn-seconds", type=float, default=0.0)
     p.add_argument("--decode-only", action="store_true")
+    p.add_argument(
+        "--no-steady-gc",
+        action="store_true",
+        help="keep tune_gc's thresholds during the churn (the agent's setting before "
+        "steady_gc)",
+    )
     args = p.parse_args(argv)
     n = args.services or (2000 if args.quick else 10_000)
     seconds = args.churn_seconds or (10.0 if args.quick else 30.0)
@@ -305,7 +481,7 @@ def main(argv: list[str] | None = None) -> int:
     result: dict[str, Any] = {"load_avg_1m_at_start": round(os.getloadavg()[0], 2)}
     result.update(decode_figures())
     if not args.decode_only:
-        result.update(anyio.run(run, n, args.churn_rate, seconds))
+        result.update(anyio.run(run, n, args.churn_rate, seconds, not args.no_steady_gc))
     result["load_avg_1m_at_end"] = round(os.getloadavg()[0], 2)
     print(json.dumps(result))
     return 0

@@ -172,6 +172,11 @@ class K8sSource:
         # Set (and dropped) after each batch; created by a waiter (an anyio Event needs
         # the running event loop, the source may be built before it).
         self._applied_event: anyio.Event | None = None
+        #: This node's Node object as last applied (None: not listed yet, or no such Node).
+        self.node: Mapping[str, Any] | None = None
+        #: Counts applied changes of the Node (and completed lists of it): `wait_node`.
+        self.node_generation = 0
+        self._node_event: anyio.Event | None = None
 
     # ----- initialization -----------------------------------------------------------------
     def register_initializer(self, txn: WriteTxn) -> None:
@@ -205,6 +210,22 @@ class K8sSource:
             if self._applied_event is None:
                 self._applied_event = anyio.Event()
             await self._applied_event.wait()
+
+    @property
+    def node_synced(self) -> bool:
+        """True once the initial list of this node's Node has been applied."""
+        return any(r.spec.kind == KIND_NODE and r.name in self._synced for r in self.reflectors)
+
+    async def wait_node(self, after: int = 0) -> tuple[int, Mapping[str, Any] | None]:
+        """Wait until the Node's initial list has been applied and the Node changed since
+        ``node_generation`` ``after`` (0: any); returns the generation and the Node (None
+        when the API server has no Node of this name). What IPAM follows for the Node's
+        ``spec.podCIDRs`` (sources/k8s_node_cidrs.py)."""
+        while not (self.node_synced and self.node_generation > after):
+            if self._node_event is None:
+                self._node_event = anyio.Event()
+            await self._node_event.wait()
+        return self.node_generation, self.node
 
     async def _deliver(self, reflector: Reflector, deltas: list[Delta], synced: bool) -> None:
         """A reflector's delivery: queued for the applier (waits when the queue is full)."""
@@ -328,6 +349,7 @@ class K8sSource:
         if self._applied_event is not None:
             self._applied_event.set()
             self._applied_event = None
+        self._note_node(batch, deltas)
         if self.on_applied is not None and batch:
             self.on_applied([d for _, d in deltas], min(item.received for item in batch))
         # Only a Service or Pod written (changed or deleted) can free an address.
@@ -343,6 +365,23 @@ class K8sSource:
             now = time.monotonic()
             again = [_Item(r, [d], False, now) for r, d in self._conflicts.values()]
             self.apply_batch(again, retrying=True)
+
+    def _note_node(self, batch: list[_Item], deltas: list[tuple[Reflector, Delta]]) -> None:
+        """After a committed batch: remember the Node it changed (refused or not: its pod
+        CIDRs do not depend on its labels) and wake `wait_node` waiters."""
+        changed = False
+        for r, d in deltas:
+            if r.spec.kind == KIND_NODE:
+                self.node = d.obj if d.op == "upsert" else None
+                changed = True
+        for item in batch:
+            if item.synced and item.reflector.spec.kind == KIND_NODE:
+                changed = True
+        if changed:
+            self.node_generation += 1
+            if self._node_event is not None:
+                self._node_event.set()
+                self._node_event = None
 
     def _apply_one(self, txn: WriteTxn, r: Reflector, d: Delta) -> None:
         if r.spec.kind == KIND_NODE:

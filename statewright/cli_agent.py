@@ -63,7 +63,8 @@ def add_commands(subparsers: SubParsers, commands: Commands) -> None:
                     f"{agent_config.DEFAULT_STATE_DIR})")
     ag.add_argument("--pod-cidr", dest="pod_cidrs", action="append", metavar="CIDR",
                     help="a pod CIDR of this node for the endpoints' IPAM; repeat for IPv6 "
-                    f"(default {' '.join(agent_config.DEFAULT_POD_CIDRS)})")
+                    "(default: the Node's spec.podCIDRs with a Kubernetes source, else "
+                    f"{' '.join(agent_config.DEFAULT_POD_CIDRS)})")
     ag.add_argument("--k8s-kubeconfig", metavar="PATH",
                     help="follow the Kubernetes API server of this kubeconfig")
     ag.add_argument("--k8s-api-server", metavar="URL",

@@ -226,6 +226,7 @@ class EndpointManager:
         got: list[IPAddress] = []
         try:
             if "ipv4" not in change.fields and "ipv6" not in change.fields:
+                self.ipam.check_ready()  # no pod CIDRs yet: no endpoint without addresses
                 for fam in self.ipam.families():
                     got.append(self.ipam.allocate_next(fam, owner))
                 return got

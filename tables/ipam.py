@@ -1,9 +1,13 @@
 """IPAM: this node's pod addresses, allocated and released per owner, persisted atomically.
 
-The node's pod CIDRs (IPv4 and/or IPv6) come from configuration (``IPAMConfig``), like
-Cilium's Kubernetes host-scope mode, where they are the Node's ``spec.podCIDRs``. Which
-addresses of a CIDR are handed out follows Cilium's host-scope allocator (Kubernetes'
-``ipallocator.NewCIDRRange``):
+The node's pod CIDRs (IPv4 and/or IPv6) come from configuration (``IPAMConfig``) or, as in
+Cilium's Kubernetes host-scope mode, from the Node's ``spec.podCIDRs``: then IPAM starts
+*pending* (``IPAMConfig.pending`` says what it waits for; nothing is handed out,
+`IPAMNotReadyError`) and `IPAM.set_pod_cidrs` gives it the CIDRs once the Node is known
+(sources/k8s_node_cidrs.py). A later change of the CIDRs keeps every existing allocation
+(its owner still uses it; `IPAM.outside_pod_cidrs` lists those outside the new CIDRs) and
+hands out new addresses from the new CIDRs only. Which addresses of a CIDR are handed out
+follows Cilium's host-scope allocator (Kubernetes' ``ipallocator.NewCIDRRange``):
 
 * IPv4: the network address and the broadcast address are never handed out;
 * IPv6: the network address (the subnet-router anycast address) is never handed out, and
@@ -58,6 +62,13 @@ class IPAMRequestError(InputError, IPAMError):
     out (network, broadcast), or a family without a pod CIDR. Changes nothing."""
 
     http_status = 400
+
+
+class IPAMNotReadyError(IPAMError):
+    """IPAM has no pod CIDRs yet (it waits for the Node's ``spec.podCIDRs``): nothing is
+    handed out until then. Changes nothing."""
+
+    http_status = 503
 
 
 class AddressInUseError(IPAMError):
@@ -185,11 +196,15 @@ def pod_cidrs_of_node(node: Any) -> tuple[str, ...]:
 
 @dataclass(frozen=True, slots=True)
 class IPAMConfig:
-    """The node's pod CIDRs, where state is kept, and whether to reserve router addresses."""
+    """The node's pod CIDRs, where state is kept, and whether to reserve router addresses.
+
+    ``pending``: not empty when the pod CIDRs are not known yet, saying what IPAM waits
+    for (e.g. "the Node's spec.podCIDRs"); `IPAM.set_pod_cidrs` ends it."""
 
     pod_cidrs: tuple[IPNetwork, ...] = ()
     state_dir: str | None = None
     reserve_router: bool = True
+    pending: str = ""
 
     @classmethod
     def parse(
@@ -244,6 +259,19 @@ class IPAM:
             self.db.register(self.table)
         self._ranges = [_Range.of(c) for c in self.config.pod_cidrs]
 
+    @property
+    def pending(self) -> str:
+        """What IPAM waits for before it hands out addresses ("" when it has its CIDRs)."""
+        return self.config.pending
+
+    def check_ready(self) -> None:
+        """IPAMNotReadyError while the pod CIDRs are not known (`pending`)."""
+        if self.config.pending:
+            raise IPAMNotReadyError(
+                f"ipam: no pod CIDRs yet (waiting for {self.config.pending}); "
+                "no address is handed out until then"
+            )
+
     # ----- start ------------------------------------------------------------------------------
     @property
     def state_path(self) -> str | None:
@@ -271,7 +299,7 @@ class IPAM:
                     )
                 for ip_text, owner in sorted(doc.get("allocations", {}).items()):
                     ip = ipaddress.ip_address(ip_text)
-                    if self._range_of(ip) is None:
+                    if self._range_of(ip) is None and not self.config.pending:
                         log.warning(
                             "ipam: restored %s (owner %s) is outside the pod CIDRs %s",
                             ip,
@@ -287,6 +315,48 @@ class IPAM:
         if restored:
             log.info("ipam: restored %d allocation(s) from %s", restored, path)
         return restored
+
+    def set_pod_cidrs(self, cidrs: Iterable[str]) -> list[Allocation]:
+        """Hand out addresses from ``cidrs`` from now on (ends `pending`), reserving a
+        router address for a family that has none; returns the existing allocations outside
+        the new CIDRs, which are kept (their owners still use them) and logged.
+        IPAMRequestError for a bad or overlapping CIDR (nothing changes)."""
+        parsed = IPAMConfig.parse(cidrs, self.config.state_dir, self.config.reserve_router)
+        with self.db.write_txn(self.table) as txn:
+            previous, ranges, cursor = self.config, self._ranges, dict(self._cursor)
+            self.config = parsed
+            self._ranges = [_Range.of(c) for c in parsed.pod_cidrs]
+            try:
+                added = self._reserve_routers(txn)
+                if added:
+                    self._persist(txn)
+            except BaseException:
+                # The transaction aborts: so do the new CIDRs and the cursors' moves.
+                self.config, self._ranges, self._cursor = previous, ranges, cursor
+                raise
+            kept = [a for a in self.table.all(txn) if self._range_of(a.ip) is None]
+        if previous.pod_cidrs != parsed.pod_cidrs or previous.pending:
+            log.info(
+                "ipam: pod CIDRs %s (were %s)",
+                ", ".join(str(c) for c in parsed.pod_cidrs),
+                ", ".join(str(c) for c in previous.pod_cidrs) or f"pending: {previous.pending}",
+            )
+        for a in kept:
+            log.warning(
+                "ipam: %s (owner %s) is outside the pod CIDRs %s; kept until released",
+                a.ip,
+                a.owner,
+                ", ".join(str(c) for c in parsed.pod_cidrs),
+            )
+        return kept
+
+    def outside_pod_cidrs(self, txn: ReadTxn | None = None) -> list[Allocation]:
+        """Allocations outside today's pod CIDRs (restored, or from before a change of the
+        CIDRs): kept until their owners release them."""
+        if self.config.pending:
+            return []
+        rows = self.table.all(txn or self.db.read_txn())
+        return [a for a in rows if self._range_of(a.ip) is None]
 
     def reserve_routers(self) -> None:
         """Allocate a router address per family where none is held (configuration allowing)."""
@@ -342,6 +412,7 @@ class IPAM:
             if r is not None:
                 used[str(r.cidr)] += 1
         return {
+            "pending": self.config.pending,
             "pools": [
                 {"cidr": str(r.cidr), "size": r.size(), "used": used[str(r.cidr)]}
                 for r in self._ranges
@@ -354,6 +425,7 @@ class IPAM:
     def allocate_next(self, family: int, owner: str) -> IPAddress:
         """The next free address of ``family`` for ``owner`` (persisted before it returns)."""
         self._check_owner(owner)
+        self.check_ready()
         cursor = dict(self._cursor)
         try:
             with self.db.write_txn(self.table) as txn:
@@ -370,6 +442,7 @@ class IPAM:
         an address this node hands out."""
         self._check_owner(owner)
         addr = parse_address(ip) if isinstance(ip, str) else ip
+        self.check_ready()
         self._check_allocatable(addr)
         with self.db.write_txn(self.table) as txn:
             held = self.table.get(txn, ipam_ip_index.query(addr))

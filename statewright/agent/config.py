@@ -17,7 +17,9 @@ refused (a typo must not be silently ignored). Example::
     netlink: true
     node-addresses: {devices: [eth0], nodeport-cidrs: [10.0.0.0/8]}
     demo-netns: ""           # e.g. statewright-demo: example backends live there
-    pod-cidrs: [10.200.0.0/24, "fd00:200::/112"]   # endpoints' IPAM (statewright-cni)
+    pod-cidrs: [10.200.0.0/24, "fd00:200::/112"]   # endpoints' IPAM (statewright-cni);
+                             # default: the Node's spec.podCIDRs with the Kubernetes
+                             # source, else DEFAULT_POD_CIDRS
     state-dir: /run/statewright/state                # endpoint and IPAM state
     k8s-kubeconfig: ""       # Kubernetes source: a kubeconfig path, or
     k8s-api-server: ""       #   an API server URL, or
@@ -89,8 +91,10 @@ class AgentConfig:
     log_format: str = "text"
     #: The Kubernetes source (statewright/agent/components/kubernetes.py) runs when one of
     #: these three is set; manifests stay the default, and both may run together.
-    #: This node's pod CIDRs (IPv4 and/or IPv6) for the endpoints' IPAM.
-    pod_cidrs: tuple[str, ...] = DEFAULT_POD_CIDRS
+    #: This node's pod CIDRs (IPv4 and/or IPv6) for the endpoints' IPAM. Empty (not
+    #: configured): the Node's spec.podCIDRs when the Kubernetes source runs, else
+    #: DEFAULT_POD_CIDRS (`pod_cidrs_from_node`, `effective_pod_cidrs`).
+    pod_cidrs: tuple[str, ...] = ()
     #: Where endpoint and IPAM state is kept for restarts (a tmpfs: a reboot forgets it,
     #: as it forgets the pods).
     state_dir: str = DEFAULT_STATE_DIR
@@ -119,6 +123,25 @@ class AgentConfig:
             raise ConfigError(f"k8s-burst: must be >= 1, got {self.k8s_burst}")
         if self.k8s_api_server and not self.k8s_api_server.startswith(("https://", "http://")):
             raise ConfigError(f"k8s-api-server: {self.k8s_api_server!r} is not an http(s) URL")
+
+    @property
+    def k8s_enabled(self) -> bool:
+        """True when the Kubernetes source runs (an API server is configured)."""
+        return bool(self.k8s_kubeconfig or self.k8s_api_server or self.k8s_in_cluster)
+
+    @property
+    def pod_cidrs_from_node(self) -> bool:
+        """True when IPAM takes the Node's spec.podCIDRs: none configured, and the
+        Kubernetes source runs."""
+        return not self.pod_cidrs and self.k8s_enabled
+
+    @property
+    def effective_pod_cidrs(self) -> tuple[str, ...]:
+        """The configured pod CIDRs, else DEFAULT_POD_CIDRS (empty when they come from the
+        Node)."""
+        if self.pod_cidrs:
+            return self.pod_cidrs
+        return () if self.pod_cidrs_from_node else DEFAULT_POD_CIDRS
 
     def to_json(self) -> dict[str, Any]:
         """The configuration as plain data (for the API and logs)."""

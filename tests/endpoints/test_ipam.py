@@ -254,3 +254,33 @@ IPAMMachine.TestCase.settings = settings(
     suppress_health_check=[HealthCheck.too_slow],
 )
 TestIPAMMachine = IPAMMachine.TestCase
+
+
+def test_pending_ipam_hands_out_nothing_until_it_has_pod_cidrs(tmp_path: Path) -> None:
+    """Without pod CIDRs yet (they come from the Node): restored allocations stay, nothing
+    is handed out (503), then `set_pod_cidrs` reserves the router and serves; a change
+    keeps what is held; a bad CIDR list changes nothing."""
+    from tables.ipam import IPAMNotReadyError
+
+    first = make_ipam(str(tmp_path), "10.1.0.0/24")
+    pod = first.allocate_next(4, "pod")
+    ipam = IPAM(DB(), IPAMConfig(state_dir=str(tmp_path), pending="the Node's spec.podCIDRs"))
+    assert ipam.restore() == 2  # the router's and the pod's
+    assert ipam.pending and ipam.status()["pending"] == "the Node's spec.podCIDRs"
+    assert ipam.outside_pod_cidrs() == []  # nothing to compare with yet
+    for call in (lambda: ipam.allocate_next(4, "x"), lambda: ipam.allocate("10.1.0.9", "x")):
+        with pytest.raises(IPAMNotReadyError) as err:
+            call()
+        assert err.value.http_status == 503
+    with pytest.raises(IPAMRequestError, match="overlap"):
+        ipam.set_pod_cidrs(["10.1.0.0/24", "10.1.0.0/25"])
+    assert ipam.pending
+    assert ipam.set_pod_cidrs(["10.1.0.0/24"]) == []  # the same CIDR: nothing outside
+    assert not ipam.pending and ipam.owner_of(ipam.db.read_txn(), pod) == "pod"
+    assert ipam.router(ipam.db.read_txn(), 4) == ipaddress.ip_address("10.1.0.1")  # kept
+    kept = ipam.set_pod_cidrs(["10.2.0.0/24", "fd00:2::/112"])
+    assert sorted(a.owner for a in kept) == ["pod", ROUTER_OWNER]
+    assert {str(a.ip) for a in ipam.outside_pod_cidrs()} == {"10.1.0.1", str(pod)}
+    # IPv6 is new: it gets a router address; IPv4 keeps its old one.
+    assert str(ipam.router(ipam.db.read_txn(), 6)) == "fd00:2::1"
+    assert ipam.allocate_next(4, "new") in ipaddress.ip_network("10.2.0.0/24")

@@ -70,6 +70,8 @@ def test_configmap_is_an_agent_config_enabling_kubernetes(tmp_path: Path) -> Non
     config = load(str(path))
     assert config.k8s_in_cluster and config.manifests == ()
     assert KubernetesComponent(config).enabled
+    # No pod-cidrs: the endpoints' IPAM takes the Node's spec.podCIDRs.
+    assert config.pod_cidrs_from_node
 
 
 def test_cluster_role_is_least_rights() -> None:

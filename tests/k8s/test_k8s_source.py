@@ -181,6 +181,9 @@ async def test_unreachable_at_start_then_recovers(tmp_path: Path) -> None:
             health = {n: (ok, msg) for n, ok, msg in r.source.health()}
             ok, msg = health["services"]
             assert not ok and "not synced" in msg and "refused" in msg.lower()
+            # Since when, and the last error, in the API's view too.
+            assert "backing off (not synced); since " in msg
+            assert services.health.error_since > 0 and services.health.last_error
             assert not r.initialized()
             srv = FakeAPIServer(ca=ca, port=port, token=later.token)
             _populate(srv, 2)
@@ -325,3 +328,99 @@ async def test_conflicting_service_applies_once_the_address_is_free(
             lambda: r.frontends() == {"10.96.0.1:80/TCP": "default/b"}, "b takes the address"
         )
         assert not r.source.errors
+
+
+async def test_watch_resumes_from_the_last_bookmark(
+    apiserver: FakeAPIServer, kubeconfig: str
+) -> None:
+    """A bookmark moves the reflector's resourceVersion: a watch cut after it resumes from
+    the bookmark's version (not the list's), without a relist."""
+    _populate(apiserver, 1)
+    async with running_source(ClientSettings(kubeconfig=kubeconfig)) as r:
+        await wait_for(lambda: r.source.synced, "initial sync")
+        pods = next(x for x in r.source.reflectors if x.name == "pods")
+        await wait_for(lambda: pods.health.state == WATCHING, "watching")
+        listed = int(pods.health.resource_version)
+        # Changes the pods watch does not see (another node's pod, a service) move the
+        # server's version; only a bookmark tells the pods reflector about it.
+        apiserver.upsert(pod("elsewhere", "node-b", "10.244.9.8", 8082))
+        apiserver.upsert(service("other", "10.96.7.7"))
+        now = apiserver.resource_version
+        assert now > listed
+        apiserver.send_bookmarks()
+        await wait_for(lambda: int(pods.health.resource_version) == now, "bookmark seen")
+        apiserver.drop_watches()
+        await wait_for(
+            lambda: any(
+                q.resource == "pods"
+                and q.verb == "watch"
+                and q.query.get("resourceVersion") == str(now)
+                for q in apiserver.requests
+            ),
+            "a watch from the bookmark's version",
+        )
+        assert pods.health.lists == 1
+
+
+def test_backoff_is_exponential_jittered_and_capped() -> None:
+    """Delays double from backoff_initial up to backoff_max, each multiplied by a random
+    factor in [1, 1 + jitter); a Retry-After replaces it (capped at max_retry_after)."""
+    import random
+
+    from kubernetes.client.exceptions import ApiException
+
+    from sources.k8s_reflector import Reflector, ReflectorConfig
+    from sources.k8s_source import resource_specs
+
+    cfg = ReflectorConfig(backoff_initial=0.5, backoff_max=4.0, jitter=0.5, max_retry_after=10)
+
+    async def deliver(*_: object) -> None:
+        return None
+
+    refl = Reflector(None, resource_specs(NODE)[0], deliver, cfg, rng=random.Random(7))  # type: ignore[arg-type]
+    delays = [refl._backoff(OSError("refused")) for _ in range(6)]
+    for d, base in zip(delays, [0.5, 1.0, 2.0, 4.0, 4.0, 4.0]):
+        assert base <= d < base * 1.5
+    assert len({round(d / b, 6) for d, b in zip(delays[3:], [4.0] * 3)}) == 3  # jittered
+    too_many = ApiException(status=429, reason="Too Many Requests")
+    too_many.headers = {"Retry-After": "3"}
+    assert refl._backoff(too_many) == 3.0
+    too_many.headers = {"Retry-After": "3600"}
+    assert refl._backoff(too_many) == 10.0
+
+
+async def test_batches_are_bounded_in_size_and_merge_deliveries(
+    apiserver: FakeAPIServer, kubeconfig: str
+) -> None:
+    """A batch holds at most ``batch_size`` changes plus the rest of the delivery that
+    crossed it (a list page: 2 here), and deliveries arriving within ``batch_delay`` of
+    the first share one write transaction."""
+    from sources.k8s_client import K8sClient
+    from sources.k8s_source import K8sSource, SourceConfig
+    from statedb import DB
+    from tables.lb_writer import LBWriter
+
+    from .helpers import FAST
+
+    _populate(apiserver, 10)
+    db = DB()
+    writer = LBWriter.create(db)
+    sizes: list[int] = []
+    client = K8sClient(ClientSettings(kubeconfig=kubeconfig))
+    source = K8sSource(
+        writer,
+        client,
+        node_name=NODE,
+        config=SourceConfig(batch_size=3, batch_delay=0.5, reflector=FAST),
+        on_applied=lambda deltas, _t: sizes.append(len(deltas)),
+    )
+    try:
+        async with anyio.create_task_group() as tg:
+            await tg.start(source.run)
+            await wait_for(lambda: source.synced, "initial sync")
+            tg.cancel_scope.cancel()
+    finally:
+        client.close()
+    assert sum(sizes) == 21  # 10 services, 10 slices, the node
+    assert max(sizes) <= 3 + FAST.page_size - 1
+    assert max(sizes) > FAST.page_size  # deliveries were merged

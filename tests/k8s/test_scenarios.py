@@ -174,6 +174,7 @@ async def test_initial_sync_and_live_changes_reach_the_maps(
             ),
             "live changes in the maps",
         )
+    assert not disallowed(apiserver.requests)
 
 
 async def test_relist_after_410_keeps_unchanged_entries(
@@ -240,6 +241,61 @@ async def test_restart_against_a_changed_cluster_prunes_exactly_the_stale_entrie
             assert after[addr] == ids[addr], addr
         for vip, before in kept.items():
             assert _map_entries(lb, vip) == before, vip
+    assert not disallowed(apiserver.requests)
+
+
+async def test_token_rotation_through_a_kubeconfig_token_file(
+    apiserver: FakeAPIServer, tmp_path: Path, memory_pins: str
+) -> None:
+    """The agent's kubeconfig names a tokenFile: after the server rotates the token, the
+    component is Degraded with the 401 until the file holds the new token, then changes
+    reach the maps again."""
+    _cluster(apiserver, 2)
+    token = tmp_path / "token"
+    token.write_text(apiserver.token)
+    kubeconfig = apiserver.write_kubeconfig(tmp_path / "kc", token_file=str(token))
+    async with agent(_config(kubeconfig, memory_pins)) as hive:
+        lb = _lb(hive)
+        await wait_for(lambda: _all_done(lb) and lb.frontends.count(lb.db.read_txn()) == 2, "sync")
+        new = apiserver.rotate_token()
+        apiserver.drop_watches()
+        await wait_for(
+            lambda: any(
+                h.name == "k8s/services" and h.state == DEGRADED and "401" in h.message
+                for h in hive.health()
+            ),
+            "Degraded with the 401",
+        )
+        tmp = tmp_path / "token.new"
+        tmp.write_text(new)
+        tmp.replace(token)
+        apiserver.upsert(endpoint_slice("s1", ["10.244.1.9"]))
+        await wait_for(
+            lambda: _backend_addrs(lb, "10.96.0.2") == ["10.244.1.9"] and hive.overall() == OK,
+            "recovered with the new token",
+            30,
+        )
+    assert not disallowed(apiserver.requests)
+
+
+async def test_stalled_watch_is_restarted_and_changes_reach_the_maps(
+    apiserver: FakeAPIServer, kubeconfig: str, memory_pins: str
+) -> None:
+    _cluster(apiserver, 2)
+    async with agent(_config(kubeconfig, memory_pins)) as hive:
+        lb = _lb(hive)
+        await wait_for(lambda: _all_done(lb) and lb.frontends.count(lb.db.read_txn()) == 2, "sync")
+        src = hive.get("k8s")
+        slices = next(r for r in src.reflectors if r.name == "endpointslices")
+        await wait_for(lambda: slices.health.state == "watching", "watching")
+        watches, lists = slices.health.watches, slices.health.lists
+        apiserver.stall_watches()
+        apiserver.upsert(endpoint_slice("s0", ["10.244.0.8"]))
+        # Nothing arrives (not even bookmarks); after the stall timeout (1 s here) the
+        # watch is restarted from its resourceVersion and replays the change.
+        await wait_for(lambda: _backend_addrs(lb, "10.96.0.1") == ["10.244.0.8"], "change", 30)
+        assert slices.health.watches > watches and slices.health.lists == lists
+    assert not disallowed(apiserver.requests)
 
 
 def _free_port() -> int:

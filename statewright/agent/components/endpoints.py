@@ -46,6 +46,7 @@ from bpfops.endpoint_ops import LXCOps
 from bpfops.ipcache_ops import IPCacheOps
 from reconciler import Config, Reconciler
 from reconciler.health import Level
+from sources.k8s_node_cidrs import NodePodCIDRs, NodeSource
 from statedb import DB, Table
 from statewright.agent.config import DEFAULT_POD_CIDRS, DEFAULT_STATE_DIR, AgentConfig
 from statewright.component import (
@@ -91,12 +92,16 @@ class EndpointsConfig:
     backend: str = "auto"
     pin_dir: str = "/sys/fs/bpf/statewright"
     prune_interval: float | None = 300.0
+    #: IPAM waits for the Node's spec.podCIDRs from the ``k8s`` component (no pod CIDRs
+    #: configured); `pod_cidrs` is then only the fallback when that component is absent.
+    pod_cidrs_from_node: bool = False
 
     @classmethod
     def from_agent_config(cls, cfg: AgentConfig) -> EndpointsConfig:
         """The agent's ``pod-cidrs``, ``state-dir``, ``backend`` and ``pin-dir``."""
-        return cls(pod_cidrs=tuple(cfg.pod_cidrs), state_dir=cfg.state_dir,
-                   backend=cfg.backend, pin_dir=cfg.pin_dir)
+        from_node = bool(getattr(cfg, "pod_cidrs_from_node", False))
+        return cls(pod_cidrs=tuple(cfg.pod_cidrs) or DEFAULT_POD_CIDRS, state_dir=cfg.state_dir,
+                   backend=cfg.backend, pin_dir=cfg.pin_dir, pod_cidrs_from_node=from_node)
 
 
 def _api_error(e: Exception) -> ApiError:
@@ -130,13 +135,19 @@ class EndpointsComponent(Component):
         self.reconcilers: dict[str, Reconciler[Any]] = {}
         self.restore_result = RestoreResult()
         self.maps_kind = ""
+        #: IPAM's pod CIDRs following the Node (with the ``k8s`` component), else None.
+        self.node_cidrs: NodePodCIDRs | None = None
 
     # ----- lifecycle ----------------------------------------------------------------------------
     async def start(self, hive: Hive) -> None:
         """Steps 1-5 of the module doc."""
         db = hive.get("db", DB)
         cfg = self.config
-        ipam = IPAM(db, IPAMConfig.parse(cfg.pod_cidrs, cfg.state_dir))
+        ipam_config, source = self._ipam_config(hive)
+        ipam = IPAM(db, ipam_config)
+        if source is not None:
+            configured = () if cfg.pod_cidrs_from_node else cfg.pod_cidrs
+            self.node_cidrs = NodePodCIDRs(ipam, source, configured)
         identities = IdentityAllocator(db)
         entries = EntryTables()
         manager = EndpointManager(
@@ -197,7 +208,24 @@ class EndpointsComponent(Component):
         manager.finish_restore()
         await hive.spawn(self, self._follow_node_addresses(db, manager), label="endpoints-host")
         await hive.spawn(self, self._follow_entries(db, manager), label="endpoints-ready")
+        if self.node_cidrs is not None:
+            self.node_cidrs.on_change = lambda: manager.sync_host(self._node_ips(db))
+            await hive.spawn(self, self.node_cidrs.run, label="endpoints-pod-cidrs")
         hive.provide("endpoints", manager)
+
+    def _ipam_config(self, hive: Hive) -> tuple[IPAMConfig, NodeSource | None]:
+        """IPAM's configuration: the configured pod CIDRs, or none yet (pending) when they
+        come from the Node; and the ``k8s`` component's source (None without it), which
+        `node_cidrs` follows (sources/k8s_node_cidrs.py)."""
+        cfg = self.config
+        source: NodeSource | None = hive.get("k8s") if hive.has("k8s") else None
+        if cfg.pod_cidrs_from_node and source is None:
+            log.warning("endpoints: no Kubernetes source for the Node's pod CIDRs; using %s",
+                        ", ".join(cfg.pod_cidrs))
+        if cfg.pod_cidrs_from_node and source is not None:
+            pending = f"Node {source.node_name}'s spec.podCIDRs"
+            return IPAMConfig(state_dir=cfg.state_dir, pending=pending), source
+        return IPAMConfig.parse(cfg.pod_cidrs, cfg.state_dir), source
 
     async def stop(self) -> None:
         """Close the maps (their pins stay: the next start adopts them)."""
@@ -265,9 +293,19 @@ class EndpointsComponent(Component):
         restored = f"restored {len(r.restored)}, removed {len(r.removed)} at start"
         if r.failed:
             bad.append(f"{len(r.failed)} endpoint state file(s) unreadable: {r.failed[0]}")
+        cidrs = self._pod_cidrs_health()
         if bad:
-            return [Health(self.name, DEGRADED, "; ".join(bad))]
-        return [Health(self.name, OK, f"{n} endpoint(s), {self.maps_kind} maps; {restored}")]
+            return [Health(self.name, DEGRADED, "; ".join(bad)), *cidrs]
+        return [Health(self.name, OK, f"{n} endpoint(s), {self.maps_kind} maps; {restored}"),
+                *cidrs]
+
+    def _pod_cidrs_health(self) -> list[Health]:
+        """``endpoints/pod-cidrs`` when the Kubernetes source runs: where IPAM's pod CIDRs
+        come from, waiting for the Node, a mismatch, allocations kept outside them."""
+        if self.node_cidrs is None:
+            return []
+        ok, message = self.node_cidrs.health()
+        return [Health(f"{self.name}/pod-cidrs", OK if ok else DEGRADED, message)]
 
     def bpf_maps(self) -> Sequence[MapView]:
         """The endpoints (lxc) and ipcache maps."""
@@ -367,6 +405,10 @@ class EndpointsComponent(Component):
         family = req.query.get("family", "")
         if family not in ("", "ipv4", "ipv6"):
             raise ApiError(400, f"ipam: family {family!r}: use ipv4 or ipv6")
+        try:
+            ipam.check_ready()
+        except IPAMError as e:
+            raise _api_error(e) from None
         fams = [int(family[-1])] if family else ipam.families()
         got: list[Any] = []
         try:
