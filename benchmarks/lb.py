@@ -30,29 +30,31 @@ service, at 2,000 and at 10,000 services, and a backend change p99 <= 2,000 us.
 ``--quick`` uses 2,000 services (fewer would not show the per-service memory) and 200
 backend changes.
 
-Measured on the 2-core development machine (Nov 2026, 10,000 services, lightly loaded:
-load average about 1), after the lb-perf work: about 1,310-1,330 services/s end to end
-on both map backends with the default collector (0.75-0.76 s CPU per 1,000 services;
-the same benchmark on the code before that work: 845-860 services/s, 1.17-1.18 s) and
-about 1,750-1,820 services/s with the agent's tuned collector (0.55-0.57 s; before:
-about 1,150, 0.86-0.87 s); the LB Ops alone about 7,700 (memory) and 6,100 (kernel)
-services/s (before: 2,500 and 3,000); 15.2 KB of resident memory per service (13.5 KB in
-the tuned-collector run; before: 21 KB); one backend change reaches the map in about
-0.8 ms (p50), 2-2.5 ms (p99, the garbage collector's pauses).
+Measured on the 2-core development machine on 2026-11-23 at 17:31-17:38 UTC with the
+load average at 7-11 (other engineers' runs), so only CPU figures mean much: 0.378 s of
+CPU per 1,000 services at 2,000 services and 0.403 s at 10,000 with the agent's collector
+(0.393 and 0.542 with the default one), i.e. at most about 2,500 services/s on an idle
+core against the 5,000 target; 14.6-15.2 KB of resident memory per service in every
+configuration (each run in a fresh process) against 6,000; one backend change 460-480 us
+of CPU at the median and 1.2-1.3 ms at p99 (1.7-2.0 ms with the default collector)
+against 2 ms, the wall p99 being 13-15 ms of waiting for a core.
 
-Where the time goes now (per service, default collector): the garbage collector about
-40% (full collections walk every row, index entry and input object: about 94
-collector-tracked objects per service remain, 10 backends x (address, IP, parameters,
-row, the ops' address and state) plus statedb's entries), the EndpointSlice and Service
-conversion about 20%, the writer's backend rows and statedb inserts about 20%, the LB
-Ops about 20% (23 map writes per frontend, about half of it the writes themselves).
-Memory (tracemalloc, about 13.9 KB per service): per backend the parameters (120 B),
-the ops' state (88 B) and address (72 B + its hash), the table address (72 B + its
-48-byte key + the IPv4Address), the row (56 B), statedb's entry, hash-map node and
-ordered-index key (about 240 B), and the ops' three dicts by address or id. Both goals
-(10,000 services/s, 4 KB per service) stay far off; see the lb-perf report for what
-would close more of the gap (fewer objects per backend across the tables and the ops,
-a statedb hash lookup for non-unique indexes, batched kernel map writes).
+Where the time goes (py-spy, 10,000 services, agent collector, the timed part only):
+the LB Ops' own work 24%, the Kubernetes conversion 20%, map syscalls 13.5% (one batch
+call for a frontend's backend entries and one for its slots), the LBWriter 12%, statedb's
+ordered views of the service indexes 9.5% (kept current once per write transaction),
+turning rows into the Ops' FrontendSpec 7%, statedb inserts, gets and commits 6%, the
+reconciler and its status commits 6%. Memory (tracemalloc, 2,000 services, per service,
+i.e. per 10 backends and one frontend): the backend parameters 1,200 B, statedb's change
+records and version store 1,700 B, its ordered-index keys 760 B, the table addresses and
+their keys 1,390 B, the IPv4Address objects 880 B, the Ops' addresses 1,180 B and
+backend state 880 B, the id allocators 1,000 B, the backend rows 560 B. Reaching 6,000 B
+needs fewer objects per backend across the tables and the Ops (one address object shared
+by both, the Ops' state in arrays instead of objects), not a tweak of any one of them.
+
+Tried and not kept: querying the service indexes through statedb's write-transaction
+overlay instead of LBWriter's per-transaction cache (4.0-4.7 s of CPU for 10,000 services
+against 3.1-3.8 s: the index queries for every service became 36% of the writer's time).
 """
 
 from __future__ import annotations
