@@ -47,10 +47,13 @@ turning rows into the Ops' FrontendSpec 7%, statedb inserts, gets and commits 6%
 reconciler and its status commits 6%. Memory (tracemalloc, 2,000 services, per service,
 i.e. per 10 backends and one frontend): the backend parameters 1,200 B, statedb's change
 records and version store 1,700 B, its ordered-index keys 760 B, the table addresses and
-their keys 1,390 B, the IPv4Address objects 880 B, the Ops' addresses 1,180 B and
-backend state 880 B, the id allocators 1,000 B, the backend rows 560 B. Reaching 6,000 B
-needs fewer objects per backend across the tables and the Ops (one address object shared
-by both, the Ops' state in arrays instead of objects), not a tweak of any one of them.
+their keys 1,390 B, the IPv4Address objects 880 B, the Ops' backend state 880 B, the
+id allocators 1,000 B, the backend rows 560 B; the Ops' own copies of the addresses
+(1,180 B) went with the one address model (bpfops.model.Addr is the tables' L3n4Addr:
+13,480 B per service at 10,000 services instead of 14,910). Reaching 6,000 B needs fewer
+objects per backend across statedb, the tables and the Ops (the Ops' state in arrays
+instead of objects, addresses without an IPv4Address object each), not a tweak of any
+one of them.
 
 Tried and not kept: querying the service indexes through statedb's write-transaction
 overlay instead of LBWriter's per-transaction cache (4.0-4.7 s of CPU for 10,000 services
