@@ -11,6 +11,13 @@ and cgroup created here (tests/e2e/harness.py); prints one JSON object.
   to the backend's address; 1.0 means the datapath costs nothing per connection.
   Rounds alternate between the two targets; the figures are the medians of the rounds.
 
+Garbage collector (the naming rule of every benchmark: a plain key is measured with the
+agent's collector configuration, ``key_default_gc`` with CPython's default): every key
+here is a plain one. The agent runs as its own process, ``statewright agent``, which
+tunes its collector at start (``statedb.gc_tuning.tune_gc``) and has no switch to keep
+the default, so there is no ``_default_gc`` counterpart; the client processes' collector
+does not touch the agent's figures.
+
 Needs root (CAP_BPF, CAP_NET_ADMIN), iproute2 and build/sock_lb.o; everything it creates
 (namespace, cgroup, pins, agent and client processes) is removed at the end, also on
 failure. ``--quick`` finishes in well under a minute (about 8 s).

@@ -19,7 +19,6 @@ from bpfops.model import (
     IPAddress,
     LBOpsConfig,
     ServiceSpec,
-    fast_addr,
     fast_backend_spec,
 )
 from reconciler.config import Config
@@ -64,13 +63,13 @@ def ops_config(cfg: LBConfig) -> LBOpsConfig:
 
 
 def addr_of(a: L3n4Addr) -> Addr:
-    """The ops' address type for a table address."""
-    return fast_addr(a.address, a.port, a.protocol, a.scope)
+    """The ops' address for a table address: the same object (one address model)."""
+    return a
 
 
 def l3n4_of(a: Addr) -> L3n4Addr:
-    """The table address type for an ops address."""
-    return L3n4Addr(a.ip, a.port, a.proto, a.scope)
+    """The table address for an ops address: the same object (one address model)."""
+    return a
 
 
 def service_spec(svc: Service | None, name: str, service_port: int, cfg: LBConfig) -> ServiceSpec:
@@ -103,12 +102,12 @@ def service_spec(svc: Service | None, name: str, service_port: int, cfg: LBConfi
 
 def backend_spec(be: BackendParams) -> BackendSpec:
     """One backend instance as the ops see it."""
-    a = be.address
+    a = be.address  # the table address is the ops' address (bpfops.model.Addr)
     state = be.state
     # fast_backend_spec's fields: addr, state, weight, unhealthy, cluster_id, zone,
     # revision, health_known, not_serving.
     return fast_backend_spec(
-        fast_addr(a.address, a.port, a.protocol, a.scope),
+        a,
         _STATE.get(state, 0),
         be.weight,
         be.unhealthy,
@@ -125,7 +124,7 @@ def frontend_spec(fe: Frontend, cfg: LBConfig) -> FrontendSpec:
     svc_type = LOCAL_REDIRECT if fe.redirect_to else fe.type.value
     port = fe.effective_service_port()
     return FrontendSpec(
-        addr=addr_of(fe.address),
+        addr=fe.address,
         type=svc_type,
         service=service_spec(fe.service, fe.service_name, port, cfg),
         backends=tuple([backend_spec(b) for b in fe.backends]),

@@ -40,7 +40,8 @@ from dataclasses import replace
 from typing import Any, Generic, Protocol, TypeVar
 
 from bpf import lb
-from bpf.errors import MapError
+from bpf.backend import MapBackend
+from bpf.errors import BatchError, MapError
 from bpf.typed_map import TypedMap
 from bpfops import flags as svcflags
 from bpfops.ids import (
@@ -251,6 +252,46 @@ class _FrontendState:
 
 #: The empty set a frontend state starts with (read-only; replaced by a set on first add).
 _NONE: set[Any] = frozenset()  # type: ignore[assignment]
+
+
+class _CollectedWrites:
+    """One frontend's backend entries and slots, collected for one batch call per map.
+
+    Next to each entry, what its state held before (``be_undo``: the backend state and
+    its previous ``written``; ``slot_undo``: the slot index and its previous backend id,
+    -1 for a slot appended), so that `undo` can put back the state of what was not
+    written.
+    """
+
+    __slots__ = ("be_keys", "be_undo", "be_values", "slot_undo", "slots", "svc_keys",
+                 "svc_values")
+
+    def __init__(self, slots: list[int]) -> None:
+        self.slots = slots
+        self.be_keys: list[bytes] = []
+        self.be_values: list[bytes] = []
+        self.be_undo: list[tuple[_BackendState, int | None]] = []
+        self.svc_keys: list[bytes] = []
+        self.svc_values: list[bytes] = []
+        self.slot_undo: list[tuple[int, int]] = []
+
+    def undo(self, be_done: int, slots_done: int) -> None:
+        """Put back the state of the backend entries from ``be_done`` on and of the slots
+        from ``slots_done`` on (those before were written)."""
+        for bstate, previous in reversed(self.be_undo[be_done:]):
+            bstate.written = previous
+        slots = self.slots
+        for idx, previous_id in reversed(self.slot_undo[slots_done:]):
+            slots[idx] = previous_id
+
+
+def _write_entries(m: MapBackend, keys: list[bytes], values: list[bytes]) -> None:
+    """Write encoded entries in order: one update for one entry, else one batch call
+    (BatchError.done tells how many were written before a failure)."""
+    if len(keys) == 1:
+        m.update(keys[0], values[0])
+    elif keys:
+        m.update_batch(keys, values)
 
 
 def _ref_ids(refs: int | set[int] | None) -> set[int]:
@@ -662,77 +703,90 @@ class FrontendOps(Generic[R]):
         slot_backends: list[BackendSpec] = []
         backend_states = self.backend_states
         affinity = svc.session_affinity
-        for be in ordered:
-            be_addr = be.addr
-            bstate = backend_states.get(be_addr)
-            if bstate is None:
-                be_id = self.backend_ids.acquire(be_addr)
-                bstate = _BackendState(be_addr, be_id)
-                backend_states[be_addr] = bstate
-            be_id = bstate.id
-            n = len(fe_backends)
-            fe_backends.setdefault(be_addr)
-            if len(fe_backends) != n:
-                # Referenced before written: a failure below leaves it for delete to drop.
-                bstate.refcount += 1
-            be_state = be.state
-            be_proto = proto_number(be_addr.proto)
-            if be_addr.port == 0:
-                raise ValueError(f"backend {be_addr}: port 0")
-            bstate.set_want(addr, _want(be_state, be.cluster_id, be.zone))
-            want = bstate.effective()
-            if bstate.written != want:
-                be_raw.update(
-                    u32_pack(be_id),
-                    be_pack(
-                        be_addr.ip.packed,
-                        lb.swap16(be_addr.port),
-                        be_proto,
-                        want >> 24,
-                        (want >> 8) & 0xFFFF,
-                        want & 0xFF,
-                    ),
-                )
-                bstate.written = want
-            if be_state == BACKEND_MAINTENANCE:
-                # Out of the slots, and out of session affinity: a client pinned to it
-                # must be balanced again.
-                if be_id in state.affinity:
+        # The backend entries and the slots are collected here and written with one batch
+        # call per map right after the loop (backends first, so no slot points to a
+        # backend not yet written); the state is updated as if written, and
+        # `_write_collected` puts back what was not written.
+        writes = _CollectedWrites(slots)
+        be_keys, be_values, be_undo = writes.be_keys, writes.be_values, writes.be_undo
+        svc_keys, svc_values, slot_undo = writes.svc_keys, writes.svc_values, writes.slot_undo
+        try:
+            for be in ordered:
+                be_addr = be.addr
+                bstate = backend_states.get(be_addr)
+                if bstate is None:
+                    be_id = self.backend_ids.acquire(be_addr)
+                    bstate = _BackendState(be_addr, be_id)
+                    backend_states[be_addr] = bstate
+                be_id = bstate.id
+                n = len(fe_backends)
+                fe_backends.setdefault(be_addr)
+                if len(fe_backends) != n:
+                    # Referenced before written: a failure below leaves it for delete to drop.
+                    bstate.refcount += 1
+                be_state = be.state
+                be_proto = proto_number(be_addr.proto)
+                if be_addr.port == 0:
+                    raise ValueError(f"backend {be_addr}: port 0")
+                bstate.set_want(addr, _want(be_state, be.cluster_id, be.zone))
+                want = bstate.effective()
+                if bstate.written != want:
+                    be_keys.append(u32_pack(be_id))
+                    be_values.append(
+                        be_pack(
+                            be_addr.ip.packed,
+                            lb.swap16(be_addr.port),
+                            be_proto,
+                            want >> 24,
+                            (want >> 8) & 0xFFFF,
+                            want & 0xFF,
+                        )
+                    )
+                    be_undo.append((bstate, bstate.written))
+                    bstate.written = want
+                if be_state == BACKEND_MAINTENANCE:
+                    # Out of the slots, and out of session affinity: a client pinned to it
+                    # must be balanced again.
+                    if be_id in state.affinity:
+                        delete_quiet(maps.aff_match, lb.AffinityMatchKey(be_id, fe_id))
+                        state.affinity.discard(be_id)
+                    continue
+                idx = slot - 1
+                if idx >= nslots or slots[idx] != be_id:
+                    svc_keys.append(key_pack(key_ip, key_port, slot, key_proto, key_scope))
+                    svc_values.append(value_pack(be_id, 0, rev_be, sf1, sf2, 0))
+                    if idx < nslots:
+                        slot_undo.append((idx, slots[idx]))
+                        slots[idx] = be_id
+                    else:
+                        slot_undo.append((idx, -1))
+                        slots.append(be_id)
+                        nslots += 1
+                want_aff = affinity and be_state == BACKEND_ACTIVE
+                if want_aff and be_id not in state.affinity:
+                    maps.aff_match.update(lb.AffinityMatchKey(be_id, fe_id), 0)
+                    if state.affinity is _NONE:
+                        state.affinity = set()
+                    state.affinity.add(be_id)
+                elif not want_aff and be_id in state.affinity:
                     delete_quiet(maps.aff_match, lb.AffinityMatchKey(be_id, fe_id))
                     state.affinity.discard(be_id)
-                continue
-            idx = slot - 1
-            if idx >= nslots or slots[idx] != be_id:
-                svc_raw.update(
-                    key_pack(key_ip, key_port, slot, key_proto, key_scope),
-                    value_pack(be_id, 0, rev_be, sf1, sf2, 0),
-                )
-                if idx < nslots:
-                    slots[idx] = be_id
+                if be.unhealthy or be.not_serving:
+                    # Not serving (unhealthy, or terminating and no longer serving): only in
+                    # the inactive tail, never a fallback for missing active backends.
+                    inactive += 1
+                elif be_state == BACKEND_ACTIVE:
+                    active += 1
+                elif be_state == BACKEND_TERMINATING:
+                    terminating += 1
                 else:
-                    slots.append(be_id)
-                    nslots += 1
-            want_aff = affinity and be_state == BACKEND_ACTIVE
-            if want_aff and be_id not in state.affinity:
-                maps.aff_match.update(lb.AffinityMatchKey(be_id, fe_id), 0)
-                if state.affinity is _NONE:
-                    state.affinity = set()
-                state.affinity.add(be_id)
-            elif not want_aff and be_id in state.affinity:
-                delete_quiet(maps.aff_match, lb.AffinityMatchKey(be_id, fe_id))
-                state.affinity.discard(be_id)
-            if be.unhealthy or be.not_serving:
-                # Not serving (unhealthy, or terminating and no longer serving): only in
-                # the inactive tail, never a fallback for missing active backends.
-                inactive += 1
-            elif be_state == BACKEND_ACTIVE:
-                active += 1
-            elif be_state == BACKEND_TERMINATING:
-                terminating += 1
-            else:
-                inactive += 1
-            slot_backends.append(be)
-            slot += 1
+                    inactive += 1
+                slot_backends.append(be)
+                slot += 1
+        except BaseException:
+            writes.undo(0, 0)
+            raise
+        self._write_collected(be_raw, svc_raw, writes)
         if active == 0:
             active = terminating
         else:
@@ -813,6 +867,22 @@ class FrontendOps(Generic[R]):
             self._delete_wildcard(addr, state)
 
         self._trim_slots(addr, state, slot - 1)
+
+    @staticmethod
+    def _write_collected(be_raw: MapBackend, svc_raw: MapBackend, w: _CollectedWrites) -> None:
+        """Write a frontend's collected backend entries, then its slots (one batch call per
+        map, a single update for one entry). On a failure, the state of every entry not
+        written is put back, so the next attempt writes it again, and the error is raised."""
+        try:
+            _write_entries(be_raw, w.be_keys, w.be_values)
+        except MapError as exc:
+            w.undo(exc.done if isinstance(exc, BatchError) else 0, 0)
+            raise
+        try:
+            _write_entries(svc_raw, w.svc_keys, w.svc_values)
+        except MapError as exc:
+            w.undo(len(w.be_undo), exc.done if isinstance(exc, BatchError) else 0)
+            raise
 
     def _sync_scale_to_zero(self, state: _FrontendState, want: bool) -> None:
         """Track (or stop tracking) the frontend's id in the scale-to-zero map. An existing

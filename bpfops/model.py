@@ -2,18 +2,20 @@
 
 ``bpfops.frontend_ops`` works on these plain values; ``bpfops.adapter`` builds them from
 the frontends/services/backends rows. Keeping the map-writing logic on its own small
-model makes it testable without the tables and stable when the rows grow fields.
+model makes it testable without the tables and stable when the rows grow fields. The
+one shared piece is the address: `Addr` is the tables' `tables.l3n4.L3n4Addr`, so an
+address parsed from a Kubernetes object is the very object the Ops key their state by
+(no second address per backend, no conversion per row).
 """
 
 from __future__ import annotations
 
 import ipaddress
-from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
 
 from bpf.lb import BACKEND_ACTIVE, BACKEND_MAINTENANCE, BACKEND_QUARANTINED, BACKEND_TERMINATING
 from statedb.rows import slot_constructor
+from tables.l3n4 import L3n4Addr, new_addr
 
 IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
 IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
@@ -55,58 +57,10 @@ def proto_name(number: int) -> str:
     return PROTO_NAMES.get(number, "ANY")
 
 
-@dataclass(frozen=True, slots=True, order=True)
-class Addr:
-    """An L3+L4 address with scope: a frontend or backend address."""
-
-    ip: IPAddress
-    port: int
-    proto: str = "TCP"
-    scope: int = SCOPE_EXTERNAL
-    _hash: int = field(default=0, init=False, repr=False, compare=False)
-
-    def __post_init__(self) -> None:
-        # ipaddress hashes through hex(); the ops hash addresses in every state lookup,
-        # so the hash of the integer form is computed once.
-        object.__setattr__(self, "_hash", hash((int(self.ip), self.port, self.proto, self.scope)))
-
-    @classmethod
-    def of(cls, ip: str | IPAddress, port: int, proto: str = "TCP", scope: int = 0) -> Addr:
-        """Build from a textual or parsed IP, validating port and protocol."""
-        parsed = ipaddress.ip_address(ip) if isinstance(ip, str) else ip
-        if not 0 <= port <= 0xFFFF:
-            raise ValueError(f"port {port} out of range for {parsed}")
-        proto_number(proto)
-        return cls(parsed, port, proto.upper(), scope)
-
-    def __hash__(self) -> int:
-        return self._hash
-
-    @property
-    def is_v6(self) -> bool:
-        """Whether this is an IPv6 address."""
-        return self.ip.version == 6
-
-    @property
-    def is_unspecified(self) -> bool:
-        """0.0.0.0 or :: (NodePort/HostPort surrogate frontends)."""
-        return self.ip.is_unspecified
-
-    def with_ip(self, ip: IPAddress) -> Addr:
-        """The same port/protocol/scope on another IP."""
-        return Addr(ip, self.port, self.proto, self.scope)
-
-    def host_port(self) -> str:
-        """``ip:port`` with IPv6 in brackets (no protocol)."""
-        return f"[{self.ip}]:{self.port}" if self.is_v6 else f"{self.ip}:{self.port}"
-
-    def __str__(self) -> str:
-        suffix = "/i" if self.scope == SCOPE_INTERNAL else ""
-        return f"{self.host_port()}/{self.proto}{suffix}"
-
-    def sort_key(self) -> tuple[int, bytes, int]:
-        """Cilium's backend order: IPv4 before IPv6, then the address bytes, then the port."""
-        return (self.ip.version, self.ip.packed, self.port)
+#: An L3+L4 address with scope, a frontend's or a backend's: the tables' address class
+#: itself (one model from the Kubernetes objects to the maps, no conversion per row).
+#: The Ops use its names ``ip``, ``port``, ``proto`` and ``scope``.
+Addr = L3n4Addr
 
 
 @dataclass(frozen=True, slots=True)
@@ -185,27 +139,8 @@ class LBOpsConfig:
     )
 
 
-def _slot_setters(cls: type, names: list[str]) -> dict[str, Any]:
-    return {f"_s{i}": cls.__dict__[n].__set__ for i, n in enumerate(names)}
-
-
-def _fast_addr_factory() -> Callable[[IPAddress, int, str, int], Addr]:
-    ns: dict[str, Any] = {"_new": object.__new__, "_cls": Addr, "_int": int, "_hash": hash}
-    ns.update(_slot_setters(Addr, ["ip", "port", "proto", "scope", "_hash"]))
-    src = (
-        "def fast_addr(ip, port, proto, scope, _new=_new, _cls=_cls, _int=_int, _hash=_hash,"
-        " _s0=_s0, _s1=_s1, _s2=_s2, _s3=_s3, _s4=_s4):\n"
-        "    o = _new(_cls)\n"
-        "    _s0(o, ip)\n    _s1(o, port)\n    _s2(o, proto)\n    _s3(o, scope)\n"
-        "    _s4(o, _hash((_int(ip), port, proto, scope)))\n"
-        "    return o\n"
-    )
-    exec(compile(src, "<fast_addr>", "exec"), ns)
-    fn: Callable[[IPAddress, int, str, int], Addr] = ns["fast_addr"]
-    return fn
-
-
-fast_addr = _fast_addr_factory()
+#: ``Addr(ip, port, proto, scope)`` without re-validating well-formed parts.
+fast_addr = new_addr
 
 #: ``BackendSpec(...)`` with every field given positionally, in declaration order, built
 #: the same way as ``fast_addr``.

@@ -5,20 +5,47 @@ thresholds the cyclic collector's full passes over a large heap dominate write-h
 work (measured: about 2.7x fewer inserts/s at 100 rows per transaction). Rows are
 immutable and free of reference cycles, so a long-running agent loses nothing by
 collecting young objects less often and moving what it loaded at start-up out of the
-collector's reach. This is a process-wide choice, so statedb never makes it by itself:
-the application calls `tune_gc` (the Statewright agent does at start) and `freeze_loaded`
-after a bulk load (the agent does once its initial state is in the maps).
+collector's reach. This is a process-wide choice, so statedb never makes it by itself;
+the application opts in with these helpers (the Statewright agent does):
+
+- `tune_gc` at start: a raised young-generation threshold and a frozen start-up heap;
+- `freeze_loaded` after a bulk load (the agent's initial state is in the maps);
+- `collect_periodically` for the process's lifetime: objects frozen once stay out of
+  every later collection, so a reference cycle among them would be kept forever;
+  every ``interval`` seconds it unfreezes, runs one full collection and freezes the
+  survivors again (`collect_frozen`).
+
+`collector_tuned` tells whether the process has opted in (`tune_gc` was called), so a
+component can run the periodic collection only in a process that tuned its collector.
 """
 
 from __future__ import annotations
 
 import gc
+import logging
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import anyio
+
+log = logging.getLogger(__name__)
 
 #: Measured with benchmarks/reconciler.py's bulk load (200,000 rows, writer thread +
 #: reconciler): 50,000 -> 100k objects/s, 635 ms in the collector (one 195 ms young-and-middle
 #: pass); 200,000 -> 125k objects/s, 278 ms. Most young passes take 0.1-0.2 ms either way;
 #: the longest (a whole 10,000-row transaction still young) took 48 vs 98 ms.
 DEFAULT_GEN0_THRESHOLD = 200_000
+
+#: Seconds between two `collect_frozen` passes of `collect_periodically`. A full pass over
+#: the LB state of 10,000 services x 10 backends (about 900,000 tracked objects) took
+#: 0.47-0.49 s of CPU (benchmarks/lb.py's objects, kernel maps, 2026-11-23), so once every
+#: ten minutes costs under 0.1% of a core while bounding how long a frozen cycle is
+#: kept; the pass holds the interpreter (and so the event loop) for that long.
+DEFAULT_COLLECT_INTERVAL = 600.0
+
+# The thresholds tune_gc set, while they are still in place (see collector_tuned).
+_tuned_threshold: tuple[int, ...] | None = None
 
 
 def tune_gc(gen0_threshold: int = DEFAULT_GEN0_THRESHOLD, freeze: bool = True) -> tuple[int, ...]:
@@ -27,12 +54,19 @@ def tune_gc(gen0_threshold: int = DEFAULT_GEN0_THRESHOLD, freeze: bool = True) -
     Returns the previous thresholds so a caller (or a test) can restore them with
     ``gc.set_threshold(*previous)``.
     """
+    global _tuned_threshold
     previous = gc.get_threshold()
     gc.set_threshold(gen0_threshold, previous[1], previous[2])
+    _tuned_threshold = gc.get_threshold()
     if freeze:
         gc.collect()
         gc.freeze()
     return previous
+
+
+def collector_tuned() -> bool:
+    """Whether `tune_gc` set the collector's current thresholds (the process opted in)."""
+    return _tuned_threshold is not None and gc.get_threshold() == _tuned_threshold
 
 
 def freeze_loaded() -> int:
@@ -41,8 +75,56 @@ def freeze_loaded() -> int:
     For after a bulk load (an agent's initial sync): the loaded rows are long-lived and
     acyclic, so later collections need not traverse them again. Objects frozen here are
     still freed by reference counting; only reference cycles among them would outlive
-    their use. Returns how many objects are frozen in total.
+    their use (`collect_frozen` reclaims those). Returns how many objects are frozen in
+    total.
     """
     gc.collect()
     gc.freeze()
     return gc.get_freeze_count()
+
+
+@dataclass(frozen=True, slots=True)
+class CollectResult:
+    """What one `collect_frozen` pass did."""
+
+    #: Unreachable objects the full collection found (cycles kept until now).
+    collected: int
+    #: Objects frozen again afterwards.
+    frozen: int
+    #: Wall time of the pass, in seconds.
+    seconds: float
+
+
+def collect_frozen() -> CollectResult:
+    """Unfreeze, run one full collection, freeze the survivors again.
+
+    Frees reference cycles among frozen objects (which no collection reaches while they
+    are frozen) and keeps the heap out of the collector's reach afterwards. Runs on the
+    calling thread; the collector holds the interpreter lock for the whole pass.
+    """
+    start = time.perf_counter()
+    gc.unfreeze()
+    collected = gc.collect()
+    gc.freeze()
+    return CollectResult(collected, gc.get_freeze_count(), time.perf_counter() - start)
+
+
+async def collect_periodically(
+    interval: float = DEFAULT_COLLECT_INTERVAL,
+    *,
+    task_status: Any = anyio.TASK_STATUS_IGNORED,
+) -> None:
+    """Run `collect_frozen` every ``interval`` seconds until cancelled.
+
+    Each pass is logged (at debug level, or info when it found cycles) with what it
+    collected and how long it took.
+    """
+    if interval <= 0:
+        raise ValueError(f"collect_periodically: interval must be > 0, got {interval}")
+    task_status.started()
+    while True:
+        await anyio.sleep(interval)
+        r = collect_frozen()
+        level = logging.INFO if r.collected else logging.DEBUG
+        log.log(level, "gc: full collection freed %d objects, %d frozen again, %.0f ms",
+                r.collected, r.frozen, r.seconds * 1000)

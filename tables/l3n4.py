@@ -17,7 +17,7 @@ from __future__ import annotations
 import ipaddress
 import struct
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from statedb import keys as keycodec
 from statedb.errors import InputError
@@ -185,6 +185,65 @@ class L3n4Addr:
         """The ordered index key (address, port, protocol, scope)."""
         return self._key
 
+    # ----- the LB Ops' names (bpfops.model.Addr is this class) ---------------
+    if TYPE_CHECKING:
+        # At run time ``ip`` and ``proto`` are the slot descriptors of ``address`` and
+        # ``protocol`` themselves (set below the class): the Ops read them in their
+        # per-backend loops, and a slot read costs a fraction of a property call.
+        @property
+        def ip(self) -> IPAddress:
+            """The IP address (the LB Ops' name for ``address``)."""
+            return self.address
+
+        @property
+        def proto(self) -> str:
+            """The protocol name (the LB Ops' name for ``protocol``)."""
+            return self.protocol
+
+    @property
+    def is_v6(self) -> bool:
+        """Whether this is an IPv6 address."""
+        return self.address.version == 6
+
+    @classmethod
+    def of(cls, ip: str | IPAddress, port: int, proto: str = TCP, scope: int = 0) -> L3n4Addr:
+        """Build from a textual or parsed IP, validating every part (AddressError, a
+        ValueError, when one is wrong)."""
+        return cls.make(ip, port, proto, scope)
+
+    def with_ip(self, ip: IPAddress) -> L3n4Addr:
+        """The same port, protocol and scope on another IP."""
+        return new_addr(ip, self.port, self.protocol, self.scope)
+
+    def host_port(self) -> str:
+        """``ip:port`` with IPv6 in brackets (no protocol)."""
+        return self.addr_port()
+
+    def sort_key(self) -> tuple[int, bytes, int]:
+        """Cilium's backend order: IPv4 before IPv6, then the address bytes, then the port."""
+        a = self.address
+        return (a.version, a.packed, self.port)
+
+    def _order(self) -> tuple[Any, int, str, int]:
+        return (self.address, self.port, self.protocol, self.scope)
+
+    def __lt__(self, other: L3n4Addr) -> bool:
+        return self._order() < other._order()
+
+    def __le__(self, other: L3n4Addr) -> bool:
+        return self._order() <= other._order()
+
+    def __gt__(self, other: L3n4Addr) -> bool:
+        return self._order() > other._order()
+
+    def __ge__(self, other: L3n4Addr) -> bool:
+        return self._order() >= other._order()
+
+
+# The Ops' names read the fields' own slots (see L3n4Addr's TYPE_CHECKING block).
+for _alias, _field in (("ip", "address"), ("proto", "protocol")):
+    setattr(L3n4Addr, _alias, L3n4Addr.__dict__[_field])
+del _alias, _field
 
 _KEY4 = struct.Struct(">12sIHBBB")
 _KEY6 = struct.Struct(">16sHBBB")

@@ -110,11 +110,13 @@ class LBWriter:
         self._redirect_targets: dict[L3n4Addr, ServiceName] = {}
         self._touch: _Touched | None = None
         # Names of the services that may have frontend or backend rows in the committed
-        # tables (every name the writer wrote rows for; rebuilt from the tables when it
-        # has grown well beyond them, and built on first use). A name not in it has no
-        # committed rows, so its per-service lookups need no index query.
+        # tables (every name the writer wrote rows for; built on first use, and rebuilt
+        # from the tables once enough rows were deleted or lost an instance that many
+        # names may be stale). A name not in it has no committed rows, so its
+        # per-service lookups need no index query.
         self._names: set[ServiceName] | None = None
-        self._names_limit = 0
+        # Deletions (and instance removals) since the last rebuild of _names.
+        self._names_removals = 0
 
     @classmethod
     def create(cls, db: DB, config: LBConfig | None = None) -> LBWriter:
@@ -593,7 +595,7 @@ class LBWriter:
     def _may_have_rows(self, txn: WriteTxn, name: ServiceName) -> bool:
         """False when the committed tables surely hold no frontend or backend of ``name``."""
         names = self._names
-        if names is None or len(names) > self._names_limit:
+        if names is None or self._names_removals > len(names) // 2 + 1024:
             base = self.db.read_txn()
             names = {f.service_name for f in self.frontends.all(base)}
             for be in self.backends.all(base):
@@ -605,7 +607,7 @@ class LBWriter:
             names.update(t.frontends_of)
             names.update(t.backends_of)
             self._names = names
-            self._names_limit = 2 * len(names) + 1024
+            self._names_removals = 0
         return name in names
 
     def _fe_put(self, txn: WriteTxn, fe: Frontend) -> None:
@@ -626,6 +628,7 @@ class LBWriter:
         self.frontends.insert(txn, fe)
 
     def _fe_del(self, txn: WriteTxn, fe: Frontend) -> None:
+        self._names_removals += 1
         rows = self._touched(txn).frontends_of.get(fe.service_name)
         if rows is not None:
             rows.pop(fe.address._key, None)
@@ -651,6 +654,8 @@ class LBWriter:
                     touched[name] = {addr}
                 else:
                     mine.add(addr)
+        if old is not None and len(old.instances) > len(be.instances):
+            self._names_removals += 1
         if old is not None and cached:
             for key in old.instance_keys():
                 rows = cached.get(key[0])
@@ -659,6 +664,7 @@ class LBWriter:
         self.backends.insert(txn, be)
 
     def _be_del(self, txn: WriteTxn, be: Backend) -> None:
+        self._names_removals += 1
         cached = self._touched(txn).backends_of
         for key in be.instance_keys():
             rows = cached.get(key[0])

@@ -28,3 +28,81 @@ def test_freeze_loaded_moves_survivors_out_of_reach() -> None:
         assert kept[999] == [999]  # frozen, not freed
     finally:
         gc.unfreeze()
+
+
+def test_collector_tuned_follows_tune_gc_and_a_reset() -> None:
+    from statedb.gc_tuning import collector_tuned
+
+    before = gc.get_threshold()
+    try:
+        tune_gc(before[0] + 1, freeze=False)
+        assert collector_tuned()
+        gc.set_threshold(*before)  # the application changed its mind
+        assert not collector_tuned()
+    finally:
+        gc.set_threshold(*before)
+
+
+class _Cycle:
+    """A container in a reference cycle with itself."""
+
+    def __init__(self) -> None:
+        self.me = self
+
+
+def test_collect_frozen_frees_a_cycle_that_was_frozen_and_refreezes() -> None:
+    import weakref
+
+    from statedb.gc_tuning import collect_frozen
+
+    try:
+        obj = _Cycle()
+        ref = weakref.ref(obj)
+        gc.freeze()
+        del obj
+        gc.collect()
+        assert ref() is not None  # frozen: no collection reaches it
+        kept = [[i] for i in range(100)]
+        result = collect_frozen()
+        assert ref() is None
+        assert result.collected >= 1
+        assert result.frozen == gc.get_freeze_count() >= len(kept)
+        assert result.seconds >= 0
+    finally:
+        gc.unfreeze()
+
+
+def test_collect_periodically_runs_passes_until_cancelled() -> None:
+    import weakref
+
+    import anyio
+
+    from statedb.gc_tuning import collect_periodically
+
+    async def main() -> bool:
+        obj = _Cycle()
+        ref = weakref.ref(obj)
+        gc.freeze()
+        del obj
+        async with anyio.create_task_group() as tg:
+            await tg.start(collect_periodically, 0.01)
+            with anyio.fail_after(5):
+                while ref() is not None:
+                    await anyio.sleep(0.01)
+            tg.cancel_scope.cancel()
+        return ref() is None
+
+    try:
+        assert anyio.run(main)
+    finally:
+        gc.unfreeze()
+
+
+def test_collect_periodically_refuses_a_non_positive_interval() -> None:
+    import anyio
+    import pytest
+
+    from statedb.gc_tuning import collect_periodically
+
+    with pytest.raises(ValueError, match="interval"):
+        anyio.run(collect_periodically, 0)

@@ -7,6 +7,7 @@ from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
 from statedb import DB, Table
+from statedb.gc_tuning import DEFAULT_COLLECT_INTERVAL, collect_periodically, collector_tuned
 from statedb.show import FORMATS, show_table, to_plain
 from statewright.component import (
     DEGRADED,
@@ -29,17 +30,37 @@ def row_document(row: Any) -> Any:
 
 
 class StateDBComponent(Component):
-    """Provides ``db``; healthy when every table's initializers are done."""
+    """Provides ``db``; healthy when every table's initializers are done.
+
+    In a process that tuned its garbage collector (`statedb.gc_tuning.tune_gc`, which
+    ``statewright agent`` calls at start), it also runs the periodic full collection
+    that frees reference cycles among frozen objects (`collect_periodically`), every
+    ``collect_interval`` seconds. In-process agents (tests, embedding) leave the
+    collector as they found it unless given an interval.
+    """
 
     name = "statedb"
     provides = ("db",)
 
-    def __init__(self) -> None:
+    def __init__(self, collect_interval: float | None = None) -> None:
         self.db = DB()
+        #: Seconds between two full collections of the frozen heap; None: the default
+        #: interval when the process tuned its collector by the time the component
+        #: starts, else none.
+        self.collect_interval = collect_interval
 
     async def start(self, hive: Hive) -> None:
-        """Publish the database."""
+        """Publish the database; start the periodic collection when configured."""
         hive.provide("db", self.db)
+        interval = self.collect_interval
+        if interval is None and collector_tuned():
+            interval = DEFAULT_COLLECT_INTERVAL
+        if interval is not None:
+
+            async def collect(*, task_status: Any) -> None:
+                await collect_periodically(interval, task_status=task_status)
+
+            await hive.spawn(self, collect, label="gc-collect")
 
     def health(self) -> list[Health]:
         """Degraded while some table waits for an initializer (names them)."""
