@@ -21,7 +21,7 @@ Keys:
   churn_kept_up is true when the backlog (events emitted but not yet in the maps)
   stayed under one second's worth of events and every event arrived.
 - gc_thresholds_churn: the collector's thresholds during the churn: the agent's
-  steady-state ones (`statewright.agent.components.kubernetes.steady_gc`, switched to
+  steady-state ones (`statedb.gc_tuning.steady_gc`, switched to
   after the initial sync) unless ``--no-steady-gc`` keeps tune_gc's.
 - churn_profile_*: where the churn's time goes, for finding a latency tail (figures
   of the whole churn window): ``gc_<gen>_count`` / ``gc_<gen>_cpu_ms_p50|max`` (the
@@ -73,8 +73,7 @@ from bpf.probe import kernel_support
 from reconciler.status import StatusKind
 from sources.k8s_client import ClientSettings, K8sClient
 from sources.k8s_source import K8sSource
-from statedb.gc_tuning import freeze_loaded, tune_gc
-from statewright.agent.components.kubernetes import steady_gc
+from statedb.gc_tuning import freeze_loaded, steady_gc, tune_gc
 from statewright.loadbalancer import LoadBalancer, MapsPlacement
 from tables.lb_config import LBConfig
 

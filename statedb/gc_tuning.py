@@ -10,6 +10,7 @@ the application opts in with these helpers (the Statewright agent does):
 
 - `tune_gc` at start: a raised young-generation threshold and a frozen start-up heap;
 - `freeze_loaded` after a bulk load (the agent's initial state is in the maps);
+- `steady_gc` once the bulk load is done: thresholds for steady churn;
 - `collect_periodically` for the process's lifetime: objects frozen once stay out of
   every later collection, so a reference cycle among them would be kept forever;
   every ``interval`` seconds it unfreezes, runs one full collection and freezes the
@@ -44,6 +45,20 @@ DEFAULT_GEN0_THRESHOLD = 200_000
 #: kept; the pass holds the interpreter (and so the event loop) for that long.
 DEFAULT_COLLECT_INTERVAL = 600.0
 
+#: The collector's thresholds for the steady state after a bulk load (`steady_gc`),
+#: measured with benchmarks/k8s.py (10,000 services, 1,000 EndpointSlice changes/s, CPU
+#: time per collection from ``time.thread_time`` in ``gc.callbacks``). Under churn each
+#: event leaves some fifty young container objects alive, and with `DEFAULT_GEN0_THRESHOLD`
+#: one young collection costs ~110 ms of CPU: every event arriving meanwhile waits, which
+#: was the churn latency's 99th percentile (143.8 ms on the idle machine). A young
+#: threshold of 20,000 makes each young collection ~7-19 ms; a middle threshold of 1,000
+#: keeps the middle generation (which holds churned objects until they are replaced) from
+#: being traversed every ten young collections (with 5 or 10 its passes cost 35-50 ms, and
+#: the full collections the 25 % rule then allows after `freeze_loaded` 350-550 ms). The
+#: price: under sustained churn a middle pass comes every few minutes and traverses every
+#: churned object still alive; cyclic garbage (rare: rows are acyclic) waits that long.
+STEADY_GC_THRESHOLDS = (20_000, 1_000, 10)
+
 # The thresholds tune_gc set, while they are still in place (see collector_tuned).
 _tuned_threshold: tuple[int, ...] | None = None
 
@@ -67,6 +82,19 @@ def tune_gc(gen0_threshold: int = DEFAULT_GEN0_THRESHOLD, freeze: bool = True) -
 def collector_tuned() -> bool:
     """Whether `tune_gc` set the collector's current thresholds (the process opted in)."""
     return _tuned_threshold is not None and gc.get_threshold() == _tuned_threshold
+
+
+def steady_gc(thresholds: tuple[int, int, int] = STEADY_GC_THRESHOLDS) -> bool:
+    """Switch a tuned collector (`collector_tuned`) to the steady-state ``thresholds``
+    once the bulk load is done; True if it switched. A process that kept its own
+    thresholds (tests, an embedding application) is left alone, and the process stays
+    opted in (`collector_tuned` is still true afterwards)."""
+    global _tuned_threshold
+    if not collector_tuned() or gc.get_threshold() == thresholds:
+        return False
+    gc.set_threshold(*thresholds)
+    _tuned_threshold = gc.get_threshold()
+    return True
 
 
 def freeze_loaded() -> int:

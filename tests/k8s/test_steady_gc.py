@@ -1,22 +1,25 @@
-"""The k8s component's switch to steady-state collector thresholds after the sync."""
+"""The switch to steady-state collector thresholds after the initial sync (statedb.gc_tuning)."""
 
 from __future__ import annotations
 
 import gc
 
-from statedb.gc_tuning import DEFAULT_GEN0_THRESHOLD
-from statewright.agent.components.kubernetes import STEADY_GC_THRESHOLDS, steady_gc
+from statedb import gc_tuning
+from statedb.gc_tuning import STEADY_GC_THRESHOLDS, collector_tuned, steady_gc
 
 
 def test_switches_only_a_process_tuned_for_bulk_loads() -> None:
     previous = gc.get_threshold()
+    tuned = gc_tuning._tuned_threshold
     try:
         gc.set_threshold(700, 10, 10)  # CPython's defaults: a test or an embedding app
         assert not steady_gc()
         assert gc.get_threshold() == (700, 10, 10)
-        gc.set_threshold(DEFAULT_GEN0_THRESHOLD, 10, 10)  # what tune_gc sets
+        gc_tuning.tune_gc(freeze=False)  # what the agent does at start
         assert steady_gc()
         assert gc.get_threshold() == STEADY_GC_THRESHOLDS
+        assert collector_tuned()  # still opted in: the periodic collection keeps running
         assert not steady_gc()  # once
     finally:
         gc.set_threshold(*previous)
+        gc_tuning._tuned_threshold = tuned

@@ -16,26 +16,14 @@ until it answers.
 The Node object's labels replace the configured ``node-labels`` once it has been read
 (the Node is the truth in a cluster).
 
-Garbage collector: a process that tuned its collector for bulk loads
-(`statedb.gc_tuning.tune_gc`, as ``statewright agent`` does) switches to
-`STEADY_GC_THRESHOLDS` once the initial lists are in the maps (`steady_gc`). Why: under
-endpoint churn each event leaves some fifty young container objects alive (the
-converter keeps the last EndpointSlice), and with tune_gc's young threshold of 200,000 one
-young collection then costs ~110 ms of CPU (benchmarks/k8s.py with 10,000 services,
-measured with ``time.thread_time`` in ``gc.callbacks``): every event that arrives during
-it waits, which was the churn latency's 99th percentile (143.8 ms on the idle machine).
-A young threshold of 20,000 makes each young collection ~7 ms; a middle threshold of
-1,000 keeps the middle generation, which holds the churned objects until they are
-replaced, from being traversed every ten young collections (with 5 or 10 its passes cost
-35-50 ms, and the full collections the 25 % rule then allows after `freeze_loaded`
-350-550 ms). The price: under sustained churn a middle pass comes every few minutes and
-traverses every churned object still alive (hundreds of milliseconds with 10,000
-slices); cyclic garbage (rare: rows are acyclic) waits that long to be freed.
+Garbage collector: in a process that tuned its collector for bulk loads
+(`statedb.gc_tuning.tune_gc`, as ``statewright agent`` does), the component switches to
+the steady-state thresholds (`statedb.gc_tuning.steady_gc`) once the initial lists are in
+the maps; the reasons and the measured costs are in `statedb.gc_tuning.STEADY_GC_THRESHOLDS`.
 """
 
 from __future__ import annotations
 
-import gc
 import logging
 import time
 from collections.abc import Sequence
@@ -45,6 +33,7 @@ import anyio
 
 from sources.k8s_client import ClientSettings, K8sClient, K8sConfigError
 from sources.k8s_source import K8sSource, SourceConfig
+from statedb.gc_tuning import STEADY_GC_THRESHOLDS, steady_gc
 from statewright.agent.config import AgentConfig
 from statewright.component import (
     DEGRADED,
@@ -61,22 +50,9 @@ from statewright.loadbalancer import LoadBalancer
 
 log = logging.getLogger("statewright.agent.kubernetes")
 
-#: The collector's thresholds once the initial state is in the maps (module docstring).
-STEADY_GC_THRESHOLDS = (20_000, 1_000, 10)
-#: How long the switch waits for the initial reconciliation of the maps.
+#: How long the switch to the steady collector thresholds waits for the initial
+#: reconciliation of the maps.
 STEADY_GC_TIMEOUT = 120.0
-
-
-def steady_gc(thresholds: tuple[int, int, int] = STEADY_GC_THRESHOLDS) -> bool:
-    """Switch the collector to ``thresholds`` if the process tuned it for bulk loads
-    (`statedb.gc_tuning.tune_gc`'s young threshold); True if it did. A process that kept
-    its own thresholds (tests, an embedding application) is left alone."""
-    from statedb.gc_tuning import DEFAULT_GEN0_THRESHOLD
-
-    if gc.get_threshold()[0] != DEFAULT_GEN0_THRESHOLD:
-        return False
-    gc.set_threshold(*thresholds)
-    return True
 
 
 def client_settings(config: AgentConfig) -> ClientSettings:
