@@ -108,3 +108,12 @@ class Policy:
     def to_json(self) -> dict[str, Any]:
         """JSON form (``policy get``)."""
         return {"kind": self.kind, "name": self.name, "rules": [r.to_json() for r in self.rules]}
+
+    @staticmethod
+    def table_header() -> list[str]:
+        """Columns of ``db show policies``."""
+        return ["Kind", "Name", "Rules"]
+
+    def table_row(self) -> list[str]:
+        """Cells of ``db show policies``."""
+        return [self.kind, self.name, str(len(self.rules))]
