@@ -8,6 +8,11 @@ identities that went away) and writes the changed rows in one write transaction.
 written only when its content changed, so an unchanged entry never goes back through the
 reconciler. `PolicyWriter.run` steps whenever an input table changes.
 
+Initialization: the writer registers the ``policy`` initializer on its two output tables
+and completes it in the first step whose snapshot of the ``policies`` table is initialized
+(every policy source has delivered its initial state), so a reconciler of the entries
+never prunes a map entry whose policy has simply not been read yet.
+
 Which endpoints: those with an identity (endpoint rows with ``identity`` 0 are waiting for
 one and have no policy yet).
 """
@@ -24,7 +29,7 @@ import anyio
 
 from policy.compute import PolicyChanges, PolicyComputation
 from policy.model import Policy
-from statedb import DB, ChangeIterator, Table, WatchSet
+from statedb import DB, ChangeIterator, Table, WatchSet, WriteTxn
 from tables.endpoints import Endpoint
 from tables.identities import Identity
 from tables.policy_entries import (
@@ -35,6 +40,9 @@ from tables.policy_entries import (
 )
 
 log = logging.getLogger(__name__)
+
+#: The initializer the writer holds on ``policy-entries`` and ``policy-endpoints``.
+INITIALIZER = "policy"
 
 
 @dataclass(slots=True)
@@ -71,6 +79,13 @@ class PolicyWriter:
             self._id_changes: ChangeIterator[Identity] = identities.changes(wtxn)
             self._ep_changes: ChangeIterator[Endpoint] = endpoints.changes(wtxn)
             self._pol_changes: ChangeIterator[Policy] = policies.changes(wtxn)
+        # The output tables stay uninitialized (a reconciler prunes nothing) until a step
+        # has computed from a ``policies`` table whose sources are all in.
+        with db.write_txn(entries, policy_endpoints) as wtxn:
+            self._init_done: list[Callable[[WriteTxn], None]] | None = [
+                entries.register_initializer(wtxn, INITIALIZER),
+                policy_endpoints.register_initializer(wtxn, INITIALIZER),
+            ]
         self._ep_identity: dict[int, int] = {}
         self.steps = 0
         self.last = StepResult()
@@ -122,19 +137,30 @@ class PolicyWriter:
         for ident in gone_identities:
             comp.delete_identity(ident)
         changes = comp.take_changes()
-        if changes:
-            result.written = self.write(changes)
+        policies_in, init_watch = self.policies.initialized(txn)
+        done = self._init_done if policies_in else None
+        if changes or done:
+            result.written = self.write(changes, done)
+            self._init_done = None if done else self._init_done
         result.seconds = time.perf_counter() - t0
         self.steps += 1
         self.last = result
         if result.written and self.on_step is not None:
             self.on_step(result)
-        return result, WatchSet([w1, w2, w3])
+        watches = WatchSet([w1, w2, w3])
+        if self._init_done is not None:
+            watches.add(init_watch)
+        return result, watches
 
-    def write(self, changes: PolicyChanges) -> int:
-        """Write the changed rows (skipping those already equal); return rows written."""
+    def write(
+        self, changes: PolicyChanges, init_done: list[Callable[[WriteTxn], None]] | None = None
+    ) -> int:
+        """Write the changed rows (skipping those already equal) and complete the output
+        tables' initializer when ``init_done`` is given; return rows written."""
         written = 0
         with self.db.write_txn(self.entries, self.policy_endpoints) as wtxn:
+            for done in init_done or ():
+                done(wtxn)
             for key, entry in changes.entries.items():
                 old = self.entries.get(wtxn, policy_key_index.query(key))
                 if entry is None:

@@ -365,13 +365,19 @@ class ManifestSource:
         self._init_done: Callable[[WriteTxn], None] | None = None
         #: Further kinds -> their handler (`add_kind_handler`).
         self._handlers: dict[str, KindHandler] = {}
+        self._after_sync: list[Callable[[], None]] = []
 
-    def add_kind_handler(self, handler: KindHandler) -> None:
+    def add_kind_handler(
+        self, handler: KindHandler, on_synced: Callable[[], None] | None = None
+    ) -> None:
         """Apply the objects of ``handler.kinds`` through ``handler`` from the next poll on.
-        Every file is read again then, so objects skipped before are applied."""
+        Every file is read again then, so objects skipped before are applied; ``on_synced``
+        is called once that poll is done (the handler's tables hold the files' objects)."""
         for kind in handler.kinds:
             self._handlers[kind] = handler
         self._retry.update(self._files)
+        if on_synced is not None:
+            self._after_sync.append(on_synced)
 
     # ----- read-only views --------------------------------------------------------------------
     @property
@@ -444,6 +450,9 @@ class ManifestSource:
                 with self.writer.write_txn() as txn:
                     self._init_done(txn)
                 self._init_done = None
+        callbacks, self._after_sync = self._after_sync, []
+        for cb in callbacks:
+            cb()
         return result
 
     async def run(self, *, task_status: Any = anyio.TASK_STATUS_IGNORED) -> None:

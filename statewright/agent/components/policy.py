@@ -4,7 +4,11 @@ Needs ``db`` and ``endpoints`` (the endpoint manager: its ``identities`` and
 ``endpoints`` tables are the computation's inputs). Registers ``policies`` (the policy
 objects), ``policy-entries`` and ``policy-endpoints`` (the computed policy,
 tables/policy_entries.py), hands the policy kinds to the manifest source (when the agent
-has one) and runs the `policy.writer.PolicyWriter`. Provides ``policy`` (the writer).
+has one), reflects NetworkPolicies and CiliumNetworkPolicies from the API server (when the
+``k8s`` component has a client; policy/k8s.py) and runs the `policy.writer.PolicyWriter`.
+Provides ``policy`` (the writer). The ``policies`` table holds an initializer per source
+(``manifests``, ``k8s``) until its initial state is in; the writer completes its own on
+the output tables only then.
 
 Routes:
 
@@ -99,6 +103,14 @@ def trace(
     }
 
 
+def _component_attr(hive: Hive, name: str, attr: str) -> Any:
+    """``attr`` of the component ``name`` when the agent has it (None otherwise)."""
+    for comp in hive.components:
+        if comp.name == name:
+            return getattr(comp, attr, None)
+    return None
+
+
 class PolicyComponent(Component):
     """See the module doc."""
 
@@ -113,6 +125,7 @@ class PolicyComponent(Component):
         self.entries: Table[PolicyEntry] | None = None
         self.policy_endpoints: Table[PolicyEndpoint] | None = None
         self.handler: PolicyObjects | None = None
+        self.k8s: Any = None  # policy.k8s.PolicyK8sSource when the agent reads Kubernetes
 
     async def start(self, hive: Hive) -> None:
         """Register the tables, hand the policy kinds to the manifest source, start the
@@ -134,21 +147,37 @@ class PolicyComponent(Component):
         )
         handler = PolicyObjects(self.policies)
         self.handler = handler
-        for comp in hive.components:
-            source = getattr(comp, "source", None) if comp.name == "manifests" else None
-            if source is not None:
-                source.add_kind_handler(handler)
+        manifests = _component_attr(hive, "manifests", "source")
+        if manifests is not None:
+            with db.write_txn(self.policies) as txn:
+                done = self.policies.register_initializer(txn, "manifests")
+
+            def manifests_in() -> None:
+                assert self.policies is not None
+                with db.write_txn(self.policies) as wtxn:
+                    done(wtxn)
+
+            manifests.add_kind_handler(handler, on_synced=manifests_in)
+        client = _component_attr(hive, "k8s", "client")
+        if client is not None:
+            from policy.k8s import PolicyK8sSource
+
+            self.k8s = PolicyK8sSource(db, client, handler)
+            with db.write_txn(self.policies) as txn:
+                self.k8s.register_initializer(txn)
+            await hive.spawn(self, self.k8s.run)
         await hive.spawn(self, self.writer.run)
         hive.provide("policy", self.writer)
 
     # ----- reporting ----------------------------------------------------------------------------
     def health(self) -> list[Health]:
-        """OK with the number of policies, entries and the revision."""
+        """OK with the number of policies, entries and the revision; one line per policy
+        reflector when the agent reads Kubernetes (Degraded with refused objects)."""
         if self.writer is None or self.db is None or self.entries is None:
             return [Health(self.name, DEGRADED, "not started")]
         assert self.policies is not None
         txn = self.db.read_txn()
-        return [
+        out = [
             Health(
                 self.name,
                 OK,
@@ -156,6 +185,10 @@ class PolicyComponent(Component):
                 f"revision {self.writer.revision}",
             )
         ]
+        if self.k8s is not None:
+            for name, ok, message in self.k8s.health():
+                out.append(Health(f"{self.name}/{name}", OK if ok else DEGRADED, message))
+        return out
 
     # ----- API --------------------------------------------------------------------------------
     def routes(self) -> Sequence[Route]:
