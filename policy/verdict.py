@@ -53,7 +53,6 @@ def evaluate_rules(
     egress: bool,
     protocol: int,
     port: int,
-    peer_any: bool = True,
 ) -> Verdict:
     """The verdict of the rules for traffic of an endpoint labelled ``subject`` with a peer
     labelled ``peer`` (egress: subject -> peer; ingress: peer -> subject)."""
@@ -66,10 +65,7 @@ def evaluate_rules(
         if r.egress != egress or not r.subject.matches(sv):
             continue
         selected.add(r.policy)
-        if r.peers is None:
-            if not peer_any:
-                continue
-        elif not any(p.matches(pv) for p in r.peers):
+        if r.peers is not None and not any(p.matches(pv) for p in r.peers):
             continue
         if not r.port_matches(protocol, port):
             continue

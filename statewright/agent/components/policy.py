@@ -28,6 +28,8 @@ import logging
 from collections.abc import Sequence
 from typing import Any
 
+import anyio
+
 from policy.errors import PolicyTraceError
 from policy.model import PROTOCOLS, Policy
 from policy.source import PolicyObjects, new_policies_table
@@ -46,6 +48,9 @@ from tables.policy_entries import (
 )
 
 log = logging.getLogger("statewright.agent.policy")
+
+#: How long `PolicyComponent.start` waits for the policy sources' initial state (seconds).
+START_WAIT = 10.0
 
 
 def parse_trace_labels(text: str, what: str) -> tuple[str, ...]:
@@ -168,6 +173,14 @@ class PolicyComponent(Component):
             await hive.spawn(self, self.k8s.run)
         await hive.spawn(self, self.writer.run)
         hive.provide("policy", self.writer)
+        # Like the sources of the LB tables, start returns once the initial state is in:
+        # the manifest source's next poll (at most its interval) and the writer's step.
+        # Bounded: an API server that does not answer leaves the tables waiting, reported
+        # by the statedb component's health.
+        ready, watch = self.entries.initialized(db.read_txn())
+        if not ready:
+            with anyio.move_on_after(START_WAIT):
+                await watch.wait_async()
 
     # ----- reporting ----------------------------------------------------------------------------
     def health(self) -> list[Health]:
