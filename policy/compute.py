@@ -39,6 +39,9 @@ from tables.policy_entries import PolicyEndpoint, PolicyEntry, PolicyKey
 
 #: (policy name, deny) -> how many contributions it makes to one entry.
 Contributions = dict[tuple[str, bool], int]
+#: A `PolicyKey` as a plain tuple, in its field order: what the computation keys on (tuples
+#: hash in C; the dataclass is built only for the rows handed out).
+KeyTuple = tuple[int, int, bool, int, int, int]
 
 
 @dataclass(slots=True)
@@ -57,7 +60,7 @@ class PolicyChanges:
 @dataclass(slots=True)
 class _EndpointState:
     identity: int
-    contributions: dict[PolicyKey, Contributions] = field(default_factory=dict)
+    contributions: dict[KeyTuple, Contributions] = field(default_factory=dict)
     egress: bool = False
     ingress: bool = False
     revision: int = 0
@@ -72,7 +75,7 @@ class PolicyComputation:
         self._endpoints: dict[int, _EndpointState] = {}
         self._by_identity: dict[int, set[int]] = {}
         self._local = BitMap()  # identities of local endpoints
-        self._dirty_keys: dict[int, set[PolicyKey]] = {}
+        self._dirty_keys: dict[int, set[KeyTuple]] = {}
         self._dirty_endpoints: set[int] = set()
         self._port_keys: dict[Rule, list[PortKey]] = {}
         #: Entry rows written per change (statistics: the benchmark reads them).
@@ -154,7 +157,7 @@ class PolicyComputation:
         st = self._endpoints.get(endpoint_id)
         if st is None:
             return {}
-        return {k: _entry(k, c) for k, c in st.contributions.items()}
+        return {PolicyKey(*k): _entry(k, c) for k, c in st.contributions.items()}
 
     def enforcement(self, endpoint_id: int) -> PolicyEndpoint | None:
         """The enforcement row of an endpoint."""
@@ -170,7 +173,7 @@ class PolicyComputation:
             st = self._endpoints.get(ep)
             for k in keys:
                 c = st.contributions.get(k) if st is not None else None
-                out.entries[k] = _entry(k, c) if c else None
+                out.entries[PolicyKey(*k)] = _entry(k, c) if c else None
         for ep in self._dirty_endpoints:
             out.endpoints[ep] = self.enforcement(ep)
         self._dirty_keys = {}
@@ -224,14 +227,15 @@ class PolicyComputation:
         rule: Rule,
         identities: Iterable[int],
         sign: int,
-    ) -> list[PolicyKey]:
+    ) -> list[KeyTuple]:
         ports = self._ports(rule)
         who = (rule.policy, rule.deny)
+        egress = rule.egress
         contributions = st.contributions
-        touched: list[PolicyKey] = []
+        touched: list[KeyTuple] = []
         for ident in identities:
             for proto, port, plen in ports:
-                key = PolicyKey(endpoint_id, ident, rule.egress, proto, port, plen)
+                key = (endpoint_id, ident, egress, proto, port, plen)
                 c = contributions.get(key)
                 if c is None:
                     c = contributions[key] = {}
@@ -255,9 +259,12 @@ class PolicyComputation:
                         self._dirty_keys.setdefault(ep, set()).update(keys)
 
 
-def _entry(key: PolicyKey, c: Contributions) -> PolicyEntry:
+def _entry(key: KeyTuple, c: Contributions) -> PolicyEntry:
+    if len(c) == 1:
+        ((name, deny),) = c
+        return PolicyEntry(PolicyKey(*key), deny, (name,))
     return PolicyEntry(
-        key,
+        PolicyKey(*key),
         deny=any(deny for _, deny in c),
         rules=tuple(sorted({name for name, _ in c})),
     )

@@ -19,6 +19,7 @@ policy repository's revision the endpoint's entries were computed from.
 
 from __future__ import annotations
 
+import struct
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -53,15 +54,15 @@ class PolicyKey:
         }
 
 
+_KEY = struct.Struct(">HI?BHB")
+
+
 def encode_policy_key(key: PolicyKey) -> bytes:
-    """The ordered bytes of a key: endpoint, identity, direction, protocol, port, prefix."""
-    return (
-        keycodec.uint16(key.endpoint_id)
-        + keycodec.uint32(key.identity)
-        + keycodec.boolean(key.egress)
-        + keycodec.uint8(key.protocol)
-        + keycodec.uint16(key.dport)
-        + keycodec.uint8(key.port_prefix_len)
+    """The ordered bytes of a key: endpoint, identity, direction, protocol, port, prefix
+    (big-endian, fixed width: byte order is key order; the first two bytes are the
+    ``endpoint`` index's key)."""
+    return _KEY.pack(
+        key.endpoint_id, key.identity, key.egress, key.protocol, key.dport, key.port_prefix_len
     )
 
 
