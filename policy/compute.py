@@ -26,7 +26,7 @@ and the endpoints whose enforcement or revision changed, for the statedb writer
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 
 from pyroaring import BitMap
@@ -61,6 +61,9 @@ class PolicyChanges:
 class _EndpointState:
     identity: int
     contributions: dict[KeyTuple, Contributions] = field(default_factory=dict)
+    #: (remote identity, egress) -> the keys present for it: deny precedence is decided
+    #: within such a group (see `_group_rows`).
+    groups: dict[tuple[int, bool], set[KeyTuple]] = field(default_factory=dict)
     egress: bool = False
     ingress: bool = False
     revision: int = 0
@@ -157,7 +160,11 @@ class PolicyComputation:
         st = self._endpoints.get(endpoint_id)
         if st is None:
             return {}
-        return {PolicyKey(*k): _entry(k, c) for k, c in st.contributions.items()}
+        out: dict[PolicyKey, PolicyEntry] = {}
+        for members in st.groups.values():
+            for e in _group_rows(st.contributions, members):
+                out[e.key] = e
+        return out
 
     def enforcement(self, endpoint_id: int) -> PolicyEndpoint | None:
         """The enforcement row of an endpoint."""
@@ -171,9 +178,20 @@ class PolicyComputation:
         out = PolicyChanges()
         for ep, keys in self._dirty_keys.items():
             st = self._endpoints.get(ep)
+            if st is None:
+                for k in keys:
+                    out.entries[PolicyKey(*k)] = None
+                continue
+            contributions = st.contributions
             for k in keys:
-                c = st.contributions.get(k) if st is not None else None
-                out.entries[PolicyKey(*k)] = _entry(k, c) if c else None
+                if k not in contributions:
+                    out.entries[PolicyKey(*k)] = None
+            # A key's row depends on the denies of its group: rewrite the whole group.
+            for g in {(k[1], k[2]) for k in keys}:
+                members = st.groups.get(g)
+                if members:
+                    for e in _group_rows(contributions, members):
+                        out.entries[e.key] = e
         for ep in self._dirty_endpoints:
             out.endpoints[ep] = self.enforcement(ep)
         self._dirty_keys = {}
@@ -201,6 +219,7 @@ class PolicyComputation:
         dirty = self._dirty_keys.setdefault(endpoint_id, set())
         dirty.update(st.contributions)
         st.contributions = {}
+        st.groups = {}
         egress = ingress = False
         for subject, rules in self.repo.subjects():
             if st.identity not in self.cache.selection(subject):
@@ -232,6 +251,7 @@ class PolicyComputation:
         who = (rule.policy, rule.deny)
         egress = rule.egress
         contributions = st.contributions
+        groups = st.groups
         touched: list[KeyTuple] = []
         for ident in identities:
             for proto, port, plen in ports:
@@ -239,6 +259,12 @@ class PolicyComputation:
                 c = contributions.get(key)
                 if c is None:
                     c = contributions[key] = {}
+                    g = (ident, egress)
+                    members = groups.get(g)
+                    if members is None:
+                        groups[g] = {key}
+                    else:
+                        members.add(key)
                 n = c.get(who, 0) + sign
                 if n > 0:
                     c[who] = n
@@ -246,6 +272,11 @@ class PolicyComputation:
                     c.pop(who, None)
                     if not c:
                         del contributions[key]
+                        g = (ident, egress)
+                        members = groups[g]
+                        members.discard(key)
+                        if not members:
+                            del groups[g]
                 touched.append(key)
         return touched
 
@@ -259,12 +290,46 @@ class PolicyComputation:
                         self._dirty_keys.setdefault(ep, set()).update(keys)
 
 
-def _entry(key: KeyTuple, c: Contributions) -> PolicyEntry:
-    if len(c) == 1:
-        ((name, deny),) = c
-        return PolicyEntry(PolicyKey(*key), deny, (name,))
-    return PolicyEntry(
-        PolicyKey(*key),
-        deny=any(deny for _, deny in c),
-        rules=tuple(sorted({name for name, _ in c})),
-    )
+def _has_deny(c: Contributions) -> bool:
+    return any(deny for _, deny in c)
+
+
+def _covers(d: KeyTuple, k: KeyTuple) -> bool:
+    """Whether key ``d``'s protocol and port prefix contain all of key ``k``'s traffic."""
+    if d[3] and d[3] != k[3]:
+        return False
+    plen = d[5]
+    if plen > k[5]:
+        return False
+    shift = 16 - plen
+    return (k[4] >> shift) == (d[4] >> shift)
+
+
+def _group_rows(
+    contributions: dict[KeyTuple, Contributions], members: set[KeyTuple]
+) -> Iterator[PolicyEntry]:
+    """The rows of one (remote identity, direction) group of an endpoint.
+
+    Deny precedence made explicit for a longest-prefix-match datapath: an allow key whose
+    traffic a deny key of the same group contains becomes a deny row (naming the deny's
+    policies too). Otherwise a longest-prefix lookup would find the more specific allow and
+    miss the deny; across groups (the remote identity and the wildcard 0) the datapath
+    combines its two lookups with deny first (docs/policy.md)."""
+    denies = [d for d in members if _has_deny(contributions[d])]
+    for k in members:
+        c = contributions[k]
+        if len(c) == 1:
+            ((name, deny),) = c
+            rules: tuple[str, ...] = (name,)
+        else:
+            deny = _has_deny(c)
+            rules = tuple(sorted({name for name, _ in c}))
+        if not deny and denies:
+            covering = [d for d in denies if d != k and _covers(d, k)]
+            if covering:
+                deny = True
+                names = set(rules)
+                for d in covering:
+                    names.update(n for n, is_deny in contributions[d] if is_deny)
+                rules = tuple(sorted(names))
+        yield PolicyEntry(PolicyKey(*k), deny, rules)

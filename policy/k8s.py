@@ -104,4 +104,3 @@ class PolicyK8sSource:
             message = f"{len(self.errors)} refused, e.g. {self.errors[first]}"
             out.append(("objects", False, message))
         return out
-

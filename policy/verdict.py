@@ -10,6 +10,13 @@ endpoint's computed entries, as a datapath lookup does:
   identity or 0, whose protocol is the traffic's or 0, and whose port prefix covers the
   port; a matching deny entry denies, else a matching allow entry allows, else the
   traffic is denied (default deny).
+
+`evaluate_entries_lpm` answers as a longest-prefix-match datapath does (Cilium's policy
+map): one lookup with the remote identity and one with identity 0, each returning only
+its most specific match (protocol before wildcard protocol, then the longest port
+prefix); a deny from either denies, else an allow from either allows. The computation
+makes explicit in its rows the deny precedence this needs (policy/compute.py), so both
+ways agree.
 """
 
 from __future__ import annotations
@@ -106,3 +113,39 @@ def evaluate_entries(
             return False
         allowed = True
     return allowed
+
+
+def evaluate_entries_lpm(
+    entries: Mapping[PolicyKey, PolicyEntry],
+    enforcement: PolicyEndpoint | None,
+    *,
+    endpoint_id: int,
+    identity: int,
+    egress: bool,
+    protocol: int,
+    port: int,
+) -> bool:
+    """Whether a longest-prefix-match datapath allows the traffic (see the module doc)."""
+    enforced = enforcement is not None and (
+        enforcement.egress_enforced if egress else enforcement.ingress_enforced
+    )
+    if not enforced:
+        return True
+    found: list[PolicyEntry] = []
+    for ident in {identity, 0}:
+        best: PolicyEntry | None = None
+        best_rank = (-1, -1)
+        for e in entries.values():
+            k = e.key
+            if k.endpoint_id != endpoint_id or k.egress != egress or k.identity != ident:
+                continue
+            if not port_key_matches((k.protocol, k.dport, k.port_prefix_len), protocol, port):
+                continue
+            rank = (1 if k.protocol else 0, k.port_prefix_len)
+            if rank > best_rank:
+                best, best_rank = e, rank
+        if best is not None:
+            found.append(best)
+    if any(e.deny for e in found):
+        return False
+    return bool(found)
