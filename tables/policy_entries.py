@@ -10,6 +10,12 @@ Wildcards, as in Cilium's policy map: identity 0 is any identity, protocol 0 any
 protocol, and ``dport`` 0 with ``port_prefix_len`` 0 any port. A port range is split into
 prefixes (``dport`` with its top ``port_prefix_len`` bits significant).
 
+Verdict (policy/verdict.py): traffic matching a deny entry is denied, else traffic
+matching an allow entry is allowed, else denied. For a longest-prefix-match lookup (one
+with the remote identity, one with identity 0, deny first when combining the two), the
+computation writes an allow key that a deny key of the same endpoint, direction and
+identity contains as a deny row, so that lookup gives the same verdict (docs/policy.md).
+
 The ``policy-endpoints`` table says, per endpoint, whether a direction is enforced: an
 endpoint selected by at least one egress (ingress) rule is default-deny in that direction
 and its entries are an allow-list with explicit denies; an endpoint selected by no rule of
