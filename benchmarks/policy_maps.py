@@ -40,7 +40,7 @@ from reconciler import Config, Reconciler
 from reconciler.status import StatusKind
 from reconciler.testing import wait_until_done
 from statedb import DB, Table
-from tables.policy_entries import PolicyEntry, PolicyKey, key_query, new_policy_entries_table
+from tables.policy_entries import PolicyEntry, PolicyKey, new_policy_entries_table
 
 
 def _rows(endpoints: int, entries: int) -> list[PolicyEntry]:
@@ -56,7 +56,7 @@ async def _until_done(db: DB, table: Table[PolicyEntry], rows: list[PolicyEntry]
     with anyio.fail_after(60):
         while True:
             txn = db.read_txn()
-            got = [table.get(txn, key_query(r.key)) for r in rows]
+            got = [table.get(txn, r.key) for r in rows]
             if all(g is not None and g.status.kind is StatusKind.DONE for g in got):
                 return
             await anyio.sleep(0.0005)

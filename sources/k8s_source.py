@@ -99,6 +99,36 @@ def resource_specs(node_name: str) -> list[ResourceSpec]:
     ]
 
 
+def policy_resource_specs() -> list[ResourceSpec]:
+    """The policy resources (every namespace): NetworkPolicies and CiliumNetworkPolicies,
+    reflected by the policy component (policy/k8s.py) into its own table."""
+    import functools
+
+    import kubernetes.client
+
+    return [
+        ResourceSpec(
+            "networkpolicies",
+            "NetworkPolicy",
+            "networking.k8s.io/v1",
+            lambda c: kubernetes.client.NetworkingV1Api(
+                c.api_client
+            ).list_network_policy_for_all_namespaces,
+        ),
+        ResourceSpec(
+            "ciliumnetworkpolicies",
+            "CiliumNetworkPolicy",
+            "cilium.io/v2",
+            lambda c: functools.partial(
+                kubernetes.client.CustomObjectsApi(c.api_client).list_cluster_custom_object,
+                "cilium.io",
+                "v2",
+                "ciliumnetworkpolicies",
+            ),
+        ),
+    ]
+
+
 class SourceError(StatewrightError, RuntimeError):
     """The source cannot go on (an object refused in a way it cannot undo)."""
 

@@ -38,6 +38,12 @@ this way: any other exception is a bug and propagates out of `sync`.
 
 `ManifestSource.run` polls every ``interval`` seconds (anyio task); this is the
 agent's embedded default source.
+
+Other kinds join through `ManifestSource.add_kind_handler` (a `KindHandler`: the policy
+component's NetworkPolicy and CiliumNetworkPolicy): their objects are applied in the same
+write transaction as the file's other objects (the handler's tables are locked with the
+LB tables), after the LB kinds, with the same per-object error reporting. Until a
+handler is added, its kinds are skipped as ignored kinds.
 """
 
 from __future__ import annotations
@@ -49,7 +55,7 @@ import types
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import anyio
 import yaml
@@ -63,7 +69,7 @@ from sources.k8s_convert import (
     namespaced_name,
     object_kind,
 )
-from statedb import InputError, WriteTxn
+from statedb import InputError, Table, WriteTxn
 from tables.lb_writer import LBWriter
 
 log = logging.getLogger(__name__)
@@ -90,6 +96,7 @@ IGNORED_KINDS = frozenset(
         "Endpoints",
         "HorizontalPodAutoscaler",
         "Ingress",
+        "CiliumNetworkPolicy",
         "Job",
         "Namespace",
         "NetworkPolicy",
@@ -106,6 +113,29 @@ IGNORED_KINDS = frozenset(
 
 #: (kind, namespace/name) of an object.
 ObjectKey = tuple[str, str]
+
+
+class KindHandler(Protocol):
+    """Applies the objects of further kinds (``kinds``) into its own ``tables``."""
+
+    kinds: tuple[str, ...]
+
+    @property
+    def tables(self) -> tuple[Table[Any], ...]:
+        """The tables the write transaction must lock besides the LB tables."""
+        ...
+
+    def check(self, obj: Mapping[str, Any]) -> None:
+        """Raise InputError when ``obj`` is invalid; write nothing."""
+        ...
+
+    def upsert(self, txn: WriteTxn, obj: Mapping[str, Any]) -> None:
+        """Apply ``obj`` (InputError before writing anything when it is invalid)."""
+        ...
+
+    def delete(self, txn: WriteTxn, obj: Mapping[str, Any]) -> None:
+        """Remove ``obj``."""
+        ...
 
 
 class ManifestError(InputError):
@@ -333,6 +363,21 @@ class ManifestSource:
         #: Per file, the keys of the applied objects it owns.
         self._owned: dict[str, set[ObjectKey]] = {}
         self._init_done: Callable[[WriteTxn], None] | None = None
+        #: Further kinds -> their handler (`add_kind_handler`).
+        self._handlers: dict[str, KindHandler] = {}
+        self._after_sync: list[Callable[[], None]] = []
+
+    def add_kind_handler(
+        self, handler: KindHandler, on_synced: Callable[[], None] | None = None
+    ) -> None:
+        """Apply the objects of ``handler.kinds`` through ``handler`` from the next poll on.
+        Every file is read again then, so objects skipped before are applied; ``on_synced``
+        is called once that poll is done (the handler's tables hold the files' objects)."""
+        for kind in handler.kinds:
+            self._handlers[kind] = handler
+        self._retry.update(self._files)
+        if on_synced is not None:
+            self._after_sync.append(on_synced)
 
     # ----- read-only views --------------------------------------------------------------------
     @property
@@ -405,6 +450,9 @@ class ManifestSource:
                 with self.writer.write_txn() as txn:
                     self._init_done(txn)
                 self._init_done = None
+        callbacks, self._after_sync = self._after_sync, []
+        for cb in callbacks:
+            cb()
         return result
 
     async def run(self, *, task_status: Any = anyio.TASK_STATUS_IGNORED) -> None:
@@ -463,10 +511,10 @@ class ManifestSource:
                 continue
             okey = (kind, name)
             ref = f"{kind} {name}"
-            if kind in IGNORED_KINDS:
+            if kind in IGNORED_KINDS and kind not in self._handlers:
                 out.ignored.append(ref)
                 continue
-            if kind not in _KIND_ORDER:
+            if kind not in _KIND_ORDER and kind not in self._handlers:
                 out.errors[_error_key(path, okey)] = (
                     f"{path}: {ref}: kind: unknown kind {kind!r} "
                     f"(supported: {', '.join(_KIND_ORDER)}; ignored: well-known kinds such as "
@@ -598,7 +646,11 @@ class ManifestSource:
                 for okey in ups:
                     if okey not in failed:
                         try:
-                            self.converter.check(desired[okey])
+                            handler = self._handlers.get(okey[0])
+                            if handler is not None:
+                                handler.check(desired[okey])
+                            else:
+                                self.converter.check(desired[okey])
                         except InputError as e:
                             failed[okey] = e
 
@@ -611,13 +663,18 @@ class ManifestSource:
         """Apply all in one txn and commit; on an InputError roll back and return it."""
         conv = self.converter
         checkpoint = conv.checkpoint()
-        txn = self.writer.write_txn()
+        extra = {t for h in self._handlers.values() for t in h.tables}
+        txn = self.writer.db.write_txn(*self.writer.tables, *extra) if extra else (
+            self.writer.write_txn()
+        )
         okey: ObjectKey | None = None
         try:
             for okey in deletes:
-                conv.delete(txn, self._applied[okey][1])
+                handler = self._handlers.get(okey[0])
+                (handler or conv).delete(txn, self._applied[okey][1])
             for okey in upserts:
-                conv.upsert(txn, desired[okey])
+                handler = self._handlers.get(okey[0])
+                (handler or conv).upsert(txn, desired[okey])
         except InputError as e:
             txn.abort()
             conv.rollback(checkpoint)
@@ -644,5 +701,6 @@ def _object_message(okey: ObjectKey, err: InputError) -> str:
 
 
 def _ordered(keys: Sequence[ObjectKey], reverse: bool = False) -> list[ObjectKey]:
-    """Services before EndpointSlices before Pods (reversed for deletions)."""
+    """Services before EndpointSlices before Pods before other kinds (reversed for
+    deletions)."""
     return sorted(keys, key=lambda k: (_KIND_ORDER.get(k[0], 9), k[1]), reverse=reverse)

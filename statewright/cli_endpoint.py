@@ -20,7 +20,7 @@ from statewright.agent.client import AgentClient, AgentRequestError, AgentUnavai
 
 SOCKET_ENV = "STATEWRIGHT_SOCKET"
 DEFAULT_SOCKET = "/run/statewright/agent.sock"
-ENDPOINT_COLUMNS = ["ID", "POD", "INTERFACE", "IPV4", "IPV6", "IDENTITY", "STATE"]
+ENDPOINT_COLUMNS = ["ID", "POD", "INTERFACE", "IPV4", "IPV6", "IDENTITY", "POLICY", "STATE"]
 
 
 def add_commands(subparsers: Any, commands: dict[str, argparse.ArgumentParser]) -> None:
@@ -80,8 +80,10 @@ def format_table(header: list[str], rows: list[list[str]]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def endpoint_row(ep: dict[str, Any]) -> list[str]:
-    """One table row of an endpoint document."""
+def endpoint_row(ep: dict[str, Any], policy: dict[int, dict[str, Any]] | None = None) -> list[str]:
+    """One table row of an endpoint document; ``policy``: the endpoints' policy rows by id
+    (``GET /policy/endpoints``) for the POLICY column (revision and enforced directions)."""
+    pol = (policy or {}).get(ep["id"])
     pod = f"{ep['k8s-namespace']}/{ep['k8s-pod-name']}" if ep.get("k8s-pod-name") else ""
     return [
         str(ep["id"]),
@@ -90,8 +92,26 @@ def endpoint_row(ep: dict[str, Any]) -> list[str]:
         ep["addressing"].get("ipv4", ""),
         ep["addressing"].get("ipv6", ""),
         str(ep.get("identity", "")),
+        _policy_cell(pol),
         ep.get("state", ""),
     ]
+
+
+def _policy_cell(pol: dict[str, Any] | None) -> str:
+    """``r<revision>`` plus ``+egress``/``+ingress`` for the enforced directions; ``-``."""
+    if pol is None:
+        return "-"
+    dirs = [d for d in ("egress", "ingress") if pol.get(f"{d}_enforced")]
+    return f"r{pol['revision']}" + "".join(f"+{d}" for d in dirs)
+
+
+def _policy_rows(args: argparse.Namespace) -> dict[int, dict[str, Any]]:
+    """The endpoints' policy rows by id; empty when the agent has no policy component."""
+    try:
+        doc = _client(args).get("/policy/endpoints")
+    except (AgentUnavailable, AgentRequestError):
+        return {}
+    return {int(r["endpoint_id"]): r for r in doc.get("endpoints", [])}
 
 
 def cmd_endpoint_list(args: argparse.Namespace) -> int:
@@ -100,7 +120,8 @@ def cmd_endpoint_list(args: argparse.Namespace) -> int:
     if args.output == "json":
         print(json.dumps(eps, indent=2))
     else:
-        sys.stdout.write(format_table(ENDPOINT_COLUMNS, [endpoint_row(e) for e in eps]))
+        pol = _policy_rows(args)
+        sys.stdout.write(format_table(ENDPOINT_COLUMNS, [endpoint_row(e, pol) for e in eps]))
     return 0
 
 

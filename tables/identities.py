@@ -109,6 +109,30 @@ def normalize_labels(raw: Iterable[str] | Mapping[str, str] | None) -> Labels:
     return tuple(sorted(out))
 
 
+#: The label Cilium gives every pod's identity: the pod's namespace.
+POD_NAMESPACE_LABEL = "io.kubernetes.pod.namespace"
+#: Prefix of the namespace's own labels, copied into every pod identity of the namespace.
+NAMESPACE_LABELS_PREFIX = "io.cilium.k8s.namespace.labels."
+
+
+def pod_identity_labels(
+    pod_labels: Mapping[str, str],
+    namespace: str,
+    namespace_labels: Mapping[str, str] | None = None,
+) -> Labels:
+    """The security labels of a pod, as Cilium builds them: the pod's labels
+    (``k8s:<key>=<value>``), its namespace (``k8s:io.kubernetes.pod.namespace=<ns>``) and
+    its namespace's labels (``k8s:io.cilium.k8s.namespace.labels.<key>=<value>``), so that
+    namespace selectors select on identities alone. LabelError when malformed."""
+    if not isinstance(namespace, str) or not namespace:
+        raise LabelError("namespace: must be a non-empty string", field="namespace")
+    merged = dict(pod_labels)
+    merged[POD_NAMESPACE_LABEL] = namespace
+    for k, v in (namespace_labels or {}).items():
+        merged[NAMESPACE_LABELS_PREFIX + str(k)] = v
+    return normalize_labels(merged)
+
+
 def reserved_identity_of(labels: Labels) -> int | None:
     """The reserved identity of a label set made only of one ``reserved:`` label."""
     if len(labels) == 1 and labels[0].startswith("reserved:"):

@@ -14,7 +14,7 @@ import pytest
 from statedb import InputError, StatewrightError
 
 #: Packages whose exception classes must all be under the root.
-PACKAGES = ("statedb", "reconciler", "bpf", "bpfops", "tables", "sources", "statewright")
+PACKAGES = ("statedb", "reconciler", "bpf", "bpfops", "tables", "sources", "statewright", "policy")
 
 #: Exception classes that mean bad input.
 INPUT_ERRORS = {
@@ -31,6 +31,8 @@ INPUT_ERRORS = {
     "tables.endpoints.EndpointRequestError",
     "tables.identities.LabelError",
     "reconciler.status_index.UnknownStatusKindError",
+    "policy.errors.PolicyError",
+    "policy.errors.PolicyTraceError",
 }
 
 

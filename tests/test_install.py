@@ -24,8 +24,10 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-PACKAGES = ("statedb", "reconciler", "tables", "bpf", "bpfops", "sources", "statewright")
-AGENT_DISTRIBUTIONS = ("pyyaml", "pyroute2", "kubernetes", "prometheus-client")
+PACKAGES = (
+    "statedb", "reconciler", "tables", "bpf", "bpfops", "sources", "statewright", "policy"
+)
+AGENT_DISTRIBUTIONS = ("pyyaml", "pyroute2", "kubernetes", "prometheus-client", "pyroaring")
 
 pytestmark = [pytest.mark.slow, pytest.mark.install]
 

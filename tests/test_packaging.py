@@ -72,12 +72,13 @@ def test_core_dependencies_are_only_the_library_ones() -> None:
         d.split(">")[0].split("=")[0].strip().lower()
         for d in project["optional-dependencies"]["agent"]
     }
-    assert {"pyyaml", "pyroute2", "kubernetes", "prometheus-client"} <= agent
+    assert {"pyyaml", "pyroute2", "kubernetes", "prometheus-client", "pyroaring"} <= agent
     assert project["license"] == "Apache-2.0"
 
 
 @pytest.mark.parametrize(
-    "package", ["statedb", "reconciler", "tables", "bpf", "bpfops", "sources", "statewright"]
+    "package",
+    ["statedb", "reconciler", "tables", "bpf", "bpfops", "sources", "statewright", "policy"],
 )
 def test_packages_are_marked_typed(package: str) -> None:
     """PEP 561: without py.typed, mypy treats the installed packages as untyped."""

@@ -44,6 +44,7 @@ from statewright.agent.components.endpoints import EndpointsComponent, Endpoints
 from statewright.agent.components.kubernetes import KubernetesComponent
 from statewright.agent.components.lb import LBMapsComponent, LoadBalancerComponent
 from statewright.agent.components.node import DatapathComponent, DemoComponent, MetricsComponent
+from statewright.agent.components.policy import PolicyComponent
 from statewright.agent.components.policy_maps import PolicyMapsComponent, PolicyMapsConfig
 from statewright.agent.components.sources import ManifestsComponent, NetlinkComponent
 from statewright.agent.components.statedb import StateDBComponent
@@ -69,6 +70,7 @@ def agent_components(config: AgentConfig, agent: Agent | None = None) -> list[Co
         NetlinkComponent(config),
         LBMapsComponent(config),
         EndpointsComponent(EndpointsConfig.from_agent_config(config)),
+        PolicyComponent(),
         PolicyMapsComponent(PolicyMapsConfig.from_agent_config(config)),
         DemoComponent(config),
         DatapathComponent(config),

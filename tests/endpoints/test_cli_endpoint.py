@@ -58,7 +58,8 @@ def test_endpoint_and_ipam_commands(agent: AgentUnderTest) -> None:
     out = cli("endpoint", "list", *sock)
     assert out.returncode == 0, out.stderr
     lines = out.stdout.splitlines()
-    assert lines[0].split() == ["ID", "POD", "INTERFACE", "IPV4", "IPV6", "IDENTITY", "STATE"]
+    header = ["ID", "POD", "INTERFACE", "IPV4", "IPV6", "IDENTITY", "POLICY", "STATE"]
+    assert lines[0].split() == header
     assert lines[1].split()[:4] == ["1", "ns/p", "(0)", "10.88.0.2"]
     got = json.loads(cli("endpoint", "get", "pod-name:ns/p", *sock).stdout)
     assert got["id"] == 1 and got["addressing"]["ipv4"] == "10.88.0.2"

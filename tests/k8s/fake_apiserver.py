@@ -82,6 +82,8 @@ RESOURCES: tuple[Resource, ...] = (
     Resource("pods", "Pod", "", "v1", True, ("po",)),
     Resource("nodes", "Node", "", "v1", False, ("no",)),
     Resource("endpointslices", "EndpointSlice", "discovery.k8s.io", "v1", True),
+    Resource("networkpolicies", "NetworkPolicy", "networking.k8s.io", "v1", True, ("netpol",)),
+    Resource("ciliumnetworkpolicies", "CiliumNetworkPolicy", "cilium.io", "v2", True, ("cnp",)),
 )
 _BY_KIND = {r.kind: r for r in RESOURCES}
 

@@ -90,6 +90,8 @@ def test_cluster_role_is_least_rights() -> None:
             ("", "pods"),
             ("", "nodes"),
             ("discovery.k8s.io", "endpointslices"),
+            ("networking.k8s.io", "networkpolicies"),
+            ("cilium.io", "ciliumnetworkpolicies"),
         ]
         for v in ("list", "watch")
     }

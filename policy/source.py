@@ -1,0 +1,82 @@
+"""The ``policies`` table and the handler that fills it from Kubernetes objects.
+
+Sources (the manifest directory, the Kubernetes source) hand NetworkPolicy and
+CiliumNetworkPolicy objects to `PolicyObjects`, inside their own write transaction:
+``check`` parses without writing, ``upsert`` parses and writes the `Policy` row, ``delete``
+removes it. Parsing comes first, so an invalid object raises `policy.errors.PolicyError`
+before anything of it is written: the source reports that one object and applies the
+others. The policy computation (policy/writer.py) follows the table.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from policy.errors import PolicyError
+from policy.model import Policy
+from policy.parse import POLICY_KINDS, parse_policy
+from statedb import Index, Table, WriteTxn
+from statedb import keys as keycodec
+
+POLICIES_TABLE = "policies"
+
+policy_key_index: Index[Policy, str] = Index("key", key=lambda p: p.key, encode=keycodec.string)
+
+
+def new_policies_table() -> Table[Policy]:
+    """A new, unregistered ``policies`` table (one row per policy object)."""
+    table: Table[Policy] = Table(POLICIES_TABLE, policy_key_index)
+    table.row_type = Policy  # type: ignore[attr-defined]
+    return table
+
+
+def object_key(obj: Mapping[str, Any]) -> str:
+    """``Kind/namespace/name`` of a policy object (namespace ``default`` when missing)."""
+    kind = obj.get("kind")
+    meta = obj.get("metadata")
+    if not isinstance(meta, Mapping) or not isinstance(meta.get("name"), str):
+        raise PolicyError("missing or not a string", obj=str(kind), field="metadata.name")
+    ns = meta.get("namespace") or "default"
+    return f"{kind}/{ns}/{meta['name']}"
+
+
+class PolicyObjects:
+    """NetworkPolicy and CiliumNetworkPolicy objects -> rows of the ``policies`` table."""
+
+    kinds: tuple[str, ...] = POLICY_KINDS
+
+    def __init__(self, table: Table[Policy]) -> None:
+        self.table = table
+
+    @property
+    def tables(self) -> tuple[Table[Any], ...]:
+        """The tables a caller's write transaction must lock."""
+        return (self.table,)
+
+    def check(self, obj: Mapping[str, Any]) -> None:
+        """Parse ``obj`` as `upsert` would, writing nothing (PolicyError when invalid)."""
+        parse_policy(obj)
+
+    def upsert(self, txn: WriteTxn, obj: Mapping[str, Any]) -> None:
+        """Parse and write one policy object (unchanged: nothing written)."""
+        policy = parse_policy(obj)
+        if self.table.get(txn, policy_key_index.query(policy.key)) != policy:
+            self.table.insert(txn, policy)
+
+    def delete(self, txn: WriteTxn, obj: Mapping[str, Any]) -> None:
+        """Remove a policy object (only its kind and name are needed)."""
+        old = self.table.get(txn, policy_key_index.query(object_key(obj)))
+        if old is not None:
+            self.table.delete(txn, old)
+
+    def resync(self, txn: WriteTxn, kind: str, objs: Iterable[Mapping[str, Any]]) -> None:
+        """Make ``objs`` the complete set of policies of ``kind``: upsert them, delete the
+        rest (a Kubernetes list)."""
+        items = list(objs)
+        keep = {object_key(o) for o in items}
+        for p in list(self.table.prefix(txn, policy_key_index.query(f"{kind}/"))):
+            if p.key not in keep:
+                self.table.delete(txn, p)
+        for o in items:
+            self.upsert(txn, o)

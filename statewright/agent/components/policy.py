@@ -1,0 +1,266 @@
+"""The policy component: the policy tables, the policy writer and the ``/policy`` routes.
+
+Needs ``db`` and ``endpoints`` (the endpoint manager: its ``identities`` and
+``endpoints`` tables are the computation's inputs). Registers ``policies`` (the policy
+objects), ``policy-entries`` and ``policy-endpoints`` (the computed policy,
+tables/policy_entries.py), hands the policy kinds to the manifest source (when the agent
+has one), reflects NetworkPolicies and CiliumNetworkPolicies from the API server (when the
+``k8s`` component has a client; policy/k8s.py) and runs the `policy.writer.PolicyWriter`.
+Provides ``policy`` (the writer). The ``policies`` table holds an initializer per source
+(``manifests``, ``k8s``) until its initial state is in; the writer completes its own on
+the output tables only then.
+
+Routes:
+
+* ``GET /policy``: the repository revision and every policy with its rules
+  (``?endpoint=ID``: that endpoint's entries and enforcement instead);
+* ``GET /policy/endpoints``: every endpoint's enforcement and policy revision;
+* ``GET /policy/trace?from=LABELS&to=LABELS&port=P[/PROTO]``: whether traffic from
+  endpoints labelled ``from`` to endpoints labelled ``to`` is allowed (egress at the
+  source, ingress at the destination) and by which policies. Labels are comma-separated
+  ``[source:]key=value`` (source ``k8s`` when missing); without a
+  ``io.kubernetes.pod.namespace`` label, pod labels are in namespace ``default``.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from typing import Any
+
+import anyio
+
+from policy.errors import PolicyTraceError
+from policy.model import PROTOCOLS, Policy
+from policy.source import PolicyObjects, new_policies_table
+from policy.verdict import evaluate_rules
+from policy.writer import PolicyWriter
+from statedb import DB, Table
+from statewright.component import DEGRADED, OK, ApiError, Component, Health, Hive, Request, Route
+from tables.identities import POD_NAMESPACE_LABEL, normalize_labels
+from tables.policy_entries import (
+    PolicyEndpoint,
+    PolicyEntry,
+    new_policy_endpoints_table,
+    new_policy_entries_table,
+    policy_endpoint_id_index,
+    policy_endpoint_index,
+)
+
+log = logging.getLogger("statewright.agent.policy")
+
+#: How long `PolicyComponent.start` waits for the policy sources' initial state (seconds).
+START_WAIT = 10.0
+
+
+def parse_trace_labels(text: str, what: str) -> tuple[str, ...]:
+    """Comma-separated labels of a trace request (see the module doc)."""
+    items = [t.strip() for t in text.split(",") if t.strip()]
+    if not items:
+        raise PolicyTraceError("no labels given", obj="policy trace", field=what)
+    raw = [i if ":" in i.partition("=")[0] else f"k8s:{i}" for i in items]
+    try:
+        labels = normalize_labels(raw)
+    except ValueError as e:
+        raise PolicyTraceError(str(e), obj="policy trace", field=what) from None
+    if not any(label.startswith("reserved:") for label in labels) and not any(
+        label.partition(":")[2].startswith(POD_NAMESPACE_LABEL + "=") for label in labels
+    ):
+        labels = tuple(sorted((*labels, f"k8s:{POD_NAMESPACE_LABEL}=default")))
+    return labels
+
+
+def parse_trace_port(text: str) -> tuple[int, int]:
+    """``P`` or ``P/PROTO`` (TCP when missing; a name or a number) -> (protocol, port)."""
+    port_s, _, proto_s = text.partition("/")
+    try:
+        port = int(port_s)
+    except ValueError:
+        raise PolicyTraceError(
+            f"{port_s!r} is not a port", obj="policy trace", field="port"
+        ) from None
+    if not 0 <= port <= 65535:
+        raise PolicyTraceError(f"port {port} is out of range", obj="policy trace", field="port")
+    proto_s = proto_s or "TCP"
+    if proto_s.upper() in PROTOCOLS:
+        return PROTOCOLS[proto_s.upper()], port
+    if proto_s.isdigit() and 0 <= int(proto_s) <= 255:
+        return int(proto_s), port
+    raise PolicyTraceError(f"{proto_s!r} is not a protocol", obj="policy trace", field="port")
+
+
+def trace(
+    policies: Sequence[Policy], src: tuple[str, ...], dst: tuple[str, ...], protocol: int, port: int
+) -> dict[str, Any]:
+    """The trace document: egress at the source, ingress at the destination, the verdict."""
+    rules = [r for p in policies for r in p.rules]
+    egress = evaluate_rules(rules, src, dst, egress=True, protocol=protocol, port=port)
+    ingress = evaluate_rules(rules, dst, src, egress=False, protocol=protocol, port=port)
+    allowed = egress.allowed and ingress.allowed
+    return {
+        "from": list(src),
+        "to": list(dst),
+        "protocol": protocol,
+        "port": port,
+        "verdict": "allowed" if allowed else "denied",
+        "egress": egress.to_json(),
+        "ingress": ingress.to_json(),
+    }
+
+
+def _component_attr(hive: Hive, name: str, attr: str) -> Any:
+    """``attr`` of the component ``name`` when the agent has it (None otherwise)."""
+    for comp in hive.components:
+        if comp.name == name:
+            return getattr(comp, attr, None)
+    return None
+
+
+class PolicyComponent(Component):
+    """See the module doc."""
+
+    name = "policy"
+    needs = ("db", "endpoints")
+    provides = ("policy",)
+
+    def __init__(self) -> None:
+        self.db: DB | None = None
+        self.writer: PolicyWriter | None = None
+        self.policies: Table[Policy] | None = None
+        self.entries: Table[PolicyEntry] | None = None
+        self.policy_endpoints: Table[PolicyEndpoint] | None = None
+        self.handler: PolicyObjects | None = None
+        self.k8s: Any = None  # policy.k8s.PolicyK8sSource when the agent reads Kubernetes
+
+    async def start(self, hive: Hive) -> None:
+        """Register the tables, hand the policy kinds to the manifest source, start the
+        writer (its first step computes everything already in the tables)."""
+        db = hive.get("db", DB)
+        manager: Any = hive.get("endpoints")
+        self.db = db
+        self.policies = new_policies_table()
+        self.entries = new_policy_entries_table()
+        self.policy_endpoints = new_policy_endpoints_table()
+        db.register(self.policies, self.entries, self.policy_endpoints)
+        self.writer = PolicyWriter(
+            db,
+            identities=manager.identities.table,
+            endpoints=manager.endpoints,
+            policies=self.policies,
+            entries=self.entries,
+            policy_endpoints=self.policy_endpoints,
+        )
+        handler = PolicyObjects(self.policies)
+        self.handler = handler
+        manifests = _component_attr(hive, "manifests", "source")
+        if manifests is not None:
+            with db.write_txn(self.policies) as txn:
+                done = self.policies.register_initializer(txn, "manifests")
+
+            def manifests_in() -> None:
+                assert self.policies is not None
+                with db.write_txn(self.policies) as wtxn:
+                    done(wtxn)
+
+            manifests.add_kind_handler(handler, on_synced=manifests_in)
+        client = _component_attr(hive, "k8s", "client")
+        if client is not None:
+            from policy.k8s import PolicyK8sSource
+
+            self.k8s = PolicyK8sSource(db, client, handler)
+            with db.write_txn(self.policies) as txn:
+                self.k8s.register_initializer(txn)
+            await hive.spawn(self, self.k8s.run)
+        await hive.spawn(self, self.writer.run)
+        hive.provide("policy", self.writer)
+        # Like the sources of the LB tables, start returns once the initial state is in:
+        # the manifest source's next poll (at most its interval) and the writer's step.
+        # Bounded: an API server that does not answer leaves the tables waiting, reported
+        # by the statedb component's health.
+        ready, watch = self.entries.initialized(db.read_txn())
+        if not ready:
+            with anyio.move_on_after(START_WAIT):
+                await watch.wait_async()
+
+    # ----- reporting ----------------------------------------------------------------------------
+    def health(self) -> list[Health]:
+        """OK with the number of policies, entries and the revision; one line per policy
+        reflector when the agent reads Kubernetes (Degraded with refused objects)."""
+        if self.writer is None or self.db is None or self.entries is None:
+            return [Health(self.name, DEGRADED, "not started")]
+        assert self.policies is not None
+        txn = self.db.read_txn()
+        out = [
+            Health(
+                self.name,
+                OK,
+                f"{self.policies.count(txn)} policies, {self.entries.count(txn)} entries, "
+                f"revision {self.writer.revision}",
+            )
+        ]
+        if self.k8s is not None:
+            for name, ok, message in self.k8s.health():
+                out.append(Health(f"{self.name}/{name}", OK if ok else DEGRADED, message))
+        return out
+
+    # ----- API --------------------------------------------------------------------------------
+    def routes(self) -> Sequence[Route]:
+        """``/policy``, ``/policy/endpoints``, ``/policy/trace`` (module doc)."""
+        return (
+            Route("/policy", self._get),
+            Route("/policy/endpoints", self._endpoints),
+            Route("/policy/trace", self._trace),
+        )
+
+    def _tables(self) -> tuple[DB, Table[Policy], Table[PolicyEntry], Table[PolicyEndpoint]]:
+        if (
+            self.db is None
+            or self.policies is None
+            or self.entries is None
+            or self.policy_endpoints is None
+        ):
+            raise ApiError(503, "the policy component has not started")
+        return self.db, self.policies, self.entries, self.policy_endpoints
+
+    def _revision(self) -> int:
+        return self.writer.revision if self.writer is not None else 0
+
+    async def _get(self, req: Request) -> Any:
+        db, policies, entries, endpoints = self._tables()
+        txn = db.read_txn()
+        ep_s = req.query.get("endpoint")
+        if ep_s is None:
+            return {
+                "revision": self._revision(),
+                "policies": [p.to_json() for p in policies.all(txn)],
+            }
+        try:
+            ep = int(ep_s)
+        except ValueError:
+            raise ApiError(400, f"endpoint: {ep_s!r} is not an endpoint id") from None
+        enf = endpoints.get(txn, policy_endpoint_id_index.query(ep))
+        return {
+            "revision": self._revision(),
+            "endpoint": ep,
+            "enforcement": enf.to_json() if enf is not None else None,
+            "entries": [e.to_json() for e in entries.list(txn, policy_endpoint_index.query(ep))],
+        }
+
+    async def _endpoints(self, req: Request) -> Any:
+        db, _, _, endpoints = self._tables()
+        return {
+            "revision": self._revision(),
+            "endpoints": [e.to_json() for e in endpoints.all(db.read_txn())],
+        }
+
+    async def _trace(self, req: Request) -> Any:
+        db, policies, _, _ = self._tables()
+        try:
+            src = parse_trace_labels(req.query.get("from", ""), "from")
+            dst = parse_trace_labels(req.query.get("to", ""), "to")
+            protocol, port = parse_trace_port(req.query.get("port", ""))
+        except PolicyTraceError as e:
+            raise ApiError(400, str(e)) from None
+        doc = trace(list(policies.all(db.read_txn())), src, dst, protocol, port)
+        doc["revision"] = self._revision()
+        return doc
