@@ -30,6 +30,7 @@ INPUT_ERRORS = {
     "tables.ipam.IPAMRequestError",
     "tables.endpoints.EndpointRequestError",
     "tables.identities.LabelError",
+    "statewright.agent.json_schema.SchemaViolation",
 }
 
 

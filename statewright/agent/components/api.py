@@ -14,6 +14,7 @@ import os
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from statewright.agent import openapi
 from statewright.agent.api import ApiServer
 from statewright.agent.config import DEFAULT_SOCKET, AgentConfig
 from statewright.component import (
@@ -26,6 +27,62 @@ from statewright.component import (
     Request,
     Route,
 )
+
+#: The ``info`` of the OpenAPI document.
+API_INFO = {
+    "title": "Statewright agent API",
+    "version": "1",
+    "description": "The node agent's API on its unix socket (see statewright/agent/api.py).",
+}
+
+_HEALTH_LINE = {
+    "type": "object",
+    "required": ["name", "state", "message"],
+    "properties": {
+        "name": {"type": "string"},
+        "state": {"type": "string", "enum": ["OK", "Degraded", "Disabled", "Stopped"]},
+        "message": {"type": "string"},
+    },
+}
+HEALTH_SCHEMA = {
+    "type": "object",
+    "required": ["state", "pid", "components"],
+    "properties": {
+        "state": {"type": "string", "enum": ["OK", "Degraded"]},
+        "pid": {"type": "integer"},
+        "components": {"type": "array", "items": _HEALTH_LINE},
+    },
+}
+AGENT_SCHEMA = {
+    "type": "object",
+    "description": "pid, node, maps backend, datapath cgroup, demo namespace, configuration",
+}
+MAPS_SCHEMA = {
+    "type": "array",
+    "items": {
+        "type": "object",
+        "required": ["name", "entries", "kind", "id", "pinned"],
+        "properties": {
+            "name": {"type": "string"},
+            "entries": {"type": "integer", "minimum": 0},
+            "kind": {"type": "string"},
+            "id": {"type": "integer", "minimum": 0},
+            "pinned": {"type": "string"},
+        },
+    },
+}
+MAP_SCHEMA = {
+    "type": "object",
+    "required": ["name", "kind", "entries"],
+    "properties": {
+        "name": {"type": "string"},
+        "kind": {"type": "string"},
+        "entries": {
+            "type": "array",
+            "items": {"type": "object", "required": ["key", "value"]},
+        },
+    },
+}
 
 log = logging.getLogger("statewright.agent.api")
 
@@ -44,9 +101,9 @@ class ApiComponent(Component):
     async def start(self, hive: Hive) -> None:
         """Bind the socket (refused when another agent listens on it)."""
         self.hive = hive
-        server = ApiServer(self.config.api_socket, self.config.api_socket_mode, hive.routes)
+        server = ApiServer(self.config.api_socket, self.config.api_socket_mode, hive.routes())
         try:
-            await server.bind()
+            server.bind()
         except OSError as e:
             raise ComponentError(f"API socket {self.config.api_socket}: {e}") from e
         self.server = server
@@ -70,12 +127,21 @@ class ApiComponent(Component):
         return [Health(self.name, OK, f"unix socket {self.config.api_socket}")]
 
     def routes(self) -> Sequence[Route]:
-        """``/health``, ``/agent``, ``/bpf/maps``, ``/bpf/maps/{name}``."""
+        """``/health``, ``/agent``, ``/openapi.json``, ``/bpf/maps``, ``/bpf/maps/{name}``."""
+        not_started = {503: "the agent is not started"}
         return (
-            Route("/health", self._health),
-            Route("/agent", self._agent),
-            Route("/bpf/maps", self._maps),
-            Route("/bpf/maps/{name}", self._map),
+            Route("/health", self._health, summary="overall state and every component's",
+                  response=HEALTH_SCHEMA, errors=not_started),
+            Route("/agent", self._agent, summary="the agent: pid, node, maps, configuration",
+                  response=AGENT_SCHEMA),
+            Route("/openapi.json", self._openapi, summary="this API's OpenAPI document",
+                  response={"type": "object", "required": ["openapi", "info", "paths"]},
+                  errors=not_started),
+            Route("/bpf/maps", self._maps, summary="every BPF map and its entry count",
+                  response=MAPS_SCHEMA, errors=not_started),
+            Route("/bpf/maps/{name}", self._map, summary="one BPF map's entries, decoded",
+                  response=MAP_SCHEMA, params={"name": "the map's name"},
+                  errors={**not_started, 404: "no such map"}),
         )
 
     def _hive(self) -> Hive:
@@ -91,6 +157,9 @@ class ApiComponent(Component):
 
     async def _agent(self, req: Request) -> Any:
         return self.info()
+
+    async def _openapi(self, req: Request) -> Any:
+        return openapi.document(self._hive().routes(), API_INFO)
 
     async def _maps(self, req: Request) -> Any:
         return [{"name": v.name, "entries": v.count(), "kind": v.kind, "id": v.map_id(),
