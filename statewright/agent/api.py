@@ -116,7 +116,16 @@ def _query(route: Route, request: HttpRequest) -> dict[str, str]:
 async def _body(route: Route, request: HttpRequest) -> bytes:
     """The request body, checked against the route's schema; a route without a body schema
     takes no body."""
-    body = await request.body()
+    length = request.headers.get("content-length", "0")
+    if not length.isdigit():
+        raise ApiError(400, f"bad Content-Length {length!r}")
+    if int(length) > MAX_BODY:
+        raise ApiError(413, f"request body of {length} bytes is larger than {MAX_BODY}")
+    body = b""
+    async for chunk in request.stream():
+        body += chunk
+        if len(body) > MAX_BODY:
+            raise ApiError(413, f"request body larger than {MAX_BODY} bytes")
     if route.body is None:
         if body.strip():
             raise ApiError(400, f"{request.method} {route.pattern} takes no request body")
@@ -154,24 +163,23 @@ class ApiApp:
         self.starlette = Starlette(
             routes=starlette_routes,
             exception_handlers={HTTPException: self._http_error},
-            max_body_size=MAX_BODY,
         )
         self.asgi: ASGIApp = _RawPathSegments(self.starlette)
 
     async def _http_error(self, request: HttpRequest, exc: Exception) -> Response:
-        """Starlette's own errors (no route, method not allowed, body too large) as JSON."""
+        """Starlette's own errors (no route, method not allowed) as JSON."""
         assert isinstance(exc, HTTPException)
         path = urllib.parse.unquote(request.url.path)
+        headers = dict(exc.headers or {})
         if exc.status_code == 404:
             message = f"no such endpoint {path!r}"
         elif exc.status_code == 405:
-            allowed = (exc.headers or {}).get("Allow", "")
+            allowed = ", ".join(sorted(m.strip() for m in headers.get("Allow", "").split(",")))
+            headers["Allow"] = allowed
             message = f"{request.method} not allowed on {path} (allowed: {allowed})"
-        elif exc.status_code == 413:
-            message = f"request body larger than {MAX_BODY} bytes"
         else:
             message = str(exc.detail)
-        return error_response(exc.status_code, message, dict(exc.headers or {}))
+        return error_response(exc.status_code, message, headers)
 
     def _endpoint(self, group: list[Route]) -> Any:
         by_method = {m: r for r in group for m in r.methods}
