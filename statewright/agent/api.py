@@ -68,8 +68,10 @@ GRACEFUL_STOP_S = 2
 
 def json_response(doc: Any, status: int = 200, headers: dict[str, str] | None = None
                   ) -> Response:
-    """``doc`` as indented JSON (what people read with curl), newline-terminated."""
-    body = (json.dumps(doc, indent=2) + "\n").encode()
+    """``doc`` as compact JSON, newline-terminated. (Compact: the C encoder; ``indent``
+    takes the pure-Python one, five times slower on a table of 200 frontends, time the
+    event loop would not serve /health. ``statewright ... -o json`` and ``jq`` indent.)"""
+    body = (json.dumps(doc) + "\n").encode()
     return Response(body, status, headers=headers, media_type=JSON)
 
 

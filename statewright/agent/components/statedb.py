@@ -6,6 +6,9 @@ import json
 from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
+import anyio
+import anyio.to_thread
+
 from statedb import DB, Table
 from statedb.show import FORMATS, show_table, to_plain
 from statewright.component import (
@@ -113,9 +116,14 @@ class StateDBComponent(Component):
         fmt = req.query.get("format", "json")
         if fmt not in FORMATS:
             raise ApiError(400, f"unknown format {fmt!r}; use one of: {', '.join(FORMATS)}")
+        # In a worker thread (statedb snapshots may be read from any thread): a table of
+        # thousands of rows takes tens of ms to convert, which the event loop spends
+        # serving /health and the other requests meanwhile.
         if fmt == "json":
-            return [row_document(r) for r in table.all(self.db.read_txn())]
-        return TextBody(show_table(self.db, name, fmt))
+            txn = self.db.read_txn()
+            return await anyio.to_thread.run_sync(
+                lambda: [row_document(r) for r in table.all(txn)])
+        return TextBody(await anyio.to_thread.run_sync(show_table, self.db, name, fmt))
 
     async def _changes(self, req: Request) -> Any:
         table = self._lookup(req.params["name"])
