@@ -25,7 +25,8 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGES = ("statedb", "reconciler", "tables", "bpf", "bpfops", "sources", "statewright")
-AGENT_DISTRIBUTIONS = ("pyyaml", "pyroute2", "kubernetes", "prometheus-client")
+AGENT_DISTRIBUTIONS = ("pyyaml", "pyroute2", "kubernetes", "prometheus-client", "starlette",
+                       "uvicorn")
 
 pytestmark = [pytest.mark.slow, pytest.mark.install]
 

@@ -123,11 +123,14 @@ async def _body(route: Route, request: HttpRequest) -> bytes:
         raise ApiError(400, f"bad Content-Length {length!r}")
     if int(length) > MAX_BODY:
         raise ApiError(413, f"request body of {length} bytes is larger than {MAX_BODY}")
-    body = b""
+    chunks: list[bytes] = []
+    size = 0
     async for chunk in request.stream():
-        body += chunk
-        if len(body) > MAX_BODY:
+        chunks.append(chunk)
+        size += len(chunk)
+        if size > MAX_BODY:
             raise ApiError(413, f"request body larger than {MAX_BODY} bytes")
+    body = b"".join(chunks)
     if route.body is None:
         if body.strip():
             raise ApiError(400, f"{request.method} {route.pattern} takes no request body")

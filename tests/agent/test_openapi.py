@@ -19,7 +19,7 @@ from statewright.agent.config import AgentConfig
 from statewright.agent.json_schema import check_schema
 from statewright.agent.runtime import agent_components
 from statewright.component import Hive, Route
-from tests.agent.conftest import AgentProc
+from tests.agent.conftest import AgentProc, run_cli
 
 
 def _routes() -> list[Route]:
@@ -116,3 +116,13 @@ def test_bad_requests_get_400_with_the_reason_and_change_nothing(
     status, doc = _call(agent, method, target, body)
     assert status == 400 and reason in doc["error"], doc
     assert (agent.client.get("/endpoint"), agent.client.get("/ipam")) == before
+
+
+def test_the_cli_prints_the_document(agent: AgentProc, capsys: pytest.CaptureFixture[str]
+                                     ) -> None:
+    code, out, _ = run_cli(capsys, "api", "openapi", "--socket", agent.socket)
+    assert code == 0 and json.loads(out) == agent.client.get("/openapi.json")
+    code, out, _ = run_cli(capsys, "api", "openapi", "--offline")
+    assert code == 0 and json.loads(out) == json.loads(json.dumps(_document()))
+    code, _, err = run_cli(capsys, "api", "openapi", "--socket", agent.socket + ".none")
+    assert code == 2 and "no agent is running" in err
