@@ -24,6 +24,9 @@ def _optional(pattern: str) -> str:
 _ADDRESS = {"type": "string", "nullable": True,
             "description": "the address (no prefix length), '' or null for none"}
 
+#: Cilium's field names (api/v1/openapi.yaml), the ones `EndpointChange.parse` takes; a
+#: field of Cilium's that the agent does not implement (``container-name``, ``pid``,
+#: ``policy-enabled``, ...) is refused as unknown rather than ignored.
 ENDPOINT_CHANGE_REQUEST: dict[str, Any] = {
     "type": "object",
     "description": "Cilium's EndpointChangeRequest: the fields a request carries are set "
@@ -61,7 +64,12 @@ ENDPOINT_CHANGE_REQUEST: dict[str, Any] = {
         "netns-path": {"type": "string"},
         "datapath-configuration": {
             "type": "object",
-            "properties": {"external-ipam": {"type": "boolean"}},
+            "description": "Cilium's EndpointDatapathConfiguration; only external-ipam is "
+                           "used (the addresses come from another IPAM), the others are "
+                           "accepted and ignored",
+            "properties": {name: {"type": "boolean"} for name in (
+                "external-ipam", "require-arp-passthrough", "require-egress-prog",
+                "require-routing", "install-endpoint-route", "disable-sip-verification")},
         },
         "id": {"type": "integer", "description": "ignored (the path names the endpoint)"},
         "identity": {"type": "integer", "description": "ignored (the agent allocates it)"},
