@@ -22,7 +22,7 @@ import signal
 import sys
 from typing import Any, Protocol
 
-from statewright import cli_agent, cli_bpf, cli_endpoint, cli_lb, cli_policy, cli_run
+from statewright import cli_agent, cli_api, cli_bpf, cli_endpoint, cli_lb, cli_policy, cli_run
 
 #: Exit code after stdout was closed by the reader: 128 + SIGPIPE, what a shell reports for
 #: a tool killed by SIGPIPE (``yes | head -1``; visible with ``set -o pipefail``).
@@ -52,7 +52,7 @@ class CommandModule(Protocol):
 #: In registration order: cli_agent comes after cli_lb and cli_bpf, whose ``lb list`` and
 #: ``bpf dump`` it extends.
 COMMAND_MODULES: tuple[CommandModule, ...] = (
-    cli_run, cli_bpf, cli_lb, cli_agent, cli_endpoint, cli_policy
+    cli_run, cli_bpf, cli_lb, cli_agent, cli_endpoint, cli_policy, cli_api
 )
 
 

@@ -108,14 +108,51 @@ class ApiError(StatewrightError):
         self.status = status
 
 
+#: A JSON Schema (the OpenAPI 3.0 subset statewright/agent/json_schema.py checks).
+Schema = Mapping[str, Any]
+
+#: Media types of a route's answer: JSON documents, plain text, newline-delimited JSON.
+JSON = "application/json"
+TEXT = "text/plain"
+NDJSON = "application/x-ndjson"
+
+
+@dataclass(frozen=True, slots=True)
+class QueryParam:
+    """A query-string parameter a route reads: its name, the JSON Schema of its value
+    (checked before the handler runs) and what it means."""
+
+    name: str
+    schema: Schema = field(compare=False)
+    description: str = ""
+    required: bool = False
+
+
 @dataclass(frozen=True, slots=True)
 class Route:
     """A route: ``pattern`` is a path such as ``/tables/{name}/changes``; ``methods`` the
-    HTTP methods it answers."""
+    HTTP methods it answers.
+
+    The rest describes the route for the OpenAPI document (statewright/agent/openapi.py)
+    and for the server's checks before the handler runs (statewright/agent/api.py):
+    ``body`` the JSON Schema of the request body (a route without one takes no body),
+    ``query`` the query parameters, ``response`` the JSON Schema of the 200 answer when
+    it is JSON, ``media_types`` what the 200 answer may be, ``errors`` the error statuses
+    the handler answers with (the server adds 400/413 for routes with a body or query
+    parameters, and 405 for a method the path does not take).
+    """
 
     pattern: str
     handler: Handler
     methods: tuple[str, ...] = ("GET",)
+    summary: str = field(default="", compare=False)
+    body: Schema | None = field(default=None, compare=False)
+    query: tuple[QueryParam, ...] = field(default=(), compare=False)
+    response: Schema | None = field(default=None, compare=False)
+    media_types: tuple[str, ...] = field(default=(JSON,), compare=False)
+    errors: Mapping[int, str] = field(default_factory=dict, compare=False)
+    #: Path parameter name -> what it means.
+    params: Mapping[str, str] = field(default_factory=dict, compare=False)
     _regex: re.Pattern[str] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -126,6 +163,11 @@ class Route:
             else:
                 parts.append(re.escape(seg))
         object.__setattr__(self, "_regex", re.compile("^/" + "/".join(parts) + "/?$"))
+
+    @property
+    def path_params(self) -> list[str]:
+        """The names of the pattern's ``{...}`` segments, in order."""
+        return re.findall(r"\{([^}/]+)\}", self.pattern)
 
     def match(self, path: str) -> dict[str, str] | None:
         """The path parameters when ``path`` matches, else None."""

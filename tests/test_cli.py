@@ -56,7 +56,7 @@ def test_every_command_is_registered_with_its_path() -> None:
     assert set(commands) == {
         "run", "bpf maps", "bpf dump", "lb maps-dump", "lb list",
         "agent", "status", "db show", "db list", "db watch", "exec",
-        "endpoint list", "endpoint get", "ipam", "policy get", "policy trace",
+        "endpoint list", "endpoint get", "ipam", "policy get", "policy trace", "api openapi",
     }
     assert commands["run"].get_default("func") is cli_run.cmd_run
     # cli_agent extended the parsers cli_lb and cli_bpf registered: the agent first, the

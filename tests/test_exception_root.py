@@ -33,6 +33,7 @@ INPUT_ERRORS = {
     "reconciler.status_index.UnknownStatusKindError",
     "policy.errors.PolicyError",
     "policy.errors.PolicyTraceError",
+    "statewright.agent.json_schema.SchemaViolation",
 }
 
 

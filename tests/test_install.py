@@ -27,7 +27,8 @@ ROOT = Path(__file__).resolve().parent.parent
 PACKAGES = (
     "statedb", "reconciler", "tables", "bpf", "bpfops", "sources", "statewright", "policy"
 )
-AGENT_DISTRIBUTIONS = ("pyyaml", "pyroute2", "kubernetes", "prometheus-client", "pyroaring")
+AGENT_DISTRIBUTIONS = ("pyyaml", "pyroute2", "kubernetes", "prometheus-client", "pyroaring",
+                       "starlette", "uvicorn")
 
 pytestmark = [pytest.mark.slow, pytest.mark.install]
 

@@ -1,11 +1,22 @@
-"""The agent's HTTP API over a unix socket: serves the routes its components declare.
+"""The agent's HTTP API over a unix socket: Starlette on uvicorn, serving the routes its
+components declare.
 
-Each component lists its routes (`statewright.component.Route`); this module only speaks
-HTTP/1.1 on the socket and dispatches. Routes of the agent as shipped (GET, JSON unless
-said otherwise):
+Each component lists its routes (`statewright.component.Route`: path, methods, handler,
+and the JSON Schemas of the request body, query parameters and answer). This module turns
+them into a Starlette application and serves it with uvicorn as a task of the agent's own
+event loop (no second process, no signal handlers of uvicorn's: the agent keeps its own).
+Starlette routes (404, and 405 with ``Allow``), uvicorn speaks HTTP/1.1 (h11), and before a
+handler runs the request is checked against the route's schemas
+(statewright/agent/json_schema.py): a bad request gets 400 with the field and the reason,
+and reaches no handler, so it changes nothing. The OpenAPI 3.0 document of every route is
+generated from the same declarations (statewright/agent/openapi.py) and served at
+``GET /openapi.json``.
+
+Routes of the agent as shipped (JSON unless said otherwise):
 
 ``/health``                 overall state (OK/Degraded) and every component's state and reason
 ``/agent``                  pid, node, maps backend, datapath cgroup, demo namespace, configuration
+``/openapi.json``           the OpenAPI document of this API
 ``/tables``                 every table: rows, revision, initialized, pending initializers
 ``/tables/<name>``          the rows (``?format=table|yaml`` for statedb.show's text forms)
 ``/tables/<name>/changes``  change feed, newline-delimited JSON (``?follow=0`` stops after
@@ -13,10 +24,15 @@ said otherwise):
 ``/lb/services``            frontends with their backends, as ``statewright lb list -o json``
 ``/bpf/maps``               every component's BPF maps and their entry counts
 ``/bpf/maps/<name>``        one map's entries, decoded
+``/k8s``                    the Kubernetes source's reflectors and refused objects
+``/endpoint``, ``/endpoint/<id>``  endpoints (GET, PUT, PATCH, DELETE; Cilium's model)
+``/ipam``, ``/ipam/<ip>``   address allocation (GET, POST, DELETE)
 
-Requests may carry a body (``Content-Length``) for routes that take one. The unix socket
-(mode 0660 by default) is the access control: whoever may open it may use the agent.
-Errors are JSON ``{"error": ...}`` with 4xx/5xx; a failing handler never stops the server.
+The unix socket (mode 0660 by default, set before anyone can connect) is the access
+control: whoever may open it may use the agent. Errors are JSON ``{"error": ...}`` with
+4xx/5xx; a failing handler is logged and answered 500, it never stops the server. A path
+segment may carry an encoded ``/`` (``/endpoint/pod-name:ns%2Fpod``): routing sees the
+segment as one and the handler gets it decoded.
 """
 
 from __future__ import annotations
@@ -26,48 +42,232 @@ import json
 import logging
 import os
 import socket
+import stat
 import urllib.parse
-from collections.abc import Callable, Sequence
+from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
 import anyio
-import anyio.abc
-from anyio.abc import SocketStream
+import uvicorn
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.requests import Request as HttpRequest
+from starlette.responses import PlainTextResponse, Response, StreamingResponse
+from starlette.routing import Route as StarletteRoute
+from starlette.types import ASGIApp, Receive, Scope, Send
 
-from statewright.component import ApiError, NdjsonStream, Request, Route, TextBody
+from statewright.agent.json_schema import SchemaViolation, validate
+from statewright.component import JSON, NDJSON, ApiError, NdjsonStream, Request, Route, TextBody
 
 log = logging.getLogger("statewright.agent.api")
 
-MAX_HEADER = 16384
 MAX_BODY = 1 << 20
-REASONS = {200: "OK", 400: "Bad Request", 404: "Not Found", 405: "Method Not Allowed",
-           409: "Conflict", 413: "Payload Too Large", 422: "Unprocessable Entity",
-           500: "Internal Server Error", 503: "Service Unavailable"}
+#: How long a stopping server waits for answers in flight before cancelling them.
+GRACEFUL_STOP_S = 2
 
 
-def _head(status: int, content_type: str, length: int | None) -> bytes:
-    lines = [f"HTTP/1.1 {status} {REASONS.get(status, 'Error')}",
-             f"Content-Type: {content_type}", "Connection: close"]
-    if length is not None:
-        lines.append(f"Content-Length: {length}")
-    return ("\r\n".join(lines) + "\r\n\r\n").encode()
+def json_response(doc: Any, status: int = 200, headers: dict[str, str] | None = None
+                  ) -> Response:
+    """``doc`` as compact JSON, newline-terminated. (Compact: the C encoder; ``indent``
+    takes the pure-Python one, five times slower on a table of 200 frontends, time the
+    event loop would not serve /health. ``statewright ... -o json`` and ``jq`` indent.)"""
+    body = (json.dumps(doc) + "\n").encode()
+    return Response(body, status, headers=headers, media_type=JSON)
+
+
+def error_response(status: int, message: str, headers: dict[str, str] | None = None
+                   ) -> Response:
+    """The API's error answer: ``{"error": message}``."""
+    return json_response({"error": message}, status, headers)
+
+
+class _RawPathSegments:
+    """ASGI middleware: route on the request path as sent, one segment per ``/`` the
+    client wrote, so an encoded ``%2F`` stays inside its segment (uvicorn's ``path`` is
+    fully decoded). Each segment is re-encoded canonically; handlers decode parameters."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http":
+            raw = scope.get("raw_path") or scope["path"].encode()
+            raw_path = raw.decode("latin-1").split("?", 1)[0]
+            segments = [urllib.parse.quote(urllib.parse.unquote(seg), safe="")
+                        for seg in raw_path.split("/")]
+            scope = dict(scope, path="/".join(segments))
+        await self.app(scope, receive, send)
+
+
+def _query(route: Route, request: HttpRequest) -> dict[str, str]:
+    """The query parameters (the last value of a repeated one), the declared ones checked
+    against their schemas."""
+    query = dict(request.query_params)
+    for param in route.query:
+        if param.name not in query:
+            if param.required:
+                raise ApiError(400, f"query parameter {param.name!r}: missing (required)")
+            continue
+        try:
+            validate(query[param.name], param.schema, obj=f"query parameter {param.name!r}")
+        except SchemaViolation as e:
+            raise ApiError(400, str(e)) from None
+    return query
+
+
+async def _body(route: Route, request: HttpRequest) -> bytes:
+    """The request body, checked against the route's schema; a route without a body schema
+    takes no body."""
+    length = request.headers.get("content-length", "0")
+    if not length.isdigit():
+        raise ApiError(400, f"bad Content-Length {length!r}")
+    if int(length) > MAX_BODY:
+        raise ApiError(413, f"request body of {length} bytes is larger than {MAX_BODY}")
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in request.stream():
+        chunks.append(chunk)
+        size += len(chunk)
+        if size > MAX_BODY:
+            raise ApiError(413, f"request body larger than {MAX_BODY} bytes")
+    body = b"".join(chunks)
+    if route.body is None:
+        if body.strip():
+            raise ApiError(400, f"{request.method} {route.pattern} takes no request body")
+        return body
+    try:
+        doc = json.loads(body) if body.strip() else None
+    except ValueError as e:
+        raise ApiError(400, f"request body is not JSON: {e}") from None
+    if doc is None:
+        raise ApiError(400, "request body: missing (a JSON document is required)")
+    try:
+        validate(doc, route.body)
+    except SchemaViolation as e:
+        raise ApiError(400, str(e)) from None
+    return body
+
+
+class ApiApp:
+    """The Starlette application of ``routes``. `close_feeds` ends the open change feeds
+    (the server calls it when it stops, so a followed feed does not hold up the stop)."""
+
+    def __init__(self, routes: Sequence[Route]) -> None:
+        self.routes = list(routes)
+        self.closing = anyio.Event()
+        self._feeds: set[anyio.CancelScope] = set()
+        by_path: dict[str, list[Route]] = {}
+        for route in self.routes:
+            by_path.setdefault(route.pattern, []).append(route)
+        starlette_routes = [
+            StarletteRoute(pattern, self._endpoint(group),
+                           methods=[m for r in group for m in r.methods],
+                           include_in_schema=False)
+            for pattern, group in by_path.items()
+        ]
+        self.starlette = Starlette(
+            routes=starlette_routes,
+            exception_handlers={HTTPException: self._http_error},
+        )
+        self.asgi: ASGIApp = _RawPathSegments(self.starlette)
+
+    async def _http_error(self, request: HttpRequest, exc: Exception) -> Response:
+        """Starlette's own errors (no route, method not allowed) as JSON."""
+        assert isinstance(exc, HTTPException)
+        path = urllib.parse.unquote(request.url.path)
+        headers = dict(exc.headers or {})
+        if exc.status_code == 404:
+            message = f"no such endpoint {path!r}"
+        elif exc.status_code == 405:
+            allowed = ", ".join(sorted(m.strip() for m in headers.get("Allow", "").split(",")))
+            headers["Allow"] = allowed
+            message = f"{request.method} not allowed on {path} (allowed: {allowed})"
+        else:
+            message = str(exc.detail)
+        return error_response(exc.status_code, message, headers)
+
+    def _endpoint(self, group: list[Route]) -> Any:
+        by_method = {m: r for r in group for m in r.methods}
+
+        async def endpoint(request: HttpRequest) -> Response:
+            method = "GET" if request.method == "HEAD" else request.method
+            route = by_method[method]
+            try:
+                params = {k: urllib.parse.unquote(v) for k, v in request.path_params.items()}
+                query = _query(route, request)
+                body = await _body(route, request)
+                result = await route.handler(Request(params, query, request.method, body))
+                return self._respond(result)
+            except ApiError as e:
+                return error_response(e.status, str(e))
+            except Exception as e:  # a handler bug is answered and logged, never fatal
+                log.exception("api: %s %s failed", request.method, request.url.path)
+                return error_response(500, f"{type(e).__name__}: {e}")
+
+        return endpoint
+
+    def _respond(self, result: Any) -> Response:
+        if isinstance(result, TextBody):
+            return PlainTextResponse(result.text)
+        if isinstance(result, NdjsonStream):
+            return StreamingResponse(self._until_closing(result), media_type=NDJSON)
+        return json_response(result)
+
+    async def _until_closing(self, stream: NdjsonStream) -> AsyncIterator[str]:
+        """The feed's lines until it ends or the server stops (`close_feeds`); a client
+        hanging up cancels it through Starlette's disconnect watch."""
+        lines = stream.lines()
+        try:
+            while not self.closing.is_set():
+                with anyio.CancelScope() as scope:
+                    self._feeds.add(scope)
+                    try:
+                        line = await lines.__anext__()
+                    except StopAsyncIteration:
+                        return
+                    finally:
+                        self._feeds.discard(scope)
+                if scope.cancelled_caught:
+                    return
+                yield line
+        finally:
+            with anyio.CancelScope(shield=True), contextlib.suppress(Exception):
+                await lines.aclose()
+
+    def close_feeds(self) -> None:
+        """End every open change feed (its response ends cleanly, after its last line)."""
+        self.closing.set()
+        for scope in list(self._feeds):
+            scope.cancel()
+
+
+class _Server(uvicorn.Server):
+    """uvicorn's server without its signal handlers: the agent has its own, and stops
+    the server by cancelling its task."""
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Any:
+        yield
 
 
 class ApiServer:
-    """Serves ``routes()`` (called per request, so routes follow the component list) on the
-    unix socket ``path``."""
+    """Serves ``routes`` on the unix socket ``path`` (created with ``mode``)."""
 
-    def __init__(self, path: str, mode: int, routes: Callable[[], Sequence[Route]]) -> None:
+    def __init__(self, path: str, mode: int, routes: Sequence[Route]) -> None:
         self.path = path
         self.mode = mode
-        self.routes = routes
-        self.listener: anyio.abc.SocketListener | None = None
+        self.app = ApiApp(routes)
+        self.sock: socket.socket | None = None
+        self.server: _Server | None = None
 
-    async def bind(self) -> None:
-        """Create the socket (and its directory); refuse when another agent answers on it,
-        replace a stale socket file left by an agent that was killed."""
+    def bind(self) -> None:
+        """Create the socket (and its directory) with its mode set before it listens;
+        refuse when another agent answers on it, replace a stale socket file left by an
+        agent that was killed."""
         os.makedirs(os.path.dirname(os.path.abspath(self.path)), exist_ok=True)
-        if os.path.exists(self.path):
+        if os.path.lexists(self.path):
+            if not stat.S_ISSOCK(os.lstat(self.path).st_mode):
+                raise OSError(f"{self.path} exists and is not a socket")
             probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
             try:
                 probe.connect(self.path)
@@ -77,116 +277,61 @@ class ApiServer:
                 raise OSError(f"another agent is already listening on {self.path}")
             finally:
                 probe.close()
-        self.listener = await anyio.create_unix_listener(self.path)
-        os.chmod(self.path, self.mode)
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            sock.bind(self.path)
+            os.chmod(self.path, self.mode)
+            sock.listen(128)
+        except BaseException:
+            sock.close()
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(self.path)
+            raise
+        sock.setblocking(False)
+        self.sock = sock
 
     async def serve(self, *, task_status: Any = anyio.TASK_STATUS_IGNORED) -> None:
-        """Accept connections until cancelled."""
-        if self.listener is None:
-            await self.bind()
-        assert self.listener is not None
-        task_status.started()
-        await self.listener.serve(self._handle)
+        """Serve until cancelled; then stop accepting, end the change feeds, let answers
+        in flight finish (at most `GRACEFUL_STOP_S`) and close the connections."""
+        if self.sock is None:
+            self.bind()
+        assert self.sock is not None
+        config = uvicorn.Config(
+            self.app.asgi, lifespan="off", log_config=None, log_level="warning",
+            access_log=False, http="h11", ws="none", server_header=False,
+            timeout_graceful_shutdown=GRACEFUL_STOP_S, proxy_headers=False,
+        )
+        server = self.server = _Server(config)
+        sock = self.sock
+        done = anyio.Event()
+
+        async def run() -> None:
+            try:
+                # Shielded: on cancellation the server shuts down by `should_exit`.
+                with anyio.CancelScope(shield=True):
+                    await server.serve(sockets=[sock])
+            finally:
+                done.set()
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(run)
+            while not server.started and not done.is_set():
+                await anyio.sleep(0.01)
+            if not server.started:
+                raise OSError(f"the API server on {self.path} did not start")
+            task_status.started()
+            try:
+                await done.wait()
+                raise OSError(f"the API server on {self.path} stopped")
+            finally:
+                self.app.close_feeds()
+                server.should_exit = True
 
     async def aclose(self) -> None:
-        """Close the listener and remove the socket file (after `serve` was cancelled)."""
-        if self.listener is not None:
-            with contextlib.suppress(Exception):
-                await self.listener.aclose()
-            self.listener = None
+        """Remove the socket file (after `serve` ended) and close a socket never served."""
+        if self.sock is not None:
+            with contextlib.suppress(OSError):
+                self.sock.close()
+            self.sock = None
         with contextlib.suppress(FileNotFoundError):
             os.unlink(self.path)
-
-    # ----- one connection ---------------------------------------------------------------
-    async def _handle(self, stream: SocketStream) -> None:
-        async with stream:
-            try:
-                method, target, body = await self._read_request(stream)
-                await self._dispatch(stream, method, target, body)
-            except ApiError as e:
-                await self._send_json(stream, {"error": str(e)}, e.status)
-            except (anyio.BrokenResourceError, anyio.ClosedResourceError, anyio.EndOfStream):
-                pass
-            except Exception as e:  # a handler bug must not stop the server
-                log.exception("api: request failed")
-                with contextlib.suppress(Exception):
-                    await self._send_json(stream, {"error": f"{type(e).__name__}: {e}"}, 500)
-
-    async def _read_request(self, stream: SocketStream) -> tuple[str, str, bytes]:
-        data = b""
-        while b"\r\n\r\n" not in data and b"\n\n" not in data:
-            if len(data) > MAX_HEADER:
-                raise ApiError(400, "request header too large")
-            data += await stream.receive()
-        sep = b"\r\n\r\n" if b"\r\n\r\n" in data else b"\n\n"
-        head, rest = data.split(sep, 1)
-        lines = head.decode("latin-1").splitlines()
-        parts = lines[0].strip().split() if lines else []
-        if len(parts) != 3 or not parts[2].startswith("HTTP/"):
-            raise ApiError(400, f"bad request line {lines[0] if lines else ''!r}")
-        length = 0
-        for line in lines[1:]:
-            name, _, value = line.partition(":")
-            if name.strip().lower() == "content-length":
-                try:
-                    length = int(value.strip())
-                except ValueError:
-                    raise ApiError(400, f"bad Content-Length {value.strip()!r}") from None
-        if length < 0 or length > MAX_BODY:
-            raise ApiError(413, f"request body of {length} bytes (at most {MAX_BODY})")
-        while len(rest) < length:
-            rest += await stream.receive()
-        return parts[0].upper(), parts[1], rest[:length]
-
-    async def _send_json(self, stream: SocketStream, doc: Any, status: int = 200) -> None:
-        body = (json.dumps(doc, indent=2) + "\n").encode()
-        await stream.send(_head(status, "application/json", len(body)) + body)
-
-    async def _dispatch(self, stream: SocketStream, method: str, target: str, body: bytes) -> None:
-        url = urllib.parse.urlsplit(target)
-        query = dict(urllib.parse.parse_qsl(url.query))
-        path = "/" + "/".join(
-            urllib.parse.quote(urllib.parse.unquote(p), safe="")
-            for p in url.path.split("/") if p
-        )
-        allowed: list[str] = []
-        for route in self.routes():
-            params = route.match(path)
-            if params is None:
-                continue
-            if method not in route.methods:
-                allowed += route.methods
-                continue
-            params = {k: urllib.parse.unquote(v) for k, v in params.items()}
-            result = await route.handler(Request(params, query, method, body))
-            await self._respond(stream, result)
-            return
-        if allowed:
-            raise ApiError(405, f"{method} not allowed on {url.path} (allowed: "
-                           f"{', '.join(sorted(set(allowed)))})")
-        raise ApiError(404, f"no such endpoint {url.path!r}")
-
-    async def _respond(self, stream: SocketStream, result: Any) -> None:
-        if isinstance(result, TextBody):
-            data = result.text.encode()
-            await stream.send(_head(200, "text/plain; charset=utf-8", len(data)) + data)
-        elif isinstance(result, NdjsonStream):
-            await self._stream(stream, result)
-        else:
-            await self._send_json(stream, result)
-
-    async def _stream(self, stream: SocketStream, result: NdjsonStream) -> None:
-        await stream.send(_head(200, "application/x-ndjson", None))
-        async with anyio.create_task_group() as tg:
-
-            async def watch_close() -> None:
-                # The client hanging up ends the stream (it sends nothing else).
-                with contextlib.suppress(Exception):
-                    while await stream.receive():
-                        pass
-                tg.cancel_scope.cancel()
-
-            tg.start_soon(watch_close)
-            async for line in result.lines():
-                await stream.send(line.encode())
-            tg.cancel_scope.cancel()

@@ -107,7 +107,7 @@ def _raw_get(sock_path: str, target: str, method: str = "GET", timeout: float = 
     s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     s.settimeout(timeout)
     s.connect(sock_path)
-    s.sendall(f"{method} {target} HTTP/1.1\r\nHost: x\r\n\r\n".encode())
+    s.sendall(f"{method} {target} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n".encode())
     data = b""
     while b"\r\n\r\n" not in data:
         chunk = s.recv(4096)
@@ -117,6 +117,21 @@ def _raw_get(sock_path: str, target: str, method: str = "GET", timeout: float = 
     head, _, rest = data.partition(b"\r\n\r\n")
     status = int(head.split()[1])
     return status, rest, s
+
+
+def _dechunk(body: bytes) -> bytes:
+    """The data of a chunked HTTP/1.1 body (as much of it as ``body`` holds)."""
+    out = b""
+    while body:
+        size_line, sep, rest = body.partition(b"\r\n")
+        if not sep:
+            break
+        size = int(size_line.split(b";")[0], 16)
+        if size == 0:
+            break
+        out += rest[:size]
+        body = rest[size + 2:]
+    return out
 
 
 def test_change_feed_streams_new_rows(agent: AgentProc) -> None:
@@ -133,7 +148,7 @@ def test_change_feed_streams_new_rows(agent: AgentProc) -> None:
                 buf += chunk
         finally:
             path.unlink()
-        lines = [json.loads(x) for x in buf.decode().splitlines() if x.strip()]
+        lines = [json.loads(x) for x in _dechunk(buf).decode().splitlines() if x.strip()]
         assert all({"revision", "deleted", "object"} <= set(d) for d in lines)
         assert any(not d["deleted"] and "10.96.201.1" in json.dumps(d["object"]) for d in lines)
     finally:
@@ -144,7 +159,7 @@ def test_change_feed_streams_new_rows(agent: AgentProc) -> None:
         while chunk := s.recv(65536):
             rest += chunk
     assert status == 200
-    assert all(json.loads(x)["deleted"] is False for x in rest.decode().splitlines())
+    assert all(json.loads(x)["deleted"] is False for x in _dechunk(rest).decode().splitlines())
 
 
 def test_api_maps_and_errors(agent: AgentProc) -> None:

@@ -331,17 +331,43 @@ class EndpointsComponent(Component):
 
     # ----- API ------------------------------------------------------------------------------
     def routes(self) -> Sequence[Route]:
-        """The endpoint and IPAM routes (module doc)."""
+        """The endpoint and IPAM routes (module doc); schemas in endpoint_schemas.py."""
+        from statewright.agent.components import endpoint_schemas as sch
+
+        ep = {"id": sch.ENDPOINT_ID}
+        off = {503: "the endpoints component is not started, or addresses or identities "
+                    "are exhausted"}
+        bad = {400: "a bad endpoint id or request (the message names the field)"}
+        missing = {404: "no such endpoint"}
         return (
-            Route("/endpoint", self._list),
-            Route("/endpoint/{id}", self._get),
-            Route("/endpoint/{id}", self._put, ("PUT",)),
-            Route("/endpoint/{id}", self._patch, ("PATCH",)),
-            Route("/endpoint/{id}", self._delete, ("DELETE",)),
-            Route("/ipam", self._ipam_status),
-            Route("/ipam", self._ipam_next, ("POST",)),
-            Route("/ipam/{ip}", self._ipam_ip, ("POST",)),
-            Route("/ipam/{ip}", self._ipam_release, ("DELETE",)),
+            Route("/endpoint", self._list, summary="every endpoint",
+                  response=sch.ENDPOINT_LIST, errors=off),
+            Route("/endpoint/{id}", self._get, summary="one endpoint", params=ep,
+                  response=sch.ENDPOINT, errors={**off, **bad, **missing}),
+            Route("/endpoint/{id}", self._put, ("PUT",), summary="create an endpoint",
+                  params=ep, body=sch.ENDPOINT_CHANGE_REQUEST, response=sch.ENDPOINT,
+                  errors={**off, **bad, 409: "the endpoint or an address exists already"}),
+            Route("/endpoint/{id}", self._patch, ("PATCH",), summary="change an endpoint",
+                  params=ep, body=sch.ENDPOINT_CHANGE_REQUEST, response=sch.ENDPOINT,
+                  errors={**off, **bad, **missing, 409: "an address is taken"}),
+            Route("/endpoint/{id}", self._delete, ("DELETE",), summary="delete an endpoint",
+                  params=ep, response=sch.ENDPOINT_DELETED, errors={**off, **bad, **missing}),
+            Route("/ipam", self._ipam_status, summary="pools, router addresses, allocations",
+                  response=sch.IPAM_STATUS, errors=off),
+            Route("/ipam", self._ipam_next, ("POST",), summary="allocate the next address(es)",
+                  query=(sch.FAMILY, sch.OWNER), response=sch.IPAM_RESPONSE,
+                  errors={**off, 400: "a bad owner"}),
+            Route("/ipam/{ip}", self._ipam_ip, ("POST",), summary="allocate this address",
+                  params={"ip": "the address"}, query=(sch.OWNER,),
+                  response=sch.IPAM_RESPONSE,
+                  errors={**off, 400: "not an address of the pools, or a bad owner",
+                          409: "the address is allocated already"}),
+            Route("/ipam/{ip}", self._ipam_release, ("DELETE",), summary="release an address",
+                  params={"ip": "the address"}, query=(sch.OWNER_CHECK,),
+                  response=sch.ALLOCATION,
+                  errors={**off, 400: "not an address, or a router address",
+                          404: "the address is not allocated",
+                          409: "another owner holds the address"}),
         )
 
     def _mgr(self) -> EndpointManager:

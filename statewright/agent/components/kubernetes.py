@@ -66,6 +66,19 @@ def client_settings(config: AgentConfig) -> ClientSettings:
     )
 
 
+K8S_SCHEMA = {
+    "type": "object",
+    "required": ["enabled", "resources", "errors"],
+    "properties": {
+        "enabled": {"type": "boolean"},
+        "server": {"type": "string"},
+        "synced": {"type": "boolean"},
+        "resources": {"type": "array", "items": {"type": "object", "required": ["name"]}},
+        "errors": {"type": "object"},
+    },
+}
+
+
 class KubernetesComponent(Component):
     """Services, EndpointSlices, this node's Pods and this Node from the API server."""
 
@@ -163,7 +176,8 @@ class KubernetesComponent(Component):
 
     def routes(self) -> Sequence[Route]:
         """``/k8s``: each reflector's state and the refused objects."""
-        return (Route("/k8s", self._status),)
+        return (Route("/k8s", self._status, response=K8S_SCHEMA,
+                      summary="the Kubernetes source: reflectors and refused objects"),)
 
     async def _status(self, _req: Request) -> Any:
         src = self.source

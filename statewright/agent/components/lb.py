@@ -68,6 +68,34 @@ def lb_config_of(config: AgentConfig) -> LBConfig:
     return cfg
 
 
+SERVICES_SCHEMA = {
+    "type": "array",
+    "items": {
+        "type": "object",
+        "required": ["id", "address", "type", "flags", "algorithm", "backends"],
+        "properties": {
+            "id": {"type": "integer"},
+            "address": {"type": "string"},
+            "type": {"type": "string"},
+            "flags": {"type": "array", "items": {"type": "string"}},
+            "algorithm": {"type": "string"},
+            "count": {"type": "integer"},
+            "qcount": {"type": "integer"},
+            "backends": {
+                "type": "array",
+                "items": {
+                    "type": "object",
+                    "required": ["slot", "id", "address", "state", "inactive"],
+                    "properties": {"slot": {"type": "integer"}, "id": {"type": "integer"},
+                                   "address": {"type": "string"}, "state": {"type": "string"},
+                                   "inactive": {"type": "boolean"}},
+                },
+            },
+        },
+    },
+}
+
+
 class LoadBalancerComponent(Component):
     """Provides ``lb``: the LB tables, writer and converter, with the node's identity."""
 
@@ -210,7 +238,9 @@ class LBMapsComponent(Component):
 
     def routes(self) -> Sequence[Route]:
         """``/lb/services``: frontends with their backends as the maps hold them."""
-        return (Route("/lb/services", self._services),)
+        return (Route("/lb/services", self._services, response=SERVICES_SCHEMA,
+                      summary="frontends with their backends, as the maps hold them",
+                      errors={503: "the LB maps are not open"}),)
 
     async def _services(self, req: Request) -> Any:
         from statewright.cli_lb import list_frontends

@@ -36,7 +36,18 @@ from policy.source import PolicyObjects, new_policies_table
 from policy.verdict import evaluate_rules
 from policy.writer import PolicyWriter
 from statedb import DB, Table
-from statewright.component import DEGRADED, OK, ApiError, Component, Health, Hive, Request, Route
+from statewright.component import (
+    DEGRADED,
+    OK,
+    ApiError,
+    Component,
+    Health,
+    Hive,
+    QueryParam,
+    Request,
+    Route,
+)
+from tables.endpoints import MAX_ENDPOINT_ID, MIN_ENDPOINT_ID
 from tables.identities import POD_NAMESPACE_LABEL, normalize_labels
 from tables.policy_entries import (
     PolicyEndpoint,
@@ -106,6 +117,53 @@ def trace(
         "egress": egress.to_json(),
         "ingress": ingress.to_json(),
     }
+
+
+_OFF = {503: "the policy component has not started"}
+_ENDPOINT_PARAM = QueryParam("endpoint", {"type": "string", "pattern": "^[0-9]{1,9}$"},
+                             "an endpoint id: its entries and enforcement instead")
+_TRACE_PARAMS = (
+    QueryParam("from", {"type": "string"}, "the source's labels, comma-separated",
+               required=True),
+    QueryParam("to", {"type": "string"}, "the destination's labels, comma-separated",
+               required=True),
+    QueryParam("port", {"type": "string"}, "PORT or PORT/PROTOCOL (TCP, UDP, SCTP, ANY)",
+               required=True),
+)
+_POLICY_SCHEMA = {
+    "type": "object",
+    "required": ["revision"],
+    "properties": {
+        "revision": {"type": "integer"},
+        "policies": {"type": "array", "items": {"type": "object"}},
+        "endpoint": {"type": "integer"},
+        "enforcement": {"type": "object", "nullable": True},
+        "entries": {"type": "array", "items": {"type": "object"}},
+    },
+}
+_ENDPOINTS_SCHEMA = {
+    "type": "object",
+    "required": ["revision", "endpoints"],
+    "properties": {
+        "revision": {"type": "integer"},
+        "endpoints": {"type": "array", "items": {"type": "object"}},
+    },
+}
+_VERDICT = {"type": "string", "enum": ["allowed", "denied"]}
+_TRACE_SCHEMA = {
+    "type": "object",
+    "required": ["from", "to", "protocol", "port", "verdict", "egress", "ingress", "revision"],
+    "properties": {
+        "from": {"type": "array", "items": {"type": "string"}},
+        "to": {"type": "array", "items": {"type": "string"}},
+        "protocol": {"type": "integer"},
+        "port": {"type": "integer"},
+        "verdict": _VERDICT,
+        "egress": {"type": "object", "properties": {"verdict": _VERDICT}},
+        "ingress": {"type": "object", "properties": {"verdict": _VERDICT}},
+        "revision": {"type": "integer"},
+    },
+}
 
 
 def _component_attr(hive: Hive, name: str, attr: str) -> Any:
@@ -207,9 +265,14 @@ class PolicyComponent(Component):
     def routes(self) -> Sequence[Route]:
         """``/policy``, ``/policy/endpoints``, ``/policy/trace`` (module doc)."""
         return (
-            Route("/policy", self._get),
-            Route("/policy/endpoints", self._endpoints),
-            Route("/policy/trace", self._trace),
+            Route("/policy", self._get, query=(_ENDPOINT_PARAM,), response=_POLICY_SCHEMA,
+                  errors={**_OFF, 400: "not an endpoint id"},
+                  summary="the policies in force, or one endpoint's entries"),
+            Route("/policy/endpoints", self._endpoints, response=_ENDPOINTS_SCHEMA,
+                  errors=_OFF, summary="every endpoint's enforced directions and revision"),
+            Route("/policy/trace", self._trace, query=_TRACE_PARAMS, response=_TRACE_SCHEMA,
+                  errors={**_OFF, 400: "labels, port or protocol not understood"},
+                  summary="whether traffic between two label sets is allowed"),
         )
 
     def _tables(self) -> tuple[DB, Table[Policy], Table[PolicyEntry], Table[PolicyEndpoint]]:
@@ -234,10 +297,10 @@ class PolicyComponent(Component):
                 "revision": self._revision(),
                 "policies": [p.to_json() for p in policies.all(txn)],
             }
-        try:
-            ep = int(ep_s)
-        except ValueError:
-            raise ApiError(400, f"endpoint: {ep_s!r} is not an endpoint id") from None
+        ep = int(ep_s) if ep_s.isdigit() else -1
+        if not MIN_ENDPOINT_ID <= ep <= MAX_ENDPOINT_ID:
+            raise ApiError(400, f"endpoint: {ep_s!r} is not an endpoint id "
+                                f"({MIN_ENDPOINT_ID}-{MAX_ENDPOINT_ID})")
         enf = endpoints.get(txn, policy_endpoint_id_index.query(ep))
         return {
             "revision": self._revision(),

@@ -6,17 +6,24 @@ import json
 from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
+import anyio
+import anyio.to_thread
+
 from statedb import DB, Table
 from statedb.gc_tuning import DEFAULT_COLLECT_INTERVAL, collect_periodically, collector_tuned
 from statedb.show import FORMATS, show_table, to_plain
 from statewright.component import (
     DEGRADED,
+    JSON,
+    NDJSON,
     OK,
+    TEXT,
     ApiError,
     Component,
     Health,
     Hive,
     NdjsonStream,
+    QueryParam,
     Request,
     Route,
     TextBody,
@@ -27,6 +34,22 @@ def row_document(row: Any) -> Any:
     """A row as JSON-ready data (its ``to_json()`` when it has one), as ``db show -o json``."""
     fn = getattr(row, "to_json", None)
     return to_plain(fn() if fn is not None else row)
+
+
+TABLES_SCHEMA = {
+    "type": "array",
+    "items": {
+        "type": "object",
+        "required": ["name", "rows", "revision", "initialized", "pending"],
+        "properties": {
+            "name": {"type": "string"},
+            "rows": {"type": "integer", "minimum": 0},
+            "revision": {"type": "integer", "minimum": 0},
+            "initialized": {"type": "boolean"},
+            "pending": {"type": "array", "items": {"type": "string"}},
+        },
+    },
+}
 
 
 class StateDBComponent(Component):
@@ -72,10 +95,24 @@ class StateDBComponent(Component):
 
     def routes(self) -> Sequence[Route]:
         """``/tables``, ``/tables/{name}``, ``/tables/{name}/changes``."""
+        table = {"name": "the table's name"}
+        missing = {404: "no such table"}
         return (
-            Route("/tables", self._tables),
-            Route("/tables/{name}", self._table),
-            Route("/tables/{name}/changes", self._changes),
+            Route("/tables", self._tables, summary="every table and its state",
+                  response=TABLES_SCHEMA),
+            Route("/tables/{name}", self._table, summary="a table's rows", params=table,
+                  query=(QueryParam("format", {"type": "string", "enum": list(FORMATS)},
+                                    "json (default) or a text form of `db show`"),),
+                  response={"type": "array", "items": {"type": "object"}},
+                  media_types=(JSON, TEXT), errors=missing),
+            Route("/tables/{name}/changes", self._changes, params=table,
+                  summary="the table's changes, newline-delimited JSON (one "
+                          "{revision, deleted, object} per line)",
+                  query=(QueryParam("follow", {"type": "string",
+                                               "enum": ["0", "1", "false", "true"]},
+                                    "1 (default): wait for further changes; 0: stop after "
+                                    "the current rows"),),
+                  media_types=(NDJSON,), errors=missing),
         )
 
     def _lookup(self, name: str) -> Table[Any]:
@@ -100,9 +137,14 @@ class StateDBComponent(Component):
         fmt = req.query.get("format", "json")
         if fmt not in FORMATS:
             raise ApiError(400, f"unknown format {fmt!r}; use one of: {', '.join(FORMATS)}")
+        # In a worker thread (statedb snapshots may be read from any thread): converting
+        # 200 frontends takes about 25 ms, which the event loop spends serving /health
+        # and the other requests meanwhile (benchmarks/api.py).
         if fmt == "json":
-            return [row_document(r) for r in table.all(self.db.read_txn())]
-        return TextBody(show_table(self.db, name, fmt))
+            txn = self.db.read_txn()
+            return await anyio.to_thread.run_sync(
+                lambda: [row_document(r) for r in table.all(txn)])
+        return TextBody(await anyio.to_thread.run_sync(show_table, self.db, name, fmt))
 
     async def _changes(self, req: Request) -> Any:
         table = self._lookup(req.params["name"])
