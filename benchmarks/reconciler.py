@@ -9,10 +9,12 @@
   on the same event loop; changes are isolated (one every ~5 ms).
 - single_change_cross_thread_p50_us / p99: the same with the writer in another thread.
 
-``--quick`` uses smaller sizes and finishes in well under a minute. The garbage
-collector runs with Python's defaults; ``--gc-tuned`` adds throughput figures after
-``statedb.gc_tuning.tune_gc()`` (a raised young-generation threshold and a frozen start-up
-heap), the setting the Statewright agent runs with.
+``--quick`` uses smaller sizes and finishes in well under a minute. Every figure is
+measured twice, each time in a fresh child process (so that ``peak_mem_mb`` is the peak of
+one configuration): a plain key with the collector configuration the Statewright agent
+runs with (`statedb.gc_tuning.tune_gc`: a raised young-generation threshold and the
+start-up heap frozen), the same key with the suffix ``_default_gc`` with Python's default
+collector settings. ``--collector agent|default`` runs one configuration in this process.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ import argparse
 import json
 import resource
 import statistics
+import subprocess
 import sys
 import threading
 import time
@@ -194,18 +197,12 @@ def single_change_latency_cross_thread(n_rows: int, samples: int) -> tuple[float
     return _percentiles(lat)
 
 
-def main(argv: list[str] | None = None) -> dict[str, Any]:
-    """Run the benchmark and print the JSON result."""
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
-    ap.add_argument("--quick", action="store_true", help="smaller sizes (under a minute)")
-    ap.add_argument("--rows", type=int, default=None, help="rows for the throughput runs")
-    ap.add_argument("--per-txn", type=int, default=10_000, help="rows per insert transaction")
-    ap.add_argument("--round-size", type=int, default=1000, help="incremental round size")
-    ap.add_argument(
-        "--gc-tuned", action="store_true",
-        help="also measure throughput after statedb.gc_tuning.tune_gc() (the agent's setting)",
-    )
-    args = ap.parse_args(argv)
+# Keys describing the run rather than measuring it: not repeated per collector configuration.
+_META = ("rows", "latency_rows", "latency_samples", "quick")
+
+
+def measure(args: argparse.Namespace) -> dict[str, Any]:
+    """Every figure once, in this process, with the collector configuration in force."""
     n = args.rows or (200_000 if args.quick else 1_000_000)
     samples = 300 if args.quick else 2000
     latency_rows = 100_000
@@ -219,18 +216,50 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p50, p99 = single_change_latency_cross_thread(latency_rows, samples)
     result["single_change_cross_thread_p50_us"] = round(p50, 1)
     result["single_change_cross_thread_p99_us"] = round(p99, 1)
-    if args.gc_tuned:
-        tune_gc()
-        result["objects_per_s_gc_tuned"] = round(
-            throughput(n, args.per_txn, False, args.round_size)
-        )
-        result["objects_per_s_batch_gc_tuned"] = round(
-            throughput(n, args.per_txn, True, args.round_size)
-        )
     result["peak_mem_mb"] = round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)
-    result["rows"] = n
-    result["latency_rows"] = latency_rows
-    result["latency_samples"] = samples
+    return result
+
+
+def _child(argv: list[str], collector: str) -> dict[str, Any]:
+    """Run this script with ``--collector collector`` in a new process; return its figures."""
+    out = subprocess.run(
+        [sys.executable, __file__, *argv, "--collector", collector],
+        check=True, stdout=subprocess.PIPE, text=True,
+    ).stdout
+    figures: dict[str, Any] = json.loads(out)
+    return figures
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    """Run the benchmark and print the JSON result."""
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    ap.add_argument("--quick", action="store_true", help="smaller sizes (under a minute)")
+    ap.add_argument("--rows", type=int, default=None, help="rows for the throughput runs")
+    ap.add_argument("--per-txn", type=int, default=10_000, help="rows per insert transaction")
+    ap.add_argument("--round-size", type=int, default=1000, help="incremental round size")
+    ap.add_argument(
+        "--collector", choices=("agent", "default"), default=None,
+        help="measure one collector configuration in this process: the agent's "
+        "(statedb.gc_tuning.tune_gc()) or Python's default (default: both, in child processes)",
+    )
+    args = ap.parse_args(argv)
+    if args.collector is not None:
+        if args.collector == "agent":
+            tune_gc()
+        result = measure(args)
+    else:
+        argv = sys.argv[1:] if argv is None else argv
+        default = _child(argv, "default")
+        agent = _child(argv, "agent")
+        result = {}
+        for key, value in agent.items():
+            if key in _META:
+                continue
+            result[key] = value
+            result[f"{key}_default_gc"] = default[key]
+    result["rows"] = args.rows or (200_000 if args.quick else 1_000_000)
+    result["latency_rows"] = 100_000
+    result["latency_samples"] = 300 if args.quick else 2000
     result["quick"] = args.quick
     print(json.dumps(result))
     return result
