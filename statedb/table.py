@@ -15,8 +15,10 @@ import threading
 import weakref
 from collections.abc import Callable, Iterable, Iterator
 from operator import itemgetter
+from struct import Struct
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
+from statedb import keys as keycodec
 from statedb.errors import (
     ObjectNotFoundError,
     RevisionMismatchError,
@@ -25,7 +27,7 @@ from statedb.errors import (
 from statedb.index import Index, Query
 from statedb.ordered import escape_key, nonunique_entries, ordered_view
 from statedb.sortedmap import SortedMap
-from statedb.table_state import SnapshotTracker, TableState, TableTxn
+from statedb.table_state import Change, SnapshotTracker, TableState, TableTxn
 from statedb.watch import Watch, closed_watch
 
 if TYPE_CHECKING:
@@ -37,6 +39,24 @@ O = TypeVar("O")
 
 _obj = itemgetter(0)
 _obj_rev = itemgetter(0, 1)
+
+
+class _NoKeyType:
+    """A type no key has: the encoder of a table without a C-level equivalent."""
+
+
+# Key encoders with a C-level equivalent for keys of one exact type, used by `Table.get`
+# (a Python-level encoder call is a third of a primary-key lookup): for a key of that
+# type the equivalent returns the same bytes; for a key it cannot encode it raises, and
+# the lookup calls the encoder itself, which raises its own error.
+_C_ENCODERS: dict[Any, tuple[type, Callable[[Any], bytes]]] = {
+    keycodec.string: (str, str.encode),
+    keycodec.uint64: (int, Struct(">Q").pack),
+    keycodec.uint32: (int, Struct(">I").pack),
+    keycodec.uint16: (int, Struct(">H").pack),
+    keycodec.uint8: (int, Struct(">B").pack),
+}
+_NO_C_ENCODER: tuple[type, Callable[[Any], bytes]] = (_NoKeyType, keycodec.raw)
 
 
 class Table(Generic[O]):
@@ -54,6 +74,8 @@ class Table(Generic[O]):
         self._index_pos = {idx.name: i for i, idx in enumerate(secondary)}
         self.pk_key: Callable[[O], Any] = primary.key
         self.pk_encode: Callable[[Any], bytes] = primary.encode
+        # The key type and C-level encoder `get` uses (a type no key has when there is none).
+        self.pk_c_type, self.pk_c_encode = _C_ENCODERS.get(primary.encode, _NO_C_ENCODER)
         # (key, keys, encode, unique) per secondary index, for the write path.
         # (position, key, keys, encode) per unique secondary index, for the write path.
         self.unique_specs: builtins.list[tuple[int, Any, Any, Any]] = [
@@ -150,19 +172,28 @@ class Table(Generic[O]):
     # ----- queries ---------------------------------------------------------
     def get(self, txn: ReadTxn, q: Query | Any) -> O | None:
         """Return the first row matching the key exactly, or None."""
-        if type(q) is not Query:
-            st = txn.states[self.name]
+        kind = type(q)
+        if kind is Query:
+            found = self._get_entry(txn, q)
+            return found[0] if found is not None else None
+        # A primary key value: the lookup inlined (the most frequent query of all).
+        if kind is self.pk_c_type:
+            try:
+                pk = self.pk_c_encode(q)
+            except Exception:
+                pk = self.pk_encode(q)  # raises the encoder's own error
+        else:
             pk = self.pk_encode(q)
-            e = st.rows.get(pk)
-            if e is None:
-                return None
-            # Only when a head may be newer than this snapshot, read the head's revision.
-            if st.revision < st.store.newest and e[1] > st.revision:
-                e = st.store.older_at(pk, st.revision, e)
-                return e[0] if e is not None else None
-            return None if e.deleted else e[0]
-        e = self._get_entry(txn, q)
-        return e[0] if e is not None else None
+        st = txn.states[self.name]
+        e = st.rows.get(pk)
+        if e is None:
+            return None
+        # Only when a head may be newer than this snapshot, read the head's revision.
+        if st.revision < st.store.newest and e[1] > st.revision:
+            e = st.store.older_at(pk, st.revision, e)
+            return e[0] if e is not None else None
+        # Upserts are exactly Change, deletions its subclass.
+        return e[0] if type(e) is Change else None
 
     def get_revision(self, txn: ReadTxn, q: Query | Any) -> tuple[O, int] | None:
         """Return (row, revision) of the first row matching the key exactly, or None."""
