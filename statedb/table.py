@@ -283,7 +283,7 @@ class Table(Generic[O]):
 
     def all(self, txn: ReadTxn) -> Iterator[O]:
         """Yield every row in primary key order."""
-        return map(_obj, self._view(txn, 0).values_from())
+        return self._view(txn, 0).firsts_from()
 
     def all_revisions(self, txn: ReadTxn) -> Iterator[tuple[O, int]]:
         """Yield every (row, revision) in primary key order."""
