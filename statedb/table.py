@@ -178,8 +178,11 @@ class Table(Generic[O]):
             return found[0] if found is not None else None
         # A primary key value: the lookup inlined (the most frequent query of all).
         if kind is self.pk_c_type:
+            # Read into a local first: calling an instance attribute as ``self.x(q)`` goes
+            # through the generic method lookup, a load then a call does not.
+            c_encode = self.pk_c_encode
             try:
-                pk = self.pk_c_encode(q)
+                pk = c_encode(q)
             except Exception:
                 pk = self.pk_encode(q)  # raises the encoder's own error
         else:

@@ -276,7 +276,11 @@ class TableTxn(TableState):
         """
         table = self.table
         if pk is None:
-            pk = table.pk_encode(table.pk_key(obj))
+            # Loads then calls: ``table.f(x)`` on an instance attribute takes the generic
+            # method lookup.
+            key_of = table.pk_key
+            encode = table.pk_encode
+            pk = encode(key_of(obj))
         old = self.rows.get(pk)
         if old is not None:
             if old.deleted:
