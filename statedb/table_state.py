@@ -373,7 +373,8 @@ class TableTxn(TableState):
                     skipped.append((i, None))
                     continue
                 old_obj = old[0]
-                entry = new(change, (obj, rev + 1, pk))
+                next_rev = rev + 1
+                entry = new(change, (obj, next_rev, pk))
                 try:
                     # The stored row has key ``pk``: comparing key values avoids encoding.
                     if key_of(obj) != key_of(old_obj):
@@ -387,7 +388,7 @@ class TableTxn(TableState):
                 except Exception as exc:
                     skipped.append((i, exc))
                     continue
-                rev += 1
+                rev = next_rev  # the record's own int: one object per write, not two
                 # VersionStore.put, inlined.
                 if old[1] <= base_rev:
                     o = older_get(pk)
