@@ -1,14 +1,16 @@
 """statedb benchmark: prints one JSON object of throughput, latency and memory figures.
 
 Run ``python benchmarks/statedb.py`` (full sizes) or ``--quick`` (reduced sizes,
-under a minute). The garbage collector is left at Python's defaults, as a
-library user would have it; ``--gc-frozen`` also measures with ``gc.freeze()``
-after set-up and a raised gen-0 threshold, as a long-running agent may run.
+under a minute). Every figure is measured twice: a plain key with the collector
+configuration the Statewright agent runs with (`statedb.gc_tuning.tune_gc`: a raised
+young-generation threshold and the start-up heap frozen), the same key with the suffix
+``_default_gc`` with Python's default collector settings, as a library user has them.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import gc
 import json
 import os
@@ -18,6 +20,7 @@ import statistics
 import sys
 import time
 import tracemalloc
+from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -26,6 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import anyio
 
 from statedb import DB, Index, Table, Watch, keys
+from statedb.gc_tuning import tune_gc
 
 
 @dataclass(frozen=True, slots=True)
@@ -204,48 +208,66 @@ def bytes_per_row(n: int) -> dict[str, float]:
     return {"stored": stored / n, "with_views": with_views / n}
 
 
-def main() -> None:
-    """Run every measurement and print one JSON object."""
-    ap = argparse.ArgumentParser(description=__doc__)
-    ap.add_argument("--quick", action="store_true", help="reduced sizes (< 60 s)")
-    ap.add_argument("--gc-frozen", action="store_true", help="also measure with gc tuned")
-    args = ap.parse_args()
-    n = 100_000 if args.quick else 1_000_000
-    n_insert = 40_000 if args.quick else 200_000
-    mem_rows = 100_000 if args.quick else 1_000_000
+@contextlib.contextmanager
+def agent_collector() -> Iterator[None]:
+    """The agent's collector configuration (`tune_gc`) for the duration of the block; the
+    previous thresholds are restored and the heap unfrozen afterwards."""
+    previous = tune_gc()
+    try:
+        yield
+    finally:
+        gc.unfreeze()
+        gc.set_threshold(*previous)
+
+
+def measure(quick: bool) -> dict[str, float]:
+    """Every figure once, with whatever collector configuration is in force."""
+    n = 100_000 if quick else 1_000_000
+    n_insert = 40_000 if quick else 200_000
+    mem_rows = 100_000 if quick else 1_000_000
     random.seed(1)
 
     rows = make_rows(n_insert)
-    out: dict[str, object] = {}
+    out: dict[str, float] = {}
     for per in (1, 10, 100, 1000):
         count = min(len(rows), 20_000) if per == 1 else len(rows)
         out[f"insert_per_s_txn{per}"] = insert_rate(rows[:count], per, False)
         out[f"insert_per_s_txn{per}_secondary"] = insert_rate(rows[:count], per, True)
+    del rows
 
     big = make_rows(n)
     db, table = loaded(big)
-    out.update(read_rates(db, table, n, 200_000 if args.quick else 1_000_000))
+    out.update(read_rates(db, table, n, 200_000 if quick else 1_000_000))
     out.update(replay_rate(db, table, n))
     out["changes_rows_per_s"] = changes_rate(db, table, n)
     del db, table, big
     gc.collect()
 
-    lat = wakeup_latency(500 if args.quick else 3000, "asyncio")
+    lat = wakeup_latency(500 if quick else 3000, "asyncio")
     out["wakeup_p50_us"], out["wakeup_p99_us"] = lat["p50"], lat["p99"]
-    lat_trio = wakeup_latency(300 if args.quick else 1000, "trio")
+    lat_trio = wakeup_latency(300 if quick else 1000, "trio")
     out["wakeup_trio_p50_us"], out["wakeup_trio_p99_us"] = lat_trio["p50"], lat_trio["p99"]
 
     mem = bytes_per_row(mem_rows)
     out["bytes_per_row_overhead"] = mem["stored"]
     out["bytes_per_row_with_ordered_views"] = mem["with_views"]
-    out["memory_rows"] = mem_rows
+    return out
 
-    if args.gc_frozen:
-        gc.collect()
-        gc.freeze()
-        gc.set_threshold(100_000, 50, 1000)
-        out["insert_per_s_txn100_secondary_gc_tuned"] = insert_rate(rows, 100, True)
 
+def main() -> None:
+    """Run every measurement with both collector configurations and print one JSON object."""
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--quick", action="store_true", help="reduced sizes (< 60 s)")
+    args = ap.parse_args()
+    default = measure(args.quick)
+    gc.collect()
+    with agent_collector():
+        agent = measure(args.quick)
+    out: dict[str, object] = {}
+    for key, value in agent.items():
+        out[key] = value
+        out[f"{key}_default_gc"] = default[key]
+    out["memory_rows"] = 100_000 if args.quick else 1_000_000
     out["machine"] = {
         "python": platform.python_version(),
         "cpus": os.cpu_count(),

@@ -35,6 +35,10 @@ if TYPE_CHECKING:
 
 _pk = itemgetter(2)
 
+#: Log records beyond twice the rows (or what the last compaction kept) before a commit
+#: compacts the log: small tables are not compacted at all.
+COMPACT_SLACK = 1024
+
 
 def escape_key(key: bytes) -> bytes:
     """Escape a non-unique index key so that a terminator can follow it (order-preserving)."""
@@ -263,7 +267,7 @@ def compact_log(table: Table[Any], st: TableState) -> TableState:
     """
     # The log cannot shrink below what the last compaction kept (records not yet trimmed
     # stay, e.g. while an old snapshot is held): wait until it doubled again.
-    if st.log_len <= 2 * max(st.count, table.log_floor) + 1024:
+    if st.log_len <= 2 * max(st.count, table.log_floor) + COMPACT_SLACK:
         return st
     for pos, cached in enumerate(table.ordered_cache):
         if cached is not None and cached[0].log is st.log:

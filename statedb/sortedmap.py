@@ -16,6 +16,12 @@ Complexity, for n keys and chunk size B = LOAD (256):
 - ``freeze`` (a snapshot of a transient): O(n / B); ``transient``: O(n / B).
 - iteration: O(1) per item, at C speed within a chunk.
 
+Values are sequences whose first item is what most readers want (statedb stores
+records ``(row, revision, key)``): `SortedMap.firsts_from` iterates those first items
+from per-chunk lists (``_firsts``) that a frozen map computes the first time a chunk is
+read that way and that later maps derived from it share until they change the chunk,
+so iterating rows costs no per-item projection.
+
 Keys of one map must be mutually comparable (all ``bytes`` or all ``int``).
 """
 
@@ -24,20 +30,26 @@ from __future__ import annotations
 from bisect import bisect_left
 from collections.abc import Iterator
 from itertools import chain, islice
+from operator import itemgetter
 from typing import Any
 
 LOAD = 256
+
+_first = itemgetter(0)
 
 
 class SortedMap:
     """An ordered key -> value map: frozen maps are immutable, a transient has one writer."""
 
-    __slots__ = ("_keys", "_len", "_maxes", "_owned", "_vals")
+    __slots__ = ("_firsts", "_keys", "_len", "_maxes", "_owned", "_vals")
 
     def __init__(self) -> None:
         self._keys: list[list[Any]] = []
         self._vals: list[list[Any]] = []
         self._maxes: list[Any] = []
+        # Per chunk: the first item of each of its values, or None until a reader of the
+        # frozen map needs it (the lists are never changed once built, so maps share them).
+        self._firsts: list[list[Any] | None] = []
         self._len = 0
         # ids of chunks this map may mutate in place; None means frozen.
         self._owned: set[int] | None = None
@@ -50,6 +62,7 @@ class SortedMap:
             m._keys.append(keys[i : i + LOAD])
             m._vals.append(values[i : i + LOAD])
             m._maxes.append(m._keys[-1][-1])
+            m._firsts.append(None)
         m._len = len(keys)
         m._owned = None
         return m
@@ -61,6 +74,7 @@ class SortedMap:
         m._keys = self._keys.copy()
         m._vals = self._vals.copy()
         m._maxes = self._maxes.copy()
+        m._firsts = self._firsts.copy()
         m._len = self._len
         m._owned = set()
         return m
@@ -73,6 +87,7 @@ class SortedMap:
         m._keys = self._keys.copy()
         m._vals = self._vals.copy()
         m._maxes = self._maxes.copy()
+        m._firsts = self._firsts.copy()
         m._len = self._len
         m._owned = None
         self._owned = set()
@@ -132,6 +147,29 @@ class SortedMap:
         """Iterate values whose key >= ``key`` (all when None), in key order (frozen maps)."""
         return self._chunks_from(self._vals, key)
 
+    def firsts_from(self, key: Any = None) -> Iterator[Any]:
+        """Iterate the first item of each value whose key >= ``key`` (all when None), in key
+        order (frozen maps): for statedb's records, the rows."""
+        start = 0
+        if key is not None:
+            start, j = self._locate(key)
+            if start >= len(self._keys):
+                return iter(())
+            if j:
+                rest = map(self._firsts_of, range(start + 1, len(self._keys)))
+                return chain(islice(self._firsts_of(start), j, None), chain.from_iterable(rest))
+        return chain.from_iterable(map(self._firsts_of, range(start, len(self._keys))))
+
+    def _firsts_of(self, i: int) -> list[Any]:
+        """The first items of chunk ``i``'s values (kept when this map is frozen)."""
+        firsts = self._firsts[i]
+        if firsts is None:
+            firsts = list(map(_first, self._vals[i]))
+            if self._owned is None:
+                # Readers in several threads may each build it: equal lists, either stays.
+                self._firsts[i] = firsts
+        return firsts
+
     def items_prefix(self, prefix: bytes) -> Iterator[tuple[bytes, Any]]:
         """Yield (key, value) pairs whose bytes key starts with ``prefix``, in key order."""
         for k, v in self.items_from(prefix):
@@ -144,6 +182,8 @@ class SortedMap:
         owned = self._owned
         if owned is None:
             raise RuntimeError("SortedMap is frozen; take a transient() to write")
+        # The caller is about to change chunk i.
+        self._firsts[i] = None
         keys = self._keys[i]
         if id(keys) in owned:
             return keys, self._vals[i]
@@ -164,6 +204,7 @@ class SortedMap:
             self._keys.append(keys)
             self._vals.append(vals)
             maxes.append(key)
+            self._firsts.append(None)
             self._owned.add(id(keys))
             self._len = 1
             return None
@@ -200,6 +241,7 @@ class SortedMap:
         self._vals.insert(i + 1, right_v)
         self._maxes[i] = keys[-1]
         self._maxes.insert(i + 1, right_k[-1])
+        self._firsts.insert(i + 1, None)
         assert self._owned is not None
         self._owned.add(id(right_k))
 
@@ -221,6 +263,7 @@ class SortedMap:
             del self._keys[i]
             del self._vals[i]
             del maxes[i]
+            del self._firsts[i]
         else:
             maxes[i] = keys[-1]
             if len(keys) < LOAD // 4 and len(maxes) > 1:
@@ -241,6 +284,7 @@ class SortedMap:
         del self._keys[hi]
         del self._vals[hi]
         del self._maxes[hi]
+        del self._firsts[hi]
         self._maxes[lo] = keys[-1]
 
 

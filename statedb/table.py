@@ -15,8 +15,10 @@ import threading
 import weakref
 from collections.abc import Callable, Iterable, Iterator
 from operator import itemgetter
+from struct import Struct
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
+from statedb import keys as keycodec
 from statedb.errors import (
     ObjectNotFoundError,
     RevisionMismatchError,
@@ -25,7 +27,7 @@ from statedb.errors import (
 from statedb.index import Index, Query
 from statedb.ordered import escape_key, nonunique_entries, ordered_view
 from statedb.sortedmap import SortedMap
-from statedb.table_state import SnapshotTracker, TableState, TableTxn
+from statedb.table_state import Change, SnapshotTracker, TableState, TableTxn
 from statedb.watch import Watch, closed_watch
 
 if TYPE_CHECKING:
@@ -46,6 +48,24 @@ else:
 
 _obj = itemgetter(0)
 _obj_rev = itemgetter(0, 1)
+
+
+class _NoKeyType:
+    """A type no key has: the encoder of a table without a C-level equivalent."""
+
+
+# Key encoders with a C-level equivalent for keys of one exact type, used by `Table.get`
+# (a Python-level encoder call is a third of a primary-key lookup): for a key of that
+# type the equivalent returns the same bytes; for a key it cannot encode it raises, and
+# the lookup calls the encoder itself, which raises its own error.
+_C_ENCODERS: dict[Any, tuple[type, Callable[[Any], bytes]]] = {
+    keycodec.string: (str, str.encode),
+    keycodec.uint64: (int, Struct(">Q").pack),
+    keycodec.uint32: (int, Struct(">I").pack),
+    keycodec.uint16: (int, Struct(">H").pack),
+    keycodec.uint8: (int, Struct(">B").pack),
+}
+_NO_C_ENCODER: tuple[type, Callable[[Any], bytes]] = (_NoKeyType, keycodec.raw)
 
 
 class Table(Generic[O, PK]):
@@ -69,6 +89,8 @@ class Table(Generic[O, PK]):
         self._index_pos = {idx.name: i for i, idx in enumerate(secondary)}
         self.pk_key: Callable[[O], PK] = primary.key
         self.pk_encode: Callable[[PK], bytes] = primary.encode
+        # The key type and C-level encoder `get` uses (a type no key has when there is none).
+        self.pk_c_type, self.pk_c_encode = _C_ENCODERS.get(primary.encode, _NO_C_ENCODER)
         # (key, keys, encode, unique) per secondary index, for the write path.
         # (position, key, keys, encode) per unique secondary index, for the write path.
         self.unique_specs: builtins.list[tuple[int, Any, Any, Any]] = [
@@ -176,19 +198,31 @@ class Table(Generic[O, PK]):
     # ----- queries ---------------------------------------------------------
     def get(self, txn: ReadTxn, q: Query[O] | PK) -> O | None:
         """Return the first row matching the key exactly, or None."""
-        if type(q) is not Query:
-            st = txn.states[self.name]
+        kind = type(q)
+        if kind is Query:
+            found = self._get_entry(txn, q)
+            return found[0] if found is not None else None
+        # A primary key value: the lookup inlined (the most frequent query of all).
+        if kind is self.pk_c_type:
+            # Read into a local first: calling an instance attribute as ``self.x(q)`` goes
+            # through the generic method lookup, a load then a call does not.
+            c_encode = self.pk_c_encode
+            try:
+                pk = c_encode(q)
+            except Exception:
+                pk = self.pk_encode(q)  # type: ignore[arg-type]  # raises the encoder's error
+        else:
             pk = self.pk_encode(q)  # type: ignore[arg-type]  # not a Query: a primary key
-            e = st.rows.get(pk)
-            if e is None:
-                return None
-            # Only when a head may be newer than this snapshot, read the head's revision.
-            if st.revision < st.store.newest and e[1] > st.revision:
-                e = st.store.older_at(pk, st.revision, e)
-                return e[0] if e is not None else None
-            return None if e.deleted else e[0]
-        e = self._get_entry(txn, q)
-        return e[0] if e is not None else None
+        st = txn.states[self.name]
+        e = st.rows.get(pk)
+        if e is None:
+            return None
+        # Only when a head may be newer than this snapshot, read the head's revision.
+        if st.revision < st.store.newest and e[1] > st.revision:
+            e = st.store.older_at(pk, st.revision, e)
+            return e[0] if e is not None else None
+        # Upserts are exactly Change, deletions its subclass.
+        return e[0] if type(e) is Change else None
 
     def get_revision(self, txn: ReadTxn, q: Query[O] | PK) -> tuple[O, int] | None:
         """Return (row, revision) of the first row matching the key exactly, or None."""
@@ -278,7 +312,7 @@ class Table(Generic[O, PK]):
 
     def all(self, txn: ReadTxn) -> Iterator[O]:
         """Yield every row in primary key order."""
-        return map(_obj, self._view(txn, 0).values_from())
+        return self._view(txn, 0).firsts_from()
 
     def all_revisions(self, txn: ReadTxn) -> Iterator[tuple[O, int]]:
         """Yield every (row, revision) in primary key order."""

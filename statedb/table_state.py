@@ -276,7 +276,11 @@ class TableTxn(TableState):
         """
         table = self.table
         if pk is None:
-            pk = table.pk_encode(table.pk_key(obj))
+            # Loads then calls: ``table.f(x)`` on an instance attribute takes the generic
+            # method lookup.
+            key_of = table.pk_key
+            encode = table.pk_encode
+            pk = encode(key_of(obj))
         old = self.rows.get(pk)
         if old is not None:
             if old.deleted:
@@ -369,7 +373,8 @@ class TableTxn(TableState):
                     skipped.append((i, None))
                     continue
                 old_obj = old[0]
-                entry = new(change, (obj, rev + 1, pk))
+                next_rev = rev + 1
+                entry = new(change, (obj, next_rev, pk))
                 try:
                     # The stored row has key ``pk``: comparing key values avoids encoding.
                     if key_of(obj) != key_of(old_obj):
@@ -383,7 +388,7 @@ class TableTxn(TableState):
                 except Exception as exc:
                     skipped.append((i, exc))
                     continue
-                rev += 1
+                rev = next_rev  # the record's own int: one object per write, not two
                 # VersionStore.put, inlined.
                 if old[1] <= base_rev:
                     o = older_get(pk)

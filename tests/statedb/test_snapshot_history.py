@@ -3,9 +3,13 @@ model's state at that revision, whatever is written, aborted or trimmed afterwar
 
 Random programs of inserts, deletes, commits and aborts run against one table with a
 unique and a non-unique secondary index; snapshots are taken (from `read_txn` and from
-`commit`) and dropped at random points. After every step each held snapshot is checked
-against the model's state at its revision through every kind of read: primary and
-unique-index gets, count, ordered iteration and non-unique index lists. At the end,
+`commit`) and dropped at random points. The model is the history itself: for every
+committed revision, each row and the revision that wrote it. After every step each held
+snapshot is checked against the model's state at its revision through every kind of read:
+primary and unique-index gets, revisions, count, ordered iteration from the start and
+from a lower bound, prefixes, and non-unique index lists. Each program runs twice: as
+is, and with the change log compacted at every commit that can (statedb.ordered
+.COMPACT_SLACK = 0), so compaction under held snapshots is covered too. At the end,
 with every snapshot dropped, the next write transaction must have trimmed every older
 version: nothing is kept for snapshots that no longer exist.
 """
@@ -15,11 +19,13 @@ from __future__ import annotations
 import gc
 from dataclasses import dataclass
 from typing import Any
+from unittest import mock
 
+import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from statedb import DB, Index, ReadTxn, Table, WriteTxn, keys
+from statedb import DB, Index, ReadTxn, Table, WriteTxn, keys, ordered
 
 IDS = range(4)
 VALUES = range(3)
@@ -53,23 +59,35 @@ OPS = st.one_of(
 )
 
 
-def check(table: Table[Row], txn: ReadTxn, model: dict[int, Row], revision: int) -> None:
-    """Every read of ``txn`` agrees with ``model`` (the table's contents at ``revision``)."""
+# id -> (row, revision of the write that stored it): the table's contents at one revision.
+Model = dict[int, tuple[Row, int]]
+
+
+def check(table: Table[Row], txn: ReadTxn, history: Model, revision: int) -> None:
+    """Every read of ``txn`` agrees with ``history`` (the table's contents at ``revision``)."""
+    model = {i: row for i, (row, _) in history.items()}
     assert table.revision(txn) == revision
     for i in IDS:
         assert table.get(txn, i) == model.get(i)
+        assert table.get_revision(txn, i) == history.get(i)
         for v in VALUES:
             row = model.get(i)
             expected = row if row is not None and row.value == v else None
             assert table.get(txn, BY_NAME.query(f"n{i}-{v}")) == expected
     assert table.count(txn) == len(model)
-    ordered = [model[i] for i in sorted(model)]
-    assert list(table.all(txn)) == ordered
+    ordered_rows = [model[i] for i in sorted(model)]
+    assert list(table.all(txn)) == ordered_rows
+    assert list(table.all_revisions(txn)) == [history[i] for i in sorted(history)]
+    for i in IDS:
+        assert list(table.lower_bound(txn, i)) == [r for r in ordered_rows if r.id >= i]
+        assert list(table.prefix(txn, BY_NAME.query(f"n{i}-"))) == [
+            r for r in ordered_rows if r.id == i
+        ]
     for v in VALUES:
-        assert list(table.list(txn, BY_GRP.query(v))) == [r for r in ordered if r.value == v]
+        assert list(table.list(txn, BY_GRP.query(v))) == [r for r in ordered_rows if r.value == v]
 
 
-def check_held(table: Table[Row], held: list[tuple[ReadTxn, dict[int, Row], int]]) -> None:
+def check_held(table: Table[Row], held: list[tuple[ReadTxn, Model, int]]) -> None:
     """`check` every held snapshot (in a function: no loop variable outlives the checks
     and keeps a snapshot alive)."""
     for snap, model, rev in held:
@@ -83,14 +101,21 @@ def check_held(table: Table[Row], held: list[tuple[ReadTxn, dict[int, Row], int]
     [("snapshot",), ("insert", 1, 0), ("commit",), ("delete", 1), ("commit",),
      ("drop", 0), ("insert", 2, 0), ("commit",)]
 )
-def test_snapshots_read_their_revision_forever(ops: list[Op]) -> None:
+@pytest.mark.parametrize("compact_slack", [ordered.COMPACT_SLACK, 0])
+def test_snapshots_read_their_revision_forever(compact_slack: int, ops: list[Op]) -> None:
+    with mock.patch.object(ordered, "COMPACT_SLACK", compact_slack):
+        run_program(ops)
+
+
+def run_program(ops: list[Op]) -> None:
+    """Run ``ops``, checking every held snapshot after each step (see the module doc)."""
     table: Table[Row] = Table("rows", BY_ID, BY_NAME, BY_GRP)
     db = DB(table)
-    committed: dict[int, Row] = {}
+    committed: Model = {}
     committed_rev = 0
-    held: list[tuple[ReadTxn, dict[int, Row], int]] = []
+    held: list[tuple[ReadTxn, Model, int]] = []
     wtxn: WriteTxn | None = None
-    pending: dict[int, Row] = {}
+    pending: Model = {}
 
     for op in ops:
         kind = op[0]
@@ -101,7 +126,7 @@ def test_snapshots_read_their_revision_forever(ops: list[Op]) -> None:
             if kind == "insert":
                 row = Row(op[1], op[2])
                 table.insert(wtxn, row)
-                pending[row.id] = row
+                pending[row.id] = (row, table.revision(wtxn))
             else:
                 table.delete(wtxn, Row(op[1], 0))
                 pending.pop(op[1], None)
@@ -122,8 +147,8 @@ def test_snapshots_read_their_revision_forever(ops: list[Op]) -> None:
         check_held(table, held)
         if wtxn is not None:
             # The write transaction sees its own writes; its revision is its last write's.
-            assert {r.id: r for r in table.all(wtxn)} == pending
-            assert all(table.get(wtxn, i) == pending.get(i) for i in IDS)
+            assert {r.id: (r, rev) for r, rev in table.all_revisions(wtxn)} == pending
+            assert all(table.get_revision(wtxn, i) == pending.get(i) for i in IDS)
         check(table, db.read_txn(), committed, committed_rev)
 
     if wtxn is not None:
