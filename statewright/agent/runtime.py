@@ -14,7 +14,10 @@ reverse order:
    and the reconciler, which prunes stale entries only once every source is initialized;
 6. ``endpoints``: IPAM, the endpoint API (statewright-cni calls it), the endpoint and
    ipcache maps; endpoints restored from ``state-dir`` before anything is pruned;
-7. ``demo`` (demo mode only), ``datapath`` (socket LB on the agent's cgroup, kernel maps
+7. ``policy``: NetworkPolicy/CiliumNetworkPolicy from the manifests and the API server,
+   computed per endpoint into ``policy-entries``; ``policy-maps``: those entries in the
+   per-endpoint policy maps the socket program enforces egress with;
+8. ``demo`` (demo mode only), ``datapath`` (socket LB on the agent's cgroup, kernel maps
    only), ``metrics`` (opt-in).
 
 Stopping (SIGTERM/SIGINT or `Agent.request_stop`) never unpins anything: the maps keep
