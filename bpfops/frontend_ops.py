@@ -606,12 +606,12 @@ class FrontendOps(Generic[R]):
             bes = [
                 _unhealthy(be) if be.addr in quarantined and not be.unhealthy else be for be in bes
             ]
-        # Addr.sort_key's order (family, address bytes, port) from the address as an int.
+        # Addr.sort_key's order (family, address bytes, port), read from the address.
         # Serving terminating backends before those no longer serving: when no active
         # backend is left the first ones are used.
         bes.sort(
             key=lambda b: (
-                b.unhealthy, b.state, b.not_serving, b.addr.ip.version, int(b.addr.ip), b.addr.port
+                b.unhealthy, b.state, b.not_serving, b.addr.version, b.addr.packed, b.addr.port
             )
         )
         return bes
@@ -620,7 +620,7 @@ class FrontendOps(Generic[R]):
         """The encoded services-map key of ``addr``'s slot ``slot``."""
         st = lb.SERVICE6_KEY_STRUCT if addr.is_v6 else lb.SERVICE4_KEY_STRUCT
         return st.pack(
-            addr.ip.packed, lb.swap16(addr.port), slot, proto_number(addr.proto), addr.scope
+            addr.packed, lb.swap16(addr.port), slot, proto_number(addr.proto), addr.scope
         )
 
     def _update_frontend(
@@ -734,7 +734,7 @@ class FrontendOps(Generic[R]):
                     be_keys.append(u32_pack(be_id))
                     be_values.append(
                         be_pack(
-                            be_addr.ip.packed,
+                            be_addr.packed,
                             lb.swap16(be_addr.port),
                             be_proto,
                             want >> 24,
@@ -944,7 +944,7 @@ class FrontendOps(Generic[R]):
             cls = lb.Service6Key if fe.addr.is_v6 else lb.Service4Key
             f1, f2 = svcflags.split(svcflags.service_flags(svcflags.FlagParams(fe.type)))
             self.maps.services(fe.addr.is_v6).update(
-                cls(fe.addr.ip.packed, 0, 0, 0, fe.addr.scope), lb.ServiceValue(0, 0, 0, f1, f2, 0)
+                cls(fe.addr.packed, 0, 0, 0, fe.addr.scope), lb.ServiceValue(0, 0, 0, f1, f2, 0)
             )
         if refs is None:
             self.wildcard_refs[key] = state.id
@@ -1164,7 +1164,7 @@ def _backend_bytes(addr: Addr, want: int) -> bytes:
     """The encoded backends-map value of ``addr`` holding ``want`` (see ``_want``)."""
     st = lb.BACKEND6_STRUCT if addr.is_v6 else lb.BACKEND4_STRUCT
     return st.pack(
-        addr.ip.packed,
+        addr.packed,
         lb.swap16(addr.port),
         proto_number(addr.proto),
         want >> 24,
