@@ -61,6 +61,7 @@ from bpfops.model import (
     HOST_PORT,
     LOAD_BALANCER,
     NODE_PORT,
+    PROTO_NUMBERS,
     SCOPE_INTERNAL,
     Addr,
     BackendSpec,
@@ -703,6 +704,7 @@ class FrontendOps(Generic[R]):
         slot_backends: list[BackendSpec] = []
         backend_states = self.backend_states
         affinity = svc.session_affinity
+        proto_numbers = PROTO_NUMBERS
         # The backend entries and the slots are collected here and written with one batch
         # call per map right after the loop (backends first, so no slot points to a
         # backend not yet written); the state is updated as if written, and
@@ -725,17 +727,34 @@ class FrontendOps(Generic[R]):
                     # Referenced before written: a failure below leaves it for delete to drop.
                     bstate.refcount += 1
                 be_state = be.state
-                be_proto = proto_number(be_addr.proto)
-                if be_addr.port == 0:
+                be_port = be_addr.port
+                if be_port == 0:
                     raise ValueError(f"backend {be_addr}: port 0")
-                bstate.set_want(addr, _want(be_state, be.cluster_id, be.zone))
-                want = bstate.effective()
+                # The usual backend (no cluster id, no zone, one frontend wanting it) takes
+                # _want/set_want/effective inline; anything else calls them.
+                fe1 = bstate.fe1
+                if (
+                    not be.cluster_id
+                    and not be.zone
+                    and 0 <= be_state <= 0xFF
+                    and bstate.more is None
+                    and (fe1 is None or fe1 is addr or fe1 == addr)
+                ):
+                    want = be_state << 24
+                    bstate.fe1 = addr
+                    bstate.want1 = want
+                else:
+                    bstate.set_want(addr, _want(be_state, be.cluster_id, be.zone))
+                    want = bstate.effective()
                 if bstate.written != want:
+                    be_proto = proto_numbers.get(be_addr.proto)
+                    if be_proto is None:
+                        be_proto = proto_number(be_addr.proto)
                     be_keys.append(u32_pack(be_id))
                     be_values.append(
                         be_pack(
                             be_addr.packed,
-                            lb.swap16(be_addr.port),
+                            ((be_port & 0xFF) << 8) | (be_port >> 8),  # lb.swap16
                             be_proto,
                             want >> 24,
                             (want >> 8) & 0xFFFF,
