@@ -30,30 +30,39 @@ service, at 2,000 and at 10,000 services, and a backend change p99 <= 2,000 us.
 ``--quick`` uses 2,000 services (fewer would not show the per-service memory) and 200
 backend changes.
 
-Measured on the 2-core development machine on 2026-11-23 at 17:31-17:38 UTC with the
-load average at 7-11 (other engineers' runs), so only CPU figures mean much: 0.378 s of
-CPU per 1,000 services at 2,000 services and 0.403 s at 10,000 with the agent's collector
-(0.393 and 0.542 with the default one), i.e. at most about 2,500 services/s on an idle
-core against the 5,000 target; 14.6-15.2 KB of resident memory per service in every
-configuration (each run in a fresh process) against 6,000; one backend change 460-480 us
-of CPU at the median and 1.2-1.3 ms at p99 (1.7-2.0 ms with the default collector)
-against 2 ms, the wall p99 being 13-15 ms of waiting for a core.
+Measured on the 2-core development machine on 2026-11-23 at 18:06-18:09 UTC (load
+average 2.4-3.3, other engineers' runs; wall rates are noisy, CPU figures less so),
+after the compact records (L3n4Addr without an IPv4Address, BackendParams in five
+slots, the converter parsing straight to bytes, the Ops' per-backend loop inline):
+0.275-0.303 s of CPU per 1,000 services at 2,000 services and 0.326-0.363 s at 10,000
+with the agent's collector (0.351 and 0.408 with the default one), i.e. at most about
+2,750-3,600 services/s on an idle core against the 5,000 target (the code before these
+changes, measured in the same minutes: 0.288 and 0.312 s; the machine's noise is larger
+than the difference, so the CPU change is taken from callgrind: 2,337,000 ->
+2,232,000 instructions per service, -4.5%, 1,000 services into kernel maps). Resident
+memory per service (each run in a fresh process): 12,212-12,487 B at 2,000 services
+and 12,053-12,058 B at 10,000 (12,075 and 12,167 with the default collector), against
+13,756 and 13,548 B before, in the same minutes, and the 6,000 target. One backend
+change: 407-463 us of CPU at the median, 686-876 us at p99 (1.2 ms with the default
+collector) against 2 ms; the wall p99 (1.7-6.2 ms) is mostly waiting for a core.
 
-Where the time goes (py-spy, 10,000 services, agent collector, the timed part only):
-the LB Ops' own work 24%, the Kubernetes conversion 20%, map syscalls 13.5% (one batch
-call for a frontend's backend entries and one for its slots), the LBWriter 12%, statedb's
-ordered views of the service indexes 9.5% (kept current once per write transaction),
-turning rows into the Ops' FrontendSpec 7%, statedb inserts, gets and commits 6%, the
-reconciler and its status commits 6%. Memory (tracemalloc, 2,000 services, per service,
-i.e. per 10 backends and one frontend): the backend parameters 1,200 B, statedb's change
-records and version store 1,700 B, its ordered-index keys 760 B, the table addresses and
-their keys 1,390 B, the IPv4Address objects 880 B, the Ops' backend state 880 B, the
-id allocators 1,000 B, the backend rows 560 B; the Ops' own copies of the addresses
-(1,180 B) went with the one address model (bpfops.model.Addr is the tables' L3n4Addr:
-13,480 B per service at 10,000 services instead of 14,910). Reaching 6,000 B needs fewer
-objects per backend across statedb, the tables and the Ops (the Ops' state in arrays
-instead of objects, addresses without an IPv4Address object each), not a tweak of any
-one of them.
+Where the time goes (cProfile's own time per package, 10,000 services, agent
+collector, the timed part only; cProfile inflates call-heavy code): statedb 21%
+(inserts, ordered views of the service indexes, commits), the tables' rows and the
+LBWriter 18%, the LB Ops and the adapter 17%, the Kubernetes conversion 14%, the map
+layer and its syscalls 7%, the reconciler 3%; built-in calls (dict gets, appends,
+struct packing) 17% spread over all of them. Memory per service (object census,
+2,000 services, i.e. per 10 backends and one frontend): dicts 1,990 B (the Ops'
+backend states and the backend id allocator's two maps 885 B, statedb's primary and
+index dicts about 700 B), statedb's change records 896 B, the Ops' backend states
+880 B, the backend parameters 720 B (1,200 before), the addresses 704 B plus their
+21-byte keys (the IPv4Address objects and their ints, 836 B, are gone), the backend
+rows 560 B. Reaching 6,000 B needs fewer objects per backend across statedb, the
+tables and the Ops together: the per-backend objects left are one statedb row entry
+with its change record and index keys, one Backend row, one BackendParams, one
+L3n4Addr and its key, and one Ops backend state plus three dict entries keyed by the
+address (backend states, the id allocator's address -> id and id -> owner). No single
+one of them is more than about 10% of the figure.
 
 Tried and not kept: querying the service indexes through statedb's write-transaction
 overlay instead of LBWriter's per-transaction cache (4.0-4.7 s of CPU for 10,000 services

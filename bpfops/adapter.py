@@ -104,17 +104,20 @@ def backend_spec(be: BackendParams) -> BackendSpec:
     """One backend instance as the ops see it."""
     a = be.address  # the table address is the ops' address (bpfops.model.Addr)
     state = be.state
+    # The instance's shared details in one read (BackendParams' (node_name, zone,
+    # for_zones, cluster_id, source, unhealthy, unhealthy_updated_at)).
+    rest = be._rest
     # fast_backend_spec's fields: addr, state, weight, unhealthy, cluster_id, zone,
     # revision, health_known, not_serving.
     return fast_backend_spec(
         a,
         _STATE.get(state, 0),
         be.weight,
-        be.unhealthy,
-        be.cluster_id,
+        rest[5],
+        rest[3],
         0,
         0,
-        bool(be.unhealthy_updated_at),
+        bool(rest[6]),
         state is _NOT_SERVING,
     )
 

@@ -61,6 +61,7 @@ from bpfops.model import (
     HOST_PORT,
     LOAD_BALANCER,
     NODE_PORT,
+    PROTO_NUMBERS,
     SCOPE_INTERNAL,
     Addr,
     BackendSpec,
@@ -606,12 +607,12 @@ class FrontendOps(Generic[R]):
             bes = [
                 _unhealthy(be) if be.addr in quarantined and not be.unhealthy else be for be in bes
             ]
-        # Addr.sort_key's order (family, address bytes, port) from the address as an int.
+        # Addr.sort_key's order (family, address bytes, port), read from the address.
         # Serving terminating backends before those no longer serving: when no active
         # backend is left the first ones are used.
         bes.sort(
             key=lambda b: (
-                b.unhealthy, b.state, b.not_serving, b.addr.ip.version, int(b.addr.ip), b.addr.port
+                b.unhealthy, b.state, b.not_serving, b.addr.version, b.addr.packed, b.addr.port
             )
         )
         return bes
@@ -620,7 +621,7 @@ class FrontendOps(Generic[R]):
         """The encoded services-map key of ``addr``'s slot ``slot``."""
         st = lb.SERVICE6_KEY_STRUCT if addr.is_v6 else lb.SERVICE4_KEY_STRUCT
         return st.pack(
-            addr.ip.packed, lb.swap16(addr.port), slot, proto_number(addr.proto), addr.scope
+            addr.packed, lb.swap16(addr.port), slot, proto_number(addr.proto), addr.scope
         )
 
     def _update_frontend(
@@ -703,6 +704,7 @@ class FrontendOps(Generic[R]):
         slot_backends: list[BackendSpec] = []
         backend_states = self.backend_states
         affinity = svc.session_affinity
+        proto_numbers = PROTO_NUMBERS
         # The backend entries and the slots are collected here and written with one batch
         # call per map right after the loop (backends first, so no slot points to a
         # backend not yet written); the state is updated as if written, and
@@ -725,17 +727,34 @@ class FrontendOps(Generic[R]):
                     # Referenced before written: a failure below leaves it for delete to drop.
                     bstate.refcount += 1
                 be_state = be.state
-                be_proto = proto_number(be_addr.proto)
-                if be_addr.port == 0:
+                be_port = be_addr.port
+                if be_port == 0:
                     raise ValueError(f"backend {be_addr}: port 0")
-                bstate.set_want(addr, _want(be_state, be.cluster_id, be.zone))
-                want = bstate.effective()
+                # The usual backend (no cluster id, no zone, one frontend wanting it) takes
+                # _want/set_want/effective inline; anything else calls them.
+                fe1 = bstate.fe1
+                if (
+                    not be.cluster_id
+                    and not be.zone
+                    and 0 <= be_state <= 0xFF
+                    and bstate.more is None
+                    and (fe1 is None or fe1 is addr or fe1 == addr)
+                ):
+                    want = be_state << 24
+                    bstate.fe1 = addr
+                    bstate.want1 = want
+                else:
+                    bstate.set_want(addr, _want(be_state, be.cluster_id, be.zone))
+                    want = bstate.effective()
                 if bstate.written != want:
+                    be_proto = proto_numbers.get(be_addr.proto)
+                    if be_proto is None:
+                        be_proto = proto_number(be_addr.proto)
                     be_keys.append(u32_pack(be_id))
                     be_values.append(
                         be_pack(
-                            be_addr.ip.packed,
-                            lb.swap16(be_addr.port),
+                            be_addr.packed,
+                            ((be_port & 0xFF) << 8) | (be_port >> 8),  # lb.swap16
                             be_proto,
                             want >> 24,
                             (want >> 8) & 0xFFFF,
@@ -944,7 +963,7 @@ class FrontendOps(Generic[R]):
             cls = lb.Service6Key if fe.addr.is_v6 else lb.Service4Key
             f1, f2 = svcflags.split(svcflags.service_flags(svcflags.FlagParams(fe.type)))
             self.maps.services(fe.addr.is_v6).update(
-                cls(fe.addr.ip.packed, 0, 0, 0, fe.addr.scope), lb.ServiceValue(0, 0, 0, f1, f2, 0)
+                cls(fe.addr.packed, 0, 0, 0, fe.addr.scope), lb.ServiceValue(0, 0, 0, f1, f2, 0)
             )
         if refs is None:
             self.wildcard_refs[key] = state.id
@@ -1164,7 +1183,7 @@ def _backend_bytes(addr: Addr, want: int) -> bytes:
     """The encoded backends-map value of ``addr`` holding ``want`` (see ``_want``)."""
     st = lb.BACKEND6_STRUCT if addr.is_v6 else lb.BACKEND4_STRUCT
     return st.pack(
-        addr.ip.packed,
+        addr.packed,
         lb.swap16(addr.port),
         proto_number(addr.proto),
         want >> 24,

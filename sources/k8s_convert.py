@@ -57,6 +57,7 @@ from tables.l3n4 import (
     IPAddress,
     L3n4Addr,
     new_addr,
+    new_addr_packed,
     parse_protocol,
 )
 from tables.lb_config import LBConfig
@@ -531,7 +532,8 @@ def endpoint_state(ref: str, path: str, conditions: Any) -> BackendState:
     return BackendState.ACTIVE if ready else BackendState.MAINTENANCE
 
 
-_EndpointFields = tuple[BackendState, str, str, tuple[str, ...], list[IPAddress]]
+#: (state, node, zone, sorted zones, IPs in network byte order: 4 bytes IPv4, 16 IPv6).
+_EndpointFields = tuple[BackendState, str, str, tuple[str, ...], list[bytes]]
 
 
 def _endpoint_fast(ep: Any, want_v6: bool) -> _EndpointFields | None:
@@ -595,17 +597,23 @@ def _endpoint_fast(ep: Any, want_v6: bool) -> _EndpointFields | None:
     addrs = ep.get("addresses")
     if type(addrs) is not list or not 0 < len(addrs) <= MAX_ENDPOINT_ADDRESSES:
         return None
-    ips: list[IPAddress] = []
+    ips: list[bytes] = []
     for a in addrs:
         if type(a) is not str:
             return None
+        text = a.strip()
+        # Dotted-quad IPv4 straight to bytes (inet_pton accepts what ipaddress accepts,
+        # see _parse_ip), anything else through ipaddress.
         try:
-            ip = _parse_ip(a.strip())
-        except ValueError:
+            packed = _inet_pton(_AF_INET, text)
+        except (OSError, ValueError):
+            try:
+                packed = ipaddress.ip_address(text).packed
+            except ValueError:
+                return None
+        if (len(packed) == 16) != want_v6:
             return None
-        if (ip.version == 6) != want_v6:
-            return None
-        ips.append(ip)
+        ips.append(packed)
     return state, node, zone, zones, ips
 
 
@@ -629,7 +637,7 @@ def _endpoint_checked(ref: str, i: int, ep: Any, addr_type: str) -> _EndpointFie
             raise ConversionError(
                 ref, f"{path}.addresses[{j}]", f"{ip} does not match addressType {addr_type}"
             )
-    return state, node, zone, tuple(sorted(for_zones)), ips
+    return state, node, zone, tuple(sorted(for_zones)), [ip.packed for ip in ips]
 
 
 def _address_count(ref: str, i: int, addrs: Sequence[Any]) -> None:
@@ -718,10 +726,10 @@ def convert_endpoint_slice(
             # Weight 0: in maintenance (existing connections live on, no new ones).
             state = BackendState.MAINTENANCE
         for ip in ips:
-            if not _family_enabled(ip, cfg):
+            if not (cfg.enable_ipv6 if len(ip) == 16 else cfg.enable_ipv4):
                 continue
             for pname, port, proto in ports:
-                a = new_addr(ip, port, proto)
+                a = new_addr_packed(ip, port, proto)
                 akey = a._key
                 prev = merged.get(akey)
                 if prev is None:

@@ -14,10 +14,12 @@ therefore order by address, then port, then protocol, then scope.
 
 from __future__ import annotations
 
+import dataclasses
 import ipaddress
+import socket
 import struct
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass
+from typing import Any, ClassVar
 
 from statedb import keys as keycodec
 from statedb.errors import InputError
@@ -43,6 +45,13 @@ _IPv4 = ipaddress.IPv4Address
 _IPv6 = ipaddress.IPv6Address
 _IP_TYPES = (ipaddress.IPv4Address, ipaddress.IPv6Address)
 _V4_MAPPED = b"\x00" * 10 + b"\xff\xff"
+_ZERO4 = b"\x00" * 4
+_ZERO16 = b"\x00" * 16
+_AF_INET = socket.AF_INET
+_ntop = socket.inet_ntop
+_from_bytes = int.from_bytes
+#: IPv4Address(int) without its argument checks (the address property builds one).
+_set_ipv4_int = ipaddress.IPv4Address.__dict__["_ip"].__set__
 
 
 class AddressError(InputError):
@@ -68,22 +77,43 @@ def parse_ip(text: str) -> IPAddress:
         raise AddressError(f"invalid IP address {text!r}") from None
 
 
-@dataclass(frozen=True, slots=True, eq=False)
-class L3n4Addr:
-    """An address + port + protocol + scope (frontend or backend address).
-
-    Equality and hashing use the encoded key, which is unique per field combination
-    (cheaper than hashing the ipaddress object on every dict/set operation)."""
+@dataclass(frozen=True)
+class _L3n4AddrFields:
+    """The fields of L3n4Addr, in order (the field list ``dataclasses.fields``,
+    ``replace`` and ``asdict`` read from L3n4Addr)."""
 
     address: IPAddress
     port: int
     protocol: str = TCP
     scope: int = SCOPE_EXTERNAL
-    #: The encoded index key, computed once (addresses are keys of every LB table).
-    _key: bytes = field(init=False, repr=False, compare=False, default=b"")
 
-    def __post_init__(self) -> None:
-        address, port, scope = self.address, self.port, self.scope
+
+class L3n4Addr:
+    """An address + port + protocol + scope (frontend or backend address).
+
+    Immutable, with the value semantics of a frozen dataclass of ``address``, ``port``,
+    ``protocol`` and ``scope``. The IP address is not held as an object: it lives in
+    the encoded index key (the first 16 bytes, IPv4 mapped, plus the version byte), and
+    ``address`` builds the ipaddress object when asked. The address is a key of every
+    LB table and of the LB Ops' state, so this saves the IPv4Address object and its int
+    (76 bytes) per address; equality and hashing use the key (bytes compare and hash in
+    C). An IPv6 zone (``%eth0``) is not kept: the key never had it, so addresses that
+    differ only in their zone were equal already.
+    """
+
+    __slots__ = ("_key", "port", "protocol", "scope")
+    __dataclass_fields__: ClassVar[dict[str, dataclasses.Field[Any]]]
+    __match_args__ = ("address", "port", "protocol", "scope")
+
+    port: int
+    protocol: str
+    scope: int
+    #: The encoded index key, computed once (addresses are keys of every LB table).
+    _key: bytes
+
+    def __init__(
+        self, address: IPAddress, port: int, protocol: str = TCP, scope: int = SCOPE_EXTERNAL
+    ) -> None:
         cls = type(address)
         if cls is _IPv4:  # the common case, checked and encoded inline
             ip_key, version = _V4_MAPPED + address.packed, 4
@@ -97,15 +127,44 @@ class L3n4Addr:
             raise AddressError(f"invalid port {port!r}: not an integer")
         if not 0 <= port <= 65535:
             raise AddressError(f"invalid port {port}: out of range 0..65535")
-        code = _PROTO_CODE.get(self.protocol) if type(self.protocol) is str else None
+        code = _PROTO_CODE.get(protocol) if type(protocol) is str else None
         if code is None:
-            if self.protocol not in _PROTO_CODE:
-                raise AddressError(f"unknown protocol {self.protocol!r}")
-            code = _PROTO_CODE[self.protocol]
+            if protocol not in _PROTO_CODE:
+                raise AddressError(f"unknown protocol {protocol!r}")
+            code = _PROTO_CODE[protocol]
         if scope != SCOPE_EXTERNAL and scope != SCOPE_INTERNAL:
             raise AddressError(f"invalid scope {scope!r}")
-        key = ip_key + port.to_bytes(2, "big") + bytes((code, scope, version))
-        object.__setattr__(self, "_key", key)
+        _set_port(self, port)
+        _set_protocol(self, protocol)
+        _set_scope(self, scope)
+        _set_key(self, ip_key + port.to_bytes(2, "big") + bytes((code, scope, version)))
+
+    @property
+    def address(self) -> IPAddress:
+        """The IP address (an ipaddress object, built from the key on each read)."""
+        key = self._key
+        if key[20] == 4:
+            ip = _new(_IPv4)
+            _set_ipv4_int(ip, _from_bytes(key[12:16]))
+            return ip
+        return _IPv6(key[:16])
+
+    @property
+    def packed(self) -> bytes:
+        """The IP address in network byte order (4 or 16 bytes), read from the key."""
+        key = self._key
+        return key[12:16] if key[20] == 4 else key[:16]
+
+    @property
+    def version(self) -> int:
+        """The IP version, 4 or 6."""
+        return self._key[20]
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        raise dataclasses.FrozenInstanceError(f"cannot assign to field {name!r}")
+
+    def __delattr__(self, name: str) -> None:
+        raise dataclasses.FrozenInstanceError(f"cannot delete field {name!r}")
 
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, L3n4Addr):
@@ -114,6 +173,15 @@ class L3n4Addr:
 
     def __hash__(self) -> int:
         return hash(self._key)
+
+    def __repr__(self) -> str:
+        return (
+            f"L3n4Addr(address={self.address!r}, port={self.port!r}, "
+            f"protocol={self.protocol!r}, scope={self.scope!r})"
+        )
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (L3n4Addr, (self.address, self.port, self.protocol, self.scope))
 
     # ----- construction ---------------------------------------------------
     @classmethod
@@ -156,18 +224,20 @@ class L3n4Addr:
     @property
     def is_ipv6(self) -> bool:
         """True for an IPv6 address."""
-        return self.address.version == 6
+        return self._key[20] == 6
 
     @property
     def is_unspecified(self) -> bool:
         """True for 0.0.0.0 / :: (the NodePort/HostPort surrogate frontends)."""
-        return self.address.is_unspecified
+        key = self._key
+        return key[12:16] == _ZERO4 if key[20] == 4 else key[:16] == _ZERO16
 
     def addr_port(self) -> str:
         """``ip:port`` with IPv6 in brackets, without protocol (the REV: format)."""
-        if self.address.version == 6:
+        key = self._key
+        if key[20] == 6:
             return f"[{self.address}]:{self.port}"
-        return f"{self.address}:{self.port}"
+        return f"{_ntop(_AF_INET, key[12:16])}:{self.port}"
 
     def __str__(self) -> str:
         s = f"{self.addr_port()}/{self.protocol}"
@@ -186,24 +256,20 @@ class L3n4Addr:
         return self._key
 
     # ----- the LB Ops' names (bpfops.model.Addr is this class) ---------------
-    if TYPE_CHECKING:
-        # At run time ``ip`` and ``proto`` are the slot descriptors of ``address`` and
-        # ``protocol`` themselves (set below the class): the Ops read them in their
-        # per-backend loops, and a slot read costs a fraction of a property call.
-        @property
-        def ip(self) -> IPAddress:
-            """The IP address (the LB Ops' name for ``address``)."""
-            return self.address
+    @property
+    def ip(self) -> IPAddress:
+        """The IP address (the LB Ops' name for ``address``)."""
+        return self.address
 
-        @property
-        def proto(self) -> str:
-            """The protocol name (the LB Ops' name for ``protocol``)."""
-            return self.protocol
+    @property
+    def proto(self) -> str:
+        """The protocol name (the LB Ops' name for ``protocol``)."""
+        return self.protocol
 
     @property
     def is_v6(self) -> bool:
         """Whether this is an IPv6 address."""
-        return self.address.version == 6
+        return self._key[20] == 6
 
     @classmethod
     def of(cls, ip: str | IPAddress, port: int, proto: str = TCP, scope: int = 0) -> L3n4Addr:
@@ -221,8 +287,8 @@ class L3n4Addr:
 
     def sort_key(self) -> tuple[int, bytes, int]:
         """Cilium's backend order: IPv4 before IPv6, then the address bytes, then the port."""
-        a = self.address
-        return (a.version, a.packed, self.port)
+        key = self._key
+        return (key[20], key[12:16] if key[20] == 4 else key[:16], self.port)
 
     def _order(self) -> tuple[Any, int, str, int]:
         return (self.address, self.port, self.protocol, self.scope)
@@ -240,15 +306,12 @@ class L3n4Addr:
         return self._order() >= other._order()
 
 
-# The Ops' names read the fields' own slots (see L3n4Addr's TYPE_CHECKING block).
-for _alias, _field in (("ip", "address"), ("proto", "protocol")):
-    setattr(L3n4Addr, _alias, L3n4Addr.__dict__[_field])
-del _alias, _field
+# dataclasses.fields/replace/asdict see L3n4Addr's four fields.
+L3n4Addr.__dataclass_fields__ = _L3n4AddrFields.__dataclass_fields__
 
 _KEY4 = struct.Struct(">12sIHBBB")
 _KEY6 = struct.Struct(">16sHBBB")
 _new = object.__new__
-_set_address = L3n4Addr.__dict__["address"].__set__
 _set_port = L3n4Addr.__dict__["port"].__set__
 _set_protocol = L3n4Addr.__dict__["protocol"].__set__
 _set_scope = L3n4Addr.__dict__["scope"].__set__
@@ -277,7 +340,38 @@ def new_addr(
     else:
         return L3n4Addr(address, port, protocol, scope)
     o = _new(L3n4Addr)
-    _set_address(o, address)
+    _set_port(o, port)
+    _set_protocol(o, protocol)
+    _set_scope(o, scope)
+    _set_key(o, key)
+    return o
+
+
+_KEY4_PACKED = struct.Struct(">12s4sHBBB")
+
+
+def new_addr_packed(
+    packed: bytes, port: int, protocol: str = TCP, scope: int = SCOPE_EXTERNAL
+) -> L3n4Addr:
+    """``L3n4Addr(ip_address(packed), port, protocol, scope)`` for an IP in network byte
+    order (4 bytes IPv4, 16 IPv6), without building an ipaddress object for the usual
+    well-formed values (the Kubernetes converter parses addresses straight to bytes);
+    any other value takes the constructor, with its checks and errors."""
+    code = _PROTO_CODE.get(protocol) if type(protocol) is str else None
+    n = len(packed)
+    if (
+        code is None
+        or type(port) is not int
+        or not 0 <= port <= 65535
+        or (scope != SCOPE_EXTERNAL and scope != SCOPE_INTERNAL)
+        or (n != 4 and n != 16)
+    ):
+        return L3n4Addr(ipaddress.ip_address(packed), port, protocol, scope)
+    if n == 4:
+        key = _KEY4_PACKED.pack(_V4_MAPPED, packed, port, code, scope, 4)
+    else:
+        key = _KEY6.pack(packed, port, code, scope, 6)
+    o = _new(L3n4Addr)
     _set_port(o, port)
     _set_protocol(o, protocol)
     _set_scope(o, scope)

@@ -35,7 +35,10 @@ def test_addr_is_the_table_address_with_the_ops_names() -> None:
     a = Addr(ipaddress.ip_address("10.0.0.1"), 80, "UDP", 1)
     assert type(a) is L3n4Addr
     assert (a.ip, a.port, a.proto, a.scope) == (a.address, 80, "UDP", 1)
-    assert a.ip is a.address and a.proto is a.protocol
+    # The IP is held only in the key: ``ip`` and ``address`` build equal objects.
+    assert a.ip == a.address and type(a.ip) is ipaddress.IPv4Address
+    assert a.proto is a.protocol
+    assert a.packed == a.address.packed and a.version == 4
     assert str(a) == "10.0.0.1:80/UDP/i" and a.host_port() == "10.0.0.1:80"
     assert a.with_ip(ipaddress.ip_address("10.0.0.2")) == Addr.of("10.0.0.2", 80, "udp", 1)
     assert sorted([Addr.of("10.0.0.2", 1), Addr.of("10.0.0.1", 9)])[0].port == 9
