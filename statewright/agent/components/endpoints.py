@@ -16,7 +16,10 @@ Start-up order, so nothing is pruned or served too early:
 4. complete the initializer: the reconcilers prune whatever no row explains; the
    restored endpoints go from ``restoring`` to ``regenerating``;
 5. follow the node addresses (host entries) and the entry statuses (endpoints become
-   ``ready`` once their entries are written).
+   ``ready`` once their entries are written); with the ``k8s`` component, follow the
+   labels of this node's Pods: an endpoint's identity labels include its Pod's labels
+   (`EndpointManager.sync_pod_labels`), so a label change on the Pod moves the endpoint
+   to another identity.
 
 Routes follow Cilium's API: ``PUT/GET/PATCH/DELETE /endpoint/{id}``, ``GET /endpoint``,
 ``POST /ipam`` (``?family=ipv4|ipv6&owner=..``), ``POST /ipam/{ip}``, ``DELETE /ipam/{ip}``,
@@ -35,7 +38,7 @@ import os
 import shutil
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, Protocol
 
 import anyio
 
@@ -150,8 +153,15 @@ class EndpointsComponent(Component):
             self.node_cidrs = NodePodCIDRs(ipam, source, configured)
         identities = IdentityAllocator(db)
         entries = EntryTables()
+        pods = _pod_label_source(hive)
         manager = EndpointManager(
-            db, ipam, identities, cfg.state_dir, entries=entries, netns_cookie=netns_cookie
+            db,
+            ipam,
+            identities,
+            cfg.state_dir,
+            entries=entries,
+            netns_cookie=netns_cookie,
+            pod_labels_of=pods.pod_labels_of if pods is not None else None,
         )
         with db.write_txn(entries.lxc, entries.ipcache) as txn:
             done_lxc = entries.lxc.register_initializer(txn, RESTORE_INITIALIZER)
@@ -211,6 +221,9 @@ class EndpointsComponent(Component):
         if self.node_cidrs is not None:
             self.node_cidrs.on_change = lambda: manager.sync_host(self._node_ips(db))
             await hive.spawn(self, self.node_cidrs.run, label="endpoints-pod-cidrs")
+        pods = _pod_label_source(hive)
+        if pods is not None:
+            await hive.spawn(self, _follow_pod_labels(pods, manager), label="endpoints-pod-labels")
         hive.provide("endpoints", manager)
 
     def _ipam_config(self, hive: Hive) -> tuple[IPAMConfig, NodeSource | None]:
@@ -463,6 +476,40 @@ def _parse_change(req: Request) -> EndpointChange:
         return EndpointChange.parse(req.json())
     except EndpointError as e:
         raise _api_error(e) from None
+
+
+class PodLabelSource(Protocol):
+    """What the endpoints read of the Kubernetes source (sources/k8s_source.py): the
+    labels of this node's Pods and a wait for their changes."""
+
+    pod_labels_generation: int
+
+    def pod_labels_of(self, namespace: str, name: str) -> dict[str, str] | None: ...
+
+    async def wait_pod_labels(self, after: int = 0) -> int: ...
+
+
+def _pod_label_source(hive: Hive) -> PodLabelSource | None:
+    """The ``k8s`` component's source when it runs (it provides Pod labels), else None."""
+    source = hive.get("k8s") if hive.has("k8s") else None
+    return source if source is not None and hasattr(source, "wait_pod_labels") else None
+
+
+def _follow_pod_labels(
+    pods: PodLabelSource, manager: EndpointManager
+) -> Callable[..., Awaitable[None]]:
+    async def follow(*, task_status: Any = anyio.TASK_STATUS_IGNORED) -> None:
+        """Whenever the source's Pod labels change: `EndpointManager.sync_pod_labels` in a
+        worker thread (it writes state files)."""
+        task_status.started()
+        seen = 0
+        while True:
+            seen = await pods.wait_pod_labels(seen)
+            changed = await anyio.to_thread.run_sync(manager.sync_pod_labels)
+            if changed:
+                log.info("endpoints: pod labels changed the identity of %s", changed)
+
+    return follow
 
 
 def _node_addresses(db: DB) -> Table[Any] | None:
