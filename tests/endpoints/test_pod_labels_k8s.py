@@ -187,3 +187,85 @@ async def test_pod_labels_follow_the_pod_and_change_policy(
         assert decoy.identity_labels() == ("k8s:app=server", f"{NS}=other")
         await anyio.sleep(0.2)
         assert decoy.identity not in remotes()
+
+
+def namespace(name: str, labels: dict[str, str]) -> dict[str, Any]:
+    return {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name, "labels": labels}}
+
+
+def namespace_selector_policy() -> dict[str, Any]:
+    """Egress of web/client allowed to the pods of the namespaces labelled team=a."""
+    return {
+        "apiVersion": "networking.k8s.io/v1",
+        "kind": "NetworkPolicy",
+        "metadata": {"name": "to-team-a", "namespace": "web"},
+        "spec": {
+            "podSelector": {"matchLabels": {"app": "client"}},
+            "policyTypes": ["Egress"],
+            "egress": [{"to": [{"namespaceSelector": {"matchLabels": {"team": "a"}}}]}],
+        },
+    }
+
+
+async def test_namespace_labels_go_into_pod_identities(
+    apiserver: FakeAPIServer, dirs: tuple[str, str], tmp_path: Path
+) -> None:
+    pins, state = dirs
+    apiserver.upsert(node(NODE))
+    apiserver.upsert(namespace("web", {"team": "b"}))
+    apiserver.upsert(namespace("db", {"team": "b"}))
+    apiserver.upsert(pod("client", {"app": "client"}))
+    apiserver.upsert(pod("pg", {"app": "pg"}, ns="db"))
+    apiserver.upsert(namespace_selector_policy())
+    config = AgentConfig(
+        pin_dir=pins,
+        backend="memory",
+        manifests=(),
+        netlink=False,
+        datapath=False,
+        node_name=NODE,
+        state_dir=state,
+        pod_cidrs=("10.35.0.0/24",),
+        k8s_kubeconfig=apiserver.write_kubeconfig(tmp_path / "kubeconfig"),
+    )
+    async with agent(config) as (hive, policy):
+        manager = hive.get("endpoints", EndpointManager)
+        k8s: Any = hive.get("k8s")
+        component: Any = hive.component("endpoints")
+        await wait_for(
+            lambda: len(k8s.pod_labels) == 2 and component.namespaces.synced, "Pods, Namespaces"
+        )
+        health = {h.name: h for h in hive.health()}
+        assert "2 namespaces" in health["endpoints/namespaces"].message
+
+        def create(name: str, ns: str) -> int:
+            change = EndpointChange.parse({"k8s-pod-name": name, "k8s-namespace": ns})
+            return manager.create("0", change).id
+
+        client_id = await anyio.to_thread.run_sync(create, "client", "web")
+        pg_id = await anyio.to_thread.run_sync(create, "pg", "db")
+        pg = manager.get(str(pg_id))
+        assert pg.identity_labels() == (
+            "k8s:app=pg",
+            "k8s:io.cilium.k8s.namespace.labels.team=b",
+            f"{NS}=db",
+        )
+        assert policy.db is not None and policy.entries is not None
+        entries, db = policy.entries, policy.db
+
+        def remotes() -> set[int]:
+            return {
+                e.key.identity
+                for e in entries.all(db.read_txn())
+                if e.key.endpoint_id == client_id and e.key.egress and not e.deny
+            }
+
+        await anyio.sleep(0.2)
+        assert pg.identity not in remotes()
+        # the namespace's label changes: its pods move to new identities, which the
+        # client's namespaceSelector now selects
+        apiserver.upsert(namespace("db", {"team": "a"}))
+        await wait_for(lambda: manager.get(str(pg_id)).identity != pg.identity, "pg relabelled")
+        moved = manager.get(str(pg_id))
+        assert "k8s:io.cilium.k8s.namespace.labels.team=a" in moved.identity_labels()
+        await wait_for(lambda: moved.identity in remotes(), "client policy follows")

@@ -19,7 +19,9 @@ Start-up order, so nothing is pruned or served too early:
    ``ready`` once their entries are written); with the ``k8s`` component, follow the
    labels of this node's Pods: an endpoint's identity labels include its Pod's labels
    (`EndpointManager.sync_pod_labels`), so a label change on the Pod moves the endpoint
-   to another identity.
+   to another identity; and the labels of the Namespaces (sources/k8s_namespaces.py,
+   health ``endpoints/namespaces``), copied into the identities of their pods as
+   ``k8s:io.cilium.k8s.namespace.labels.<key>``.
 
 Routes follow Cilium's API: ``PUT/GET/PATCH/DELETE /endpoint/{id}``, ``GET /endpoint``,
 ``POST /ipam`` (``?family=ipv4|ipv6&owner=..``), ``POST /ipam/{ip}``, ``DELETE /ipam/{ip}``,
@@ -49,7 +51,10 @@ from bpfops.endpoint_ops import LXCOps
 from bpfops.ipcache_ops import IPCacheOps
 from reconciler import Config, Reconciler
 from reconciler.health import Level
+from sources.k8s_client import K8sClient
+from sources.k8s_namespaces import NamespaceLabels, pod_identity_labels
 from sources.k8s_node_cidrs import NodePodCIDRs, NodeSource
+from sources.k8s_source import SourceConfig
 from statedb import DB, Table
 from statewright.agent.config import DEFAULT_POD_CIDRS, DEFAULT_STATE_DIR, AgentConfig
 from statewright.component import (
@@ -70,6 +75,7 @@ from tables.endpoint_manager import (
     ENDPOINTS_DIR,
     EndpointManager,
     LinkCheck,
+    PodLabels,
     RestoreResult,
     host_link_exists,
 )
@@ -140,6 +146,8 @@ class EndpointsComponent(Component):
         self.maps_kind = ""
         #: IPAM's pod CIDRs following the Node (with the ``k8s`` component), else None.
         self.node_cidrs: NodePodCIDRs | None = None
+        #: The Namespaces' labels (with the ``k8s`` component), for pod identities.
+        self.namespaces: NamespaceLabels | None = None
 
     # ----- lifecycle ----------------------------------------------------------------------------
     async def start(self, hive: Hive) -> None:
@@ -154,6 +162,8 @@ class EndpointsComponent(Component):
         identities = IdentityAllocator(db)
         entries = EntryTables()
         pods = _pod_label_source(hive)
+        if pods is not None:
+            self.namespaces = NamespaceLabels(pods.client, pods.config.reflector)
         manager = EndpointManager(
             db,
             ipam,
@@ -161,7 +171,7 @@ class EndpointsComponent(Component):
             cfg.state_dir,
             entries=entries,
             netns_cookie=netns_cookie,
-            pod_labels_of=pods.pod_labels_of if pods is not None else None,
+            pod_labels_of=self._pod_labels_of(pods) if pods is not None else None,
         )
         with db.write_txn(entries.lxc, entries.ipcache) as txn:
             done_lxc = entries.lxc.register_initializer(txn, RESTORE_INITIALIZER)
@@ -222,9 +232,25 @@ class EndpointsComponent(Component):
             self.node_cidrs.on_change = lambda: manager.sync_host(self._node_ips(db))
             await hive.spawn(self, self.node_cidrs.run, label="endpoints-pod-cidrs")
         pods = _pod_label_source(hive)
-        if pods is not None:
-            await hive.spawn(self, _follow_pod_labels(pods, manager), label="endpoints-pod-labels")
+        if pods is not None and self.namespaces is not None:
+            namespaces = self.namespaces
+            await hive.spawn(self, namespaces.run, label="endpoints-namespaces")
+            follow_pods = _follow_labels(pods.wait_pod_labels, manager)
+            await hive.spawn(self, follow_pods, label="endpoints-pod-labels")
+            follow_ns = _follow_labels(namespaces.wait, manager)
+            await hive.spawn(self, follow_ns, label="endpoints-namespace-labels")
         hive.provide("endpoints", manager)
+
+    def _pod_labels_of(self, pods: PodLabelSource) -> PodLabels:
+        """The Pod labels the endpoint manager takes: the Pod's own and its namespace's
+        (sources/k8s_namespaces.py)."""
+        namespaces = self.namespaces
+
+        def labels_of(namespace: str, name: str) -> dict[str, str] | None:
+            ns_labels = namespaces.of(namespace) if namespaces is not None else None
+            return pod_identity_labels(pods.pod_labels_of(namespace, name), ns_labels)
+
+        return labels_of
 
     def _ipam_config(self, hive: Hive) -> tuple[IPAMConfig, NodeSource | None]:
         """IPAM's configuration: the configured pod CIDRs, or none yet (pending) when they
@@ -307,6 +333,9 @@ class EndpointsComponent(Component):
         if r.failed:
             bad.append(f"{len(r.failed)} endpoint state file(s) unreadable: {r.failed[0]}")
         cidrs = self._pod_cidrs_health()
+        if self.namespaces is not None:
+            ok, message = self.namespaces.health()
+            cidrs.append(Health(f"{self.name}/namespaces", OK if ok else DEGRADED, message))
         if bad:
             return [Health(self.name, DEGRADED, "; ".join(bad)), *cidrs]
         return [Health(self.name, OK, f"{n} endpoint(s), {self.maps_kind} maps; {restored}"),
@@ -480,9 +509,12 @@ def _parse_change(req: Request) -> EndpointChange:
 
 class PodLabelSource(Protocol):
     """What the endpoints read of the Kubernetes source (sources/k8s_source.py): the
-    labels of this node's Pods and a wait for their changes."""
+    labels of this node's Pods and a wait for their changes; its client and reflector
+    timing, for the Namespace reflector."""
 
     pod_labels_generation: int
+    client: K8sClient
+    config: SourceConfig
 
     def pod_labels_of(self, namespace: str, name: str) -> dict[str, str] | None: ...
 
@@ -495,19 +527,20 @@ def _pod_label_source(hive: Hive) -> PodLabelSource | None:
     return source if source is not None and hasattr(source, "wait_pod_labels") else None
 
 
-def _follow_pod_labels(
-    pods: PodLabelSource, manager: EndpointManager
+def _follow_labels(
+    wait: Callable[[int], Awaitable[int]], manager: EndpointManager
 ) -> Callable[..., Awaitable[None]]:
     async def follow(*, task_status: Any = anyio.TASK_STATUS_IGNORED) -> None:
-        """Whenever the source's Pod labels change: `EndpointManager.sync_pod_labels` in a
-        worker thread (it writes state files)."""
+        """Whenever ``wait`` reports a change (Pod or Namespace labels):
+        `EndpointManager.sync_pod_labels` in a worker thread (it writes state files)."""
         task_status.started()
         seen = 0
         while True:
-            seen = await pods.wait_pod_labels(seen)
+            seen = await wait(seen)
             changed = await anyio.to_thread.run_sync(manager.sync_pod_labels)
             if changed:
-                log.info("endpoints: pod labels changed the identity of %s", changed)
+                log.info("endpoints: label changes moved endpoints %s to other identities",
+                         changed)
 
     return follow
 
