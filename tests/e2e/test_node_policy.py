@@ -10,8 +10,12 @@ labels the runtime passed in ``args.cni.labels``) -> ``policy-entries`` and
 refuses what the client pod's egress policy does not allow with EPERM, also through a
 ClusterIP service whose backend is the server pod (checked after translation).
 
-Each step is timed from writing (or removing) the manifest to the first connection that
-shows it, bounded by `BOUND_S`, recorded for the e2e timings summary and printed as JSON.
+The server pod's labels are then changed through the API (``PATCH /endpoint``): its new
+identity is no longer allowed, and allowed again once its labels are back.
+
+Each step is timed from writing (or removing) the manifest, or from the PATCH, to the
+first connection that shows it, bounded by `BOUND_S`, recorded for the e2e timings
+summary and printed as JSON.
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ from typing import Any
 
 import pytest
 
+from statewright.cni import AgentAPI
 from tests.datapath.conftest import Client
 from tests.e2e.conftest import need_machine, record
 from tests.e2e.harness import BACKEND_PORT, ident, service_manifest
@@ -96,6 +101,13 @@ def _eperm(result: dict[str, Any]) -> bool:
 
 def _served_by(host: str, port: int = BACKEND_PORT) -> Callable[[dict[str, Any]], bool]:
     return lambda result: result.get("id") == ident(host, port)
+
+
+def _patch_labels(api: AgentAPI, ref: str, labels: list[str]) -> float:
+    """PATCH the endpoint's request labels; ``time.monotonic()`` before the request."""
+    since = time.monotonic()
+    api.request("PATCH", ref, {"labels": labels})
+    return since
 
 
 def _until(
@@ -183,6 +195,17 @@ def test_policy_from_manifest_to_connect(node: NodeEnv) -> None:
     # the decoy has the label but not the namespace; another port is not allowed
     assert _eperm(_connect(client, d4))
     assert _eperm(_connect(client, s4, OTHER_PORT))
+
+    # the server's labels change (PATCH /endpoint): another identity, not allowed; back
+    # again: allowed (an identity change reaches the ipcache and the client's policy map)
+    api = AgentAPI(node.agent.socket)
+    ref = f"/endpoint/{node.endpoints()['server']['id']}"
+    since = _patch_labels(api, ref, ["k8s:app=other"])
+    timings["relabel_deny_s"] = _until(node, "server relabelled app=other", since,
+                                       lambda: _connect(client, s4), _eperm)
+    since = _patch_labels(api, ref, ["k8s:app=server"])
+    timings["relabel_allow_s"] = _until(node, "server relabelled app=server", since,
+                                        lambda: _connect(client, s4), _served_by(s4))
 
     # the policy removed: allowed again
     since = node.remove(POLICY)
