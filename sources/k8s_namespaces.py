@@ -50,7 +50,8 @@ class NamespaceLabels:
 
     def __init__(self, client: K8sClient, config: ReflectorConfig | None = None) -> None:
         self.reflector = Reflector(client, namespace_resource_spec(), self._deliver, config)
-        #: Namespace name -> its labels (replaced, never mutated: readable from threads).
+        #: Namespace name -> its labels; a namespace's labels are replaced by a new
+        #: dictionary, never changed in place, so a lookup from a worker thread is safe.
         self.labels: dict[str, dict[str, str]] = {}
         #: Counts deliveries that changed `labels` (and the completed initial list).
         self.generation = 0

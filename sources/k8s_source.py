@@ -266,7 +266,8 @@ class K8sSource:
     def pod_labels_of(self, namespace: str, name: str) -> dict[str, str] | None:
         """The labels of this node's Pod ``namespace/name``, None when the source does not
         hold it (not listed yet, deleted, or on another node). Safe from a worker thread:
-        it reads one dictionary entry, which the applier replaces, never mutates."""
+        one dictionary lookup (atomic in CPython), and the applier replaces a Pod's labels
+        with a new dictionary, never changes one in place."""
         return self.pod_labels.get(f"{namespace}/{name}")
 
     async def wait_pod_labels(self, after: int = 0) -> int:

@@ -69,7 +69,7 @@ from tables.endpoints import (
     endpoint_pod_index,
     new_endpoints_table,
 )
-from tables.identities import IdentityAllocator, LabelError, normalize_labels
+from tables.identities import IdentityAllocator, IdentityError, LabelError, normalize_labels
 from tables.ipam import (
     IPAM,
     ROUTER_OWNER,
@@ -322,7 +322,9 @@ class EndpointManager:
         """`set_pod_labels` for every endpoint of a pod whose labels ``pod_labels_of``
         knows (call it when the Kubernetes source's Pods change); returns the ids of the
         endpoints that changed. A Pod ``pod_labels_of`` does not know (not listed yet, or
-        deleted while its endpoint lives on) leaves its endpoints' labels as they are."""
+        deleted while its endpoint lives on) leaves its endpoints' labels as they are. A
+        Pod whose labels cannot be applied (`IdentityError`: malformed labels, identities
+        exhausted) is logged and keeps its endpoints as they are; the others go on."""
         if self.pod_labels_of is None:
             return []
         changed = []
@@ -334,7 +336,7 @@ class EndpointManager:
                     continue
                 try:
                     changed += self.set_pod_labels(ns, name, labels)
-                except LabelError as e:
+                except IdentityError as e:  # bad labels, identities exhausted
                     log.error("pod %s/%s: labels not applied: %s", ns, name, e)
         return changed
 

@@ -164,6 +164,11 @@ def test_pod_label_change_moves_the_endpoint_to_another_identity(state_dir: str)
     with pytest.raises(LabelError):
         mgr.set_pod_labels("web", "a", {"app": 1})  # type: ignore[dict-item]
     assert mgr.get(str(ep.id)) == now
+    # ... also when they come from the source: that Pod is skipped, the others go on
+    pods.labels[("web", "a")] = {"app": 1}  # type: ignore[dict-item]
+    pods.labels[("web", "b")] = {"app": "server", "v": "3"}
+    assert mgr.sync_pod_labels() == [ep_b.id]
+    assert mgr.get(str(ep.id)) == now
 
 
 def test_restore_keeps_pod_labels_and_identity(state_dir: str) -> None:
