@@ -26,10 +26,21 @@ Keys:
   again (not timed) so every change starts from the same state.
 - policy_change_p99_ms: one policy's ports change (and change back, not timed): the
   selected endpoints are recomputed; rows_per_policy_change.
+- identity_change_to_maps_p99_ms / _p50_ms / _max_ms: the whole chain the issue's
+  identity_change_p99_ms means, "a new identity to every affected map updated": the
+  computed entries are written into per-endpoint policy maps by the ``policy-entries``
+  reconciler (`bpfops.policy_ops.PolicyOps`, what the ``policy-maps`` component runs) on
+  memory maps (``--kernel``: kernel maps, not pinned); once the full write is in the maps
+  (maps_full_write_s), each change commits a new identity, runs the writer's step and
+  waits until the reconciler has attempted every row up to that step's commit (with no
+  retry pending: the rows are in the maps); from before the identity's commit to then.
+  maps_writes_per_identity_change: map writes per change (PolicyOps.writes before and
+  after). The writer's step runs on the event loop here (the component runs it in a
+  worker thread), so the reconciler starts once the step has committed.
 - rss_mb: resident memory after the run. load_avg_1m_before/after: the machine is shared.
 
-``--quick``: 200 identity changes and 50 policy changes instead of 2,000 and 200 (same
-sizes; well under 60 s).
+``--quick``: 200 identity changes (100 for the whole chain) and 50 policy changes instead
+of 2,000 (1,000) and 200 (same sizes; under 60 s on memory maps).
 """
 
 from __future__ import annotations
@@ -41,18 +52,32 @@ import resource
 import statistics
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+import anyio
+
+from bpf.catalog import policy_maps_spec
+from bpf.kernel_map import KernelMap
+from bpf.memory_map import MemoryMap
+from bpf.pinning import MapOpener
+from bpf.typed_map import TypedMap
+from bpfops.policy_ops import PolicyMapSet, PolicyOps
 from policy.source import PolicyObjects, new_policies_table
 from policy.writer import PolicyWriter
-from statedb import DB
+from reconciler import Config, Reconciler
+from statedb import DB, Table
 from statedb.gc_tuning import tune_gc
 from tables.endpoints import Endpoint, new_endpoints_table
 from tables.identities import Identity, new_identities_table, pod_identity_labels
-from tables.policy_entries import new_policy_endpoints_table, new_policy_entries_table
+from tables.policy_entries import (
+    PolicyEntry,
+    new_policy_endpoints_table,
+    new_policy_entries_table,
+)
 
 APPS = 250
 NAMESPACES = 10
@@ -125,7 +150,76 @@ def _pct(xs: list[float], p: float) -> float:
     return xs[min(len(xs) - 1, round(p / 100 * (len(xs) - 1)))]
 
 
-def run(identity_changes: int, policy_changes: int) -> dict[str, Any]:
+async def chain(
+    db: DB,
+    identities: Table[Identity],
+    entries: Table[PolicyEntry],
+    writer: PolicyWriter,
+    opener: MapOpener,
+    changes: int,
+) -> dict[str, Any]:
+    """The identity_change_to_maps_* keys (module doc): the entries reconciled into maps."""
+    spec = policy_maps_spec(max_entries=4096, policy_max_entries=16384)
+    outer = TypedMap(spec, opener.create(spec))
+    maps = PolicyMapSet(outer, opener, None)
+    ops = PolicyOps(entries, maps)
+    rec = Reconciler(
+        db,
+        Config(
+            table=entries,
+            operations=ops,
+            get_object_status=lambda r: r.status,
+            set_object_status=lambda r, st: replace(r, status=st),
+            name="policy-entries",
+            rate_limit=None,
+        ),
+    )
+    out: dict[str, Any] = {}
+    lat: list[float] = []
+    writes: list[int] = []
+    try:
+        async with anyio.create_task_group() as tg:
+            await tg.start(rec.run)
+            t0 = time.perf_counter()
+            pending = await rec.wait_until_reconciled(entries.revision(db.read_txn()), 900)
+            out["maps_full_write_s"] = round(time.perf_counter() - t0, 3)
+            if pending:
+                raise RuntimeError(f"full write: {pending} entries waiting for a retry")
+            next_num = 40_000
+            for i in range(changes):
+                app = (i * 41) % APPS
+                ident = Identity(next_num + i, identity_labels(app, 10 * VARIANTS + i), 0)
+                before = ops.writes
+                t = time.perf_counter()
+                with db.write_txn(identities) as txn:
+                    identities.insert(txn, ident)
+                writer.step()
+                pending = await rec.wait_until_reconciled(entries.revision(db.read_txn()), 60)
+                lat.append((time.perf_counter() - t) * 1000)
+                writes.append(ops.writes - before)
+                if pending:
+                    raise RuntimeError(f"change {i}: {pending} entries waiting for a retry")
+                with db.write_txn(identities) as txn:
+                    identities.delete(txn, ident)
+                writer.step()
+                await rec.wait_until_reconciled(entries.revision(db.read_txn()), 60)
+            tg.cancel_scope.cancel()
+    finally:
+        maps.close()
+        outer.close()
+    out["maps_backend"] = "kernel" if opener is KernelMap else "memory"
+    out["identity_changes_to_maps"] = changes
+    if lat:
+        out["identity_change_to_maps_p50_ms"] = round(_pct(lat, 50), 3)
+        out["identity_change_to_maps_p99_ms"] = round(_pct(lat, 99), 3)
+        out["identity_change_to_maps_max_ms"] = round(max(lat), 3)
+        out["maps_writes_per_identity_change"] = round(statistics.mean(writes), 1)
+    return out
+
+
+def run(
+    identity_changes: int, policy_changes: int, chain_changes: int = 0, kernel: bool = False
+) -> dict[str, Any]:
     db = DB()
     identities = new_identities_table()
     endpoints = new_endpoints_table()
@@ -199,6 +293,10 @@ def run(identity_changes: int, policy_changes: int) -> dict[str, Any]:
         with db.write_txn(policies) as txn:
             objects.upsert(txn, cnp(app))
         writer.step()
+    chained: dict[str, Any] = {}
+    if chain_changes:
+        opener: MapOpener = KernelMap if kernel else MemoryMap
+        chained = anyio.run(chain, db, identities, entries, writer, opener, chain_changes)
     writer.close()
 
     return {
@@ -218,16 +316,24 @@ def run(identity_changes: int, policy_changes: int) -> dict[str, Any]:
         "policy_change_p50_ms": round(_pct(pol_lat, 50), 3) if pol_lat else None,
         "policy_change_p99_ms": round(_pct(pol_lat, 99), 3) if pol_lat else None,
         "rows_per_policy_change": round(statistics.mean(pol_rows), 1) if pol_rows else None,
+        **chained,
     }
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--quick", action="store_true", help="fewer changes (< 60 s)")
+    ap.add_argument("--kernel", action="store_true",
+                    help="kernel maps for the whole chain (needs CAP_BPF; slower full write)")
     args = ap.parse_args()
     tune_gc()
     load_before = os.getloadavg()[0]
-    result = run(200 if args.quick else 2000, 50 if args.quick else 200)
+    result = run(
+        200 if args.quick else 2000,
+        50 if args.quick else 200,
+        100 if args.quick else 1000,
+        kernel=args.kernel,
+    )
     result["rss_mb"] = round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)
     result["load_avg_1m_before"] = round(load_before, 2)
     result["load_avg_1m_after"] = round(os.getloadavg()[0], 2)

@@ -207,6 +207,12 @@ class K8sSource:
         #: Counts applied changes of the Node (and completed lists of it): `wait_node`.
         self.node_generation = 0
         self._node_event: anyio.Event | None = None
+        #: The labels of this node's Pods (``namespace/name`` -> labels), as last delivered
+        #: (refused or not: a Pod's labels do not depend on its host ports).
+        self.pod_labels: dict[str, dict[str, str]] = {}
+        #: Counts batches that changed `pod_labels` (and completed lists of Pods).
+        self.pod_labels_generation = 0
+        self._pods_event: anyio.Event | None = None
 
     # ----- initialization -----------------------------------------------------------------
     def register_initializer(self, txn: WriteTxn) -> None:
@@ -256,6 +262,22 @@ class K8sSource:
                 self._node_event = anyio.Event()
             await self._node_event.wait()
         return self.node_generation, self.node
+
+    def pod_labels_of(self, namespace: str, name: str) -> dict[str, str] | None:
+        """The labels of this node's Pod ``namespace/name``, None when the source does not
+        hold it (not listed yet, deleted, or on another node). Safe from a worker thread:
+        one dictionary lookup (atomic in CPython), and the applier replaces a Pod's labels
+        with a new dictionary, never changes one in place."""
+        return self.pod_labels.get(f"{namespace}/{name}")
+
+    async def wait_pod_labels(self, after: int = 0) -> int:
+        """Wait until `pod_labels` changed since ``pod_labels_generation`` ``after``;
+        returns the new generation. What the endpoints follow for their identities."""
+        while self.pod_labels_generation <= after:
+            if self._pods_event is None:
+                self._pods_event = anyio.Event()
+            await self._pods_event.wait()
+        return self.pod_labels_generation
 
     async def _deliver(self, reflector: Reflector, deltas: list[Delta], synced: bool) -> None:
         """A reflector's delivery: queued for the applier (waits when the queue is full)."""
@@ -380,6 +402,7 @@ class K8sSource:
             self._applied_event.set()
             self._applied_event = None
         self._note_node(batch, deltas)
+        self._note_pod_labels(batch, deltas)
         if self.on_applied is not None and batch:
             self.on_applied([d for _, d in deltas], min(item.received for item in batch))
         # Only a Service or Pod written (changed or deleted) can free an address.
@@ -412,6 +435,32 @@ class K8sSource:
             if self._node_event is not None:
                 self._node_event.set()
                 self._node_event = None
+
+    def _note_pod_labels(self, batch: list[_Item], deltas: list[tuple[Reflector, Delta]]) -> None:
+        """After a committed batch: the Pods' labels it delivered (refused or not) into
+        `pod_labels`; wake `wait_pod_labels` waiters when they changed."""
+        changed = False
+        for r, d in deltas:
+            if r.spec.kind != KIND_POD:
+                continue
+            if d.op == "upsert":
+                raw = (d.obj.get("metadata") or {}).get("labels") or {}
+                labels = (
+                    {str(k): str(v) for k, v in raw.items()} if isinstance(raw, Mapping) else {}
+                )
+                if self.pod_labels.get(d.key) != labels:
+                    self.pod_labels[d.key] = labels
+                    changed = True
+            elif self.pod_labels.pop(d.key, None) is not None:
+                changed = True
+        for item in batch:
+            if item.synced and item.reflector.spec.kind == KIND_POD:
+                changed = True
+        if changed:
+            self.pod_labels_generation += 1
+            if self._pods_event is not None:
+                self._pods_event.set()
+                self._pods_event = None
 
     def _apply_one(self, txn: WriteTxn, r: Reflector, d: Delta) -> None:
         if r.spec.kind == KIND_NODE:

@@ -21,7 +21,7 @@ ADD, as Cilium's plugin does it:
 4. on the node: a route to each pod address through the host-side veth;
 5. ``PUT /endpoint/cni-attachment-id:<container id>:<ifname>``: the endpoint change
    request (interfaces, MACs, addressing, pod name/namespace from ``CNI_ARGS``,
-   netns path).
+   netns path, and the pod's labels from the configuration's ``args.cni.labels``).
 
 A failure undoes what was done (veth deleted, addresses released). DEL deletes the
 endpoint (which releases its addresses) and the veth, and succeeds when they are already
@@ -32,7 +32,11 @@ Network configuration keys: ``cniVersion``, ``name``, ``type`` (required), ``mtu
 ``/run/statewright/agent.sock``), ``ipam`` (optional: ``{"type": "host-local", ...}``
 delegates addressing to that IPAM plugin, found in ``CNI_PATH`` and run with the same
 environment and configuration; the endpoint is then registered with
-``datapath-configuration.external-ipam`` and DEL/CHECK are delegated too).
+``datapath-configuration.external-ipam`` and DEL/CHECK are delegated too), ``args``
+(the CNI conventions' runtime arguments; ``args.cni.labels``, a list of
+``{"key": .., "value": ..}``, are the pod's labels: they go into the endpoint request as
+``k8s:<key>=<value>``, and the agent adds the pod's namespace, and the Pod object's labels
+when it reads an API server, to the identity labels).
 """
 
 from __future__ import annotations
@@ -198,6 +202,31 @@ class Invocation:
         """The IPAM plugin type when the configuration delegates IPAM (``ipam.type``)."""
         ipam = self.config.get("ipam")
         return str(ipam["type"]) if isinstance(ipam, Mapping) else None
+
+    @property
+    def labels(self) -> list[str]:
+        """The pod's labels from ``args.cni.labels`` (CNI conventions) as
+        ``k8s:<key>=<value>``; CNIError 7 when that is not a list of string key/values."""
+        args = self.config.get("args")
+        cni = args.get("cni") if isinstance(args, Mapping) else None
+        raw = cni.get("labels") if isinstance(cni, Mapping) else None
+        if raw is None:
+            return []
+        bad = CNIError(
+            ERR_INVALID_CONFIG,
+            'network configuration: args.cni.labels must be a list of {"key": .., "value": ..}',
+        )
+        if not isinstance(raw, list):
+            raise bad
+        out = []
+        for item in raw:
+            if not isinstance(item, Mapping):
+                raise bad
+            key, value = item.get("key"), item.get("value", "")
+            if not isinstance(key, str) or not key or not isinstance(value, str):
+                raise bad
+            out.append(f"k8s:{key}={value}")
+        return out
 
     @property
     def attachment(self) -> str:
@@ -438,6 +467,7 @@ def _delegated_ips(result: Any) -> list[tuple[str, str]]:
 def cmd_add(inv: Invocation) -> dict[str, Any]:
     """ADD (module doc); returns the CNI result."""
     api = AgentAPI(inv.socket)
+    labels = inv.labels  # a bad configuration fails before anything is allocated
     if inv.delegated_ipam:
         ips = _delegated_ips(delegate_ipam(inv, "ADD"))
     else:
@@ -461,6 +491,7 @@ def cmd_add(inv: Invocation) -> dict[str, Any]:
             "addressing": {f"ipv{ipaddress.ip_address(a).version}": a for a, _ in ips},
             "k8s-pod-name": inv.args.get("K8S_POD_NAME", ""),
             "k8s-namespace": inv.args.get("K8S_POD_NAMESPACE", ""),
+            "labels": labels,
             "netns-path": inv.netns,
             "datapath-configuration": {"external-ipam": bool(inv.delegated_ipam)},
         }

@@ -16,6 +16,11 @@ What one change touches, and in which order:
 3. if step 2 fails, the addresses step 1 allocated are released again: a bad request
    changes nothing.
 
+The identity is allocated for `Endpoint.identity_labels`: the request's labels, the
+labels of the Kubernetes Pod (``pod_labels_of``, the Kubernetes source's; applied again by
+`sync_pod_labels` whenever they change) and, for a pod, its namespace
+(``k8s:io.kubernetes.pod.namespace``), as Cilium builds a pod's identity.
+
 The lifecycle states (tables/endpoints.py) are set here:
 
 * `create` commits the endpoint ``regenerating`` with its entries Pending; `update` moves
@@ -38,7 +43,7 @@ import logging
 import os
 import threading
 import urllib.parse
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 
 from reconciler.status import StatusKind
@@ -64,7 +69,7 @@ from tables.endpoints import (
     endpoint_pod_index,
     new_endpoints_table,
 )
-from tables.identities import IdentityAllocator
+from tables.identities import IdentityAllocator, IdentityError, LabelError, normalize_labels
 from tables.ipam import (
     IPAM,
     ROUTER_OWNER,
@@ -78,6 +83,9 @@ from tables.state_dir import StateDirError, read_json, remove_file, write_json_a
 log = logging.getLogger("statewright.endpoints")
 
 ENDPOINTS_DIR = "endpoints"
+
+#: The labels of a Pod ``(namespace, name)``, None when unknown (the Kubernetes source).
+PodLabels = Callable[[str, str], "Mapping[str, str] | None"]
 
 #: Whether an endpoint's interface still exists (restore removes those whose does not).
 LinkCheck = Callable[[Endpoint], bool]
@@ -126,8 +134,12 @@ class EndpointManager:
         endpoints: Table[Endpoint] | None = None,
         entries: EntryTables | None = None,
         netns_cookie: Callable[[str], int] | None = None,
+        pod_labels_of: PodLabels | None = None,
     ) -> None:
         self.db = db
+        #: The labels of the Pod ``(namespace, name)`` from the Kubernetes source, None
+        #: when it does not know the Pod; None: no Kubernetes source (request labels only).
+        self.pod_labels_of = pod_labels_of
         #: Reads the cookie of a netns path (statewright.netns_cookie); None: not read.
         self.netns_cookie = netns_cookie
         self.ipam = ipam
@@ -203,7 +215,7 @@ class EndpointManager:
                 raise EndpointExistsError(f"endpoint {ref}: already exists")
             ep_id = self._pick_id(ref, txn)
             ep = change.apply(Endpoint(ep_id))
-            ep = _ids_from_ref(ep, ref)
+            ep = self._with_pod_labels(_ids_from_ref(ep, ref))
             for ip in ep.addresses():
                 other = next(iter(self.endpoints.list(txn, endpoint_ip_index.query(ip))), None)
                 if other is not None:
@@ -244,7 +256,7 @@ class EndpointManager:
 
     def _commit_new(self, ep: Endpoint) -> Endpoint:
         with self.db.write_txn(*self._tables()) as wtxn:
-            ident = self.identities.acquire(wtxn, ep.labels)
+            ident = self.identities.acquire(wtxn, ep.identity_labels())
             ep = replace(ep, identity=ident.id, state=EndpointState.REGENERATING)
             self.endpoints.insert(wtxn, ep)
             self.entries.set_endpoint(wtxn, ep, previous=[])
@@ -267,18 +279,66 @@ class EndpointManager:
                     f"endpoint {ref}: addressing and external-ipam cannot change "
                     "(delete and create it again)"
                 )
-            with self.db.write_txn(*self._tables()) as wtxn:
-                if new.labels != old.labels:
-                    ident = self.identities.acquire(wtxn, new.labels)
-                    self.identities.release(wtxn, old.identity)
-                    new = replace(new, identity=ident.id)
-                if new == old:
-                    return old
-                if self.entries.set_endpoint(wtxn, new, previous=old.addresses()):
-                    new = replace(new, state=EndpointState.REGENERATING)
-                self.endpoints.insert(wtxn, new)
-                self._persist(new)
-            return new
+            if (new.pod_namespace, new.pod_name) != (old.pod_namespace, old.pod_name):
+                new = self._with_pod_labels(replace(new, pod_labels=()))
+            return self._write_change(old, new)
+
+    def _write_change(self, old: Endpoint, new: Endpoint) -> Endpoint:
+        """Commit ``new`` in place of ``old`` (the lock held): another identity when the
+        identity labels changed, the entries again when they changed (``regenerating``)."""
+        with self.db.write_txn(*self._tables()) as wtxn:
+            if new.identity_labels() != old.identity_labels():
+                ident = self.identities.acquire(wtxn, new.identity_labels())
+                self.identities.release(wtxn, old.identity)
+                new = replace(new, identity=ident.id)
+            if new == old:
+                return old
+            if self.entries.set_endpoint(wtxn, new, previous=old.addresses()):
+                new = replace(new, state=EndpointState.REGENERATING)
+            self.endpoints.insert(wtxn, new)
+            self._persist(new)
+        if new.identity != old.identity:
+            log.info("endpoint %d: identity %d -> %d", new.id, old.identity, new.identity)
+        return new
+
+    def set_pod_labels(self, namespace: str, name: str, labels: Mapping[str, str]) -> list[int]:
+        """The Kubernetes Pod ``namespace/name`` has ``labels``: every endpoint of that pod
+        takes them as its ``pod_labels`` and, when its identity labels change, moves to
+        the identity of its new labels (so its policy, and the policy of the endpoints
+        selecting it, follow). Returns the ids of the endpoints that changed. Labels that
+        are not strings raise LabelError and change nothing."""
+        pod_labels = normalize_labels(labels)
+        changed = []
+        with self._lock:
+            txn = self.db.read_txn()
+            for ep in self.endpoints.list(txn, endpoint_pod_index.query(f"{namespace}/{name}")):
+                if ep.state is EndpointState.DISCONNECTING or ep.pod_labels == pod_labels:
+                    continue
+                if self._write_change(ep, replace(ep, pod_labels=pod_labels)) != ep:
+                    changed.append(ep.id)
+        return changed
+
+    def sync_pod_labels(self) -> list[int]:
+        """`set_pod_labels` for every endpoint of a pod whose labels ``pod_labels_of``
+        knows (call it when the Kubernetes source's Pods change); returns the ids of the
+        endpoints that changed. A Pod ``pod_labels_of`` does not know (not listed yet, or
+        deleted while its endpoint lives on) leaves its endpoints' labels as they are. A
+        Pod whose labels cannot be applied (`IdentityError`: malformed labels, identities
+        exhausted) is logged and keeps its endpoints as they are; the others go on."""
+        if self.pod_labels_of is None:
+            return []
+        changed = []
+        with self._lock:  # an endpoint being created reads the labels before this runs
+            pods = {(ep.pod_namespace, ep.pod_name) for ep in self.all() if ep.pod_name}
+            for ns, name in sorted(pods):
+                labels = self.pod_labels_of(ns, name)
+                if labels is None:
+                    continue
+                try:
+                    changed += self.set_pod_labels(ns, name, labels)
+                except IdentityError as e:  # bad labels, identities exhausted
+                    log.error("pod %s/%s: labels not applied: %s", ns, name, e)
+        return changed
 
     def delete(self, ref: str) -> Endpoint:
         """DELETE /endpoint/{ref} without waiting for the maps: `begin_delete`, then
@@ -428,7 +488,7 @@ class EndpointManager:
                         self.ipam.allocate(ip, ep.ipam_owner)
                 ep = self._with_cookie(ep)  # before the transaction: it enters the netns
                 with self.db.write_txn(*self._tables()) as wtxn:
-                    ident = self.identities.acquire(wtxn, ep.labels, want=ep.identity)
+                    ident = self.identities.acquire(wtxn, ep.identity_labels(), want=ep.identity)
                     if ident.id != ep.identity:
                         log.warning(
                             "endpoint restore: %d: identity %d became %d",
@@ -461,6 +521,20 @@ class EndpointManager:
         return moved
 
     # ----- internals ----------------------------------------------------------------------------
+    def _with_pod_labels(self, ep: Endpoint) -> Endpoint:
+        """``ep`` with the labels ``pod_labels_of`` knows for its pod; unchanged when there
+        is no pod, no lookup or no such Pod (yet: `sync_pod_labels` applies them later)."""
+        if self.pod_labels_of is None or not ep.pod_name or not ep.pod_namespace:
+            return ep
+        labels = self.pod_labels_of(ep.pod_namespace, ep.pod_name)
+        if labels is None:
+            return ep
+        try:
+            return replace(ep, pod_labels=normalize_labels(labels))
+        except LabelError as e:
+            log.error("endpoint %d: pod labels not applied: %s", ep.id, e)
+            return ep
+
     def _with_cookie(self, ep: Endpoint) -> Endpoint:
         """``ep`` with the cookie of its netns path; unchanged (cookie 0) when there is no
         path or reader, or when the namespace cannot be read (logged: the endpoint works,

@@ -40,7 +40,13 @@ from typing import Any
 from statedb import Index, Table
 from statedb import keys as keycodec
 from statedb.errors import InputError, StatewrightError
-from tables.identities import LabelError, Labels, normalize_labels
+from tables.identities import (
+    NAMESPACE_LABELS_PREFIX,
+    POD_NAMESPACE_LABEL,
+    LabelError,
+    Labels,
+    normalize_labels,
+)
 from tables.l3n4 import IPAddress
 
 ENDPOINTS_TABLE = "endpoints"
@@ -116,6 +122,32 @@ class Endpoint:
     #: unknown; read by the agent when the endpoint is created or restored (not part of
     #: the API model: a cookie is only valid while the namespace lives).
     netns_cookie: int = 0
+    #: The labels of the Kubernetes Pod object (``k8s:<key>=<value>``), set by the agent
+    #: from the Kubernetes source (not by requests); they take precedence over request
+    #: labels with the same key.
+    pod_labels: Labels = ()
+
+    def identity_labels(self) -> Labels:
+        """The labels the endpoint's security identity is allocated for, as Cilium builds
+        a pod's: the request's ``labels``, the Pod object's labels (``pod_labels``, which
+        replace request labels of the same source and key) and, for a pod (a
+        ``pod_namespace``), ``k8s:io.kubernetes.pod.namespace=<namespace>``. The namespace
+        label and the namespace-label copies (``k8s:io.cilium.k8s.namespace.labels.*``)
+        are the agent's to set: a request cannot claim them for another namespace, so those
+        keys of the request are dropped for a pod."""
+        merged: dict[str, str] = {}
+        for label in self.labels:
+            merged[label.partition("=")[0]] = label
+        ns_key = f"k8s:{POD_NAMESPACE_LABEL}"
+        if self.pod_namespace:
+            ns_labels = "k8s:" + NAMESPACE_LABELS_PREFIX
+            for key in [k for k in merged if k == ns_key or k.startswith(ns_labels)]:
+                del merged[key]
+        for label in self.pod_labels:
+            merged[label.partition("=")[0]] = label
+        if self.pod_namespace:
+            merged[ns_key] = f"{ns_key}={self.pod_namespace}"
+        return tuple(sorted(merged.values()))
 
     def addresses(self) -> list[IPAddress]:
         """The endpoint's addresses (IPv4 first)."""
@@ -143,6 +175,8 @@ class Endpoint:
             "k8s-pod-name": self.pod_name,
             "k8s-namespace": self.pod_namespace,
             "labels": list(self.labels),
+            "k8s-pod-labels": list(self.pod_labels),
+            "identity-labels": list(self.identity_labels()),
             "identity": self.identity,
             "netns-path": self.netns_path,
             "datapath-configuration": {"external-ipam": self.external_ipam},
@@ -157,9 +191,12 @@ class Endpoint:
             ep_id = int(doc["id"])
             identity = int(doc.get("identity", 0))
             state = EndpointState(doc.get("state", EndpointState.READY.value))
-        except (KeyError, TypeError, ValueError) as e:
+            pod_labels = normalize_labels(doc.get("k8s-pod-labels") or ())
+        except (KeyError, TypeError, ValueError, LabelError) as e:
             raise EndpointRequestError(f"endpoint state: {e}") from None
-        return replace(change.apply(Endpoint(ep_id)), identity=identity, state=state)
+        return replace(
+            change.apply(Endpoint(ep_id)), identity=identity, state=state, pod_labels=pod_labels
+        )
 
     @staticmethod
     def table_header() -> list[str]:
@@ -198,7 +235,15 @@ class EndpointChange:
         "k8s-namespace": "pod_namespace",
         "netns-path": "netns_path",
     }
-    _IGNORED = {"id", "identity", "state", "sync-build-endpoint"}
+    #: Read-only fields of the model (the agent sets them), accepted and ignored.
+    _IGNORED = {
+        "id",
+        "identity",
+        "state",
+        "sync-build-endpoint",
+        "k8s-pod-labels",
+        "identity-labels",
+    }
 
     @classmethod
     def parse(cls, doc: Any) -> EndpointChange:

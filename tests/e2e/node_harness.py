@@ -114,8 +114,12 @@ class NodeEnv(E2EEnv):
         """Run ``statewright-cni COMMAND`` for ``pod`` in the node namespace."""
         return run_plugin(command, conf or self.conf, self.ns, **pod.env)
 
-    def add_pod(self, name: str) -> Pod:
-        """A new pod namespace connected by CNI ADD (removed with the environment)."""
+    def add_pod(
+        self, name: str, namespace: str = "e2e", labels: dict[str, str] | None = None
+    ) -> Pod:
+        """A new pod namespace connected by CNI ADD (removed with the environment): the pod
+        ``namespace/name`` in ``CNI_ARGS`` and its ``labels`` in the configuration's
+        ``args.cni.labels``, as a runtime passes them."""
         netns = f"swnp-{name}-{self.tag}"
         _run("ip", "netns", "add", netns)
         self._stack.callback(_run_quiet, "ip", "netns", "del", netns)
@@ -123,10 +127,14 @@ class NodeEnv(E2EEnv):
             "CNI_CONTAINERID": f"ctr-{name}-{self.tag}",
             "CNI_IFNAME": "eth0",
             "CNI_NETNS": f"/var/run/netns/{netns}",
-            "CNI_ARGS": f"IgnoreUnknown=1;K8S_POD_NAMESPACE=e2e;K8S_POD_NAME={name}",
+            "CNI_ARGS": f"IgnoreUnknown=1;K8S_POD_NAMESPACE={namespace};K8S_POD_NAME={name}",
         }
         pod = Pod(name, netns, env)
-        rc, result = self.cni("ADD", pod)
+        conf = self.conf
+        if labels:
+            cni_labels = [{"key": k, "value": v} for k, v in sorted(labels.items())]
+            conf = {**conf, "args": {"cni": {"labels": cni_labels}}}
+        rc, result = self.cni("ADD", pod, conf)
         if rc != 0:
             raise RuntimeError(f"CNI ADD {name}: {result}\n{self.agent.logs()[-3000:]}")
         pod.result = result

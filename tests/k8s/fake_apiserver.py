@@ -81,6 +81,7 @@ RESOURCES: tuple[Resource, ...] = (
     Resource("services", "Service", "", "v1", True, ("svc",)),
     Resource("pods", "Pod", "", "v1", True, ("po",)),
     Resource("nodes", "Node", "", "v1", False, ("no",)),
+    Resource("namespaces", "Namespace", "", "v1", False, ("ns",)),
     Resource("endpointslices", "EndpointSlice", "discovery.k8s.io", "v1", True),
     Resource("networkpolicies", "NetworkPolicy", "networking.k8s.io", "v1", True, ("netpol",)),
     Resource("ciliumnetworkpolicies", "CiliumNetworkPolicy", "cilium.io", "v2", True, ("cnp",)),

@@ -89,6 +89,7 @@ def test_cluster_role_is_least_rights() -> None:
             ("", "services"),
             ("", "pods"),
             ("", "nodes"),
+            ("", "namespaces"),
             ("discovery.k8s.io", "endpointslices"),
             ("networking.k8s.io", "networkpolicies"),
             ("cilium.io", "ciliumnetworkpolicies"),

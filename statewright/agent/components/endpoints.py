@@ -16,7 +16,12 @@ Start-up order, so nothing is pruned or served too early:
 4. complete the initializer: the reconcilers prune whatever no row explains; the
    restored endpoints go from ``restoring`` to ``regenerating``;
 5. follow the node addresses (host entries) and the entry statuses (endpoints become
-   ``ready`` once their entries are written).
+   ``ready`` once their entries are written); with the ``k8s`` component, follow the
+   labels of this node's Pods: an endpoint's identity labels include its Pod's labels
+   (`EndpointManager.sync_pod_labels`), so a label change on the Pod moves the endpoint
+   to another identity; and the labels of the Namespaces (sources/k8s_namespaces.py,
+   health ``endpoints/namespaces``), copied into the identities of their pods as
+   ``k8s:io.cilium.k8s.namespace.labels.<key>``.
 
 Routes follow Cilium's API: ``PUT/GET/PATCH/DELETE /endpoint/{id}``, ``GET /endpoint``,
 ``POST /ipam`` (``?family=ipv4|ipv6&owner=..``), ``POST /ipam/{ip}``, ``DELETE /ipam/{ip}``,
@@ -35,7 +40,7 @@ import os
 import shutil
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, Protocol
 
 import anyio
 
@@ -46,7 +51,10 @@ from bpfops.endpoint_ops import LXCOps
 from bpfops.ipcache_ops import IPCacheOps
 from reconciler import Config, Reconciler
 from reconciler.health import Level
+from sources.k8s_client import K8sClient
+from sources.k8s_namespaces import NamespaceLabels, pod_identity_labels
 from sources.k8s_node_cidrs import NodePodCIDRs, NodeSource
+from sources.k8s_source import SourceConfig
 from statedb import DB, Table
 from statewright.agent.config import DEFAULT_POD_CIDRS, DEFAULT_STATE_DIR, AgentConfig
 from statewright.component import (
@@ -67,6 +75,7 @@ from tables.endpoint_manager import (
     ENDPOINTS_DIR,
     EndpointManager,
     LinkCheck,
+    PodLabels,
     RestoreResult,
     host_link_exists,
 )
@@ -137,6 +146,8 @@ class EndpointsComponent(Component):
         self.maps_kind = ""
         #: IPAM's pod CIDRs following the Node (with the ``k8s`` component), else None.
         self.node_cidrs: NodePodCIDRs | None = None
+        #: The Namespaces' labels (with the ``k8s`` component), for pod identities.
+        self.namespaces: NamespaceLabels | None = None
 
     # ----- lifecycle ----------------------------------------------------------------------------
     async def start(self, hive: Hive) -> None:
@@ -150,8 +161,17 @@ class EndpointsComponent(Component):
             self.node_cidrs = NodePodCIDRs(ipam, source, configured)
         identities = IdentityAllocator(db)
         entries = EntryTables()
+        pods = _pod_label_source(hive)
+        if pods is not None:
+            self.namespaces = NamespaceLabels(pods.client, pods.config.reflector)
         manager = EndpointManager(
-            db, ipam, identities, cfg.state_dir, entries=entries, netns_cookie=netns_cookie
+            db,
+            ipam,
+            identities,
+            cfg.state_dir,
+            entries=entries,
+            netns_cookie=netns_cookie,
+            pod_labels_of=self._pod_labels_of(pods) if pods is not None else None,
         )
         with db.write_txn(entries.lxc, entries.ipcache) as txn:
             done_lxc = entries.lxc.register_initializer(txn, RESTORE_INITIALIZER)
@@ -211,7 +231,26 @@ class EndpointsComponent(Component):
         if self.node_cidrs is not None:
             self.node_cidrs.on_change = lambda: manager.sync_host(self._node_ips(db))
             await hive.spawn(self, self.node_cidrs.run, label="endpoints-pod-cidrs")
+        pods = _pod_label_source(hive)
+        if pods is not None and self.namespaces is not None:
+            namespaces = self.namespaces
+            await hive.spawn(self, namespaces.run, label="endpoints-namespaces")
+            follow_pods = _follow_labels(pods.wait_pod_labels, manager)
+            await hive.spawn(self, follow_pods, label="endpoints-pod-labels")
+            follow_ns = _follow_labels(namespaces.wait, manager)
+            await hive.spawn(self, follow_ns, label="endpoints-namespace-labels")
         hive.provide("endpoints", manager)
+
+    def _pod_labels_of(self, pods: PodLabelSource) -> PodLabels:
+        """The Pod labels the endpoint manager takes: the Pod's own and its namespace's
+        (sources/k8s_namespaces.py)."""
+        namespaces = self.namespaces
+
+        def labels_of(namespace: str, name: str) -> dict[str, str] | None:
+            ns_labels = namespaces.of(namespace) if namespaces is not None else None
+            return pod_identity_labels(pods.pod_labels_of(namespace, name), ns_labels)
+
+        return labels_of
 
     def _ipam_config(self, hive: Hive) -> tuple[IPAMConfig, NodeSource | None]:
         """IPAM's configuration: the configured pod CIDRs, or none yet (pending) when they
@@ -294,6 +333,9 @@ class EndpointsComponent(Component):
         if r.failed:
             bad.append(f"{len(r.failed)} endpoint state file(s) unreadable: {r.failed[0]}")
         cidrs = self._pod_cidrs_health()
+        if self.namespaces is not None:
+            ok, message = self.namespaces.health()
+            cidrs.append(Health(f"{self.name}/namespaces", OK if ok else DEGRADED, message))
         if bad:
             return [Health(self.name, DEGRADED, "; ".join(bad)), *cidrs]
         return [Health(self.name, OK, f"{n} endpoint(s), {self.maps_kind} maps; {restored}"),
@@ -489,6 +531,44 @@ def _parse_change(req: Request) -> EndpointChange:
         return EndpointChange.parse(req.json())
     except EndpointError as e:
         raise _api_error(e) from None
+
+
+class PodLabelSource(Protocol):
+    """What the endpoints read of the Kubernetes source (sources/k8s_source.py): the
+    labels of this node's Pods and a wait for their changes; its client and reflector
+    timing, for the Namespace reflector."""
+
+    pod_labels_generation: int
+    client: K8sClient
+    config: SourceConfig
+
+    def pod_labels_of(self, namespace: str, name: str) -> dict[str, str] | None: ...
+
+    async def wait_pod_labels(self, after: int = 0) -> int: ...
+
+
+def _pod_label_source(hive: Hive) -> PodLabelSource | None:
+    """The ``k8s`` component's source when it runs (it provides Pod labels), else None."""
+    source = hive.get("k8s") if hive.has("k8s") else None
+    return source if source is not None and hasattr(source, "wait_pod_labels") else None
+
+
+def _follow_labels(
+    wait: Callable[[int], Awaitable[int]], manager: EndpointManager
+) -> Callable[..., Awaitable[None]]:
+    async def follow(*, task_status: Any = anyio.TASK_STATUS_IGNORED) -> None:
+        """Whenever ``wait`` reports a change (Pod or Namespace labels):
+        `EndpointManager.sync_pod_labels` in a worker thread (it writes state files)."""
+        task_status.started()
+        seen = 0
+        while True:
+            seen = await wait(seen)
+            changed = await anyio.to_thread.run_sync(manager.sync_pod_labels)
+            if changed:
+                log.info("endpoints: label changes moved endpoints %s to other identities",
+                         changed)
+
+    return follow
 
 
 def _node_addresses(db: DB) -> Table[Any] | None:
