@@ -320,6 +320,38 @@ def test_restore_keeps_ids_addresses_entries_and_removes_vanished(
     anyio.run(second_run, before)
 
 
+def test_corrupt_ipam_state_keeps_the_endpoints_and_their_addresses(
+    setup: EndpointsConfig,
+) -> None:
+    """A torn ``ipam.json`` does not stop the agent: it is set aside, the restored
+    endpoints claim their addresses again (no other endpoint gets them) and health says
+    Degraded naming the file."""
+
+    async def first_run() -> dict[str, Any]:
+        async with running_agent(setup) as (_hive, comp):
+            return dict(await call(comp, "PUT", "/endpoint/0", {**POD, "container-id": "c1"}))
+
+    async def second_run(before: dict[str, Any]) -> None:
+        async with running_agent(setup) as (_hive, comp):
+            mgr = comp.manager
+            assert mgr is not None and comp.ipam is not None
+            assert comp.restore_result.restored == [before["id"]]
+            ip4 = ipaddress.ip_address(before["addressing"]["ipv4"])
+            assert comp.ipam.owner_of(mgr.db.read_txn(), ip4) == "c1"
+            (line,) = comp.health()
+            assert line.state == "Degraded" and "ipam.json" in line.message
+            other = await call(comp, "PUT", "/endpoint/0", {**POD, "container-id": "c2"})
+            assert other["addressing"]["ipv4"] != before["addressing"]["ipv4"]
+            assert other["addressing"]["ipv6"] != before["addressing"]["ipv6"]
+
+    before = anyio.run(first_run)
+    state = os.path.join(setup.state_dir, "ipam.json")
+    with open(state, "r+") as f:
+        f.truncate(20)
+    anyio.run(second_run, before)
+    assert any(n.startswith("ipam.json.corrupt-") for n in os.listdir(setup.state_dir))
+
+
 def test_host_link_exists() -> None:
     assert host_link_exists(Endpoint(1))  # no interface recorded
     assert host_link_exists(Endpoint(1, interface_name="lo", ifindex=1))
