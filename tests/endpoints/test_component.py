@@ -337,7 +337,7 @@ def test_corrupt_ipam_state_keeps_the_endpoints_and_their_addresses(
             assert mgr is not None and comp.ipam is not None
             assert comp.restore_result.restored == [before["id"]]
             ip4 = ipaddress.ip_address(before["addressing"]["ipv4"])
-            assert comp.ipam.owner_of(mgr.db.read_txn(), ip4) == "c1"
+            assert comp.ipam.owner_of(mgr.db.read_txn(), ip4) == f"endpoint:{before['id']}"
             (line,) = comp.health()
             assert line.state == "Degraded" and "ipam.json" in line.message
             other = await call(comp, "PUT", "/endpoint/0", {**POD, "container-id": "c2"})

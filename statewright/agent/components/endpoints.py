@@ -293,6 +293,8 @@ class EndpointsComponent(Component):
         restored = f"restored {len(r.restored)}, removed {len(r.removed)} at start"
         if r.failed:
             bad.append(f"{len(r.failed)} endpoint state file(s) unreadable: {r.failed[0]}")
+        if self.ipam is not None and self.ipam.state_error:
+            bad.append(self.ipam.state_error)
         cidrs = self._pod_cidrs_health()
         if bad:
             return [Health(self.name, DEGRADED, "; ".join(bad)), *cidrs]
