@@ -61,6 +61,11 @@ def test_config_file_then_overrides(tmp_path: Path) -> None:
         ("netlink: maybe\n", "field netlink: expected true or false"),
         ("node-addresses: {devics: [x]}\n", "devics"),
         ("- a\n", "expected a mapping"),
+        ("pod-cidrs: [bogus]\n", "pod-cidrs: ipam: pod CIDR 'bogus'"),
+        ("pod-cidrs: [10.0.0.1/24]\n", "host bits set"),
+        ("pod-cidrs: [10.0.0.0/16, 10.0.1.0/24]\n", "overlap"),
+        ("k8s-in-cluster: true\nk8s-api-server: https://10.0.0.1:6443\n", "k8s-in-cluster"),
+        ("k8s-in-cluster: true\nk8s-kubeconfig: /k\n", "k8s-in-cluster"),
     ],
 )
 def test_config_errors_name_the_file_and_field(tmp_path: Path, text: str, needle: str) -> None:
@@ -76,6 +81,18 @@ def test_agent_refuses_a_bad_config(tmp_path: Path, capsys: pytest.CaptureFixtur
     f.write_text("backend: fast\n")
     code, _, err = run_cli(capsys, "agent", "--config", str(f))
     assert code == 2 and "bad.yaml" in err
+
+
+def test_agent_refuses_a_bad_pod_cidr_before_it_creates_anything(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, _, err = run_cli(
+        capsys, "agent", "--backend", "memory", "--no-netlink", "--pin-dir", str(tmp_path / "p"),
+        "--api-socket", str(tmp_path / "s.sock"), "--state-dir", str(tmp_path / "state"),
+        "--pod-cidr", "10.0.0.1/24",
+    )
+    assert code == 2 and "pod-cidrs" in err and "10.0.0.1/24" in err
+    assert sorted(p.name for p in tmp_path.iterdir()) == []
 
 
 def test_agent_refuses_lb_flags_it_does_not_implement(
