@@ -45,6 +45,7 @@ import yaml
 from bpf.probe import DEFAULT_PIN_DIR
 from sources.node_address_selection import NodeAddressConfig
 from statedb.errors import InputError
+from tables.ipam import IPAMConfig, IPAMRequestError
 from tables.lb_config import default_node_name
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -123,6 +124,18 @@ class AgentConfig:
             raise ConfigError(f"k8s-burst: must be >= 1, got {self.k8s_burst}")
         if self.k8s_api_server and not self.k8s_api_server.startswith(("https://", "http://")):
             raise ConfigError(f"k8s-api-server: {self.k8s_api_server!r} is not an http(s) URL")
+        if self.k8s_in_cluster and (self.k8s_api_server or self.k8s_kubeconfig):
+            # in-cluster takes the server from KUBERNETES_SERVICE_HOST; with another source
+            # one of them would be ignored without a word
+            raise ConfigError(
+                "k8s-in-cluster: cannot be combined with k8s-api-server or k8s-kubeconfig "
+                "(choose where the API server is)"
+            )
+        if self.pod_cidrs:
+            try:
+                IPAMConfig.parse(self.pod_cidrs)
+            except IPAMRequestError as e:
+                raise ConfigError(f"pod-cidrs: {e}") from None
 
     @property
     def k8s_enabled(self) -> bool:
