@@ -311,3 +311,12 @@ def test_corrupt_state_file_is_set_aside_and_reported(tmp_path: Path, content: s
     assert json.loads(path.read_text())["allocations"] == {"10.5.0.1": ROUTER_OWNER}
     # a healthy restart reports nothing
     assert make_ipam(str(tmp_path), "10.5.0.0/24").state_error == ""
+
+
+def test_state_file_that_cannot_be_read_stops_ipam_untouched(tmp_path: Path) -> None:
+    """Only a file that does not parse is set aside; one the agent cannot read (here a
+    directory in its place) is an error naming it, and nothing is renamed."""
+    (tmp_path / "ipam.json").mkdir()
+    with pytest.raises(StateDirError, match="ipam.json: cannot read"):
+        make_ipam(str(tmp_path), "10.5.0.0/24")
+    assert [p.name for p in tmp_path.iterdir()] == ["ipam.json"]
