@@ -341,7 +341,8 @@ class IPAM:
         """The allocations and cursors in the state file, or None when there is none.
 
         A file of an unknown version is an IPAMError (a newer agent wrote it; nothing is
-        touched). A file that does not parse is set aside as ``ipam.json.corrupt-<time>``
+        touched), and so is one that cannot be read at all (a StateDirError). A file that
+        does not parse is set aside as ``ipam.json.corrupt-<time>``
         (its bytes kept for inspection) and IPAM starts empty: the endpoints' own state
         files then claim their addresses again (`EndpointManager.restore`), and
         `state_error` says so for the agent's health."""
@@ -357,8 +358,12 @@ class IPAM:
                     f"want {STATE_VERSION}"
                 )
             return _parse_state(doc)
-        except (StateDirError, ValueError, TypeError) as e:
-            reason = str(e) if isinstance(e, StateDirError) else f"state file {path}: {e}"
+        except StateDirError as e:
+            if not isinstance(e.__cause__, ValueError):
+                raise  # not readable (permissions, I/O, not a file): not ours to move
+            reason = str(e)
+        except (ValueError, TypeError) as e:
+            reason = f"state file {path}: {e}"
         aside = f"{path}.corrupt-{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}"
         try:
             os.replace(path, aside)
