@@ -333,6 +333,7 @@ class ManifestSource:
         #: Per file, the keys of the applied objects it owns.
         self._owned: dict[str, set[ObjectKey]] = {}
         self._init_done: Callable[[WriteTxn], None] | None = None
+        self._missing: list[str] = []
 
     # ----- read-only views --------------------------------------------------------------------
     @property
@@ -344,6 +345,12 @@ class ManifestSource:
     def errors(self) -> Mapping[str, str]:
         """Current errors: file path or ``path#Kind/namespace/name`` -> full message."""
         return types.MappingProxyType(self._errors_view)
+
+    @property
+    def missing(self) -> list[str]:
+        """Configured paths that did not exist at the last poll (a typo, or a directory not
+        created yet): nothing is read from them until they appear."""
+        return list(self._missing)
 
     @property
     def ignored(self) -> int:
@@ -375,6 +382,12 @@ class ManifestSource:
     def sync(self) -> SyncResult:
         """Poll once: apply new/changed files, remove deleted ones; return what happened."""
         result = SyncResult()
+        missing = [str(p) for p in self.paths if not p.exists()]
+        for name in sorted(set(missing) - set(self._missing)):
+            log.warning("manifest source: %s does not exist; nothing is read from it", name)
+        for name in sorted(set(self._missing) - set(missing)):
+            log.info("manifest source: %s exists now", name)
+        self._missing = missing
         present = {str(p): p for p in self.discover()}
         self._present = sorted(present)
         known = set(self._files) | set(self._stats) | set(self._owned) | set(self._error_keys)
