@@ -352,6 +352,30 @@ def test_corrupt_ipam_state_keeps_the_endpoints_and_their_addresses(
     assert any(n.startswith("ipam.json.corrupt-") for n in os.listdir(setup.state_dir))
 
 
+def test_restart_with_other_pod_cidrs_reports_the_allocations_kept_outside(
+    setup: EndpointsConfig,
+) -> None:
+    """Configured pod CIDRs changed across a restart: the restored endpoint keeps its
+    addresses, and health says so (endpoints/pod-cidrs Degraded) instead of only logging."""
+
+    async def first_run() -> dict[str, Any]:
+        async with running_agent(setup) as (_hive, comp):
+            assert [h.name for h in comp.health()] == ["endpoints"]
+            return dict(await call(comp, "PUT", "/endpoint/0", {**POD, "container-id": "c1"}))
+
+    async def second_run(before: dict[str, Any]) -> None:
+        async with running_agent(replace(setup, pod_cidrs=("10.21.0.0/24",))) as (_hive, comp):
+            assert comp.restore_result.restored == [before["id"]]
+            lines = {h.name: h for h in comp.health()}
+            cidrs = lines["endpoints/pod-cidrs"]
+            assert cidrs.state == "Degraded"
+            assert "10.21.0.0/24" in cidrs.message
+            assert before["addressing"]["ipv4"] in cidrs.message
+
+    before = anyio.run(first_run)
+    anyio.run(second_run, before)
+
+
 def test_host_link_exists() -> None:
     assert host_link_exists(Endpoint(1))  # no interface recorded
     assert host_link_exists(Endpoint(1, interface_name="lo", ifindex=1))
