@@ -302,12 +302,30 @@ class EndpointsComponent(Component):
                 *cidrs]
 
     def _pod_cidrs_health(self) -> list[Health]:
-        """``endpoints/pod-cidrs`` when the Kubernetes source runs: where IPAM's pod CIDRs
-        come from, waiting for the Node, a mismatch, allocations kept outside them."""
+        """``endpoints/pod-cidrs`` when the Kubernetes source runs (where IPAM's pod CIDRs
+        come from, waiting for the Node, a mismatch, allocations kept outside them), else
+        only while allocations are kept outside the configured CIDRs."""
         if self.node_cidrs is None:
-            return []
+            return self._configured_cidrs_health()
         ok, message = self.node_cidrs.health()
         return [Health(f"{self.name}/pod-cidrs", OK if ok else DEGRADED, message)]
+
+    def _configured_cidrs_health(self) -> list[Health]:
+        """``endpoints/pod-cidrs`` Degraded while allocations are held outside the configured
+        pod CIDRs (the CIDRs changed across a restart; their owners keep them until they
+        release them); nothing when there are none."""
+        if self.ipam is None:
+            return []
+        kept = self.ipam.outside_pod_cidrs()
+        if not kept:
+            return []
+        current = ", ".join(str(c) for c in self.ipam.config.pod_cidrs)
+        example = ", ".join(f"{a.ip} ({a.owner})" for a in kept[:3])
+        return [Health(
+            f"{self.name}/pod-cidrs", DEGRADED,
+            f"configured: {current}; {len(kept)} allocation(s) outside them kept until "
+            f"released, e.g. {example}",
+        )]
 
     def bpf_maps(self) -> Sequence[MapView]:
         """The endpoints (lxc) and ipcache maps."""
