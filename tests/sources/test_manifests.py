@@ -419,3 +419,22 @@ def test_manifests_component_health_names_a_missing_path(tmp_path: Path) -> None
     comp.source.sync()
     (line,) = comp.health()
     assert line.state == "Degraded" and gone in line.message and "does not exist" in line.message
+
+
+def test_a_dangling_symlink_in_the_directory_is_reported(tmp_path: Path) -> None:
+    """A manifest that is a broken link (or a link loop) is an error naming it, not a file
+    silently left out; once the link points at a file, the file is read."""
+    mdir = tmp_path / "manifests"
+    mdir.mkdir()
+    db, w, src = _new([mdir])
+    target = tmp_path / "elsewhere" / "echo.json"
+    (mdir / "echo.yaml").symlink_to(target)
+    (mdir / "loop.yaml").symlink_to(mdir / "loop.yaml")
+    src.sync()
+    assert set(src.errors) == {str(mdir / "echo.yaml"), str(mdir / "loop.yaml")}
+    assert "cannot read" in src.errors[str(mdir / "echo.yaml")]
+    target.parent.mkdir()
+    _write(target, service(), eps())
+    (mdir / "loop.yaml").unlink()
+    src.sync()
+    assert not src.errors and _state(db, w)["services"] == ["test/echo"]
