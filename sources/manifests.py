@@ -359,7 +359,8 @@ class ManifestSource:
 
     # ----- discovery ----------------------------------------------------------------------
     def discover(self) -> list[Path]:
-        """The manifest files currently present (directories scanned recursively), sorted."""
+        """The manifest files currently present (directories scanned recursively), sorted;
+        dangling links with a manifest suffix are included, so that they are reported."""
         found: set[Path] = set()
         for p in self.paths:
             if p.is_dir():
@@ -367,7 +368,10 @@ class ManifestSource:
                     rel = f.relative_to(p)
                     if any(part.startswith(".") for part in rel.parts):
                         continue
-                    if f.is_file() and f.suffix in MANIFEST_SUFFIXES:
+                    if f.suffix not in MANIFEST_SUFFIXES:
+                        continue
+                    # a broken link (or a loop) is kept: reading it fails and is reported
+                    if f.is_file() or (f.is_symlink() and not f.exists()):
                         found.add(f)
             elif p.is_file():
                 found.add(p)
