@@ -165,6 +165,29 @@ def test_second_agent_on_the_same_socket_is_refused(tmp_path: Path) -> None:
         agent.client.get("/health")
 
 
+def test_second_agent_on_the_same_state_dir_is_refused_before_it_starts(
+    tmp_path: Path,
+) -> None:
+    """Two agents on one state directory (other sockets, other pin dirs) would hand out the
+    same addresses and overwrite each other's state: the second one exits before any
+    component starts, naming the directory's lock and the first agent's pid."""
+    with running_agent(tmp_path) as agent:
+        state = state_dir_of(agent.socket)
+        other = tmp_path / "other"
+        other.mkdir()
+        res = subprocess.run(
+            [sys.executable, "-m", "statewright", "agent", "--backend", "memory", "--no-netlink",
+             "--pin-dir", str(other / "pins"), "--api-socket", str(other / "agent.sock"),
+             "--manifests", str(agent.manifests), "--state-dir", state],
+            capture_output=True, text=True, timeout=30, cwd=REPO,
+        )
+        assert res.returncode == 1, res.stderr
+        assert f"{state}/agent.lock" in res.stderr
+        assert f"in use by another agent (pid {agent.proc.pid})" in res.stderr
+        assert list(other.iterdir()) == []  # no socket, no pins: nothing started
+        assert agent.client.get("/health")["pid"] == agent.proc.pid  # the first one runs on
+
+
 def test_metrics_are_served_on_localhost_when_asked(tmp_path: Path) -> None:
     import socket
     import urllib.request

@@ -376,26 +376,6 @@ def test_restart_with_other_pod_cidrs_reports_the_allocations_kept_outside(
     anyio.run(second_run, before)
 
 
-def test_a_second_agent_on_the_same_state_dir_is_refused(setup: EndpointsConfig) -> None:
-    """Two agents on one state directory would hand out the same addresses and overwrite
-    each other's state files: the second one does not start, and says who holds it."""
-    from statewright.component import ComponentError
-
-    async def main() -> None:
-        async with running_agent(setup):
-            other = replace(setup, pin_dir=new_pin_dir(setup.backend))
-            try:
-                with pytest.raises(ComponentError, match=f"{setup.state_dir}.*pid {os.getpid()}"):
-                    async with running_agent(other):
-                        pass
-            finally:
-                remove_pins(other.backend, other.pin_dir)
-        async with running_agent(setup):  # released at stop
-            pass
-
-    anyio.run(main)
-
-
 def test_host_link_exists() -> None:
     assert host_link_exists(Endpoint(1))  # no interface recorded
     assert host_link_exists(Endpoint(1, interface_name="lo", ifindex=1))

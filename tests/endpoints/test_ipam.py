@@ -317,6 +317,6 @@ def test_state_file_that_cannot_be_read_stops_ipam_untouched(tmp_path: Path) -> 
     """Only a file that does not parse is set aside; one the agent cannot read (here a
     directory in its place) is an error naming it, and nothing is renamed."""
     (tmp_path / "ipam.json").mkdir()
-    with pytest.raises(StateDirError, match="ipam.json: cannot read"):
+    with pytest.raises(StateDirError, match=r"ipam\.json: cannot read"):
         make_ipam(str(tmp_path), "10.5.0.0/24")
     assert [p.name for p in tmp_path.iterdir()] == ["ipam.json"]
