@@ -188,6 +188,21 @@ def test_second_agent_on_the_same_state_dir_is_refused_before_it_starts(
         assert agent.client.get("/health")["pid"] == agent.proc.pid  # the first one runs on
 
 
+def test_cleanup_is_refused_while_an_agent_holds_the_state_dir(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``agent --cleanup`` given another socket must not remove the state (and maps) of an
+    agent that runs on the same state directory."""
+    with running_agent(tmp_path) as agent:
+        state = state_dir_of(agent.socket)
+        code, _, err = run_cli(
+            capsys, "agent", "--cleanup", "--backend", "memory", "--pin-dir", agent.pin_dir,
+            "--api-socket", str(tmp_path / "elsewhere.sock"), "--state-dir", state,
+        )
+        assert code == 1 and f"pid {agent.proc.pid}" in err and state in err
+        assert os.path.exists(os.path.join(state, "ipam.json"))
+
+
 def test_metrics_are_served_on_localhost_when_asked(tmp_path: Path) -> None:
     import socket
     import urllib.request
