@@ -66,6 +66,11 @@ def test_config_file_then_overrides(tmp_path: Path) -> None:
         ("pod-cidrs: [10.0.0.0/16, 10.0.1.0/24]\n", "overlap"),
         ("k8s-in-cluster: true\nk8s-api-server: https://10.0.0.1:6443\n", "k8s-in-cluster"),
         ("k8s-in-cluster: true\nk8s-kubeconfig: /k\n", "k8s-in-cluster"),
+        ("api-socket-mode: 999\n", "api-socket-mode"),
+        ("state-dir: ''\n", "state-dir: must not be empty"),
+        ("node-name: ''\n", "node-name: must not be empty"),
+        ("k8s-qps: .nan\n", "k8s-qps"),
+        ("manifests-interval: .inf\n", "manifests-interval"),
     ],
 )
 def test_config_errors_name_the_file_and_field(tmp_path: Path, text: str, needle: str) -> None:
