@@ -34,6 +34,7 @@ nothing may change it behind the components' backs.
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -108,6 +109,18 @@ class AgentConfig:
     def __post_init__(self) -> None:
         if self.backend not in BACKENDS:
             raise ConfigError(f"backend: {self.backend!r} is not one of {', '.join(BACKENDS)}")
+        for name in ("manifests_interval", "k8s_qps"):
+            if not math.isfinite(getattr(self, name)):
+                raise ConfigError(f"{name.replace('_', '-')}: must be a finite number, "
+                                  f"got {getattr(self, name)}")
+        if not 0 <= self.api_socket_mode <= 0o777:
+            raise ConfigError(f"api-socket-mode: {self.api_socket_mode:#o} is not a file mode "
+                              "(0 to 0o777)")
+        if not self.state_dir:
+            raise ConfigError("state-dir: must not be empty")
+        if not self.node_name:
+            raise ConfigError("node-name: must not be empty (default: $NODE_NAME, else the "
+                              "host name)")
         if not 0 <= self.metrics_port < 65536:
             raise ConfigError(f"metrics-port: {self.metrics_port} is not a TCP port (0 = off)")
         if self.manifests_interval <= 0:
