@@ -37,6 +37,15 @@ def _effective_caps() -> int:
     return 0
 
 
+def bpffs_mounts() -> list[str]:
+    """Every bpffs mount point of this mount namespace, in mount order."""
+    try:
+        with open("/proc/self/mounts") as f:
+            return [p[1] for p in (line.split() for line in f) if len(p) >= 3 and p[2] == "bpf"]
+    except OSError:
+        return []
+
+
 def bpffs_mount_for(path: str) -> str | None:
     """The bpffs mount point containing ``path``, or None."""
     best: str | None = None
@@ -67,6 +76,11 @@ def kernel_support(pin_dir: str = DEFAULT_PIN_DIR) -> KernelSupport:
             False, "root but without CAP_BPF/CAP_SYS_ADMIN (restricted container?)"
         )
     if bpffs_mount_for(os.path.abspath(pin_dir)) is None:
+        mounts = bpffs_mounts()
+        if mounts:
+            return KernelSupport(
+                False, f"{pin_dir} is not on a bpffs mount (bpffs is at {', '.join(mounts)})"
+            )
         return KernelSupport(
             False, f"bpffs not mounted for {pin_dir} (mount -t bpf bpf /sys/fs/bpf)"
         )

@@ -363,6 +363,7 @@ class ManifestSource:
         #: Per file, the keys of the applied objects it owns.
         self._owned: dict[str, set[ObjectKey]] = {}
         self._init_done: Callable[[WriteTxn], None] | None = None
+        self._missing: list[str] = []
         #: Further kinds -> their handler (`add_kind_handler`).
         self._handlers: dict[str, KindHandler] = {}
         self._after_sync: list[Callable[[], None]] = []
@@ -391,13 +392,20 @@ class ManifestSource:
         return types.MappingProxyType(self._errors_view)
 
     @property
+    def missing(self) -> list[str]:
+        """Configured paths that did not exist at the last poll (a typo, or a directory not
+        created yet): nothing is read from them until they appear."""
+        return list(self._missing)
+
+    @property
     def ignored(self) -> int:
         """Objects of `IGNORED_KINDS` in the followed files (as last parsed)."""
         return sum(f.ignored for f in self._files.values())
 
     # ----- discovery ----------------------------------------------------------------------
     def discover(self) -> list[Path]:
-        """The manifest files currently present (directories scanned recursively), sorted."""
+        """The manifest files currently present (directories scanned recursively), sorted;
+        dangling links with a manifest suffix are included, so that they are reported."""
         found: set[Path] = set()
         for p in self.paths:
             if p.is_dir():
@@ -405,7 +413,10 @@ class ManifestSource:
                     rel = f.relative_to(p)
                     if any(part.startswith(".") for part in rel.parts):
                         continue
-                    if f.is_file() and f.suffix in MANIFEST_SUFFIXES:
+                    if f.suffix not in MANIFEST_SUFFIXES:
+                        continue
+                    # a broken link (or a loop) is kept: reading it fails and is reported
+                    if f.is_file() or (f.is_symlink() and not f.exists()):
                         found.add(f)
             elif p.is_file():
                 found.add(p)
@@ -420,6 +431,12 @@ class ManifestSource:
     def sync(self) -> SyncResult:
         """Poll once: apply new/changed files, remove deleted ones; return what happened."""
         result = SyncResult()
+        missing = [str(p) for p in self.paths if not p.exists()]
+        for name in sorted(set(missing) - set(self._missing)):
+            log.warning("manifest source: %s does not exist; nothing is read from it", name)
+        for name in sorted(set(self._missing) - set(missing)):
+            log.info("manifest source: %s exists now", name)
+        self._missing = missing
         present = {str(p): p for p in self.discover()}
         self._present = sorted(present)
         known = set(self._files) | set(self._stats) | set(self._owned) | set(self._error_keys)

@@ -246,15 +246,29 @@ def cmd_agent(args: argparse.Namespace) -> int:
 def cleanup(cfg: agent_config.AgentConfig) -> int:
     """``agent --cleanup``: every component removes what it left on the machine (datapath
     links, pinned maps, the agent's cgroup, the demo namespace, the socket directory).
-    Refused while an agent runs."""
+    Refused while an agent runs: one answering on the socket, or one holding the state
+    directory's lock (an agent started with another socket)."""
     with contextlib.suppress(AgentUnavailable, AgentRequestError):
         AgentClient(cfg.api_socket, timeout=2).get("/health")
         print(f"statewright agent --cleanup: an agent is running on {cfg.api_socket}; "
               "stop it first", file=sys.stderr)
         return 1
     from statewright.agent.runtime import cleanup as cleanup_components
+    from tables.state_dir import StateDirError, lock_state_dir
 
-    removed, errors = cleanup_components(cfg)
+    lock_fd = None
+    if os.path.isdir(cfg.state_dir):
+        # an agent on another socket holds the state directory's lock while it runs
+        try:
+            lock_fd = lock_state_dir(cfg.state_dir)
+        except StateDirError as e:
+            print(f"statewright agent --cleanup: {e}; stop it first", file=sys.stderr)
+            return 1
+    try:
+        removed, errors = cleanup_components(cfg)
+    finally:
+        if lock_fd is not None:
+            os.close(lock_fd)
     for r in removed:
         print(f"removed {r}")
     if not removed:

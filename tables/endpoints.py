@@ -186,14 +186,23 @@ class Endpoint:
     @classmethod
     def from_json(cls, doc: Mapping[str, Any]) -> Endpoint:
         """Read back `to_json` (a restored endpoint); EndpointRequestError when malformed."""
+        if not isinstance(doc, Mapping):
+            raise EndpointRequestError(f"endpoint state: expected an object, got "
+                                       f"{type(doc).__name__}")
         change = EndpointChange.parse(doc)
+        if "id" not in doc:
+            raise EndpointRequestError("endpoint state: field 'id' is missing")
+        field_name = "id"
         try:
             ep_id = int(doc["id"])
+            field_name = "identity"
             identity = int(doc.get("identity", 0))
+            field_name = "state"
             state = EndpointState(doc.get("state", EndpointState.READY.value))
+            field_name = "k8s-pod-labels"
             pod_labels = normalize_labels(doc.get("k8s-pod-labels") or ())
-        except (KeyError, TypeError, ValueError, LabelError) as e:
-            raise EndpointRequestError(f"endpoint state: {e}") from None
+        except (TypeError, ValueError, LabelError) as e:
+            raise EndpointRequestError(f"endpoint state: field {field_name!r}: {e}") from None
         return replace(
             change.apply(Endpoint(ep_id)), identity=identity, state=state, pod_labels=pod_labels
         )

@@ -31,6 +31,7 @@ from __future__ import annotations
 import ipaddress
 import logging
 import os
+import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -39,7 +40,7 @@ from statedb import DB, Index, ReadTxn, Table, WriteTxn
 from statedb import keys as keycodec
 from statedb.errors import InputError, StatewrightError
 from tables.l3n4 import IPAddress, IPNetwork
-from tables.state_dir import read_json, write_json_atomic
+from tables.state_dir import StateDirError, read_json, write_json_atomic
 
 log = logging.getLogger("statewright.ipam")
 
@@ -174,6 +175,26 @@ def parse_address(text: str) -> IPAddress:
         raise IPAMRequestError(f"ipam: {text!r} is not an IP address") from None
 
 
+def _parse_state(doc: Mapping[str, Any]) -> tuple[list[tuple[IPAddress, str]], dict[str, int]]:
+    """Allocations and cursors of a version-1 state document; ValueError or TypeError
+    when a field has the wrong shape."""
+    allocations = doc.get("allocations", {})
+    cursors = doc.get("cursors", {})
+    if not isinstance(allocations, dict) or not isinstance(cursors, dict):
+        raise ValueError("allocations and cursors must be objects")
+    out: list[tuple[IPAddress, str]] = []
+    for ip_text, owner in sorted(allocations.items()):
+        if not isinstance(owner, str):
+            raise ValueError(f"allocation {ip_text}: owner {owner!r} is not a string")
+        out.append((ipaddress.ip_address(ip_text), owner))
+    parsed_cursors: dict[str, int] = {}
+    for k, v in cursors.items():
+        if not isinstance(v, int) or isinstance(v, bool):
+            raise ValueError(f"cursor {k}: {v!r} is not an integer")
+        parsed_cursors[str(k)] = v
+    return out, parsed_cursors
+
+
 def pod_cidrs_of_node(node: Any) -> tuple[str, ...]:
     """The pod CIDRs of a Kubernetes Node object (a mapping as the API returns it):
     ``spec.podCIDRs``, else ``spec.podCIDR``; IPAMRequestError naming the node when
@@ -253,6 +274,9 @@ class IPAM:
     config: IPAMConfig
     table: Table[Allocation] = field(default_factory=new_ipam_table)
     _cursor: dict[str, int] = field(default_factory=dict)
+    #: Set by `restore` when the state file was unreadable and set aside ("" otherwise):
+    #: the endpoints component reports it in its health.
+    state_error: str = ""
 
     def __post_init__(self) -> None:
         if self.table not in self.db.tables:
@@ -289,16 +313,11 @@ class IPAM:
         logged; they are never handed out again while held."""
         restored = 0
         path = self.state_path
-        doc = read_json(path) if path is not None else None
+        state = self._read_state(path) if path is not None else None
         with self.db.write_txn(self.table) as txn:
-            if doc is not None:
-                if doc.get("version") != STATE_VERSION:
-                    raise IPAMError(
-                        f"ipam: state file {path}: version {doc.get('version')!r}, "
-                        f"want {STATE_VERSION}"
-                    )
-                for ip_text, owner in sorted(doc.get("allocations", {}).items()):
-                    ip = ipaddress.ip_address(ip_text)
+            if state is not None:
+                allocations, cursors = state
+                for ip, owner in allocations:
                     if self._range_of(ip) is None and not self.config.pending:
                         log.warning(
                             "ipam: restored %s (owner %s) is outside the pod CIDRs %s",
@@ -306,15 +325,56 @@ class IPAM:
                             owner,
                             ", ".join(str(c) for c in self.config.pod_cidrs) or "(none)",
                         )
-                    self.table.insert(txn, Allocation(ip, str(owner)))
+                    self.table.insert(txn, Allocation(ip, owner))
                     restored += 1
-                self._cursor = {str(k): int(v) for k, v in doc.get("cursors", {}).items()}
+                self._cursor = cursors
             if reserve_router:
                 self._reserve_routers(txn)
             self._persist(txn)
         if restored:
             log.info("ipam: restored %d allocation(s) from %s", restored, path)
         return restored
+
+    def _read_state(
+        self, path: str
+    ) -> tuple[list[tuple[IPAddress, str]], dict[str, int]] | None:
+        """The allocations and cursors in the state file, or None when there is none.
+
+        A file of an unknown version is an IPAMError (a newer agent wrote it; nothing is
+        touched), and so is one that cannot be read at all (a StateDirError). A file that
+        does not parse is set aside as ``ipam.json.corrupt-<time>``
+        (its bytes kept for inspection) and IPAM starts empty: the endpoints' own state
+        files then claim their addresses again (`EndpointManager.restore`), and
+        `state_error` says so for the agent's health."""
+        try:
+            doc = read_json(path)
+            if doc is None:
+                return None
+            if not isinstance(doc, dict):
+                raise ValueError(f"expected an object, got {type(doc).__name__}")
+            if doc.get("version") != STATE_VERSION:
+                raise IPAMError(
+                    f"ipam: state file {path}: version {doc.get('version')!r}, "
+                    f"want {STATE_VERSION}"
+                )
+            return _parse_state(doc)
+        except StateDirError as e:
+            if not isinstance(e.__cause__, ValueError):
+                raise  # not readable (permissions, I/O, not a file): not ours to move
+            reason = str(e)
+        except (ValueError, TypeError) as e:
+            reason = f"state file {path}: {e}"
+        aside = f"{path}.corrupt-{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}"
+        try:
+            os.replace(path, aside)
+        except OSError as e:
+            raise StateDirError(path, f"unreadable ({reason}) and cannot be set aside: {e}") from e
+        self.state_error = (
+            f"ipam: {reason}; set aside as {os.path.basename(aside)}, allocations rebuilt "
+            "from the endpoints' state files (addresses held by other owners are forgotten)"
+        )
+        log.error("%s", self.state_error)
+        return None
 
     def set_pod_cidrs(self, cidrs: Iterable[str]) -> list[Allocation]:
         """Hand out addresses from ``cidrs`` from now on (ends `pending`), reserving a

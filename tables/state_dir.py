@@ -9,6 +9,7 @@ error, reported with its path.
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import tempfile
@@ -23,6 +24,42 @@ class StateDirError(StatewrightError):
     def __init__(self, path: str, reason: str) -> None:
         super().__init__(f"state file {path}: {reason}")
         self.path = path
+
+
+#: The lock file an agent holds in its state directory while it runs (`lock_state_dir`).
+LOCK_FILE = "agent.lock"
+
+
+class StateDirLockedError(StateDirError):
+    """Another process holds the state directory's lock (another agent on the same
+    directory); the message names the lock file and the holder's pid."""
+
+
+def lock_state_dir(directory: str) -> int:
+    """Take the exclusive lock of ``directory`` (an flock on its ``agent.lock``, which
+    records this process's pid) and return the descriptor: closing it, or the process
+    ending however it ends, releases the lock. StateDirLockedError when another process
+    holds it; StateDirError when the directory cannot be used."""
+    path = os.path.join(directory, LOCK_FILE)
+    try:
+        os.makedirs(directory, mode=0o700, exist_ok=True)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    except OSError as e:
+        raise StateDirError(path, f"cannot open the lock: {e}") from e
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        holder = os.pread(fd, 32, 0).decode("ascii", "replace").strip() or "?"
+        os.close(fd)
+        raise StateDirLockedError(
+            path, f"the state directory is in use by another agent (pid {holder})"
+        ) from None
+    except OSError as e:
+        os.close(fd)
+        raise StateDirError(path, f"cannot lock: {e}") from e
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+    return fd
 
 
 def write_json_atomic(path: str, doc: Any) -> None:

@@ -34,6 +34,7 @@ nothing may change it behind the components' backs.
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -45,6 +46,7 @@ import yaml
 from bpf.probe import DEFAULT_PIN_DIR
 from sources.node_address_selection import NodeAddressConfig
 from statedb.errors import InputError
+from tables.ipam import IPAMConfig, IPAMRequestError
 from tables.lb_config import default_node_name
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -107,6 +109,18 @@ class AgentConfig:
     def __post_init__(self) -> None:
         if self.backend not in BACKENDS:
             raise ConfigError(f"backend: {self.backend!r} is not one of {', '.join(BACKENDS)}")
+        for name in ("manifests_interval", "k8s_qps"):
+            if not math.isfinite(getattr(self, name)):
+                raise ConfigError(f"{name.replace('_', '-')}: must be a finite number, "
+                                  f"got {getattr(self, name)}")
+        if not 0 <= self.api_socket_mode <= 0o777:
+            raise ConfigError(f"api-socket-mode: {self.api_socket_mode:#o} is not a file mode "
+                              "(0 to 0o777)")
+        if not self.state_dir:
+            raise ConfigError("state-dir: must not be empty")
+        if not self.node_name:
+            raise ConfigError("node-name: must not be empty (default: $NODE_NAME, else the "
+                              "host name)")
         if not 0 <= self.metrics_port < 65536:
             raise ConfigError(f"metrics-port: {self.metrics_port} is not a TCP port (0 = off)")
         if self.manifests_interval <= 0:
@@ -123,6 +137,18 @@ class AgentConfig:
             raise ConfigError(f"k8s-burst: must be >= 1, got {self.k8s_burst}")
         if self.k8s_api_server and not self.k8s_api_server.startswith(("https://", "http://")):
             raise ConfigError(f"k8s-api-server: {self.k8s_api_server!r} is not an http(s) URL")
+        if self.k8s_in_cluster and (self.k8s_api_server or self.k8s_kubeconfig):
+            # in-cluster takes the server from KUBERNETES_SERVICE_HOST; with another source
+            # one of them would be ignored without a word
+            raise ConfigError(
+                "k8s-in-cluster: cannot be combined with k8s-api-server or k8s-kubeconfig "
+                "(choose where the API server is)"
+            )
+        if self.pod_cidrs:
+            try:
+                IPAMConfig.parse(self.pod_cidrs)
+            except IPAMRequestError as e:
+                raise ConfigError(f"pod-cidrs: {e}") from None
 
     @property
     def k8s_enabled(self) -> bool:

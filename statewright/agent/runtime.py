@@ -53,6 +53,7 @@ from statewright.agent.components.sources import ManifestsComponent, NetlinkComp
 from statewright.agent.components.statedb import StateDBComponent
 from statewright.agent.config import AgentConfig
 from statewright.component import Component, ComponentError, Health, Hive
+from tables.state_dir import StateDirError, lock_state_dir
 
 log = logging.getLogger("statewright.agent")
 
@@ -110,6 +111,24 @@ class Agent:
         them in reverse order. ``task_status.started()`` once the API answers."""
         self._stop_requested = anyio.Event()
         self.started_at = time.time()
+        try:
+            # One agent per state directory, checked before any component touches a map,
+            # a socket or a state file: two would hand out the same pod addresses.
+            lock_fd = lock_state_dir(self.config.state_dir)
+        except StateDirError as e:
+            raise AgentError(str(e)) from None
+        try:
+            await self._run(self._stop_requested, handle_signals, task_status)
+        finally:
+            os.close(lock_fd)
+
+    async def _run(
+        self,
+        stop_requested: anyio.Event,
+        handle_signals: bool,
+        task_status: anyio.abc.TaskStatus[None],
+    ) -> None:
+        """`run` once the state directory is locked."""
         async with anyio.create_task_group() as tg:
             if handle_signals:
                 tg.start_soon(self._signals)
@@ -121,7 +140,7 @@ class Agent:
                 self.ready = True
                 log.info("agent: started; health %s", self.hive.overall())
                 task_status.started()
-                await self._stop_requested.wait()
+                await stop_requested.wait()
                 log.info("agent: stopping")
             finally:
                 self.ready = False

@@ -61,6 +61,16 @@ def test_config_file_then_overrides(tmp_path: Path) -> None:
         ("netlink: maybe\n", "field netlink: expected true or false"),
         ("node-addresses: {devics: [x]}\n", "devics"),
         ("- a\n", "expected a mapping"),
+        ("pod-cidrs: [bogus]\n", "pod-cidrs: ipam: pod CIDR 'bogus'"),
+        ("pod-cidrs: [10.0.0.1/24]\n", "host bits set"),
+        ("pod-cidrs: [10.0.0.0/16, 10.0.1.0/24]\n", "overlap"),
+        ("k8s-in-cluster: true\nk8s-api-server: https://10.0.0.1:6443\n", "k8s-in-cluster"),
+        ("k8s-in-cluster: true\nk8s-kubeconfig: /k\n", "k8s-in-cluster"),
+        ("api-socket-mode: 999\n", "api-socket-mode"),
+        ("state-dir: ''\n", "state-dir: must not be empty"),
+        ("node-name: ''\n", "node-name: must not be empty"),
+        ("k8s-qps: .nan\n", "k8s-qps"),
+        ("manifests-interval: .inf\n", "manifests-interval"),
     ],
 )
 def test_config_errors_name_the_file_and_field(tmp_path: Path, text: str, needle: str) -> None:
@@ -76,6 +86,18 @@ def test_agent_refuses_a_bad_config(tmp_path: Path, capsys: pytest.CaptureFixtur
     f.write_text("backend: fast\n")
     code, _, err = run_cli(capsys, "agent", "--config", str(f))
     assert code == 2 and "bad.yaml" in err
+
+
+def test_agent_refuses_a_bad_pod_cidr_before_it_creates_anything(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, _, err = run_cli(
+        capsys, "agent", "--backend", "memory", "--no-netlink", "--pin-dir", str(tmp_path / "p"),
+        "--api-socket", str(tmp_path / "s.sock"), "--state-dir", str(tmp_path / "state"),
+        "--pod-cidr", "10.0.0.1/24",
+    )
+    assert code == 2 and "pod-cidrs" in err and "10.0.0.1/24" in err
+    assert sorted(p.name for p in tmp_path.iterdir()) == []
 
 
 def test_agent_refuses_lb_flags_it_does_not_implement(
@@ -146,6 +168,44 @@ def test_second_agent_on_the_same_socket_is_refused(tmp_path: Path) -> None:
         assert "another agent is already listening" in res.stderr
         assert agent.proc.poll() is None  # the first one keeps running
         agent.client.get("/health")
+
+
+def test_second_agent_on_the_same_state_dir_is_refused_before_it_starts(
+    tmp_path: Path,
+) -> None:
+    """Two agents on one state directory (other sockets, other pin dirs) would hand out the
+    same addresses and overwrite each other's state: the second one exits before any
+    component starts, naming the directory's lock and the first agent's pid."""
+    with running_agent(tmp_path) as agent:
+        state = state_dir_of(agent.socket)
+        other = tmp_path / "other"
+        other.mkdir()
+        res = subprocess.run(
+            [sys.executable, "-m", "statewright", "agent", "--backend", "memory", "--no-netlink",
+             "--pin-dir", str(other / "pins"), "--api-socket", str(other / "agent.sock"),
+             "--manifests", str(agent.manifests), "--state-dir", state],
+            capture_output=True, text=True, timeout=30, cwd=REPO,
+        )
+        assert res.returncode == 1, res.stderr
+        assert f"{state}/agent.lock" in res.stderr
+        assert f"in use by another agent (pid {agent.proc.pid})" in res.stderr
+        assert list(other.iterdir()) == []  # no socket, no pins: nothing started
+        assert agent.client.get("/health")["pid"] == agent.proc.pid  # the first one runs on
+
+
+def test_cleanup_is_refused_while_an_agent_holds_the_state_dir(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``agent --cleanup`` given another socket must not remove the state (and maps) of an
+    agent that runs on the same state directory."""
+    with running_agent(tmp_path) as agent:
+        state = state_dir_of(agent.socket)
+        code, _, err = run_cli(
+            capsys, "agent", "--cleanup", "--backend", "memory", "--pin-dir", agent.pin_dir,
+            "--api-socket", str(tmp_path / "elsewhere.sock"), "--state-dir", state,
+        )
+        assert code == 1 and f"pid {agent.proc.pid}" in err and state in err
+        assert os.path.exists(os.path.join(state, "ipam.json"))
 
 
 def test_metrics_are_served_on_localhost_when_asked(tmp_path: Path) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import errno
 import logging
 import pickle
+from pathlib import Path
 
 import pytest
 
@@ -98,3 +99,14 @@ def test_error_messages_and_pickling() -> None:
     assert "CAP_BPF" in str(perm)
     again = pickle.loads(pickle.dumps(BatchError("x", "update_batch", errno.ENOENT, 3)))
     assert isinstance(again, BatchError) and again.done == 3 and again.errno == errno.ENOENT
+
+
+@pytest.mark.kernel
+def test_pin_dir_outside_bpffs_is_named_as_such(tmp_path: Path) -> None:
+    """A pin directory that is not on bpffs, while bpffs is mounted elsewhere, is reported
+    as that (not as bpffs missing, which sends the user to mount it again)."""
+    if not kernel_support().ok:
+        pytest.skip(f"kernel maps unavailable: {kernel_support().reason}")
+    reason = kernel_support(str(tmp_path / "pins")).reason
+    assert f"{tmp_path / 'pins'} is not on a bpffs mount" in reason
+    assert "/sys/fs/bpf" in reason and "mount -t bpf" not in reason

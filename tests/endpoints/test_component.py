@@ -320,6 +320,62 @@ def test_restore_keeps_ids_addresses_entries_and_removes_vanished(
     anyio.run(second_run, before)
 
 
+def test_corrupt_ipam_state_keeps_the_endpoints_and_their_addresses(
+    setup: EndpointsConfig,
+) -> None:
+    """A torn ``ipam.json`` does not stop the agent: it is set aside, the restored
+    endpoints claim their addresses again (no other endpoint gets them) and health says
+    Degraded naming the file."""
+
+    async def first_run() -> dict[str, Any]:
+        async with running_agent(setup) as (_hive, comp):
+            return dict(await call(comp, "PUT", "/endpoint/0", {**POD, "container-id": "c1"}))
+
+    async def second_run(before: dict[str, Any]) -> None:
+        async with running_agent(setup) as (_hive, comp):
+            mgr = comp.manager
+            assert mgr is not None and comp.ipam is not None
+            assert comp.restore_result.restored == [before["id"]]
+            ip4 = ipaddress.ip_address(before["addressing"]["ipv4"])
+            assert comp.ipam.owner_of(mgr.db.read_txn(), ip4) == f"endpoint:{before['id']}"
+            (line,) = comp.health()
+            assert line.state == "Degraded" and "ipam.json" in line.message
+            other = await call(comp, "PUT", "/endpoint/0", {**POD, "container-id": "c2"})
+            assert other["addressing"]["ipv4"] != before["addressing"]["ipv4"]
+            assert other["addressing"]["ipv6"] != before["addressing"]["ipv6"]
+
+    before = anyio.run(first_run)
+    state = os.path.join(setup.state_dir, "ipam.json")
+    with open(state, "r+") as f:
+        f.truncate(20)
+    anyio.run(second_run, before)
+    assert any(n.startswith("ipam.json.corrupt-") for n in os.listdir(setup.state_dir))
+
+
+def test_restart_with_other_pod_cidrs_reports_the_allocations_kept_outside(
+    setup: EndpointsConfig,
+) -> None:
+    """Configured pod CIDRs changed across a restart: the restored endpoint keeps its
+    addresses, and health says so (endpoints/pod-cidrs Degraded) instead of only logging."""
+
+    async def first_run() -> dict[str, Any]:
+        async with running_agent(setup) as (_hive, comp):
+            assert [h.name for h in comp.health()] == ["endpoints"]
+            return dict(await call(comp, "PUT", "/endpoint/0", {**POD, "container-id": "c1"}))
+
+    async def second_run(before: dict[str, Any]) -> None:
+        async with running_agent(replace(setup, pod_cidrs=("10.21.0.0/24",))) as (_hive, comp):
+            assert comp.restore_result.restored == [before["id"]]
+            lines = {h.name: h for h in comp.health()}
+            cidrs = lines["endpoints/pod-cidrs"]
+            assert cidrs.state == "Degraded"
+            assert "10.21.0.0/24" in cidrs.message
+            assert before["addressing"]["ipv4"] in cidrs.message
+
+    before = anyio.run(first_run)
+    anyio.run(second_run, before)
+
+
 def test_host_link_exists() -> None:
     assert host_link_exists(Endpoint(1))  # no interface recorded
     assert host_link_exists(Endpoint(1, interface_name="lo", ifindex=1))

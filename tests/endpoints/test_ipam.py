@@ -284,3 +284,39 @@ def test_pending_ipam_hands_out_nothing_until_it_has_pod_cidrs(tmp_path: Path) -
     # IPv6 is new: it gets a router address; IPv4 keeps its old one.
     assert str(ipam.router(ipam.db.read_txn(), 6)) == "fd00:2::1"
     assert ipam.allocate_next(4, "new") in ipaddress.ip_network("10.2.0.0/24")
+
+
+@pytest.mark.parametrize(
+    "content",
+    [
+        '{"allocations": {"10.5.0.2": ',  # torn JSON
+        "\x00\xff not json",
+        '["a list"]',
+        '{"version": 1, "allocations": {"10.5.0.999": "a"}}',
+        '{"version": 1, "allocations": {"10.5.0.2": 7}}',
+        '{"version": 1, "allocations": [], "cursors": {"10.5.0.0/24": "x"}}',
+    ],
+)
+def test_corrupt_state_file_is_set_aside_and_reported(tmp_path: Path, content: str) -> None:
+    """A state file that does not parse does not stop IPAM: its bytes are kept beside it
+    (``ipam.json.corrupt-*``), IPAM starts empty (the endpoints' own state files give their
+    addresses back) and `state_error` says what happened."""
+    path = tmp_path / "ipam.json"
+    path.write_bytes(content.encode("utf-8", "surrogateescape"))
+    ipam = make_ipam(str(tmp_path), "10.5.0.0/24")
+    assert "ipam.json" in ipam.state_error and "set aside" in ipam.state_error
+    (kept,) = tmp_path.glob("ipam.json.corrupt-*")
+    assert kept.read_bytes() == content.encode("utf-8", "surrogateescape")
+    assert [(str(a.ip), a.owner) for a in ipam.allocations()] == [("10.5.0.1", ROUTER_OWNER)]
+    assert json.loads(path.read_text())["allocations"] == {"10.5.0.1": ROUTER_OWNER}
+    # a healthy restart reports nothing
+    assert make_ipam(str(tmp_path), "10.5.0.0/24").state_error == ""
+
+
+def test_state_file_that_cannot_be_read_stops_ipam_untouched(tmp_path: Path) -> None:
+    """Only a file that does not parse is set aside; one the agent cannot read (here a
+    directory in its place) is an error naming it, and nothing is renamed."""
+    (tmp_path / "ipam.json").mkdir()
+    with pytest.raises(StateDirError, match=r"ipam\.json: cannot read"):
+        make_ipam(str(tmp_path), "10.5.0.0/24")
+    assert [p.name for p in tmp_path.iterdir()] == ["ipam.json"]

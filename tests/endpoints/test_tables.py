@@ -252,3 +252,16 @@ def test_ipcache_read_before_write(rows: list[tuple[int, bool, int]]) -> None:
         ops.update(txn, 1, row)
         assert dict(m.items())[ipcache_key(prefix)] == ipcache_value(row)
         assert ops.writes == before + (exact != ipcache_value(row))
+
+
+@pytest.mark.parametrize(
+    ("doc", "match"),
+    [
+        ({}, r"endpoint state: field 'id' is missing"),
+        ([], r"endpoint state: expected an object, got list"),
+        ({"id": "x"}, r"endpoint state: field 'id': "),
+    ],
+)
+def test_malformed_endpoint_state_names_the_field(doc: object, match: str) -> None:
+    with pytest.raises(EndpointRequestError, match=match):
+        Endpoint.from_json(doc)  # type: ignore[arg-type]

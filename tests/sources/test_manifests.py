@@ -391,3 +391,50 @@ def test_large_yaml_uses_the_fast_loader_and_keeps_pyyaml_error_wording(tmp_path
     assert len(manifests.parse_manifest_objects(ok.read_text(), ok)) == 1
     with pytest.raises(ManifestError, match=r"line 1, column 6: cannot parse YAML: expected"):
         manifests.parse_manifest_objects("a: [1", tmp_path / "bad.yaml")
+
+
+def test_a_configured_path_that_does_not_exist_is_reported_until_it_does(
+    tmp_path: Path,
+) -> None:
+    """A typo in ``--manifests`` must not look like an empty directory: the path is listed
+    in `missing` (the agent's health says Degraded) until it appears, then read."""
+    gone = tmp_path / "not-yet"
+    db, w, src = _new([tmp_path / "present", gone])
+    (tmp_path / "present").mkdir()
+    src.sync()
+    assert src.missing == [str(gone)]
+    gone.mkdir()
+    _write(gone / "echo.yaml", service(), eps())
+    src.sync()
+    assert src.missing == [] and _state(db, w)["services"] == ["test/echo"]
+
+
+def test_manifests_component_health_names_a_missing_path(tmp_path: Path) -> None:
+    from statewright.agent.components.sources import ManifestsComponent
+    from statewright.agent.config import AgentConfig
+
+    gone = str(tmp_path / "typo")
+    comp = ManifestsComponent(AgentConfig(manifests=(gone,), backend="memory"))
+    _db, _w, comp.source = _new([Path(gone)])
+    comp.source.sync()
+    (line,) = comp.health()
+    assert line.state == "Degraded" and gone in line.message and "does not exist" in line.message
+
+
+def test_a_dangling_symlink_in_the_directory_is_reported(tmp_path: Path) -> None:
+    """A manifest that is a broken link (or a link loop) is an error naming it, not a file
+    silently left out; once the link points at a file, the file is read."""
+    mdir = tmp_path / "manifests"
+    mdir.mkdir()
+    db, w, src = _new([mdir])
+    target = tmp_path / "elsewhere" / "echo.json"
+    (mdir / "echo.yaml").symlink_to(target)
+    (mdir / "loop.yaml").symlink_to(mdir / "loop.yaml")
+    src.sync()
+    assert set(src.errors) == {str(mdir / "echo.yaml"), str(mdir / "loop.yaml")}
+    assert "cannot read" in src.errors[str(mdir / "echo.yaml")]
+    target.parent.mkdir()
+    _write(target, service(), eps())
+    (mdir / "loop.yaml").unlink()
+    src.sync()
+    assert not src.errors and _state(db, w)["services"] == ["test/echo"]

@@ -332,6 +332,8 @@ class EndpointsComponent(Component):
         restored = f"restored {len(r.restored)}, removed {len(r.removed)} at start"
         if r.failed:
             bad.append(f"{len(r.failed)} endpoint state file(s) unreadable: {r.failed[0]}")
+        if self.ipam is not None and self.ipam.state_error:
+            bad.append(self.ipam.state_error)
         cidrs = self._pod_cidrs_health()
         if self.namespaces is not None:
             ok, message = self.namespaces.health()
@@ -342,12 +344,30 @@ class EndpointsComponent(Component):
                 *cidrs]
 
     def _pod_cidrs_health(self) -> list[Health]:
-        """``endpoints/pod-cidrs`` when the Kubernetes source runs: where IPAM's pod CIDRs
-        come from, waiting for the Node, a mismatch, allocations kept outside them."""
+        """``endpoints/pod-cidrs`` when the Kubernetes source runs (where IPAM's pod CIDRs
+        come from, waiting for the Node, a mismatch, allocations kept outside them), else
+        only while allocations are kept outside the configured CIDRs."""
         if self.node_cidrs is None:
-            return []
+            return self._configured_cidrs_health()
         ok, message = self.node_cidrs.health()
         return [Health(f"{self.name}/pod-cidrs", OK if ok else DEGRADED, message)]
+
+    def _configured_cidrs_health(self) -> list[Health]:
+        """``endpoints/pod-cidrs`` Degraded while allocations are held outside the configured
+        pod CIDRs (the CIDRs changed across a restart; their owners keep them until they
+        release them); nothing when there are none."""
+        if self.ipam is None:
+            return []
+        kept = self.ipam.outside_pod_cidrs()
+        if not kept:
+            return []
+        current = ", ".join(str(c) for c in self.ipam.config.pod_cidrs)
+        example = ", ".join(f"{a.ip} ({a.owner})" for a in kept[:3])
+        return [Health(
+            f"{self.name}/pod-cidrs", DEGRADED,
+            f"configured: {current}; {len(kept)} allocation(s) outside them kept until "
+            f"released, e.g. {example}",
+        )]
 
     def bpf_maps(self) -> Sequence[MapView]:
         """The endpoints (lxc) and ipcache maps."""

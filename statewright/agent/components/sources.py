@@ -43,12 +43,14 @@ class ManifestsComponent(Component):
                  ", ".join(self.config.manifests), len(source.files), len(source.errors))
 
     def health(self) -> list[Health]:
-        """Degraded with every rejected object's error; OK with the number of files."""
+        """Degraded with every configured path that does not exist and every rejected
+        object's error; OK with the number of files."""
         src = self.source
         if src is None:
             return [Health(self.name, DEGRADED, "not started")]
-        if src.errors:
-            return [Health(self.name, DEGRADED, "; ".join(src.errors.values()))]
+        problems = [f"{p}: does not exist" for p in src.missing] + list(src.errors.values())
+        if problems:
+            return [Health(self.name, DEGRADED, "; ".join(problems))]
         return [Health(self.name, OK, f"{len(src.files)} file(s) from "
                        + ", ".join(self.config.manifests))]
 
