@@ -17,16 +17,14 @@ from __future__ import annotations
 
 import argparse
 import logging
-import os
-import signal
 import sys
 from typing import Any, Protocol
 
 from statewright import cli_agent, cli_api, cli_bpf, cli_endpoint, cli_lb, cli_policy, cli_run
+from statewright.broken_pipe import EXIT_BROKEN_PIPE, discard_stdout
 
 #: Exit code after stdout was closed by the reader: 128 + SIGPIPE, what a shell reports for
 #: a tool killed by SIGPIPE (``yes | head -1``; visible with ``set -o pipefail``).
-EXIT_BROKEN_PIPE = 128 + signal.SIGPIPE
 
 
 class SubParsers(Protocol):
@@ -100,28 +98,14 @@ def run(parser: argparse.ArgumentParser, argv: list[str] | None = None) -> int:
             # (also after --help, whose SystemExit passes through when the flush succeeds).
             sys.stdout.flush()
     except BrokenPipeError:
-        _discard_stdout()
+        discard_stdout()
         return EXIT_BROKEN_PIPE
     except BaseExceptionGroup as group:  # a command running a task group (agent --status-line)
         _, rest = group.split(BrokenPipeError)
         if rest is not None:
             raise
-        _discard_stdout()
+        discard_stdout()
         return EXIT_BROKEN_PIPE
-
-
-def _discard_stdout() -> None:
-    """Point file descriptor 1 at /dev/null so that the interpreter's final flush of what is
-    still buffered for the closed pipe does not print 'Exception ignored ... BrokenPipeError'."""
-    try:
-        fd = sys.stdout.fileno()
-    except (AttributeError, OSError, ValueError):  # replaced by an object without a file
-        return
-    devnull = os.open(os.devnull, os.O_WRONLY)
-    try:
-        os.dup2(devnull, fd)
-    finally:
-        os.close(devnull)
 
 
 if __name__ == "__main__":

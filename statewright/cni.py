@@ -54,6 +54,7 @@ from dataclasses import dataclass, field
 from typing import Any, TextIO
 
 from statedb.errors import StatewrightError
+from statewright.broken_pipe import EXIT_BROKEN_PIPE, discard_stdout
 from statewright.rtnl import RT_SCOPE_LINK, Rtnl
 
 CNI_VERSION = "1.0.0"
@@ -618,8 +619,15 @@ def run(env: Mapping[str, str], stdin: str, stdout: TextIO) -> int:
 
 
 def main() -> None:
-    """The ``statewright-cni`` console script."""
-    sys.exit(run(os.environ, sys.stdin.read(), sys.stdout))
+    """The ``statewright-cni`` console script. A runtime that stopped reading its output
+    gets the SIGPIPE exit status, not a traceback on standard error."""
+    try:
+        code = run(os.environ, sys.stdin.read(), sys.stdout)
+        sys.stdout.flush()
+    except BrokenPipeError:
+        discard_stdout()
+        code = EXIT_BROKEN_PIPE
+    sys.exit(code)
 
 
 if __name__ == "__main__":

@@ -81,3 +81,8 @@ def test_an_open_stdout_still_gets_everything() -> None:
                          capture_output=True, text=True, cwd=REPO, timeout=120)
     assert res.returncode == 0, res.stderr
     assert "level=OK message=OK, 2 object(s)" in res.stdout
+
+
+def test_the_cni_plugin_exits_quietly_too() -> None:
+    # No CNI_COMMAND: the plugin answers with its error JSON on the closed stdout.
+    assert_quiet_broken_pipe(run_with_closed_stdout(module="statewright.cni"))
