@@ -524,15 +524,17 @@ class FrontendOps(Generic[R]):
 
         A batch that stops part way fails the frontends whose entries were not written
         (a backend entry shared by several frontends fails all of them); their recorded
-        state is put back so that the retry writes those entries again. Frontends this
-        round cannot batch go through `update_spec` after it: NodePort expansions,
-        frontends that are disabled or not in the datapath, frontends that drop backends
-        (dropping a shared backend may rewrite its entry, which must come after the
-        round's write of it), and a second entry for an address already in the round.
+        state is put back so that the retry writes those entries again.
+
+        Frontends a round cannot batch go through `update_spec`, in their place in the
+        batch (the frontends collected before them are written first, so ids are
+        allocated in the batch's order, as per-object updates allocate them): NodePort
+        expansions, frontends that are disabled or not in the datapath, frontends that
+        drop backends (dropping a shared backend may rewrite its entry, which must come
+        after the round's write of it), and a second entry for an address in the round.
         """
         round_: list[tuple[BatchEntry[R], _Pending]] = []
         seen: set[Addr] = set()
-        single: list[tuple[BatchEntry[R], FrontendSpec]] = []
         for entry in batch:
             try:
                 fe = self.spec_of(txn, entry.obj)
@@ -540,7 +542,14 @@ class FrontendOps(Generic[R]):
                 entry.result = exc
                 continue
             if not self._batchable(fe) or fe.addr in seen:
-                single.append((entry, fe))
+                if round_:
+                    self._write_round(round_)
+                    round_ = []
+                    seen.clear()
+                try:
+                    self.update_spec(txn, fe)
+                except Exception as exc:
+                    entry.result = exc
                 continue
             seen.add(fe.addr)
             try:
@@ -556,11 +565,6 @@ class FrontendOps(Generic[R]):
             round_.append((entry, pending))
         if round_:
             self._write_round(round_)
-        for entry, fe in single:
-            try:
-                self.update_spec(txn, fe)
-            except Exception as exc:
-                entry.result = exc
 
     def delete_batch(self, txn: ReadTxn, batch: list[BatchEntry[R]]) -> None:
         """Delete each entry's frontend as `delete` does, one after the other (deletions are
