@@ -568,8 +568,7 @@ class FrontendOps(Generic[R]):
 
     def delete_batch(self, txn: ReadTxn, batch: list[BatchEntry[R]]) -> None:
         """Delete each entry's frontend as `delete` does, one after the other (deletions are
-        not batched: each frontend's entries go master-last-written-first, per frontend);
-        each entry's ``result`` is its error, if any."""
+        not batched); each entry's ``result`` is its error, if any."""
         for entry in batch:
             try:
                 self.delete(txn, entry.revision, entry.obj)
@@ -584,7 +583,12 @@ class FrontendOps(Generic[R]):
         if state is None or not state.backends:
             return True
         have = state.backends
-        return len(have) <= len(fe.backends) and all(be.addr in have for be in fe.backends)
+        if len(have) > len(fe.backends):
+            return False
+        if len(have) == len(fe.backends) and all(be.addr in have for be in fe.backends):
+            return True
+        wanted = {be.addr for be in fe.backends}
+        return all(a in wanted for a in have)
 
     def _write_round(self, round_: list[tuple[BatchEntry[R], _Pending]]) -> None:
         """Write prepared frontends map by map (see `update_batch`); failures go to the

@@ -97,6 +97,19 @@ def test_a_round_is_one_batch_call_per_map() -> None:
     for s in specs:
         per_object.update(NO_TXN, 0, s)
     assert dump_lines(maps.unwrapped()) == dump_lines(clean)
+    # Frontends gaining a backend are batched too; one losing a backend goes on its own.
+    for w in wrappers.values():
+        w.calls.clear()
+    grown = [fe(f"10.96.0.{n}:80", "ClusterIP", (*s.backends, be(f"10.244.{n}.99:8080")))
+             for n, s in enumerate(specs[:-1], 1)]
+    shrunk = fe("10.96.0.20:80", "ClusterIP", specs[-1].backends[1:])
+    entries = _entries([*grown, shrunk])
+    ops.update_batch(NO_TXN, entries)
+    assert [e.result for e in entries] == [None] * 20
+    assert wrappers["lb4_backends"].calls == {"update_batch": 1}
+    for s in [*grown, shrunk]:
+        per_object.update(NO_TXN, 0, s)
+    assert dump_lines(maps.unwrapped()) == dump_lines(clean)
 
 
 def test_backend_batch_stopping_fails_the_frontends_of_the_lost_entries() -> None:
