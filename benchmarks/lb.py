@@ -15,6 +15,21 @@
 - backend_change_cpu_p50_us / p99: the same changes' CPU time on the benchmark's thread
   (which runs the writer and the reconciler), without the time spent waiting for a core:
   on a shared machine the wall-clock p99 is mostly other processes' turn.
+- map_calls_per_service: map write calls (each one syscall on kernel maps) per service of
+  the end-to-end load of up to 2,000 services, counted on memory maps behind a counting
+  wrapper in a run of its own (the timed runs have no wrapper).
+- batch_path: the reconciler hands FrontendOps whole rounds (``BatchOperations``, as the
+  agent's LoadBalancer does); ``--per-object`` measures one frontend at a time instead.
+
+Batch path against ``--per-object`` (2026-11-23 18:24-18:35 UTC, load average 0.7-3.1):
+map_calls_per_service 1.4 against 5.0 (rounds here hold about ten frontends, one write
+transaction's worth; the 1 left is each new VIP's wildcard entry); CPU per 1,000 services
+to kernel maps at 2,000 services 0.259 / 0.265 against 0.266 / 0.271 (default collector
+0.305 / 0.324 against 0.339 / 0.368), at 10,000 services 0.309-0.321 against 0.296-0.332
+(noise as large as the change); callgrind (1,000 services into kernel maps, whole run):
+4,666-4,674 M against 4,704 M instructions, i.e. 30,000-38,000 fewer per service (user
+space only; the kernel's saved syscalls are not in it). A backend change is one frontend
+per round, so its cost is that of the per-object path.
 
 Garbage collector (the naming rule of every benchmark): a plain key is measured with the
 agent's collector configuration (``statedb.gc_tuning.tune_gc()`` before the load,
