@@ -26,6 +26,11 @@ Every operation is idempotent and records state only after the map writes it dep
 succeeded, so a failure part-way (E2BIG, injected faults) is repaired by the retry.
 Errors are raised as ``LBOpsError`` naming the frontend and the step.
 
+As the reconciler's ``BatchOperations``, ``update_batch`` writes a whole round map by map
+(every backend entry, every slot, every rev-NAT entry, every master: one batch call each)
+and gives each frontend its own result; see docs/bpf.md for the order and what a batch
+stopping part way fails.
+
 ``prune`` removes whatever the state does not explain: unknown service keys and slots,
 backends, rev-NAT, affinity, source-range and maglev entries, and wildcard entries without
 a parent; it also releases restored ids nobody claimed.
