@@ -656,27 +656,73 @@ class FrontendOps(Generic[R]):
                 else:
                     e.result = _fe_error(p.fe, exc or MapError("revnat", "update", 0))
             live = live[:done]
-            # Masters (a frontend without a master yet first loses stale slots).
-            masters: list[tuple[bytes, bytes]] = []
+            # Masters (a frontend without a master yet first loses stale slots), each
+            # followed by the wildcard entry of a VIP that has none yet.
+            keys, values = [], []
+            owners: list[int] = []  # keys[j] belongs to ready[owners[j]]
             ready: list[tuple[BatchEntry[R], _Pending]] = []
+            ready_masters: list[bytes] = []
+            new_wildcard: list[bool] = []
+            queued: set[tuple[IPAddress, int]] = set()
             for e, p in live:
                 try:
-                    masters.append(self._master_entry(p))
+                    key, master = self._master_entry(p)
                 except MapError as exc2:
                     e.result = _fe_error(p.fe, exc2)
                     continue
+                keys.append(key)
+                values.append(master)
+                owners.append(len(ready))
+                wildcard = self._new_wildcard(p)
+                if wildcard is not None and wildcard[0] not in queued:
+                    queued.add(wildcard[0])
+                    keys.append(wildcard[1])
+                    values.append(wildcard[2])
+                    owners.append(len(ready))
+                    new_wildcard.append(True)
+                else:
+                    new_wildcard.append(False)
                 ready.append((e, p))
-            done, exc = _write_counted(
-                svc_raw, [k for k, _ in masters], [v for _, v in masters]
-            )
+                ready_masters.append(master)
+            done, exc = _write_counted(svc_raw, keys, values)
+            complete = owners[done] if done < len(owners) else len(ready)
+            for j in range(done):
+                if j == 0 or owners[j] != owners[j - 1]:  # the owner's master
+                    ready[owners[j]][1].state.master = values[j]
             for i, (e, p) in enumerate(ready):
-                if i >= done:
+                if i >= complete:
                     e.result = _fe_error(p.fe, exc or MapError("services", "update", 0))
                     continue
                 try:
-                    self._after_master(p, masters[i][1])
+                    self._after_master(p, ready_masters[i], new_wildcard[i])
                 except MapError as exc2:
                     e.result = _fe_error(p.fe, exc2)
+
+    def _new_wildcard(
+        self, p: _Pending
+    ) -> tuple[tuple[IPAddress, int], bytes, bytes] | None:
+        """The wildcard entry (refs key, map key, value) `_after_master` would create for
+        the frontend, when its VIP has none yet; else None."""
+        fe = p.fe
+        addr = fe.addr
+        if not (
+            self.config.wildcard_entries
+            and self._wildcard_candidate(fe)
+            and self._wildcard_class(fe)
+        ):
+            return None
+        if p.is_local is not None and p.is_local(addr.ip):
+            return None
+        ref_key = (addr.ip, addr.scope)
+        if self.wildcard_refs.get(ref_key) is not None:
+            return None
+        key_struct = lb.SERVICE6_KEY_STRUCT if addr.is_v6 else lb.SERVICE4_KEY_STRUCT
+        f1, f2 = svcflags.split(svcflags.service_flags(svcflags.FlagParams(fe.type)))
+        return (
+            ref_key,
+            key_struct.pack(addr.packed, 0, 0, 0, addr.scope),
+            lb.SERVICE_VALUE_STRUCT.pack(0, 0, 0, f1, f2, 0),
+        )
 
     def prune(self, txn: ReadTxn, objects: Iterator[R]) -> None:
         """Remove everything the given rows (all desired frontends) do not explain."""
@@ -1115,9 +1161,10 @@ class FrontendOps(Generic[R]):
             self._trim_slots(addr, state, len(p.slot_backends))
         return self._svc_key(addr, 0), master
 
-    def _after_master(self, p: _Pending, master: bytes) -> None:
-        """Record the master written, then scale-to-zero, the wildcard entry and the slots
-        beyond the backend list (which the master no longer counts)."""
+    def _after_master(self, p: _Pending, master: bytes, wildcard_written: bool = False) -> None:
+        """Record the master written, then scale-to-zero, the wildcard entry (already in
+        the map when ``wildcard_written``) and the slots beyond the backend list (which
+        the master no longer counts)."""
         fe, state, cfg, is_local = p.fe, p.state, self.config, p.is_local
         addr, svc, ip = fe.addr, fe.service, fe.addr.ip
         state.master = master
@@ -1126,7 +1173,7 @@ class FrontendOps(Generic[R]):
 
         if self._wildcard_candidate(fe) and self._wildcard_class(fe):
             if cfg.wildcard_entries and (is_local is None or not is_local(ip)):
-                self._upsert_wildcard(fe, state)
+                self._upsert_wildcard(fe, state, wildcard_written)
             else:
                 self._delete_wildcard(addr, state)
         elif state.wildcard is not None:
@@ -1203,12 +1250,16 @@ class FrontendOps(Generic[R]):
                 bstate.written = want
         bstate.refcount -= 1
 
-    def _upsert_wildcard(self, fe: FrontendSpec, state: _FrontendState) -> None:
+    def _upsert_wildcard(
+        self, fe: FrontendSpec, state: _FrontendState, written: bool = False
+    ) -> None:
+        """Reference the VIP's wildcard entry, writing it with the first reference (unless
+        ``written``: the round's batch wrote it)."""
         key = (fe.addr.ip, fe.addr.scope)
         refs = self.wildcard_refs.get(key)
         if refs is not None and state.id in _ref_ids(refs):
             return
-        if refs is None:
+        if refs is None and not written:
             cls = lb.Service6Key if fe.addr.is_v6 else lb.Service4Key
             f1, f2 = svcflags.split(svcflags.service_flags(svcflags.FlagParams(fe.type)))
             self.maps.services(fe.addr.is_v6).update(

@@ -265,3 +265,59 @@ def test_rounds_with_partial_batches_converge_to_per_object_writes(
     assert sorted(normalize_ids(dump_lines(broken.unwrapped()))) == sorted(
         normalize_ids(dump_lines(clean))
     )
+
+
+def test_wildcard_entries_go_with_the_masters() -> None:
+    stoppers: dict[str, StopAtMap] = {}
+
+    def wrap(backend: Any) -> Any:
+        stoppers[backend.spec.name] = StopAtMap(backend)
+        return stoppers[backend.spec.name]
+
+    counting: dict[str, CountingMap] = {}
+
+    def wrap_counting(backend: Any) -> Any:
+        counting[backend.spec.name] = CountingMap(backend)
+        return counting[backend.spec.name]
+
+    # Two ports of one VIP share its wildcard entry; a round writes it once, in the
+    # masters' batch.
+    specs = [
+        fe(f"10.96.0.{n}:{port}", "ClusterIP", (be(f"10.244.0.{n}:8080"),))
+        for n in (1, 2, 3)
+        for port in (80, 53)
+    ]
+    maps = _maps(wrap_counting)
+    ops = new_ops(maps, wildcard_entries=True)
+    entries = _entries(specs)
+    ops.update_batch(NO_TXN, entries)
+    assert [e.result for e in entries] == [None] * 6
+    assert counting["lb4_services"].calls == {"update_batch": 2}
+    clean = _maps()
+    per_object = new_ops(clean, wildcard_entries=True)
+    for s in specs:
+        per_object.update(NO_TXN, 0, s)
+    assert dump_lines(maps.unwrapped()) == dump_lines(clean)
+
+    # The masters' batch stops after the first master, before its wildcard entry: the
+    # frontend fails (its master recorded as written) and so does every later one.
+    broken = _maps(wrap)
+    ops = new_ops(broken, wildcard_entries=True)
+    services = stoppers["lb4_services"]
+    calls = [0]
+    original = services.update_batch
+
+    def second_batch_stops(keys: Any, values: Any, flags: int = 0) -> int:
+        calls[0] += 1
+        if calls[0] == 2:
+            services.stop = 1
+        return original(keys, values, flags)
+
+    services.update_batch = second_batch_stops  # type: ignore[method-assign]
+    entries = _entries(specs)
+    ops.update_batch(NO_TXN, entries)
+    assert all(e.result is not None for e in entries)
+    assert ops.frontends[specs[0].addr].master is not None
+    assert not ops.wildcard_refs
+    _retry_until_done(ops, "update", specs)
+    assert dump_lines(broken.unwrapped()) == dump_lines(clean)
