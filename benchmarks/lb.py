@@ -21,15 +21,16 @@
 - batch_path: the reconciler hands FrontendOps whole rounds (``BatchOperations``, as the
   agent's LoadBalancer does); ``--per-object`` measures one frontend at a time instead.
 
-Batch path against ``--per-object`` (2026-11-23 18:24-18:35 UTC, load average 0.7-3.1):
-map_calls_per_service 1.4 against 5.0 (rounds here hold about ten frontends, one write
-transaction's worth; the 1 left is each new VIP's wildcard entry); CPU per 1,000 services
-to kernel maps at 2,000 services 0.259 / 0.265 against 0.266 / 0.271 (default collector
-0.305 / 0.324 against 0.339 / 0.368), at 10,000 services 0.309-0.321 against 0.296-0.332
-(noise as large as the change); callgrind (1,000 services into kernel maps, whole run):
-4,666-4,674 M against 4,704 M instructions, i.e. 30,000-38,000 fewer per service (user
-space only; the kernel's saved syscalls are not in it). A backend change is one frontend
-per round, so its cost is that of the per-object path.
+Batch path against ``--per-object`` (2026-11-23 18:36-18:44 UTC, load average 1.5-3.0,
+the two alternating): map_calls_per_service 0.4 against 5.0 (rounds here hold about ten
+frontends, one write transaction's worth: 4 batch calls per round against 5 calls per
+service); CPU per 1,000 services to kernel maps at 2,000 services 0.247 / 0.248 against
+0.256 / 0.251 (default collector 0.282 / 0.298 against 0.294 / 0.293), at 10,000
+services 0.260 / 0.260 against 0.266 / 0.255: the machine's noise is as large as the
+change; callgrind (1,000 services into kernel maps, whole run): 4,665 M against 4,707 M
+instructions, about 40,000 fewer per service (user space only; the kernel's work for the
+4.6 syscalls saved per service is not in it). A backend change is one frontend per round,
+which drops a backend, so it takes the per-object path either way.
 
 Garbage collector (the naming rule of every benchmark): a plain key is measured with the
 agent's collector configuration (``statedb.gc_tuning.tune_gc()`` before the load,
