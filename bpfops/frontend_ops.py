@@ -26,6 +26,11 @@ Every operation is idempotent and records state only after the map writes it dep
 succeeded, so a failure part-way (E2BIG, injected faults) is repaired by the retry.
 Errors are raised as ``LBOpsError`` naming the frontend and the step.
 
+As the reconciler's ``BatchOperations``, ``update_batch`` writes a whole round map by map
+(every backend entry, every slot, every rev-NAT entry, every master: one batch call each)
+and gives each frontend its own result; see docs/bpf.md for the order and what a batch
+stopping part way fails.
+
 ``prune`` removes whatever the state does not explain: unknown service keys and slots,
 backends, rev-NAT, affinity, source-range and maglev entries, and wildcard entries without
 a parent; it also releases restored ids nobody claimed.
@@ -72,6 +77,7 @@ from bpfops.model import (
     proto_name,
     proto_number,
 )
+from reconciler.operations import BatchEntry
 from statedb import ReadTxn
 from statedb.errors import StatewrightError
 
@@ -286,6 +292,47 @@ class _CollectedWrites:
             slots[idx] = previous_id
 
 
+class _Pending:
+    """One frontend between its prepared writes and its master: what the later steps need."""
+
+    __slots__ = ("active", "fe", "inactive", "is_local", "master_flags", "slot_backends",
+                 "state", "writes")
+
+    def __init__(
+        self,
+        fe: FrontendSpec,
+        state: _FrontendState,
+        is_local: Callable[[IPAddress], bool] | None,
+        writes: _CollectedWrites,
+        slot_backends: list[BackendSpec],
+        active: int,
+        inactive: int,
+        master_flags: int,
+    ) -> None:
+        self.fe = fe
+        self.state = state
+        self.is_local = is_local
+        self.writes = writes
+        self.slot_backends = slot_backends
+        self.active = active
+        self.inactive = inactive
+        self.master_flags = master_flags
+
+
+def _write_counted(
+    m: MapBackend, keys: list[bytes], values: list[bytes]
+) -> tuple[int, MapError | None]:
+    """Write entries as `_write_entries` does; return how many were written and the error
+    that stopped the rest (None when all were)."""
+    try:
+        _write_entries(m, keys, values)
+    except BatchError as exc:
+        return exc.done, exc
+    except MapError as exc:
+        return 0, exc
+    return len(keys), None
+
+
 def _write_entries(m: MapBackend, keys: list[bytes], values: list[bytes]) -> None:
     """Write encoded entries in order: one update for one entry, else one batch call
     (BatchError.done tells how many were written before a failure)."""
@@ -472,6 +519,211 @@ class FrontendOps(Generic[R]):
             except MapError as exc:
                 raise LBOpsError(f"frontend {fe.addr} (replaced): wildcard: {exc}") from exc
 
+    # -- reconciler BatchOperations -------------------------------------------------
+
+    def update_batch(self, txn: ReadTxn, batch: list[BatchEntry[R]]) -> None:
+        """Write a round's frontends with one batch call per map: the backend entries of
+        every frontend, then their slots, then (per frontend) maglev and source ranges,
+        then every rev-NAT entry, then every master, so that no master points at a slot or
+        backend not yet written. Each entry's ``result`` is its LBOpsError, if any.
+
+        A batch that stops part way fails the frontends whose entries were not written
+        (a backend entry shared by several frontends fails all of them); their recorded
+        state is put back so that the retry writes those entries again.
+
+        Frontends a round cannot batch go through `update_spec`, in their place in the
+        batch (the frontends collected before them are written first, so ids are
+        allocated in the batch's order, as per-object updates allocate them): NodePort
+        expansions, frontends that are disabled or not in the datapath, frontends that
+        drop backends (dropping a shared backend may rewrite its entry, which must come
+        after the round's write of it), and a second entry for an address in the round.
+        """
+        round_: list[tuple[BatchEntry[R], _Pending]] = []
+        seen: set[Addr] = set()
+        for entry in batch:
+            try:
+                fe = self.spec_of(txn, entry.obj)
+            except Exception as exc:
+                entry.result = exc
+                continue
+            if not self._batchable(fe) or fe.addr in seen:
+                if round_:
+                    self._write_round(round_)
+                    round_ = []
+                    seen.clear()
+                try:
+                    self.update_spec(txn, fe)
+                except Exception as exc:
+                    entry.result = exc
+                continue
+            seen.add(fe.addr)
+            try:
+                pending = self._prepare_frontend(
+                    txn, fe, lambda ip: self.node.is_local_address(txn, ip)
+                )
+            except (MapError, ValueError, IDExhaustedError) as exc:
+                entry.result = _fe_error(fe, exc)
+                continue
+            except Exception as exc:
+                entry.result = exc
+                continue
+            round_.append((entry, pending))
+        if round_:
+            self._write_round(round_)
+
+    def delete_batch(self, txn: ReadTxn, batch: list[BatchEntry[R]]) -> None:
+        """Delete each entry's frontend as `delete` does, one after the other (deletions are
+        not batched); each entry's ``result`` is its error, if any."""
+        for entry in batch:
+            try:
+                self.delete(txn, entry.revision, entry.obj)
+            except Exception as exc:
+                entry.result = exc
+
+    def _batchable(self, fe: FrontendSpec) -> bool:
+        """Whether `update_batch` writes ``fe`` in its round (see there for the others)."""
+        if not self._enabled(fe.addr) or not self._is_candidate(fe) or self._is_expansion(fe):
+            return False
+        state = self.frontends.get(fe.addr)
+        if state is None or not state.backends:
+            return True
+        have = state.backends
+        if len(have) > len(fe.backends):
+            return False
+        if len(have) == len(fe.backends) and all(be.addr in have for be in fe.backends):
+            return True
+        wanted = {be.addr for be in fe.backends}
+        return all(a in wanted for a in have)
+
+    def _write_round(self, round_: list[tuple[BatchEntry[R], _Pending]]) -> None:
+        """Write prepared frontends map by map (see `update_batch`); failures go to the
+        entries' ``result``."""
+        maps = self.maps
+        for v6 in (False, True):
+            live = [(e, p) for e, p in round_ if p.state.v6 == v6 and e.result is None]
+            if not live:
+                continue
+            # Backend entries of every frontend.
+            keys: list[bytes] = []
+            values: list[bytes] = []
+            be_undo: list[tuple[_BackendState, int | None]] = []
+            for _, p in live:
+                keys += p.writes.be_keys
+                values += p.writes.be_values
+                be_undo += p.writes.be_undo
+            done, exc = _write_counted(maps.backends(v6).backend, keys, values)
+            if exc is not None:
+                lost: set[Addr] = set()
+                for bstate, previous in reversed(be_undo[done:]):
+                    bstate.written = previous
+                    lost.add(bstate.addr)
+                for e, p in live:
+                    if not lost.isdisjoint(p.state.backends):
+                        p.writes.undo(len(p.writes.be_undo), 0)
+                        e.result = _fe_error(p.fe, exc)
+                live = [(e, p) for e, p in live if e.result is None]
+            # Their slots.
+            keys, values = [], []
+            for _, p in live:
+                keys += p.writes.svc_keys
+                values += p.writes.svc_values
+            svc_raw = maps.services(v6).backend
+            done, exc = _write_counted(svc_raw, keys, values)
+            if exc is not None:
+                offset = 0
+                for e, p in live:
+                    n = len(p.writes.svc_keys)
+                    if offset + n > done:
+                        p.writes.undo(len(p.writes.be_undo), max(0, done - offset))
+                        e.result = _fe_error(p.fe, exc)
+                    offset += n
+                live = [(e, p) for e, p in live if e.result is None]
+            # Maglev tables and source ranges, per frontend.
+            for e, p in live:
+                try:
+                    self._write_side_entries(p)
+                except (MapError, ValueError) as exc2:
+                    e.result = _fe_error(p.fe, exc2)
+            live = [(e, p) for e, p in live if e.result is None]
+            # Rev-NAT entries.
+            entries = [self._revnat_entry(p) for _, p in live]
+            done, exc = _write_counted(
+                maps.revnat(v6).backend, [k for k, _ in entries], [v for _, v in entries]
+            )
+            for i, (e, p) in enumerate(live):
+                if i < done:
+                    p.state.revnat = True
+                else:
+                    e.result = _fe_error(p.fe, exc or MapError("revnat", "update", 0))
+            live = live[:done]
+            # Masters (a frontend without a master yet first loses stale slots), each
+            # followed by the wildcard entry of a VIP that has none yet.
+            keys, values = [], []
+            owners: list[int] = []  # keys[j] belongs to ready[owners[j]]
+            ready: list[tuple[BatchEntry[R], _Pending]] = []
+            ready_masters: list[bytes] = []
+            new_wildcard: list[bool] = []
+            queued: set[tuple[IPAddress, int]] = set()
+            for e, p in live:
+                try:
+                    key, master = self._master_entry(p)
+                except MapError as exc2:
+                    e.result = _fe_error(p.fe, exc2)
+                    continue
+                keys.append(key)
+                values.append(master)
+                owners.append(len(ready))
+                wildcard = self._new_wildcard(p)
+                if wildcard is not None and wildcard[0] not in queued:
+                    queued.add(wildcard[0])
+                    keys.append(wildcard[1])
+                    values.append(wildcard[2])
+                    owners.append(len(ready))
+                    new_wildcard.append(True)
+                else:
+                    new_wildcard.append(False)
+                ready.append((e, p))
+                ready_masters.append(master)
+            done, exc = _write_counted(svc_raw, keys, values)
+            complete = owners[done] if done < len(owners) else len(ready)
+            for j in range(done):
+                if j == 0 or owners[j] != owners[j - 1]:  # the owner's master
+                    ready[owners[j]][1].state.master = values[j]
+            for i, (e, p) in enumerate(ready):
+                if i >= complete:
+                    e.result = _fe_error(p.fe, exc or MapError("services", "update", 0))
+                    continue
+                try:
+                    self._after_master(p, ready_masters[i], new_wildcard[i])
+                except MapError as exc2:
+                    e.result = _fe_error(p.fe, exc2)
+
+    def _new_wildcard(
+        self, p: _Pending
+    ) -> tuple[tuple[IPAddress, int], bytes, bytes] | None:
+        """The wildcard entry (refs key, map key, value) `_after_master` would create for
+        the frontend, when its VIP has none yet; else None."""
+        fe = p.fe
+        addr = fe.addr
+        if not (
+            self.config.wildcard_entries
+            and self._wildcard_candidate(fe)
+            and self._wildcard_class(fe)
+        ):
+            return None
+        if p.is_local is not None and p.is_local(addr.ip):
+            return None
+        ref_key = (addr.ip, addr.scope)
+        if self.wildcard_refs.get(ref_key) is not None:
+            return None
+        key_struct = lb.SERVICE6_KEY_STRUCT if addr.is_v6 else lb.SERVICE4_KEY_STRUCT
+        f1, f2 = svcflags.split(svcflags.service_flags(svcflags.FlagParams(fe.type)))
+        return (
+            ref_key,
+            key_struct.pack(addr.packed, 0, 0, 0, addr.scope),
+            lb.SERVICE_VALUE_STRUCT.pack(0, 0, 0, f1, f2, 0),
+        )
+
     def prune(self, txn: ReadTxn, objects: Iterator[R]) -> None:
         """Remove everything the given rows (all desired frontends) do not explain."""
         wanted: set[Addr] = set()
@@ -627,6 +879,26 @@ class FrontendOps(Generic[R]):
     def _update_frontend(
         self, txn: ReadTxn, fe: FrontendSpec, is_local: Callable[[IPAddress], bool] | None
     ) -> None:
+        """Write one frontend: its backend entries and slots (one batch call per map), maglev
+        and source ranges, rev-NAT, then the master, then what follows the master."""
+        p = self._prepare_frontend(txn, fe, is_local)
+        state, maps = p.state, self.maps
+        v6 = state.v6
+        svc_raw = maps.services(v6).backend
+        self._write_collected(maps.backends(v6).backend, svc_raw, p.writes)
+        self._write_side_entries(p)
+        maps.revnat(v6).backend.update(*self._revnat_entry(p))
+        state.revnat = True
+        key, master = self._master_entry(p)
+        svc_raw.update(key, master)
+        self._after_master(p, master)
+
+    def _prepare_frontend(
+        self, txn: ReadTxn, fe: FrontendSpec, is_local: Callable[[IPAddress], bool] | None
+    ) -> _Pending:
+        """Everything of a frontend before its collected backend entries and slots are
+        written: ids, orphaned backends, affinity entries, and the collected writes (the
+        state updated as if written; the caller writes them and puts back what was not)."""
         addr, svc, cfg, maps = fe.addr, fe.service, self.config, self.maps
         if svc.session_affinity and svc.l7_proxy_port:
             raise ValueError("session affinity with an L7 proxy redirect is not supported")
@@ -641,9 +913,8 @@ class FrontendOps(Generic[R]):
             state = _FrontendState(fe_id, v6)
             self.frontends[addr] = state
         # Entries are encoded straight to bytes and written to the byte-level backends
-        # (bpf.lb's *_STRUCT layouts, identical to the codecs').
-        svc_raw = maps.services(v6).backend
-        be_raw = maps.backends(v6).backend
+        # (bpf.lb's *_STRUCT layouts, identical to the codecs'): they are collected here
+        # and written by the caller.
         key_pack = (lb.SERVICE6_KEY_STRUCT if v6 else lb.SERVICE4_KEY_STRUCT).pack
         be_pack = (lb.BACKEND6_STRUCT if v6 else lb.BACKEND4_STRUCT).pack
         value_pack = lb.SERVICE_VALUE_STRUCT.pack
@@ -805,12 +1076,19 @@ class FrontendOps(Generic[R]):
         except BaseException:
             writes.undo(0, 0)
             raise
-        self._write_collected(be_raw, svc_raw, writes)
         if active == 0:
             active = terminating
         else:
             inactive += terminating
+        return _Pending(fe, state, is_local, writes, slot_backends, active, inactive,
+                        master_flags)
 
+    def _write_side_entries(self, p: _Pending) -> None:
+        """The frontend's maglev table and source ranges (after its slots, before rev-NAT
+        and the master)."""
+        fe, state, maps = p.fe, p.state, self.maps
+        svc, v6, fe_id = fe.service, state.v6, state.id
+        active, slot_backends = p.active, p.slot_backends
         if self._use_maglev(fe):
             chosen = slot_backends[:active]
             if chosen:
@@ -855,29 +1133,47 @@ class FrontendOps(Generic[R]):
                 )
                 state.source_ranges.discard(net)
 
+    @staticmethod
+    def _revnat_entry(p: _Pending) -> tuple[bytes, bytes]:
+        """The encoded rev-NAT entry of the frontend (key, value)."""
+        addr, v6 = p.fe.addr, p.state.v6
         rev_pack = (lb.REVNAT6_STRUCT if v6 else lb.REVNAT4_STRUCT).pack
-        maps.revnat(v6).backend.update(lb.BE16_STRUCT.pack(fe_id), rev_pack(key_ip, key_port))
-        state.revnat = True
+        return lb.BE16_STRUCT.pack(p.state.id), rev_pack(addr.packed, lb.swap16(addr.port))
 
+    def _master_entry(self, p: _Pending) -> tuple[bytes, bytes]:
+        """The encoded master entry (slot 0) of the frontend (key, value). A frontend with
+        no master in the map yet has its stale slots trimmed first."""
+        fe, state = p.fe, p.state
+        svc, addr = fe.service, fe.addr
+        affinity = svc.session_affinity
         if svc.l7_proxy_port:
             head = _swap16(svc.l7_proxy_port)
         else:
             timeout = svc.affinity_timeout & AFFINITY_TIMEOUT_MASK if affinity else 0
             head = (self._lb_algorithm(fe) << LB_ALG_SHIFT) | timeout
-        f1, f2 = svcflags.split(master_flags)
-        master = value_pack(head, active, rev_be, f1, f2, inactive)
+        f1, f2 = svcflags.split(p.master_flags)
+        master = lb.SERVICE_VALUE_STRUCT.pack(
+            head, p.active, lb.swap16(state.id), f1, f2, p.inactive
+        )
         if state.master is None:
             # No master in the map yet, so no reader of the slots: stale slots of a failed
             # earlier attempt can go first, which frees room in a full services map.
-            self._trim_slots(addr, state, slot - 1)
-        svc_raw.update(key_pack(key_ip, key_port, 0, key_proto, key_scope), master)
+            self._trim_slots(addr, state, len(p.slot_backends))
+        return self._svc_key(addr, 0), master
+
+    def _after_master(self, p: _Pending, master: bytes, wildcard_written: bool = False) -> None:
+        """Record the master written, then scale-to-zero, the wildcard entry (already in
+        the map when ``wildcard_written``) and the slots beyond the backend list (which
+        the master no longer counts)."""
+        fe, state, cfg, is_local = p.fe, p.state, self.config, p.is_local
+        addr, svc, ip = fe.addr, fe.service, fe.addr.ip
         state.master = master
 
         self._sync_scale_to_zero(state, cfg.scale_to_zero and svc.scale_to_zero)
 
         if self._wildcard_candidate(fe) and self._wildcard_class(fe):
             if cfg.wildcard_entries and (is_local is None or not is_local(ip)):
-                self._upsert_wildcard(fe, state)
+                self._upsert_wildcard(fe, state, wildcard_written)
             else:
                 self._delete_wildcard(addr, state)
         elif state.wildcard is not None:
@@ -885,7 +1181,7 @@ class FrontendOps(Generic[R]):
             # (e.g. another service's frontend of another type took the address over).
             self._delete_wildcard(addr, state)
 
-        self._trim_slots(addr, state, slot - 1)
+        self._trim_slots(addr, state, len(p.slot_backends))
 
     @staticmethod
     def _write_collected(be_raw: MapBackend, svc_raw: MapBackend, w: _CollectedWrites) -> None:
@@ -954,12 +1250,16 @@ class FrontendOps(Generic[R]):
                 bstate.written = want
         bstate.refcount -= 1
 
-    def _upsert_wildcard(self, fe: FrontendSpec, state: _FrontendState) -> None:
+    def _upsert_wildcard(
+        self, fe: FrontendSpec, state: _FrontendState, written: bool = False
+    ) -> None:
+        """Reference the VIP's wildcard entry, writing it with the first reference (unless
+        ``written``: the round's batch wrote it)."""
         key = (fe.addr.ip, fe.addr.scope)
         refs = self.wildcard_refs.get(key)
         if refs is not None and state.id in _ref_ids(refs):
             return
-        if refs is None:
+        if refs is None and not written:
             cls = lb.Service6Key if fe.addr.is_v6 else lb.Service4Key
             f1, f2 = svcflags.split(svcflags.service_flags(svcflags.FlagParams(fe.type)))
             self.maps.services(fe.addr.is_v6).update(
@@ -1177,6 +1477,15 @@ class FrontendOps(Generic[R]):
     def dump_lines(self) -> list[str]:
         """The maps in the corpus dump format (see bpfops.maps_dump)."""
         return dump_lines(self.maps)
+
+
+def _fe_error(fe: FrontendSpec, exc: BaseException) -> LBOpsError:
+    """The LBOpsError of a frontend whose write failed with ``exc`` (its cause)."""
+    if isinstance(exc, LBOpsError):
+        return exc
+    err = LBOpsError(f"frontend {fe.addr} ({fe.service.name}): {exc}")
+    err.__cause__ = exc
+    return err
 
 
 def _backend_bytes(addr: Addr, want: int) -> bytes:

@@ -172,6 +172,8 @@ class LoadBalancer:
                 retry_max_backoff=max(cfg.retry_backoff_max, cfg.retry_backoff_min, 0.001),
                 prune_interval=prune_interval,
                 refresh_interval=REFRESH_INTERVAL,
+                # A round's frontends go into the maps with one batch call per map.
+                batch_operations=self.ops,
             ),
         )
         return self.reconciler

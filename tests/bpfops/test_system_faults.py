@@ -90,9 +90,12 @@ def endpoints(i: int, backends: list[tuple[int, bool]]) -> dict[str, Any]:
 
 
 async def run(
-    changes: list[tuple[int, bool, str, bool, list[tuple[int, bool]]]], fault_seed: int | None
+    changes: list[tuple[int, bool, str, bool, list[tuple[int, bool]]]],
+    fault_seed: int | None,
+    batch: bool = False,
 ) -> list[str]:
-    """Apply the churn; return the settled, pruned maps."""
+    """Apply the churn; return the settled, pruned maps. ``batch``: the reconciler hands
+    FrontendOps whole rounds (its BatchOperations), as the LoadBalancer does."""
     cfg = harness_config(["--lb-test-fault-probability=0.0"])
     db = DB()
     writer = LBWriter.create(db, cfg)
@@ -111,7 +114,8 @@ async def run(
     rec = Reconciler(
         db,
         reconciler_config(
-            writer, ops, cfg, retry_min_backoff=0.001, retry_max_backoff=0.002, prune_interval=None
+            writer, ops, cfg, retry_min_backoff=0.001, retry_max_backoff=0.002,
+            prune_interval=None, batch_operations=ops if batch else None,
         ),
     )
     with writer.write_txn() as txn:
@@ -155,4 +159,14 @@ def test_k8s_churn_with_map_faults_converges(
 ) -> None:
     clean = anyio.run(run, changes, None)
     faulty = anyio.run(run, changes, seed)
+    assert normalize_ids(faulty) == normalize_ids(clean)
+
+
+@settings(max_examples=25, deadline=None, derandomize=True)
+@given(st.lists(change, min_size=1, max_size=12), st.integers(0, 1000))
+def test_k8s_churn_with_map_faults_through_the_batch_path_converges(
+    changes: list[tuple[int, bool, str, bool, list[tuple[int, bool]]]], seed: int
+) -> None:
+    clean = anyio.run(run, changes, None)
+    faulty = anyio.run(run, changes, seed, True)
     assert normalize_ids(faulty) == normalize_ids(clean)
