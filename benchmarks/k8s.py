@@ -36,6 +36,17 @@ Keys:
   applier), ``delivered_to_committed_ms`` (the applier's queue and batch, the converter
   and LB writer, the commit) and ``committed_to_done_ms`` (reconciler rounds, map writes,
   the Done status, and this benchmark's 1 ms polling).
+- churn time series, for telling one stall from a steady tail (times in seconds from the
+  churn's start): ``churn_event_to_map_p99_ms_by_second`` (the p99 of the events emitted
+  in each second), ``churn_event_to_map_p99_ms_after_first_s`` (the first second
+  excluded), ``churn_stall_ms_max`` / ``churn_stall_max_at_s`` (the longest loop lag and
+  when it ended), ``churn_stalls`` (every loop lag over ``STALL_MS``: ``[at_s, ms,
+  cpu_ms, runqueue_ms]``, the last two how much of it the loop's thread ran and waited
+  for a CPU, from /proc/thread-self/schedstat; the rest is waiting for the GIL or in
+  sleep), ``churn_gc_passes_over_stall_ms`` (``[at_s, generation, cpu_ms]``).
+- churn_cpu_us_per_event / churn_loop_cpu_us_per_event: CPU time of the agent process
+  (all threads) and of the event loop's thread alone, per churn event (this benchmark's
+  polling included): what the churn costs, whatever the machine's load.
 - decode_*: one list page of 500 Services decoded from the raw JSON with ``json.loads``
   versus the client's model classes (``ApiClient.deserialize``), and the models turned
   back into the dicts the converter takes (``sanitize_for_serialization``): microseconds
