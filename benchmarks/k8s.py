@@ -36,6 +36,17 @@ Keys:
   applier), ``delivered_to_committed_ms`` (the applier's queue and batch, the converter
   and LB writer, the commit) and ``committed_to_done_ms`` (reconciler rounds, map writes,
   the Done status, and this benchmark's 1 ms polling).
+- churn time series, for telling one stall from a steady tail (times in seconds from the
+  churn's start): ``churn_event_to_map_p99_ms_by_second`` (the p99 of the events emitted
+  in each second), ``churn_event_to_map_p99_ms_after_first_s`` (the first second
+  excluded), ``churn_stall_ms_max`` / ``churn_stall_max_at_s`` (the longest loop lag and
+  when it ended), ``churn_stalls`` (every loop lag over ``STALL_MS``: ``[at_s, ms,
+  cpu_ms, runqueue_ms]``, the last two how much of it the loop's thread ran and waited
+  for a CPU, from /proc/thread-self/schedstat; the rest is waiting for the GIL or in
+  sleep), ``churn_gc_passes_over_stall_ms`` (``[at_s, generation, cpu_ms]``).
+- churn_cpu_us_per_event / churn_loop_cpu_us_per_event: CPU time of the agent process
+  (all threads) and of the event loop's thread alone, per churn event (this benchmark's
+  polling included): what the churn costs, whatever the machine's load.
 - decode_*: one list page of 500 Services decoded from the raw JSON with ``json.loads``
   versus the client's model classes (``ApiClient.deserialize``), and the models turned
   back into the dicts the converter takes (``sanitize_for_serialization``): microseconds
@@ -73,11 +84,13 @@ from bpf.probe import kernel_support
 from reconciler.status import StatusKind
 from sources.k8s_client import ClientSettings, K8sClient
 from sources.k8s_source import K8sSource
-from statedb.gc_tuning import freeze_loaded, steady_gc, tune_gc
+from statedb.gc_tuning import STEADY_GC_THRESHOLDS, freeze_loaded, steady_gc, tune_gc
 from statewright.loadbalancer import LoadBalancer, MapsPlacement
 from tables.lb_config import LBConfig
 
 NODE = "bench-node"
+#: A loop lag above this (ms) is a stall: the churn_stall_* keys list them.
+STALL_MS = 20.0
 
 
 def churn_ip(gen: int) -> str:
@@ -190,7 +203,11 @@ def _frontend_ok(lb: LoadBalancer, txn: Any, addr: Any, ip: str) -> bool:
 
 
 async def run(
-    n: int, churn_rate: float, churn_seconds: float, gc_steady: bool = True
+    n: int,
+    churn_rate: float,
+    churn_seconds: float,
+    gc_steady: bool = True,
+    steady_thresholds: tuple[int, int, int] = STEADY_GC_THRESHOLDS,
 ) -> dict[str, Any]:
     """The benchmark; returns the figures."""
     tune_gc()
@@ -206,7 +223,9 @@ async def run(
             parent.send(("populate", n))
             assert parent.recv() == ("ok",)
             result.update(
-                await _agent(parent, kubeconfig, n, churn_rate, churn_seconds, gc_steady)
+                await _agent(
+                    parent, kubeconfig, n, churn_rate, churn_seconds, gc_steady, steady_thresholds
+                )
             )
         finally:
             parent.send(("stop",))
@@ -224,6 +243,7 @@ async def _agent(
     churn_rate: float,
     churn_seconds: float,
     gc_steady: bool,
+    steady_thresholds: tuple[int, int, int],
 ) -> dict[str, Any]:
     out: dict[str, Any] = {}
     backend = "kernel" if kernel_support().ok else "memory"
@@ -266,7 +286,7 @@ async def _agent(
             # and the k8s component's switch to steady-state collector thresholds).
             freeze_loaded()
             if gc_steady:
-                steady_gc()
+                steady_gc(steady_thresholds)
             out["gc_thresholds_churn"] = list(gc.get_threshold())
             if churn_seconds > 0:
                 async with profile.measuring(lb):
@@ -301,6 +321,13 @@ def _pct(values: list[float], q: float) -> float:
     return round(ordered[min(len(ordered) - 1, int(len(ordered) * q))], 2)
 
 
+def _schedstat(fd: int) -> tuple[int, int]:
+    """The calling thread's (ns on a CPU, ns waiting in the run queue) from the open
+    /proc/thread-self/schedstat."""
+    run, wait, _ = os.pread(fd, 100, 0).split()
+    return int(run), int(wait)
+
+
 class _Profile:
     """The churn_profile_* figures (module docstring)."""
 
@@ -310,6 +337,11 @@ class _Profile:
         self.commits: list[float] = []
         self.batch_sizes: list[int] = []
         self.lag: list[float] = []
+        #: (when, ms, of which ran on a CPU, of which waited for a CPU) of each loop stall
+        #: over `STALL_MS` (when: time.monotonic at its end).
+        self.stalls: list[tuple[float, float, float, float]] = []
+        #: (when, generation, cpu ms) of each collector pass (time.monotonic at its end).
+        self.gc_passes: list[tuple[float, int, float]] = []
         self._gc_start = 0.0
         self._rounds = (0, 0.0)
         self.lb: LoadBalancer | None = None
@@ -367,13 +399,28 @@ class _Profile:
         if phase == "start":
             self._gc_start = time.thread_time()
         elif self.active:
-            self.gc[info["generation"]].append((time.thread_time() - self._gc_start) * 1000)
+            cpu = (time.thread_time() - self._gc_start) * 1000
+            self.gc[info["generation"]].append(cpu)
+            self.gc_passes.append((time.monotonic(), info["generation"], cpu))
 
     async def _lagger(self) -> None:
-        while True:
-            t = time.perf_counter()
-            await anyio.sleep(0.001)
-            self.lag.append(max(0.0, (time.perf_counter() - t) * 1000 - 1))
+        """Sample the loop's lag every millisecond; for a stall, note how much of it the
+        loop's thread ran (CPU) and waited for a CPU (the kernel's run-queue delay)."""
+        fd = os.open("/proc/thread-self/schedstat", os.O_RDONLY)
+        try:
+            while True:
+                t = time.perf_counter()
+                cpu0, wait0 = _schedstat(fd)
+                await anyio.sleep(0.001)
+                lag = max(0.0, (time.perf_counter() - t) * 1000 - 1)
+                self.lag.append(lag)
+                if lag > STALL_MS:
+                    cpu1, wait1 = _schedstat(fd)
+                    self.stalls.append(
+                        (time.monotonic(), lag, (cpu1 - cpu0) / 1e6, (wait1 - wait0) / 1e6)
+                    )
+        finally:
+            os.close(fd)
 
     @contextlib.asynccontextmanager
     async def measuring(self, lb: LoadBalancer) -> AsyncIterator[None]:
@@ -427,6 +474,7 @@ async def _churn(
     msg = await anyio.to_thread.run_sync(conn.recv)
     assert msg[0] == "started"
     t0 = msg[1]
+    cpu0, loop_cpu0 = time.process_time(), time.thread_time()
     confirmed: list[float] = []
     max_backlog = 0
     deadline = t0 + seconds + 10.0
@@ -442,6 +490,7 @@ async def _churn(
                 break
             confirmed.append(now)
         max_backlog = max(max_backlog, emitted - len(confirmed))
+    cpu, loop_cpu = time.process_time() - cpu0, time.thread_time() - loop_cpu0
     msg = await anyio.to_thread.run_sync(conn.recv)
     assert msg[0] == "done"
     emitted_at: list[float] = msg[1]
@@ -451,11 +500,44 @@ async def _churn(
         "churn_events_applied": len(confirmed),
         "churn_max_backlog": max_backlog,
         "churn_kept_up": len(confirmed) == total and max_backlog <= rate,
+        # CPU time per event (all the agent's threads / the event loop's thread alone,
+        # this benchmark's polling included): what the churn costs on any machine.
+        "churn_cpu_us_per_event": round(cpu / total * 1e6, 1),
+        "churn_loop_cpu_us_per_event": round(loop_cpu / total * 1e6, 1),
     }
     if lat:
         out["churn_event_to_map_p50_ms"] = round(statistics.median(lat), 2)
         out["churn_event_to_map_p99_ms"] = round(lat[min(len(lat) - 1, int(len(lat) * 0.99))], 2)
     out.update(profile.stages(emitted_at, confirmed))
+    out.update(_time_series(t0, emitted_at, confirmed, profile))
+    return out
+
+
+def _time_series(
+    t0: float, emitted_at: list[float], confirmed: list[float], profile: _Profile
+) -> dict[str, Any]:
+    """Where in the churn the tail is: latency by emit second, the loop's stalls and the
+    collector's long passes, times in seconds from the churn's start."""
+    by_second: dict[int, list[float]] = {}
+    for e, c in zip(emitted_at, confirmed):
+        by_second.setdefault(int(e - t0), []).append((c - e) * 1000)
+    after = [v for sec, vals in by_second.items() if sec >= 1 for v in vals]
+    out: dict[str, Any] = {
+        "churn_event_to_map_p99_ms_after_first_s": _pct(after, 0.99),
+        "churn_event_to_map_p99_ms_by_second": [
+            _pct(by_second[sec], 0.99) for sec in sorted(by_second)
+        ],
+    }
+    worst = max(profile.stalls, key=lambda s: s[1], default=None)
+    out["churn_stall_ms_max"] = round(worst[1], 2) if worst else 0.0
+    out["churn_stall_max_at_s"] = round(worst[0] - t0, 3) if worst else None
+    out["churn_stalls"] = [
+        [round(w - t0, 3), round(ms, 1), round(cpu, 1), round(wait, 1)]
+        for w, ms, cpu, wait in profile.stalls
+    ]
+    out["churn_gc_passes_over_stall_ms"] = [
+        [round(w - t0, 3), g, round(ms, 1)] for w, g, ms in profile.gc_passes if ms > STALL_MS
+    ]
     return out
 
 
@@ -473,6 +555,13 @@ def main(argv: list[str] | None = None) -> int:
         help="keep tune_gc's thresholds during the churn (the agent's setting before "
         "steady_gc)",
     )
+    p.add_argument(
+        "--steady-gc-young",
+        type=int,
+        default=STEADY_GC_THRESHOLDS[0],
+        help="the young-generation threshold of the steady-state collector settings "
+        "(for measuring others than the agent's)",
+    )
     args = p.parse_args(argv)
     n = args.services or (2000 if args.quick else 10_000)
     seconds = args.churn_seconds or (10.0 if args.quick else 30.0)
@@ -480,7 +569,10 @@ def main(argv: list[str] | None = None) -> int:
     result: dict[str, Any] = {"load_avg_1m_at_start": round(os.getloadavg()[0], 2)}
     result.update(decode_figures())
     if not args.decode_only:
-        result.update(anyio.run(run, n, args.churn_rate, seconds, not args.no_steady_gc))
+        steady = (args.steady_gc_young, *STEADY_GC_THRESHOLDS[1:])
+        result.update(
+            anyio.run(run, n, args.churn_rate, seconds, not args.no_steady_gc, steady)
+        )
     result["load_avg_1m_at_end"] = round(os.getloadavg()[0], 2)
     print(json.dumps(result))
     return 0

@@ -50,14 +50,17 @@ DEFAULT_COLLECT_INTERVAL = 600.0
 #: time per collection from ``time.thread_time`` in ``gc.callbacks``). Under churn each
 #: event leaves some fifty young container objects alive, and with `DEFAULT_GEN0_THRESHOLD`
 #: one young collection costs ~110 ms of CPU: every event arriving meanwhile waits, which
-#: was the churn latency's 99th percentile (143.8 ms on the idle machine). A young
-#: threshold of 20,000 makes each young collection ~7-19 ms; a middle threshold of 1,000
+#: was the churn latency's 99th percentile (143.8 ms on the idle machine). With a young
+#: threshold of 20,000 a young collection took 19-25 ms of CPU (p50; 46-72 ms the longest,
+#: about one a second); 5,000 makes them 6.5 ms (p50; 21 ms the longest, about five a
+#: second), the loop lag's 99th percentile 14 instead of 17-34 ms, for ~1.4x the
+#: collector's total CPU (2026-11-23, load average 2-3 on 2 cores). A middle threshold of 1,000
 #: keeps the middle generation (which holds churned objects until they are replaced) from
 #: being traversed every ten young collections (with 5 or 10 its passes cost 35-50 ms, and
 #: the full collections the 25 % rule then allows after `freeze_loaded` 350-550 ms). The
 #: price: under sustained churn a middle pass comes every few minutes and traverses every
 #: churned object still alive; cyclic garbage (rare: rows are acyclic) waits that long.
-STEADY_GC_THRESHOLDS = (20_000, 1_000, 10)
+STEADY_GC_THRESHOLDS = (5_000, 1_000, 10)
 
 # The thresholds tune_gc set, while they are still in place (see collector_tuned).
 _tuned_threshold: tuple[int, ...] | None = None

@@ -628,10 +628,11 @@ class LBWriter:
         self.frontends.insert(txn, fe)
 
     def _fe_del(self, txn: WriteTxn, fe: Frontend) -> None:
-        self._names_removals += 1
         rows = self._touched(txn).frontends_of.get(fe.service_name)
         if rows is not None:
             rows.pop(fe.address._key, None)
+        if not rows:
+            self._names_removals += 1
         self.frontends.delete(txn, fe)
 
     def _be_put(self, txn: WriteTxn, be: Backend, old: Backend | None = None) -> None:
@@ -655,22 +656,30 @@ class LBWriter:
                 else:
                     mine.add(addr)
         if old is not None and len(old.instances) > len(be.instances):
-            self._names_removals += 1
-        if old is not None and cached:
             for key in old.instance_keys():
-                rows = cached.get(key[0])
-                if rows is not None and be.instance(key[0]) is None:
-                    rows.pop(addr._key, None)
+                if be.instance(key[0]) is None:
+                    self._instance_removed(cached, key[0], addr._key)
         self.backends.insert(txn, be)
 
     def _be_del(self, txn: WriteTxn, be: Backend) -> None:
-        self._names_removals += 1
         cached = self._touched(txn).backends_of
         for key in be.instance_keys():
-            rows = cached.get(key[0])
-            if rows is not None:
-                rows.pop(be.address._key, None)
+            self._instance_removed(cached, key[0], be.address._key)
         self.backends.delete(txn, be)
+
+    def _instance_removed(
+        self, cached: dict[ServiceName, dict[bytes, Backend]], name: ServiceName, addr_key: bytes
+    ) -> None:
+        """Service ``name`` lost the backend at ``addr_key``: drop it from the txn's cached
+        rows of the service, and count a removal towards rebuilding `_may_have_rows`'s
+        names unless the cached rows show the service still has other backends (its name
+        is then not stale; an endpoint replaced under churn must not bring the rebuild, a
+        scan of both tables, every few thousand changes)."""
+        rows = cached.get(name)
+        if rows is not None:
+            rows.pop(addr_key, None)
+        if not rows:
+            self._names_removals += 1
 
     # ----- internals ----------------------------------------------------------------------------
     def _put_frontend(self, txn: WriteTxn, svc: Service, p: FrontendParams, *, force: bool) -> None:
