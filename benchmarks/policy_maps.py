@@ -23,11 +23,16 @@ from __future__ import annotations
 import argparse
 import json
 import platform
+import sys
 import time
 from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 import anyio
+
+# The repository root, ahead of benchmarks/ (whose statedb.py would shadow the package).
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bpf.catalog import policy_maps_spec
 from bpf.kernel_map import KernelMap
