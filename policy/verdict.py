@@ -84,6 +84,13 @@ def evaluate_rules(
     )
 
 
+def _enforced(enforcement: PolicyEndpoint | None, egress: bool) -> bool:
+    """Whether the endpoint's policy is enforced in the direction (else all is allowed)."""
+    return enforcement is not None and (
+        enforcement.egress_enforced if egress else enforcement.ingress_enforced
+    )
+
+
 def evaluate_entries(
     entries: Mapping[PolicyKey, PolicyEntry],
     enforcement: PolicyEndpoint | None,
@@ -95,10 +102,7 @@ def evaluate_entries(
     port: int,
 ) -> bool:
     """Whether an endpoint's entries allow the traffic (see the module doc)."""
-    enforced = enforcement is not None and (
-        enforcement.egress_enforced if egress else enforcement.ingress_enforced
-    )
-    if not enforced:
+    if not _enforced(enforcement, egress):
         return True
     allowed = False
     for e in entries.values():
@@ -126,10 +130,7 @@ def evaluate_entries_lpm(
     port: int,
 ) -> bool:
     """Whether a longest-prefix-match datapath allows the traffic (see the module doc)."""
-    enforced = enforcement is not None and (
-        enforcement.egress_enforced if egress else enforcement.ingress_enforced
-    )
-    if not enforced:
+    if not _enforced(enforcement, egress):
         return True
     found: list[PolicyEntry] = []
     for ident in {identity, 0}:

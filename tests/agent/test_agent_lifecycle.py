@@ -26,6 +26,7 @@ from tests.agent.conftest import (
     stop_agent,
     wait_for,
 )
+from tests.datapath.conftest import _remove_cgroup
 
 # ----- configuration --------------------------------------------------------------------------
 
@@ -320,24 +321,6 @@ def test_restart_keeps_ids_prunes_stale_entries_and_cleanup_removes_everything(
             shutil.rmtree(pin_dir, ignore_errors=True)
         delete_netns(netns)
         _remove_cgroup(cgroup)
-
-
-def _remove_cgroup(path: str) -> None:
-    """Move processes left in the test cgroup (exec'd clients) to its parent, remove it."""
-    deadline = time.monotonic() + 5
-    while os.path.isdir(path):
-        try:
-            with open(os.path.join(path, "cgroup.procs"), encoding="ascii") as f:
-                pids = f.read().split()
-            for pid in pids:
-                with open(os.path.join(os.path.dirname(path), "cgroup.procs"), "w",
-                          encoding="ascii") as f:
-                    f.write(pid)
-            os.rmdir(path)
-        except OSError:
-            if time.monotonic() > deadline:
-                raise
-            time.sleep(0.05)
 
 
 def test_json_logs_are_one_object_per_line(tmp_path: Path) -> None:

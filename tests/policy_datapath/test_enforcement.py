@@ -40,6 +40,7 @@ from statewright.agent.components.policy_maps import PolicyMapsComponent, Policy
 from statewright.component import Hive
 from tables.endpoints import Endpoint, EndpointState
 from tables.policy_entries import PolicyEndpoint, PolicyEntry, PolicyKey
+from tests.datapath.conftest import _readline, _remove_cgroup, _stop
 from tests.endpoints.agent_server import AgentUnderTest
 from tests.endpoints.helpers import DBComponent, new_pin_dir
 from tests.endpoints.test_cni import CONF, netns_names, run_plugin  # noqa: F401
@@ -105,17 +106,7 @@ class Proc:
         )
 
     def line(self, timeout: float = 10.0) -> str:
-        import select
-
-        assert self.proc.stdout is not None
-        ready, _, _ = select.select([self.proc.stdout], [], [], timeout)
-        if not ready:
-            raise RuntimeError(f"{self.proc.args}: no answer within {timeout} s")
-        out = self.proc.stdout.readline()
-        if not out:
-            err = self.proc.stderr.read() if self.proc.stderr else ""
-            raise RuntimeError(f"{self.proc.args}: exited ({self.proc.poll()}): {err}")
-        return out
+        return _readline(self.proc, timeout, str(self.proc.args))
 
     def send(self, text: str) -> None:
         assert self.proc.stdin is not None
@@ -131,33 +122,7 @@ class Proc:
 
     def stop(self) -> None:
         """Close stdin, then kill it by its own handle if it does not end."""
-        try:
-            if self.proc.stdin:
-                self.proc.stdin.close()
-        except OSError:
-            pass
-        try:
-            self.proc.wait(timeout=2)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait(timeout=5)
-
-
-def _remove_cgroup(path: str) -> None:
-    parent = os.path.dirname(path)
-    deadline = time.monotonic() + 5
-    while os.path.isdir(path):
-        try:
-            with open(os.path.join(path, "cgroup.procs"), encoding="ascii") as f:
-                pids = [p for p in f.read().split() if p]
-            for pid in pids:
-                with open(os.path.join(parent, "cgroup.procs"), "w", encoding="ascii") as f:
-                    f.write(pid)
-            os.rmdir(path)
-        except OSError:
-            if time.monotonic() > deadline:
-                raise
-            time.sleep(0.05)
+        _stop(self.proc)
 
 
 @dataclass
