@@ -119,6 +119,22 @@ class StatusSet:
         return ", ".join(f"{n}: {s}" for n, s in self.statuses) or "Pending"
 
 
+def status_field_accessors(
+    field: str = "status",
+) -> tuple[Callable[[Any], Status], Callable[[Any, Status], Any]]:
+    """Return (get_object_status, set_object_status) for a dataclass row whose ``field``
+    is its one reconciler's `Status` (the usual shape: ``status: Status``)."""
+
+    def get_status(obj: Any) -> Status:
+        status: Status = getattr(obj, field)
+        return status
+
+    def set_status(obj: Any, status: Status) -> Any:
+        return dataclasses.replace(obj, **{field: status})
+
+    return get_status, set_status
+
+
 def status_set_accessors(
     name: str, field: str = "statuses"
 ) -> tuple[Callable[[Any], Status], Callable[[Any, Status], Any]]:

@@ -40,15 +40,6 @@ def anyio_backend() -> str:
 
 
 @pytest.fixture
-def apiserver() -> Iterator[FakeAPIServer]:
-    srv = FakeAPIServer().start()
-    try:
-        yield srv
-    finally:
-        srv.stop()
-
-
-@pytest.fixture
 def dirs() -> Iterator[tuple[str, str]]:
     pins = new_pin_dir("memory")
     state = tempfile.mkdtemp(prefix="sw-pod-labels-")

@@ -2,22 +2,11 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from .fake_apiserver import FakeAPIServer
-
-
-@pytest.fixture
-def apiserver() -> Iterator[FakeAPIServer]:
-    """A started fake API server (bookmarks every 0.2 s), stopped after the test."""
-    srv = FakeAPIServer().start()
-    try:
-        yield srv
-    finally:
-        srv.stop()
 
 
 @pytest.fixture

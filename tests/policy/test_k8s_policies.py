@@ -3,7 +3,6 @@ initializer of the policies table."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 
 import anyio
@@ -24,15 +23,6 @@ pytestmark = pytest.mark.anyio
 @pytest.fixture
 def anyio_backend() -> str:
     return "asyncio"
-
-
-@pytest.fixture
-def apiserver() -> Iterator[FakeAPIServer]:
-    srv = FakeAPIServer().start()
-    try:
-        yield srv
-    finally:
-        srv.stop()
 
 
 def netpol(name: str, port: int) -> dict[str, object]:

@@ -39,7 +39,7 @@ import logging
 import os
 import shutil
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 import anyio
@@ -49,7 +49,7 @@ from bpf.factory import BackendConfig, MapFactory
 from bpf.typed_map import TypedMap
 from bpfops.endpoint_ops import LXCOps
 from bpfops.ipcache_ops import IPCacheOps
-from reconciler import Config, Reconciler
+from reconciler import Config, Reconciler, status_field_accessors
 from reconciler.health import Level
 from sources.k8s_client import K8sClient
 from sources.k8s_namespaces import NamespaceLabels, pod_identity_labels
@@ -70,7 +70,7 @@ from statewright.component import (
     typed_map_view,
 )
 from statewright.netns_cookie import netns_cookie
-from tables.endpoint_entries import EntryTables, IPCacheEntry, LXCEntry
+from tables.endpoint_entries import EntryTables
 from tables.endpoint_manager import (
     ENDPOINTS_DIR,
     EndpointManager,
@@ -598,20 +598,15 @@ def _node_addresses(db: DB) -> Table[Any] | None:
     return None
 
 
+_GET_STATUS, _SET_STATUS = status_field_accessors()
+
+
 def _config(table: Table[Any], ops: Any, cfg: EndpointsConfig) -> Config[Any]:
     return Config(
         table=table,
         operations=ops,
-        get_object_status=_status_of,
-        set_object_status=_with_status,
+        get_object_status=_GET_STATUS,
+        set_object_status=_SET_STATUS,
         name=table.name,
         prune_interval=cfg.prune_interval,
     )
-
-
-def _status_of(row: LXCEntry | IPCacheEntry) -> Any:
-    return row.status
-
-
-def _with_status(row: Any, status: Any) -> Any:
-    return replace(row, status=status)

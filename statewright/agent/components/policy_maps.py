@@ -25,7 +25,7 @@ import errno
 import logging
 import os
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
 import anyio
@@ -36,7 +36,7 @@ from bpf.memory_map import MemoryMap
 from bpf.policy import POLICY_MAPS, POLICY_NETNS, endpoint_of_map
 from bpf.typed_map import TypedMap
 from bpfops.policy_ops import PolicyMapSet, PolicyNetnsOps, PolicyOps
-from reconciler import Config, Reconciler
+from reconciler import Config, Reconciler, status_field_accessors
 from reconciler.health import Level
 from statedb import DB, Table
 from statewright.agent.config import AgentConfig
@@ -260,20 +260,15 @@ class PolicyMapsComponent(Component):
         return removed
 
 
+_GET_STATUS, _SET_STATUS = status_field_accessors()
+
+
 def _config(table: Table[Any], ops: Any, cfg: PolicyMapsConfig) -> Config[Any]:
     return Config(
         table=table,
         operations=ops,
-        get_object_status=_status_of,
-        set_object_status=_with_status,
+        get_object_status=_GET_STATUS,
+        set_object_status=_SET_STATUS,
         name=table.name,
         prune_interval=cfg.prune_interval,
     )
-
-
-def _status_of(row: Any) -> Any:
-    return row.status
-
-
-def _with_status(row: Any, status: Any) -> Any:
-    return replace(row, status=status)
