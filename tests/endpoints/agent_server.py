@@ -7,12 +7,17 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import socketserver
+import subprocess
+import sys
+import tempfile
 import threading
 import urllib.parse
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from http.server import BaseHTTPRequestHandler
-from typing import Any
+from typing import Any, TypeVar
 
 import anyio
 import anyio.from_thread
@@ -21,7 +26,7 @@ from statewright.agent.components.endpoints import EndpointsComponent, Endpoints
 from statewright.component import ApiError, Hive, Request
 from tables.endpoints import Endpoint
 
-from .helpers import DBComponent
+from .helpers import DBComponent, new_pin_dir, remove_pins
 
 
 class _Server(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
@@ -127,3 +132,29 @@ class AgentUnderTest:
             self._portal_cm.__exit__(None, None, None)
         if os.path.exists(self.socket):
             os.unlink(self.socket)
+
+
+A = TypeVar("A", bound=AgentUnderTest)
+
+
+@contextmanager
+def memory_agent(cls: type[A], pod_cidr: str, prefix: str) -> Iterator[A]:
+    """``cls`` serving on a socket in a fresh state directory, on memory maps with a pin
+    directory of its own; everything removed afterwards."""
+    state = tempfile.mkdtemp(prefix=f"{prefix}-{os.getpid()}-")
+    pin_dir = new_pin_dir("memory")
+    agent = cls(EndpointsConfig((pod_cidr,), state, "memory", pin_dir),
+                os.path.join(state, "agent.sock"))
+    agent.start()
+    try:
+        yield agent
+    finally:
+        agent.stop()
+        remove_pins("memory", pin_dir)
+        shutil.rmtree(state, ignore_errors=True)
+
+
+def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
+    """``python -m statewright ARGS``, output captured."""
+    return subprocess.run([sys.executable, "-m", "statewright", *args],
+                          capture_output=True, text=True, timeout=60)

@@ -5,45 +5,21 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
-import subprocess
-import sys
-import tempfile
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
-from statewright.agent.components.endpoints import EndpointsConfig
-
-from .agent_server import AgentUnderTest
-from .helpers import new_pin_dir, remove_pins
+from .agent_server import AgentUnderTest, memory_agent, run_cli
 
 
 @pytest.fixture
 def agent() -> Iterator[AgentUnderTest]:
-    state = tempfile.mkdtemp(prefix=f"sw-cli-{os.getpid()}-")
-    pin_dir = new_pin_dir("memory")
-    a = AgentUnderTest(
-        EndpointsConfig(("10.88.0.0/24",), state, "memory", pin_dir),
-        os.path.join(state, "agent.sock"),
-    )
-    a.start()
-    try:
+    with memory_agent(AgentUnderTest, "10.88.0.0/24", "sw-cli") as a:
         yield a
-    finally:
-        a.stop()
-        remove_pins("memory", pin_dir)
-        shutil.rmtree(state, ignore_errors=True)
 
 
-def cli(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "statewright", *args],
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+cli = run_cli
 
 
 def test_endpoint_and_ipam_commands(agent: AgentUnderTest) -> None:

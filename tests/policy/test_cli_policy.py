@@ -4,11 +4,6 @@ agent (db, endpoints and policy components; memory maps, no privileges needed)."
 from __future__ import annotations
 
 import json
-import os
-import shutil
-import subprocess
-import sys
-import tempfile
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -18,8 +13,8 @@ import pytest
 from statewright.agent.components.endpoints import EndpointsConfig
 from statewright.agent.components.policy import PolicyComponent
 from statewright.component import ApiError, Hive, Request
-from tests.endpoints.agent_server import AgentUnderTest
-from tests.endpoints.helpers import DBComponent, new_pin_dir, remove_pins
+from tests.endpoints.agent_server import AgentUnderTest, memory_agent, run_cli
+from tests.endpoints.helpers import DBComponent
 
 from .test_writer_and_sources import TO_DB_5432, cnp
 
@@ -63,25 +58,11 @@ class PolicyAgent(AgentUnderTest):
 
 @pytest.fixture
 def agent() -> Iterator[PolicyAgent]:
-    state = tempfile.mkdtemp(prefix=f"sw-pol-{os.getpid()}-")
-    pin_dir = new_pin_dir("memory")
-    a = PolicyAgent(
-        EndpointsConfig(("10.89.0.0/24",), state, "memory", pin_dir),
-        os.path.join(state, "agent.sock"),
-    )
-    a.start()
-    try:
+    with memory_agent(PolicyAgent, "10.89.0.0/24", "sw-pol") as a:
         yield a
-    finally:
-        a.stop()
-        remove_pins("memory", pin_dir)
-        shutil.rmtree(state, ignore_errors=True)
 
 
-def cli(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "statewright", *args], capture_output=True, text=True, timeout=60
-    )
+cli = run_cli
 
 
 def _put(agent: PolicyAgent, name: str, app: str) -> None:
