@@ -52,6 +52,12 @@ Keys:
   back into the dicts the converter takes (``sanitize_for_serialization``): microseconds
   per object. The reflector uses ``json.loads``.
 
+``--stall-stacks FILE``: a thread records the event loop thread's stack every millisecond
+while the loop has not woken for over 15 ms, written to FILE as JSON (per stall: its start
+in seconds from the churn's start and each stack's sample count). The sampling thread needs
+the GIL, so samples land where the loop releases it (ctypes map calls, the switch
+interval): they say which task holds the loop, not how its time splits.
+
 ``--quick``: 2,000 services and 10 s of churn (well under 60 s); the full run is 10,000
 services and 30 s of churn at 1,000 events/s. ``load_avg_1m_*``: the machine's load
 around the run (it is shared; figures from a loaded machine are pessimistic).
@@ -70,6 +76,7 @@ import os
 import statistics
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -208,6 +215,7 @@ async def run(
     churn_seconds: float,
     gc_steady: bool = True,
     steady_thresholds: tuple[int, int, int] = STEADY_GC_THRESHOLDS,
+    stall_stacks: str = "",
 ) -> dict[str, Any]:
     """The benchmark; returns the figures."""
     tune_gc()
@@ -224,7 +232,14 @@ async def run(
             assert parent.recv() == ("ok",)
             result.update(
                 await _agent(
-                    parent, kubeconfig, n, churn_rate, churn_seconds, gc_steady, steady_thresholds
+                    parent,
+                    kubeconfig,
+                    n,
+                    churn_rate,
+                    churn_seconds,
+                    gc_steady,
+                    steady_thresholds,
+                    stall_stacks,
                 )
             )
         finally:
@@ -244,6 +259,7 @@ async def _agent(
     churn_seconds: float,
     gc_steady: bool,
     steady_thresholds: tuple[int, int, int],
+    stall_stacks: str,
 ) -> dict[str, Any]:
     out: dict[str, Any] = {}
     backend = "kernel" if kernel_support().ok else "memory"
@@ -255,6 +271,8 @@ async def _agent(
     out["maps"] = lb.maps_kind
     client = K8sClient(ClientSettings(kubeconfig=kubeconfig, qps=50, burst=100))
     profile = _Profile()
+    if stall_stacks:
+        profile.sampler = _StallSampler(stall_stacks)
     source = K8sSource(
         lb.writer, client, node_name=NODE, converter=lb.converter, on_applied=profile.applied
     )
@@ -348,6 +366,9 @@ class _Profile:
         #: Churn generation -> when it was delivered to the applier / committed.
         self.delivered: dict[int, float] = {}
         self.committed: dict[int, float] = {}
+        #: When the loop last woke in `_lagger` (time.monotonic), for `_StallSampler`.
+        self.tick = 0.0
+        self.sampler: _StallSampler | None = None
 
     def applied(self, deltas: list[Any], oldest: float) -> None:
         if self.active:
@@ -412,6 +433,7 @@ class _Profile:
                 t = time.perf_counter()
                 cpu0, wait0 = _schedstat(fd)
                 await anyio.sleep(0.001)
+                self.tick = time.monotonic()
                 lag = max(0.0, (time.perf_counter() - t) * 1000 - 1)
                 self.lag.append(lag)
                 if lag > STALL_MS:
@@ -431,6 +453,9 @@ class _Profile:
         rounds.max_s = 0.0  # the initial sync's rounds are not the churn's
         gc.callbacks.append(self._gc)
         self.active = True
+        self.tick = time.monotonic()
+        if self.sampler is not None:
+            self.sampler.start(self)
         try:
             async with anyio.create_task_group() as tg:
                 tg.start_soon(self._lagger)
@@ -439,6 +464,8 @@ class _Profile:
         finally:
             self.active = False
             gc.callbacks.remove(self._gc)
+            if self.sampler is not None:
+                self.sampler.stop()
 
     def figures(self) -> dict[str, Any]:
         out: dict[str, Any] = {}
@@ -457,6 +484,61 @@ class _Profile:
         out[f"{p}loop_lag_ms_p99"] = _pct(self.lag, 0.99)
         out[f"{p}loop_lag_ms_max"] = round(max(self.lag, default=0.0), 2)
         return out
+
+
+class _StallSampler:
+    """``--stall-stacks``: a thread that, every millisecond while the event loop has not
+    woken for over ``threshold_ms``, records the loop thread's stack; written as JSON
+    (per stall: when it started, from the churn's start, and its stacks' sample counts)
+    for finding what holds the loop."""
+
+    def __init__(self, path: str, threshold_ms: float = 15.0) -> None:
+        self.path = path
+        self.threshold_s = threshold_ms / 1000
+        self.samples: list[tuple[float, str]] = []
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._loop_ident = 0
+        self.t0 = 0.0
+
+    def start(self, profile: _Profile) -> None:
+        self._loop_ident = threading.get_ident()
+        self.t0 = time.monotonic()
+        self._thread = threading.Thread(target=self._run, args=(profile,), daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+
+    def _run(self, profile: _Profile) -> None:
+        while not self._stop.wait(0.001):
+            now = time.monotonic()
+            if now - profile.tick < self.threshold_s:
+                continue
+            frame = sys._current_frames().get(self._loop_ident)
+            stack: list[str] = []
+            while frame is not None:
+                code = frame.f_code
+                stack.append(f"{Path(code.co_filename).name}:{code.co_name}:{frame.f_lineno}")
+                frame = frame.f_back
+            self.samples.append((profile.tick, ";".join(reversed(stack))))
+
+    def write(self, t0: float) -> None:
+        stalls: dict[float, dict[str, int]] = {}
+        for tick, stack in self.samples:
+            counts = stalls.setdefault(tick, {})
+            counts[stack] = counts.get(stack, 0) + 1
+        doc = [
+            {
+                "from_s": round(tick - t0, 3),
+                "samples": sum(c.values()),
+                "stacks": sorted(c.items(), key=lambda kv: -kv[1]),
+            }
+            for tick, c in sorted(stalls.items())
+        ]
+        Path(self.path).write_text(json.dumps(doc, indent=1))
 
 
 async def _churn(
@@ -510,6 +592,9 @@ async def _churn(
         out["churn_event_to_map_p99_ms"] = round(lat[min(len(lat) - 1, int(len(lat) * 0.99))], 2)
     out.update(profile.stages(emitted_at, confirmed))
     out.update(_time_series(t0, emitted_at, confirmed, profile))
+    if profile.sampler is not None:
+        profile.sampler.stop()
+        profile.sampler.write(t0)
     return out
 
 
@@ -562,6 +647,12 @@ def main(argv: list[str] | None = None) -> int:
         help="the young-generation threshold of the steady-state collector settings "
         "(for measuring others than the agent's)",
     )
+    p.add_argument(
+        "--stall-stacks",
+        default="",
+        metavar="FILE",
+        help="write the event loop's stacks sampled during its stalls to FILE (JSON)",
+    )
     args = p.parse_args(argv)
     n = args.services or (2000 if args.quick else 10_000)
     seconds = args.churn_seconds or (10.0 if args.quick else 30.0)
@@ -571,7 +662,15 @@ def main(argv: list[str] | None = None) -> int:
     if not args.decode_only:
         steady = (args.steady_gc_young, *STEADY_GC_THRESHOLDS[1:])
         result.update(
-            anyio.run(run, n, args.churn_rate, seconds, not args.no_steady_gc, steady)
+            anyio.run(
+                run,
+                n,
+                args.churn_rate,
+                seconds,
+                not args.no_steady_gc,
+                steady,
+                args.stall_stacks,
+            )
         )
     result["load_avg_1m_at_end"] = round(os.getloadavg()[0], 2)
     print(json.dumps(result))
