@@ -103,15 +103,12 @@ async def agent(config: AgentConfig) -> AsyncIterator[tuple[Hive, PolicyComponen
             tg.cancel_scope.cancel()
 
 
-async def test_pod_labels_follow_the_pod_and_change_policy(
-    apiserver: FakeAPIServer, dirs: tuple[str, str], tmp_path: Path
-) -> None:
+def _config(
+    apiserver: FakeAPIServer, dirs: tuple[str, str], tmp_path: Path, pod_cidr: str
+) -> AgentConfig:
+    """The agent on memory maps, its state in ``dirs``, following the fake API server."""
     pins, state = dirs
-    apiserver.upsert(node(NODE))
-    apiserver.upsert(pod("client", {"app": "client"}))
-    apiserver.upsert(pod("server", {"app": "other"}))
-    apiserver.upsert(allow_client_to_server())
-    config = AgentConfig(
+    return AgentConfig(
         pin_dir=pins,
         backend="memory",
         manifests=(),
@@ -119,10 +116,19 @@ async def test_pod_labels_follow_the_pod_and_change_policy(
         datapath=False,
         node_name=NODE,
         state_dir=state,
-        pod_cidrs=("10.34.0.0/24",),
+        pod_cidrs=(pod_cidr,),
         k8s_kubeconfig=apiserver.write_kubeconfig(tmp_path / "kubeconfig"),
     )
-    async with agent(config) as (hive, policy):
+
+
+async def test_pod_labels_follow_the_pod_and_change_policy(
+    apiserver: FakeAPIServer, dirs: tuple[str, str], tmp_path: Path
+) -> None:
+    apiserver.upsert(node(NODE))
+    apiserver.upsert(pod("client", {"app": "client"}))
+    apiserver.upsert(pod("server", {"app": "other"}))
+    apiserver.upsert(allow_client_to_server())
+    async with agent(_config(apiserver, dirs, tmp_path, "10.34.0.0/24")) as (hive, policy):
         manager = hive.get("endpoints", EndpointManager)
         k8s: Any = hive.get("k8s")
         await wait_for(lambda: len(k8s.pod_labels) == 2, "the Pods listed")
@@ -201,25 +207,13 @@ def namespace_selector_policy() -> dict[str, Any]:
 async def test_namespace_labels_go_into_pod_identities(
     apiserver: FakeAPIServer, dirs: tuple[str, str], tmp_path: Path
 ) -> None:
-    pins, state = dirs
     apiserver.upsert(node(NODE))
     apiserver.upsert(namespace("web", {"team": "b"}))
     apiserver.upsert(namespace("db", {"team": "b"}))
     apiserver.upsert(pod("client", {"app": "client"}))
     apiserver.upsert(pod("pg", {"app": "pg"}, ns="db"))
     apiserver.upsert(namespace_selector_policy())
-    config = AgentConfig(
-        pin_dir=pins,
-        backend="memory",
-        manifests=(),
-        netlink=False,
-        datapath=False,
-        node_name=NODE,
-        state_dir=state,
-        pod_cidrs=("10.35.0.0/24",),
-        k8s_kubeconfig=apiserver.write_kubeconfig(tmp_path / "kubeconfig"),
-    )
-    async with agent(config) as (hive, policy):
+    async with agent(_config(apiserver, dirs, tmp_path, "10.35.0.0/24")) as (hive, policy):
         manager = hive.get("endpoints", EndpointManager)
         k8s: Any = hive.get("k8s")
         component: Any = hive.component("endpoints")
