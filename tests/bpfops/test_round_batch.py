@@ -64,6 +64,20 @@ def _assert_no_dangling(ops: FrontendOps[Any], entries: list[BatchEntry[Any]]) -
             assert be_id in have, (e.obj.addr, slot, be_id)
 
 
+def _stop_second_batch(m: StopAtMap) -> None:
+    """Make ``m``'s second batch update stop after its first entry."""
+    calls = [0]
+    original = m.update_batch
+
+    def second_batch_stops(keys: Any, values: Any, flags: int = 0) -> int:
+        calls[0] += 1
+        if calls[0] == 2:
+            m.stop = 1
+        return original(keys, values, flags)
+
+    m.update_batch = second_batch_stops  # type: ignore[method-assign]
+
+
 def _entries(specs: list[FrontendSpec]) -> list[BatchEntry[FrontendSpec]]:
     return [BatchEntry(s, 0) for s in specs]
 
@@ -169,16 +183,7 @@ def test_master_batch_stopping_leaves_no_master_for_the_rest() -> None:
     # Slots of 1..3 (1 unchanged, so two entries) in one batch, then the masters: stop the
     # masters' batch after one.
     services = stoppers["lb4_services"]
-    calls = [0]
-    original = services.update_batch
-
-    def second_batch_stops(keys: Any, values: Any, flags: int = 0) -> int:
-        calls[0] += 1
-        if calls[0] == 2:
-            services.stop = 1
-        return original(keys, values, flags)
-
-    services.update_batch = second_batch_stops  # type: ignore[method-assign]
+    _stop_second_batch(services)
     ops.update_batch(NO_TXN, entries)
     assert [e.result is None for e in entries] == [True, False, False]
     assert ops.frontends[specs[1].addr].master is None
@@ -304,16 +309,7 @@ def test_wildcard_entries_go_with_the_masters() -> None:
     broken = _maps(wrap)
     ops = new_ops(broken, wildcard_entries=True)
     services = stoppers["lb4_services"]
-    calls = [0]
-    original = services.update_batch
-
-    def second_batch_stops(keys: Any, values: Any, flags: int = 0) -> int:
-        calls[0] += 1
-        if calls[0] == 2:
-            services.stop = 1
-        return original(keys, values, flags)
-
-    services.update_batch = second_batch_stops  # type: ignore[method-assign]
+    _stop_second_batch(services)
     entries = _entries(specs)
     ops.update_batch(NO_TXN, entries)
     assert all(e.result is not None for e in entries)

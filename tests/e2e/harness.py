@@ -264,56 +264,79 @@ def _cleanup_agent_state(pin_dir: str, socket: str, cgroup: str) -> None:
         shutil.rmtree(pin_dir, ignore_errors=True)
 
 
+@dataclass
+class Scratch:
+    """The names and directories of one test environment (`scratch`)."""
+
+    tag: str
+    ns: str
+    cgroup: str
+    pin_dir: str
+    tmp: Path
+    manifests: Path
+
+    def agent_config_file(self, **config: Any) -> Path:
+        """The agent's configuration (kernel maps under the pin dir, the manifests directory,
+        the socket LB on the cgroup, no netlink) plus ``config``, written to a file."""
+        doc = {
+            "backend": "kernel",
+            "pin-dir": self.pin_dir,
+            "manifests": [str(self.manifests)],
+            "manifests-interval": MANIFESTS_INTERVAL,
+            "cgroup": self.cgroup,
+            "netlink": False,
+            "node-name": "e2e-node",
+            **config,
+        }
+        path = self.tmp / "agent.yaml"
+        path.write_text(json.dumps(doc))
+        return path
+
+
+def scratch(stack: ExitStack, kind: str, tag: str, setup_netns: Callable[[str], None]) -> Scratch:
+    """A temporary directory with an empty manifests directory, a network namespace set up by
+    ``setup_netns`` and an empty cgroup, each removed by ``stack``; the pin dir's name."""
+    from bpf.datapath import cgroup2_mount
+
+    tmp = Path(tempfile.mkdtemp(prefix=f"statewright-{kind}-"))
+    stack.callback(shutil.rmtree, tmp, True)
+    manifests = tmp / "manifests"
+    manifests.mkdir()
+    ns = f"sw{kind}-{tag}"
+    _run("ip", "netns", "add", ns)
+    stack.callback(_run_quiet, "ip", "netns", "del", ns)
+    setup_netns(ns)
+    cgroup = os.path.join(cgroup2_mount(), f"statewright-{kind}-{tag}")
+    os.mkdir(cgroup)
+    stack.callback(_remove_cgroup, cgroup)
+    pin_dir = os.path.join(BPFFS, f"statewright-{kind}-{tag}")
+    return Scratch(tag, ns, cgroup, pin_dir, tmp, manifests)
+
+
 @contextmanager
 def e2e_env(extra_agent_config: dict[str, Any] | None = None) -> Iterator[E2EEnv]:
     """Create the namespace, servers, cgroup, agent and a client; remove them all after."""
-    from bpf.datapath import cgroup2_mount
-
     check_machine()
-    tag = f"{os.getpid()}-{uuid.uuid4().hex[:6]}"
-    ns = f"swe2e-{tag}"
-    cgroup = os.path.join(cgroup2_mount(), f"statewright-e2e-{tag}")
-    pin_dir = os.path.join(BPFFS, f"statewright-e2e-{tag}")
     with ExitStack() as stack:
-        tmp = Path(tempfile.mkdtemp(prefix="statewright-e2e-"))
-        stack.callback(shutil.rmtree, tmp, True)
-        manifests = tmp / "manifests"
-        manifests.mkdir()
-
-        _run("ip", "netns", "add", ns)
-        stack.callback(_run_quiet, "ip", "netns", "del", ns)
-        _setup_netns(ns)
+        sc = scratch(stack, "e2e", f"{os.getpid()}-{uuid.uuid4().hex[:6]}", _setup_netns)
         specs = [f"{p}:{a}:{BACKEND_PORT}" for a in BACKENDS for p in ("tcp", "udp")]
-        servers = _start("ip", "netns", "exec", ns, sys.executable, SERVER, *specs)
+        servers = _start("ip", "netns", "exec", sc.ns, sys.executable, SERVER, *specs)
         stack.callback(_stop, servers)
         if _readline(servers, 10, "backend servers").strip() != "ready":
             raise RuntimeError("backend servers did not start")
 
-        os.mkdir(cgroup)
-        stack.callback(_remove_cgroup, cgroup)
-
-        socket = str(tmp / "agent.sock")
-        config = {
-            "backend": "kernel",
-            "pin-dir": pin_dir,
-            "manifests": [str(manifests)],
-            "manifests-interval": MANIFESTS_INTERVAL,
-            "cgroup": cgroup,
-            "netlink": False,
-            "node-name": "e2e-node",
-            "lb-flags": ["--bpf-lb-algorithm-annotation=true"],
-            **(extra_agent_config or {}),
-        }
-        cfg_file = tmp / "agent.yaml"
-        cfg_file.write_text(json.dumps(config))
-        agent = Agent(["--config", str(cfg_file)], socket, tmp / "agent.log")
-        stack.callback(_cleanup_agent_state, pin_dir, socket, cgroup)
+        socket = str(sc.tmp / "agent.sock")
+        cfg_file = sc.agent_config_file(
+            **{"lb-flags": ["--bpf-lb-algorithm-annotation=true"], **(extra_agent_config or {})}
+        )
+        agent = Agent(["--config", str(cfg_file)], socket, sc.tmp / "agent.log")
+        stack.callback(_cleanup_agent_state, sc.pin_dir, socket, sc.cgroup)
         stack.callback(agent.stop)
         agent.start()
 
-        client = _start_client(ns, cgroup)
+        client = _start_client(sc.ns, sc.cgroup)
         stack.callback(_stop, client.proc)
-        yield E2EEnv(ns, cgroup, pin_dir, manifests, agent, client, stack)
+        yield E2EEnv(sc.ns, sc.cgroup, sc.pin_dir, sc.manifests, agent, client, stack)
 
 
 def leftovers(env: E2EEnv) -> list[str]:

@@ -28,29 +28,26 @@ import os
 import shutil
 import subprocess
 import sys
-import tempfile
 import uuid
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from statewright.agent.client import AgentClient
 from tests.agent.conftest import start_agent
-from tests.datapath.conftest import SERVER, Client, _readline, _remove_cgroup, _run, _run_quiet
+from tests.datapath.conftest import SERVER, Client, _readline, _run, _run_quiet
 from tests.datapath.conftest import _start as _start_proc
 from tests.datapath.conftest import _stop as _stop_proc
 from tests.e2e.harness import (
     BACKEND_PORT,
-    BPFFS,
-    MANIFESTS_INTERVAL,
     Agent,
     E2EEnv,
     _cleanup_agent_state,
     _start_client,
     check_machine,
     leftovers,
+    scratch,
 )
 from tests.endpoints.test_cni import run_plugin
 
@@ -205,44 +202,19 @@ def check_node_machine() -> None:
 def node_env() -> Iterator[NodeEnv]:
     """Create the node namespace, cgroup and agent; remove everything after (module doc).
     Pods are added by the caller (`NodeEnv.add_pod`)."""
-    from bpf.datapath import cgroup2_mount
-
     check_node_machine()
-    tag = f"{os.getpid() % 100000}-{uuid.uuid4().hex[:4]}"
-    ns = f"swnode-{tag}"
-    cgroup = os.path.join(cgroup2_mount(), f"statewright-node-{tag}")
-    pin_dir = os.path.join(BPFFS, f"statewright-node-{tag}")
     with ExitStack() as stack:
-        tmp = Path(tempfile.mkdtemp(prefix="statewright-node-"))
-        stack.callback(shutil.rmtree, tmp, True)
-        manifests = tmp / "manifests"
-        manifests.mkdir()
-        _run("ip", "netns", "add", ns)
-        stack.callback(_run_quiet, "ip", "netns", "del", ns)
-        _setup_node_netns(ns)
-        os.mkdir(cgroup)
-        stack.callback(_remove_cgroup, cgroup)
-
-        socket = str(tmp / "agent.sock")
-        config = {
-            "backend": "kernel",
-            "pin-dir": pin_dir,
-            "manifests": [str(manifests)],
-            "manifests-interval": MANIFESTS_INTERVAL,
-            "cgroup": cgroup,
-            "netlink": False,
-            "node-name": "e2e-node",
-            "pod-cidrs": list(POD_CIDRS),
-        }
-        cfg_file = tmp / "agent.yaml"
-        cfg_file.write_text(json.dumps(config))
-        agent = NodeAgent(["--config", str(cfg_file)], socket, tmp / "agent.log", netns=ns)
-        stack.callback(_cleanup_agent_state, pin_dir, socket, cgroup)
+        tag = f"{os.getpid() % 100000}-{uuid.uuid4().hex[:4]}"
+        sc = scratch(stack, "node", tag, _setup_node_netns)
+        socket = str(sc.tmp / "agent.sock")
+        cfg_file = sc.agent_config_file(**{"pod-cidrs": list(POD_CIDRS)})
+        agent = NodeAgent(["--config", str(cfg_file)], socket, sc.tmp / "agent.log", netns=sc.ns)
+        stack.callback(_cleanup_agent_state, sc.pin_dir, socket, sc.cgroup)
         stack.callback(agent.stop)
         agent.start()
-        client = _start_client(ns, cgroup)  # a host-network process of the node
+        client = _start_client(sc.ns, sc.cgroup)  # a host-network process of the node
         stack.callback(_stop_proc, client.proc)
-        yield NodeEnv(ns, cgroup, pin_dir, manifests, agent, client, stack,
+        yield NodeEnv(sc.ns, sc.cgroup, sc.pin_dir, sc.manifests, agent, client, stack,
                       conf={**CNI_CONF, "agent-socket": socket}, tag=tag)
 
 
