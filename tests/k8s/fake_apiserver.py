@@ -757,6 +757,8 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         self, status: int, body: Mapping[str, Any], headers: Mapping[str, str] | None = None
     ) -> None:
         data = json.dumps(body).encode()
+        # Recorded before the answer leaves: a client that has it may read `requests` at once.
+        self._record.status = status
         self.send_response(status)
         self.send_header("Content-Type", "application/json")
         self.send_header("Content-Length", str(len(data)))
@@ -764,7 +766,6 @@ class _Handler(http.server.BaseHTTPRequestHandler):
             self.send_header(k, v)
         self.end_headers()
         self.wfile.write(data)
-        self._record.status = status
 
     def _fail(self, status: int, message: str, headers: Mapping[str, str] | None = None) -> None:
         self._send_json(
