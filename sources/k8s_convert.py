@@ -44,6 +44,7 @@ from __future__ import annotations
 
 import ipaddress
 import socket
+import sys
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -278,7 +279,9 @@ def convert_service(
     name has the annotation's value)."""
     cfg = config if config is not None else LBConfig()
     ref = object_ref(obj)
-    name = namespaced_name(obj)
+    # Interned, as the EndpointSlices' service names are: one string per service, shared
+    # by its rows (service, frontends, backend instance keys) and every lookup by name.
+    name = sys.intern(namespaced_name(obj))
     meta = _mapping(ref, "metadata", obj.get("metadata"))
     spec = _mapping(ref, "spec", obj.get("spec"))
     status = _mapping(ref, "status", obj.get("status"))
@@ -677,7 +680,8 @@ def convert_endpoint_slice(
     svc = labels.get(SERVICE_NAME_LABEL, "")
     if not svc:
         raise ConversionError(ref, f"metadata.labels[{SERVICE_NAME_LABEL}]", "missing")
-    service_name = f"{slice_name.split('/', 1)[0]}/{svc}"
+    # Interned: the Service's own conversion holds the same string.
+    service_name = sys.intern(f"{slice_name.split('/', 1)[0]}/{svc}")
     weight = _slice_weight(_str_map(ref, "metadata.annotations", meta.get("annotations")))
     addr_type = _str(ref, "addressType", obj.get("addressType"), "IPv4")
     if addr_type not in ("IPv4", "IPv6", "FQDN"):
