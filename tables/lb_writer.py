@@ -293,21 +293,33 @@ class LBWriter:
         """Make ``backends`` the complete set of ``service``'s instances from ``source``:
         instances from that source not listed are released."""
         prio = source_priority(source)
-        wanted: dict[bytes, BackendParams] = {}
+        wanted: dict[L3n4Addr, BackendParams] = {}
         for params in backends:
             if params.source != source:
                 raise LBWriterError(
                     f"backend {params.address} of service {service}: source {params.source!r} "
                     f"given to set_backends for source {source!r}"
                 )
-            wanted[params.address._key] = params
+            wanted[params.address] = params
         changed = False
         key = (service, prio)
         for be in self._backends_of(txn, service):
-            if be.address._key not in wanted and any(k == key for k, _ in be.instances):
+            if be.address not in wanted and any(k == key for k, _ in be.instances):
                 changed |= self._drop_instance(txn, be, key)
-        for params in wanted.values():
-            changed |= self._put_instance(txn, service, params, key)
+        # The service's rows as this txn sees them (read by _backends_of just above).
+        rows = self._touched(txn).backends_of[service]
+        get, insert = self.backends.get, self.backends.insert
+        for addr, params in wanted.items():
+            if get(txn, addr) is None:
+                # A new backend address (the usual case of a load): `_put_instance`
+                # inline, as `_be_put` writes a backend with this one instance.
+                _validate_backend(service, params)
+                be = Backend.single(addr, key, params)
+                rows[addr] = be
+                insert(txn, be)
+                changed = True
+            else:
+                changed |= self._put_instance(txn, service, params, key)
         if changed:
             self._refresh_service(txn, service)
 
