@@ -898,14 +898,10 @@ class FrontendOps(Generic[R]):
             bes = [
                 _unhealthy(be) if be.addr in quarantined and not be.unhealthy else be for be in bes
             ]
-        # Addr.sort_key's order (family, address bytes, port), read from the address.
-        # Serving terminating backends before those no longer serving: when no active
-        # backend is left the first ones are used.
-        bes.sort(
-            key=lambda b: (
-                b.unhealthy, b.state, b.not_serving, b.addr.version, b.addr.packed, b.addr.port
-            )
-        )
+        # Then Addr.sort_key's order (family, address bytes, port). Serving terminating
+        # backends before those no longer serving: when no active backend is left the
+        # first ones are used.
+        bes.sort(key=lambda b: (b.unhealthy, b.state, b.not_serving, b.addr.sort_key()))
         return bes
 
     def _svc_key(self, addr: Addr, slot: int) -> bytes:

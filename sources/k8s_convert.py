@@ -713,9 +713,8 @@ def convert_endpoint_slice(
                 _proto(ref, f"ports[{i}].protocol", pm.get("protocol")),
             )
         )
-    # Keyed by the addresses' encoded keys (equal exactly when the addresses are; bytes
-    # hash in C, an L3n4Addr through a Python __hash__).
-    merged: dict[bytes, BackendParams] = {}
+    # Keyed by the addresses (each is its encoded key: hashed and compared in C).
+    merged: dict[L3n4Addr, BackendParams] = {}
     want_v6 = addr_type == "IPv6"
     # One shared tuple per port name (every backend of a slice has the same ones).
     single_names = {pname: ((pname,) if pname else ()) for pname, _, _ in ports}
@@ -734,8 +733,7 @@ def convert_endpoint_slice(
                 continue
             for pname, port, proto in ports:
                 a = new_addr_packed(ip, port, proto)
-                akey = a._key
-                prev = merged.get(akey)
+                prev = merged.get(a)
                 if prev is None:
                     port_names: tuple[str, ...] = single_names[pname]
                 else:
@@ -745,7 +743,7 @@ def convert_endpoint_slice(
                     port_names = tuple(sorted(names))
                 # BackendParams(address, port_names, weight, node_name, zone, for_zones,
                 # cluster_id, source, state, unhealthy, unhealthy_updated_at)
-                merged[akey] = new_backend_params(
+                merged[a] = new_backend_params(
                     a, port_names, weight, node, zone, zones, 0, source, state, False, 0.0
                 )
     return ConvertedEndpoints(slice_name, service_name, tuple(merged.values()))
