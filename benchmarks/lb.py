@@ -46,43 +46,72 @@ service, at 2,000 and at 10,000 services, and a backend change p99 <= 2,000 us.
 ``--quick`` uses 2,000 services (fewer would not show the per-service memory) and 200
 backend changes.
 
-Measured on the 2-core development machine on 2026-11-23 at 18:06-18:09 UTC (load
-average 2.4-3.3, other engineers' runs; wall rates are noisy, CPU figures less so),
-after the compact records (L3n4Addr without an IPv4Address, BackendParams in five
-slots, the converter parsing straight to bytes, the Ops' per-backend loop inline):
-0.275-0.303 s of CPU per 1,000 services at 2,000 services and 0.326-0.363 s at 10,000
-with the agent's collector (0.351 and 0.408 with the default one), i.e. at most about
-2,750-3,600 services/s on an idle core against the 5,000 target (the code before these
-changes, measured in the same minutes: 0.288 and 0.312 s; the machine's noise is larger
-than the difference, so the CPU change is taken from callgrind: 2,337,000 ->
-2,232,000 instructions per service, -4.5%, 1,000 services into kernel maps). Resident
-memory per service (each run in a fresh process): 12,212-12,487 B at 2,000 services
-and 12,053-12,058 B at 10,000 (12,075 and 12,167 with the default collector), against
-13,756 and 13,548 B before, in the same minutes, and the 6,000 target. One backend
-change: 407-463 us of CPU at the median, 686-876 us at p99 (1.2 ms with the default
-collector) against 2 ms; the wall p99 (1.7-6.2 ms) is mostly waiting for a core.
+Round 3 (2026-11-23 20:10-20:20 UTC, load average 1.7-2.1, other engineers' runs; each
+run a fresh process, this round's code and the code before it interleaved, agent
+collector, kernel maps): CPU per 1,000 services 0.237-0.249 s -> 0.208-0.210 s at 2,000
+services and 0.241-0.246 s -> 0.214-0.215 s at 10,000, i.e. about 4,650-4,800
+services/s on one idle core (1000 / CPU s per 1,000) against the 5,000 target;
+callgrind, the whole run of 1,000 services into kernel maps (imports and the Ops-only
+pass included): 4,676 M -> 4,309 M instructions, -367,000 per service. Resident memory
+per service: 12,607 -> 10,418 B at 2,000 services and 12,128-12,161 -> 10,038-10,059 B
+at 10,000, against the 6,000 target. One backend change: CPU median 396-419 -> 321-377
+us. The benchmark itself on the final code (20:17-20:18 UTC, load average 3.3-3.8):
+``--quick`` services_per_s_kernel 4,271.9 (default collector 3,567.9),
+cpu_s_per_1k_services_kernel 0.217 (0.261), bytes_per_service 10,670 (10,379),
+backend_change_p50_us / p99 1,400.5 / 1,587.5, backend_change_cpu_p99_us 445.9; full
+(10,000) 4,272.1 (3,114.6), 0.219 (0.312), 10,145 (10,186), 1,390.2 / 1,699.0, CPU p99
+651.4. What changed:
 
-Where the time goes (cProfile's own time per package, 10,000 services, agent
-collector, the timed part only; cProfile inflates call-heavy code): statedb 21%
-(inserts, ordered views of the service indexes, commits), the tables' rows and the
-LBWriter 18%, the LB Ops and the adapter 17%, the Kubernetes conversion 14%, the map
-layer and its syscalls 7%, the reconciler 3%; built-in calls (dict gets, appends,
-struct packing) 17% spread over all of them. Memory per service (object census,
-2,000 services, i.e. per 10 backends and one frontend): dicts 1,990 B (the Ops'
-backend states and the backend id allocator's two maps 885 B, statedb's primary and
-index dicts about 700 B), statedb's change records 896 B, the Ops' backend states
-880 B, the backend parameters 720 B (1,200 before), the addresses 704 B plus their
-21-byte keys (the IPv4Address objects and their ints, 836 B, are gone), the backend
-rows 560 B. Reaching 6,000 B needs fewer objects per backend across statedb, the
-tables and the Ops together: the per-backend objects left are one statedb row entry
-with its change record and index keys, one Backend row, one BackendParams, one
-L3n4Addr and its key, and one Ops backend state plus three dict entries keyed by the
-address (backend states, the id allocator's address -> id and id -> owner). No single
-one of them is more than about 10% of the figure.
+- L3n4Addr *is* its 21-byte key (a ``bytes`` subclass: port, protocol and scope read
+  from the bytes): 72 B per address instead of 118 (an object and its key); hashing and
+  equality in C; statedb's primary key of a frontend or backend row is the row's
+  address object itself.
+- LBWriter finds a service's rows through its own per-service address hints (tuples,
+  a superset of the committed rows, filtered through the primary key) instead of the
+  tables' non-unique ``service`` indexes, whose ordered views it had kept current once
+  per write transaction: about a fifth of the load's CPU (cProfile) and 1 KB per
+  service. The indexes stay for readers that query them.
+- FrontendOps' backend states are the backend id allocator's record of holders (no
+  address -> id dict of its own): 330 B per service at 2,000, 550 at 10,000.
+- The converter interns service names; set_backends writes new backend addresses
+  inline; small call savings in the converter and the Ops' sort.
 
-Tried and not kept: querying the service indexes through statedb's write-transaction
-overlay instead of LBWriter's per-transaction cache (4.0-4.7 s of CPU for 10,000 services
-against 3.1-3.8 s: the index queries for every service became 36% of the writer's time).
+Where the memory goes now (tracemalloc, growth of the traced heap over the load, per
+service, i.e. per one frontend and 10 backends; 2,000 / 10,000 services; the resident
+figure adds allocator slack and freed-but-kept pages): 8,784 / 9,193 B traced in all.
+The LB Ops 2,726 / 3,162 B (backend states 880, their dict 295 / 524, the id
+allocator's id -> owner dict 332 / 554 and the ids 344, the frontend's backend set 288
+and slot list 128, the frontend state 128); statedb 2,058 / 2,174 B (change records
+936 / 872, revision ints 405 / 386, the version store's dicts 369 / 583); the backend
+rows 1,280 B (BackendParams 720, Backend 560); the addresses 872 B (11 of them plus
+the frontend's wildcard key); the Kubernetes converter's own state 800 / 874 B (the
+Service row 216, the names, the slices it remembers per service); the frontend rows
+with their statuses 408 / 308 B plus 239 / 137 in the reconciler's statuses (the log
+keeps superseded Pending versions until statedb compacts it: a load writes each
+frontend three times); the writer's hints and the frontend's backend tuple 398 / 386 B.
+
+The bound: 6,000 B per service needs about 3,000-3,500 B less, and no part can give it
+alone. statedb's per-row cost (about 200 B per row, 12 rows per service, plus the
+superseded frontend versions) is not this code's to change (another engineer works on
+it). The Ops would need their per-backend state packed (one int per backend in one
+dict instead of a slotted object plus three dict entries: about -1,300 B), and the
+backend row and its one instance merged into one object (about -500 B); both touch the
+paths the update and delete code share, left for a round of their own.
+
+Where the time goes now (cProfile, cumulative, 2,000 services, the timed part; cProfile
+inflates call-heavy code): the LB Ops 37 % (the per-frontend preparation 20, the
+round's batch writes 12 of which the syscalls 5, the row-to-spec adapter 4); the
+Kubernetes conversion 27 % (EndpointSlices 19, Services 8); the writer 30 %
+(set_backends 18, services and their frontends 7, refreshing a service's frontends
+5), statedb's inserts 8 % of the total inside these; the reconciler's status commits
+3 %. 5,000 services/s needs another 5-7 % off, spread over these.
+
+Earlier rounds: compact records (L3n4Addr without an IPv4Address, BackendParams in five
+slots, the converter parsing straight to bytes) took 13,756 -> 12,212 B per service and
+2,337,000 -> 2,232,000 instructions per service; batched map writes took the map write
+calls from 5.0 to 0.4 per service. Tried and not kept: querying the service indexes
+through statedb's write-transaction overlay instead of LBWriter's per-transaction cache
+(4.0-4.7 s of CPU for 10,000 services against 3.1-3.8 s).
 """
 
 from __future__ import annotations

@@ -215,6 +215,44 @@ class _BackendState:
         return self.want1 if more is None else min(more.values())
 
 
+class _BackendIDs:
+    """The backend id allocator's holders (``IDAllocator.addr_to_id``): a view of the ops'
+    backend states, each of which holds its id, instead of a dict entry more per backend.
+
+    The ops create a backend's state, with the id, right after ``acquire`` gave it (so
+    recording the holder is a no-op here) and delete it right after ``release`` (which
+    reads the id here); ``reset`` comes with clearing the states.
+    """
+
+    __slots__ = ("states",)
+
+    def __init__(self, states: dict[Addr, _BackendState]) -> None:
+        self.states = states
+
+    def get(self, addr: Addr, /) -> int | None:
+        """The id of the backend at ``addr`` (None: no state)."""
+        st = self.states.get(addr)
+        return None if st is None else st.id
+
+    def __setitem__(self, addr: Addr, id_: int, /) -> None:
+        """Nothing to record: the ops create the state with ``id_``."""
+
+    def pop(self, addr: Addr, default: None, /) -> int | None:
+        """The id of the backend at ``addr``, whose state the ops delete next."""
+        st = self.states.get(addr)
+        return default if st is None else st.id
+
+    def clear(self) -> None:
+        """Nothing to clear: the ops clear their states."""
+
+    def values(self) -> list[int]:
+        """The ids held."""
+        return [st.id for st in self.states.values()]
+
+    def __len__(self) -> int:
+        return len(self.states)
+
+
 class _FrontendState:
     """What is in the maps for one frontend address (only what was written successfully).
 
@@ -389,11 +427,12 @@ class FrontendOps(Generic[R]):
         self.service_ids: IDAllocator[Addr] = IDAllocator(
             "service", FIRST_SERVICE_ID, SERVICE_ID_LIMIT
         )
-        self.backend_ids: IDAllocator[Addr] = IDAllocator(
-            "backend", FIRST_BACKEND_ID, BACKEND_ID_LIMIT
-        )
         self.frontends: dict[Addr, _FrontendState] = {}
         self.backend_states: dict[Addr, _BackendState] = {}
+        # The backend states are the allocator's record of which address holds which id.
+        self.backend_ids: IDAllocator[Addr] = IDAllocator(
+            "backend", FIRST_BACKEND_ID, BACKEND_ID_LIMIT, _BackendIDs(self.backend_states)
+        )
         # Wildcard entry -> the ids of the frontends using it: one id, or a set of them.
         self.wildcard_refs: dict[tuple[IPAddress, int], int | set[int]] = {}
         self.expansions: dict[Addr, list[Addr]] = {}
@@ -859,14 +898,10 @@ class FrontendOps(Generic[R]):
             bes = [
                 _unhealthy(be) if be.addr in quarantined and not be.unhealthy else be for be in bes
             ]
-        # Addr.sort_key's order (family, address bytes, port), read from the address.
-        # Serving terminating backends before those no longer serving: when no active
-        # backend is left the first ones are used.
-        bes.sort(
-            key=lambda b: (
-                b.unhealthy, b.state, b.not_serving, b.addr.version, b.addr.packed, b.addr.port
-            )
-        )
+        # Then Addr.sort_key's order (family, address bytes, port). Serving terminating
+        # backends before those no longer serving: when no active backend is left the
+        # first ones are used.
+        bes.sort(key=lambda b: (b.unhealthy, b.state, b.not_serving, b.addr.sort_key()))
         return bes
 
     def _svc_key(self, addr: Addr, slot: int) -> bytes:
@@ -1237,8 +1272,8 @@ class FrontendOps(Generic[R]):
                 bstate.refcount = 0
                 return
             delete_quiet(be_map, bstate.id)
-            del self.backend_states[bstate.addr]
             self.backend_ids.release(bstate.addr)
+            del self.backend_states[bstate.addr]
             return
         bstate.pop_want(fe_addr)
         if bstate.has_wants():
@@ -1369,8 +1404,8 @@ class FrontendOps(Generic[R]):
             if bstate.refcount <= 0:  # allocated by an update that failed before using it
                 be_map_ = maps.backends(be_addr.is_v6)
                 self._prune_delete(errs, be_map_, bstate.id)
-                del self.backend_states[be_addr]
                 self.backend_ids.release(be_addr)
+                del self.backend_states[be_addr]
         live_ids = {st.id: (a, st) for a, st in self.frontends.items()}
         for v6 in (False, True):
             svc_map = maps.services(v6)

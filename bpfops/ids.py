@@ -17,12 +17,13 @@ nobody claimed (prune calls it once the tables are initialized).
 
 from __future__ import annotations
 
-from collections.abc import Hashable
-from typing import Generic, TypeVar
+from collections.abc import Hashable, Iterable
+from typing import Generic, Protocol, TypeVar
 
 from statedb.errors import StatewrightError
 
 A = TypeVar("A", bound=Hashable)
+A_contra = TypeVar("A_contra", bound=Hashable, contravariant=True)
 
 FIRST_SERVICE_ID = 1
 SERVICE_ID_LIMIT = 0xFFFF  # exclusive; rev-NAT ids are __be16 and 0 is invalid
@@ -34,16 +35,53 @@ class IDExhaustedError(StatewrightError, RuntimeError):
     """No free id is left in the allocator's range."""
 
 
+class Holders(Protocol[A_contra]):
+    """Where an allocator records which address holds which id (``addr_to_id``): a dict
+    by default, or a view of a user's own per-address records (see `IDAllocator`)."""
+
+    def get(self, addr: A_contra, /) -> int | None:
+        """The id ``addr`` holds, or None."""
+        ...
+
+    def __setitem__(self, addr: A_contra, id_: int, /) -> None:
+        """``addr`` now holds ``id_``."""
+        ...
+
+    def pop(self, addr: A_contra, default: None, /) -> int | None:
+        """``addr`` no longer holds its id; return the id (``default``: it held none)."""
+        ...
+
+    def clear(self) -> None:
+        """No address holds an id any more."""
+        ...
+
+    def values(self) -> Iterable[int]:
+        """The ids held."""
+        ...
+
+    def __len__(self) -> int:
+        """How many addresses hold an id."""
+        ...
+
+
 class IDAllocator(Generic[A]):
     """Maps addresses to ids from ``[first, limit)``, next-fit with wrap-around.
 
     An id may have several owners: an address that holds it (``addr_to_id``) and
     restored addresses that merely reserve it. It is free once it has no owner.
+
+    ``holders``: a user that keeps a record per address holding an id anyway (the LB
+    Ops' backend states) can pass a view of those records as ``addr_to_id`` instead of
+    the allocator's own dict, saving a dict entry per address. The view reads each
+    address's id from its record; the user then creates the record, with the id, for
+    every id `acquire` returns, and drops it only after `release` (or `reset`).
     """
 
     __slots__ = ("addr_to_id", "first", "id_to_owners", "limit", "name", "next_id", "restored")
 
-    def __init__(self, name: str, first: int, limit: int) -> None:
+    def __init__(
+        self, name: str, first: int, limit: int, holders: Holders[A] | None = None
+    ) -> None:
         if not 0 <= first < limit:
             raise ValueError(f"{name} id range [{first}, {limit}) is empty")
         self.name = name
@@ -54,7 +92,8 @@ class IDAllocator(Generic[A]):
         # tuple of them (a set per id cost about 200 bytes more for each service and
         # backend, a one-owner tuple 56). A tuple owner is always kept inside a tuple.
         self.id_to_owners: dict[int, A | tuple[A, ...]] = {}
-        self.addr_to_id: dict[A, int] = {}
+        own: dict[A, int] = {}
+        self.addr_to_id: Holders[A] = own if holders is None else holders
         self.restored: dict[A, int] = {}
 
     def __len__(self) -> int:

@@ -44,6 +44,7 @@ from __future__ import annotations
 
 import ipaddress
 import socket
+import sys
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -278,7 +279,9 @@ def convert_service(
     name has the annotation's value)."""
     cfg = config if config is not None else LBConfig()
     ref = object_ref(obj)
-    name = namespaced_name(obj)
+    # Interned, as the EndpointSlices' service names are: one string per service, shared
+    # by its rows (service, frontends, backend instance keys) and every lookup by name.
+    name = sys.intern(namespaced_name(obj))
     meta = _mapping(ref, "metadata", obj.get("metadata"))
     spec = _mapping(ref, "spec", obj.get("spec"))
     status = _mapping(ref, "status", obj.get("status"))
@@ -677,7 +680,8 @@ def convert_endpoint_slice(
     svc = labels.get(SERVICE_NAME_LABEL, "")
     if not svc:
         raise ConversionError(ref, f"metadata.labels[{SERVICE_NAME_LABEL}]", "missing")
-    service_name = f"{slice_name.split('/', 1)[0]}/{svc}"
+    # Interned: the Service's own conversion holds the same string.
+    service_name = sys.intern(f"{slice_name.split('/', 1)[0]}/{svc}")
     weight = _slice_weight(_str_map(ref, "metadata.annotations", meta.get("annotations")))
     addr_type = _str(ref, "addressType", obj.get("addressType"), "IPv4")
     if addr_type not in ("IPv4", "IPv6", "FQDN"):
@@ -709,9 +713,8 @@ def convert_endpoint_slice(
                 _proto(ref, f"ports[{i}].protocol", pm.get("protocol")),
             )
         )
-    # Keyed by the addresses' encoded keys (equal exactly when the addresses are; bytes
-    # hash in C, an L3n4Addr through a Python __hash__).
-    merged: dict[bytes, BackendParams] = {}
+    # Keyed by the addresses (each is its encoded key: hashed and compared in C).
+    merged: dict[L3n4Addr, BackendParams] = {}
     want_v6 = addr_type == "IPv6"
     # One shared tuple per port name (every backend of a slice has the same ones).
     single_names = {pname: ((pname,) if pname else ()) for pname, _, _ in ports}
@@ -730,8 +733,7 @@ def convert_endpoint_slice(
                 continue
             for pname, port, proto in ports:
                 a = new_addr_packed(ip, port, proto)
-                akey = a._key
-                prev = merged.get(akey)
+                prev = merged.get(a)
                 if prev is None:
                     port_names: tuple[str, ...] = single_names[pname]
                 else:
@@ -741,7 +743,7 @@ def convert_endpoint_slice(
                     port_names = tuple(sorted(names))
                 # BackendParams(address, port_names, weight, node_name, zone, for_zones,
                 # cluster_id, source, state, unhealthy, unhealthy_updated_at)
-                merged[akey] = new_backend_params(
+                merged[a] = new_backend_params(
                     a, port_names, weight, node, zone, zones, 0, source, state, False, 0.0
                 )
     return ConvertedEndpoints(slice_name, service_name, tuple(merged.values()))

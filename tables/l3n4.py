@@ -88,36 +88,38 @@ class _L3n4AddrFields:
     scope: int = SCOPE_EXTERNAL
 
 
-class L3n4Addr:
+class L3n4Addr(bytes):
     """An address + port + protocol + scope (frontend or backend address).
 
     Immutable, with the value semantics of a frozen dataclass of ``address``, ``port``,
-    ``protocol`` and ``scope``. The IP address is not held as an object: it lives in
-    the encoded index key (the first 16 bytes, IPv4 mapped, plus the version byte), and
-    ``address`` builds the ipaddress object when asked. The address is a key of every
-    LB table and of the LB Ops' state, so this saves the IPv4Address object and its int
-    (76 bytes) per address; equality and hashing use the key (bytes compare and hash in
-    C). An IPv6 zone (``%eth0``) is not kept: the key never had it, so addresses that
-    differ only in their zone were equal already.
+    ``protocol`` and ``scope``. The object *is* its encoded index key (a ``bytes``
+    subclass without instance attributes: 16 bytes of address, IPv4 mapped, 2 of port,
+    1 of protocol, 1 of scope, 1 of IP version) and every field is read from those
+    bytes. The address is a key of every LB table, of statedb's primary index and of
+    the LB Ops' state, so one object serves as row field, index key and dict key:
+    equality and hashing are those of the bytes (in C, hash cached), and statedb's
+    primary key of a frontend or backend row is the row's address object itself.
+
+    An L3n4Addr therefore equals (and hashes like) a plain ``bytes`` holding the same
+    21 bytes (nothing compares addresses with raw keys), and addresses order as their
+    keys: by address (IPv4 mapped into IPv6 space, so both families compare), then
+    port, protocol (ANY, TCP, UDP, SCTP) and scope, as the tables' indexes order them
+    (comparisons in C: statedb's ordered views compare the keys). An IPv6 zone (``%eth0``) is
+    not kept: the key never had it, so addresses that differ only in their zone were
+    equal already.
     """
 
-    __slots__ = ("_key", "port", "protocol", "scope")
+    __slots__ = ()
     __dataclass_fields__: ClassVar[dict[str, dataclasses.Field[Any]]]
     __match_args__ = ("address", "port", "protocol", "scope")
 
-    port: int
-    protocol: str
-    scope: int
-    #: The encoded index key, computed once (addresses are keys of every LB table).
-    _key: bytes
-
-    def __init__(
-        self, address: IPAddress, port: int, protocol: str = TCP, scope: int = SCOPE_EXTERNAL
-    ) -> None:
-        cls = type(address)
-        if cls is _IPv4:  # the common case, checked and encoded inline
+    def __new__(
+        cls, address: IPAddress, port: int, protocol: str = TCP, scope: int = SCOPE_EXTERNAL
+    ) -> L3n4Addr:
+        kind = type(address)
+        if kind is _IPv4:  # the common case, checked and encoded inline
             ip_key, version = _V4_MAPPED + address.packed, 4
-        elif cls is _IPv6:
+        elif kind is _IPv6:
             ip_key, version = address.packed, 6
         else:
             if not isinstance(address, _IP_TYPES):
@@ -134,45 +136,53 @@ class L3n4Addr:
             code = _PROTO_CODE[protocol]
         if scope != SCOPE_EXTERNAL and scope != SCOPE_INTERNAL:
             raise AddressError(f"invalid scope {scope!r}")
-        _set_port(self, port)
-        _set_protocol(self, protocol)
-        _set_scope(self, scope)
-        _set_key(self, ip_key + port.to_bytes(2, "big") + bytes((code, scope, version)))
+        tail = bytes((code, scope, version))
+        return _bytes_new(cls, ip_key + int(port).to_bytes(2, "big") + tail)
 
     @property
     def address(self) -> IPAddress:
         """The IP address (an ipaddress object, built from the key on each read)."""
-        key = self._key
-        if key[20] == 4:
+        if self[20] == 4:
             ip = _new(_IPv4)
-            _set_ipv4_int(ip, _from_bytes(key[12:16]))
+            _set_ipv4_int(ip, _from_bytes(self[12:16]))
             return ip
-        return _IPv6(key[:16])
+        return _IPv6(self[:16])
+
+    @property
+    def port(self) -> int:
+        """The L4 port."""
+        return (self[16] << 8) | self[17]
+
+    @property
+    def protocol(self) -> str:
+        """The protocol name (TCP, UDP, SCTP or ANY)."""
+        return PROTOCOLS[self[18]]
+
+    @property
+    def scope(self) -> int:
+        """SCOPE_EXTERNAL or SCOPE_INTERNAL."""
+        return self[19]
+
+    @property
+    def _key(self) -> bytes:
+        """The encoded index key: the object itself."""
+        return self
 
     @property
     def packed(self) -> bytes:
         """The IP address in network byte order (4 or 16 bytes), read from the key."""
-        key = self._key
-        return key[12:16] if key[20] == 4 else key[:16]
+        return self[12:16] if self[20] == 4 else self[:16]
 
     @property
     def version(self) -> int:
         """The IP version, 4 or 6."""
-        return self._key[20]
+        return self[20]
 
     def __setattr__(self, name: str, value: Any) -> None:
         raise dataclasses.FrozenInstanceError(f"cannot assign to field {name!r}")
 
     def __delattr__(self, name: str) -> None:
         raise dataclasses.FrozenInstanceError(f"cannot delete field {name!r}")
-
-    def __eq__(self, other: object) -> bool:
-        if not isinstance(other, L3n4Addr):
-            return NotImplemented
-        return self._key == other._key
-
-    def __hash__(self) -> int:
-        return hash(self._key)
 
     def __repr__(self) -> str:
         return (
@@ -182,6 +192,12 @@ class L3n4Addr:
 
     def __reduce__(self) -> tuple[Any, ...]:
         return (L3n4Addr, (self.address, self.port, self.protocol, self.scope))
+
+    def __copy__(self) -> L3n4Addr:
+        return self
+
+    def __deepcopy__(self, memo: Any) -> L3n4Addr:
+        return self
 
     # ----- construction ---------------------------------------------------
     @classmethod
@@ -224,24 +240,25 @@ class L3n4Addr:
     @property
     def is_ipv6(self) -> bool:
         """True for an IPv6 address."""
-        return self._key[20] == 6
+        return self[20] == 6
 
     @property
     def is_unspecified(self) -> bool:
         """True for 0.0.0.0 / :: (the NodePort/HostPort surrogate frontends)."""
-        key = self._key
-        return key[12:16] == _ZERO4 if key[20] == 4 else key[:16] == _ZERO16
+        return self[12:16] == _ZERO4 if self[20] == 4 else self[:16] == _ZERO16
 
     def addr_port(self) -> str:
         """``ip:port`` with IPv6 in brackets, without protocol (the REV: format)."""
-        key = self._key
-        if key[20] == 6:
+        if self[20] == 6:
             return f"[{self.address}]:{self.port}"
-        return f"{_ntop(_AF_INET, key[12:16])}:{self.port}"
+        return f"{_ntop(_AF_INET, self[12:16])}:{self.port}"
 
     def __str__(self) -> str:
         s = f"{self.addr_port()}/{self.protocol}"
-        return s + "/i" if self.scope == SCOPE_INTERNAL else s
+        return s + "/i" if self[19] == SCOPE_INTERNAL else s
+
+    def __format__(self, spec: str) -> str:
+        return format(str(self), spec)
 
     def with_scope(self, scope: int) -> L3n4Addr:
         """Return the same address in another scope."""
@@ -252,8 +269,8 @@ class L3n4Addr:
         return L3n4Addr(self.address, self.port, parse_protocol(protocol), self.scope)
 
     def key(self) -> bytes:
-        """The ordered index key (address, port, protocol, scope)."""
-        return self._key
+        """The ordered index key (address, port, protocol, scope): the object itself."""
+        return self
 
     # ----- the LB Ops' names (bpfops.model.Addr is this class) ---------------
     @property
@@ -264,12 +281,12 @@ class L3n4Addr:
     @property
     def proto(self) -> str:
         """The protocol name (the LB Ops' name for ``protocol``)."""
-        return self.protocol
+        return PROTOCOLS[self[18]]
 
     @property
     def is_v6(self) -> bool:
         """Whether this is an IPv6 address."""
-        return self._key[20] == 6
+        return self[20] == 6
 
     @classmethod
     def of(cls, ip: str | IPAddress, port: int, proto: str = TCP, scope: int = 0) -> L3n4Addr:
@@ -287,23 +304,8 @@ class L3n4Addr:
 
     def sort_key(self) -> tuple[int, bytes, int]:
         """Cilium's backend order: IPv4 before IPv6, then the address bytes, then the port."""
-        key = self._key
-        return (key[20], key[12:16] if key[20] == 4 else key[:16], self.port)
-
-    def _order(self) -> tuple[Any, int, str, int]:
-        return (self.address, self.port, self.protocol, self.scope)
-
-    def __lt__(self, other: L3n4Addr) -> bool:
-        return self._order() < other._order()
-
-    def __le__(self, other: L3n4Addr) -> bool:
-        return self._order() <= other._order()
-
-    def __gt__(self, other: L3n4Addr) -> bool:
-        return self._order() > other._order()
-
-    def __ge__(self, other: L3n4Addr) -> bool:
-        return self._order() >= other._order()
+        v = self[20]
+        return (v, self[12:16] if v == 4 else self[:16], (self[16] << 8) | self[17])
 
 
 # dataclasses.fields/replace/asdict see L3n4Addr's four fields.
@@ -312,10 +314,7 @@ L3n4Addr.__dataclass_fields__ = _L3n4AddrFields.__dataclass_fields__
 _KEY4 = struct.Struct(">12sIHBBB")
 _KEY6 = struct.Struct(">16sHBBB")
 _new = object.__new__
-_set_port = L3n4Addr.__dict__["port"].__set__
-_set_protocol = L3n4Addr.__dict__["protocol"].__set__
-_set_scope = L3n4Addr.__dict__["scope"].__set__
-_set_key = L3n4Addr.__dict__["_key"].__set__
+_bytes_new = bytes.__new__
 
 
 def new_addr(
@@ -334,17 +333,10 @@ def new_addr(
     ):
         return L3n4Addr(address, port, protocol, scope)
     if cls is _IPv4:
-        key = _KEY4.pack(_V4_MAPPED, int(address), port, code, scope, 4)
-    elif cls is _IPv6:
-        key = _KEY6.pack(address.packed, port, code, scope, 6)
-    else:
-        return L3n4Addr(address, port, protocol, scope)
-    o = _new(L3n4Addr)
-    _set_port(o, port)
-    _set_protocol(o, protocol)
-    _set_scope(o, scope)
-    _set_key(o, key)
-    return o
+        return _bytes_new(L3n4Addr, _KEY4.pack(_V4_MAPPED, int(address), port, code, scope, 4))
+    if cls is _IPv6:
+        return _bytes_new(L3n4Addr, _KEY6.pack(address.packed, port, code, scope, 6))
+    return L3n4Addr(address, port, protocol, scope)
 
 
 _KEY4_PACKED = struct.Struct(">12s4sHBBB")
@@ -368,22 +360,15 @@ def new_addr_packed(
     ):
         return L3n4Addr(ipaddress.ip_address(packed), port, protocol, scope)
     if n == 4:
-        key = _KEY4_PACKED.pack(_V4_MAPPED, packed, port, code, scope, 4)
-    else:
-        key = _KEY6.pack(packed, port, code, scope, 6)
-    o = _new(L3n4Addr)
-    _set_port(o, port)
-    _set_protocol(o, protocol)
-    _set_scope(o, scope)
-    _set_key(o, key)
-    return o
+        return _bytes_new(L3n4Addr, _KEY4_PACKED.pack(_V4_MAPPED, packed, port, code, scope, 4))
+    return _bytes_new(L3n4Addr, _KEY6.pack(packed, port, code, scope, 6))
 
 
 def encode_addr_key(value: Any) -> bytes:
     """Index encoder for L3n4Addr keys; also accepts a network (a prefix query by CIDR)
     or a bare IP address (a prefix query for every port/protocol of that address)."""
     if type(value) is L3n4Addr or isinstance(value, L3n4Addr):
-        return value._key
+        return value
     if isinstance(value, ipaddress.IPv4Network | ipaddress.IPv6Network):
         return keycodec.ip_network_prefix(value)
     if isinstance(value, ipaddress.IPv4Address | ipaddress.IPv6Address):

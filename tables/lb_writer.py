@@ -29,7 +29,6 @@ Invariants kept here:
 from __future__ import annotations
 
 import dataclasses
-import operator
 import time
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
@@ -109,14 +108,10 @@ class LBWriter:
         # A hint for refreshes only; the frontend row stays the truth.
         self._redirect_targets: dict[L3n4Addr, ServiceName] = {}
         self._touch: _Touched | None = None
-        # Names of the services that may have frontend or backend rows in the committed
-        # tables (every name the writer wrote rows for; built on first use, and rebuilt
-        # from the tables once enough rows were deleted or lost an instance that many
-        # names may be stale). A name not in it has no committed rows, so its
-        # per-service lookups need no index query.
-        self._names: set[ServiceName] | None = None
-        # Deletions (and instance removals) since the last rebuild of _names.
-        self._names_removals = 0
+        # Per service, a superset of the addresses of its committed frontend and backend
+        # rows (see "per-service lookups"); built on first use.
+        self._fe_hint: dict[ServiceName, tuple[L3n4Addr, ...]] | None = None
+        self._be_hint: dict[ServiceName, tuple[L3n4Addr, ...]] | None = None
 
     @classmethod
     def create(cls, db: DB, config: LBConfig | None = None) -> LBWriter:
@@ -298,21 +293,33 @@ class LBWriter:
         """Make ``backends`` the complete set of ``service``'s instances from ``source``:
         instances from that source not listed are released."""
         prio = source_priority(source)
-        wanted: dict[bytes, BackendParams] = {}
+        wanted: dict[L3n4Addr, BackendParams] = {}
         for params in backends:
             if params.source != source:
                 raise LBWriterError(
                     f"backend {params.address} of service {service}: source {params.source!r} "
                     f"given to set_backends for source {source!r}"
                 )
-            wanted[params.address._key] = params
+            wanted[params.address] = params
         changed = False
         key = (service, prio)
         for be in self._backends_of(txn, service):
-            if be.address._key not in wanted and any(k == key for k, _ in be.instances):
+            if be.address not in wanted and any(k == key for k, _ in be.instances):
                 changed |= self._drop_instance(txn, be, key)
-        for params in wanted.values():
-            changed |= self._put_instance(txn, service, params, key)
+        # The service's rows as this txn sees them (read by _backends_of just above).
+        rows = self._touched(txn).backends_of[service]
+        get, insert = self.backends.get, self.backends.insert
+        for addr, params in wanted.items():
+            if get(txn, addr) is None:
+                # A new backend address (the usual case of a load): `_put_instance`
+                # inline, as `_be_put` writes a backend with this one instance.
+                _validate_backend(service, params)
+                be = Backend.single(addr, key, params)
+                rows[addr] = be
+                insert(txn, be)
+                changed = True
+            else:
+                changed |= self._put_instance(txn, service, params, key)
         if changed:
             self._refresh_service(txn, service)
 
@@ -511,35 +518,57 @@ class LBWriter:
         return False
 
     # ----- per-service lookups -----------------------------------------------------------------
-    # Queries on a non-unique index inside a write transaction re-derive the index's ordered
-    # view from the committed one plus every write of the transaction so far, which makes a
-    # large transaction quadratic. The writer therefore reads the service indexes from the
-    # committed snapshot (equal to the transaction's base, since the transaction holds the
-    # tables' locks) and adds the rows it wrote itself in this transaction, re-reading every
-    # candidate through the primary key (a hash lookup that sees the transaction's writes).
-    # All writes to the LB tables must go through the writer for this to hold.
+    # The writer finds a service's frontends and backends through its own per-service
+    # address hints rather than the tables' non-unique ``service`` indexes: querying those
+    # needs statedb's ordered views, which cost about 1 KB per service and a fifth of a
+    # bulk load's CPU to keep up to date (the indexes stay, for readers that query them).
+    #
+    # A hint (``_fe_hint``/``_be_hint``: service name -> tuple of addresses) is a superset
+    # of the addresses of the service's committed rows. A transaction's rows of the
+    # services it read are folded into the hints when the writer sees the next
+    # transaction (the one before is finished by then: both lock the LB tables): the
+    # addresses of the rows as it left them, plus those it removed that the committed
+    # tables still have (it was aborted). An address written by an aborted transaction
+    # stays until its service is next read: then every hinted address is re-read through
+    # the primary key (a hash lookup that sees the transaction's writes) and only rows of
+    # the service count. That first read of a service in a transaction always comes
+    # before the writer writes any of its rows, so it sees the committed rows. All writes
+    # that add LB rows must go through the writer for the hints to hold.
     def _touched(self, txn: WriteTxn) -> _Touched:
         t = self._touch
         if t is None or t.txn is not txn:
+            if self._fe_hint is None or self._be_hint is None:
+                self._build_hints()
+            elif t is not None:
+                base = self.db.read_txn()
+                fe_get, be_get = self.frontends.get, self.backends.get
+
+                def fe_there(name: ServiceName, a: L3n4Addr) -> bool:
+                    f = fe_get(base, a)
+                    return f is not None and f.service_name == name
+
+                def be_there(name: ServiceName, a: L3n4Addr) -> bool:
+                    b = be_get(base, a)
+                    return b is not None and b.instance(name) is not None
+
+                _fold(self._fe_hint, t.frontends_of, t.frontends_gone, fe_there)
+                _fold(self._be_hint, t.backends_of, t.backends_gone, be_there)
             t = _Touched(txn)
             self._touch = t
-            self._keep_views_current()
         return t
 
-    def _keep_views_current(self) -> None:
-        """Bring the committed ordered views of the service indexes up to date, once per
-        write transaction.
-
-        statedb derives an index's ordered view lazily, on the first query after writes,
-        from the last view it made. Lookups of services with no committed rows skip the
-        index, so a bulk load would otherwise leave the views far behind and the first
-        update afterwards would pay for rebuilding them (about 0.1 s per 3,000 services).
-        A query for a name no service has (the empty one) keeps the upkeep incremental,
-        as when every lookup queried the index."""
+    def _build_hints(self) -> None:
+        """The hints from the committed tables (the writer's first transaction)."""
         base = self.db.read_txn()
-        for table in (self.backends, self.frontends):
-            for _ in table.list(base, _by_service(table, "")):
-                pass
+        fe_hint: dict[ServiceName, list[L3n4Addr]] = {}
+        for f in self.frontends.all(base):
+            fe_hint.setdefault(f.service_name, []).append(f.address)
+        be_hint: dict[ServiceName, list[L3n4Addr]] = {}
+        for b in self.backends.all(base):
+            for k in b.instance_keys():
+                be_hint.setdefault(k[0], []).append(b.address)
+        self._fe_hint = {name: tuple(addrs) for name, addrs in fe_hint.items()}
+        self._be_hint = {name: tuple(addrs) for name, addrs in be_hint.items()}
 
     def _backends_of(self, txn: WriteTxn, name: ServiceName) -> list[Backend]:
         """The backends with an instance for ``name`` (as the txn sees them), by address."""
@@ -547,26 +576,22 @@ class LBWriter:
         rows = t.backends_of.get(name)
         if rows is None:
             rows = self._load_backends_of(txn, t, name)
-        return sorted(rows.values(), key=_row_addr_key)
+        return [rows[a] for a in sorted(rows)]
 
     def _load_backends_of(
         self, txn: WriteTxn, t: _Touched, name: ServiceName
-    ) -> dict[bytes, Backend]:
+    ) -> dict[L3n4Addr, Backend]:
         """Read ``name``'s backends once per transaction; ``_be_put``/``_be_del`` keep the
         result current for the rest of it."""
-        addrs: set[L3n4Addr] = set()
-        if self._may_have_rows(txn, name):
-            base = self.db.read_txn()
-            addrs = {b.address for b in self.backends.list(base, _by_service(self.backends, name))}
-        mine = t.backends.get(name)
-        if mine:
-            addrs |= mine
-        rows: dict[bytes, Backend] = {}
-        get = self.backends.get
-        for a in addrs:
-            b = get(txn, a)
-            if b is not None and b.instance(name) is not None:
-                rows[a._key] = b
+        rows: dict[L3n4Addr, Backend] = {}
+        assert self._be_hint is not None
+        hinted = self._be_hint.get(name)
+        if hinted:
+            get = self.backends.get
+            for a in hinted:
+                b = get(txn, a)
+                if b is not None and b.instance(name) is not None:
+                    rows[a] = b
         t.backends_of[name] = rows
         return rows
 
@@ -575,111 +600,78 @@ class LBWriter:
         t = self._touched(txn)
         rows = t.frontends_of.get(name)
         if rows is None:
-            addrs: set[L3n4Addr] = set()
-            if self._may_have_rows(txn, name):
-                base = self.db.read_txn()
-                addrs = {
-                    f.address for f in self.frontends.list(base, _by_service(self.frontends, name))
-                }
-            mine = t.frontends.get(name)
-            if mine:
-                addrs |= mine
-            rows = {}
-            for a in addrs:
-                f = self.frontends.get(txn, a)
-                if f is not None and f.service_name == name:
-                    rows[a._key] = f
-            t.frontends_of[name] = rows
-        return sorted(rows.values(), key=_row_addr_key)
+            rows = self._load_frontends_of(txn, t, name)
+        return [rows[a] for a in sorted(rows)]
 
-    def _may_have_rows(self, txn: WriteTxn, name: ServiceName) -> bool:
-        """False when the committed tables surely hold no frontend or backend of ``name``."""
-        names = self._names
-        if names is None or self._names_removals > len(names) // 2 + 1024:
-            base = self.db.read_txn()
-            names = {f.service_name for f in self.frontends.all(base)}
-            for be in self.backends.all(base):
-                for k in be.instance_keys():
-                    names.add(k[0])
-            t = self._touched(txn)
-            names.update(t.frontends)
-            names.update(t.backends)
-            names.update(t.frontends_of)
-            names.update(t.backends_of)
-            self._names = names
-            self._names_removals = 0
-        return name in names
+    def _load_frontends_of(
+        self, txn: WriteTxn, t: _Touched, name: ServiceName
+    ) -> dict[L3n4Addr, Frontend]:
+        """Read ``name``'s frontends once per transaction (kept current by ``_fe_put`` and
+        ``_fe_del``)."""
+        rows: dict[L3n4Addr, Frontend] = {}
+        assert self._fe_hint is not None
+        hinted = self._fe_hint.get(name)
+        if hinted:
+            get = self.frontends.get
+            for a in hinted:
+                f = get(txn, a)
+                if f is not None and f.service_name == name:
+                    rows[a] = f
+        t.frontends_of[name] = rows
+        return rows
 
     def _fe_put(self, txn: WriteTxn, fe: Frontend) -> None:
-        names = self._names
-        if names is not None:
-            names.add(fe.service_name)
         t = self._touched(txn)
         name = fe.service_name
         rows = t.frontends_of.get(name)
-        if rows is not None:
-            rows[fe.address._key] = fe
-        else:  # remembered for the service's first lookup in this txn
-            mine = t.frontends.get(name)
-            if mine is None:
-                t.frontends[name] = {fe.address}
-            else:
-                mine.add(fe.address)
+        if rows is None:
+            rows = self._load_frontends_of(txn, t, name)
+        rows[fe.address] = fe
         self.frontends.insert(txn, fe)
 
     def _fe_del(self, txn: WriteTxn, fe: Frontend) -> None:
-        rows = self._touched(txn).frontends_of.get(fe.service_name)
-        if rows is not None:
-            rows.pop(fe.address._key, None)
-        if not rows:
-            self._names_removals += 1
+        t = self._touched(txn)
+        name = fe.service_name
+        rows = t.frontends_of.get(name)
+        if rows is None:
+            rows = self._load_frontends_of(txn, t, name)
+        if rows.pop(fe.address, None) is not None:
+            _gone(t.frontends_gone, name, fe.address)
         self.frontends.delete(txn, fe)
 
     def _be_put(self, txn: WriteTxn, be: Backend, old: Backend | None = None) -> None:
         """Write ``be``, which replaces ``old`` (the row as the txn saw it, when any)."""
         t = self._touched(txn)
-        touched = t.backends
         cached = t.backends_of
-        names = self._names
         addr = be.address
         for key in be.instance_keys():
             name = key[0]
-            if names is not None:
-                names.add(name)
             rows = cached.get(name)
-            if rows is not None:
-                rows[addr._key] = be
-            else:  # remembered for the service's first lookup in this txn
-                mine = touched.get(name)
-                if mine is None:
-                    touched[name] = {addr}
-                else:
-                    mine.add(addr)
+            if rows is None:
+                rows = self._load_backends_of(txn, t, name)
+            rows[addr] = be
         if old is not None and len(old.instances) > len(be.instances):
             for key in old.instance_keys():
                 if be.instance(key[0]) is None:
-                    self._instance_removed(cached, key[0], addr._key)
+                    self._instance_removed(txn, t, key[0], addr)
         self.backends.insert(txn, be)
 
     def _be_del(self, txn: WriteTxn, be: Backend) -> None:
-        cached = self._touched(txn).backends_of
+        t = self._touched(txn)
         for key in be.instance_keys():
-            self._instance_removed(cached, key[0], be.address._key)
+            self._instance_removed(txn, t, key[0], be.address)
         self.backends.delete(txn, be)
 
     def _instance_removed(
-        self, cached: dict[ServiceName, dict[bytes, Backend]], name: ServiceName, addr_key: bytes
+        self, txn: WriteTxn, t: _Touched, name: ServiceName, addr: L3n4Addr
     ) -> None:
-        """Service ``name`` lost the backend at ``addr_key``: drop it from the txn's cached
-        rows of the service, and count a removal towards rebuilding `_may_have_rows`'s
-        names unless the cached rows show the service still has other backends (its name
-        is then not stale; an endpoint replaced under churn must not bring the rebuild, a
-        scan of both tables, every few thousand changes)."""
-        rows = cached.get(name)
-        if rows is not None:
-            rows.pop(addr_key, None)
-        if not rows:
-            self._names_removals += 1
+        """Service ``name`` lost the backend at ``addr``: drop it from the txn's rows of the
+        service (its hint keeps the address until the service is next read)."""
+        rows = t.backends_of.get(name)
+        if rows is None:
+            rows = self._load_backends_of(txn, t, name)
+        if rows.pop(addr, None) is not None:
+            _gone(t.backends_gone, name, addr)
 
     # ----- internals ----------------------------------------------------------------------------
     def _put_frontend(self, txn: WriteTxn, svc: Service, p: FrontendParams, *, force: bool) -> None:
@@ -774,26 +766,51 @@ class LBWriter:
 
 
 class _Touched:
-    """Rows the writer wrote in one write transaction, by service name."""
+    """The rows of the services the writer read or wrote in one write transaction."""
 
-    __slots__ = ("backends", "backends_of", "frontends", "frontends_of", "txn")
+    __slots__ = ("backends_gone", "backends_of", "frontends_gone", "frontends_of", "txn")
 
     def __init__(self, txn: WriteTxn) -> None:
         self.txn = txn
-        self.frontends: dict[ServiceName, set[L3n4Addr]] = {}
-        self.backends: dict[ServiceName, set[L3n4Addr]] = {}
-        # Per service, its rows by address key as this txn sees them, once read (kept current by the
-        # writer's _fe_*/_be_* helpers): later lookups in the txn need no index query.
-        self.frontends_of: dict[ServiceName, dict[bytes, Frontend]] = {}
-        self.backends_of: dict[ServiceName, dict[bytes, Backend]] = {}
+        # Per service, its rows by address as this txn sees them, once read (kept current
+        # by the writer's _fe_*/_be_* helpers): later lookups in the txn need no re-read.
+        self.frontends_of: dict[ServiceName, dict[L3n4Addr, Frontend]] = {}
+        self.backends_of: dict[ServiceName, dict[L3n4Addr, Backend]] = {}
+        # Per service, the addresses whose rows this txn removed from it (kept in the
+        # service's hint: the txn may be aborted).
+        self.frontends_gone: dict[ServiceName, set[L3n4Addr]] = {}
+        self.backends_gone: dict[ServiceName, set[L3n4Addr]] = {}
 
 
-#: Sort key of a frontend or backend row: its address's key.
-_row_addr_key = operator.attrgetter("address._key")
+def _gone(gone: dict[ServiceName, set[L3n4Addr]], name: ServiceName, addr: L3n4Addr) -> None:
+    addrs = gone.get(name)
+    if addrs is None:
+        gone[name] = {addr}
+    else:
+        addrs.add(addr)
 
 
-def _by_service(table: Table[Any], name: ServiceName) -> Any:
-    return table.index("service").query(name)
+def _fold(
+    hint: dict[ServiceName, tuple[L3n4Addr, ...]],
+    rows_of: dict[ServiceName, dict[L3n4Addr, Any]],
+    gone: dict[ServiceName, set[L3n4Addr]],
+    still_there: Callable[[ServiceName, L3n4Addr], bool],
+) -> None:
+    """Fold a finished transaction's rows into the hints: per service it read, the
+    addresses of its rows as the transaction left them, plus those it removed whose rows
+    the committed tables still have for the service (``still_there``: the transaction was
+    aborted). The result is a superset of the committed rows whether the transaction was
+    committed or aborted: before it, the service's hint held every address of its
+    committed rows, and the transaction's rows were read through that hint."""
+    for name, rows in rows_of.items():
+        addrs = tuple(rows)
+        removed = gone.get(name)
+        if removed:
+            addrs += tuple(a for a in removed if a not in rows and still_there(name, a))
+        if addrs:
+            hint[name] = addrs
+        else:
+            hint.pop(name, None)
 
 
 def _policy_for(fe: Frontend, svc: Service) -> TrafficPolicy:

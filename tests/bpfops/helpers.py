@@ -78,8 +78,24 @@ def normalize_ids(lines: list[str]) -> list[str]:
             return f"ID=<{svc.get(m.group(2), m.group(2))}>"
 
         line = ID_RE.sub(repl, line)
-        return re.sub(
+        line = re.sub(
             r"(\d+)\((\d+)\)", lambda m: f"<{bes.get(m.group(1), m.group(1))}>({m.group(2)})", line
         )
+        return _inner_by_label(line) if kind == "MAGLEV" else line
 
     return sorted(sub(line) for line in lines)
+
+
+def _inner_by_label(line: str) -> str:
+    """A MAGLEV line's INNER list with backends of equal slot counts ordered by their
+    address label: the dump orders those by id, which depends on allocation order."""
+    m = re.search(r"INNER=\[(.*)\]", line)
+    if m is None or not m.group(1):
+        return line
+    entries = [re.fullmatch(r"(.*)\((\d+)\)", e) for e in m.group(1).split(", ")]
+    if any(e is None for e in entries):
+        return line
+    pairs = sorted(((e.group(1), int(e.group(2))) for e in entries if e is not None),
+                   key=lambda p: (-p[1], p[0]))
+    inner = ", ".join(f"{label}({count})" for label, count in pairs)
+    return line[: m.start(1)] + inner + line[m.end(1) :]

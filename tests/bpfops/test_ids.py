@@ -100,3 +100,61 @@ def test_tuple_owners_and_shared_reservations() -> None:
     assert a.claim_restored(("y", 2)) == 1 and a.owner_of(1) == ("y", 2)
     a.release(("y", 2))
     assert not a.is_taken(1) and len(a) == 0
+
+
+class _Records:
+    """A user's per-address records viewed as an allocator's holders, used as the LB Ops
+    use their backend states: a record made after each acquire, dropped after release."""
+
+    def __init__(self) -> None:
+        self.records: dict[str, int] = {}
+
+    def get(self, addr: str, /) -> int | None:
+        return self.records.get(addr)
+
+    def __setitem__(self, addr: str, id_: int, /) -> None:
+        pass
+
+    def pop(self, addr: str, default: None, /) -> int | None:
+        return self.records.get(addr, default)
+
+    def clear(self) -> None:
+        pass
+
+    def values(self) -> list[int]:
+        return list(self.records.values())
+
+    def __len__(self) -> int:
+        return len(self.records)
+
+
+@settings(max_examples=100, deadline=None, derandomize=True)
+@given(
+    st.lists(st.tuples(st.sampled_from(["acquire", "release", "reserve", "unclaimed"]),
+                       st.sampled_from("abcdefg"), st.integers(1, 8)), max_size=40)
+)
+def test_holders_view_behaves_like_the_own_dict(ops: list[tuple[str, str, int]]) -> None:
+    own: IDAllocator[str] = IDAllocator("test", 1, 9)
+    view = _Records()
+    viewed: IDAllocator[str] = IDAllocator("test", 1, 9, view)
+    for op, addr, id_ in ops:
+        if op == "acquire":
+            try:
+                got = own.acquire(addr)
+            except IDExhaustedError:
+                with pytest.raises(IDExhaustedError):
+                    viewed.acquire(addr)
+                continue
+            assert viewed.acquire(addr) == got
+            view.records[addr] = got
+        elif op == "release":
+            assert viewed.release(addr) == own.release(addr)
+            view.records.pop(addr, None)
+        elif op == "reserve":
+            own.reserve(addr, id_)
+            viewed.reserve(addr, id_)
+        else:
+            assert viewed.release_unclaimed() == own.release_unclaimed()
+        assert len(viewed) == len(own)
+        assert dict(view.records) == dict(own.addr_to_id)  # type: ignore[call-overload]
+        assert viewed.id_to_owners == own.id_to_owners

@@ -1,0 +1,130 @@
+"""LBWriter's per-service address hints: what the writer finds for a service is exactly
+what the committed tables' ``service`` indexes hold, through commits, aborted
+transactions, replaced endpoints, emptied services and a writer started over tables
+that already have rows; stale addresses do not pile up."""
+
+from __future__ import annotations
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from statedb import DB
+from tables.lb_writer import LBWriter
+from tables.services import Service
+
+from .helpers import be, fe, new_writer
+
+NAMES = [f"ns/svc-{i}" for i in range(3)]
+
+
+class _Abort(Exception):
+    pass
+
+
+def _service(w: LBWriter, t: object, i: int, backends: list[int]) -> None:
+    name = NAMES[i]
+    w.upsert_service_and_frontends(
+        t,  # type: ignore[arg-type]
+        Service(name, port_names=(("http", 80),)),
+        [fe(f"10.96.0.{i + 1}:80/TCP", name, port_name="http")],
+    )
+    w.set_backends(
+        t,  # type: ignore[arg-type]
+        name, "k8s", [be(f"10.244.{i}.{j}:8080/TCP", "http") for j in backends],
+    )
+
+
+def _indexed(db: DB, w: LBWriter, name: str) -> tuple[list[str], list[str]]:
+    """The service's frontend and backend addresses, from the committed indexes."""
+    txn = db.read_txn()
+    fes = w.frontends.list(txn, w.frontends.index("service").query(name))
+    bes = w.backends.list(txn, w.backends.index("service").query(name))
+    return sorted(str(f.address) for f in fes), sorted(str(b.address) for b in bes)
+
+
+def _found(w: LBWriter, name: str) -> tuple[list[str], list[str]]:
+    """The service's frontend and backend addresses as the writer finds them."""
+    with w.write_txn() as t:
+        fes = w._frontends_of(t, name)
+        bes = w._backends_of(t, name)
+        t.abort()
+    return sorted(str(f.address) for f in fes), sorted(str(b.address) for b in bes)
+
+
+def test_aborted_removal_keeps_the_rows_findable() -> None:
+    db, w = new_writer()
+    with w.write_txn() as t:
+        _service(w, t, 0, [1, 2])
+    try:
+        with w.write_txn() as t:
+            w.set_backends(t, NAMES[0], "k8s", [])
+            w.delete_service_and_frontends(t, NAMES[0])
+            raise _Abort
+    except _Abort:
+        pass
+    assert _found(w, NAMES[0]) == _indexed(db, w, NAMES[0])
+    assert len(_found(w, NAMES[0])[1]) == 2
+
+
+def test_aborted_addition_is_not_found() -> None:
+    _db, w = new_writer()
+    try:
+        with w.write_txn() as t:
+            _service(w, t, 1, [1, 2, 3])
+            raise _Abort
+    except _Abort:
+        pass
+    assert _found(w, NAMES[1]) == ([], [])
+
+
+def test_replaced_endpoints_leave_no_stale_addresses() -> None:
+    _db, w = new_writer()
+    with w.write_txn() as t:
+        _service(w, t, 0, [1, 2])
+    for gen in range(3, 60):
+        with w.write_txn() as t:
+            w.set_backends(t, NAMES[0], "k8s", [be("10.244.0.1:8080/TCP", "http"),
+                                               be(f"10.244.0.{gen}:8080/TCP", "http")])
+    with w.write_txn() as t:
+        w._backends_of(t, NAMES[0])
+    assert w._be_hint is not None and len(w._be_hint[NAMES[0]]) <= 3
+
+
+def test_a_new_writer_finds_the_rows_of_the_tables() -> None:
+    db, w = new_writer()
+    with w.write_txn() as t:
+        _service(w, t, 2, [1, 2])
+    w2 = LBWriter(db, w.config, services=w.services, frontends=w.frontends,
+                  backends=w.backends, node_addresses=w.node_addresses)
+    assert _found(w2, NAMES[2]) == _indexed(db, w, NAMES[2])
+    assert len(_found(w2, NAMES[2])[1]) == 2
+
+
+_step = st.tuples(
+    st.integers(0, 2),  # service
+    st.lists(st.integers(1, 6), max_size=4),  # backends (empty: none)
+    st.booleans(),  # delete the service and its frontends
+    st.booleans(),  # abort
+)
+
+
+@settings(max_examples=60, deadline=None, derandomize=True,
+          suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(st.lists(_step, min_size=1, max_size=3), min_size=1, max_size=8))
+def test_found_rows_are_the_indexed_rows(
+    txns: list[list[tuple[int, list[int], bool, bool]]],
+) -> None:
+    db, w = new_writer()
+    for steps in txns:
+        try:
+            with w.write_txn() as t:
+                for i, backends, delete, abort in steps:
+                    _service(w, t, i, backends)
+                    if delete:
+                        w.delete_service_and_frontends(t, NAMES[i])
+                    if abort:
+                        raise _Abort
+        except _Abort:
+            pass
+        for name in NAMES:
+            assert _found(w, name) == _indexed(db, w, name)
