@@ -15,8 +15,9 @@ from __future__ import annotations
 
 import itertools
 import weakref
+from collections import deque
 from collections.abc import Iterator
-from typing import TYPE_CHECKING, Generic, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, TypeVar, cast
 
 from statedb.table_state import Change, TableState, TableTxn, live_entries, log_position
 from statedb.watch import Watch
@@ -28,6 +29,22 @@ if TYPE_CHECKING:
 O = TypeVar("O")
 
 _ids = itertools.count(1)
+
+# Ends a draining iterator's queue (see `_draining`).
+_END = object()
+
+
+def _draining(records: list[Any]) -> Iterator[Any]:
+    """An iterator over ``records`` that lets go of each record as it hands it out.
+
+    The iterator of a large batch of changes is consumed over many rounds (the reconciler
+    takes a bounded number per round); a list iterator would keep every record, and through
+    it every row version already handled, alive until the last one. A queue popped from
+    the front in C (``iter(popleft, end)``) frees them as it goes, at no cost per record.
+    """
+    queue: deque[Any] = deque(records)
+    queue.append(_END)
+    return iter(queue.popleft, _END)
 
 
 class ChangeIterator(Generic[O]):
@@ -114,7 +131,7 @@ class ChangeIterator(Generic[O]):
     @staticmethod
     def _current(st: TableState) -> Iterator[Change[O]]:
         """Every row of the snapshot, as upsert records in revision order."""
-        return iter(live_entries(st))
+        return cast(Iterator[Change[O]], _draining(live_entries(st)))
 
     @staticmethod
     def _since(st: TableState, seen: int, own: list[tuple[int, int]]) -> Iterator[Change[O]]:
@@ -135,5 +152,12 @@ class ChangeIterator(Generic[O]):
                 start = max(start, log_position(log, n, hi))
             records += log[start:n]
         # Every deletion; an upsert only while it is still its key's row in st (mostly
-        # the head: one dict lookup).
-        return (e for e in records if e.deleted or rows_get(e[2]) is e or entry(e[2]) is e)
+        # the head: one dict lookup). Decided now, while the caller holds st: the iterator
+        # returned does not keep st alive, so a stream consumed over many rounds does not
+        # keep every older version of what it reports (see `_draining`).
+        return cast(
+            Iterator[Change[O]],
+            _draining(
+                [e for e in records if e.deleted or rows_get(e[2]) is e or entry(e[2]) is e]
+            ),
+        )

@@ -34,7 +34,7 @@ revision) and appends to the shared log; an abort takes them out again.
 from __future__ import annotations
 
 import weakref
-from bisect import bisect_right
+from bisect import bisect_left, bisect_right
 from collections.abc import Iterable
 from operator import itemgetter
 from typing import TYPE_CHECKING, Any, ClassVar, Generic, NamedTuple, TypeVar
@@ -97,6 +97,21 @@ class Deletion(Change[O]):
     deleted = True
 
 
+class Gap(Change[Any]):
+    """What fills a log slot whose upsert record was dropped: it has no row and no key.
+
+    Trimming drops the upserts superseded below every live snapshot from the version
+    stores; their log slots then hold a `Gap` instead, so the record, its revision and its
+    row are freed without copying the log (a copy would move every position the log's
+    readers and `Table.held_tombstones` refer to). A gap's revision is the one of the slot
+    before it, so the log stays in revision order for binary searches, and one gap object
+    fills a whole run of slots. No reader reports a gap: it is not a deletion and not the
+    record of any key (its key, ``b""``, is never stored with it).
+    """
+
+    __slots__ = ()
+
+
 # The stored form of a row or deletion; same thing as Change, named for the storage code.
 Entry = Change[Any]
 # tuple.__new__ bound once: builds a Change from a prepared tuple without running the
@@ -120,6 +135,38 @@ _rev = itemgetter(1)
 def log_position(log: list[Entry], log_len: int, revision: int) -> int:
     """Return the position of the first log record with a revision above ``revision``."""
     return bisect_right(log, revision, 0, log_len, key=_rev)
+
+
+# Fills the first slot of a log (nothing before it to take a revision from).
+_FIRST_GAP = _tuple_new(Gap, (None, 0, b""))
+
+
+def vacate(log: list[Entry], n: int, dropped: list[Entry]) -> int:
+    """Replace the upsert records ``dropped`` in ``log[:n]`` by gaps; return how many.
+
+    Deletions stay (change iterators and the graveyard's positions need them), and so do
+    records no longer in this log (a compaction since left them out).
+    """
+    if not n:
+        return 0
+    vacated = 0
+    # Between compactions each revision has one slot, so a record's position is found by
+    # counting back from the last one; a compacted stretch needs a binary search (a gap
+    # never comes before the record whose revision it copies).
+    last = n - 1 - log[n - 1][1]
+    for e in dropped:
+        if type(e) is not Change:
+            continue
+        rev = e[1]
+        i = last + rev
+        if i < 0 or i >= n or log[i] is not e:
+            i = bisect_left(log, rev, 0, n, key=_rev)
+            if i >= n or log[i] is not e:
+                continue
+        prev = log[i - 1] if i else _FIRST_GAP
+        log[i] = prev if type(prev) is Gap else _tuple_new(Gap, (None, prev[1], b""))
+        vacated += 1
+    return vacated
 
 
 class SnapshotTracker:
@@ -514,6 +561,7 @@ class TableTxn(TableState):
         trim = primary.trim
         heads = primary.heads
         older_get = primary.older.get
+        dropped: list[Entry] = []
         for e in log[start:end]:
             pk = e[2]
             if older_get(pk) is None:
@@ -524,7 +572,11 @@ class TableTxn(TableState):
                     if h is not None and h.deleted and h[1] <= oldest:
                         del heads[pk]
                 continue
-            trim(pk, e[1], oldest)
+            trim(pk, e[1], oldest, dropped)
+        if dropped:
+            # No live snapshot sees these records, and no change iterator reports an
+            # upsert that is not its key's row: free them now rather than at compaction.
+            vacate(log, n, dropped)
         for i, written in table.index_logs.items():
             if written:
                 store = self.secondary[i]

@@ -141,15 +141,25 @@ class VersionStore:
             heads[key] = o
             del older[key]
 
-    def trim(self, key: bytes, revision: int, oldest: int) -> None:
+    def trim(
+        self, key: bytes, revision: int, oldest: int, dropped: list[Record] | None = None
+    ) -> None:
         """Drop what no snapshot at or above ``oldest`` needs of ``key``, given that a record
-        of it was written at ``revision`` (<= ``oldest``)."""
+        of it was written at ``revision`` (<= ``oldest``).
+
+        The records taken out of ``older`` are appended to ``dropped`` when given (the
+        table vacates their log slots, see `statedb.table_state.TableTxn`)."""
         heads = self.heads
         h = heads.get(key)
         if h is not None and h.deleted and h[1] <= oldest:
             # Deleted before every live snapshot: the key is gone for all of them.
             del heads[key]
-            self.older.pop(key, None)
+            o = self.older.pop(key, None)
+            if dropped is not None and o is not None:
+                if type(o) is list:
+                    dropped += o
+                else:
+                    dropped.append(o)
             return
         older = self.older
         o = older.get(key)
@@ -157,6 +167,8 @@ class VersionStore:
             return
         if type(o) is list:
             keep = [v for v in o if v[1] >= revision]
+            if dropped is not None and len(keep) != len(o):
+                dropped += [v for v in o if v[1] < revision]
             if not keep:
                 del older[key]
             elif len(keep) == 1:
@@ -165,3 +177,5 @@ class VersionStore:
                 older[key] = keep
         elif o[1] < revision:
             del older[key]
+            if dropped is not None:
+                dropped.append(o)
