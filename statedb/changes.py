@@ -7,8 +7,10 @@ later write is skipped, the later one is reported). While an iterator is
 open, log compaction keeps the deletions it has not seen; `close` releases
 that hold.
 
-Changes come out as `Change` records (obj, revision, key; deleted): the
-records the table's log stores, handed out as they are.
+Changes come out as `Change` records (obj, revision, key; deleted), read
+from the records the table's log stores: deletions as they are, upserts (a
+plain tuple of the same fields in the table) as a `Change` built when the
+caller takes it.
 """
 
 from __future__ import annotations
@@ -17,9 +19,18 @@ import itertools
 import weakref
 from collections import deque
 from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any, Generic, TypeVar, cast
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
-from statedb.table_state import Change, TableState, TableTxn, live_entries, log_position
+from statedb.table_state import (
+    Change,
+    Deletion,
+    Entry,
+    TableState,
+    TableTxn,
+    as_change,
+    live_entries,
+    log_position,
+)
 from statedb.watch import Watch
 
 if TYPE_CHECKING:
@@ -29,12 +40,14 @@ if TYPE_CHECKING:
 O = TypeVar("O")
 
 _ids = itertools.count(1)
+# Builds a Change from a stored upsert's tuple, in C.
+_tuple_new = tuple.__new__
 
 # Ends a draining iterator's queue (see `_draining`).
 _END = object()
 
 
-def _draining(records: list[Any]) -> Iterator[Any]:
+def _draining(records: list[Entry]) -> Iterator[Entry]:
     """An iterator over ``records`` that lets go of each record as it hands it out.
 
     The iterator of a large batch of changes is consumed over many rounds (the reconciler
@@ -75,9 +88,10 @@ class ChangeIterator(Generic[O]):
         """Return the changes committed up to ``txn``'s snapshot since the last call, and a
         watch that closes when more changes arrive.
 
-        Each change is a `Change` record ``(obj, revision, key)`` with ``deleted``: the table's own
-        log record, so no object is allocated per change, and ``key`` (the encoded primary
-        key) need not be computed again by a caller writing rows back.
+        Each change is a `Change` record ``(obj, revision, key)`` with ``deleted``, made of the
+        table's own log record when the caller takes it (a deletion is that record), so
+        ``key`` (the encoded primary key) need not be computed again by a caller writing
+        rows back.
         """
         if self.closed:
             raise RuntimeError(f"change iterator of table {self.table.name!r} is closed")
@@ -131,7 +145,8 @@ class ChangeIterator(Generic[O]):
     @staticmethod
     def _current(st: TableState) -> Iterator[Change[O]]:
         """Every row of the snapshot, as upsert records in revision order."""
-        return cast(Iterator[Change[O]], _draining(live_entries(st)))
+        # Every record is an upsert: built as Change by map in C, one record at a time.
+        return map(_tuple_new, itertools.repeat(Change), _draining(live_entries(st)))
 
     @staticmethod
     def _since(st: TableState, seen: int, own: list[tuple[int, int]]) -> Iterator[Change[O]]:
@@ -155,9 +170,14 @@ class ChangeIterator(Generic[O]):
         # the head: one dict lookup). Decided now, while the caller holds st: the iterator
         # returned does not keep st alive, so a stream consumed over many rounds does not
         # keep every older version of what it reports (see `_draining`).
-        return cast(
-            Iterator[Change[O]],
+        deletion = Deletion
+        return map(
+            as_change,
             _draining(
-                [e for e in records if e.deleted or rows_get(e[2]) is e or entry(e[2]) is e]
+                [
+                    e
+                    for e in records
+                    if type(e) is deletion or rows_get(e[2]) is e or entry(e[2]) is e
+                ]
             ),
         )

@@ -114,7 +114,7 @@ def test_runs_of_gaps_share_one_object_and_keep_revision_order() -> None:
     st = db.root[table.name]
     log = st.log[: st.log_len]
     assert len({id(e) for e in log if type(e) is Gap}) == 1
-    revisions = [e.revision for e in log]
+    revisions = [e[1] for e in log]
     assert revisions == sorted(revisions)
     assert [r.value for r in table.all(db.read_txn())] == [1, 1, 1, 1, 1, 0]
 
