@@ -171,13 +171,10 @@ class ChangeIterator(Generic[O]):
         # returned does not keep st alive, so a stream consumed over many rounds does not
         # keep every older version of what it reports (see `_draining`).
         deletion = Deletion
-        return map(
-            as_change,
-            _draining(
-                [
-                    e
-                    for e in records
-                    if type(e) is deletion or rows_get(e[2]) is e or entry(e[2]) is e
-                ]
-            ),
-        )
+        kept = [
+            e for e in records if type(e) is deletion or rows_get(e[2]) is e or entry(e[2]) is e
+        ]
+        if deletion in map(type, kept):
+            return map(as_change, _draining(kept))
+        # Upserts only: each built as a Change by map in C.
+        return map(_tuple_new, itertools.repeat(Change), _draining(kept))
