@@ -46,6 +46,13 @@ _tuple_new = tuple.__new__
 # Ends a draining iterator's queue (see `_draining`).
 _END = object()
 
+#: A batch of up to this many log records is decided in `ChangeIterator.next` itself; a
+#: larger one while it is consumed (`_deciding`), so that no single call stalls its caller.
+EAGER_RECORDS = 4096
+#: Records a large batch decides per record it hands out: the snapshot is let go of once
+#: an eighth of the batch is consumed.
+DECIDE_AHEAD = 8
+
 
 def _draining(records: list[Entry]) -> Iterator[Entry]:
     """An iterator over ``records`` that lets go of each record as it hands it out.
@@ -58,6 +65,38 @@ def _draining(records: list[Entry]) -> Iterator[Entry]:
     queue: deque[Any] = deque(records)
     queue.append(_END)
     return iter(queue.popleft, _END)
+
+
+def _deciding(records: list[Entry], st: TableState) -> Iterator[Change[Any]]:
+    """The changes among ``records`` (a slice of ``st``'s log), decided ahead of the consumer.
+
+    Deciding whether an upsert is still its key's row in ``st`` costs a dict lookup or two
+    per record, a cache miss each in a large table: for a million records, a third of a
+    second in one call. This generator decides `DECIDE_AHEAD` records per record it hands
+    out, so the work is spread over the consumer's rounds, and lets go of ``st`` (and of
+    every record it has passed) once all are decided.
+    """
+    queue = records  # the caller's own copy: reversed in place, taken from the end
+    queue.reverse()
+    del records
+    out: deque[Entry] = deque()
+    take, put, give = queue.pop, out.append, out.popleft
+    rows_get = st.rows.get
+    entry = st.entry  # holds st: deleted below once every record is decided
+    del st
+    deletion = Deletion
+    while queue:
+        for _ in range(min(DECIDE_AHEAD, len(queue))):
+            e = take()
+            if type(e) is deletion or rows_get(e[2]) is e or entry(e[2]) is e:
+                put(e)
+        if not queue:
+            break  # every record decided: let go of st before handing out another
+        if out:
+            yield as_change(give())
+    del entry
+    while out:
+        yield as_change(give())
 
 
 class ChangeIterator(Generic[O]):
@@ -167,9 +206,12 @@ class ChangeIterator(Generic[O]):
                 start = max(start, log_position(log, n, hi))
             records += log[start:n]
         # Every deletion; an upsert only while it is still its key's row in st (mostly
-        # the head: one dict lookup). Decided now, while the caller holds st: the iterator
-        # returned does not keep st alive, so a stream consumed over many rounds does not
-        # keep every older version of what it reports (see `_draining`).
+        # the head: one dict lookup). A small batch is decided now, while the caller holds
+        # st, a large one ahead of its consumer (`_deciding`): either way the iterator does
+        # not keep st until its last record, so a stream consumed over many rounds does not
+        # keep every older version of what it reports.
+        if len(records) > EAGER_RECORDS:
+            return _deciding(records, st)
         deletion = Deletion
         kept = [
             e for e in records if type(e) is deletion or rows_get(e[2]) is e or entry(e[2]) is e
