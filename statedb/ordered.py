@@ -215,7 +215,7 @@ def _txn_overlay(table: Table[Any], tt: TableTxn, pos: int) -> TxnOverlay:
             pk = e[2]
             for k in keys.get(pk, ()):
                 by_key[k].discard(pk)
-            if e.deleted:
+            if type(e) is not tuple:
                 entries[pk] = None
                 keys[pk] = []
                 continue

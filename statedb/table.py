@@ -27,7 +27,7 @@ from statedb.errors import (
 from statedb.index import Index, Query
 from statedb.ordered import escape_key, nonunique_entries, ordered_view
 from statedb.sortedmap import SortedMap
-from statedb.table_state import Change, SnapshotTracker, TableState, TableTxn
+from statedb.table_state import SnapshotTracker, TableState, TableTxn
 from statedb.watch import Watch, closed_watch
 
 if TYPE_CHECKING:
@@ -221,8 +221,8 @@ class Table(Generic[O, PK]):
         if st.revision < st.store.newest and e[1] > st.revision:
             e = st.store.older_at(pk, st.revision, e)
             return e[0] if e is not None else None
-        # Upserts are exactly Change, deletions its subclass.
-        return e[0] if type(e) is Change else None
+        # Upserts are stored as plain tuples, deletions as Deletion records.
+        return e[0] if type(e) is tuple else None
 
     def get_revision(self, txn: ReadTxn, q: Query[O] | PK) -> tuple[O, int] | None:
         """Return (row, revision) of the first row matching the key exactly, or None."""

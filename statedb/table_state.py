@@ -5,16 +5,17 @@ lives in structures shared by every snapshot of the table, read at the
 snapshot's revision:
 
 - ``store``: a multi-version map (`statedb.versions.VersionStore`) from the
-  encoded primary key to the row's records, `Change` tuples
-  ``(obj, revision, key)`` (``deleted`` tells deletions); ``rows`` is its dict of newest records,
-  the fast path of a lookup;
+  encoded primary key to the row's records (`Entry`): a plain tuple
+  ``(obj, revision, key)`` for an upsert, a `Deletion` for a deletion;
+  ``rows`` is its dict of newest records, the fast path of a lookup;
 - ``secondary[i]``: for a unique index, a multi-version map from index key to
   the row's record (None for non-unique indexes, which exist only as ordered
   views);
-- ``log``: the change log, a list of the same `Change` records in revision
+- ``log``: the change log, a list of the same records in revision
   order, appended by writers and read by a snapshot only up to its own
-  ``log_len``. Change iterators hand these very records out, and iteration
-  over a snapshot goes through the log (never through the mutable dicts).
+  ``log_len``. Change iterators read it (handing out each upsert as a
+  `Change`), and iteration over a snapshot goes through the log (never
+  through the mutable dicts).
 
 A committed `TableState` object is registered with its table's snapshot
 tracker (`SnapshotTracker`): while it is referenced, the records it can see
@@ -34,7 +35,7 @@ revision) and appends to the shared log; an abort takes them out again.
 from __future__ import annotations
 
 import weakref
-from bisect import bisect_right
+from bisect import bisect_left, bisect_right
 from collections.abc import Iterable
 from operator import itemgetter
 from typing import TYPE_CHECKING, Any, ClassVar, Generic, NamedTuple, TypeVar
@@ -67,9 +68,8 @@ _ChangeFields.__new__.__annotations__ = {"obj": O, "revision": int, "key": bytes
 class Change(_ChangeFields[O]):
     """One upsert or deletion of a row, at the revision that made it: statedb's change record.
 
-    Change iterators (`statedb.ChangeIterator`) yield these, and they are what the table
-    stores: the change log and the version stores hold the same records, so handing one
-    out costs no allocation. ``obj`` is the row (for a deletion, the deleted row),
+    Change iterators (`statedb.ChangeIterator`) yield these. ``obj`` is the row (for a
+    deletion, the deleted row),
     ``revision`` the revision of the write, ``key`` the row's encoded primary key (what
     `Table.primary_key_of` returns), ready for `Table.compare_and_swap_many` and for
     primary-key queries (``table.primary.query_bytes(key)``), and ``deleted`` is True
@@ -79,6 +79,10 @@ class Change(_ChangeFields[O]):
     deletion records (instances of the `Deletion` subclass), so a record costs three
     slots and reading ``deleted`` is one attribute lookup. Build an upsert record with
     ``Change(obj, revision, key)``, a deletion with `Change.deletion`.
+
+    The table stores deletions as these very records, and upserts as plain tuples of the
+    same three fields (8 bytes a row less: CPython allocates a tuple subclass with one
+    spare item); a change iterator hands an upsert out as a `Change` of its fields.
     """
 
     __slots__ = ()
@@ -97,8 +101,24 @@ class Deletion(Change[O]):
     deleted = True
 
 
-# The stored form of a row or deletion; same thing as Change, named for the storage code.
-Entry = Change[Any]
+class Gap(Change[Any]):
+    """What fills a log slot whose upsert record was dropped: it has no row and no key.
+
+    Trimming drops the upserts superseded below every live snapshot from the version
+    stores; their log slots then hold a `Gap` instead, so the record, its revision and its
+    row are freed without copying the log (a copy would move every position the log's
+    readers and `Table.held_tombstones` refer to). A gap's revision is the one of the slot
+    before it, so the log stays in revision order for binary searches, and one gap object
+    fills a whole run of slots. No reader reports a gap: it is not a deletion and not the
+    record of any key (its key, ``b""``, is never stored with it).
+    """
+
+    __slots__ = ()
+
+
+# A stored record: a plain tuple (obj, revision, key) for an upsert (``type(e) is tuple``
+# tells it), a Deletion for a deletion, and in the log also a Gap.
+Entry = tuple[Any, int, bytes]
 # tuple.__new__ bound once: builds a Change from a prepared tuple without running the
 # NamedTuple's Python-level __new__ (the write path creates one record per write).
 _tuple_new = tuple.__new__
@@ -111,7 +131,12 @@ def new_tombstone(obj: Any, revision: int, pk: bytes) -> Entry:
 
 def is_tombstone(e: Entry) -> bool:
     """True for a deletion record in the log."""
-    return e.deleted
+    return type(e) is Deletion
+
+
+def as_change(e: Entry) -> Change[Any]:
+    """A stored record as a change iterator hands it out: a `Change` (deletions already are)."""
+    return _tuple_new(Change, e) if type(e) is tuple else e  # type: ignore[return-value]
 
 
 _rev = itemgetter(1)
@@ -120,6 +145,38 @@ _rev = itemgetter(1)
 def log_position(log: list[Entry], log_len: int, revision: int) -> int:
     """Return the position of the first log record with a revision above ``revision``."""
     return bisect_right(log, revision, 0, log_len, key=_rev)
+
+
+# Fills the first slot of a log (nothing before it to take a revision from).
+_FIRST_GAP = _tuple_new(Gap, (None, 0, b""))
+
+
+def vacate(log: list[Entry], n: int, dropped: list[Entry]) -> int:
+    """Replace the upsert records ``dropped`` in ``log[:n]`` by gaps; return how many.
+
+    Deletions stay (change iterators and the graveyard's positions need them), and so do
+    records no longer in this log (a compaction since left them out).
+    """
+    if not n:
+        return 0
+    vacated = 0
+    # Between compactions each revision has one slot, so a record's position is found by
+    # counting back from the last one; a compacted stretch needs a binary search (a gap
+    # never comes before the record whose revision it copies).
+    last = n - 1 - log[n - 1][1]
+    for e in dropped:
+        if type(e) is not tuple:
+            continue
+        rev = e[1]
+        i = last + rev
+        if i < 0 or i >= n or log[i] is not e:
+            i = bisect_left(log, rev, 0, n, key=_rev)
+            if i >= n or log[i] is not e:
+                continue
+        prev = log[i - 1] if i else _FIRST_GAP
+        log[i] = prev if type(prev) is Gap else _tuple_new(Gap, (None, prev[1], b""))
+        vacated += 1
+    return vacated
 
 
 class SnapshotTracker:
@@ -191,7 +248,7 @@ class TableState:
             return None
         if self.revision < self.store.newest and e[1] > self.revision:
             return self.store.older_at(pk, self.revision, e)
-        return None if e.deleted else e
+        return e if type(e) is tuple else None
 
     def index_entry(self, i: int, key: bytes) -> Entry | None:
         """The record of the row under ``key`` in unique secondary index ``i``, or None."""
@@ -216,7 +273,7 @@ def live_entries(st: TableState) -> list[Entry]:
     entry = st.entry
     # A record is a live row when it is the newest record of its key in st: mostly it is
     # still the head (one dict lookup); otherwise ask the version store.
-    return [e for e in records if not e.deleted and (rows_get(e[2]) is e or entry(e[2]) is e)]
+    return [e for e in records if type(e) is tuple and (rows_get(e[2]) is e or entry(e[2]) is e)]
 
 
 class TableTxn(TableState):
@@ -266,7 +323,7 @@ class TableTxn(TableState):
         # The writer holds the table lock: every head is committed or its own, so the
         # head is what it sees.
         e = self.rows.get(pk)
-        return None if e is None or e.deleted else e
+        return e if type(e) is tuple else None
 
     # ----- writes --------------------------------------------------
     def insert(self, obj: Any, pk: bytes | None = None) -> Any:
@@ -283,12 +340,12 @@ class TableTxn(TableState):
             pk = encode(key_of(obj))
         old = self.rows.get(pk)
         if old is not None:
-            if old.deleted:
-                old = None
+            if type(old) is not tuple:
+                old = None  # a deletion record
             elif old[0] is obj:
                 raise ObjectReusedError(table.name, pk)
         rev = self.revision + 1
-        entry = _tuple_new(Change, (obj, rev, pk))
+        entry = (obj, rev, pk)
         if table.unique_specs:
             self._index(pk, entry, old)
         self.revision = rev
@@ -317,20 +374,18 @@ class TableTxn(TableState):
         older_get = older.get
         base_rev = self.base.revision
         append = self.log.append
-        new = _tuple_new
-        change = Change
         added = 0
         rev = start = self.revision
         try:
             for obj in objs:
                 pk = encode(key_of(obj))
                 old = get(pk)
-                if old is None or old.deleted:
+                if old is None or type(old) is not tuple:
                     added += 1
                 elif old[0] is obj:
                     raise ObjectReusedError(table.name, pk)
                 rev += 1
-                entry = new(change, (obj, rev, pk))
+                entry = (obj, rev, pk)
                 # VersionStore.put, inlined: keep the committed head for snapshots.
                 if old is not None and old[1] <= base_rev:
                     o = older_get(pk)
@@ -363,18 +418,16 @@ class TableTxn(TableState):
         base_rev = self.base.revision
         append = self.log.append
         skipped: list[tuple[int, Any]] = []
-        new = _tuple_new
-        change = Change
         rev = start = self.revision
         try:
             for i, (pk, expected, obj) in enumerate(items):
                 old = get(pk)
-                if old is None or old[1] != expected or old.deleted:
+                if old is None or old[1] != expected or type(old) is not tuple:
                     skipped.append((i, None))
                     continue
                 old_obj = old[0]
                 next_rev = rev + 1
-                entry = new(change, (obj, next_rev, pk))
+                entry = (obj, next_rev, pk)
                 try:
                     # The stored row has key ``pk``: comparing key values avoids encoding.
                     if key_of(obj) != key_of(old_obj):
@@ -446,7 +499,7 @@ class TableTxn(TableState):
             heads = store.heads
             for k in keys:
                 existing = heads.get(k)
-                if existing is not None and not existing.deleted and existing[2] != pk:
+                if existing is not None and type(existing) is tuple and existing[2] != pk:
                     raise UniqueIndexConflictError(table.name, table.secondary[i].name, k)
 
     def delete(self, obj: Any) -> Any:
@@ -514,17 +567,22 @@ class TableTxn(TableState):
         trim = primary.trim
         heads = primary.heads
         older_get = primary.older.get
+        dropped: list[Entry] = []
         for e in log[start:end]:
             pk = e[2]
             if older_get(pk) is None:
                 # The common case: nothing older kept. Only a deletion can still leave
                 # something behind: its own record as the head.
-                if e.deleted:
+                if type(e) is Deletion:
                     h = heads.get(pk)
-                    if h is not None and h.deleted and h[1] <= oldest:
+                    if h is not None and type(h) is Deletion and h[1] <= oldest:
                         del heads[pk]
                 continue
-            trim(pk, e[1], oldest)
+            trim(pk, e[1], oldest, dropped)
+        if dropped:
+            # No live snapshot sees these records, and no change iterator reports an
+            # upsert that is not its key's row: free them now rather than at compaction.
+            vacate(log, n, dropped)
         for i, written in table.index_logs.items():
             if written:
                 store = self.secondary[i]

@@ -4,7 +4,7 @@ A `VersionStore` holds, for each key, the newest record (``heads``) and the
 older records some open snapshot may still need (``older``: one record, or a
 list in revision order). A snapshot is just a revision: a reader at revision
 R sees, for each key, the newest record with ``revision <= R``, and a
-deletion record (``deleted``) or no record at all means "absent". Writers
+deletion record or no record at all means "absent". Writers
 (one per table at a time, under the table lock) add records with revisions
 above every committed one, so no snapshot ever sees them before they commit;
 they move the replaced committed record to ``older`` *before* installing the
@@ -24,8 +24,9 @@ what a reader may be looking at:
   that the head is still the one it read, and reads again when it is not
   (`VersionStore.older_at`).
 
-Records are `statedb.table_state.Change` tuples: index 1 is the revision,
-index 3 the deletion flag.
+Records are the table's stored records (`statedb.table_state.Entry`): a
+plain tuple ``(obj, revision, key)`` for an upsert, any other type (a
+`statedb.table_state.Deletion`) for a deletion; index 1 is the revision.
 """
 
 from __future__ import annotations
@@ -34,7 +35,8 @@ from bisect import bisect_right
 from operator import itemgetter
 from typing import Any
 
-# A record: Change(obj, revision, key) with .deleted; typed loosely to stay import-free.
+# A record: (obj, revision, key), a plain tuple unless a deletion; typed loosely to stay
+# import-free.
 Record = Any
 # VersionStore.newest while a write transaction may install heads: above every revision.
 WRITING = 1 << 62
@@ -65,7 +67,7 @@ class VersionStore:
             return None
         if revision < self.newest and e[1] > revision:
             return self.older_at(key, revision, e)
-        return None if e.deleted else e
+        return e if type(e) is tuple else None
 
     def older_at(self, key: bytes, revision: int, head: Record) -> Record | None:
         """The live record of ``key`` at ``revision`` when ``head`` is newer than that.
@@ -88,13 +90,13 @@ class VersionStore:
                     found = o
             h = self.heads.get(key)
             if h is head:
-                return None if found is None or found.deleted else found
+                return found if type(found) is tuple else None
             if h is None:
                 # Taken out: an aborted insert of a new key, or a deletion every live
                 # snapshot sees. Absent either way.
                 return None
             if h[1] <= revision:
-                return None if h.deleted else h
+                return h if type(h) is tuple else None
             head = h
 
     # ----- writer side (table lock held) ----------------------------------------
@@ -141,15 +143,25 @@ class VersionStore:
             heads[key] = o
             del older[key]
 
-    def trim(self, key: bytes, revision: int, oldest: int) -> None:
+    def trim(
+        self, key: bytes, revision: int, oldest: int, dropped: list[Record] | None = None
+    ) -> None:
         """Drop what no snapshot at or above ``oldest`` needs of ``key``, given that a record
-        of it was written at ``revision`` (<= ``oldest``)."""
+        of it was written at ``revision`` (<= ``oldest``).
+
+        The records taken out of ``older`` are appended to ``dropped`` when given (the
+        table vacates their log slots, see `statedb.table_state.TableTxn`)."""
         heads = self.heads
         h = heads.get(key)
-        if h is not None and h.deleted and h[1] <= oldest:
+        if h is not None and type(h) is not tuple and h[1] <= oldest:
             # Deleted before every live snapshot: the key is gone for all of them.
             del heads[key]
-            self.older.pop(key, None)
+            o = self.older.pop(key, None)
+            if dropped is not None and o is not None:
+                if type(o) is list:
+                    dropped += o
+                else:
+                    dropped.append(o)
             return
         older = self.older
         o = older.get(key)
@@ -157,6 +169,8 @@ class VersionStore:
             return
         if type(o) is list:
             keep = [v for v in o if v[1] >= revision]
+            if dropped is not None and len(keep) != len(o):
+                dropped += [v for v in o if v[1] < revision]
             if not keep:
                 del older[key]
             elif len(keep) == 1:
@@ -165,3 +179,5 @@ class VersionStore:
                 older[key] = keep
         elif o[1] < revision:
             del older[key]
+            if dropped is not None:
+                dropped.append(o)
