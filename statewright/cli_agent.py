@@ -253,22 +253,26 @@ def cleanup(cfg: agent_config.AgentConfig) -> int:
         print(f"statewright agent --cleanup: an agent is running on {cfg.api_socket}; "
               "stop it first", file=sys.stderr)
         return 1
+    from statewright.agent.runtime import AgentError, lock_pins
     from statewright.agent.runtime import cleanup as cleanup_components
     from tables.state_dir import StateDirError, lock_state_dir
 
-    lock_fd = None
-    if os.path.isdir(cfg.state_dir):
-        # an agent on another socket holds the state directory's lock while it runs
+    fds: list[int] = []
+    try:
+        # an agent on another socket holds the state directory's lock while it runs, and
+        # one on another state directory the pin directory's
         try:
-            lock_fd = lock_state_dir(cfg.state_dir)
-        except StateDirError as e:
+            if os.path.isdir(cfg.state_dir):
+                fds.append(lock_state_dir(cfg.state_dir))
+            if os.path.isdir(cfg.pin_dir) and (pin_fd := lock_pins(cfg)) is not None:
+                fds.append(pin_fd)
+        except (StateDirError, AgentError) as e:
             print(f"statewright agent --cleanup: {e}; stop it first", file=sys.stderr)
             return 1
-    try:
         removed, errors = cleanup_components(cfg)
     finally:
-        if lock_fd is not None:
-            os.close(lock_fd)
+        for fd in fds:
+            os.close(fd)
     for r in removed:
         print(f"removed {r}")
     if not removed:
