@@ -481,6 +481,73 @@ def test_ready_only_after_the_entries_are_in_the_maps(setup: EndpointsConfig) ->
     anyio.run(main)
 
 
+def _file_state(setup: EndpointsConfig, ep_id: int) -> str:
+    with open(os.path.join(setup.state_dir, "endpoints", f"{ep_id}.json")) as f:
+        return str(json.load(f)["state"])
+
+
+def test_state_file_says_what_the_api_says_across_a_restart(setup: EndpointsConfig) -> None:
+    """The state file follows the endpoint to ``ready`` (and back to ``regenerating`` on a
+    change of its entries); after a restart the endpoint is restored, checked against the
+    maps and ``ready`` again, and its file says so."""
+
+    async def first_run() -> None:
+        async with running_agent(setup) as (_hive, comp):
+            mgr = comp.manager
+            assert mgr is not None
+            await call(comp, "PUT", "/endpoint/0", POD)
+            await wait_for(lambda: mgr.get("1").state.value == "ready", "ready")
+            await wait_for(lambda: _file_state(setup, 1) == "ready", "ready in the file")
+            gate = anyio.Event()
+            _gate(comp, "update", gate)
+            p = await call(comp, "PATCH", "/endpoint/1", {"labels": ["k8s:app=other"]})
+            assert p["state"] == "regenerating" == _file_state(setup, 1)
+            gate.set()
+            await wait_for(lambda: _file_state(setup, 1) == "ready", "ready in the file again")
+            assert (await call(comp, "GET", "/endpoint/1"))["state"] == "ready"
+
+    async def second_run() -> None:
+        async with running_agent(setup) as (_hive, comp):
+            mgr = comp.manager
+            assert mgr is not None and comp.restore_result.restored == [1]
+            await wait_for(lambda: mgr.get("1").state.value == "ready", "ready after restart")
+            assert _file_state(setup, 1) == "ready"
+            assert (await call(comp, "GET", "/endpoint/1"))["labels"] == ["k8s:app=other"]
+
+    anyio.run(first_run)
+    anyio.run(second_run)
+
+
+def test_a_state_file_that_cannot_be_written_keeps_the_endpoint_regenerating(
+    setup: EndpointsConfig, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Ready is written to the file before the row says it: when the write fails the
+    endpoint stays ``regenerating`` (logged) and becomes ``ready`` once it succeeds."""
+    from tables import endpoint_manager
+
+    async def main() -> None:
+        async with running_agent(setup) as (_hive, comp):
+            mgr = comp.manager
+            assert mgr is not None
+            gate = anyio.Event()
+            _gate(comp, "update", gate)
+            await call(comp, "PUT", "/endpoint/0", POD)
+            real = endpoint_manager.write_json_atomic
+
+            def failing(path: str, doc: Any) -> None:
+                raise endpoint_manager.StateDirError(path, "cannot write: disk full (test)")
+
+            monkeypatch.setattr(endpoint_manager, "write_json_atomic", failing)
+            gate.set()
+            await anyio.sleep(0.3)
+            assert mgr.get("1").state.value == "regenerating" == _file_state(setup, 1)
+            monkeypatch.setattr(endpoint_manager, "write_json_atomic", real)
+            mgr.mark_ready()
+            assert mgr.get("1").state.value == "ready" == _file_state(setup, 1)
+
+    anyio.run(main)
+
+
 def test_disconnecting_until_the_entries_are_removed(setup: EndpointsConfig) -> None:
     async def main() -> None:
         async with running_agent(setup) as (_hive, comp):

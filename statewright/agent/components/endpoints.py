@@ -304,7 +304,7 @@ class EndpointsComponent(Component):
                 _, w1 = entries.lxc.all_watch(txn)
                 _, w2 = entries.ipcache.all_watch(txn)
                 _, w3 = manager.endpoints.all_watch(txn)
-                manager.mark_ready()
+                await anyio.to_thread.run_sync(manager.mark_ready)  # writes state files
                 with anyio.move_on_after(5.0):  # also a slow safety net if a watch is missed
                     async with anyio.create_task_group() as tg:
 
