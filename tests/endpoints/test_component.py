@@ -356,7 +356,8 @@ def test_restart_with_other_pod_cidrs_reports_the_allocations_kept_outside(
     setup: EndpointsConfig,
 ) -> None:
     """Configured pod CIDRs changed across a restart: the restored endpoint keeps its
-    addresses, and health says so (endpoints/pod-cidrs Degraded) instead of only logging."""
+    addresses, and health says so (endpoints/pod-cidrs Degraded) instead of only logging;
+    the router address (the pods' gateway) moves into the new CIDR."""
 
     async def first_run() -> dict[str, Any]:
         async with running_agent(setup) as (_hive, comp):
@@ -371,6 +372,18 @@ def test_restart_with_other_pod_cidrs_reports_the_allocations_kept_outside(
             assert cidrs.state == "Degraded"
             assert "10.21.0.0/24" in cidrs.message
             assert before["addressing"]["ipv4"] in cidrs.message
+            # The router address follows the configuration: the gateway handed out is in
+            # the new CIDR, the old router addresses are released and not host entries.
+            assert "10.20.0.1" not in cidrs.message and "(router)" not in cidrs.message
+            status = await call(comp, "GET", "/ipam")
+            assert status["router"] == {"ipv4": "10.21.0.1"}
+            doc = await call(comp, "POST", "/ipam", query={"owner": "c2"})
+            assert doc["ipv4"]["gateway"] == "10.21.0.1"
+            assert doc["ipv4"]["cidrs"] == ["10.21.0.0/24"]
+            await wait_for(lambda: net_key("10.21.0.1/32") in ipcache_entries(comp),
+                           "the new router's host entry")
+            await wait_for(lambda: net_key("10.20.0.1/32") not in ipcache_entries(comp),
+                           "the old router's host entry removed")
 
     before = anyio.run(first_run)
     anyio.run(second_run, before)
