@@ -177,7 +177,8 @@ class ApiApp:
         path = urllib.parse.unquote(request.url.path)
         headers = dict(exc.headers or {})
         if exc.status_code == 404:
-            message = f"no such endpoint {path!r}"
+            # "route", not "endpoint": /endpoint/{id} names the agent's pod endpoints
+            message = f"no such route {path!r} (GET /openapi.json lists the routes)"
         elif exc.status_code == 405:
             allowed = ", ".join(sorted(m.strip() for m in headers.get("Allow", "").split(",")))
             headers["Allow"] = allowed
