@@ -439,9 +439,9 @@ class IPAM:
                 self.table.delete(txn, a)
                 changed = True
                 log.warning(
-                    "ipam: router address %s is outside the pod CIDRs %s; released, a new "
-                    "one is allocated (pods keeping addresses outside them keep their old "
-                    "gateway until they are recreated)",
+                    "ipam: router address %s is outside the pod CIDRs %s; released (pods "
+                    "keeping addresses outside them keep it as their gateway until they are "
+                    "recreated)",
                     a.ip,
                     ", ".join(str(c) for c in self.config.pod_cidrs) or "(none)",
                 )
