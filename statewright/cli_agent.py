@@ -43,16 +43,22 @@ def add_commands(subparsers: SubParsers, commands: Commands) -> None:
     ag.add_argument("--config", metavar="FILE", help="YAML configuration file")
     ag.add_argument("--cleanup", action="store_true",
                     help="detach the datapath links, unpin the agent's maps and exit")
-    ag.add_argument("--pin-dir")
-    ag.add_argument("--backend", choices=agent_config.BACKENDS)
+    ag.add_argument("--pin-dir", metavar="DIR",
+                    help="where the BPF maps are pinned (default "
+                    f"{agent_config.DEFAULT_PIN_DIR}); one agent per directory")
+    ag.add_argument("--backend", choices=agent_config.BACKENDS,
+                    help="BPF maps: kernel, memory (in the process, nothing pinned) or auto "
+                    "(kernel when possible, else memory; the default)")
     ag.add_argument("--manifests", action="append", metavar="PATH",
                     help="manifest file or directory (repeatable; default examples/manifests)")
-    ag.add_argument("--manifests-interval", type=float, metavar="SECONDS")
+    ag.add_argument("--manifests-interval", type=float, metavar="SECONDS",
+                    help="how often the manifests are re-read (default 1)")
     ag.add_argument("--cgroup", help="cgroup v2 directory for the datapath "
                     "(default: <cgroup2 mount>/statewright, created by the agent)")
     ag.add_argument("--allow-root-cgroup", action="store_true", default=None,
                     help="allow attaching to the root cgroup (every process of the machine)")
-    ag.add_argument("--no-datapath", dest="datapath", action="store_false", default=None)
+    ag.add_argument("--no-datapath", dest="datapath", action="store_false", default=None,
+                    help="attach no BPF programs (the maps are still written)")
     ag.add_argument("--node-name", help="this node's name (default: $NODE_NAME, else the "
                     "host name); backends on this node are local (externalTrafficPolicy)")
     ag.add_argument("--node-label", dest="node_labels", action="append", metavar="KEY=VALUE",
@@ -77,10 +83,13 @@ def add_commands(subparsers: SubParsers, commands: Commands) -> None:
                     help="API requests above --k8s-qps in a burst (default 40)")
     ag.add_argument("--lb-flag", dest="lb_flags", action="append", metavar="FLAG",
                     help="Cilium-style LB flag, e.g. --lb-flag=--bpf-lb-algorithm=maglev")
-    ag.add_argument("--api-socket", metavar="PATH")
+    ag.add_argument("--api-socket", metavar="PATH",
+                    help=f"the API's unix socket (default {agent_config.DEFAULT_SOCKET}; "
+                    "clients take --socket or $STATEWRIGHT_SOCKET)")
     ag.add_argument("--metrics-port", type=int, metavar="PORT",
                     help="serve Prometheus metrics on 127.0.0.1:PORT (default off)")
-    ag.add_argument("--no-netlink", dest="netlink", action="store_false", default=None)
+    ag.add_argument("--no-netlink", dest="netlink", action="store_false", default=None,
+                    help="do not follow the machine's devices and addresses (netlink)")
     ag.add_argument("--node-address", dest="node_addresses", action="append",
                     metavar="KEY=VALUE",
                     help="NodeAddressConfig field, e.g. devices=eth0 or nodeport-cidrs=10.0.0.0/8")
@@ -88,7 +97,8 @@ def add_commands(subparsers: SubParsers, commands: Commands) -> None:
                     help="create namespace NAME with the example backends (exec runs there)")
     ag.add_argument("--demo", action="store_true",
                     help=f"shorthand for --demo-netns {DEMO_NETNS}")
-    ag.add_argument("--log-format", choices=("text", "json"))
+    ag.add_argument("--log-format", choices=("text", "json"),
+                    help="text (the default) or one JSON object per line")
     ag.add_argument("--status-line", action="store_true", help="print a live status line")
     ag.set_defaults(func=cmd_agent)
 
@@ -253,22 +263,26 @@ def cleanup(cfg: agent_config.AgentConfig) -> int:
         print(f"statewright agent --cleanup: an agent is running on {cfg.api_socket}; "
               "stop it first", file=sys.stderr)
         return 1
+    from statewright.agent.runtime import AgentError, lock_pins
     from statewright.agent.runtime import cleanup as cleanup_components
     from tables.state_dir import StateDirError, lock_state_dir
 
-    lock_fd = None
-    if os.path.isdir(cfg.state_dir):
-        # an agent on another socket holds the state directory's lock while it runs
+    fds: list[int] = []
+    try:
+        # an agent on another socket holds the state directory's lock while it runs, and
+        # one on another state directory the pin directory's
         try:
-            lock_fd = lock_state_dir(cfg.state_dir)
-        except StateDirError as e:
+            if os.path.isdir(cfg.state_dir):
+                fds.append(lock_state_dir(cfg.state_dir))
+            if os.path.isdir(cfg.pin_dir) and (pin_fd := lock_pins(cfg)) is not None:
+                fds.append(pin_fd)
+        except (StateDirError, AgentError) as e:
             print(f"statewright agent --cleanup: {e}; stop it first", file=sys.stderr)
             return 1
-    try:
         removed, errors = cleanup_components(cfg)
     finally:
-        if lock_fd is not None:
-            os.close(lock_fd)
+        for fd in fds:
+            os.close(fd)
     for r in removed:
         print(f"removed {r}")
     if not removed:
@@ -368,8 +382,12 @@ def cmd_exec(args: argparse.Namespace) -> int:
               "service addresses are not translated", file=sys.stderr)
     if cgroup:
         try:
-            with open(os.path.join(cgroup, "cgroup.procs"), "w", encoding="ascii") as f:
-                f.write(str(os.getpid()))
+            # no O_CREAT: a directory that is not a cgroup has no cgroup.procs to create
+            fd = os.open(os.path.join(cgroup, "cgroup.procs"), os.O_WRONLY | os.O_CLOEXEC)
+            try:
+                os.write(fd, str(os.getpid()).encode())
+            finally:
+                os.close(fd)
         except OSError as e:
             print(f"statewright exec: cannot join cgroup {cgroup}: {e}", file=sys.stderr)
             return 1

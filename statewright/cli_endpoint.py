@@ -59,15 +59,23 @@ def _client(args: argparse.Namespace) -> AgentClient:
     return AgentClient(args.socket or os.environ.get(SOCKET_ENV) or DEFAULT_SOCKET)
 
 
+def _command(args: argparse.Namespace) -> str:
+    """``statewright endpoint get`` etc., from the command's function, for messages."""
+    func = getattr(args, "func", None)
+    name = getattr(func, "__name__", "").removeprefix("cmd_").replace("_", " ")
+    return f"statewright {name}".rstrip()
+
+
 def _get(args: argparse.Namespace, path: str) -> Any:
-    """The agent's answer, or raise SystemExit with the right code and message."""
+    """The agent's answer, or raise SystemExit with the right code and a message naming
+    the command (2: no agent, as the other client commands; 1: the agent refused)."""
     try:
         return _client(args).get(path)
     except AgentUnavailable as e:
-        print(f"statewright: {e}", file=sys.stderr)
+        print(f"{_command(args)}: {e}", file=sys.stderr)
         raise SystemExit(2) from None
     except AgentRequestError as e:
-        print(f"statewright: {e}", file=sys.stderr)
+        print(f"{_command(args)}: {e}", file=sys.stderr)
         raise SystemExit(1) from None
 
 

@@ -136,8 +136,10 @@ class Route:
     The rest describes the route for the OpenAPI document (statewright/agent/openapi.py)
     and for the server's checks before the handler runs (statewright/agent/api.py):
     ``body`` the JSON Schema of the request body (a route without one takes no body),
-    ``query`` the query parameters, ``response`` the JSON Schema of the 200 answer when
-    it is JSON, ``media_types`` what the 200 answer may be, ``errors`` the error statuses
+    ``query`` the query parameters, ``status`` the success status (200, or 201 Created
+    for a route that creates, as Cilium's ``PUT /endpoint/{id}``), ``response`` the JSON
+    Schema of that answer when it is JSON, ``media_types`` what it may be, ``errors`` the
+    error statuses
     the handler answers with (the server adds 400/413 for routes with a body or query
     parameters, and 405 for a method the path does not take).
     """
@@ -148,6 +150,7 @@ class Route:
     summary: str = field(default="", compare=False)
     body: Schema | None = field(default=None, compare=False)
     query: tuple[QueryParam, ...] = field(default=(), compare=False)
+    status: int = field(default=200, compare=False)
     response: Schema | None = field(default=None, compare=False)
     media_types: tuple[str, ...] = field(default=(JSON,), compare=False)
     errors: Mapping[int, str] = field(default_factory=dict, compare=False)

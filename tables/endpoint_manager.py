@@ -34,6 +34,13 @@ The lifecycle states (tables/endpoints.py) are set here:
   the row, the state file and the addresses (`delete` does both halves at once);
 * `restore` reads the state directory back at start into ``restoring`` endpoints;
   `finish_restore` moves them to ``regenerating`` once the agent's restore is complete.
+
+The state file records the state with the rest of the endpoint whenever it is written:
+at `create` and `update` (``regenerating``), at `mark_ready` (``ready``) and at
+`begin_delete` (``disconnecting``), so outside a restart it says what the API says.
+Restore reads only ``disconnecting`` from it (finish the deletion); any other endpoint
+comes back ``restoring`` whatever its file says (its entries are checked against the maps
+again before it is ``ready``), and those transient restart states are not written.
 """
 
 from __future__ import annotations
@@ -396,7 +403,10 @@ class EndpointManager:
     def mark_ready(self) -> list[int]:
         """Move every ``regenerating`` endpoint whose entries are all reconciled (Done) to
         ``ready``; returns their ids. Cheap when nothing is regenerating. (``restoring``
-        endpoints wait for `finish_restore`, ``disconnecting`` ones for `finish_delete`.)"""
+        endpoints wait for `finish_restore`, ``disconnecting`` ones for `finish_delete`.)
+        The state file is rewritten with the ``ready`` state first, so it says what the API
+        says (it writes a file: call it from a worker thread); an endpoint whose file
+        cannot be written stays ``regenerating``, logged, and is tried again next call."""
         txn = self.db.read_txn()
         ready: list[Endpoint] = []
         for ep in self.endpoints.all(txn):
@@ -409,7 +419,13 @@ class EndpointManager:
             for ep in ready:
                 cur = self.endpoints.get(wtxn, endpoint_id_index.query(ep.id))
                 if cur == ep:
-                    self.endpoints.insert(wtxn, replace(ep, state=EndpointState.READY))
+                    ready_ep = replace(ep, state=EndpointState.READY)
+                    try:
+                        self._persist(ready_ep)
+                    except StateDirError as e:
+                        log.error("endpoint %d: %s; it stays regenerating", ep.id, e)
+                        continue
+                    self.endpoints.insert(wtxn, ready_ep)
                     done.append(ep.id)
         return done
 

@@ -14,7 +14,9 @@ follows Cilium's host-scope allocator (Kubernetes' ``ipallocator.NewCIDRRange``)
   only the first 65,536 addresses of a larger prefix are used (the allocator's limit);
 * the router address (Cilium's ``cilium_host`` address) is allocated at start, once per
   family, to the owner ``"router"``, from the pool like any other address; it survives
-  restarts like any other allocation.
+  restarts like any other allocation, but follows the pod CIDRs: one outside today's
+  CIDRs is released and a new one allocated from them (at start, or when the Node's
+  CIDRs change), so the gateway handed out is always inside the pod CIDRs.
 
 Every allocation is a row of the ``ipam`` table (address -> owner). Every change is
 written to ``<state_dir>/ipam.json`` (tables.state_dir: temporary file, fsync, rename)
@@ -425,14 +427,30 @@ class IPAM:
                 self._persist(txn)
 
     def _reserve_routers(self, txn: WriteTxn) -> bool:
-        if not self.config.reserve_router:
-            return False
-        added = False
+        """Make the router addresses follow the pod CIDRs: a router address outside them
+        (the CIDRs changed across a restart or on the Node) is released and a new one is
+        allocated from today's CIDRs, as is one for a family that has none. Whether
+        anything changed (the caller persists)."""
+        if not self.config.reserve_router or self.config.pending:
+            return False  # pending: no CIDRs to compare with yet (the Node brings them)
+        changed = False
+        for a in list(self.table.list(txn, ipam_owner_index.query(ROUTER_OWNER))):
+            if self._range_of(a.ip) is None:
+                self.table.delete(txn, a)
+                changed = True
+                log.warning(
+                    "ipam: router address %s is outside the pod CIDRs %s; released (pods "
+                    "keeping addresses outside them keep it as their gateway until they are "
+                    "recreated)",
+                    a.ip,
+                    ", ".join(str(c) for c in self.config.pod_cidrs) or "(none)",
+                )
         for family in self.families():
             if self.router(txn, family) is None:
-                self._allocate_next(txn, family, ROUTER_OWNER)
-                added = True
-        return added
+                ip = self._allocate_next(txn, family, ROUTER_OWNER)
+                changed = True
+                log.info("ipam: router address %s", ip)
+        return changed
 
     # ----- queries ----------------------------------------------------------------------------
     def families(self) -> list[int]:

@@ -177,7 +177,8 @@ class ApiApp:
         path = urllib.parse.unquote(request.url.path)
         headers = dict(exc.headers or {})
         if exc.status_code == 404:
-            message = f"no such endpoint {path!r}"
+            # "route", not "endpoint": /endpoint/{id} names the agent's pod endpoints
+            message = f"no such route {path!r} (GET /openapi.json lists the routes)"
         elif exc.status_code == 405:
             allowed = ", ".join(sorted(m.strip() for m in headers.get("Allow", "").split(",")))
             headers["Allow"] = allowed
@@ -197,7 +198,7 @@ class ApiApp:
                 query = _query(route, request)
                 body = await _body(route, request)
                 result = await route.handler(Request(params, query, request.method, body))
-                return self._respond(result)
+                return self._respond(result, route.status)
             except ApiError as e:
                 return error_response(e.status, str(e))
             except Exception as e:  # a handler bug is answered and logged, never fatal
@@ -206,12 +207,12 @@ class ApiApp:
 
         return endpoint
 
-    def _respond(self, result: Any) -> Response:
+    def _respond(self, result: Any, status: int = 200) -> Response:
         if isinstance(result, TextBody):
-            return PlainTextResponse(result.text)
+            return PlainTextResponse(result.text, status)
         if isinstance(result, NdjsonStream):
-            return StreamingResponse(self._until_closing(result), media_type=NDJSON)
-        return json_response(result)
+            return StreamingResponse(self._until_closing(result), status, media_type=NDJSON)
+        return json_response(result, status)
 
     async def _until_closing(self, stream: NdjsonStream) -> AsyncIterator[str]:
         """The feed's lines until it ends or the server stops (`close_feeds`); a client

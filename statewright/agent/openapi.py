@@ -65,7 +65,9 @@ def _operation(route: Route, method: str) -> dict[str, Any]:
         schema = route.response if media == JSON else None
         content[media] = {"schema": dict(schema) if schema is not None
                           else ({"type": "object"} if media == JSON else {"type": "string"})}
-    responses: dict[str, Any] = {"200": {"description": "OK", "content": content}}
+    success = "Created" if route.status == 201 else "OK"
+    responses: dict[str, Any] = {
+        str(route.status): {"description": success, "content": content}}
     errors: dict[int, str] = dict(route.errors)
     if route.body is not None or route.query:
         errors.setdefault(400, BAD_REQUEST)

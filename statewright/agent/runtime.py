@@ -42,6 +42,7 @@ from typing import Any
 import anyio
 import anyio.abc
 
+from bpf.pinning import PinDirLockedError, PinDirLockError, lock_pin_dir
 from statewright.agent.components.api import ApiComponent
 from statewright.agent.components.endpoints import EndpointsComponent, EndpointsConfig
 from statewright.agent.components.kubernetes import KubernetesComponent
@@ -82,6 +83,24 @@ def agent_components(config: AgentConfig, agent: Agent | None = None) -> list[Co
     ]
 
 
+def lock_pins(config: AgentConfig) -> int | None:
+    """Take the pin directory's lock (`lock_pin_dir`) and return its descriptor, or None
+    when nothing is pinned there to protect: the memory backend keeps its maps in the
+    process, and ``auto`` falls back to it when the directory cannot be created (no
+    bpffs). AgentError naming the directory (and the holder) otherwise."""
+    if config.backend == "memory":
+        return None
+    try:
+        return lock_pin_dir(config.pin_dir)
+    except PinDirLockedError as e:
+        raise AgentError(str(e)) from None
+    except PinDirLockError as e:
+        if config.backend == "auto":
+            log.debug("agent: %s; not locked (the maps fall back to memory)", e)
+            return None
+        raise AgentError(str(e)) from None
+
+
 class Agent:
     """The running agent; ``await agent.run()`` until stopped."""
 
@@ -118,8 +137,16 @@ class Agent:
         except StateDirError as e:
             raise AgentError(str(e)) from None
         try:
+            # ... and one per pin directory: two would overwrite each other's maps.
+            pin_fd = lock_pins(self.config)
+        except BaseException:
+            os.close(lock_fd)
+            raise
+        try:
             await self._run(self._stop_requested, handle_signals, task_status)
         finally:
+            if pin_fd is not None:
+                os.close(pin_fd)
             os.close(lock_fd)
 
     async def _run(

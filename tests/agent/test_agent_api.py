@@ -219,3 +219,28 @@ def test_bpf_dump_reads_memory_maps_through_the_agent(
         assert code == 0 and out.startswith("KEY")
     finally:
         path.unlink()
+
+
+def test_exec_refuses_a_cgroup_directory_that_is_not_a_cgroup(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An agent given a --cgroup outside the cgroup2 mount reports its datapath Degraded;
+    ``exec`` then fails naming the directory instead of creating a cgroup.procs file in
+    it (and running the command outside any cgroup of the agent's)."""
+    from statewright import cli_agent
+
+    not_a_cgroup = tmp_path / "cg"
+    not_a_cgroup.mkdir()
+    info = {"datapath": {"state": "Degraded", "reason": "not under the cgroup2 mount",
+                         "cgroup": str(not_a_cgroup)}, "netns": ""}
+
+    class FakeClient:
+        def get(self, path: str) -> object:
+            assert path == "/agent"
+            return info
+
+    monkeypatch.setattr(cli_agent, "_client", lambda args: FakeClient())
+    code, _, err = run_cli(capsys, "exec", "--", "true")
+    assert code == 1
+    assert f"cannot join cgroup {not_a_cgroup}" in err and "No such file" in err
+    assert list(not_a_cgroup.iterdir()) == []

@@ -194,6 +194,54 @@ def test_second_agent_on_the_same_state_dir_is_refused_before_it_starts(
         assert agent.client.get("/health")["pid"] == agent.proc.pid  # the first one runs on
 
 
+@pytest.mark.kernel
+def test_second_agent_on_the_same_pin_dir_is_refused_and_a_killed_ones_lock_is_not_stale(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Two agents pinning under one directory (other state directories, other sockets)
+    would overwrite each other's maps: the second one exits before any component starts,
+    naming the pin directory and the first agent's pid; ``--cleanup`` is refused too. A
+    SIGKILLed agent's lock goes with it: the restart takes it."""
+    pin_dir = f"/sys/fs/bpf/swagent-lock-{uuid.uuid4().hex[:8]}"
+    proc = None
+    try:
+        with running_agent(tmp_path, "--no-datapath", backend="kernel",
+                           pin_dir=pin_dir) as agent:
+            other = tmp_path / "other"
+            other.mkdir()
+            res = subprocess.run(
+                [sys.executable, "-m", "statewright", "agent", "--backend", "kernel",
+                 "--no-netlink", "--no-datapath", "--pin-dir", pin_dir,
+                 "--api-socket", str(other / "agent.sock"), "--manifests",
+                 str(agent.manifests), "--state-dir", str(other / "state")],
+                capture_output=True, text=True, timeout=30, cwd=REPO,
+            )
+            assert res.returncode == 1, res.stderr
+            assert (f"pin directory {pin_dir}: its maps are in use by another agent "
+                    f"(pid {agent.proc.pid})") in res.stderr
+            assert [p.name for p in other.iterdir()] == ["state"]  # no socket: not started
+            code, _, err = run_cli(
+                capsys, "agent", "--cleanup", "--backend", "kernel", "--pin-dir", pin_dir,
+                "--api-socket", str(other / "agent.sock"), "--state-dir", str(other / "state"),
+                "--no-datapath")
+            assert code == 1 and f"pid {agent.proc.pid}" in err and pin_dir in err
+            assert os.path.exists(os.path.join(pin_dir, "lb4_services"))
+            assert agent.client.get("/health")["pid"] == agent.proc.pid  # the first runs on
+
+            assert stop_agent(agent.proc, signal.SIGKILL) == -signal.SIGKILL
+            proc = start_agent(agent.args, agent.socket, agent.log)
+            assert agent.client.get("/health")["pid"] == proc.pid
+            assert stop_agent(proc) == 0
+            proc = None
+    finally:
+        if proc is not None:
+            stop_agent(proc)
+        if os.path.isdir(pin_dir):
+            from tests.pins import remove_pin_dir
+
+            remove_pin_dir(pin_dir)
+
+
 def test_cleanup_is_refused_while_an_agent_holds_the_state_dir(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -176,7 +176,8 @@ def test_routing_errors_are_json_with_the_reason(tmp_path: Path) -> None:
     out = serve(tmp_path, client)
     status, headers, body = out["404"]
     assert status == 404 and headers["content-type"] == "application/json"
-    assert json.loads(body) == {"error": "no such endpoint '/nope'"}
+    assert json.loads(body) == {
+        "error": "no such route '/nope' (GET /openapi.json lists the routes)"}
     status, headers, body = out["405"]
     assert status == 405 and headers["allow"] == "GET, HEAD"
     assert "POST not allowed on /items" in json.loads(body)["error"]

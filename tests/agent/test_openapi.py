@@ -36,7 +36,10 @@ def test_every_route_of_every_component_is_in_the_document() -> None:
     for route in _routes():
         for method in route.methods:
             op = doc["paths"][route.pattern][method.lower()]
-            assert "200" in op["responses"] and "405" in op["responses"]
+            assert str(route.status) in op["responses"] and "405" in op["responses"]
+            # 201 Created for the routes that create (Cilium's PUT /endpoint/{id}), else 200
+            assert route.status == (201 if (route.pattern, method) == (
+                "/endpoint/{id}", "PUT") else 200)
             assert [p["name"] for p in op.get("parameters", []) if p["in"] == "path"] == \
                 route.path_params
     expected = {
@@ -60,7 +63,9 @@ def test_the_endpoint_change_request_follows_ciliums_field_names() -> None:
             "mac", "host-mac", "addressing", "k8s-pod-name", "k8s-namespace", "labels",
             "netns-path", "datapath-configuration"} <= set(body["properties"])
     assert body["additionalProperties"] is False
-    assert set(put["responses"]) >= {"200", "400", "409", "413", "503"}
+    assert set(put["responses"]) >= {"201", "400", "409", "413", "503"}
+    assert "200" not in put["responses"]
+    assert put["responses"]["201"]["description"] == "Created"
 
 
 def test_every_schema_uses_only_keywords_the_server_checks() -> None:

@@ -113,7 +113,7 @@ class AgentUnderTest:
                 continue
             req = Request(params, query, method, body)
             try:
-                return 200, self._portal.call(route.handler, req)
+                return route.status, self._portal.call(route.handler, req)
             except ApiError as e:
                 return e.status, {"error": str(e)}
         return 404, {"error": f"no route {method} {path}"}

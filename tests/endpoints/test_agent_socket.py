@@ -18,7 +18,7 @@ from statewright.agent.components.endpoints import EndpointsComponent, Endpoints
 from statewright.agent.components.lb import LoadBalancerComponent
 from statewright.agent.components.statedb import StateDBComponent
 from statewright.agent.config import AgentConfig
-from statewright.cni import AgentAPI, CNIError
+from statewright.cni import AgentAPI, CNIError, _http
 from statewright.component import Hive
 
 from .helpers import new_pin_dir, remove_pins
@@ -66,6 +66,8 @@ def test_routes_through_the_agent_socket() -> None:
         out["delete"] = api.request("DELETE", "/endpoint/1")
         out["after"] = api.request("GET", "/endpoint/1", not_found_ok=True)
         out["ipam_status"] = api.request("GET", "/ipam")
+        # Cilium's API answers a created endpoint with 201 Created (the client takes it)
+        out["put_status"], _ = _http(sock, "PUT", "/endpoint/0", b'{"container-id": "c9"}', 10)
         return out
 
     async def main() -> dict[str, Any]:
@@ -84,6 +86,7 @@ def test_routes_through_the_agent_socket() -> None:
         shutil.rmtree(state, ignore_errors=True)
     assert out["ipam"]["address"]["ipv4"] == "10.55.0.2"
     assert out["put"]["id"] == 1 and out["put"]["container-id"] == "ctr1"
+    assert out["put_status"] == 201
     assert out["get"]["id"] == 1
     assert out["patch"]["identity"] == out["put"]["identity"] + 1
     assert [e["id"] for e in out["list"]] == [1]

@@ -29,7 +29,7 @@ def test_endpoint_and_ipam_commands(agent: AgentUnderTest) -> None:
         {},
         json.dumps({"k8s-pod-name": "p", "k8s-namespace": "ns", "labels": ["k8s:app=x"]}).encode(),
     )
-    assert status == 200, ep
+    assert status == 201, ep
     sock = ["--socket", agent.socket]
     out = cli("endpoint", "list", *sock)
     assert out.returncode == 0, out.stderr
@@ -42,6 +42,7 @@ def test_endpoint_and_ipam_commands(agent: AgentUnderTest) -> None:
     assert json.loads(cli("endpoint", "list", "-o", "json", *sock).stdout)[0]["id"] == 1
     missing = cli("endpoint", "get", "7", *sock)
     assert missing.returncode == 1 and "not found" in missing.stderr
+    assert missing.stderr.startswith("statewright endpoint get: ")  # names the command
     ipam = cli("ipam", *sock)
     assert ipam.returncode == 0
     assert "10.88.0.0/24  2     254" in ipam.stdout and "router ipv4: 10.88.0.1" in ipam.stdout
@@ -53,6 +54,7 @@ def test_no_agent() -> None:
     out = cli("endpoint", "list", "--socket", f"/nonexistent/sw-{os.getpid()}.sock")
     assert out.returncode == 2, out.stderr
     assert "no agent is running" in out.stderr
+    assert out.stderr.startswith("statewright endpoint list: ")
 
 
 def test_concurrent_requests_never_share_ids_or_addresses(agent: AgentUnderTest) -> None:
@@ -72,7 +74,7 @@ def test_concurrent_requests_never_share_ids_or_addresses(agent: AgentUnderTest)
                 body = json.dumps({"container-id": f"t{n}-{i}"}).encode()
                 status, doc = agent.dispatch("PUT", "/endpoint/0", {}, body)
                 kind = "ep"
-            assert status == 200, doc
+            assert status == (201 if kind == "ep" else 200), doc
             with lock:
                 results.append((kind, doc))
 

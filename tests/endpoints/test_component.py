@@ -356,7 +356,8 @@ def test_restart_with_other_pod_cidrs_reports_the_allocations_kept_outside(
     setup: EndpointsConfig,
 ) -> None:
     """Configured pod CIDRs changed across a restart: the restored endpoint keeps its
-    addresses, and health says so (endpoints/pod-cidrs Degraded) instead of only logging."""
+    addresses, and health says so (endpoints/pod-cidrs Degraded) instead of only logging;
+    the router address (the pods' gateway) moves into the new CIDR."""
 
     async def first_run() -> dict[str, Any]:
         async with running_agent(setup) as (_hive, comp):
@@ -371,6 +372,18 @@ def test_restart_with_other_pod_cidrs_reports_the_allocations_kept_outside(
             assert cidrs.state == "Degraded"
             assert "10.21.0.0/24" in cidrs.message
             assert before["addressing"]["ipv4"] in cidrs.message
+            # The router address follows the configuration: the gateway handed out is in
+            # the new CIDR, the old router addresses are released and not host entries.
+            assert "10.20.0.1" not in cidrs.message and "(router)" not in cidrs.message
+            status = await call(comp, "GET", "/ipam")
+            assert status["router"] == {"ipv4": "10.21.0.1"}
+            doc = await call(comp, "POST", "/ipam", query={"owner": "c2"})
+            assert doc["ipv4"]["gateway"] == "10.21.0.1"
+            assert doc["ipv4"]["cidrs"] == ["10.21.0.0/24"]
+            await wait_for(lambda: net_key("10.21.0.1/32") in ipcache_entries(comp),
+                           "the new router's host entry")
+            await wait_for(lambda: net_key("10.20.0.1/32") not in ipcache_entries(comp),
+                           "the old router's host entry removed")
 
     before = anyio.run(first_run)
     anyio.run(second_run, before)
@@ -477,6 +490,73 @@ def test_ready_only_after_the_entries_are_in_the_maps(setup: EndpointsConfig) ->
             assert p["state"] == "regenerating"
             await wait_for(lambda: mgr.get("1").state.value == "ready", "ready again")
             assert lxc_entries(comp)[ip4key(ip)].sec_id == p["identity"]
+
+    anyio.run(main)
+
+
+def _file_state(setup: EndpointsConfig, ep_id: int) -> str:
+    with open(os.path.join(setup.state_dir, "endpoints", f"{ep_id}.json")) as f:
+        return str(json.load(f)["state"])
+
+
+def test_state_file_says_what_the_api_says_across_a_restart(setup: EndpointsConfig) -> None:
+    """The state file follows the endpoint to ``ready`` (and back to ``regenerating`` on a
+    change of its entries); after a restart the endpoint is restored, checked against the
+    maps and ``ready`` again, and its file says so."""
+
+    async def first_run() -> None:
+        async with running_agent(setup) as (_hive, comp):
+            mgr = comp.manager
+            assert mgr is not None
+            await call(comp, "PUT", "/endpoint/0", POD)
+            await wait_for(lambda: mgr.get("1").state.value == "ready", "ready")
+            await wait_for(lambda: _file_state(setup, 1) == "ready", "ready in the file")
+            gate = anyio.Event()
+            _gate(comp, "update", gate)
+            p = await call(comp, "PATCH", "/endpoint/1", {"labels": ["k8s:app=other"]})
+            assert p["state"] == "regenerating" == _file_state(setup, 1)
+            gate.set()
+            await wait_for(lambda: _file_state(setup, 1) == "ready", "ready in the file again")
+            assert (await call(comp, "GET", "/endpoint/1"))["state"] == "ready"
+
+    async def second_run() -> None:
+        async with running_agent(setup) as (_hive, comp):
+            mgr = comp.manager
+            assert mgr is not None and comp.restore_result.restored == [1]
+            await wait_for(lambda: mgr.get("1").state.value == "ready", "ready after restart")
+            assert _file_state(setup, 1) == "ready"
+            assert (await call(comp, "GET", "/endpoint/1"))["labels"] == ["k8s:app=other"]
+
+    anyio.run(first_run)
+    anyio.run(second_run)
+
+
+def test_a_state_file_that_cannot_be_written_keeps_the_endpoint_regenerating(
+    setup: EndpointsConfig, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Ready is written to the file before the row says it: when the write fails the
+    endpoint stays ``regenerating`` (logged) and becomes ``ready`` once it succeeds."""
+    from tables import endpoint_manager
+
+    async def main() -> None:
+        async with running_agent(setup) as (_hive, comp):
+            mgr = comp.manager
+            assert mgr is not None
+            gate = anyio.Event()
+            _gate(comp, "update", gate)
+            await call(comp, "PUT", "/endpoint/0", POD)
+            real = endpoint_manager.write_json_atomic
+
+            def failing(path: str, doc: Any) -> None:
+                raise endpoint_manager.StateDirError(path, "cannot write: disk full (test)")
+
+            monkeypatch.setattr(endpoint_manager, "write_json_atomic", failing)
+            gate.set()
+            await anyio.sleep(0.3)
+            assert mgr.get("1").state.value == "regenerating" == _file_state(setup, 1)
+            monkeypatch.setattr(endpoint_manager, "write_json_atomic", real)
+            mgr.mark_ready()
+            assert mgr.get("1").state.value == "ready" == _file_state(setup, 1)
 
     anyio.run(main)
 

@@ -279,10 +279,13 @@ def test_pending_ipam_hands_out_nothing_until_it_has_pod_cidrs(tmp_path: Path) -
     assert not ipam.pending and ipam.owner_of(ipam.db.read_txn(), pod) == "pod"
     assert ipam.router(ipam.db.read_txn(), 4) == ipaddress.ip_address("10.1.0.1")  # kept
     kept = ipam.set_pod_cidrs(["10.2.0.0/24", "fd00:2::/112"])
-    assert sorted(a.owner for a in kept) == ["pod", ROUTER_OWNER]
-    assert {str(a.ip) for a in ipam.outside_pod_cidrs()} == {"10.1.0.1", str(pod)}
-    # IPv6 is new: it gets a router address; IPv4 keeps its old one.
-    assert str(ipam.router(ipam.db.read_txn(), 6)) == "fd00:2::1"
+    assert [a.owner for a in kept] == ["pod"]
+    assert {str(a.ip) for a in ipam.outside_pod_cidrs()} == {str(pod)}
+    # The router addresses follow the CIDRs: IPv4's moves into the new CIDR (the old one
+    # is released), IPv6 is new and gets one.
+    txn = ipam.db.read_txn()
+    assert (str(ipam.router(txn, 4)), str(ipam.router(txn, 6))) == ("10.2.0.1", "fd00:2::1")
+    assert ipam.owner_of(txn, ipaddress.ip_address("10.1.0.1")) is None
     assert ipam.allocate_next(4, "new") in ipaddress.ip_network("10.2.0.0/24")
 
 

@@ -72,7 +72,7 @@ def _put(agent: PolicyAgent, name: str, app: str) -> None:
         "labels": [f"k8s:app={app}", "k8s:io.kubernetes.pod.namespace=default"],
     }
     status, doc = agent.dispatch("PUT", "/endpoint/0", {}, json.dumps(body).encode())
-    assert status == 200, doc
+    assert status == 201, doc
 
 
 def test_policy_get_trace_and_endpoint_list(agent: PolicyAgent) -> None:

@@ -304,7 +304,7 @@ class EndpointsComponent(Component):
                 _, w1 = entries.lxc.all_watch(txn)
                 _, w2 = entries.ipcache.all_watch(txn)
                 _, w3 = manager.endpoints.all_watch(txn)
-                manager.mark_ready()
+                await anyio.to_thread.run_sync(manager.mark_ready)  # writes state files
                 with anyio.move_on_after(5.0):  # also a slow safety net if a watch is missed
                     async with anyio.create_task_group() as tg:
 
@@ -407,7 +407,7 @@ class EndpointsComponent(Component):
             Route("/endpoint/{id}", self._get, summary="one endpoint", params=ep,
                   response=sch.ENDPOINT, errors={**off, **bad, **missing}),
             Route("/endpoint/{id}", self._put, ("PUT",), summary="create an endpoint",
-                  params=ep, body=sch.ENDPOINT_CHANGE_REQUEST, response=sch.ENDPOINT,
+                  params=ep, status=201, body=sch.ENDPOINT_CHANGE_REQUEST, response=sch.ENDPOINT,
                   errors={**off, **bad, 409: "the endpoint or an address exists already"}),
             Route("/endpoint/{id}", self._patch, ("PATCH",), summary="change an endpoint",
                   params=ep, body=sch.ENDPOINT_CHANGE_REQUEST, response=sch.ENDPOINT,
