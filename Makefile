@@ -57,8 +57,9 @@ test: lint pytest
 
 # The agent in the foreground on examples/manifests (kernel maps + datapath on its own cgroup
 # when the machine allows, memory maps otherwise); Ctrl-C stops it. See README "Running the agent".
+# `make run ARGS="--pin-dir ... --state-dir ..."` passes further flags to the agent.
 run: setup
-	$(PY) -m statewright agent --demo --status-line $$([ "$$(id -u)" = 0 ] || echo --api-socket=$${XDG_RUNTIME_DIR:-/tmp}/statewright-agent.sock)
+	$(PY) -m statewright agent --demo --status-line $$([ "$$(id -u)" = 0 ] || echo --api-socket=$${XDG_RUNTIME_DIR:-/tmp}/statewright-agent.sock) $(ARGS)
 
 # Cilium's LB script-test corpus: `make conformance [CORPUS=DIR] [BACKEND=memory|kernel|both]
 # [JSON=results.json]`; ends with `conformance: N passed, M failed`.
