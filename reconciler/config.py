@@ -43,7 +43,7 @@ class Config(Generic[O]):
     #: Objects handed to the target at a time within a round (one `BatchOperations` call,
     #: or that many `Operations` calls); the round yields to the event loop between two
     #: such chunks, so a large round does not hold the loop for its whole length.
-    target_chunk_size: int = 100
+    target_chunk_size: int = 16
     rate_limit: RateLimit | None = field(default_factory=RateLimit)
     retry_min_backoff: float = 0.01
     retry_max_backoff: float = 30.0

@@ -142,7 +142,10 @@ class SourceConfig:
     #: batches): a batch holds the event loop while it is written, ~0.2 ms per object,
     #: and the applier yields to the other tasks (the reconciler) between batches, so
     #: this bounds how long a backlog holds the loop at a time.
-    batch_size: int = 100
+    batch_size: int = 16
+    #: The bound until every initial list has been applied: list pages of 500 objects,
+    #: with no event waiting behind them, go in fewer, larger transactions.
+    sync_batch_size: int = 500
     #: How long the applier waits for more changes after the first one (under load the
     #: changes that arrive while a batch is written make the next batch anyway).
     batch_delay: float = 0.001
@@ -298,7 +301,7 @@ class K8sSource:
         # The rest of a delivery larger than a batch, written first in the next batch.
         carry: _Item | None = None
         while True:
-            limit = cfg.batch_size
+            limit = cfg.batch_size if self.synced else cfg.sync_batch_size
             first = carry if carry is not None else await self._recv.receive()
             carry = None
             batch: list[_Item] = []
