@@ -200,12 +200,14 @@ def decode_figures(objects: int = 500, rounds: int = 5) -> dict[str, float]:
 
 
 # ----- the agent side ---------------------------------------------------------------------
-def _frontend_ok(lb: LoadBalancer, txn: Any, addr: Any, ip: str) -> bool:
+def _frontend_ok(lb: LoadBalancer, txn: Any, addr: Any, ip: Any) -> bool:
+    """Whether the frontend at ``addr`` is Done with a backend at address ``ip`` (an
+    ip_address: compared as it is, no string per backend on the polled path)."""
     fe = lb.frontends.get(txn, addr)
     return (
         fe is not None
         and fe.status.kind is StatusKind.DONE
-        and any(str(b.address.address) == ip for b in fe.backends)
+        and any(b.address.address == ip for b in fe.backends)
     )
 
 
@@ -329,7 +331,13 @@ def _churn_generation(obj: Any) -> int:
         return 0
     if not isinstance(first, str) or not first.startswith("10.200."):
         return 0
-    return int(ipaddress.ip_address(first)) - _CHURN_BASE
+    # 10.200.H.L is generation H * 256 + L (`churn_ip`); parsed by hand because this runs
+    # on the event loop for every delta the agent receives.
+    high, _, low = first[7:].partition(".")
+    try:
+        return int(high) * 256 + int(low)
+    except ValueError:
+        return int(ipaddress.ip_address(first)) - _CHURN_BASE
 
 
 def _pct(values: list[float], q: float) -> float:
@@ -568,7 +576,7 @@ async def _churn(
         while len(confirmed) < emitted:
             k = len(confirmed)
             svc = f"bench/svc-{churn_service(k, n)}"
-            if not _frontend_ok(lb, snap, addr_of[svc], churn_ip(k + 1)):
+            if not _frontend_ok(lb, snap, addr_of[svc], ipaddress.ip_address(churn_ip(k + 1))):
                 break
             confirmed.append(now)
         max_backlog = max(max_backlog, emitted - len(confirmed))

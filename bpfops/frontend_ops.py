@@ -38,6 +38,7 @@ a parent; it also releases restored ids nobody claimed.
 
 from __future__ import annotations
 
+import errno
 import ipaddress
 import logging
 from collections.abc import Callable, Iterable, Iterator
@@ -333,8 +334,8 @@ class _CollectedWrites:
 class _Pending:
     """One frontend between its prepared writes and its master: what the later steps need."""
 
-    __slots__ = ("active", "fe", "inactive", "is_local", "master_flags", "slot_backends",
-                 "state", "writes")
+    __slots__ = ("active", "fe", "inactive", "is_local", "master_flags", "orphans",
+                 "slot_backends", "state", "writes")
 
     def __init__(
         self,
@@ -355,6 +356,9 @@ class _Pending:
         self.active = active
         self.inactive = inactive
         self.master_flags = master_flags
+        #: Backends the frontend dropped that no one else references, left in the backends
+        #: map until its master no longer counts them (see `FrontendOps._write_round`).
+        self.orphans: list[_BackendState] = []
 
 
 def _write_counted(
@@ -369,6 +373,29 @@ def _write_counted(
     except MapError as exc:
         return 0, exc
     return len(keys), None
+
+
+def _delete_counted(m: MapBackend, keys: list[bytes]) -> tuple[int, MapError | None]:
+    """Delete encoded keys in order, one batch call (one delete for one key); an absent
+    key counts as deleted. Returns how many were deleted and the error that stopped the
+    rest (None when all were)."""
+    done = 0
+    while done < len(keys):
+        try:
+            if len(keys) - done == 1:
+                delete_quiet(m, keys[done])
+            else:
+                m.delete_batch(keys[done:])
+        except BatchError as exc:
+            done += exc.done
+            if exc.errno != errno.ENOENT:
+                return done, exc
+            done += 1  # absent already
+            continue
+        except MapError as exc:
+            return done, exc
+        return len(keys), None
+    return done, None
 
 
 def _write_entries(m: MapBackend, keys: list[bytes], values: list[bytes]) -> None:
@@ -574,41 +601,64 @@ class FrontendOps(Generic[R]):
         batch (the frontends collected before them are written first, so ids are
         allocated in the batch's order, as per-object updates allocate them): NodePort
         expansions, frontends that are disabled or not in the datapath, frontends that
-        drop backends (dropping a shared backend may rewrite its entry, which must come
-        after the round's write of it), and a second entry for an address in the round.
+        drop a shared backend (dropping it may rewrite its entry, which must come after
+        the round's write of it), frontends that drop backends while the backends map
+        may lack room for the round's new entries, and a second entry for an address in
+        the round.
+
+        A backend a frontend of the round drops that no other frontend references is
+        deleted after that frontend's master (`_write_round`): a backend entry never
+        goes while a slot the master counts points at it.
         """
         round_: list[tuple[BatchEntry[R], _Pending]] = []
         seen: set[Addr] = set()
+        # Backend entries the round may add before its orphans go (every backend of each
+        # frontend counted: an upper bound), against the room left in the maps.
+        adding = 0
+        room = self._backend_room()
         for entry in batch:
             try:
                 fe = self.spec_of(txn, entry.obj)
             except Exception as exc:
                 entry.result = exc
                 continue
-            if not self._batchable(fe) or fe.addr in seen:
+            drops = self._drops(fe)
+            adding += len(fe.backends)
+            if (
+                drops is None
+                or (drops and adding > room)
+                or fe.addr in seen
+            ):
                 if round_:
-                    self._write_round(round_)
+                    self._write_round(txn, round_)
                     round_ = []
                     seen.clear()
                 try:
                     self.update_spec(txn, fe)
                 except Exception as exc:
                     entry.result = exc
+                adding = 0
+                room = self._backend_room()
                 continue
             seen.add(fe.addr)
+            orphans: list[_BackendState] | None = [] if drops else None
             try:
                 pending = self._prepare_frontend(
-                    txn, fe, lambda ip: self.node.is_local_address(txn, ip)
+                    txn, fe, lambda ip: self.node.is_local_address(txn, ip), orphans
                 )
-            except (MapError, ValueError, IDExhaustedError) as exc:
-                entry.result = _fe_error(fe, exc)
-                continue
             except Exception as exc:
-                entry.result = exc
+                entry.result = (
+                    _fe_error(fe, exc)
+                    if isinstance(exc, (MapError, ValueError, IDExhaustedError))
+                    else exc
+                )
+                if orphans:
+                    # As `update_spec` would have: gone before the frontend's writes.
+                    self._delete_orphans(txn, [(fe.addr, b) for b in orphans])
                 continue
             round_.append((entry, pending))
         if round_:
-            self._write_round(round_)
+            self._write_round(txn, round_)
 
     def delete_batch(self, txn: ReadTxn, batch: list[BatchEntry[R]]) -> None:
         """Delete each entry's frontend as `delete` does, one after the other (deletions are
@@ -620,23 +670,45 @@ class FrontendOps(Generic[R]):
                 entry.result = exc
 
     def _batchable(self, fe: FrontendSpec) -> bool:
-        """Whether `update_batch` writes ``fe`` in its round (see there for the others)."""
+        """Whether `update_batch` may write ``fe`` in its round (room in the maps aside)."""
+        return self._drops(fe) is not None
+
+    def _drops(self, fe: FrontendSpec) -> bool | None:
+        """None when `update_batch` writes ``fe`` on its own (see there); else whether the
+        frontend drops backends (each then referenced by this frontend alone)."""
         if not self._enabled(fe.addr) or not self._is_candidate(fe) or self._is_expansion(fe):
-            return False
+            return None
         state = self.frontends.get(fe.addr)
         if state is None or not state.backends:
-            return True
-        have = state.backends
-        if len(have) > len(fe.backends):
             return False
+        have = state.backends
         if len(have) == len(fe.backends) and all(be.addr in have for be in fe.backends):
-            return True
+            return False
         wanted = {be.addr for be in fe.backends}
-        return all(a in wanted for a in have)
+        states = self.backend_states
+        drops = False
+        for a in have:
+            if a in wanted:
+                continue
+            drops = True
+            bstate = states.get(a)
+            if bstate is not None and (bstate.refcount > 1 or bstate.more is not None):
+                return None
+        return drops
 
-    def _write_round(self, round_: list[tuple[BatchEntry[R], _Pending]]) -> None:
-        """Write prepared frontends map by map (see `update_batch`); failures go to the
-        entries' ``result``."""
+    def _backend_room(self) -> int:
+        """Free backend entries in the fuller of the two backends maps, at least (entries
+        the state holds counted against each)."""
+        maps = self.maps
+        capacity = min(
+            maps.backends(False).backend.spec.max_entries,
+            maps.backends(True).backend.spec.max_entries,
+        )
+        return capacity - len(self.backend_states)
+
+    def _write_round(self, txn: ReadTxn, round_: list[tuple[BatchEntry[R], _Pending]]) -> None:
+        """Write prepared frontends map by map (see `update_batch`), then delete the backends
+        they orphaned; failures go to the entries' ``result``."""
         maps = self.maps
         for v6 in (False, True):
             live = [(e, p) for e, p in round_ if p.state.v6 == v6 and e.result is None]
@@ -736,6 +808,43 @@ class FrontendOps(Generic[R]):
                     self._after_master(p, ready_masters[i], new_wildcard[i])
                 except MapError as exc2:
                     e.result = _fe_error(p.fe, exc2)
+            # After the masters: a written master counts only its new slots (written before
+            # it), so no slot it counts points at its frontend's orphans. Orphans of
+            # frontends that failed go too, as `update_spec` deletes them before writing.
+            orphans = [(p.fe.addr, b) for _, p in round_ if p.state.v6 == v6 for b in p.orphans]
+            if orphans:
+                self._delete_orphans(txn, orphans)
+
+    def _delete_orphans(self, txn: ReadTxn, orphans: list[tuple[Addr, _BackendState]]) -> None:
+        """Delete the entries of backends the round's frontends dropped (after their masters)
+        that still have no reference, with one batch call per map, and release their ids.
+        One a frontend of the round took up again stays; one another frontend of the
+        snapshot selects stays unreferenced (see `_drop_reference`). Orphans of frontends
+        whose master was not written stay unreferenced too: prune drops them.
+
+        A failed delete leaves the backend unreferenced (prune deletes it) and is logged:
+        the frontends it served are written, so their rows are Done."""
+        states = self.backend_states
+        referenced = getattr(self.node, "backend_referenced", None)
+        gone: dict[bool, list[_BackendState]] = {}
+        for fe_addr, bstate in orphans:
+            if bstate.refcount > 0 or bstate.has_wants() or states.get(bstate.addr) is not bstate:
+                continue
+            if referenced is not None and referenced(txn, bstate.addr, fe_addr):
+                continue
+            gone.setdefault(bstate.addr.is_v6, []).append(bstate)
+        pack = lb.U32_STRUCT.pack
+        for v6, bstates in gone.items():
+            done, exc = _delete_counted(
+                self.maps.backends(v6).backend, [pack(b.id) for b in bstates]
+            )
+            for bstate in bstates[:done]:
+                del states[bstate.addr]
+                self.backend_ids.release(bstate.addr)
+            if exc is not None:
+                log.warning(
+                    "bpfops: %d orphaned backend(s) left for prune: %s", len(bstates) - done, exc
+                )
 
     def _new_wildcard(
         self, p: _Pending
@@ -929,11 +1038,21 @@ class FrontendOps(Generic[R]):
         self._after_master(p, master)
 
     def _prepare_frontend(
-        self, txn: ReadTxn, fe: FrontendSpec, is_local: Callable[[IPAddress], bool] | None
+        self,
+        txn: ReadTxn,
+        fe: FrontendSpec,
+        is_local: Callable[[IPAddress], bool] | None,
+        orphans: list[_BackendState] | None = None,
     ) -> _Pending:
         """Everything of a frontend before its collected backend entries and slots are
         written: ids, orphaned backends, affinity entries, and the collected writes (the
-        state updated as if written; the caller writes them and puts back what was not)."""
+        state updated as if written; the caller writes them and puts back what was not).
+
+        Orphaned backends (no longer wanted by the frontend) are deleted here, first, which
+        makes room in a full backends map; given an ``orphans`` list, those no other
+        frontend references are left in the map, unreferenced, and appended to it (it
+        becomes the result's ``orphans``) for the caller to delete once the frontend's
+        master no longer counts their slots, or at once when this raises."""
         addr, svc, cfg, maps = fe.addr, fe.service, self.config, self.maps
         if svc.session_affinity and svc.l7_proxy_port:
             raise ValueError("session affinity with an L7 proxy redirect is not supported")
@@ -989,7 +1108,8 @@ class FrontendOps(Generic[R]):
         ordered = self._sorted_backends(fe)
         fe_backends = state.backends
 
-        # Orphaned backends go first: that makes room in a full backends map.
+        # Orphaned backends go first: that makes room in a full backends map (deferred
+        # ones stay until the caller deletes them, see the docstring).
         if fe_backends and (
             len(fe_backends) > len(ordered) or not all(be.addr in fe_backends for be in ordered)
         ):
@@ -1001,7 +1121,14 @@ class FrontendOps(Generic[R]):
                 if bstate.id in state.affinity:
                     delete_quiet(maps.aff_match, lb.AffinityMatchKey(bstate.id, fe_id))
                     state.affinity.discard(bstate.id)
-                self._drop_reference(txn, addr, bstate)
+                if orphans is not None and bstate.refcount <= 1 and bstate.more is None:
+                    # Unreferenced from here on, as `_drop_reference` leaves a backend
+                    # that another frontend of the snapshot selects.
+                    bstate.pop_want(addr)
+                    bstate.refcount = 0
+                    orphans.append(bstate)
+                else:
+                    self._drop_reference(txn, addr, bstate)
                 fe_backends.pop(be_addr, None)
 
         active = terminating = inactive = 0
@@ -1115,8 +1242,10 @@ class FrontendOps(Generic[R]):
             active = terminating
         else:
             inactive += terminating
-        return _Pending(fe, state, is_local, writes, slot_backends, active, inactive,
-                        master_flags)
+        p = _Pending(fe, state, is_local, writes, slot_backends, active, inactive, master_flags)
+        if orphans:
+            p.orphans = orphans
+        return p
 
     def _write_side_entries(self, p: _Pending) -> None:
         """The frontend's maglev table and source ranges (after its slots, before rev-NAT

@@ -40,6 +40,10 @@ class Config(Generic[O]):
     name: str = "reconciler"
     batch_operations: BatchOperations[O] | None = None
     incremental_round_size: int = 1000
+    #: Objects handed to the target at a time within a round (one `BatchOperations` call,
+    #: or that many `Operations` calls); the round yields to the event loop between two
+    #: such chunks, so a large round does not hold the loop for its whole length.
+    target_chunk_size: int = 16
     rate_limit: RateLimit | None = field(default_factory=RateLimit)
     retry_min_backoff: float = 0.01
     retry_max_backoff: float = 30.0
@@ -65,6 +69,8 @@ class Config(Generic[O]):
             problems.append(
                 f"incremental_round_size must be > 0, got {self.incremental_round_size}"
             )
+        if self.target_chunk_size <= 0:
+            problems.append(f"target_chunk_size must be > 0, got {self.target_chunk_size}")
         if self.retry_min_backoff <= 0:
             problems.append(f"retry_min_backoff must be > 0, got {self.retry_min_backoff}")
         if self.retry_max_backoff < self.retry_min_backoff:

@@ -259,21 +259,28 @@ class Incremental(Generic[O]):
         failed: list[tuple[O, int, BaseException]] = []
         start = time.perf_counter()
         batch_ops = self.config.batch_operations
+        chunk = self.config.target_chunk_size
         if batch_ops is not None:
             entries = [BatchEntry(obj, rev) for obj, rev in deletes]
-            try:
-                await settle(batch_ops.delete_batch(txn, entries))
-            except Exception as exc:
-                log.warning("delete_batch of %s failed: %s", self.table.name, exc)
-                for e in entries:
-                    if e.result is None:
-                        e.result = exc
+            for lo in range(0, len(entries), chunk):
+                if lo:
+                    await anyio.lowlevel.checkpoint()
+                part = entries[lo : lo + chunk]
+                try:
+                    await settle(batch_ops.delete_batch(txn, part))
+                except Exception as exc:
+                    log.warning("delete_batch of %s failed: %s", self.table.name, exc)
+                    for e in part:
+                        if e.result is None:
+                            e.result = exc
             failed = [(e.obj, e.revision, e.result) for e in entries if e.result is not None]
             succeeded = [e.obj for e in entries if e.result is None]
         else:
             delete = self.config.operations.delete
             succeeded = []
-            for obj, rev in deletes:
+            for n, (obj, rev) in enumerate(deletes):
+                if n and n % chunk == 0:
+                    await anyio.lowlevel.checkpoint()
                 try:
                     await settle(delete(txn, rev, obj))
                 except Exception as exc:
@@ -297,20 +304,26 @@ class Incremental(Generic[O]):
     async def _run_updates(
         self, txn: ReadTxn, updates: Updates[O]
     ) -> dict[int, BaseException]:
-        """Apply the updates to the target; return the failures by position in ``updates``."""
+        """Apply the updates to the target, ``target_chunk_size`` at a time with a yield to
+        the event loop in between; return the failures by position in ``updates``."""
         start = time.perf_counter()
         errors: dict[int, BaseException] = {}
         batch_ops = self.config.batch_operations
+        chunk = self.config.target_chunk_size
         if batch_ops is not None:
             target = updates.target
             entries = [BatchEntry(target(i), w.revision) for i, w in enumerate(updates.work)]
-            try:
-                await settle(batch_ops.update_batch(txn, entries))
-            except Exception as exc:
-                log.warning("update_batch of %s failed: %s", self.table.name, exc)
-                for e in entries:
-                    if e.result is None:
-                        e.result = exc
+            for lo in range(0, len(entries), chunk):
+                if lo:
+                    await anyio.lowlevel.checkpoint()
+                part = entries[lo : lo + chunk]
+                try:
+                    await settle(batch_ops.update_batch(txn, part))
+                except Exception as exc:
+                    log.warning("update_batch of %s failed: %s", self.table.name, exc)
+                    for e in part:
+                        if e.result is None:
+                            e.result = exc
             for i, e in enumerate(entries):
                 if e.result is not None:
                     errors[i] = e.result
@@ -319,6 +332,8 @@ class Incremental(Generic[O]):
             isawaitable = inspect.isawaitable
             targets = updates.targets
             for i, w in enumerate(updates.work):
+                if i and i % chunk == 0:
+                    await anyio.lowlevel.checkpoint()
                 try:
                     result = update(txn, w[1], targets[i] if targets and i in targets else w[0])
                     # Inline form of settle(): no coroutine per row for synchronous targets.

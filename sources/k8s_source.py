@@ -9,8 +9,9 @@ deliver into the tables:
 
 * deliveries queue up (bounded: a slow writer holds the reflectors back) and
   the applier writes them in batches, one write transaction per batch of at
-  most ``batch_size`` changes, started at the latest ``batch_delay`` seconds
-  after the first change arrived;
+  most ``batch_size`` changes (a larger delivery is split), started at the latest
+  ``batch_delay`` seconds after the first change arrived, yielding to the event
+  loop between batches;
 * every object goes through the same `sources.k8s_convert.K8sConverter` as the
   manifest source. An object the converter refuses (`ConversionError`, or a
   `FrontendConflictError`: its frontend belongs to another service) gets its own
@@ -137,9 +138,14 @@ class SourceError(StatewrightError, RuntimeError):
 class SourceConfig:
     """Batching of the applier and the reflectors' timing."""
 
-    #: Changes per write transaction, at most (plus the rest of the delivery that crossed
-    #: it): a batch holds the event loop while it is written, ~0.2 ms per object.
-    batch_size: int = 500
+    #: Changes per write transaction, at most (a larger delivery is split across
+    #: batches): a batch holds the event loop while it is written, ~0.2 ms per object,
+    #: and the applier yields to the other tasks (the reconciler) between batches, so
+    #: this bounds how long a backlog holds the loop at a time.
+    batch_size: int = 16
+    #: The bound until every initial list has been applied: list pages of 500 objects,
+    #: with no event waiting behind them, go in fewer, larger transactions.
+    sync_batch_size: int = 500
     #: How long the applier waits for more changes after the first one (under load the
     #: changes that arrive while a batch is written make the next batch anyway).
     batch_delay: float = 0.001
@@ -289,29 +295,42 @@ class K8sSource:
 
     async def _apply_loop(self) -> None:
         """Take deliveries as they come and write them in batches: after the first, what
-        arrives within ``batch_delay`` joins it, up to ``batch_size`` changes."""
+        arrives within ``batch_delay`` joins it, up to ``batch_size`` changes; yield to
+        the event loop after each batch."""
         cfg = self.config
+        # The rest of a delivery larger than a batch, written first in the next batch.
+        carry: _Item | None = None
         while True:
-            first = await self._recv.receive()
-            batch = [first]
-            size = len(first.deltas)
+            limit = cfg.batch_size if self.synced else cfg.sync_batch_size
+            first = carry if carry is not None else await self._recv.receive()
+            carry = None
+            batch: list[_Item] = []
+            size = 0
             deadline = anyio.current_time() + cfg.batch_delay
-            while size < cfg.batch_size:
+            item: _Item | None = first
+            while item is not None:
+                room = limit - size
+                if len(item.deltas) > room:
+                    head, carry = _split(item, room)
+                    batch.append(head)
+                    break
+                batch.append(item)
+                size += len(item.deltas)
+                if size >= limit:
+                    break
                 try:
                     item = self._recv.receive_nowait()
                 except anyio.WouldBlock:
                     remaining = deadline - anyio.current_time()
                     if remaining <= 0:
                         break
-                    got: _Item | None = None
+                    item = None
                     with anyio.move_on_after(remaining):
-                        got = await self._recv.receive()
-                    if got is None:
-                        break
-                    item = got
-                batch.append(item)
-                size += len(item.deltas)
+                        item = await self._recv.receive()
             self.apply_batch(batch)
+            # Receiving does not yield while deliveries are queued: let the reconciler and
+            # the reflectors run between two batches.
+            await anyio.lowlevel.checkpoint()
 
     def apply_batch(self, batch: list[_Item], *, retrying: bool = False) -> None:
         """Write a batch in one transaction; objects the converter refuses are left out.
@@ -512,6 +531,15 @@ class K8sSource:
                 )
             )
         return out
+
+
+def _split(item: _Item, n: int) -> tuple[_Item, _Item]:
+    """The first ``n`` (at least one) deltas of a delivery, and the rest: the rest carries
+    the delivery's ``synced`` and list version, which hold once all of it is applied."""
+    n = max(n, 1)
+    head = _Item(item.reflector, item.deltas[:n], False, item.received)
+    tail = _Item(item.reflector, item.deltas[n:], item.synced, item.received, item.list_rv)
+    return head, tail
 
 
 def _ago(seconds: float) -> str:

@@ -15,6 +15,10 @@ are none (kube-proxy's JSON body and headers). `HealthServer` follows the fronte
   (internal scope) at that port, so the health port is also reachable on the VIP. It goes
   when the service no longer qualifies.
 
+The server follows the frontends table through a change iterator: each pass looks at
+the frontends changed since the last one (a status write by the reconciler included)
+and keeps the qualifying ones, so a pass costs what changed, not the table's size.
+
 The listeners bind ``bind_address`` (all addresses when empty); the conformance runner
 binds a loopback address so that tests never listen on the machine's interfaces.
 """
@@ -32,7 +36,7 @@ from typing import Any
 import anyio
 import anyio.abc
 
-from statedb import DB, ReadTxn
+from statedb import DB, ChangeIterator, ReadTxn
 from statedb.watch import WatchSet
 from tables.backends import BackendParams, BackendState
 from tables.frontends import FrontendParams, SVCType
@@ -163,6 +167,9 @@ class HealthServer:
         self._last_desired: tuple[
             dict[str, int], dict[str, tuple[tuple[L3n4Addr, ...], L3n4Addr]]
         ] = ({}, {})
+        #: The qualifying frontends as of the last pass, by encoded primary key (the
+        #: table's order): (service, health-check port, LoadBalancer VIP or None).
+        self._qualifying: dict[bytes, tuple[str, int, L3n4Addr | None]] = {}
 
     # ----- what callers read ---------------------------------------------------------------
     def local_endpoints(self, service: str) -> int:
@@ -216,6 +223,10 @@ class HealthServer:
             self._tg = tg
             self.running = True
             task_status.started()
+            frontends = self.writer.frontends
+            with self.db.write_txn(frontends) as wtxn:
+                changes: ChangeIterator[Any] = frontends.changes(wtxn)
+            self._qualifying = {}
             try:
                 last = -MIN_INTERVAL
                 while True:
@@ -226,10 +237,11 @@ class HealthServer:
                         await anyio.sleep(wait)
                     last = time.monotonic()
                     txn = self.db.read_txn()
-                    rows, fe_watch = self.writer.frontends.all_watch(txn)
+                    changed, fe_watch = changes.next(txn)
                     _, na_watch = self.writer.node_addresses.all_watch(txn)
                     try:
-                        self._sync(txn, list(rows))
+                        self._follow(changed)
+                        self._sync_qualifying(txn)
                     except Exception:  # a bad pass must not end the health server
                         log.exception("health server: sync failed")
                     # The revisions this pass read; its own writes (the :healthserver
@@ -237,34 +249,69 @@ class HealthServer:
                     self._synced = self._revisions(txn)
                     await WatchSet([fe_watch, na_watch]).wait_async()
             finally:
+                changes.close()
                 self.running = False
                 for lst in self.listeners.values():
                     lst.scope.cancel()
                 self.listeners.clear()
                 tg.cancel_scope.cancel()
 
+    @staticmethod
+    def _qualifies(fe: Any) -> tuple[str, int, L3n4Addr | None] | None:
+        """What frontend ``fe`` asks of the health server: (its service, the health-check
+        port, the VIP of a LoadBalancer frontend or None); None when it asks nothing."""
+        svc = fe.service
+        if svc is None or svc.name.endswith(HEALTH_SUFFIX):
+            return None
+        if fe.type not in (SVCType.LOAD_BALANCER, SVCType.NODE_PORT):
+            return None
+        if fe.address.scope == SCOPE_INTERNAL:
+            return None
+        port = svc.health_check_node_port
+        if port <= 0 or svc.ext_traffic_policy is not TrafficPolicy.LOCAL:
+            return None
+        vip = None
+        if fe.type is SVCType.LOAD_BALANCER:
+            vip = L3n4Addr(fe.address.address, port, TCP, SCOPE_EXTERNAL)
+        return svc.name, port, vip
+
+    def _follow(self, changed: Iterable[Any]) -> None:
+        """Bring `_qualifying` up to date with the changes of the frontends table."""
+        qualifying = self._qualifying
+        qualifies = self._qualifies
+        for rec in changed:
+            q = None if rec.deleted else qualifies(rec.obj)
+            if q is None:
+                qualifying.pop(rec.key, None)
+            else:
+                qualifying[rec.key] = q
+
+    def _sync_qualifying(self, txn: ReadTxn) -> None:
+        """Make listeners and synthetic services match `_qualifying` (frontends in the
+        table's order, as a full pass sees them)."""
+        q = self._qualifying
+        self._apply(*self._wanted(txn, (q[k] for k in sorted(q))))
+
     def _desired(
         self, txn: ReadTxn, frontends: Iterable[Any]
     ) -> tuple[dict[str, int], dict[str, tuple[tuple[L3n4Addr, ...], L3n4Addr]]]:
         """What ``frontends`` ask for: the health-check port of each qualifying service,
         and per synthetic service its frontend addresses and backend address."""
+        qualifies = self._qualifies
+        return self._wanted(
+            txn, (q for q in (qualifies(fe) for fe in frontends) if q is not None)
+        )
+
+    def _wanted(
+        self, txn: ReadTxn, qualifying: Iterable[tuple[str, int, L3n4Addr | None]]
+    ) -> tuple[dict[str, int], dict[str, tuple[tuple[L3n4Addr, ...], L3n4Addr]]]:
+        """`_desired` from the qualifying frontends' (service, port, VIP), in table order."""
         ports: dict[str, int] = {}
         vips: dict[str, set[L3n4Addr]] = {}
-        for fe in frontends:
-            svc = fe.service
-            if svc is None or svc.name.endswith(HEALTH_SUFFIX):
-                continue
-            if fe.type not in (SVCType.LOAD_BALANCER, SVCType.NODE_PORT):
-                continue
-            if fe.address.scope == SCOPE_INTERNAL:
-                continue
-            port = svc.health_check_node_port
-            if port <= 0 or svc.ext_traffic_policy is not TrafficPolicy.LOCAL:
-                continue
-            ports[svc.name] = port
-            if fe.type is SVCType.LOAD_BALANCER:
-                vip = L3n4Addr(fe.address.address, port, TCP, SCOPE_EXTERNAL)
-                vips.setdefault(svc.name + HEALTH_SUFFIX, set()).add(vip)
+        for name, port, vip in qualifying:
+            ports[name] = port
+            if vip is not None:
+                vips.setdefault(name + HEALTH_SUFFIX, set()).add(vip)
         wanted: dict[str, tuple[tuple[L3n4Addr, ...], L3n4Addr]] = {}
         for name, addrs in vips.items():
             fes = tuple(sorted(addrs, key=lambda a: a.key()))
@@ -273,9 +320,10 @@ class HealthServer:
             wanted[name] = (fes, L3n4Addr(be_ip, port, TCP, SCOPE_INTERNAL))
         return ports, wanted
 
-    def _sync(self, txn: ReadTxn, frontends: Iterable[Any]) -> None:
-        """Make listeners and synthetic services match the frontends of ``txn``."""
-        ports, wanted = self._desired(txn, frontends)
+    def _apply(
+        self, ports: dict[str, int], wanted: dict[str, tuple[tuple[L3n4Addr, ...], L3n4Addr]]
+    ) -> None:
+        """Make listeners and synthetic services match what the frontends ask for."""
         self._last_desired = (ports, wanted)
         self._sync_listeners(ports)
         self._sync_services(wanted)

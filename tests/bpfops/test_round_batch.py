@@ -111,7 +111,8 @@ def test_a_round_is_one_batch_call_per_map() -> None:
     for s in specs:
         per_object.update(NO_TXN, 0, s)
     assert dump_lines(maps.unwrapped()) == dump_lines(clean)
-    # Frontends gaining a backend are batched too; one losing a backend goes on its own.
+    # Frontends gaining a backend are batched too, and so is one losing a backend of its
+    # own (deleted after the masters: see test_dropped_backends_go_after_the_masters).
     for w in wrappers.values():
         w.calls.clear()
     grown = [fe(f"10.96.0.{n}:80", "ClusterIP", (*s.backends, be(f"10.244.{n}.99:8080")))
@@ -123,6 +124,89 @@ def test_a_round_is_one_batch_call_per_map() -> None:
     assert wrappers["lb4_backends"].calls == {"update_batch": 1}
     for s in [*grown, shrunk]:
         per_object.update(NO_TXN, 0, s)
+    assert dump_lines(maps.unwrapped()) == dump_lines(clean)
+
+
+class OrderMap(FaultyMap):
+    """Appends (map, operation, count) of every write and delete to a shared log."""
+
+    def __init__(self, inner: Any, log: list[tuple[str, str, int]]) -> None:
+        super().__init__(inner, 0.0)
+        self.log = log
+
+    def update(self, key: bytes, value: bytes, flags: int = 0) -> None:
+        self.log.append((self.name, "update", 1))
+        super().update(key, value, flags)
+
+    def update_batch(
+        self, keys: Sequence[bytes] | bytes, values: Sequence[bytes] | bytes, flags: int = 0
+    ) -> int:
+        n = super().update_batch(keys, values, flags)
+        self.log.append((self.name, "update_batch", n))
+        return n
+
+    def delete(self, key: bytes) -> None:
+        self.log.append((self.name, "delete", 1))
+        super().delete(key)
+
+    def delete_batch(self, keys: Sequence[bytes] | bytes) -> int:
+        n = super().delete_batch(keys)
+        self.log.append((self.name, "delete_batch", n))
+        return n
+
+
+def test_dropped_backends_go_after_the_masters() -> None:
+    """Churn: each frontend replaces a backend of its own. The round is batched (no
+    per-frontend path: two services batches, slots then masters), the dropped backends are
+    deleted with one batch call after the masters (no slot a master counts ever names a
+    missing backend), their ids are released, and the maps equal the per-object path's.
+    A frontend dropping a shared backend still goes on its own."""
+    log: list[tuple[str, str, int]] = []
+    maps = _maps(lambda backend: OrderMap(backend, log))
+    ops = new_ops(maps)
+    shared = be("10.244.9.9:8080")
+    specs = [
+        fe(f"10.96.0.{n}:80", "ClusterIP", tuple(be(f"10.244.{n}.{i}:8080") for i in range(1, 4)))
+        for n in range(1, 6)
+    ]
+    sharing = [fe(f"10.96.1.{n}:80", "ClusterIP", (shared,)) for n in (1, 2)]
+    ops.update_batch(NO_TXN, _entries([*specs, *sharing]))
+    ids_before = {b.addr: b.id for b in ops.backend_states.values()}
+    replaced = [
+        fe(f"10.96.0.{n}:80", "ClusterIP", (*s.backends[1:], be(f"10.244.{n}.99:8080")))
+        for n, s in enumerate(specs, 1)
+    ]
+    log.clear()
+    entries = _entries(replaced)
+    ops.update_batch(NO_TXN, entries)
+    assert [e.result for e in entries] == [None] * 5
+    _assert_no_dangling(ops, entries)
+    services = [i for i, (m, op, _) in enumerate(log) if m == "lb4_services"]
+    assert [log[i][1] for i in services] == ["update_batch", "update_batch"], log
+    deletes = [i for i, (m, op, _) in enumerate(log) if m == "lb4_backends" and "delete" in op]
+    assert [log[i] for i in deletes] == [("lb4_backends", "delete_batch", 5)], log
+    assert deletes[0] > services[-1]  # after the masters
+    for s in specs:
+        gone = s.backends[0].addr
+        assert gone not in ops.backend_states and ops.backend_ids.lookup(gone) is None
+    # The new backends take the ids the per-object path gives them (next-fit ids).
+    clean = _maps()
+    per_object = new_ops(clean)
+    for s in [*specs, *sharing, *replaced]:
+        per_object.update(NO_TXN, 0, s)
+    assert dump_lines(maps.unwrapped()) == dump_lines(clean)
+    assert {b.addr: b.id for b in ops.backend_states.values()} == {
+        b.addr: b.id for b in per_object.backend_states.values()
+    }
+    assert all(ids_before[a] == i for a, i in
+               {b.addr: b.id for b in ops.backend_states.values()}.items() if a in ids_before)
+    # Dropping the shared backend: that frontend is written on its own.
+    log.clear()
+    alone = fe("10.96.1.1:80", "ClusterIP", (be("10.244.8.8:8080"),))
+    entries = _entries([alone])
+    ops.update_batch(NO_TXN, entries)
+    assert entries[0].result is None
+    per_object.update(NO_TXN, 0, alone)
     assert dump_lines(maps.unwrapped()) == dump_lines(clean)
 
 

@@ -392,9 +392,9 @@ def test_backoff_is_exponential_jittered_and_capped() -> None:
 async def test_batches_are_bounded_in_size_and_merge_deliveries(
     apiserver: FakeAPIServer, kubeconfig: str
 ) -> None:
-    """A batch holds at most ``batch_size`` changes plus the rest of the delivery that
-    crossed it (a list page: 2 here), and deliveries arriving within ``batch_delay`` of
-    the first share one write transaction."""
+    """A batch holds at most ``sync_batch_size`` changes during the initial sync (a
+    delivery that crosses the bound, a list page of 2 here, is split across batches), and
+    deliveries arriving within ``batch_delay`` of the first share one write transaction."""
     from sources.k8s_client import K8sClient
     from sources.k8s_source import K8sSource, SourceConfig
     from statedb import DB
@@ -411,7 +411,7 @@ async def test_batches_are_bounded_in_size_and_merge_deliveries(
         writer,
         client,
         node_name=NODE,
-        config=SourceConfig(batch_size=3, batch_delay=0.5, reflector=FAST),
+        config=SourceConfig(batch_size=3, sync_batch_size=3, batch_delay=0.5, reflector=FAST),
         on_applied=lambda deltas, _t: sizes.append(len(deltas)),
     )
     try:
@@ -422,5 +422,5 @@ async def test_batches_are_bounded_in_size_and_merge_deliveries(
     finally:
         client.close()
     assert sum(sizes) == 21  # 10 services, 10 slices, the node
-    assert max(sizes) <= 3 + FAST.page_size - 1
+    assert max(sizes) <= 3
     assert max(sizes) > FAST.page_size  # deliveries were merged

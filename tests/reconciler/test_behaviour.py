@@ -98,6 +98,67 @@ def test_round_size_bounds_each_round() -> None:
         assert ops.take(10) == [f"update({i})" for i in range(1, 11)]
 
 
+class ChunkRecordingOps(MockBatchOps):
+    """Records each batch call: the ids, the Done rows of the snapshot, and how often
+    another task of the event loop ran before it (``ticks``, counted by a ticker task)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.ticks = 0
+        self.calls: list[tuple[list[int], int, int]] = []
+        self.table: Table[TestObject] | None = None
+
+    def update_batch(self, txn: ReadTxn, batch: list[BatchEntry[TestObject]]) -> None:
+        assert self.table is not None
+        done = sum(1 for o in self.table.all(txn) if o.status.kind is StatusKind.DONE)
+        self.calls.append(([e.obj.id for e in batch], done, self.ticks))
+        super().update_batch(txn, batch)
+
+    def delete_batch(self, txn: ReadTxn, batch: list[BatchEntry[TestObject]]) -> None:
+        self.calls.append(([-e.obj.id for e in batch], -1, self.ticks))
+        super().delete_batch(txn, batch)
+
+
+@pytest.mark.parametrize("backend", ["asyncio", "trio"])
+def test_round_hands_the_target_chunks_and_yields_between_them(backend: str) -> None:
+    """A round of 7 changes with target_chunk_size=3 calls update_batch with 3, 3 and 1
+    objects, lets other tasks run between the calls, and still commits the statuses once,
+    after the last chunk; deletes are chunked the same way."""
+    ops = ChunkRecordingOps()
+    with Harness(backend=backend, ops=ops, batch=True, target_chunk_size=3) as h:
+        ops.table = h.table
+
+        async def ticker() -> None:
+            while True:
+                ops.ticks += 1
+                await anyio.sleep(0)
+
+        ticking = h.portal.start_task_soon(ticker)
+        try:
+            with h.db.write_txn(h.table) as w:
+                for i in range(1, 8):
+                    h.table.insert(w, TestObject(i))
+            h.expect_table({i: DONE for i in range(1, 8)})
+            ids = [c[0] for c in ops.calls]
+            assert ids == [[1, 2, 3], [4, 5, 6], [7]]
+            assert [c[1] for c in ops.calls] == [0, 0, 0]  # statuses: one commit, at the end
+            ticks = [c[2] for c in ops.calls]
+            if backend == "asyncio":
+                # asyncio runs ready tasks in order, so the ticker runs at each yield; trio
+                # runs a yielding task and the others of its batch in random order.
+                assert ticks[0] < ticks[1] < ticks[2], ticks
+            ops.calls.clear()
+            with h.db.write_txn(h.table) as w:
+                for i in range(1, 6):
+                    h.table.delete(w, TestObject(i))
+            wait_for(lambda: sum(len(c[0]) for c in ops.calls) == 5, "5 deletes")
+            assert [c[0] for c in ops.calls] == [[-1, -2, -3], [-4, -5]]
+            if backend == "asyncio":
+                assert ops.calls[0][2] < ops.calls[1][2]
+        finally:
+            ticking.cancel()
+
+
 class FlakyBatchOps(MockBatchOps):
     """Fails odd ids on their first attempt; records each batch."""
 
@@ -327,6 +388,8 @@ def test_config_validation_names_the_problem() -> None:
     with pytest.raises(ValueError, match=r"reconciler 'x' of table 't'.*incremental_round_size"):
         Reconciler(db, Config(table, MockOps(), get_status, set_status, name="x",
                               incremental_round_size=0))
+    with pytest.raises(ValueError, match="target_chunk_size must be > 0"):
+        Reconciler(db, Config(table, MockOps(), get_status, set_status, target_chunk_size=0))
     with pytest.raises(ValueError, match="retry_max_backoff"):
         Reconciler(db, Config(table, MockOps(), get_status, set_status,
                               retry_min_backoff=2.0, retry_max_backoff=1.0))
