@@ -50,15 +50,23 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from statedb import InputError, WriteTxn
-from tables.backends import DEFAULT_WEIGHT, BackendParams, BackendState, new_backend_params
+from tables.backends import (
+    DEFAULT_WEIGHT,
+    BackendParams,
+    BackendState,
+    backend_details,
+    new_backend_params_with,
+)
 from tables.frontends import FrontendParams, SVCType
 from tables.l3n4 import (
     SCOPE_INTERNAL,
+    V4_KEY_PREFIX,
     AddressError,
     IPAddress,
     L3n4Addr,
+    addr_key_suffix,
+    addr_of_key,
     new_addr,
-    new_addr_packed,
     parse_protocol,
 )
 from tables.lb_config import LBConfig
@@ -125,7 +133,7 @@ def object_ref(obj: Mapping[str, Any]) -> str:
     """``Kind namespace/name`` for messages (best effort on malformed objects)."""
     meta = obj.get("metadata")
     ns = name = "?"
-    if isinstance(meta, Mapping):
+    if type(meta) is dict or isinstance(meta, Mapping):
         ns = str(meta.get("namespace") or "default")
         name = str(meta.get("name") or "?")
     return f"{object_kind(obj) or 'object'} {ns}/{name}"
@@ -134,7 +142,7 @@ def object_ref(obj: Mapping[str, Any]) -> str:
 def namespaced_name(obj: Mapping[str, Any]) -> str:
     """``namespace/name`` of an object; raise ConversionError when the name is missing."""
     meta = obj.get("metadata")
-    if not isinstance(meta, Mapping):
+    if type(meta) is not dict and not isinstance(meta, Mapping):
         raise ConversionError(object_ref(obj), "metadata", "missing or not a mapping")
     name = meta.get("name")
     if not isinstance(name, str) or not name:
@@ -146,6 +154,9 @@ def namespaced_name(obj: Mapping[str, Any]) -> str:
 
 
 def _mapping(ref: str, path: str, value: Any) -> Mapping[str, Any]:
+    # A plain dict first: the usual case, without the Mapping ABC's isinstance check.
+    if type(value) is dict:
+        return value
     if value is None:
         return {}
     if not isinstance(value, Mapping):
@@ -173,6 +184,9 @@ def _str_map(ref: str, path: str, value: Any) -> dict[str, str]:
     m = _mapping(ref, path, value)
     out: dict[str, str] = {}
     for k, v in m.items():
+        if type(k) is str and type(v) is str:  # the usual case
+            out[k] = v
+            continue
         if v is None:
             v = ""
         if not isinstance(v, str | int | float | bool):
@@ -716,8 +730,20 @@ def convert_endpoint_slice(
     # Keyed by the addresses (each is its encoded key: hashed and compared in C).
     merged: dict[L3n4Addr, BackendParams] = {}
     want_v6 = addr_type == "IPv6"
-    # One shared tuple per port name (every backend of a slice has the same ones).
-    single_names = {pname: ((pname,) if pname else ()) for pname, _, _ in ports}
+    # Every address of a slice has its family (checked per endpoint below).
+    family_on = cfg.enable_ipv6 if want_v6 else cfg.enable_ipv4
+    prefix = b"" if want_v6 else V4_KEY_PREFIX
+    # Per port: its name, the tuple of that one name (shared by every backend of the
+    # slice) and its key suffix (port, protocol, family: validated once here).
+    port_keys = [
+        (pname, (pname,) if pname else (), prefix, addr_key_suffix(port, proto, want_v6))
+        for pname, port, proto in ports
+    ]
+    # The shared details tuple of the endpoint before (most endpoints of a slice have
+    # the same node, zone and hints, or a few distinct ones).
+    d_node = d_zone = None
+    d_zones: tuple[str, ...] | None = None
+    details = backend_details("", "", (), 0, source, False, 0.0)
     for i, ep in enumerate(endpoints):
         # Well-formed endpoints take the fast path; anything unusual is validated (and
         # reported) field by field by _endpoint_checked.
@@ -725,27 +751,28 @@ def convert_endpoint_slice(
         if fields is None:
             fields = _endpoint_checked(ref, i, ep, addr_type)
         state, node, zone, zones, ips = fields
+        if not family_on:
+            continue
         if weight == 0:
             # Weight 0: in maintenance (existing connections live on, no new ones).
             state = BackendState.MAINTENANCE
+        if node != d_node or zone != d_zone or zones != d_zones:
+            d_node, d_zone, d_zones = node, zone, zones
+            # BackendParams' details: node_name, zone, for_zones, cluster_id, source,
+            # unhealthy, unhealthy_updated_at.
+            details = backend_details(node, zone, zones, 0, source, False, 0.0)
         for ip in ips:
-            if not (cfg.enable_ipv6 if len(ip) == 16 else cfg.enable_ipv4):
-                continue
-            for pname, port, proto in ports:
-                a = new_addr_packed(ip, port, proto)
+            for pname, single, pre, suffix in port_keys:
+                a = addr_of_key(pre + ip + suffix)
                 prev = merged.get(a)
                 if prev is None:
-                    port_names: tuple[str, ...] = single_names[pname]
+                    port_names: tuple[str, ...] = single
                 else:
                     names = set(prev.port_names)
                     if pname:
                         names.add(pname)
                     port_names = tuple(sorted(names))
-                # BackendParams(address, port_names, weight, node_name, zone, for_zones,
-                # cluster_id, source, state, unhealthy, unhealthy_updated_at)
-                merged[a] = new_backend_params(
-                    a, port_names, weight, node, zone, zones, 0, source, state, False, 0.0
-                )
+                merged[a] = new_backend_params_with(a, port_names, weight, state, details)
     return ConvertedEndpoints(slice_name, service_name, tuple(merged.values()))
 
 

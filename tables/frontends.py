@@ -134,6 +134,25 @@ class Frontend:
         """Return a copy with ``changes`` applied and a fresh Pending status."""
         return self.copy_with(status=status_pending(), **changes)
 
+    def pending_with(
+        self, service: Service | None, backends: tuple[BackendParams, ...]
+    ) -> Frontend:
+        """A copy with ``service``, ``backends`` and a fresh Pending status: what the
+        writer stores whenever a frontend's input changed (``pending`` without its keyword
+        dispatch, on the path every service's load takes twice)."""
+        return _new_frontend(
+            self.address,
+            self.type,
+            self.service_name,
+            self.port_name,
+            self.service_port,
+            service,
+            backends,
+            self.id,
+            self.redirect_to,
+            status_pending(),
+        )
+
     def copy_with(
         self,
         *,

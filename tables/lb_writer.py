@@ -453,17 +453,27 @@ class LBWriter:
         """Compute the backends ``fe`` selects now (see the module docstring for the rules)."""
         name = fe.redirect_to or fe.service_name
         svc = fe.service if fe.redirect_to is None else self.services.get(txn, name)
-        v6 = fe.address.is_ipv6
+        # The family is the address's last byte (4 or 6); a row with one instance (nearly
+        # all) holds its key and parameters in ``_key``/``_val`` (see Backend).
+        family = fe.address[20]
+        port_name = fe.port_name
         candidates: list[BackendParams] = []
+        append = candidates.append
         for be in self._backends_of(txn, name):
-            if be.address.is_ipv6 != v6:
+            if be.address[20] != family:
                 continue
-            inst = be.instance(name)
+            key = be._key
+            if key is not None:
+                if key[0] != name:
+                    continue
+                inst: BackendParams | None = be._val
+            else:
+                inst = be.instance(name)
             if inst is None:
                 continue
-            if fe.port_name and fe.port_name not in inst.port_names:
+            if port_name and port_name not in inst.port_names:
                 continue
-            candidates.append(inst)
+            append(inst)
         if svc is None:
             return tuple(candidates)
         if _policy_for(fe, svc) is TrafficPolicy.LOCAL:
@@ -702,7 +712,7 @@ class LBWriter:
             and old.service is svc
         ):
             return
-        self._fe_put(txn, fe.pending(backends=bes))
+        self._fe_put(txn, fe.pending_with(svc, bes))
 
     def _refresh_service(self, txn: WriteTxn, name: ServiceName, *, force: bool = False) -> None:
         """Recompute the backends of ``name``'s frontends (and of frontends redirected to it);
@@ -723,7 +733,7 @@ class LBWriter:
         bes = self.select_backends(txn, cur)
         if not force and bes == fe.backends and fe.service is svc:
             return
-        self._fe_put(txn, cur.pending(backends=bes))
+        self._fe_put(txn, fe.pending_with(svc, bes))
 
     def _refresh_for_node_address(self, txn: WriteTxn, addr: NodeAddress) -> None:
         for fe in list(self.frontends.all(txn)):
