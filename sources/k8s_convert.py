@@ -78,6 +78,7 @@ from tables.services import (
     ServiceName,
     SourceRangesPolicy,
     TrafficPolicy,
+    new_service,
     parse_cidr,
 )
 
@@ -399,27 +400,32 @@ def convert_service(
             ) from None
     scope_ann = annotations.get(ANN_SCOPE, "").strip().lower()
     delegation = annotations.get(ANN_PROXY_DELEGATION, "").strip().lower()
-    service = Service(
-        name=name,
-        source=source,
-        labels=tuple(sorted(labels.items())),
-        annotations=tuple(sorted(annotations.items())),
-        selector=tuple(sorted(selector.items())),
-        ext_traffic_policy=ext_policy,
-        int_traffic_policy=int_policy,
-        forwarding_mode=fwd,
-        session_affinity=affinity,
-        session_affinity_timeout=timeout,
-        load_balancer_class=lb_class,
-        health_check_node_port=health_port,
-        source_ranges=tuple(ranges),
-        source_ranges_policy=ranges_policy,
-        port_names=tuple(sorted(port_names.items())),
-        traffic_distribution=traffic_dist,
-        lb_algorithm=algorithm,
-        internal_scope_enabled=scope_ann != "external-only",
-        proxy_delegation="delegate-if-local" if delegation == "delegate-if-local" else "",
-        scale_to_zero=annotations.get(ANN_SCALE_TO_ZERO, "").strip().lower() == "true",
+    # Every Service field, positionally in declaration order (the frozen dataclass's
+    # __init__ sets each of them through object.__setattr__).
+    service = new_service(
+        name,  # name
+        source,  # source
+        tuple(sorted(labels.items())),  # labels
+        tuple(sorted(annotations.items())),  # annotations
+        tuple(sorted(selector.items())),  # selector
+        "",  # nat_policy
+        ext_policy,  # ext_traffic_policy
+        int_policy,  # int_traffic_policy
+        fwd,  # forwarding_mode
+        affinity,  # session_affinity
+        timeout,  # session_affinity_timeout
+        lb_class,  # load_balancer_class
+        None,  # proxy_redirect
+        health_port,  # health_check_node_port
+        False,  # loopback_host_port
+        tuple(ranges),  # source_ranges
+        ranges_policy,  # source_ranges_policy
+        tuple(sorted(port_names.items())),  # port_names
+        traffic_dist,  # traffic_distribution
+        algorithm,  # lb_algorithm
+        scope_ann != "external-only",  # internal_scope_enabled
+        "delegate-if-local" if delegation == "delegate-if-local" else "",  # proxy_delegation
+        annotations.get(ANN_SCALE_TO_ZERO, "").strip().lower() == "true",  # scale_to_zero
     )
     if svc_type == "ExternalName" or SERVICE_PROXY_NAME_LABEL in labels:
         return ConvertedService(service, ())

@@ -266,9 +266,11 @@ class Frontend:
         }
 
 
-#: ``Frontend(...)`` with every field positional, in declaration order, filling the
-#: slots directly (no frozen-dataclass ``__setattr__`` per field).
-_new_frontend: Any = slot_constructor(Frontend, "new_frontend")
+#: ``Frontend(...)`` with every field positional, in declaration order (address, type,
+#: service_name, port_name, service_port, service, backends, id, redirect_to, status),
+#: filling the slots directly (no frozen-dataclass ``__setattr__`` per field).
+new_frontend: Any = slot_constructor(Frontend, "new_frontend")
+_new_frontend = new_frontend
 
 
 def _iso(ts: float) -> str:

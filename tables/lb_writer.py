@@ -33,9 +33,10 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
+from reconciler.status import status_pending
 from statedb import DB, InputError, StatewrightError, Table, WriteTxn
 from tables.backends import Backend, BackendParams, BackendState, new_backends_table
-from tables.frontends import Frontend, FrontendParams, SVCType, new_frontends_table
+from tables.frontends import Frontend, FrontendParams, SVCType, new_frontend, new_frontends_table
 from tables.l3n4 import SCOPE_INTERNAL, IPAddress, L3n4Addr
 from tables.lb_config import LBConfig
 from tables.node_addresses import NodeAddress, new_node_addresses_table
@@ -195,6 +196,9 @@ class LBWriter:
             key=lambda p: p.address.key(),
         )
         seen: set[L3n4Addr] = set()
+        # Each frontend's row as the txn sees it, for _put_frontend (in params' order).
+        olds: list[Frontend | None] = []
+        fe_get = self.frontends.get
         for p in params:
             if p.service_name != svc.name:
                 raise LBWriterError(
@@ -203,9 +207,10 @@ class LBWriter:
             if p.address in seen:
                 raise LBWriterError(f"service {svc.name}: duplicate frontend {p.address}")
             seen.add(p.address)
-            old = self.frontends.get(txn, p.address)
+            old = fe_get(txn, p.address)
             if old is not None and old.service_name != svc.name:
                 raise FrontendConflictError(p.address, old.service_name, svc.name)
+            olds.append(old)
         old_svc = self.services.get(txn, svc.name)
         unchanged = old_svc is not None and old_svc == svc
         if unchanged:
@@ -217,8 +222,10 @@ class LBWriter:
         for fe in self._frontends_of(txn, svc.name):
             if fe.address not in seen:
                 self._fe_del(txn, fe)
-        for p in params:
-            self._put_frontend(txn, svc, p, force=not unchanged)
+        # The deletions above touched none of params' addresses (those are in seen), so
+        # olds still holds their rows as the txn sees them.
+        for p, old in zip(params, olds, strict=True):
+            self._put_frontend(txn, svc, p, force=not unchanged, old=old)
 
     def _shadows_node_port(self, txn: WriteTxn, p: FrontendParams) -> bool:
         """True for a LoadBalancer/ExternalIPs frontend on a node address with a port in the
@@ -248,7 +255,7 @@ class LBWriter:
         old = self.frontends.get(txn, params.address)
         if old is not None and old.service_name != params.service_name:
             raise FrontendConflictError(params.address, old.service_name, params.service_name)
-        self._put_frontend(txn, svc, params, force=True)
+        self._put_frontend(txn, svc, params, force=True, old=old)
 
     def delete_frontend(self, txn: WriteTxn, address: L3n4Addr) -> Frontend | None:
         """Delete the frontend at ``address``; return it, or None."""
@@ -313,7 +320,14 @@ class LBWriter:
             if get(txn, addr) is None:
                 # A new backend address (the usual case of a load): `_put_instance`
                 # inline, as `_be_put` writes a backend with this one instance.
-                _validate_backend(service, params)
+                # `_validate_backend`'s checks on their usual outcome first (the port is
+                # the address's bytes 16-17), the call (and its error) otherwise.
+                if not (
+                    (addr[16] or addr[17])
+                    and type(params.state) is BackendState
+                    and 0 <= params.weight <= 65535
+                ):
+                    _validate_backend(service, params)
                 be = Backend.single(addr, key, params)
                 rows[addr] = be
                 insert(txn, be)
@@ -684,29 +698,36 @@ class LBWriter:
             _gone(t.backends_gone, name, addr)
 
     # ----- internals ----------------------------------------------------------------------------
-    def _put_frontend(self, txn: WriteTxn, svc: Service, p: FrontendParams, *, force: bool) -> None:
-        old = self.frontends.get(txn, p.address)
+    def _put_frontend(
+        self,
+        txn: WriteTxn,
+        svc: Service,
+        p: FrontendParams,
+        *,
+        force: bool,
+        old: Frontend | None,
+    ) -> None:
+        """Write the frontend of ``p`` (``old``: its row as the txn sees it, or None)."""
         if old is None:
-            fe = Frontend(
-                address=p.address,
-                type=p.type,
-                service_name=p.service_name,
-                port_name=p.port_name,
-                service_port=p.service_port,
-                service=svc,
+            # A new frontend, Pending; when it selects no backends (a service before its
+            # EndpointSlices, as in a load) this is the row written.
+            fe = new_frontend(
+                p.address, p.type, p.service_name, p.port_name, p.service_port, svc, (), 0,
+                None, status_pending(),
             )
-        else:
-            fe = dataclasses.replace(
-                old,
-                type=p.type,
-                port_name=p.port_name,
-                service_port=p.service_port,
-                service=svc,
-            )
+            bes = self.select_backends(txn, fe)
+            self._fe_put(txn, fe.pending_with(svc, bes) if bes else fe)
+            return
+        fe = dataclasses.replace(
+            old,
+            type=p.type,
+            port_name=p.port_name,
+            service_port=p.service_port,
+            service=svc,
+        )
         bes = self.select_backends(txn, fe)
         if (
-            old is not None
-            and not force
+            not force
             and old.params == fe.params
             and old.backends == bes
             and old.service is svc
