@@ -315,7 +315,10 @@ class LBWriter:
                 changed |= self._drop_instance(txn, be, key)
         # The service's rows as this txn sees them (read by _backends_of just above).
         rows = self._touched(txn).backends_of[service]
-        get, insert = self.backends.get, self.backends.insert
+        get = self.backends.get
+        # New backend rows, written with one insert_many per run of them (in the order
+        # of ``wanted``, as one insert each would write them).
+        new: list[Backend] = []
         for addr, params in wanted.items():
             if get(txn, addr) is None:
                 # A new backend address (the usual case of a load): `_put_instance`
@@ -327,13 +330,22 @@ class LBWriter:
                     and type(params.state) is BackendState
                     and 0 <= params.weight <= 65535
                 ):
+                    if new:  # written before the error, as one insert each would be
+                        self.backends.insert_many(txn, new)
+                        new = []
                     _validate_backend(service, params)
                 be = Backend.single(addr, key, params)
                 rows[addr] = be
-                insert(txn, be)
-                changed = True
+                new.append(be)
             else:
+                if new:
+                    self.backends.insert_many(txn, new)
+                    new = []
+                    changed = True
                 changed |= self._put_instance(txn, service, params, key)
+        if new:
+            self.backends.insert_many(txn, new)
+            changed = True
         if changed:
             self._refresh_service(txn, service)
 
