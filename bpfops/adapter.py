@@ -27,7 +27,7 @@ from reconciler.config import Config
 from reconciler.status import Status
 from statedb import ReadTxn, Table
 from tables.backends import Backend, BackendParams, BackendState
-from tables.frontends import Frontend, SVCType
+from tables.frontends import Frontend, SVCType, new_frontend
 from tables.l3n4 import L3n4Addr
 from tables.lb_config import LBConfig
 from tables.lb_writer import LBWriter
@@ -244,7 +244,8 @@ def frontend_ops_for(
         ops_config(cfg),
         node=TablesNodeView(writer.node_addresses, writer.frontends, cfg, writer.backends),
         to_spec=lambda _txn, fe: frontend_spec(fe, cfg),
-        key_of=lambda fe: addr_of(fe.address),
+        # The row's address is the ops' address (`addr_of` is the identity).
+        key_of=lambda fe: fe.address,
         restore=restore,
     )
 
@@ -254,9 +255,16 @@ def reconciler_config(
 ) -> Config[Frontend]:
     """The reconciler Config of the frontends table for ``ops`` (overrides: Config fields)."""
 
+    service_id = ops.service_id
+
     def set_status(fe: Frontend, status: Status) -> Frontend:
-        fe_id = ops.service_id(addr_of(fe.address)) or 0
-        return fe.copy_with(status=status, id=fe_id)
+        # The row's address is the ops' address (`addr_of` is the identity).
+        fe_id = service_id(fe.address) or 0
+        # Frontend's fields, positionally: the row with its id and status replaced.
+        return new_frontend(
+            fe.address, fe.type, fe.service_name, fe.port_name, fe.service_port, fe.service,
+            fe.backends, fe_id, fe.redirect_to, status,
+        )
 
     settings: dict[str, Any] = {
         "name": "bpf-lb",
