@@ -50,6 +50,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from statedb import InputError, WriteTxn
+from statedb.rows import slot_constructor
 from tables.backends import (
     DEFAULT_WEIGHT,
     BackendParams,
@@ -57,7 +58,7 @@ from tables.backends import (
     backend_details,
     new_backend_params_with,
 )
-from tables.frontends import FrontendParams, SVCType
+from tables.frontends import FrontendParams, SVCType, new_frontend_params
 from tables.l3n4 import (
     SCOPE_INTERNAL,
     V4_KEY_PREFIX,
@@ -261,6 +262,10 @@ class ServicePort:
     node_port: int
 
 
+#: ``ServicePort(...)`` through its slots (every field, positionally).
+_new_service_port = slot_constructor(ServicePort, "new_service_port")
+
+
 @dataclass(frozen=True, slots=True)
 class ConvertedService:
     """A Service object as a service row plus its complete frontend set."""
@@ -270,6 +275,10 @@ class ConvertedService:
     #: Set when the service must not exist on this node (service.cilium.io/node does not
     #: match the node's label): the converter deletes it instead.
     not_exposed: str = ""
+
+
+#: ``ConvertedService(service, frontends, not_exposed)`` through its slots.
+_new_converted_service = slot_constructor(ConvertedService, "new_converted_service")
 
 
 def _policy(ref: str, path: str, value: Any) -> TrafficPolicy:
@@ -323,7 +332,7 @@ def convert_service(
             raise ConversionError(ref, f"{path}.name", f"duplicate port name {pname!r}")
         if (port, proto) in port_protos:
             raise ConversionError(ref, path, f"duplicate port {port}/{proto}")
-        ports.append(ServicePort(pname, port, proto, node_port))
+        ports.append(_new_service_port(pname, port, proto, node_port))
         port_names[pname] = port
         port_protos.add((port, proto))
     if len(ports) > 1:
@@ -485,7 +494,8 @@ def convert_service(
         if not _family_enabled(addr, cfg) or t not in allowed:
             return
         a = new_addr(addr, port, p.protocol)
-        fes.setdefault(a, FrontendParams(a, t, name, p.name, p.port))
+        if a not in fes:
+            fes[a] = new_frontend_params(a, t, name, p.name, p.port)
         if t is not SVCType.CLUSTER_IP and service.two_scopes:
             ai = a.with_scope(SCOPE_INTERNAL)
             fes.setdefault(ai, FrontendParams(ai, t, name, p.name, p.port))
@@ -504,7 +514,7 @@ def convert_service(
         if cfg.enable_external_ips:
             for ip in ext_ips:
                 add(ip, p.port, p, SVCType.EXTERNAL_IPS)
-    return ConvertedService(service, tuple(fes.values()))
+    return _new_converted_service(service, tuple(fes.values()), "")
 
 
 _ALL_TYPES = frozenset(SVCType)
@@ -534,6 +544,10 @@ class ConvertedEndpoints:
     slice_name: str
     service_name: ServiceName
     backends: tuple[BackendParams, ...] = ()
+
+
+#: ``ConvertedEndpoints(slice_name, service_name, backends)`` through its slots.
+_new_converted_endpoints = slot_constructor(ConvertedEndpoints, "new_converted_endpoints")
 
 
 def _cond(ref: str, path: str, value: Any, default: bool) -> bool:
@@ -779,7 +793,7 @@ def convert_endpoint_slice(
                         names.add(pname)
                     port_names = tuple(sorted(names))
                 merged[a] = new_backend_params_with(a, port_names, weight, state, details)
-    return ConvertedEndpoints(slice_name, service_name, tuple(merged.values()))
+    return _new_converted_endpoints(slice_name, service_name, tuple(merged.values()))
 
 
 # ----- Pod host ports ----------------------------------------------------------------------

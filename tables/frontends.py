@@ -76,6 +76,11 @@ class FrontendParams:
         return self.service_port or self.address.port
 
 
+#: ``FrontendParams(address, type, service_name, port_name, service_port)`` through its
+#: slots (the converter builds one per frontend).
+new_frontend_params: Any = slot_constructor(FrontendParams, "new_frontend_params")
+
+
 def _initial_status() -> Status:
     return status_pending()
 

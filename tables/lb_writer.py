@@ -47,6 +47,8 @@ from tables.services import Service, ServiceName, TrafficPolicy, new_services_ta
 #: annotation stands for).
 ZONE_DISTRIBUTIONS = frozenset({"PreferClose", "PreferSameZone"})
 _TERMINATING = (BackendState.TERMINATING, BackendState.TERMINATING_NOT_SERVING)
+#: The frontend types `LBWriter._shadows_node_port` may skip.
+_SHADOWING_TYPES = (SVCType.LOAD_BALANCER, SVCType.EXTERNAL_IPS)
 
 #: Node label holding the node's zone (topology-aware routing).
 ZONE_LABEL = "topology.kubernetes.io/zone"
@@ -191,10 +193,14 @@ class LBWriter:
         """
         # Written in address order, so the reconciler (which follows the change order) gives
         # one object's frontends their service ids in address order, as Cilium does.
-        params = sorted(
-            (p for p in frontends if not self._shadows_node_port(txn, p)),
-            key=lambda p: p.address.key(),
-        )
+        # Only LoadBalancer and ExternalIPs frontends can shadow a NodePort.
+        params = [
+            p
+            for p in frontends
+            if p.type not in _SHADOWING_TYPES or not self._shadows_node_port(txn, p)
+        ]
+        if len(params) > 1:
+            params.sort(key=lambda p: p.address.key())
         seen: set[L3n4Addr] = set()
         # Each frontend's row as the txn sees it, for _put_frontend (in params' order).
         olds: list[Frontend | None] = []
