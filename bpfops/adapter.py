@@ -20,17 +20,25 @@ from bpfops.model import (
     LBOpsConfig,
     ServiceSpec,
     fast_backend_spec,
+    fast_frontend_spec,
+    fast_service_spec,
 )
 from reconciler.config import Config
 from reconciler.status import Status
 from statedb import ReadTxn, Table
 from tables.backends import Backend, BackendParams, BackendState
-from tables.frontends import Frontend, SVCType
+from tables.frontends import Frontend, SVCType, new_frontend
 from tables.l3n4 import L3n4Addr
 from tables.lb_config import LBConfig
 from tables.lb_writer import LBWriter
 from tables.node_addresses import NodeAddress
-from tables.services import ForwardingMode, LBAlgorithm, Service, TrafficPolicy
+from tables.services import (
+    ForwardingMode,
+    LBAlgorithm,
+    Service,
+    SourceRangesPolicy,
+    TrafficPolicy,
+)
 
 _STATE = {
     BackendState.ACTIVE: 0,
@@ -80,23 +88,25 @@ def service_spec(svc: Service | None, name: str, service_port: int, cfg: LBConfi
     if svc.proxy_redirect is not None and svc.proxy_redirect.redirects(service_port):
         l7 = svc.proxy_redirect.proxy_port
     affinity = svc.session_affinity and cfg.enable_session_affinity
-    return ServiceSpec(
-        name=svc.name,
-        session_affinity=affinity,
-        affinity_timeout=svc.session_affinity_timeout if affinity else 0,
-        ext_local=svc.ext_traffic_policy is TrafficPolicy.LOCAL,
-        int_local=svc.int_traffic_policy is TrafficPolicy.LOCAL,
-        source_ranges=tuple(svc.source_ranges),
-        source_ranges_deny=svc.source_ranges_policy.value == "deny",
-        lb_algorithm="" if svc.lb_algorithm is LBAlgorithm.UNDEF else svc.lb_algorithm.value,
-        forwarding_mode=(
-            "" if svc.forwarding_mode is ForwardingMode.UNDEF else svc.forwarding_mode.value
-        ),
-        proxy_delegation=svc.proxy_delegation == "delegate-if-local",
-        loopback_hostport=svc.loopback_host_port,
-        load_balancer_class=svc.load_balancer_class,
-        l7_proxy_port=l7,
-        scale_to_zero=svc.scale_to_zero,
+    # Every ServiceSpec field, positionally in declaration order: name,
+    # session_affinity, affinity_timeout, ext_local, int_local, source_ranges,
+    # source_ranges_deny, lb_algorithm, forwarding_mode, proxy_delegation,
+    # loopback_hostport, load_balancer_class, l7_proxy_port, scale_to_zero.
+    return fast_service_spec(
+        svc.name,
+        affinity,
+        svc.session_affinity_timeout if affinity else 0,
+        svc.ext_traffic_policy is TrafficPolicy.LOCAL,
+        svc.int_traffic_policy is TrafficPolicy.LOCAL,
+        tuple(svc.source_ranges),
+        svc.source_ranges_policy == SourceRangesPolicy.DENY,
+        "" if svc.lb_algorithm is LBAlgorithm.UNDEF else svc.lb_algorithm.value,
+        "" if svc.forwarding_mode is ForwardingMode.UNDEF else svc.forwarding_mode.value,
+        svc.proxy_delegation == "delegate-if-local",
+        svc.loopback_host_port,
+        svc.load_balancer_class,
+        l7,
+        svc.scale_to_zero,
     )
 
 
@@ -122,17 +132,38 @@ def backend_spec(be: BackendParams) -> BackendSpec:
     )
 
 
+#: Each frontend type's plain string (an enum member's ``value`` is a descriptor call).
+_TYPE_NAMES: dict[SVCType, str] = {t: t.value for t in SVCType}
+
+
 def frontend_spec(fe: Frontend, cfg: LBConfig) -> FrontendSpec:
     """A frontend row as the ops see it."""
-    svc_type = LOCAL_REDIRECT if fe.redirect_to else fe.type.value
-    port = fe.effective_service_port()
-    return FrontendSpec(
-        addr=fe.address,
-        type=svc_type,
-        service=service_spec(fe.service, fe.service_name, port, cfg),
-        backends=tuple([backend_spec(b) for b in fe.backends]),
-        service_port=port,
+    svc_type = LOCAL_REDIRECT if fe.redirect_to else _TYPE_NAMES[fe.type]
+    port = fe.service_port or fe.address.port
+    state_of = _STATE.get
+    # `backend_spec` inline (one call fewer per backend): fast_backend_spec's fields are
+    # addr, state, weight, unhealthy, cluster_id, zone, revision, health_known,
+    # not_serving; BackendParams' ``_rest`` is (node_name, zone, for_zones, cluster_id,
+    # source, unhealthy, unhealthy_updated_at).
+    backends = tuple(
+        [
+            fast_backend_spec(
+                b.address,
+                state_of(b.state, 0),
+                b.weight,
+                b._rest[5],
+                b._rest[3],
+                0,
+                0,
+                bool(b._rest[6]),
+                b.state is _NOT_SERVING,
+            )
+            for b in fe.backends
+        ]
     )
+    service = service_spec(fe.service, fe.service_name, port, cfg)
+    # FrontendSpec's fields: addr, type, service, backends, service_port.
+    return fast_frontend_spec(fe.address, svc_type, service, backends, port)
 
 
 class TablesNodeView:
@@ -213,7 +244,8 @@ def frontend_ops_for(
         ops_config(cfg),
         node=TablesNodeView(writer.node_addresses, writer.frontends, cfg, writer.backends),
         to_spec=lambda _txn, fe: frontend_spec(fe, cfg),
-        key_of=lambda fe: addr_of(fe.address),
+        # The row's address is the ops' address (`addr_of` is the identity).
+        key_of=lambda fe: fe.address,
         restore=restore,
     )
 
@@ -223,9 +255,16 @@ def reconciler_config(
 ) -> Config[Frontend]:
     """The reconciler Config of the frontends table for ``ops`` (overrides: Config fields)."""
 
+    service_id = ops.service_id
+
     def set_status(fe: Frontend, status: Status) -> Frontend:
-        fe_id = ops.service_id(addr_of(fe.address)) or 0
-        return fe.copy_with(status=status, id=fe_id)
+        # The row's address is the ops' address (`addr_of` is the identity).
+        fe_id = service_id(fe.address) or 0
+        # Frontend's fields, positionally: the row with its id and status replaced.
+        return new_frontend(
+            fe.address, fe.type, fe.service_name, fe.port_name, fe.service_port, fe.service,
+            fe.backends, fe_id, fe.redirect_to, status,
+        )
 
     settings: dict[str, Any] = {
         "name": "bpf-lb",

@@ -145,3 +145,9 @@ fast_addr = new_addr
 #: ``BackendSpec(...)`` with every field given positionally, in declaration order, built
 #: the same way as ``fast_addr``.
 fast_backend_spec = slot_constructor(BackendSpec, "fast_backend_spec")
+
+#: ``ServiceSpec(...)`` with every field given positionally, in declaration order.
+fast_service_spec = slot_constructor(ServiceSpec, "fast_service_spec")
+
+#: ``FrontendSpec(...)`` with every field given positionally, in declaration order.
+fast_frontend_spec = slot_constructor(FrontendSpec, "fast_frontend_spec")

@@ -50,15 +50,24 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from statedb import InputError, WriteTxn
-from tables.backends import DEFAULT_WEIGHT, BackendParams, BackendState, new_backend_params
-from tables.frontends import FrontendParams, SVCType
+from statedb.rows import slot_constructor
+from tables.backends import (
+    DEFAULT_WEIGHT,
+    BackendParams,
+    BackendState,
+    backend_details,
+    new_backend_params_with,
+)
+from tables.frontends import FrontendParams, SVCType, new_frontend_params
 from tables.l3n4 import (
     SCOPE_INTERNAL,
+    V4_KEY_PREFIX,
     AddressError,
     IPAddress,
     L3n4Addr,
+    addr_key_suffix,
+    addr_of_key,
     new_addr,
-    new_addr_packed,
     parse_protocol,
 )
 from tables.lb_config import LBConfig
@@ -70,6 +79,7 @@ from tables.services import (
     ServiceName,
     SourceRangesPolicy,
     TrafficPolicy,
+    new_service,
     parse_cidr,
 )
 
@@ -125,7 +135,7 @@ def object_ref(obj: Mapping[str, Any]) -> str:
     """``Kind namespace/name`` for messages (best effort on malformed objects)."""
     meta = obj.get("metadata")
     ns = name = "?"
-    if isinstance(meta, Mapping):
+    if type(meta) is dict or isinstance(meta, Mapping):
         ns = str(meta.get("namespace") or "default")
         name = str(meta.get("name") or "?")
     return f"{object_kind(obj) or 'object'} {ns}/{name}"
@@ -134,7 +144,7 @@ def object_ref(obj: Mapping[str, Any]) -> str:
 def namespaced_name(obj: Mapping[str, Any]) -> str:
     """``namespace/name`` of an object; raise ConversionError when the name is missing."""
     meta = obj.get("metadata")
-    if not isinstance(meta, Mapping):
+    if type(meta) is not dict and not isinstance(meta, Mapping):
         raise ConversionError(object_ref(obj), "metadata", "missing or not a mapping")
     name = meta.get("name")
     if not isinstance(name, str) or not name:
@@ -146,6 +156,9 @@ def namespaced_name(obj: Mapping[str, Any]) -> str:
 
 
 def _mapping(ref: str, path: str, value: Any) -> Mapping[str, Any]:
+    # A plain dict first: the usual case, without the Mapping ABC's isinstance check.
+    if type(value) is dict:
+        return value
     if value is None:
         return {}
     if not isinstance(value, Mapping):
@@ -173,6 +186,9 @@ def _str_map(ref: str, path: str, value: Any) -> dict[str, str]:
     m = _mapping(ref, path, value)
     out: dict[str, str] = {}
     for k, v in m.items():
+        if type(k) is str and type(v) is str:  # the usual case
+            out[k] = v
+            continue
         if v is None:
             v = ""
         if not isinstance(v, str | int | float | bool):
@@ -246,6 +262,10 @@ class ServicePort:
     node_port: int
 
 
+#: ``ServicePort(...)`` through its slots (every field, positionally).
+_new_service_port = slot_constructor(ServicePort, "new_service_port")
+
+
 @dataclass(frozen=True, slots=True)
 class ConvertedService:
     """A Service object as a service row plus its complete frontend set."""
@@ -255,6 +275,10 @@ class ConvertedService:
     #: Set when the service must not exist on this node (service.cilium.io/node does not
     #: match the node's label): the converter deletes it instead.
     not_exposed: str = ""
+
+
+#: ``ConvertedService(service, frontends, not_exposed)`` through its slots.
+_new_converted_service = slot_constructor(ConvertedService, "new_converted_service")
 
 
 def _policy(ref: str, path: str, value: Any) -> TrafficPolicy:
@@ -308,7 +332,7 @@ def convert_service(
             raise ConversionError(ref, f"{path}.name", f"duplicate port name {pname!r}")
         if (port, proto) in port_protos:
             raise ConversionError(ref, path, f"duplicate port {port}/{proto}")
-        ports.append(ServicePort(pname, port, proto, node_port))
+        ports.append(_new_service_port(pname, port, proto, node_port))
         port_names[pname] = port
         port_protos.add((port, proto))
     if len(ports) > 1:
@@ -385,27 +409,32 @@ def convert_service(
             ) from None
     scope_ann = annotations.get(ANN_SCOPE, "").strip().lower()
     delegation = annotations.get(ANN_PROXY_DELEGATION, "").strip().lower()
-    service = Service(
-        name=name,
-        source=source,
-        labels=tuple(sorted(labels.items())),
-        annotations=tuple(sorted(annotations.items())),
-        selector=tuple(sorted(selector.items())),
-        ext_traffic_policy=ext_policy,
-        int_traffic_policy=int_policy,
-        forwarding_mode=fwd,
-        session_affinity=affinity,
-        session_affinity_timeout=timeout,
-        load_balancer_class=lb_class,
-        health_check_node_port=health_port,
-        source_ranges=tuple(ranges),
-        source_ranges_policy=ranges_policy,
-        port_names=tuple(sorted(port_names.items())),
-        traffic_distribution=traffic_dist,
-        lb_algorithm=algorithm,
-        internal_scope_enabled=scope_ann != "external-only",
-        proxy_delegation="delegate-if-local" if delegation == "delegate-if-local" else "",
-        scale_to_zero=annotations.get(ANN_SCALE_TO_ZERO, "").strip().lower() == "true",
+    # Every Service field, positionally in declaration order (the frozen dataclass's
+    # __init__ sets each of them through object.__setattr__).
+    service = new_service(
+        name,  # name
+        source,  # source
+        tuple(sorted(labels.items())),  # labels
+        tuple(sorted(annotations.items())),  # annotations
+        tuple(sorted(selector.items())),  # selector
+        "",  # nat_policy
+        ext_policy,  # ext_traffic_policy
+        int_policy,  # int_traffic_policy
+        fwd,  # forwarding_mode
+        affinity,  # session_affinity
+        timeout,  # session_affinity_timeout
+        lb_class,  # load_balancer_class
+        None,  # proxy_redirect
+        health_port,  # health_check_node_port
+        False,  # loopback_host_port
+        tuple(ranges),  # source_ranges
+        ranges_policy,  # source_ranges_policy
+        tuple(sorted(port_names.items())),  # port_names
+        traffic_dist,  # traffic_distribution
+        algorithm,  # lb_algorithm
+        scope_ann != "external-only",  # internal_scope_enabled
+        "delegate-if-local" if delegation == "delegate-if-local" else "",  # proxy_delegation
+        annotations.get(ANN_SCALE_TO_ZERO, "").strip().lower() == "true",  # scale_to_zero
     )
     if svc_type == "ExternalName" or SERVICE_PROXY_NAME_LABEL in labels:
         return ConvertedService(service, ())
@@ -465,7 +494,8 @@ def convert_service(
         if not _family_enabled(addr, cfg) or t not in allowed:
             return
         a = new_addr(addr, port, p.protocol)
-        fes.setdefault(a, FrontendParams(a, t, name, p.name, p.port))
+        if a not in fes:
+            fes[a] = new_frontend_params(a, t, name, p.name, p.port)
         if t is not SVCType.CLUSTER_IP and service.two_scopes:
             ai = a.with_scope(SCOPE_INTERNAL)
             fes.setdefault(ai, FrontendParams(ai, t, name, p.name, p.port))
@@ -484,7 +514,7 @@ def convert_service(
         if cfg.enable_external_ips:
             for ip in ext_ips:
                 add(ip, p.port, p, SVCType.EXTERNAL_IPS)
-    return ConvertedService(service, tuple(fes.values()))
+    return _new_converted_service(service, tuple(fes.values()), "")
 
 
 _ALL_TYPES = frozenset(SVCType)
@@ -514,6 +544,10 @@ class ConvertedEndpoints:
     slice_name: str
     service_name: ServiceName
     backends: tuple[BackendParams, ...] = ()
+
+
+#: ``ConvertedEndpoints(slice_name, service_name, backends)`` through its slots.
+_new_converted_endpoints = slot_constructor(ConvertedEndpoints, "new_converted_endpoints")
 
 
 def _cond(ref: str, path: str, value: Any, default: bool) -> bool:
@@ -716,8 +750,20 @@ def convert_endpoint_slice(
     # Keyed by the addresses (each is its encoded key: hashed and compared in C).
     merged: dict[L3n4Addr, BackendParams] = {}
     want_v6 = addr_type == "IPv6"
-    # One shared tuple per port name (every backend of a slice has the same ones).
-    single_names = {pname: ((pname,) if pname else ()) for pname, _, _ in ports}
+    # Every address of a slice has its family (checked per endpoint below).
+    family_on = cfg.enable_ipv6 if want_v6 else cfg.enable_ipv4
+    prefix = b"" if want_v6 else V4_KEY_PREFIX
+    # Per port: its name, the tuple of that one name (shared by every backend of the
+    # slice) and its key suffix (port, protocol, family: validated once here).
+    port_keys = [
+        (pname, (pname,) if pname else (), prefix, addr_key_suffix(port, proto, want_v6))
+        for pname, port, proto in ports
+    ]
+    # The shared details tuple of the endpoint before (most endpoints of a slice have
+    # the same node, zone and hints, or a few distinct ones).
+    d_node = d_zone = None
+    d_zones: tuple[str, ...] | None = None
+    details = backend_details("", "", (), 0, source, False, 0.0)
     for i, ep in enumerate(endpoints):
         # Well-formed endpoints take the fast path; anything unusual is validated (and
         # reported) field by field by _endpoint_checked.
@@ -725,28 +771,29 @@ def convert_endpoint_slice(
         if fields is None:
             fields = _endpoint_checked(ref, i, ep, addr_type)
         state, node, zone, zones, ips = fields
+        if not family_on:
+            continue
         if weight == 0:
             # Weight 0: in maintenance (existing connections live on, no new ones).
             state = BackendState.MAINTENANCE
+        if node != d_node or zone != d_zone or zones != d_zones:
+            d_node, d_zone, d_zones = node, zone, zones
+            # BackendParams' details: node_name, zone, for_zones, cluster_id, source,
+            # unhealthy, unhealthy_updated_at.
+            details = backend_details(node, zone, zones, 0, source, False, 0.0)
         for ip in ips:
-            if not (cfg.enable_ipv6 if len(ip) == 16 else cfg.enable_ipv4):
-                continue
-            for pname, port, proto in ports:
-                a = new_addr_packed(ip, port, proto)
+            for pname, single, pre, suffix in port_keys:
+                a = addr_of_key(pre + ip + suffix)
                 prev = merged.get(a)
                 if prev is None:
-                    port_names: tuple[str, ...] = single_names[pname]
+                    port_names: tuple[str, ...] = single
                 else:
                     names = set(prev.port_names)
                     if pname:
                         names.add(pname)
                     port_names = tuple(sorted(names))
-                # BackendParams(address, port_names, weight, node_name, zone, for_zones,
-                # cluster_id, source, state, unhealthy, unhealthy_updated_at)
-                merged[a] = new_backend_params(
-                    a, port_names, weight, node, zone, zones, 0, source, state, False, 0.0
-                )
-    return ConvertedEndpoints(slice_name, service_name, tuple(merged.values()))
+                merged[a] = new_backend_params_with(a, port_names, weight, state, details)
+    return _new_converted_endpoints(slice_name, service_name, tuple(merged.values()))
 
 
 # ----- Pod host ports ----------------------------------------------------------------------

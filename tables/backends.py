@@ -546,3 +546,39 @@ def new_backend_params(
                       unhealthy_updated_at)),
     )
     return o
+
+
+def backend_details(
+    node_name: str,
+    zone: str,
+    for_zones: tuple[str, ...],
+    cluster_id: int,
+    source: str,
+    unhealthy: bool,
+    unhealthy_updated_at: float,
+) -> _Rest:
+    """The shared tuple of a backend instance's seven details (node, zones, cluster,
+    source, health), for `new_backend_params_with`: one per distinct set of details,
+    reused by every instance that has them."""
+    return _shared_rest(
+        (node_name, zone, for_zones, cluster_id, source, unhealthy, unhealthy_updated_at)
+    )
+
+
+def new_backend_params_with(
+    address: L3n4Addr,
+    port_names: tuple[str, ...],
+    weight: int,
+    state: BackendState,
+    details: _Rest,
+) -> BackendParams:
+    """``BackendParams`` from its four own fields and a `backend_details` tuple: what
+    `new_backend_params` builds, without making and looking up the details per instance
+    (a converter makes them once for the endpoints that share them)."""
+    o = _new(BackendParams)
+    _set_bp_address(o, address)
+    _set_bp_port_names(o, port_names)
+    _set_bp_weight(o, weight)
+    _set_bp_state(o, state)
+    _set_bp_rest(o, details)
+    return o

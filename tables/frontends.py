@@ -76,6 +76,11 @@ class FrontendParams:
         return self.service_port or self.address.port
 
 
+#: ``FrontendParams(address, type, service_name, port_name, service_port)`` through its
+#: slots (the converter builds one per frontend).
+new_frontend_params: Any = slot_constructor(FrontendParams, "new_frontend_params")
+
+
 def _initial_status() -> Status:
     return status_pending()
 
@@ -133,6 +138,25 @@ class Frontend:
     def pending(self, **changes: Any) -> Frontend:
         """Return a copy with ``changes`` applied and a fresh Pending status."""
         return self.copy_with(status=status_pending(), **changes)
+
+    def pending_with(
+        self, service: Service | None, backends: tuple[BackendParams, ...]
+    ) -> Frontend:
+        """A copy with ``service``, ``backends`` and a fresh Pending status: what the
+        writer stores whenever a frontend's input changed (``pending`` without its keyword
+        dispatch, on the path every service's load takes twice)."""
+        return _new_frontend(
+            self.address,
+            self.type,
+            self.service_name,
+            self.port_name,
+            self.service_port,
+            service,
+            backends,
+            self.id,
+            self.redirect_to,
+            status_pending(),
+        )
 
     def copy_with(
         self,
@@ -247,9 +271,11 @@ class Frontend:
         }
 
 
-#: ``Frontend(...)`` with every field positional, in declaration order, filling the
-#: slots directly (no frozen-dataclass ``__setattr__`` per field).
-_new_frontend: Any = slot_constructor(Frontend, "new_frontend")
+#: ``Frontend(...)`` with every field positional, in declaration order (address, type,
+#: service_name, port_name, service_port, service, backends, id, redirect_to, status),
+#: filling the slots directly (no frozen-dataclass ``__setattr__`` per field).
+new_frontend: Any = slot_constructor(Frontend, "new_frontend")
+_new_frontend = new_frontend
 
 
 def _iso(ts: float) -> str:

@@ -15,9 +15,11 @@ therefore order by address, then port, then protocol, then scope.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import ipaddress
 import socket
 import struct
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -362,6 +364,31 @@ def new_addr_packed(
     if n == 4:
         return _bytes_new(L3n4Addr, _KEY4_PACKED.pack(_V4_MAPPED, packed, port, code, scope, 4))
     return _bytes_new(L3n4Addr, _KEY6.pack(packed, port, code, scope, 6))
+
+
+#: The bytes an IPv4 address in network byte order follows in a key (IPv4-mapped IPv6).
+V4_KEY_PREFIX = _V4_MAPPED
+_SUFFIX = struct.Struct(">HBBB")
+
+
+def addr_key_suffix(port: int, protocol: str, v6: bool, scope: int = SCOPE_EXTERNAL) -> bytes:
+    """The last five bytes of the key of every address with this port, protocol, family
+    and scope (validated here once): ``addr_of_key(V4_KEY_PREFIX + ip4 + suffix)`` or
+    ``addr_of_key(ip16 + suffix)`` then builds an address per IP without re-checking
+    them (the Kubernetes converter, once per slice port). Raises AddressError."""
+    code = _PROTO_CODE.get(protocol) if type(protocol) is str else None
+    if code is None:
+        raise AddressError(f"unknown L4 protocol {protocol!r}")
+    if type(port) is not int or not 0 <= port <= 65535:
+        raise AddressError(f"invalid port {port!r}")
+    if scope != SCOPE_EXTERNAL and scope != SCOPE_INTERNAL:
+        raise AddressError(f"invalid scope {scope!r}")
+    return _SUFFIX.pack(port, code, scope, 6 if v6 else 4)
+
+
+#: ``addr_of_key(key)``: the address whose 21-byte key is ``key`` (built by the caller
+#: from `V4_KEY_PREFIX` and `addr_key_suffix`, so well-formed; no check here).
+addr_of_key: Callable[[bytes], L3n4Addr] = functools.partial(_bytes_new, L3n4Addr)
 
 
 def encode_addr_key(value: Any) -> bytes:

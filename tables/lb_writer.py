@@ -33,9 +33,10 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
+from reconciler.status import status_pending
 from statedb import DB, InputError, StatewrightError, Table, WriteTxn
 from tables.backends import Backend, BackendParams, BackendState, new_backends_table
-from tables.frontends import Frontend, FrontendParams, SVCType, new_frontends_table
+from tables.frontends import Frontend, FrontendParams, SVCType, new_frontend, new_frontends_table
 from tables.l3n4 import SCOPE_INTERNAL, IPAddress, L3n4Addr
 from tables.lb_config import LBConfig
 from tables.node_addresses import NodeAddress, new_node_addresses_table
@@ -46,6 +47,8 @@ from tables.services import Service, ServiceName, TrafficPolicy, new_services_ta
 #: annotation stands for).
 ZONE_DISTRIBUTIONS = frozenset({"PreferClose", "PreferSameZone"})
 _TERMINATING = (BackendState.TERMINATING, BackendState.TERMINATING_NOT_SERVING)
+#: The frontend types `LBWriter._shadows_node_port` may skip.
+_SHADOWING_TYPES = (SVCType.LOAD_BALANCER, SVCType.EXTERNAL_IPS)
 
 #: Node label holding the node's zone (topology-aware routing).
 ZONE_LABEL = "topology.kubernetes.io/zone"
@@ -190,11 +193,18 @@ class LBWriter:
         """
         # Written in address order, so the reconciler (which follows the change order) gives
         # one object's frontends their service ids in address order, as Cilium does.
-        params = sorted(
-            (p for p in frontends if not self._shadows_node_port(txn, p)),
-            key=lambda p: p.address.key(),
-        )
+        # Only LoadBalancer and ExternalIPs frontends can shadow a NodePort.
+        params = [
+            p
+            for p in frontends
+            if p.type not in _SHADOWING_TYPES or not self._shadows_node_port(txn, p)
+        ]
+        if len(params) > 1:
+            params.sort(key=lambda p: p.address.key())
         seen: set[L3n4Addr] = set()
+        # Each frontend's row as the txn sees it, for _put_frontend (in params' order).
+        olds: list[Frontend | None] = []
+        fe_get = self.frontends.get
         for p in params:
             if p.service_name != svc.name:
                 raise LBWriterError(
@@ -203,9 +213,10 @@ class LBWriter:
             if p.address in seen:
                 raise LBWriterError(f"service {svc.name}: duplicate frontend {p.address}")
             seen.add(p.address)
-            old = self.frontends.get(txn, p.address)
+            old = fe_get(txn, p.address)
             if old is not None and old.service_name != svc.name:
                 raise FrontendConflictError(p.address, old.service_name, svc.name)
+            olds.append(old)
         old_svc = self.services.get(txn, svc.name)
         unchanged = old_svc is not None and old_svc == svc
         if unchanged:
@@ -217,8 +228,10 @@ class LBWriter:
         for fe in self._frontends_of(txn, svc.name):
             if fe.address not in seen:
                 self._fe_del(txn, fe)
-        for p in params:
-            self._put_frontend(txn, svc, p, force=not unchanged)
+        # The deletions above touched none of params' addresses (those are in seen), so
+        # olds still holds their rows as the txn sees them.
+        for p, old in zip(params, olds, strict=True):
+            self._put_frontend(txn, svc, p, force=not unchanged, old=old)
 
     def _shadows_node_port(self, txn: WriteTxn, p: FrontendParams) -> bool:
         """True for a LoadBalancer/ExternalIPs frontend on a node address with a port in the
@@ -248,7 +261,7 @@ class LBWriter:
         old = self.frontends.get(txn, params.address)
         if old is not None and old.service_name != params.service_name:
             raise FrontendConflictError(params.address, old.service_name, params.service_name)
-        self._put_frontend(txn, svc, params, force=True)
+        self._put_frontend(txn, svc, params, force=True, old=old)
 
     def delete_frontend(self, txn: WriteTxn, address: L3n4Addr) -> Frontend | None:
         """Delete the frontend at ``address``; return it, or None."""
@@ -308,18 +321,37 @@ class LBWriter:
                 changed |= self._drop_instance(txn, be, key)
         # The service's rows as this txn sees them (read by _backends_of just above).
         rows = self._touched(txn).backends_of[service]
-        get, insert = self.backends.get, self.backends.insert
+        get = self.backends.get
+        # New backend rows, written with one insert_many per run of them (in the order
+        # of ``wanted``, as one insert each would write them).
+        new: list[Backend] = []
         for addr, params in wanted.items():
             if get(txn, addr) is None:
                 # A new backend address (the usual case of a load): `_put_instance`
                 # inline, as `_be_put` writes a backend with this one instance.
-                _validate_backend(service, params)
+                # `_validate_backend`'s checks on their usual outcome first (the port is
+                # the address's bytes 16-17), the call (and its error) otherwise.
+                if not (
+                    (addr[16] or addr[17])
+                    and type(params.state) is BackendState
+                    and 0 <= params.weight <= 65535
+                ):
+                    if new:  # written before the error, as one insert each would be
+                        self.backends.insert_many(txn, new)
+                        new = []
+                    _validate_backend(service, params)
                 be = Backend.single(addr, key, params)
                 rows[addr] = be
-                insert(txn, be)
-                changed = True
+                new.append(be)
             else:
+                if new:
+                    self.backends.insert_many(txn, new)
+                    new = []
+                    changed = True
                 changed |= self._put_instance(txn, service, params, key)
+        if new:
+            self.backends.insert_many(txn, new)
+            changed = True
         if changed:
             self._refresh_service(txn, service)
 
@@ -453,17 +485,27 @@ class LBWriter:
         """Compute the backends ``fe`` selects now (see the module docstring for the rules)."""
         name = fe.redirect_to or fe.service_name
         svc = fe.service if fe.redirect_to is None else self.services.get(txn, name)
-        v6 = fe.address.is_ipv6
+        # The family is the address's last byte (4 or 6); a row with one instance (nearly
+        # all) holds its key and parameters in ``_key``/``_val`` (see Backend).
+        family = fe.address[20]
+        port_name = fe.port_name
         candidates: list[BackendParams] = []
+        append = candidates.append
         for be in self._backends_of(txn, name):
-            if be.address.is_ipv6 != v6:
+            if be.address[20] != family:
                 continue
-            inst = be.instance(name)
+            key = be._key
+            if key is not None:
+                if key[0] != name:
+                    continue
+                inst: BackendParams | None = be._val
+            else:
+                inst = be.instance(name)
             if inst is None:
                 continue
-            if fe.port_name and fe.port_name not in inst.port_names:
+            if port_name and port_name not in inst.port_names:
                 continue
-            candidates.append(inst)
+            append(inst)
         if svc is None:
             return tuple(candidates)
         if _policy_for(fe, svc) is TrafficPolicy.LOCAL:
@@ -674,35 +716,42 @@ class LBWriter:
             _gone(t.backends_gone, name, addr)
 
     # ----- internals ----------------------------------------------------------------------------
-    def _put_frontend(self, txn: WriteTxn, svc: Service, p: FrontendParams, *, force: bool) -> None:
-        old = self.frontends.get(txn, p.address)
+    def _put_frontend(
+        self,
+        txn: WriteTxn,
+        svc: Service,
+        p: FrontendParams,
+        *,
+        force: bool,
+        old: Frontend | None,
+    ) -> None:
+        """Write the frontend of ``p`` (``old``: its row as the txn sees it, or None)."""
         if old is None:
-            fe = Frontend(
-                address=p.address,
-                type=p.type,
-                service_name=p.service_name,
-                port_name=p.port_name,
-                service_port=p.service_port,
-                service=svc,
+            # A new frontend, Pending; when it selects no backends (a service before its
+            # EndpointSlices, as in a load) this is the row written.
+            fe = new_frontend(
+                p.address, p.type, p.service_name, p.port_name, p.service_port, svc, (), 0,
+                None, status_pending(),
             )
-        else:
-            fe = dataclasses.replace(
-                old,
-                type=p.type,
-                port_name=p.port_name,
-                service_port=p.service_port,
-                service=svc,
-            )
+            bes = self.select_backends(txn, fe)
+            self._fe_put(txn, fe.pending_with(svc, bes) if bes else fe)
+            return
+        fe = dataclasses.replace(
+            old,
+            type=p.type,
+            port_name=p.port_name,
+            service_port=p.service_port,
+            service=svc,
+        )
         bes = self.select_backends(txn, fe)
         if (
-            old is not None
-            and not force
+            not force
             and old.params == fe.params
             and old.backends == bes
             and old.service is svc
         ):
             return
-        self._fe_put(txn, fe.pending(backends=bes))
+        self._fe_put(txn, fe.pending_with(svc, bes))
 
     def _refresh_service(self, txn: WriteTxn, name: ServiceName, *, force: bool = False) -> None:
         """Recompute the backends of ``name``'s frontends (and of frontends redirected to it);
@@ -723,7 +772,7 @@ class LBWriter:
         bes = self.select_backends(txn, cur)
         if not force and bes == fe.backends and fe.service is svc:
             return
-        self._fe_put(txn, cur.pending(backends=bes))
+        self._fe_put(txn, fe.pending_with(svc, bes))
 
     def _refresh_for_node_address(self, txn: WriteTxn, addr: NodeAddress) -> None:
         for fe in list(self.frontends.all(txn)):

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from statedb import Index, Table
+from statedb.rows import slot_constructor
 from tables.l3n4 import IPNetwork
 
 #: A service name, ``namespace/name`` (``cluster/namespace/name`` for remote clusters).
@@ -290,3 +291,9 @@ def new_services_table() -> Table[Service]:
     table: Table[Service] = Table(SERVICES_TABLE, service_name_index)
     table.row_type = Service  # type: ignore[attr-defined]
     return table
+
+
+#: ``Service(...)`` with every field positional, in declaration order, filling the slots
+#: directly (no frozen-dataclass ``__setattr__`` per field; the converter builds one per
+#: Service object).
+new_service: Any = slot_constructor(Service, "new_service")

@@ -6,11 +6,26 @@ import ipaddress
 from typing import Any
 
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tables.backends import BackendParams, BackendState, new_backend_params
-from tables.l3n4 import PROTOCOLS, AddressError, L3n4Addr, new_addr
+from tables.backends import (
+    BackendParams,
+    BackendState,
+    backend_details,
+    new_backend_params,
+    new_backend_params_with,
+)
+from tables.l3n4 import (
+    PROTOCOLS,
+    V4_KEY_PREFIX,
+    AddressError,
+    L3n4Addr,
+    addr_key_suffix,
+    addr_of_key,
+    new_addr,
+    new_addr_packed,
+)
 
 ips = st.one_of(
     st.integers(0, 2**32 - 1).map(ipaddress.IPv4Address),
@@ -101,3 +116,108 @@ def test_frontend_copy_with_equals_replace() -> None:
     pend = fe.pending(backends=())
     assert pend.backends == () and pend.status.kind.value == "Pending"
     assert pend.status is not fe.status and pend.id == 7 and pend.redirect_to == "ns/b"
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.one_of(
+        st.integers(0, 2**32 - 1).map(lambda n: n.to_bytes(4, "big")),
+        st.integers(0, 2**128 - 1).map(lambda n: n.to_bytes(16, "big")),
+    ),
+    st.integers(0, 0xFFFF),
+    st.sampled_from(PROTOCOLS),
+    st.integers(0, 1),
+)
+def test_addr_of_key_equals_new_addr_packed(
+    packed: bytes, port: int, proto: str, scope: int
+) -> None:
+    v6 = len(packed) == 16
+    prefix = b"" if v6 else V4_KEY_PREFIX
+    a = addr_of_key(prefix + packed + addr_key_suffix(port, proto, v6, scope))
+    b = L3n4Addr(ipaddress.ip_address(packed), port, proto, scope)
+    assert type(a) is L3n4Addr and a == b and hash(a) == hash(b) and repr(a) == repr(b)
+    assert a == new_addr_packed(packed, port, proto, scope)
+
+
+@pytest.mark.parametrize(
+    "args", [(70000, "TCP", False, 0), (-1, "TCP", False, 0), (80, "tcp", False, 0),
+             (80, "TCP", True, 2), (True, "TCP", False, 0)],
+)
+def test_addr_key_suffix_rejects_what_the_constructor_rejects(args: tuple[Any, ...]) -> None:
+    port, proto, v6, scope = args
+    with pytest.raises(AddressError):
+        addr_key_suffix(port, proto, v6, scope)
+    with pytest.raises(AddressError):
+        L3n4Addr(ipaddress.ip_address("::1" if v6 else "10.0.0.1"), port, proto, scope)
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    st.text(max_size=5),
+    st.lists(st.text(max_size=5), max_size=3).map(tuple),
+    st.sampled_from(list(BackendState)),
+    st.booleans(),
+    st.floats(0, 1e9),
+)
+def test_new_backend_params_with_equals_constructor(
+    text: str, names: tuple[str, ...], state: BackendState, unhealthy: bool, ts: float
+) -> None:
+    a = L3n4Addr(ipaddress.ip_address("10.0.0.1"), 8080)
+    details = backend_details(text, text, names, 3, "k8s", unhealthy, ts)
+    fast = new_backend_params_with(a, names, 7, state, details)
+    slow = BackendParams(a, names, 7, text, text, names, 3, "k8s", state, unhealthy, ts)
+    assert fast == slow and hash(fast) == hash(slow) and repr(fast) == repr(slow)
+    # Equal details share one tuple.
+    assert backend_details(text, text, names, 3, "k8s", unhealthy, ts) is details or (
+        type(ts) is not float
+    )
+
+
+def test_frontend_pending_with_equals_pending() -> None:
+    from reconciler.status import status_done
+    from tables.frontends import Frontend, SVCType
+    from tables.services import Service
+
+    fe = Frontend(
+        L3n4Addr(ipaddress.ip_address("10.0.0.1"), 80), SVCType.NODE_PORT, "ns/a", "http",
+        8080, Service("ns/a"), (), 7, "ns/b", status_done(),
+    )
+    svc2 = Service("ns/a", source="api")
+    bes = (BackendParams(L3n4Addr(ipaddress.ip_address("10.1.0.1"), 8080)),)
+    got, ref = fe.pending_with(svc2, bes), fe.pending(service=svc2, backends=bes)
+    # Each Pending status is a fresh object with an id of its own: compared by kind.
+    assert got.copy_with(status=ref.status) == ref
+    assert got.service is svc2 and got.backends is bes
+    assert got.status.kind is ref.status.kind and got.status.kind.value == "Pending"
+    assert got.status is not fe.status
+
+
+def test_new_service_equals_constructor() -> None:
+    import dataclasses
+
+    from tables.services import Service, new_service
+
+    svc = Service("ns/a", source="api", labels=(("a", "b"),), session_affinity=True,
+                  session_affinity_timeout=30, traffic_distribution="PreferClose")
+    fast = new_service(*[getattr(svc, f.name) for f in dataclasses.fields(Service)])
+    assert fast == svc and hash(fast) == hash(svc) and repr(fast) == repr(svc)
+
+
+def test_fast_specs_equal_constructors() -> None:
+    import dataclasses
+
+    from bpfops.model import (
+        BackendSpec,
+        FrontendSpec,
+        ServiceSpec,
+        fast_frontend_spec,
+        fast_service_spec,
+    )
+
+    ss = ServiceSpec("ns/a", True, 30, False, True, (), True, "maglev", "dsr", True, False,
+                     "x", 15000, True)
+    assert fast_service_spec(*[getattr(ss, f.name) for f in dataclasses.fields(ss)]) == ss
+    addr = L3n4Addr(ipaddress.ip_address("10.0.0.1"), 80)
+    fs = FrontendSpec(addr, "ClusterIP", ss, (BackendSpec(addr),), 80)
+    fast = fast_frontend_spec(*[getattr(fs, f.name) for f in dataclasses.fields(fs)])
+    assert fast == fs and repr(fast) == repr(fs)
