@@ -106,34 +106,39 @@ class NodePodCIDRs:
             self._set_problem(str(e))
             self.node_cidrs = ()
             return
-        self.node_cidrs = cidrs
-        if not self.from_node:
-            if _same(cidrs, self.configured):
-                self._set_problem("")
-            else:
-                self._set_problem(
-                    f"configured pod CIDRs {', '.join(self.configured)} differ from Node "
-                    f"{name}'s spec.podCIDRs {', '.join(cidrs)}; using the configuration"
-                )
-            return
-        current = tuple(str(c) for c in self.ipam.config.pod_cidrs)
-        if not self.ipam.pending and _same(cidrs, current):
-            self._set_problem("")
-            return
+        # The health problem is set before the CIDRs are published (in `finally`): a reader
+        # in another thread that sees the new CIDRs also sees what was concluded of them.
         try:
-            self.ipam.set_pod_cidrs(cidrs)
-        except IPAMRequestError as e:  # e.g. two overlapping CIDRs
-            self._set_problem(f"Node {name}: spec.podCIDRs {', '.join(cidrs)}: {e}")
-            return
-        except StatewrightError as e:  # IPAM could not persist: nothing changed
-            self.failed = True
-            self._set_problem(f"IPAM could not take {', '.join(cidrs)}: {e}")
-            return
-        self.failed = False
-        self.changes += 1
-        self._set_problem("")
-        if self.on_change is not None:
-            self.on_change()
+            if not self.from_node:
+                if _same(cidrs, self.configured):
+                    self._set_problem("")
+                else:
+                    self._set_problem(
+                        f"configured pod CIDRs {', '.join(self.configured)} differ from Node "
+                        f"{name}'s spec.podCIDRs {', '.join(cidrs)}; using the configuration"
+                    )
+                return
+            current = tuple(str(c) for c in self.ipam.config.pod_cidrs)
+            if not self.ipam.pending and _same(cidrs, current):
+                self._set_problem("")
+                return
+            try:
+                self.ipam.set_pod_cidrs(cidrs)
+            except IPAMRequestError as e:  # e.g. two overlapping CIDRs
+                self._set_problem(f"Node {name}: spec.podCIDRs {', '.join(cidrs)}: {e}")
+                return
+            except StatewrightError as e:  # IPAM could not persist: nothing changed
+                self.failed = True
+                self._set_problem(f"IPAM could not take {', '.join(cidrs)}: {e}")
+                return
+            self.failed = False
+            self.changes += 1
+            self._set_problem("")
+            self.node_cidrs = cidrs
+            if self.on_change is not None:
+                self.on_change()
+        finally:
+            self.node_cidrs = cidrs
 
     def _set_problem(self, problem: str) -> None:
         if problem and problem != self.problem:
