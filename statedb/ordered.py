@@ -260,28 +260,25 @@ def compact_log(table: Table[Any], st: TableState) -> TableState:
     or ``st`` itself when compaction is not worth it yet.
 
     Runs at commit under the table lock. The new log keeps every live row's latest entry
-    and the deletions some change iterator has not seen. A cached ordered view close to
-    ``st`` (at most `replay_limit` records behind: one some query keeps current) is first
-    brought up to ``st`` so it stays derivable; one further behind, which no query has
-    asked for since, is dropped instead: replaying it would cost about as much as building
-    it anew, and here it would hold the writer (and the event loop) for that long, for a
-    view nobody may ask for again. The compacted state is a new object: ``st`` may already
-    be visible to readers through the view cache, and a state a reader can see never
+    and the deletions some change iterator has not seen. Cached ordered views far behind
+    ``st`` are dropped first (`drop_stale_views`, at every commit); the others (at most
+    `replay_limit` records behind: ones some query keeps current) are brought up to ``st``
+    so they stay derivable. The compacted state is a new object: ``st`` may already be
+    visible to readers through the view cache, and a state a reader can see never
     changes.
     """
+    drop_stale_views(table, st)
     # The log cannot shrink below what the last compaction kept (records not yet trimmed
     # stay, e.g. while an old snapshot is held): wait until it doubled again.
     if st.log_len <= 2 * max(st.count, table.log_floor) + COMPACT_SLACK:
         return st
-    limit = replay_limit(st)
     for pos, cached in enumerate(table.ordered_cache):
-        if st.ordered[pos] is not None:
-            continue  # already built for st
-        if cached is not None and cached[0].log is st.log and (
-            st.log_len - cached[0].log_len <= limit
-        ):
+        if cached is None or st.ordered[pos] is not None:
+            continue
+        if cached[0].log is st.log:
             ordered_view(table, st, pos)
         else:
+            # A reader stored an older log's view meanwhile: not derivable from st's log.
             table.ordered_cache[pos] = None
     # Records not yet trimmed stay: the next trim reads them to find what it can drop.
     # An upsert is its row's latest record when it is the head (the writer holds the table
@@ -311,6 +308,30 @@ def compact_log(table: Table[Any], st: TableState) -> TableState:
     for pos, view in enumerate(out.ordered):
         table.ordered_cache[pos] = (out, view) if view is not None else None
     return out
+
+
+def drop_stale_views(table: Table[Any], st: TableState) -> None:
+    """Forget the table's cached ordered views that ``st`` (its newest state) could only
+    derive with a long replay: more than `replay_limit` records behind, or of a log since
+    replaced by compaction. Runs at every commit (O(indexes)).
+
+    Such a view is one no query has asked for since (e.g. built by ``all()`` at start);
+    its state, held by the cache, is a live snapshot, and would keep every row version
+    written since from being trimmed until the next compaction replayed it. Dropped, the
+    view is built anew if it is ever asked for again.
+    """
+    cache = table.ordered_cache
+    limit = -1
+    for pos, cached in enumerate(cache):
+        if cached is None:
+            continue
+        base = cached[0]
+        if base.log is st.log:
+            if limit < 0:
+                limit = replay_limit(st)
+            if st.log_len - base.log_len <= limit:
+                continue
+        cache[pos] = None
 
 
 def replay_limit(st: TableState) -> int:
