@@ -91,7 +91,14 @@ from bpf.probe import kernel_support
 from reconciler.status import StatusKind
 from sources.k8s_client import ClientSettings, K8sClient
 from sources.k8s_source import K8sSource
-from statedb.gc_tuning import STEADY_GC_THRESHOLDS, freeze_loaded, steady_gc, tune_gc
+from statedb.gc_tuning import (
+    STEADY_GC_THRESHOLDS,
+    YOUNG_COLLECT_INTERVAL,
+    collect_young_periodically,
+    freeze_loaded,
+    steady_gc,
+    tune_gc,
+)
 from statewright.loadbalancer import LoadBalancer, MapsPlacement
 from tables.lb_config import LBConfig
 
@@ -137,6 +144,12 @@ def _server(conn: multiprocessing.connection.Connection, kubeconfig: str) -> Non
                 _, n, rate, seconds = cmd
                 total = int(rate * seconds)
                 times: list[float] = []
+                # No collections in this process during the churn either: after the
+                # freeze above, its full passes (traversing every object the churn left,
+                # the watch history included) came every few seconds and grew to 400 ms
+                # (churn_server_late_ms_max), and the agent then received the events held
+                # up meanwhile in one burst.
+                gc.disable()
                 t0 = time.monotonic()
                 conn.send(("started", t0))
                 for k in range(total):
@@ -146,6 +159,7 @@ def _server(conn: multiprocessing.connection.Connection, kubeconfig: str) -> Non
                         time.sleep(delay)
                     times.append(time.monotonic())
                     srv.upsert(slice_obj(churn_service(k, n), k + 1))
+                gc.enable()
                 conn.send(("done", times))
             else:
                 break
@@ -218,6 +232,7 @@ async def run(
     gc_steady: bool = True,
     steady_thresholds: tuple[int, int, int] = STEADY_GC_THRESHOLDS,
     stall_stacks: str = "",
+    young_interval: float = YOUNG_COLLECT_INTERVAL,
 ) -> dict[str, Any]:
     """The benchmark; returns the figures."""
     tune_gc()
@@ -242,6 +257,7 @@ async def run(
                     gc_steady,
                     steady_thresholds,
                     stall_stacks,
+                    young_interval,
                 )
             )
         finally:
@@ -262,6 +278,7 @@ async def _agent(
     gc_steady: bool,
     steady_thresholds: tuple[int, int, int],
     stall_stacks: str,
+    young_interval: float,
 ) -> dict[str, Any]:
     out: dict[str, Any] = {}
     backend = "kernel" if kernel_support().ok else "memory"
@@ -311,7 +328,10 @@ async def _agent(
             freeze_loaded()
             if gc_steady:
                 steady_gc(steady_thresholds)
+                if young_interval > 0:
+                    await tg.start(collect_young_periodically, young_interval)
             out["gc_thresholds_churn"] = list(gc.get_threshold())
+            out["gc_young_interval_s"] = young_interval if gc_steady else 0
             if churn_seconds > 0:
                 async with profile.measuring(lb):
                     out.update(await _churn(conn, lb, n, churn_rate, churn_seconds, profile))
@@ -604,6 +624,15 @@ async def _churn(
         out["churn_event_to_map_p99_ms"] = round(lat[min(len(lat) - 1, int(len(lat) * 0.99))], 2)
     out.update(profile.stages(emitted_at, confirmed))
     out.update(_time_series(t0, emitted_at, confirmed, profile))
+    # How late the server emitted events against its schedule: a late server catches up
+    # in a burst, which the agent then works off in order.
+    late = [(e - (t0 + k / rate)) * 1000 for k, e in enumerate(emitted_at)]
+    out["churn_server_late_ms_max"] = round(max(late, default=0.0), 1)
+    out["churn_server_late_over_stall_ms"] = [
+        [round(emitted_at[k] - t0, 3), round(ms, 1)]
+        for k, ms in enumerate(late)
+        if ms > STALL_MS and (k == 0 or late[k - 1] <= STALL_MS)
+    ]
     if profile.sampler is not None:
         profile.sampler.stop()
         profile.sampler.write(t0)
@@ -660,6 +689,13 @@ def main(argv: list[str] | None = None) -> int:
         "(for measuring others than the agent's)",
     )
     p.add_argument(
+        "--young-interval",
+        type=float,
+        default=YOUNG_COLLECT_INTERVAL,
+        help="seconds between the timed young collections of the steady state "
+        "(collect_young_periodically, as the agent runs them); 0: none",
+    )
+    p.add_argument(
         "--stall-stacks",
         default="",
         metavar="FILE",
@@ -682,6 +718,7 @@ def main(argv: list[str] | None = None) -> int:
                 not args.no_steady_gc,
                 steady,
                 args.stall_stacks,
+                args.young_interval,
             )
         )
     result["load_avg_1m_at_end"] = round(os.getloadavg()[0], 2)
