@@ -69,7 +69,8 @@ interval): they say which task holds the loop, not how its time splits.
 
 Measured (2026-11-23 21:10-21:13 UTC, load 0.8-0.9): churn_event_to_map_p50_ms /
 p99_ms 3.27 / 6.81, kept up (backlog at most 49), no loop stall over 20 ms, young passes
-at most 2.1 ms of CPU, churn_cpu_us_per_event 617.6; initial_sync_s 2.93. With
+at most 2.1 ms of CPU, churn_cpu_us_per_event 617.6; initial_sync_s 2.93. Again at load
+0.4: 3.24 / 6.22 ms, churn_cpu_us_per_event 549.1. With
 ``--young-interval 0``: p99 15.1 ms, young passes up to 31 ms. Before the fake server kept
 its collector off: p99 91.9 ms (churn_server_late_ms_max 412).
 
