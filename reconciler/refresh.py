@@ -47,6 +47,10 @@ class Refresher(Generic[O]):
         table = cfg.table
         with self.db.write_txn(table) as wtxn:
             it = table.changes(wtxn)
+        # A finished transaction still holds the snapshot of every table it began with, and
+        # a held snapshot keeps every row version since it (no trim, no log compaction):
+        # this coroutine lives as long as the agent, so it must not keep it.
+        del wtxn
         try:
             while True:
                 try:

@@ -11,6 +11,9 @@ the application opts in with these helpers (the Statewright agent does):
 - `tune_gc` at start: a raised young-generation threshold and a frozen start-up heap;
 - `freeze_loaded` after a bulk load (the agent's initial state is in the maps);
 - `steady_gc` once the bulk load is done: thresholds for steady churn;
+- `collect_young_periodically` under steady churn: timed young collections (the young
+  threshold does not bound the young generation when old objects are freed as fast as
+  new ones are made);
 - `collect_periodically` for the process's lifetime: objects frozen once stay out of
   every later collection, so a reference cycle among them would be kept forever;
   every ``interval`` seconds it unfreezes, runs one full collection and freezes the
@@ -61,6 +64,14 @@ DEFAULT_COLLECT_INTERVAL = 600.0
 #: price: under sustained churn a middle pass comes every few minutes and traverses every
 #: churned object still alive; cyclic garbage (rare: rows are acyclic) waits that long.
 STEADY_GC_THRESHOLDS = (5_000, 1_000, 10)
+
+#: Seconds between two young collections of `collect_young_periodically`. The young
+#: threshold counts allocations minus deallocations of container objects, and freeing an
+#: old object (a row version trimmed, a replaced backend) counts as well: under churn that
+#: replaces long-lived rows the count stays near zero while the new versions pile up in
+#: the young generation, and the pass that finally comes traverses all of them. A timed
+#: young pass bounds that pile to what one interval allocates.
+YOUNG_COLLECT_INTERVAL = 0.1
 
 # The thresholds tune_gc set, while they are still in place (see collector_tuned).
 _tuned_threshold: tuple[int, ...] | None = None
@@ -138,6 +149,25 @@ def collect_frozen() -> CollectResult:
     collected = gc.collect()
     gc.freeze()
     return CollectResult(collected, gc.get_freeze_count(), time.perf_counter() - start)
+
+
+async def collect_young_periodically(
+    interval: float = YOUNG_COLLECT_INTERVAL,
+    *,
+    task_status: Any = anyio.TASK_STATUS_IGNORED,
+) -> None:
+    """Run a young collection (``gc.collect(0)``) every ``interval`` seconds until
+    cancelled, while the process keeps a tuned collector (`collector_tuned`); see
+    `YOUNG_COLLECT_INTERVAL` for why. Each pass costs what the young generation holds, so
+    a short interval keeps every pass short."""
+    if interval <= 0:
+        raise ValueError(f"collect_young_periodically: interval must be > 0, got {interval}")
+    task_status.started()
+    collect = gc.collect
+    while True:
+        await anyio.sleep(interval)
+        if collector_tuned():
+            collect(0)
 
 
 async def collect_periodically(

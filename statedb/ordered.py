@@ -22,10 +22,10 @@ from typing import TYPE_CHECKING, Any
 
 from statedb.sortedmap import SortedMap
 from statedb.table_state import (
+    Deletion,
     Entry,
     TableState,
     TableTxn,
-    is_tombstone,
     live_entries,
     log_position,
 )
@@ -260,27 +260,38 @@ def compact_log(table: Table[Any], st: TableState) -> TableState:
     or ``st`` itself when compaction is not worth it yet.
 
     Runs at commit under the table lock. The new log keeps every live row's latest entry
-    and the deletions some change iterator has not seen. Ordered views cached for the table
-    are first brought up to ``st`` so they stay derivable. The compacted state is a new
-    object: ``st`` may already be visible to readers through the view cache, and a state a
-    reader can see never changes.
+    and the deletions some change iterator has not seen. Cached ordered views far behind
+    ``st`` are dropped first (`drop_stale_views`, at every commit); the others (at most
+    `replay_limit` records behind: ones some query keeps current) are brought up to ``st``
+    so they stay derivable. The compacted state is a new object: ``st`` may already be
+    visible to readers through the view cache, and a state a reader can see never
+    changes.
     """
+    drop_stale_views(table, st)
     # The log cannot shrink below what the last compaction kept (records not yet trimmed
     # stay, e.g. while an old snapshot is held): wait until it doubled again.
     if st.log_len <= 2 * max(st.count, table.log_floor) + COMPACT_SLACK:
         return st
     for pos, cached in enumerate(table.ordered_cache):
-        if cached is not None and cached[0].log is st.log:
+        if cached is None or st.ordered[pos] is not None:
+            continue
+        if cached[0].log is st.log:
             ordered_view(table, st, pos)
         else:
+            # A reader stored an older log's view meanwhile: not derivable from st's log.
             table.ordered_cache[pos] = None
-    entry = st.entry
     # Records not yet trimmed stay: the next trim reads them to find what it can drop.
+    # An upsert is its row's latest record when it is the head (the writer holds the table
+    # lock, and st is its newest state: `TableState.entry` would return the head too); a
+    # gap is no key's head.
     untrimmed = table.trimmed_revision
+    head = st.rows.get
     log = [
         e
         for e in islice(st.log, 0, st.log_len)
-        if e[1] > untrimmed or (e[0] is not None if is_tombstone(e) else entry(e[2]) is e)
+        if (head(e[2]) is e and type(e) is tuple)
+        or e[1] > untrimmed
+        or (type(e) is Deletion and e[0] is not None)
     ]
     table.log_floor = len(log)
     out = st.copy()
@@ -288,13 +299,43 @@ def compact_log(table: Table[Any], st: TableState) -> TableState:
     out.log_len = len(log)
     out.ordered = list(st.ordered)  # same contents, same views
     table.snapshots.track(out)
-    table.held_tombstones.clear()
-    table.held_tombstones.extend(
-        (e[1], i) for i, e in enumerate(log) if is_tombstone(e) and e[0] is not None
-    )
-    out.tombstones = len(table.held_tombstones)
+    held = table.held_tombstones
+    held.clear()
+    held.extend((e[1], i) for i, e in enumerate(log) if type(e) is Deletion and e[0] is not None)
+    out.tombstones = len(held)
     # Relabel with the views computed above, never with whatever the cache holds now: a
     # reader may have stored an older snapshot's view there in the meantime.
     for pos, view in enumerate(out.ordered):
         table.ordered_cache[pos] = (out, view) if view is not None else None
     return out
+
+
+def drop_stale_views(table: Table[Any], st: TableState) -> None:
+    """Forget the table's cached ordered views that ``st`` (its newest state) could only
+    derive with a long replay: more than `replay_limit` records behind, or of a log since
+    replaced by compaction. Runs at every commit (O(indexes)).
+
+    Such a view is one no query has asked for since (e.g. built by ``all()`` at start);
+    its state, held by the cache, is a live snapshot, and would keep every row version
+    written since from being trimmed until the next compaction replayed it. Dropped, the
+    view is built anew if it is ever asked for again.
+    """
+    cache = table.ordered_cache
+    limit = -1
+    for pos, cached in enumerate(cache):
+        if cached is None:
+            continue
+        base = cached[0]
+        if base.log is st.log:
+            if limit < 0:
+                limit = replay_limit(st)
+            if st.log_len - base.log_len <= limit:
+                continue
+        cache[pos] = None
+
+
+def replay_limit(st: TableState) -> int:
+    """How many log records a cached view may lag behind ``st`` and still be replayed at
+    compaction: a quarter of the rows (replaying k changes costs O(k log n), building a
+    view O(n log n)), at least `COMPACT_SLACK`."""
+    return max(COMPACT_SLACK, st.count // 4)

@@ -226,6 +226,10 @@ class HealthServer:
             frontends = self.writer.frontends
             with self.db.write_txn(frontends) as wtxn:
                 changes: ChangeIterator[Any] = frontends.changes(wtxn)
+            # Not kept for the loop's lifetime: a finished transaction still holds the
+            # snapshot of every table it began with, and a held snapshot keeps every row
+            # version since it (no trim, no log compaction).
+            del wtxn
             self._qualifying = {}
             try:
                 last = -MIN_INTERVAL

@@ -106,3 +106,49 @@ def test_collect_periodically_refuses_a_non_positive_interval() -> None:
 
     with pytest.raises(ValueError, match="interval"):
         anyio.run(collect_periodically, 0)
+
+
+def test_collect_young_periodically_runs_young_passes_only_while_tuned() -> None:
+    import anyio
+
+    from statedb.gc_tuning import collect_young_periodically
+
+    passes: list[int] = []
+
+    def note(phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            passes.append(info["generation"])
+
+    async def main(tuned: bool) -> list[int]:
+        passes.clear()
+        before = gc.get_threshold()
+        try:
+            # A young threshold no allocation here reaches: every pass is a timed one.
+            if tuned:
+                tune_gc(10_000_000, freeze=False)
+            else:
+                gc.set_threshold(9_000_000, before[1], before[2])
+            gc.callbacks.append(note)
+            async with anyio.create_task_group() as tg:
+                await tg.start(collect_young_periodically, 0.01)
+                await anyio.sleep(0.2)
+                tg.cancel_scope.cancel()
+        finally:
+            gc.callbacks.remove(note)
+            gc.set_threshold(*before)
+        return list(passes)
+
+    tuned = anyio.run(main, True)
+    assert tuned.count(0) >= 3
+    # A process that did not opt in keeps its collector to itself.
+    assert anyio.run(main, False) == []
+
+
+def test_collect_young_periodically_refuses_a_non_positive_interval() -> None:
+    import anyio
+    import pytest
+
+    from statedb.gc_tuning import collect_young_periodically
+
+    with pytest.raises(ValueError, match="interval"):
+        anyio.run(collect_young_periodically, 0)

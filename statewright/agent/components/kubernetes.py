@@ -19,7 +19,9 @@ The Node object's labels replace the configured ``node-labels`` once it has been
 Garbage collector: in a process that tuned its collector for bulk loads
 (`statedb.gc_tuning.tune_gc`, as ``statewright agent`` does), the component switches to
 the steady-state thresholds (`statedb.gc_tuning.steady_gc`) once the initial lists are in
-the maps; the reasons and the measured costs are in `statedb.gc_tuning.STEADY_GC_THRESHOLDS`.
+the maps, and from then on runs a young collection every
+`statedb.gc_tuning.YOUNG_COLLECT_INTERVAL` seconds (`collect_young_periodically`); the
+reasons and the measured costs are in `statedb.gc_tuning`.
 """
 
 from __future__ import annotations
@@ -33,7 +35,7 @@ import anyio
 
 from sources.k8s_client import ClientSettings, K8sClient, K8sConfigError
 from sources.k8s_source import K8sSource, SourceConfig
-from statedb.gc_tuning import STEADY_GC_THRESHOLDS, steady_gc
+from statedb.gc_tuning import STEADY_GC_THRESHOLDS, collect_young_periodically, steady_gc
 from statewright.agent.config import AgentConfig
 from statewright.component import (
     DEGRADED,
@@ -132,7 +134,8 @@ class KubernetesComponent(Component):
     def _steady_gc_after_sync(lb: LoadBalancer, source: K8sSource) -> Any:
         async def switch(*, task_status: Any = anyio.TASK_STATUS_IGNORED) -> None:
             """Once the initial lists are applied and reconciled into the maps (or after
-            `STEADY_GC_TIMEOUT`): `steady_gc`."""
+            `STEADY_GC_TIMEOUT`): `steady_gc`, then timed young collections until
+            cancelled."""
             task_status.started()
             with anyio.move_on_after(STEADY_GC_TIMEOUT):
                 await source.wait_synced()
@@ -142,6 +145,9 @@ class KubernetesComponent(Component):
             if steady_gc():
                 log.info("agent: garbage collector thresholds %s for the steady state",
                          STEADY_GC_THRESHOLDS)
+                # The young threshold alone does not bound the young generation under
+                # churn (see statedb.gc_tuning.YOUNG_COLLECT_INTERVAL): timed passes do.
+                await collect_young_periodically()
 
         return switch
 
