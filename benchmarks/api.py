@@ -14,7 +14,7 @@ Keys:
   (alternating) as fast as the agent answers them.
 - requests_per_s: requests the hammering processes got answered per second meanwhile
   (``tables_per_s`` and ``endpoint_changes_per_s`` split it); hammer_errors counts
-  answers other than 200.
+  answers other than success (200; 201 for the PUT).
 - import_starlette_uvicorn_ms / _rss_mb: a fresh interpreter importing the ASGI stack
   (starlette's application, routing and responses, uvicorn) minus one importing nothing,
   median of 5; ``..._after_agent``: the same once the agent's other components are
@@ -113,7 +113,7 @@ def hammer(sock_path: str, index: int, stop: multiprocessing.synchronize.Event,
         status, _ = request(sock_path, "PUT", f"/endpoint/{ep}",
                             {"k8s-pod-name": f"bench-{index}", "k8s-namespace": "bench",
                              "labels": ["k8s:app=bench"]})
-        errors += status != 200
+        errors += status != 201  # Created, as Cilium's API
         status, _ = request(sock_path, "DELETE", f"/endpoint/{ep}")
         errors += status != 200
         changes += 2
