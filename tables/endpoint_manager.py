@@ -46,6 +46,7 @@ again before it is ``ready``), and those transient restart states are not writte
 from __future__ import annotations
 
 import ipaddress
+import json
 import logging
 import os
 import threading
@@ -421,7 +422,7 @@ class EndpointManager:
                 if cur == ep:
                     ready_ep = replace(ep, state=EndpointState.READY)
                     try:
-                        self._persist(ready_ep)
+                        self._persist_if_changed(ready_ep)
                     except StateDirError as e:
                         log.error("endpoint %d: %s; it stays regenerating", ep.id, e)
                         continue
@@ -585,6 +586,18 @@ class EndpointManager:
     def _persist(self, ep: Endpoint) -> None:
         if self.state_dir is not None:
             write_json_atomic(self._state_path(ep.id), ep.to_json())
+
+    def _persist_if_changed(self, ep: Endpoint) -> None:
+        """`_persist`, unless the file already holds exactly ``ep`` (a restored endpoint
+        whose file says ``ready`` becomes ready again without a durable rewrite each)."""
+        if self.state_dir is None:
+            return
+        try:
+            same = read_json(self._state_path(ep.id)) == json.loads(json.dumps(ep.to_json()))
+        except (OSError, ValueError, StateDirError):
+            same = False  # unreadable: rewrite it
+        if not same:
+            self._persist(ep)
 
 
 def _parse_id(text: str) -> int:

@@ -519,6 +519,8 @@ def test_state_file_says_what_the_api_says_across_a_restart(setup: EndpointsConf
             await wait_for(lambda: _file_state(setup, 1) == "ready", "ready in the file again")
             assert (await call(comp, "GET", "/endpoint/1"))["state"] == "ready"
 
+    path = os.path.join(setup.state_dir, "endpoints", "1.json")
+
     async def second_run() -> None:
         async with running_agent(setup) as (_hive, comp):
             mgr = comp.manager
@@ -526,8 +528,12 @@ def test_state_file_says_what_the_api_says_across_a_restart(setup: EndpointsConf
             await wait_for(lambda: mgr.get("1").state.value == "ready", "ready after restart")
             assert _file_state(setup, 1) == "ready"
             assert (await call(comp, "GET", "/endpoint/1"))["labels"] == ["k8s:app=other"]
+        # The file already said ready with the same contents: not rewritten (an atomic
+        # rewrite replaces the inode).
+        assert os.stat(path).st_ino == inode_before
 
     anyio.run(first_run)
+    inode_before = os.stat(path).st_ino
     anyio.run(second_run)
 
 
