@@ -18,7 +18,7 @@ from __future__ import annotations
 import inspect
 import logging
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any, Generic, TypeVar
 
 import anyio
@@ -253,6 +253,29 @@ class Incremental(Generic[O]):
                 updates.targets[len(updates.work)] = item.obj
             updates.work.append(Change(row, rev, item.key))
 
+    async def _in_chunks(
+        self,
+        what: str,
+        call: Callable[[ReadTxn, list[BatchEntry[O]]], Any],
+        txn: ReadTxn,
+        entries: list[BatchEntry[O]],
+    ) -> None:
+        """Hand ``entries`` to the batch operation ``call`` ``target_chunk_size`` at a time,
+        yielding to the event loop between chunks; a chunk whose call raises gets the error
+        on every entry the call left without a result."""
+        chunk = self.config.target_chunk_size
+        for lo in range(0, len(entries), chunk):
+            if lo:
+                await anyio.lowlevel.checkpoint()
+            part = entries[lo : lo + chunk]
+            try:
+                await settle(call(txn, part))
+            except Exception as exc:
+                log.warning("%s of %s failed: %s", what, self.table.name, exc)
+                for e in part:
+                    if e.result is None:
+                        e.result = exc
+
     # ----- deletes ----------------------------------------------------------------
     async def _run_deletes(self, txn: ReadTxn, deletes: list[tuple[O, int]]) -> None:
         m = self.metrics
@@ -262,17 +285,7 @@ class Incremental(Generic[O]):
         chunk = self.config.target_chunk_size
         if batch_ops is not None:
             entries = [BatchEntry(obj, rev) for obj, rev in deletes]
-            for lo in range(0, len(entries), chunk):
-                if lo:
-                    await anyio.lowlevel.checkpoint()
-                part = entries[lo : lo + chunk]
-                try:
-                    await settle(batch_ops.delete_batch(txn, part))
-                except Exception as exc:
-                    log.warning("delete_batch of %s failed: %s", self.table.name, exc)
-                    for e in part:
-                        if e.result is None:
-                            e.result = exc
+            await self._in_chunks("delete_batch", batch_ops.delete_batch, txn, entries)
             failed = [(e.obj, e.revision, e.result) for e in entries if e.result is not None]
             succeeded = [e.obj for e in entries if e.result is None]
         else:
@@ -313,17 +326,7 @@ class Incremental(Generic[O]):
         if batch_ops is not None:
             target = updates.target
             entries = [BatchEntry(target(i), w.revision) for i, w in enumerate(updates.work)]
-            for lo in range(0, len(entries), chunk):
-                if lo:
-                    await anyio.lowlevel.checkpoint()
-                part = entries[lo : lo + chunk]
-                try:
-                    await settle(batch_ops.update_batch(txn, part))
-                except Exception as exc:
-                    log.warning("update_batch of %s failed: %s", self.table.name, exc)
-                    for e in part:
-                        if e.result is None:
-                            e.result = exc
+            await self._in_chunks("update_batch", batch_ops.update_batch, txn, entries)
             for i, e in enumerate(entries):
                 if e.result is not None:
                     errors[i] = e.result
