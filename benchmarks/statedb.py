@@ -5,6 +5,11 @@ under a minute). Every figure is measured twice: a plain key with the collector
 configuration the Statewright agent runs with (`statedb.gc_tuning.tune_gc`: a raised
 young-generation threshold and the start-up heap frozen), the same key with the suffix
 ``_default_gc`` with Python's default collector settings, as a library user has them.
+
+get_per_s (random primary keys of the loaded table) comes with its bounds, measured on the
+same rows and ids: ``get_plain_dict_per_s`` (a dict of the rows by int id),
+``get_record_dict_per_s`` (a dict laid out as statedb stores a table, read inline without a
+call) and ``get_hot_1000_keys_per_s`` (get on 1,000 keys that stay in the caches).
 """
 
 from __future__ import annotations
@@ -17,6 +22,7 @@ import os
 import platform
 import random
 import statistics
+import struct
 import sys
 import time
 import tracemalloc
@@ -76,8 +82,11 @@ def loaded(rows: list[Row]) -> tuple[DB, Table[Row]]:
     return db, table
 
 
-def read_rates(db: DB, table: Table[Row], n: int, gets: int) -> dict[str, float]:
-    """Gets/s, ordered view build rate, prefix rows/s, iteration rows/s."""
+def read_rates(
+    db: DB, table: Table[Row], rows_in_insert_order: list[Row], gets: int
+) -> dict[str, float]:
+    """Gets/s and their bounds, ordered view build rate, prefix rows/s, iteration rows/s."""
+    n = len(rows_in_insert_order)
     rtxn = db.read_txn()
     ids = [random.randrange(n) for _ in range(gets)]
     get = table.get
@@ -85,6 +94,45 @@ def read_rates(db: DB, table: Table[Row], n: int, gets: int) -> dict[str, float]
     for i in ids:
         get(rtxn, i)
     get_s = gets / (time.perf_counter() - start)
+
+    # The bounds of get_per_s, measured beside it on the same rows and ids. At these sizes
+    # a random lookup is bound by memory latency (the dict's index and entry, the stored
+    # key object and the stored record are each a cache and TLB miss), not by the work of
+    # the call: see get_hot_1000_keys_per_s.
+    # 1. A plain dict of the rows by their int ids: the cheapest lookup Python has.
+    bare = {r.id: r for r in table.all(rtxn)}
+    bare_get = bare.get
+    start = time.perf_counter()
+    for i in ids:
+        bare_get(i)
+    bare_s = gets / (time.perf_counter() - start)
+    del bare
+    # 2. A plain dict laid out as statedb stores a table (encoded key -> (row, revision,
+    # key) record, filled in insertion order), read without a call: encode, look up, take
+    # the row. Here ends what storing a revision per row with bytes keys allows.
+    encode = struct.Struct(">Q").pack  # what get uses for keys.uint64, in C
+    if encode(n - 1) != BY_ID.encode(n - 1):
+        raise AssertionError("the C encoder differs from keys.uint64")
+    records: dict[bytes, tuple[Row, int, bytes]] = {}
+    for rev, r in enumerate(rows_in_insert_order, 1):
+        k = encode(r.id)
+        records[k] = (r, rev, k)
+    records_get = records.get
+    start = time.perf_counter()
+    for i in ids:
+        e = records_get(encode(i))
+        if e is not None:
+            e[0]
+    records_s = gets / (time.perf_counter() - start)
+    del records
+
+    # get on 1,000 keys (in the processor's caches after the first pass): the call's own
+    # cost without the memory latency of a large table.
+    hot = [i % 1000 for i in ids]
+    start = time.perf_counter()
+    for i in hot:
+        get(rtxn, i)
+    hot_s = gets / (time.perf_counter() - start)
 
     start = time.perf_counter()
     table.all(rtxn)  # first ordered query of this snapshot builds the view
@@ -106,6 +154,9 @@ def read_rates(db: DB, table: Table[Row], n: int, gets: int) -> dict[str, float]
     prefix = rows / (time.perf_counter() - start)
     return {
         "get_per_s": get_s,
+        "get_plain_dict_per_s": bare_s,
+        "get_record_dict_per_s": records_s,
+        "get_hot_1000_keys_per_s": hot_s,
         "ordered_view_build_rows_per_s": n / build_s,
         "iterate_rows_per_s": iterate,
         "prefix_rows_per_s": prefix,
@@ -237,7 +288,7 @@ def measure(quick: bool) -> dict[str, float]:
 
     big = make_rows(n)
     db, table = loaded(big)
-    out.update(read_rates(db, table, n, 200_000 if quick else 1_000_000))
+    out.update(read_rates(db, table, big, 200_000 if quick else 1_000_000))
     out.update(replay_rate(db, table, n))
     out["changes_rows_per_s"] = changes_rate(db, table, n)
     del db, table, big
