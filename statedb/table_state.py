@@ -279,7 +279,7 @@ def live_entries(st: TableState) -> list[Entry]:
 class TableTxn(TableState):
     """The writable state of one table inside a write transaction."""
 
-    __slots__ = ("base", "modified", "overlays", "table", "view_cache")
+    __slots__ = ("base", "modified", "overlays", "superseded", "table", "view_cache")
 
     def __init__(self, table: Table[Any], base: TableState) -> None:
         self.table = table
@@ -299,6 +299,9 @@ class TableTxn(TableState):
         # Its own writes as non-unique indexes see them, per index position.
         self.overlays: dict[int, TxnOverlay] = {}
         self.modified = False
+        # Upsert records this transaction wrote and then replaced or deleted itself: no
+        # snapshot or change iterator can ever see them, so `seal` frees their log slots.
+        self.superseded: list[Entry] = []
         # Before any head is installed (also by the leftover cleanup below): readers
         # compare revisions until the transaction ends (see VersionStore.newest).
         for store in self._stores():
@@ -349,10 +352,13 @@ class TableTxn(TableState):
         if table.unique_specs:
             self._index(pk, entry, old)
         self.revision = rev
-        self.store.put(pk, entry, self.base.revision)
+        base_rev = self.base.revision
+        self.store.put(pk, entry, base_rev)
         self.log.append(entry)
         if old is None:
             self.count += 1
+        elif old[1] > base_rev:
+            self.superseded.append(old)
         self.modified = True
         return old[0] if old is not None else None
 
@@ -374,6 +380,7 @@ class TableTxn(TableState):
         older_get = older.get
         base_rev = self.base.revision
         append = self.log.append
+        superseded = self.superseded
         added = 0
         rev = start = self.revision
         try:
@@ -387,14 +394,17 @@ class TableTxn(TableState):
                 rev += 1
                 entry = (obj, rev, pk)
                 # VersionStore.put, inlined: keep the committed head for snapshots.
-                if old is not None and old[1] <= base_rev:
-                    o = older_get(pk)
-                    if o is None:
-                        older[pk] = old
-                    elif type(o) is list:
-                        o.append(old)
-                    else:
-                        older[pk] = [o, old]
+                if old is not None:
+                    if old[1] <= base_rev:
+                        o = older_get(pk)
+                        if o is None:
+                            older[pk] = old
+                        elif type(o) is list:
+                            o.append(old)
+                        else:
+                            older[pk] = [o, old]
+                    elif type(old) is tuple:
+                        superseded.append(old)
                 heads[pk] = entry
                 append(entry)
         finally:
@@ -451,6 +461,8 @@ class TableTxn(TableState):
                         o.append(old)
                     else:
                         older[pk] = [o, old]
+                else:
+                    self.superseded.append(old)
                 heads[pk] = entry
                 append(entry)
         finally:
@@ -526,6 +538,8 @@ class TableTxn(TableState):
             tomb = new_tombstone(None, rev, pk)
         self.store.put(pk, tomb, base_rev)
         self.log.append(tomb)
+        if old[1] > base_rev:
+            self.superseded.append(old)
         self.count -= 1
         self.modified = True
         for i, idx in enumerate(table.secondary):
@@ -578,6 +592,8 @@ class TableTxn(TableState):
                     if h is not None and type(h) is Deletion and h[1] <= oldest:
                         del heads[pk]
                 continue
+            if type(e) is Gap:
+                continue  # no key's record (its key b"" may be a real row's key)
             trim(pk, e[1], oldest, dropped)
         if dropped:
             # No live snapshot sees these records, and no change iterator reports an
@@ -595,8 +611,16 @@ class TableTxn(TableState):
         table.trim_mark = (log, end)
 
     def seal(self) -> TableState:
-        """Return this transaction's contents as an immutable TableState (not yet tracked)."""
-        return _state_of(self, len(self.log))
+        """Return this transaction's contents as an immutable TableState (not yet tracked).
+
+        The records this transaction superseded itself leave the log first (as gaps, see
+        `vacate`): they were never committed, so no reader needs them.
+        """
+        n = len(self.log)
+        if self.superseded:
+            vacate(self.log, n, self.superseded)
+            self.superseded = []
+        return _state_of(self, n)
 
     def discard(self) -> None:
         """Undo this transaction's writes (abort): restore the heads, truncate the logs."""

@@ -164,3 +164,82 @@ def test_a_change_stream_lets_go_of_what_it_handed_out() -> None:
     assert gone() is None
     assert [c.obj for c in changes] == [Row(2, 0), Row(3, 0)]
     it.close()
+
+
+def test_a_version_the_transaction_replaced_itself_is_freed_at_commit() -> None:
+    """A record written and replaced (or deleted) in one transaction was never committed:
+    commit frees it without waiting for a trim or a compaction."""
+    db, table = new_db()
+    it = start_changes(db, table)
+    assert list(it.next(db.read_txn())[0]) == []
+    first, doomed = Row(1, 0), Row(2, 0)
+    gone_first, gone_doomed = weakref.ref(first), weakref.ref(doomed)
+    with db.write_txn(table) as txn:
+        table.insert(txn, first)
+        table.insert(txn, Row(1, 1))
+        table.insert(txn, Row(3, 0))
+        table.insert_many(txn, [Row(3, 1), Row(3, 2)])
+        table.insert(txn, doomed)
+        table.delete(txn, doomed)
+        del first, doomed
+    gc.collect()
+    assert gone_first() is None
+    # The deletion record keeps the deleted row for the change iterator; its upsert
+    # record's slot is a gap.
+    assert gone_doomed() is not None
+    assert gaps(db, table) == 4
+    rtxn = db.read_txn()
+    assert list(table.all(rtxn)) == [Row(1, 1), Row(3, 2)]
+    changes, _ = it.next(rtxn)
+    assert [(c.obj.id, c.deleted) for c in changes] == [(1, False), (3, False), (2, True)]
+    it.close()
+    write(db, table, Row(4, 0))
+    gc.collect()
+    assert gone_doomed() is None
+    assert [c.obj for c in table_changes(db, table)] == [Row(1, 1), Row(3, 2), Row(4, 0)]
+
+
+def test_an_aborted_transaction_keeps_the_committed_rows() -> None:
+    db, table = new_db()
+    write(db, table, Row(1, 0))
+    txn = db.write_txn(table)
+    table.insert(txn, Row(1, 1))
+    table.insert(txn, Row(1, 2))
+    txn.abort()
+    assert list(table.all(db.read_txn())) == [Row(1, 0)]
+    write(db, table, Row(1, 3))
+    assert list(table.all(db.read_txn())) == [Row(1, 3)]
+
+
+@dataclass(frozen=True)
+class Named:
+    """A row keyed by a string that may be empty (encoded key b"", the key a gap has)."""
+
+    name: str
+    value: int
+
+
+BY_NAME: Index[Named, str] = Index("name", key=lambda r: r.name)
+
+
+def test_a_gap_does_not_trim_a_row_whose_key_is_empty() -> None:
+    table: Table[Named] = Table("named", BY_NAME)
+    db = DB(table)
+    with db.write_txn(table) as txn:
+        table.insert(txn, Named("", 0))
+    held_first = db.read_txn()  # holds trimming back until it is let go
+    with db.write_txn(table) as txn:
+        table.insert(txn, Named("y", 0))
+        table.insert(txn, Named("x", 0))  # replaced below: its slot becomes a gap
+        table.insert(txn, Named("x", 1))
+    held = db.read_txn()  # needs Named("", 0)
+    with db.write_txn(table) as txn:
+        table.insert(txn, Named("", 1))
+    del held_first
+    with db.write_txn(table) as txn:  # its trim reaches the gap, up to ``held``
+        table.insert(txn, Named("b", 0))
+    st = db.root[table.name]
+    assert any(type(e) is Gap for e in st.log[: st.log_len])
+    assert table.get(held, "") == Named("", 0)
+    assert list(table.all(held)) == [Named("", 0), Named("x", 1), Named("y", 0)]
+    assert table.get(db.read_txn(), "") == Named("", 1)
