@@ -250,6 +250,10 @@ class _BackendIDs:
         """The ids held."""
         return [st.id for st in self.states.values()]
 
+    def items(self) -> list[tuple[Addr, int]]:
+        """Each backend address with its id."""
+        return [(addr, st.id) for addr, st in self.states.items()]
+
     def __len__(self) -> int:
         return len(self.states)
 

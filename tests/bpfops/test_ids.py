@@ -124,6 +124,9 @@ class _Records:
     def values(self) -> list[int]:
         return list(self.records.values())
 
+    def items(self) -> list[tuple[str, int]]:
+        return list(self.records.items())
+
     def __len__(self) -> int:
         return len(self.records)
 
@@ -158,3 +161,113 @@ def test_holders_view_behaves_like_the_own_dict(ops: list[tuple[str, str, int]])
         assert len(viewed) == len(own)
         assert dict(view.records) == dict(own.addr_to_id)  # type: ignore[call-overload]
         assert viewed.id_to_owners == own.id_to_owners
+
+
+class _ReferenceIDs:
+    """The allocator's rules written plainly, as the model: every id's owners in a dict
+    of sets, next-fit over the whole range with wrap-around, reservations claimed by
+    their address first (unless someone else already holds the id)."""
+
+    def __init__(self, first: int, limit: int) -> None:
+        self.first, self.limit, self.next_id = first, limit, first
+        self.owners: dict[int, set[str]] = {}
+        self.held: dict[str, int] = {}
+        self.restored: dict[str, int] = {}
+
+    def holder(self, id_: int) -> str | None:
+        return next((a for a, i in self.held.items() if i == id_), None)
+
+    def acquire(self, addr: str) -> int:
+        if addr in self.held:
+            return self.held[addr]
+        if addr in self.restored:
+            id_ = self.restored.pop(addr)
+            if self.holder(id_) in (None, addr):
+                self.held[addr] = id_
+                return id_
+            self.owners[id_].discard(addr)
+            if not self.owners[id_]:
+                del self.owners[id_]
+        candidate = self.next_id
+        for _ in range(self.limit - self.first):
+            if candidate >= self.limit:
+                candidate = self.first
+            if candidate not in self.owners:
+                self.owners[candidate] = {addr}
+                self.held[addr] = candidate
+                self.next_id = candidate + 1
+                return candidate
+            candidate += 1
+        raise IDExhaustedError("full")
+
+    def release(self, addr: str) -> int | None:
+        id_ = self.held.pop(addr, None)
+        if id_ is not None:
+            self.owners[id_].discard(addr)
+            if not self.owners[id_]:
+                del self.owners[id_]
+        return id_
+
+    def reserve(self, addr: str, id_: int) -> None:
+        if not self.first <= id_ < self.limit:
+            return
+        self.restored[addr] = id_
+        self.owners.setdefault(id_, set()).add(addr)
+        self.next_id = max(self.next_id, id_ + 1)
+        if self.next_id >= self.limit:
+            self.next_id = self.first
+
+    def release_unclaimed(self) -> int:
+        n = len(self.restored)
+        for addr, id_ in self.restored.items():
+            if self.held.get(addr) != id_:
+                self.owners[id_].discard(addr)
+                if not self.owners[id_]:
+                    del self.owners[id_]
+        self.restored.clear()
+        return n
+
+
+@settings(max_examples=300, deadline=None, derandomize=True)
+@given(
+    st.lists(
+        st.tuples(
+            st.sampled_from(["acquire", "acquire", "release", "reserve", "unclaimed"]),
+            st.sampled_from("abcdefghij"),
+            st.integers(0, 9),
+        ),
+        max_size=60,
+    ),
+    st.booleans(),
+)
+def test_the_allocator_follows_the_reference_across_wrap_arounds(
+    ops: list[tuple[str, str, int]], viewed: bool
+) -> None:
+    """Ids 1..7 only, so the walk wraps around often: the allocator, whose index of ids is
+    partial until the first wrap-around, hands out, frees, reports and refuses exactly as
+    the plain model does."""
+    view = _Records()
+    a: IDAllocator[str] = IDAllocator("test", 1, 8, view if viewed else None)
+    ref = _ReferenceIDs(1, 8)
+    for op, addr, id_ in ops:
+        if op == "acquire":
+            try:
+                want = ref.acquire(addr)
+            except IDExhaustedError:
+                with pytest.raises(IDExhaustedError):
+                    a.acquire(addr)
+                continue
+            assert a.acquire(addr) == want
+            view.records[addr] = want
+        elif op == "release":
+            assert a.release(addr) == ref.release(addr)
+            view.records.pop(addr, None)
+        elif op == "reserve":
+            a.reserve(addr, id_)
+            ref.reserve(addr, id_)
+        else:
+            assert a.release_unclaimed() == ref.release_unclaimed()
+        assert len(a) == len(ref.held)
+        for i in range(0, 9):
+            assert a.is_taken(i) == (i in ref.owners), i
+            assert a.owner_of(i) == ref.holder(i), i
