@@ -41,6 +41,7 @@ from __future__ import annotations
 import errno
 import ipaddress
 import logging
+from array import array
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import replace
 from typing import Any, Generic, Protocol, TypeVar
@@ -50,6 +51,19 @@ from bpf.backend import MapBackend
 from bpf.errors import BatchError, MapError
 from bpf.typed_map import TypedMap
 from bpfops import flags as svcflags
+from bpfops.backend_states import (
+    FIELD_MASK,
+    ID_MASK,
+    NONE,
+    REF_MASK,
+    REF_ONE,
+    REF_SHIFT,
+    WANT_SHIFT,
+    WRITTEN_SHIFT,
+    BackendStates,
+    with_want,
+    with_written,
+)
 from bpfops.ids import (
     BACKEND_ID_LIMIT,
     FIRST_BACKEND_ID,
@@ -162,107 +176,14 @@ def _want(state: int, cluster_id: int, zone: int) -> int:
     return (state << 24) | (cluster_id << 8) | zone
 
 
-class _BackendState:
-    """A backends-map entry shared by frontends: its id, references and value.
-
-    Frontends of different services may see one address in different states; the
-    entry holds the "most alive" of the values they want (the smallest ``_want``), so
-    the result does not depend on the order the frontends were written in. The wants
-    of a backend used by one frontend (the usual case) are kept inline; a dict only
-    when several frontends want it.
-    """
-
-    __slots__ = ("addr", "fe1", "id", "more", "refcount", "want1", "written")
-
-    def __init__(self, addr: Addr, id_: int) -> None:
-        self.addr = addr
-        self.id = id_
-        self.refcount = 0
-        self.written: int | None = None  # the want last written to the backends map
-        self.fe1: Addr | None = None  # the single frontend that wants the entry ...
-        self.want1 = 0  # ... and its want
-        self.more: dict[Addr, int] | None = None  # all wants, when more than one
-
-    def set_want(self, fe: Addr, want: int) -> None:
-        """Record what frontend ``fe`` wants."""
-        more = self.more
-        if more is not None:
-            more[fe] = want
-        elif self.fe1 is None or self.fe1 == fe:
-            self.fe1, self.want1 = fe, want
-        else:
-            self.more = {self.fe1: self.want1, fe: want}
-            self.fe1 = None
-
-    def pop_want(self, fe: Addr) -> None:
-        """Forget what ``fe`` wanted (absent is fine)."""
-        more = self.more
-        if more is None:
-            if self.fe1 is not None and self.fe1 == fe:
-                self.fe1 = None
-            return
-        more.pop(fe, None)
-        if len(more) == 1:
-            ((self.fe1, self.want1),) = more.items()
-            self.more = None
-
-    def has_wants(self) -> bool:
-        """Whether any frontend wants the entry."""
-        return self.more is not None or self.fe1 is not None
-
-    def effective(self) -> int:
-        """The want the entry should hold (call only when ``has_wants``)."""
-        more = self.more
-        return self.want1 if more is None else min(more.values())
-
-
-class _BackendIDs:
-    """The backend id allocator's holders (``IDAllocator.addr_to_id``): a view of the ops'
-    backend states, each of which holds its id, instead of a dict entry more per backend.
-
-    The ops create a backend's state, with the id, right after ``acquire`` gave it (so
-    recording the holder is a no-op here) and delete it right after ``release`` (which
-    reads the id here); ``reset`` comes with clearing the states.
-    """
-
-    __slots__ = ("states",)
-
-    def __init__(self, states: dict[Addr, _BackendState]) -> None:
-        self.states = states
-
-    def get(self, addr: Addr, /) -> int | None:
-        """The id of the backend at ``addr`` (None: no state)."""
-        st = self.states.get(addr)
-        return None if st is None else st.id
-
-    def __setitem__(self, addr: Addr, id_: int, /) -> None:
-        """Nothing to record: the ops create the state with ``id_``."""
-
-    def pop(self, addr: Addr, default: None, /) -> int | None:
-        """The id of the backend at ``addr``, whose state the ops delete next."""
-        st = self.states.get(addr)
-        return default if st is None else st.id
-
-    def clear(self) -> None:
-        """Nothing to clear: the ops clear their states."""
-
-    def values(self) -> list[int]:
-        """The ids held."""
-        return [st.id for st in self.states.values()]
-
-    def items(self) -> list[tuple[Addr, int]]:
-        """Each backend address with its id."""
-        return [(addr, st.id) for addr, st in self.states.items()]
-
-    def __len__(self) -> int:
-        return len(self.states)
-
-
 class _FrontendState:
     """What is in the maps for one frontend address (only what was written successfully).
 
-    ``slots`` holds the backend id of each slot 1.. written (-1: to be rewritten), all
-    with the flags ``slot_flags``; ``master`` the encoded master value written.
+    ``backends`` maps each backend the frontend references to what the frontend wants
+    its entry to hold (``_want``; None: nothing yet, a failure came between the reference
+    and the want), in the frontend's order; ``slots`` holds the backend id of each slot
+    1.. written (0, which no backend has: to be rewritten), all with the flags
+    ``slot_flags``; ``master`` the encoded master value written.
     """
 
     __slots__ = (
@@ -283,10 +204,9 @@ class _FrontendState:
     def __init__(self, id_: int, v6: bool) -> None:
         self.id = id_
         self.v6 = v6
-        # The backends the frontend references, as an ordered set (a dict holds ten keys
-        # in half the memory of a set).
-        self.backends: dict[Addr, None] = {}
-        self.slots: list[int] = []
+        self.backends: dict[Addr, int | None] = {}
+        # Raw 32-bit ids (no int object per slot).
+        self.slots: array[int] = array("I")
         self.slot_flags = 0
         self.master: bytes | None = None
         # Backend ids with an affinity match entry, and the source ranges written: the
@@ -300,6 +220,13 @@ class _FrontendState:
         self.scale_to_zero = False
 
 
+#: A key absent from a frontend's backends (its values may be None).
+_ABSENT: Any = object()
+
+#: The wants of state alone (cluster 0, no zone: at most 256 values), one int object
+#: each, shared by the frontends' backend dicts.
+_WANTS: dict[int, int] = {}
+
 #: The empty set a frontend state starts with (read-only; replaced by a set on first add).
 _NONE: set[Any] = frozenset()  # type: ignore[assignment]
 
@@ -307,20 +234,21 @@ _NONE: set[Any] = frozenset()  # type: ignore[assignment]
 class _CollectedWrites:
     """One frontend's backend entries and slots, collected for one batch call per map.
 
-    Next to each entry, what its state held before (``be_undo``: the backend state and
-    its previous ``written``; ``slot_undo``: the slot index and its previous backend id,
-    -1 for a slot appended), so that `undo` can put back the state of what was not
+    Next to each entry, what its state held before (``be_undo``: the backend address and
+    its previous written want; ``slot_undo``: the slot index and its previous backend id,
+    0 for a slot appended), so that `undo` can put back the state of what was not
     written.
     """
 
-    __slots__ = ("be_keys", "be_undo", "be_values", "slot_undo", "slots", "svc_keys",
-                 "svc_values")
+    __slots__ = ("be_keys", "be_undo", "be_values", "slot_undo", "slots", "states",
+                 "svc_keys", "svc_values")
 
-    def __init__(self, slots: list[int]) -> None:
+    def __init__(self, states: BackendStates, slots: array[int]) -> None:
+        self.states = states
         self.slots = slots
         self.be_keys: list[bytes] = []
         self.be_values: list[bytes] = []
-        self.be_undo: list[tuple[_BackendState, int | None]] = []
+        self.be_undo: list[tuple[Addr, int | None]] = []
         self.svc_keys: list[bytes] = []
         self.svc_values: list[bytes] = []
         self.slot_undo: list[tuple[int, int]] = []
@@ -328,8 +256,10 @@ class _CollectedWrites:
     def undo(self, be_done: int, slots_done: int) -> None:
         """Put back the state of the backend entries from ``be_done`` on and of the slots
         from ``slots_done`` on (those before were written)."""
-        for bstate, previous in reversed(self.be_undo[be_done:]):
-            bstate.written = previous
+        states = self.states
+        for be_addr, previous in reversed(self.be_undo[be_done:]):
+            if be_addr in states:
+                states.set_written(be_addr, previous)
         slots = self.slots
         for idx, previous_id in reversed(self.slot_undo[slots_done:]):
             slots[idx] = previous_id
@@ -360,9 +290,10 @@ class _Pending:
         self.active = active
         self.inactive = inactive
         self.master_flags = master_flags
-        #: Backends the frontend dropped that no one else references, left in the backends
-        #: map until its master no longer counts them (see `FrontendOps._write_round`).
-        self.orphans: list[_BackendState] = []
+        #: Backends the frontend dropped that no one else references (address and id),
+        #: left in the backends map until its master no longer counts them (see
+        #: `FrontendOps._write_round`).
+        self.orphans: list[tuple[Addr, int]] = []
 
 
 def _write_counted(
@@ -459,10 +390,10 @@ class FrontendOps(Generic[R]):
             "service", FIRST_SERVICE_ID, SERVICE_ID_LIMIT
         )
         self.frontends: dict[Addr, _FrontendState] = {}
-        self.backend_states: dict[Addr, _BackendState] = {}
+        self.backend_states = BackendStates()
         # The backend states are the allocator's record of which address holds which id.
         self.backend_ids: IDAllocator[Addr] = IDAllocator(
-            "backend", FIRST_BACKEND_ID, BACKEND_ID_LIMIT, _BackendIDs(self.backend_states)
+            "backend", FIRST_BACKEND_ID, BACKEND_ID_LIMIT, self.backend_states
         )
         # Wildcard entry -> the ids of the frontends using it: one id, or a set of them.
         self.wildcard_refs: dict[tuple[IPAddress, int], int | set[int]] = {}
@@ -492,7 +423,7 @@ class FrontendOps(Generic[R]):
         self.service_ids.reset()
         self.backend_ids.reset()
         self.frontends.clear()
-        self.backend_states.clear()
+        self.backend_states.reset()
         self.wildcard_refs.clear()
         self.expansions.clear()
         self.restored_quarantined.clear()
@@ -645,7 +576,7 @@ class FrontendOps(Generic[R]):
                 room = self._backend_room()
                 continue
             seen.add(fe.addr)
-            orphans: list[_BackendState] | None = [] if drops else None
+            orphans: list[tuple[Addr, int]] | None = [] if drops else None
             try:
                 pending = self._prepare_frontend(
                     txn, fe, lambda ip: self.node.is_local_address(txn, ip), orphans
@@ -658,7 +589,7 @@ class FrontendOps(Generic[R]):
                 )
                 if orphans:
                     # As `update_spec` would have: gone before the frontend's writes.
-                    self._delete_orphans(txn, [(fe.addr, b) for b in orphans])
+                    self._delete_orphans(txn, [(fe.addr, a, i) for a, i in orphans])
                 continue
             round_.append((entry, pending))
         if round_:
@@ -695,8 +626,7 @@ class FrontendOps(Generic[R]):
             if a in wanted:
                 continue
             drops = True
-            bstate = states.get(a)
-            if bstate is not None and (bstate.refcount > 1 or bstate.more is not None):
+            if a in states and (states.refcount(a) > 1 or states.is_shared(a)):
                 return None
         return drops
 
@@ -721,7 +651,7 @@ class FrontendOps(Generic[R]):
             # Backend entries of every frontend.
             keys: list[bytes] = []
             values: list[bytes] = []
-            be_undo: list[tuple[_BackendState, int | None]] = []
+            be_undo: list[tuple[Addr, int | None]] = []
             for _, p in live:
                 keys += p.writes.be_keys
                 values += p.writes.be_values
@@ -729,9 +659,11 @@ class FrontendOps(Generic[R]):
             done, exc = _write_counted(maps.backends(v6).backend, keys, values)
             if exc is not None:
                 lost: set[Addr] = set()
-                for bstate, previous in reversed(be_undo[done:]):
-                    bstate.written = previous
-                    lost.add(bstate.addr)
+                states = self.backend_states
+                for be_addr, previous in reversed(be_undo[done:]):
+                    if be_addr in states:
+                        states.set_written(be_addr, previous)
+                    lost.add(be_addr)
                 for e, p in live:
                     if not lost.isdisjoint(p.state.backends):
                         p.writes.undo(len(p.writes.be_undo), 0)
@@ -815,11 +747,13 @@ class FrontendOps(Generic[R]):
             # After the masters: a written master counts only its new slots (written before
             # it), so no slot it counts points at its frontend's orphans. Orphans of
             # frontends that failed go too, as `update_spec` deletes them before writing.
-            orphans = [(p.fe.addr, b) for _, p in round_ if p.state.v6 == v6 for b in p.orphans]
+            orphans = [
+                (p.fe.addr, a, i) for _, p in round_ if p.state.v6 == v6 for a, i in p.orphans
+            ]
             if orphans:
                 self._delete_orphans(txn, orphans)
 
-    def _delete_orphans(self, txn: ReadTxn, orphans: list[tuple[Addr, _BackendState]]) -> None:
+    def _delete_orphans(self, txn: ReadTxn, orphans: list[tuple[Addr, Addr, int]]) -> None:
         """Delete the entries of backends the round's frontends dropped (after their masters)
         that still have no reference, with one batch call per map, and release their ids.
         One a frontend of the round took up again stays; one another frontend of the
@@ -827,27 +761,34 @@ class FrontendOps(Generic[R]):
         whose master was not written stay unreferenced too: prune drops them.
 
         A failed delete leaves the backend unreferenced (prune deletes it) and is logged:
-        the frontends it served are written, so their rows are Done."""
+        the frontends it served are written, so their rows are Done.
+
+        Each orphan is (frontend address, backend address, the backend's id when it was
+        orphaned): an entry deleted and made again since, with another id, is not it."""
         states = self.backend_states
         referenced = getattr(self.node, "backend_referenced", None)
-        gone: dict[bool, list[_BackendState]] = {}
-        for fe_addr, bstate in orphans:
-            if bstate.refcount > 0 or bstate.has_wants() or states.get(bstate.addr) is not bstate:
+        gone: dict[bool, list[tuple[Addr, int]]] = {}
+        for fe_addr, be_addr, be_id in orphans:
+            if (
+                states.get(be_addr) != be_id
+                or states.refcount(be_addr) > 0
+                or states.has_wants(be_addr)
+            ):
                 continue
-            if referenced is not None and referenced(txn, bstate.addr, fe_addr):
+            if referenced is not None and referenced(txn, be_addr, fe_addr):
                 continue
-            gone.setdefault(bstate.addr.is_v6, []).append(bstate)
+            gone.setdefault(be_addr.is_v6, []).append((be_addr, be_id))
         pack = lb.U32_STRUCT.pack
-        for v6, bstates in gone.items():
+        for v6, entries in gone.items():
             done, exc = _delete_counted(
-                self.maps.backends(v6).backend, [pack(b.id) for b in bstates]
+                self.maps.backends(v6).backend, [pack(i) for _, i in entries]
             )
-            for bstate in bstates[:done]:
-                del states[bstate.addr]
-                self.backend_ids.release(bstate.addr)
+            for be_addr, _ in entries[:done]:
+                self.backend_ids.release(be_addr)
+                states.remove(be_addr)
             if exc is not None:
                 log.warning(
-                    "bpfops: %d orphaned backend(s) left for prune: %s", len(bstates) - done, exc
+                    "bpfops: %d orphaned backend(s) left for prune: %s", len(entries) - done, exc
                 )
 
     def _new_wildcard(
@@ -1046,7 +987,7 @@ class FrontendOps(Generic[R]):
         txn: ReadTxn,
         fe: FrontendSpec,
         is_local: Callable[[IPAddress], bool] | None,
-        orphans: list[_BackendState] | None = None,
+        orphans: list[tuple[Addr, int]] | None = None,
     ) -> _Pending:
         """Everything of a frontend before its collected backend entries and slots are
         written: ids, orphaned backends, affinity entries, and the collected writes (the
@@ -1104,9 +1045,9 @@ class FrontendOps(Generic[R]):
         sf1, sf2 = svcflags.split(slot_flags)
         slots = state.slots
         if state.slot_flags != slot_flags:
-            # Every written slot carries the old flags: rewrite them all (-1 never matches).
+            # Every written slot carries the old flags: rewrite them all (0 never matches).
             for i in range(len(slots)):
-                slots[i] = -1
+                slots[i] = 0
             state.slot_flags = slot_flags
 
         ordered = self._sorted_backends(fe)
@@ -1118,21 +1059,27 @@ class FrontendOps(Generic[R]):
             len(fe_backends) > len(ordered) or not all(be.addr in fe_backends for be in ordered)
         ):
             wanted = {be.addr for be in ordered}
+            states = self.backend_states
             for be_addr in sorted(fe_backends.keys() - wanted):
-                bstate = self.backend_states.get(be_addr)
-                if bstate is None:
+                dropped_id = states.get(be_addr)
+                if dropped_id is None:
                     continue
-                if bstate.id in state.affinity:
-                    delete_quiet(maps.aff_match, lb.AffinityMatchKey(bstate.id, fe_id))
-                    state.affinity.discard(bstate.id)
-                if orphans is not None and bstate.refcount <= 1 and bstate.more is None:
+                if dropped_id in state.affinity:
+                    delete_quiet(maps.aff_match, lb.AffinityMatchKey(dropped_id, fe_id))
+                    state.affinity.discard(dropped_id)
+                if (
+                    orphans is not None
+                    and states.refcount(be_addr) <= 1
+                    and not states.is_shared(be_addr)
+                ):
                     # Unreferenced from here on, as `_drop_reference` leaves a backend
                     # that another frontend of the snapshot selects.
-                    bstate.pop_want(addr)
-                    bstate.refcount = 0
-                    orphans.append(bstate)
+                    states.pop_want(be_addr, fe_backends[be_addr])
+                    fe_backends[be_addr] = None
+                    states.set_refcount(be_addr, 0)
+                    orphans.append((be_addr, dropped_id))
                 else:
-                    self._drop_reference(txn, addr, bstate)
+                    self._drop_reference(txn, addr, fe_backends, be_addr)
                 fe_backends.pop(be_addr, None)
 
         active = terminating = inactive = 0
@@ -1140,50 +1087,67 @@ class FrontendOps(Generic[R]):
         nslots = len(slots)
         slot_backends: list[BackendSpec] = []
         backend_states = self.backend_states
+        packed_states = backend_states.packed
+        shared_wants = backend_states.shared
         affinity = svc.session_affinity
         proto_numbers = PROTO_NUMBERS
         # The backend entries and the slots are collected here and written with one batch
         # call per map right after the loop (backends first, so no slot points to a
         # backend not yet written); the state is updated as if written, and
         # `_write_collected` puts back what was not written.
-        writes = _CollectedWrites(slots)
+        writes = _CollectedWrites(backend_states, slots)
         be_keys, be_values, be_undo = writes.be_keys, writes.be_values, writes.be_undo
         svc_keys, svc_values, slot_undo = writes.svc_keys, writes.svc_values, writes.slot_undo
         try:
             for be in ordered:
                 be_addr = be.addr
-                bstate = backend_states.get(be_addr)
-                if bstate is None:
-                    be_id = self.backend_ids.acquire(be_addr)
-                    bstate = _BackendState(be_addr, be_id)
-                    backend_states[be_addr] = bstate
-                be_id = bstate.id
-                n = len(fe_backends)
-                fe_backends.setdefault(be_addr)
-                if len(fe_backends) != n:
+                v = packed_states.get(be_addr)
+                prev = fe_backends.get(be_addr, _ABSENT)
+                if v is None:
+                    v = backend_states.add(be_addr, self.backend_ids.acquire(be_addr))
+                    if prev is not _ABSENT:
+                        prev = None  # a new entry has no wants yet
+                be_id = v & ID_MASK
+                if prev is _ABSENT:
                     # Referenced before written: a failure below leaves it for delete to drop.
-                    bstate.refcount += 1
+                    fe_backends[be_addr] = prev = None
+                    if (v >> REF_SHIFT) & REF_MASK == REF_MASK:
+                        raise ValueError(f"backend {be_addr}: too many references")
+                    v += REF_ONE
+                    packed_states[be_addr] = v
                 be_state = be.state
                 be_port = be_addr.port
                 if be_port == 0:
                     raise ValueError(f"backend {be_addr}: port 0")
-                # The usual backend (no cluster id, no zone, one frontend wanting it) takes
-                # _want/set_want/effective inline; anything else calls them.
-                fe1 = bstate.fe1
+                # The usual backend (no cluster id, no zone, wanted by this frontend alone)
+                # takes _want/set_want/effective inline; anything else calls them.
                 if (
                     not be.cluster_id
                     and not be.zone
                     and 0 <= be_state <= 0xFF
-                    and bstate.more is None
-                    and (fe1 is None or fe1 is addr or fe1 == addr)
+                    and (
+                        prev is not None
+                        if (v >> WANT_SHIFT) & FIELD_MASK != NONE
+                        else not shared_wants or be_addr not in shared_wants
+                    )
                 ):
                     want = be_state << 24
-                    bstate.fe1 = addr
-                    bstate.want1 = want
+                    if want:
+                        want = _WANTS.setdefault(want, want)
+                    v = with_want(v, want)
+                    packed_states[be_addr] = v
                 else:
-                    bstate.set_want(addr, _want(be_state, be.cluster_id, be.zone))
-                    want = bstate.effective()
-                if bstate.written != want:
+                    want = _want(be_state, be.cluster_id, be.zone)
+                    if want and not want & 0xFFFFFF:
+                        want = _WANTS.setdefault(want, want)
+                    backend_states.set_want(be_addr, prev, want)
+                    v = packed_states[be_addr]
+                fe_backends[be_addr] = want
+                if shared_wants and be_addr in shared_wants:
+                    # Wanted by several frontends: the entry holds the smallest want.
+                    want = backend_states.effective(be_addr)
+                written = v >> WRITTEN_SHIFT
+                if written != want:
                     be_proto = proto_numbers.get(be_addr.proto)
                     if be_proto is None:
                         be_proto = proto_number(be_addr.proto)
@@ -1198,8 +1162,8 @@ class FrontendOps(Generic[R]):
                             want & 0xFF,
                         )
                     )
-                    be_undo.append((bstate, bstate.written))
-                    bstate.written = want
+                    be_undo.append((be_addr, None if written == NONE else written))
+                    packed_states[be_addr] = with_written(v, want)
                 if be_state == BACKEND_MAINTENANCE:
                     # Out of the slots, and out of session affinity: a client pinned to it
                     # must be balanced again.
@@ -1215,7 +1179,7 @@ class FrontendOps(Generic[R]):
                         slot_undo.append((idx, slots[idx]))
                         slots[idx] = be_id
                     else:
-                        slot_undo.append((idx, -1))
+                        slot_undo.append((idx, 0))
                         slots.append(be_id)
                         nslots += 1
                 want_aff = affinity and be_state == BACKEND_ACTIVE
@@ -1262,7 +1226,7 @@ class FrontendOps(Generic[R]):
             if chosen:
                 table = self.maglev.lookup_table(
                     MaglevBackend(
-                        self.backend_states[b.addr].id,
+                        self.backend_states.id(b.addr),
                         hash_string(
                             str(b.addr.ip),
                             b.addr.port,
@@ -1388,7 +1352,9 @@ class FrontendOps(Generic[R]):
             delete_quiet(svc_raw, self._svc_key(addr, len(state.slots)))
             state.slots.pop()
 
-    def _drop_reference(self, txn: ReadTxn, fe_addr: Addr, bstate: _BackendState) -> None:
+    def _drop_reference(
+        self, txn: ReadTxn, fe_addr: Addr, fe_backends: dict[Addr, int | None], be_addr: Addr
+    ) -> None:
         """The frontend at ``fe_addr`` no longer uses the backend: delete the entry with its
         last reference, else rewrite it if the remaining frontends want another value.
 
@@ -1397,26 +1363,31 @@ class FrontendOps(Generic[R]):
         moved to a new port: the reconciler applies the deletion first and the new
         frontend right after, and the backend keeps its id. Prune drops such an entry if
         no frontend takes it up."""
-        be_map = self.maps.backends(bstate.addr.is_v6)
-        if bstate.refcount <= 1:
-            bstate.pop_want(fe_addr)
+        states = self.backend_states
+        be_map = self.maps.backends(be_addr.is_v6)
+        refcount = states.refcount(be_addr)
+        # The want goes first, and is recorded as gone: a map write below that fails
+        # leaves the reference for the retry, which must not take the want away twice.
+        states.pop_want(be_addr, fe_backends.get(be_addr))
+        if be_addr in fe_backends:
+            fe_backends[be_addr] = None
+        if refcount <= 1:
             referenced = getattr(self.node, "backend_referenced", None)
-            if referenced is not None and referenced(txn, bstate.addr, fe_addr):
-                bstate.refcount = 0
+            if referenced is not None and referenced(txn, be_addr, fe_addr):
+                states.set_refcount(be_addr, 0)
                 return
-            delete_quiet(be_map, bstate.id)
-            self.backend_ids.release(bstate.addr)
-            del self.backend_states[bstate.addr]
+            delete_quiet(be_map, states.id(be_addr))
+            self.backend_ids.release(be_addr)
+            states.remove(be_addr)
             return
-        bstate.pop_want(fe_addr)
-        if bstate.has_wants():
-            want = bstate.effective()
-            if want != bstate.written:
+        if states.has_wants(be_addr):
+            want = states.effective(be_addr)
+            if want != states.written(be_addr):
                 be_map.backend.update(
-                    lb.U32_STRUCT.pack(bstate.id), _backend_bytes(bstate.addr, want)
+                    lb.U32_STRUCT.pack(states.id(be_addr)), _backend_bytes(be_addr, want)
                 )
-                bstate.written = want
-        bstate.refcount -= 1
+                states.set_written(be_addr, want)
+        states.set_refcount(be_addr, refcount - 1)
 
     def _upsert_wildcard(
         self, fe: FrontendSpec, state: _FrontendState, written: bool = False
@@ -1496,9 +1467,8 @@ class FrontendOps(Generic[R]):
             delete_quiet(maps.aff_match, lb.AffinityMatchKey(be_id, fe_id))
             state.affinity.discard(be_id)
         for be_addr in sorted(state.backends):
-            bstate = self.backend_states.get(be_addr)
-            if bstate is not None:
-                self._drop_reference(txn, addr, bstate)
+            if be_addr in self.backend_states:
+                self._drop_reference(txn, addr, state.backends, be_addr)
             state.backends.pop(be_addr, None)
         svc_raw = maps.services(v6).backend
         while state.slots:
@@ -1533,12 +1503,13 @@ class FrontendOps(Generic[R]):
             a: s for a, s in self.restored_quarantined.items() if a in self.frontends
         }
         maps = self.maps
-        for be_addr, bstate in list(self.backend_states.items()):
-            if bstate.refcount <= 0:  # allocated by an update that failed before using it
+        states = self.backend_states
+        for be_addr, be_id in states.items():
+            if states.refcount(be_addr) <= 0:  # allocated by an update that failed
                 be_map_ = maps.backends(be_addr.is_v6)
-                self._prune_delete(errs, be_map_, bstate.id)
+                self._prune_delete(errs, be_map_, be_id)
                 self.backend_ids.release(be_addr)
-                del self.backend_states[be_addr]
+                states.remove(be_addr)
         live_ids = {st.id: (a, st) for a, st in self.frontends.items()}
         for v6 in (False, True):
             svc_map = maps.services(v6)
@@ -1559,8 +1530,7 @@ class FrontendOps(Generic[R]):
             be_map = maps.backends(v6)
             for be_id, value in be_map.dump():
                 be_addr = Addr(_ip_of(value.address), value.port, proto_name(value.proto))
-                known = self.backend_states.get(be_addr)
-                if known is None or known.id != be_id:
+                if self.backend_states.get(be_addr) != be_id:
                     self._prune_delete(errs, be_map, be_id)
             rev_map = maps.revnat(v6)
             for rev_id, _ in rev_map.dump():
@@ -1612,8 +1582,7 @@ class FrontendOps(Generic[R]):
 
     def backend_id(self, addr: Addr) -> int | None:
         """The backend id of ``addr`` (None when not in the maps)."""
-        st = self.backend_states.get(addr)
-        return st.id if st is not None else None
+        return self.backend_states.get(addr)
 
     def state_is_empty(self) -> bool:
         """Whether the ops hold no state (everything deleted)."""

@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from bpf import lb
 from bpf.codec import BE16, U32
-from bpfops.frontend_ops import FrontendOps, _backend_bytes, _BackendState, _want
+from bpfops.frontend_ops import FrontendOps, _backend_bytes, _want
 from bpfops.model import Addr, BackendSpec, fast_addr, fast_backend_spec, proto_number
 
 u8 = st.integers(0, 0xFF)
@@ -106,24 +106,6 @@ def test_svc_key(ip, port: int, slot: int, proto: str, scope: int) -> None:  # t
             lb.Service4Key(ip.packed, port, slot, proto_number(proto), scope)
         )
     assert FrontendOps._svc_key(None, addr, slot) == want  # type: ignore[arg-type]
-
-
-@given(st.lists(st.tuples(st.booleans(), st.integers(0, 3), st.integers(0, 5)), max_size=30))
-def test_backend_state_wants_match_a_dict(ops: list[tuple[bool, int, int]]) -> None:
-    """set_want/pop_want/effective behave like a plain dict of wants and its minimum."""
-    fes = [Addr(ipaddress.IPv4Address(f"10.0.0.{i}"), 80) for i in range(4)]
-    bstate = _BackendState(Addr(ipaddress.IPv4Address("10.1.0.1"), 8080), 1)
-    model: dict[Addr, int] = {}
-    for put, i, want in ops:
-        if put:
-            bstate.set_want(fes[i], want)
-            model[fes[i]] = want
-        else:
-            bstate.pop_want(fes[i])
-            model.pop(fes[i], None)
-        assert bstate.has_wants() == bool(model)
-        if model:
-            assert bstate.effective() == min(model.values())
 
 
 @given(ips, u16, protos, st.integers(0, 1), u8, st.booleans(), st.booleans())
