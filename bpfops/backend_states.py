@@ -47,7 +47,7 @@ BELOW_WRITTEN = (1 << WRITTEN_SHIFT) - 1
 #: Everything but the want field.
 NOT_WANT = ~(FIELD_MASK << WANT_SHIFT)
 #: A new entry's fields beside its id: no reference, no want, not written.
-NEW = (NONE << WANT_SHIFT) | (NONE << WRITTEN_SHIFT)
+NEW_ENTRY = (NONE << WANT_SHIFT) | (NONE << WRITTEN_SHIFT)
 
 
 def written_of(packed: int) -> int | None:
@@ -116,7 +116,7 @@ class BackendStates:
     def add(self, addr: Addr, id_: int) -> int:
         """Record a new entry for ``addr`` with ``id_`` (no reference, want, nor write);
         return its packed state."""
-        v = id_ | NEW
+        v = id_ | NEW_ENTRY
         self.packed[addr] = v
         return v
 

@@ -52,17 +52,18 @@ from bpf.errors import BatchError, MapError
 from bpf.typed_map import TypedMap
 from bpfops import flags as svcflags
 from bpfops.backend_states import (
+    BELOW_WRITTEN,
     FIELD_MASK,
     ID_MASK,
+    NEW_ENTRY,
     NONE,
+    NOT_WANT,
     REF_MASK,
     REF_ONE,
     REF_SHIFT,
     WANT_SHIFT,
     WRITTEN_SHIFT,
     BackendStates,
-    with_want,
-    with_written,
 )
 from bpfops.ids import (
     BACKEND_ID_LIMIT,
@@ -1104,23 +1105,26 @@ class FrontendOps(Generic[R]):
                 v = packed_states.get(be_addr)
                 prev = fe_backends.get(be_addr, _ABSENT)
                 if v is None:
-                    v = backend_states.add(be_addr, self.backend_ids.acquire(be_addr))
+                    v = self.backend_ids.acquire(be_addr) | NEW_ENTRY
+                    packed_states[be_addr] = v
                     if prev is not _ABSENT:
                         prev = None  # a new entry has no wants yet
-                be_id = v & ID_MASK
                 if prev is _ABSENT:
                     # Referenced before written: a failure below leaves it for delete to drop.
-                    fe_backends[be_addr] = prev = None
                     if (v >> REF_SHIFT) & REF_MASK == REF_MASK:
                         raise ValueError(f"backend {be_addr}: too many references")
                     v += REF_ONE
                     packed_states[be_addr] = v
+                    fe_backends[be_addr] = prev = None
+                be_id = v & ID_MASK
                 be_state = be.state
                 be_port = be_addr.port
                 if be_port == 0:
                     raise ValueError(f"backend {be_addr}: port 0")
                 # The usual backend (no cluster id, no zone, wanted by this frontend alone)
-                # takes _want/set_want/effective inline; anything else calls them.
+                # takes _want/set_want/effective inline, its want stored with what is
+                # written below (a failure in between stores neither); anything else calls
+                # them.
                 if (
                     not be.cluster_id
                     and not be.zone
@@ -1131,21 +1135,20 @@ class FrontendOps(Generic[R]):
                         else not shared_wants or be_addr not in shared_wants
                     )
                 ):
-                    want = be_state << 24
+                    want = own = be_state << 24
                     if want:
-                        want = _WANTS.setdefault(want, want)
-                    v = with_want(v, want)
-                    packed_states[be_addr] = v
+                        want = own = _WANTS.setdefault(want, want)
+                    v = (v & NOT_WANT) | (want << WANT_SHIFT)
                 else:
-                    want = _want(be_state, be.cluster_id, be.zone)
+                    want = own = _want(be_state, be.cluster_id, be.zone)
                     if want and not want & 0xFFFFFF:
-                        want = _WANTS.setdefault(want, want)
+                        want = own = _WANTS.setdefault(want, want)
                     backend_states.set_want(be_addr, prev, want)
+                    fe_backends[be_addr] = own
                     v = packed_states[be_addr]
-                fe_backends[be_addr] = want
-                if shared_wants and be_addr in shared_wants:
-                    # Wanted by several frontends: the entry holds the smallest want.
-                    want = backend_states.effective(be_addr)
+                    if shared_wants and be_addr in shared_wants:
+                        # Wanted by several frontends: the entry holds the smallest want.
+                        want = backend_states.effective(be_addr)
                 written = v >> WRITTEN_SHIFT
                 if written != want:
                     be_proto = proto_numbers.get(be_addr.proto)
@@ -1163,7 +1166,9 @@ class FrontendOps(Generic[R]):
                         )
                     )
                     be_undo.append((be_addr, None if written == NONE else written))
-                    packed_states[be_addr] = with_written(v, want)
+                    v = (v & BELOW_WRITTEN) | (want << WRITTEN_SHIFT)
+                packed_states[be_addr] = v
+                fe_backends[be_addr] = own
                 if be_state == BACKEND_MAINTENANCE:
                     # Out of the slots, and out of session affinity: a client pinned to it
                     # must be balanced again.
