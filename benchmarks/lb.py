@@ -106,6 +106,15 @@ objects on the per-service path):
   backend specs inline; the reconciler's status write uses the Frontend slot
   constructor.
 
+Round 6 (2026-11-24 02:58 UTC, idle): bytes_per_service 6,767 at 2,000 services and 7,620
+at 10,000. FrontendOps keep each backend's state as one int in one dict (id, reference
+count, the one frontend's want, the written want; bpfops/backend_states.py) instead of an
+88-byte slotted object holding an id int, each frontend keeps its own wants in its backend
+dict, and slots are an array of raw ids: the Ops went from 2.4 / 2.6 KB to 1.5 / 1.7 KB
+per service (tracemalloc). The Ops alone write 2,000 services about 3 % slower
+(ops_only_services_per_s_kernel 14,300 against 14,700, same runs); the whole load is
+unchanged (5,800-6,000 services/s).
+
 Round 5 (2026-11-24 00:03 UTC, idle): bytes_per_service 7,729 at 2,000 services and 8,684
 at 10,000 (9,767 / 9,612 before). Of that, 1,280 B at 2,000 was the measurement: the
 input objects were freed between the two readings and their partly empty pages stayed
