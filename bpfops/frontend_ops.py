@@ -1107,8 +1107,9 @@ class FrontendOps(Generic[R]):
                 if v is None:
                     v = self.backend_ids.acquire(be_addr) | NEW_ENTRY
                     packed_states[be_addr] = v
-                    if prev is not _ABSENT:
-                        prev = None  # a new entry has no wants yet
+                    # A new entry: this frontend's reference and want are new too, even if
+                    # it listed the address before.
+                    prev = _ABSENT
                 if prev is _ABSENT:
                     # Referenced before written: a failure below leaves it for delete to drop.
                     if (v >> REF_SHIFT) & REF_MASK == REF_MASK:
