@@ -268,14 +268,22 @@ async def _catch_up(h: LBHarness) -> None:
 
 
 async def cmd_k8s_add(state: State, args: list[str]) -> None:
-    """``k8s/add file...``: create (or replace) the objects."""
+    """``k8s/add file...``: create (or replace) the objects, in the order given, each
+    processed before the next is written.
+
+    Upstream's reflector takes the objects in the order the script lists them. Here
+    services and endpoint slices come on separate watches and the applier may take them
+    in separate batches, so without the wait a reconciler round could fall between two
+    objects or not, depending on timing, and with it the order frontends are given ids
+    in (marshalling.txtar lists the IPv4 endpoints first for that order).
+    """
     h = _harness(state)
     for obj in _k8s_objects(state, args):
         try:
             h.k8s.upsert(obj)
         except ValueError as e:
             raise CommandError(f"k8s/add: {e}") from None
-    await _catch_up(h)
+        await _catch_up(h)
 
 
 async def cmd_k8s_delete(state: State, args: list[str]) -> None:
