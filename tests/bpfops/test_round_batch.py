@@ -399,3 +399,22 @@ def test_wildcard_entries_go_with_the_masters() -> None:
     assert not ops.wildcard_refs
     _retry_until_done(ops, "update", specs)
     assert dump_lines(broken.unwrapped()) == dump_lines(clean)
+
+
+def test_orphans_deleted_by_a_round_free_their_ids_in_an_indexed_allocator() -> None:
+    """A backend a round's frontend drops is deleted after the masters and its id given
+    up: once the allocator indexes every id (after a wrap-around), the index must let
+    the id go too, or it stays taken for good."""
+    ops = new_ops(_maps())
+    spec = fe("10.96.0.1:80", "ClusterIP", (be("10.244.0.1:8080"), be("10.244.0.2:8080")))
+    ops.update_batch(NO_TXN, _entries([spec]))
+    gone = be("10.244.0.2:8080").addr
+    gone_id = ops.backend_ids.lookup(gone)
+    assert gone_id is not None
+    ops.backend_ids._index_all()  # as after the walk wrapped around
+    entries = _entries([fe("10.96.0.1:80", "ClusterIP", (be("10.244.0.1:8080"),))])
+    ops.update_batch(NO_TXN, entries)
+    assert [e.result for e in entries] == [None]
+    assert gone not in ops.backend_states and ops.backend_ids.lookup(gone) is None
+    assert not ops.backend_ids.is_taken(gone_id)
+    assert ops.backend_ids.owner_of(gone_id) is None
