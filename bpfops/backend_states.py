@@ -2,9 +2,9 @@
 
 Per backend address the ops need the entry's id, how many frontends reference it, the
 value last written (its "want", see `frontend_ops._want`) and what the frontends
-referencing it want. Kept as a slotted object per backend, that is 88 bytes plus an id
-int object; here it is one int in one dict (32 bytes for the usual active backend), in
-four fields:
+referencing it want. That is one int in one dict, 32 bytes for the usual active backend
+(a slotted object per backend would take 88 bytes and its id int 32 more), in four
+fields:
 
 * bits 0-31: the backend id;
 * bits 32-55: the reference count (frontends holding the entry; at most one per service
