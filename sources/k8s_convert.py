@@ -73,6 +73,9 @@ from tables.l3n4 import (
 from tables.lb_config import LBConfig
 from tables.lb_writer import LBWriter
 from tables.services import (
+    PREFER_SAME_ZONE,
+    TRAFFIC_DISTRIBUTION_ALIASES,
+    TRAFFIC_DISTRIBUTIONS,
     ForwardingMode,
     LBAlgorithm,
     Service,
@@ -382,13 +385,13 @@ def convert_service(
     if lb_class is not None:
         lb_class = _str(ref, "spec.loadBalancerClass", lb_class)
     traffic_dist = _str(ref, "spec.trafficDistribution", spec.get("trafficDistribution"))
-    if traffic_dist not in ("", "PreferClose", "PreferSameNode", "PreferSameZone"):
+    if traffic_dist not in TRAFFIC_DISTRIBUTIONS:
         traffic_dist = ""
-    # PreferSameZone and its older name PreferClose are kept as the Service spells them
-    # (tables and output show the Service's value); the writer treats both alike.
+    # The deprecated PreferClose becomes PreferSameZone in the Service row itself.
+    traffic_dist = TRAFFIC_DISTRIBUTION_ALIASES.get(traffic_dist, traffic_dist)
     topo = annotations.get(TOPOLOGY_MODE_ANNOTATION, annotations.get(TOPOLOGY_HINTS_ANNOTATION))
     if not traffic_dist and topo is not None and topo.strip().lower() in ("auto", "true"):
-        traffic_dist = "PreferClose"
+        traffic_dist = PREFER_SAME_ZONE
     algorithm = LBAlgorithm.UNDEF
     if cfg.algorithm_annotation and ANN_LB_ALGORITHM in annotations:
         alg = annotations[ANN_LB_ALGORITHM].strip().lower()

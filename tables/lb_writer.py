@@ -40,12 +40,16 @@ from tables.frontends import Frontend, FrontendParams, SVCType, new_frontend, ne
 from tables.l3n4 import SCOPE_INTERNAL, IPAddress, L3n4Addr
 from tables.lb_config import LBConfig
 from tables.node_addresses import NodeAddress, new_node_addresses_table
-from tables.services import Service, ServiceName, TrafficPolicy, new_services_table, source_priority
+from tables.services import (
+    PREFER_SAME_NODE,
+    PREFER_SAME_ZONE,
+    Service,
+    ServiceName,
+    TrafficPolicy,
+    new_services_table,
+    source_priority,
+)
 
-#: trafficDistribution values that prefer backends of the node's zone: Kubernetes'
-#: ``PreferSameZone`` and its older name ``PreferClose`` (also what the topology-mode
-#: annotation stands for).
-ZONE_DISTRIBUTIONS = frozenset({"PreferClose", "PreferSameZone"})
 _TERMINATING = (BackendState.TERMINATING, BackendState.TERMINATING_NOT_SERVING)
 #: The frontend types `LBWriter._shadows_node_port` may skip.
 _SHADOWING_TYPES = (SVCType.LOAD_BALANCER, SVCType.EXTERNAL_IPS)
@@ -456,7 +460,7 @@ class LBWriter:
         self._node_labels = dict(labels)
         if self.node_zone != old_zone:
             for svc in list(self.services.all(txn)):
-                if svc.traffic_distribution in ZONE_DISTRIBUTIONS:
+                if svc.traffic_distribution == PREFER_SAME_ZONE:
                     self._refresh_service(txn, svc.name)
 
     def set_node_ip(self, txn: WriteTxn, ip: IPAddress | None) -> None:
@@ -510,11 +514,11 @@ class LBWriter:
             return tuple(candidates)
         if _policy_for(fe, svc) is TrafficPolicy.LOCAL:
             candidates = [b for b in candidates if self.is_local(svc, b)]
-        if svc.traffic_distribution in ZONE_DISTRIBUTIONS:
+        if svc.traffic_distribution == PREFER_SAME_ZONE:
             zone = self.node_zone
             if zone and fe.redirect_to is None:
                 candidates = self._zone_backends(txn, name, candidates, zone)
-        elif svc.traffic_distribution == "PreferSameNode":
+        elif svc.traffic_distribution == PREFER_SAME_NODE:
             # Only serving (active) local backends may win the preference.
             local = [
                 b

@@ -101,6 +101,18 @@ def format_duration(seconds: float) -> str:
     return sec
 
 
+#: trafficDistribution that prefers backends in the node's zone (Kubernetes 1.34's name).
+PREFER_SAME_ZONE = "PreferSameZone"
+#: trafficDistribution that prefers backends on the node itself.
+PREFER_SAME_NODE = "PreferSameNode"
+#: Deprecated trafficDistribution names -> the name they are stored and handled as.
+TRAFFIC_DISTRIBUTION_ALIASES = {"PreferClose": PREFER_SAME_ZONE}
+#: Every trafficDistribution value the load balancer acts on (aliases included).
+TRAFFIC_DISTRIBUTIONS = frozenset(
+    {PREFER_SAME_ZONE, PREFER_SAME_NODE, *TRAFFIC_DISTRIBUTION_ALIASES}
+)
+
+
 @dataclass(frozen=True, slots=True)
 class ProxyRedirect:
     """Redirect a service's frontends (optionally only some ports) to a local proxy port."""
@@ -155,6 +167,13 @@ class Service:
     proxy_delegation: str = ""
     #: service.cilium.io/scale-to-zero opt-in.
     scale_to_zero: bool = False
+
+    def __post_init__(self) -> None:
+        # Kubernetes 1.34 renamed PreferClose to PreferSameZone; the deprecated alias is
+        # stored, shown and handled under the new name.
+        alias = TRAFFIC_DISTRIBUTION_ALIASES.get(self.traffic_distribution)
+        if alias is not None:
+            object.__setattr__(self, "traffic_distribution", alias)
 
     # ----- helpers ------------------------------------------------------------
     def annotations_dict(self) -> dict[str, str]:

@@ -4,10 +4,8 @@ The corpus is read from $STATEWRIGHT_LB_CORPUS (default ../shared/conformance/ci
 the tests skip with a message when it is absent. A file that fails because it
 needs something Statewright does not implement (its report starts with
 ``unsupported:``: an unknown command or an unimplemented ``#!`` flag) is an
-expected failure (xfail, with the reason). A file listed in KNOWN_CONFLICTS is an
-expected failure too, strictly: it must fail at a maps-dump comparison, and if it starts
-passing the test fails so that the list (and docs/conformance.md) gets updated. Any other
-failure fails the test.
+expected failure (xfail, with the reason). Any other failure fails the test: the corpus
+has no per-file exception.
 """
 
 from __future__ import annotations
@@ -27,33 +25,11 @@ PARAMS = [pytest.param(p, id=p.stem) for p in FILES] or [
 
 
 
-
-# Corpus files whose expected maps contradict other corpus files (different Cilium
-# generations; see docs/conformance.md). Everything before the conflicting comparison
-# must pass; tests/conformance/test_healthserver.py covers the rest of healthserver.
-KNOWN_CONFLICTS: dict[str, str] = {
-    "healthserver": (
-        "its maps expect LBALG=random on every master entry without "
-        "--bpf-lb-algorithm-annotation (the version at upstream commit c39bc9c); every "
-        "other file, and upstream's later copy of the same test, expect LBALG=undef"
-    ),
-}
-
-
 def _check(result: FileResult) -> None:
-    known = KNOWN_CONFLICTS.get(Path(result.file).stem)
     if result.passed:
-        if known is not None:
-            pytest.fail(
-                f"{result.file} passes now: remove it from KNOWN_CONFLICTS and "
-                "docs/conformance.md",
-                pytrace=False,
-            )
         return
     if result.reason.startswith("unsupported:"):
         pytest.xfail(f"{result.file}: {result.reason}")
-    if known is not None and "cmp" in result.command and "maps" in result.command:
-        pytest.xfail(f"{result.file}: known corpus conflict: {known}")
     pytest.fail(result.describe(), pytrace=False)
 
 

@@ -172,14 +172,24 @@ def test_type_annotation_restricts_frontends() -> None:
 
 def test_topology_annotation_and_traffic_distribution() -> None:
     a = convert_service(service(annotations={"service.kubernetes.io/topology-mode": "Auto"}))
-    assert a.service.traffic_distribution == "PreferClose"
+    assert a.service.traffic_distribution == "PreferSameZone"
     b = convert_service(service(trafficDistribution="PreferSameNode"))
     assert b.service.traffic_distribution == "PreferSameNode"
-    # The Service's own spelling is kept: PreferSameZone (newer) and PreferClose (older).
+    # PreferClose is the deprecated alias of PreferSameZone: stored and shown as the new name.
     for value in ("PreferSameZone", "PreferClose"):
         c = convert_service(service(trafficDistribution=value))
-        assert c.service.traffic_distribution == value
-        assert f"TrafficDistribution={value}" in c.service.flags_text()
+        assert c.service.traffic_distribution == "PreferSameZone"
+        assert "TrafficDistribution=PreferSameZone" in c.service.flags_text()
+        assert c.service.to_json()["TrafficDistribution"] == "PreferSameZone"
+
+
+def test_prefer_close_row_is_stored_as_prefer_same_zone() -> None:
+    """A Service row built directly with the deprecated name holds the new one."""
+    from tables.services import Service
+
+    assert Service("a/b", traffic_distribution="PreferClose").traffic_distribution == (
+        "PreferSameZone"
+    )
 
 
 def test_node_exposure_annotation() -> None:

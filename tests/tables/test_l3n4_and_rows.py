@@ -123,7 +123,7 @@ def test_service_flags_sorted() -> None:
     assert s.flags_text() == (
         "ExplicitLBAlgorithm=maglev, ForwardingMode=dsr, HealthCheckNodePort=31000, "
         "LoadBalancerClass=io.cilium/node, ProxyRedirect=9000, SessionAffinity=42s, "
-        "SourceRanges=10.0.0.0/8, SourceRangesPolicy=deny, TrafficDistribution=PreferClose"
+        "SourceRanges=10.0.0.0/8, SourceRangesPolicy=deny, TrafficDistribution=PreferSameZone"
     )
 
 
