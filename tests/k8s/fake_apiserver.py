@@ -10,8 +10,16 @@ the real one does for what the agent reads:
 * discovery: ``/version``, ``/api``, ``/apis``, ``/api/v1`` and
   ``/apis/discovery.k8s.io/v1`` (the legacy documents; kubectl asks for the
   aggregated form first and falls back to these);
-* Services, Pods and Nodes (core v1) and EndpointSlices (discovery.k8s.io/v1):
-  get, list (across namespaces or in one), and watch;
+* Services, Pods, Nodes, Namespaces (core v1), EndpointSlices (discovery.k8s.io/v1),
+  NetworkPolicies, and Cilium's CiliumNetworkPolicies, CiliumIdentities (cluster-scoped)
+  and CiliumEndpoints (cilium.io/v2): get, list (across namespaces or in one), and watch;
+* writes, as the agents and the operator make them: create (POST; 409 AlreadyExists when
+  the name is taken; the server sets uid, resourceVersion and a creationTimestamp of now,
+  whole seconds), update (PUT; the body's ``metadata.resourceVersion`` must be the stored
+  one, else 409 Conflict; 422 without one, as for custom resources) and delete (DELETE;
+  the deleted object; 404 when absent). Deleting an object deletes at once every object whose
+  ``ownerReferences`` name its uid: the garbage collector's cascade (a CiliumEndpoint
+  goes with its Pod), whether the deletion came through the API or `FakeAPIServer.delete`;
 * one resourceVersion counter for every object (like etcd's revision); lists
   carry the revision they were served at; ``limit``/``continue`` pagination
   serves later pages from the snapshot of the first one (410 Gone once that
@@ -85,6 +93,8 @@ RESOURCES: tuple[Resource, ...] = (
     Resource("endpointslices", "EndpointSlice", "discovery.k8s.io", "v1", True),
     Resource("networkpolicies", "NetworkPolicy", "networking.k8s.io", "v1", True, ("netpol",)),
     Resource("ciliumnetworkpolicies", "CiliumNetworkPolicy", "cilium.io", "v2", True, ("cnp",)),
+    Resource("ciliumidentities", "CiliumIdentity", "cilium.io", "v2", False, ("ciliumid",)),
+    Resource("ciliumendpoints", "CiliumEndpoint", "cilium.io", "v2", True, ("cep", "ciliumep")),
 )
 _BY_KIND = {r.kind: r for r in RESOURCES}
 
@@ -97,7 +107,8 @@ class RequestRecord:
     path: str
     query: dict[str, str]
     status: int = 0
-    verb: str = ""  # get | list | watch ("" for discovery and unknown paths)
+    #: get | list | watch | create | update | delete ("" for discovery and unknown paths)
+    verb: str = ""
     group: str = ""
     resource: str = ""
     namespace: str = ""
@@ -142,7 +153,10 @@ _REASONS = {
     401: "Unauthorized",
     404: "NotFound",
     405: "MethodNotAllowed",
+    409: "Conflict",
     410: "Expired",
+    415: "UnsupportedMediaType",
+    422: "Invalid",
     429: "TooManyRequests",
     500: "InternalError",
     503: "ServiceUnavailable",
@@ -204,6 +218,47 @@ def _drop_terms(text: str, fields: frozenset[str]) -> str:
         if name not in fields:
             kept.append(raw)
     return ",".join(kept)
+
+
+def _owner_refs(obj: Mapping[str, Any]) -> list[Mapping[str, Any]]:
+    refs = (obj.get("metadata") or {}).get("ownerReferences") or []
+    return [r for r in refs if isinstance(r, Mapping)]
+
+
+def _qualified(res: Resource) -> str:
+    """``pods`` or ``ciliumendpoints.cilium.io`` (how the API server names a resource)."""
+    return f"{res.plural}.{res.group}" if res.group else res.plural
+
+
+def _already_exists(res: Resource, name: str) -> dict[str, Any]:
+    body = status_body(409, "AlreadyExists", f'{_qualified(res)} "{name}" already exists')
+    body["details"] = {"name": name, "group": res.group, "kind": res.plural}
+    return body
+
+
+def _now_rfc3339() -> str:
+    """Now, as the API server writes timestamps (RFC 3339, whole seconds, UTC)."""
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+
+
+def _check_body(res: Resource, namespace: str, body: Any, *, name: str) -> tuple[str, str] | None:
+    """Why ``body`` cannot be written as ``res`` (reason, message), or None."""
+    if not isinstance(body, dict) or not isinstance(body.get("metadata"), dict):
+        return "BadRequest", "the body must be an object with metadata"
+    if body.get("kind") not in (None, res.kind):
+        return "BadRequest", f"the body is a {body.get('kind')!r}, not a {res.kind}"
+    meta = body["metadata"]
+    got = meta.get("name")
+    if not isinstance(got, str) or not got:
+        return "Invalid", f"{res.kind}: metadata.name: Required value: name is required"
+    if name and got != name:
+        return "BadRequest", f"the name of the object ({got}) does not match the URL ({name})"
+    if res.namespaced:
+        if not namespace:
+            return "BadRequest", f"{res.plural} are namespaced: the URL must name a namespace"
+        if meta.get("namespace") not in (None, "", namespace):
+            return "BadRequest", "the namespace of the object does not match the URL"
+    return None
 
 
 class FakeAPIServer:
@@ -372,17 +427,33 @@ class FakeAPIServer:
             self.upsert(obj)
 
     def delete(self, kind: str, namespace: str, name: str) -> int:
-        """Delete an object; the revision of the deletion (0 when there was none)."""
-        res = _BY_KIND[kind]
+        """Delete an object, and the objects it owns (see `_delete_locked`); the revision
+        of the deletion (0 when there was none)."""
         with self._lock:
-            old = self._objects[res.plural].pop((namespace if res.namespaced else "", name), None)
-            if old is None:
-                return 0
-            self._rv += 1
-            gone = json.loads(json.dumps(old))
-            gone["metadata"]["resourceVersion"] = str(self._rv)
-            self._emit(res, "DELETED", gone)
-            return self._rv
+            return self._delete_locked(_BY_KIND[kind], namespace, name)
+
+    def _delete_locked(self, res: Resource, namespace: str, name: str) -> int:
+        """Delete one object, then every object whose ``metadata.ownerReferences`` names
+        its uid (the garbage collector's cascade, done at once: a CiliumEndpoint goes with
+        its Pod). The revision of the deletion, 0 when there was no such object."""
+        old = self._objects[res.plural].pop((namespace if res.namespaced else "", name), None)
+        if old is None:
+            return 0
+        self._rv += 1
+        rv = self._rv
+        gone = json.loads(json.dumps(old))
+        gone["metadata"]["resourceVersion"] = str(rv)
+        self._emit(res, "DELETED", gone)
+        uid = old["metadata"].get("uid")
+        for dep_res in RESOURCES:
+            owned = [
+                key
+                for key, o in self._objects[dep_res.plural].items()
+                if any(ref.get("uid") == uid for ref in _owner_refs(o))
+            ]
+            for ns, dep_name in owned:
+                self._delete_locked(dep_res, ns, dep_name)
+        return rv
 
     def replace(self, kind: str, objs: Iterable[Mapping[str, Any]]) -> int:
         """Replace every object of ``kind`` by ``objs`` without watch events, then end the
@@ -436,6 +507,89 @@ class FakeAPIServer:
         res = _BY_KIND[kind]
         with self._lock:
             return [json.loads(json.dumps(o)) for o in self._objects[res.plural].values()]
+
+    # ----- writes through the API (create, update, delete) -------------------------------
+    def create(self, res: Resource, namespace: str, body: Any) -> tuple[int, dict[str, Any]]:
+        """(HTTP status, body) of a POST: 201 with the stored object, 409 AlreadyExists,
+        400/422 for a body that is no object of ``res``."""
+        problem = _check_body(res, namespace, body, name="")
+        if problem:
+            return 422 if problem[0] == "Invalid" else 400, status_body(
+                422 if problem[0] == "Invalid" else 400, problem[0], problem[1]
+            )
+        meta = body["metadata"]
+        key = (namespace if res.namespaced else "", meta["name"])
+        with self._lock:
+            if key in self._objects[res.plural]:
+                return 409, _already_exists(res, meta["name"])
+            stored = json.loads(json.dumps(body))
+            smeta = stored["metadata"]
+            if res.namespaced:
+                smeta["namespace"] = namespace
+            else:
+                smeta.pop("namespace", None)
+            stored["kind"], stored["apiVersion"] = res.kind, res.api_version
+            self._rv += 1
+            smeta["resourceVersion"] = str(self._rv)
+            smeta["uid"] = str(uuid.uuid4())
+            smeta["creationTimestamp"] = _now_rfc3339()
+            smeta.setdefault("generation", 1)
+            self._objects[res.plural][key] = stored
+            self._emit(res, "ADDED", stored)
+            return 201, json.loads(json.dumps(stored))
+
+    def update(
+        self, res: Resource, namespace: str, name: str, body: Any
+    ) -> tuple[int, dict[str, Any]]:
+        """(HTTP status, body) of a PUT: 200 with the stored object; 404 when it does not
+        exist; 409 Conflict when ``metadata.resourceVersion`` is not the stored one (stale);
+        422 without one (custom resources must name the version they replace)."""
+        problem = _check_body(res, namespace, body, name=name)
+        if problem:
+            code = 422 if problem[0] == "Invalid" else 400
+            return code, status_body(code, problem[0], problem[1])
+        key = (namespace if res.namespaced else "", name)
+        with self._lock:
+            old = self._objects[res.plural].get(key)
+            if old is None:
+                return 404, status_body(404, "NotFound", f'{_qualified(res)} "{name}" not found')
+            want_rv = str(body["metadata"].get("resourceVersion") or "")
+            if not want_rv:
+                return 422, status_body(
+                    422, "Invalid", f'{_qualified(res)} "{name}" is invalid: '
+                    "metadata.resourceVersion: Invalid value: 0: must be specified for an update"
+                )
+            if want_rv != old["metadata"]["resourceVersion"]:
+                return 409, status_body(
+                    409, "Conflict", f'Operation cannot be fulfilled on {_qualified(res)} "{name}":'
+                    " the object has been modified; please apply your changes to the latest "
+                    "version and try again"
+                )
+            stored = json.loads(json.dumps(body))
+            smeta = stored["metadata"]
+            if res.namespaced:
+                smeta["namespace"] = namespace
+            stored["kind"], stored["apiVersion"] = res.kind, res.api_version
+            for kept in ("uid", "creationTimestamp"):
+                smeta[kept] = old["metadata"][kept]
+            if stored == old:
+                return 200, json.loads(json.dumps(old))  # no change: no new revision
+            self._rv += 1
+            smeta["resourceVersion"] = str(self._rv)
+            self._objects[res.plural][key] = stored
+            self._emit(res, "MODIFIED", stored)
+            return 200, json.loads(json.dumps(stored))
+
+    def delete_request(
+        self, res: Resource, namespace: str, name: str
+    ) -> tuple[int, dict[str, Any]]:
+        """(HTTP status, body) of a DELETE: 200 with the object as it was deleted (objects
+        it owns go with it), 404 when there is no such object."""
+        with self._lock:
+            old = self.get(res, namespace if res.namespaced else "", name)
+            if old is None or not self._delete_locked(res, namespace, name):
+                return 404, status_body(404, "NotFound", f'{_qualified(res)} "{name}" not found')
+        return 200, old
 
     def _emit(self, res: Resource, etype: str, obj: dict[str, Any]) -> None:
         event = {"type": etype, "object": obj}
@@ -546,17 +700,17 @@ class FakeAPIServer:
                 ],
             }
         if path == "/apis":
-            groups = sorted({r.group for r in RESOURCES if r.group})
+            groups = sorted({(r.group, r.version) for r in RESOURCES if r.group})
             return {
                 "kind": "APIGroupList",
                 "apiVersion": "v1",
                 "groups": [
                     {
                         "name": g,
-                        "versions": [{"groupVersion": f"{g}/v1", "version": "v1"}],
-                        "preferredVersion": {"groupVersion": f"{g}/v1", "version": "v1"},
+                        "versions": [{"groupVersion": f"{g}/{v}", "version": v}],
+                        "preferredVersion": {"groupVersion": f"{g}/{v}", "version": v},
                     }
-                    for g in groups
+                    for g, v in groups
                 ],
             }
         for gv_prefix in {r.prefix for r in RESOURCES}:
@@ -572,7 +726,7 @@ class FakeAPIServer:
                             "singularName": r.kind.lower(),
                             "namespaced": r.namespaced,
                             "kind": r.kind,
-                            "verbs": ["get", "list", "watch"],
+                            "verbs": ["create", "delete", "get", "list", "update", "watch"],
                             **({"shortNames": list(r.short_names)} if r.short_names else {}),
                         }
                         for r in rs
@@ -772,14 +926,18 @@ class _Handler(http.server.BaseHTTPRequestHandler):
             status, status_body(status, _REASONS.get(status, "Unknown"), message), headers
         )
 
-    def do_GET(self) -> None:
+    def _begin(
+        self, method: str
+    ) -> tuple[str, dict[str, str], tuple[Resource, str, str] | None] | None:
+        """Record the request, check its token and injected faults: (path, query, target)
+        to go on with, None when an answer was sent already."""
         fake = self.server.fake
         url = urlsplit(self.path)
         query = {k: v[-1] for k, v in parse_qs(url.query, keep_blank_values=True).items()}
         path = url.path.rstrip("/") or "/"
         auth = self.headers.get("Authorization", "")
         token = auth[7:].strip() if auth.lower().startswith("bearer ") else ""
-        rec = self._record = RequestRecord("GET", path, query, token=token)
+        rec = self._record = RequestRecord(method, path, query, token=token)
         target = self._route(path)
         if target is not None:
             res, namespace, name = target
@@ -789,18 +947,90 @@ class _Handler(http.server.BaseHTTPRequestHandler):
                 namespace,
                 name,
             )
-            watch = query.get("watch") in ("true", "1")
-            rec.verb = "get" if name else "watch" if watch else "list"
+            if method == "GET":
+                watch = query.get("watch") in ("true", "1")
+                rec.verb = "get" if name else "watch" if watch else "list"
+            else:
+                rec.verb = {"POST": "create", "PUT": "update", "DELETE": "delete"}[method]
         with fake._lock:
             fake.requests.append(rec)
         if token != fake.token:
+            self._discard_body()
             self._fail(401, "Unauthorized")
-            return
+            return None
         fault = fake._take_fault(self.path)
         if fault is not None:
+            self._discard_body()
             headers = {} if fault.retry_after is None else {"Retry-After": str(fault.retry_after)}
             self._fail(fault.status, f"injected fault {fault.status}", headers)
+            return None
+        return path, query, target
+
+    def _discard_body(self) -> None:
+        """Read a request body nobody will look at (the connection stays usable)."""
+        length = int(self.headers.get("Content-Length") or 0)
+        if length > 0:
+            self.rfile.read(length)
+
+    def _body(self) -> tuple[bool, Any]:
+        """(ok, the request's JSON body); a 400/415 was sent when not ok."""
+        length = int(self.headers.get("Content-Length") or 0)
+        raw = self.rfile.read(length) if length > 0 else b""
+        ctype = self.headers.get("Content-Type", "application/json").split(";")[0].strip()
+        if ctype != "application/json":
+            self._fail(415, f"the body of a {self.command} must be application/json")
+            return False, None
+        try:
+            return True, json.loads(raw or b"null")
+        except ValueError as e:
+            self._fail(400, f"the body is not JSON: {e}")
+            return False, None
+
+    def _write(self, method: str) -> None:
+        """POST (to a collection), PUT and DELETE (to one object)."""
+        fake = self.server.fake
+        begun = self._begin(method)
+        if begun is None:
             return
+        path, _query, target = begun
+        if target is None:
+            self._discard_body()
+            self._fail(404, f"the server could not find the requested resource ({path})")
+            return
+        res, namespace, name = target
+        if (method == "POST") == bool(name):
+            self._discard_body()
+            self._fail(405, f"{method} is not allowed on {path}")
+            return
+        if method == "DELETE":
+            self._discard_body()
+            status, body = fake.delete_request(res, namespace, name)
+        else:
+            ok, doc = self._body()
+            if not ok:
+                return
+            if method == "POST":
+                status, body = fake.create(res, namespace, doc)
+            else:
+                status, body = fake.update(res, namespace, name, doc)
+        self._send_json(status, body)
+
+    def do_POST(self) -> None:
+        self._write("POST")
+
+    def do_PUT(self) -> None:
+        self._write("PUT")
+
+    def do_DELETE(self) -> None:
+        self._write("DELETE")
+
+    def do_GET(self) -> None:
+        fake = self.server.fake
+        begun = self._begin("GET")
+        if begun is None:
+            return
+        path, query, target = begun
+        rec = self._record
         doc = fake.discovery(path)
         if doc is not None:
             self._send_json(200, doc)
@@ -820,6 +1050,7 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         def accepts(o: Mapping[str, Any]) -> bool:
             return fsel(o) and lsel(o)
 
+        res, namespace, name = target
         if rec.verb == "get":
             obj = fake.get(res, namespace, name)
             if obj is None:
