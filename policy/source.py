@@ -26,9 +26,7 @@ policy_key_index: Index[Policy, str] = Index("key", key=lambda p: p.key, encode=
 
 def new_policies_table() -> Table[Policy]:
     """A new, unregistered ``policies`` table (one row per policy object)."""
-    table: Table[Policy] = Table(POLICIES_TABLE, policy_key_index)
-    table.row_type = Policy  # type: ignore[attr-defined]
-    return table
+    return Table(POLICIES_TABLE, policy_key_index, row_type=Policy)
 
 
 def object_key(obj: Mapping[str, Any]) -> str:

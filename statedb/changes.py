@@ -134,7 +134,7 @@ class ChangeIterator(Generic[O]):
         """
         if self.closed:
             raise RuntimeError(f"change iterator of table {self.table.name!r} is closed")
-        st = self.table._state(txn)
+        st = self.table.state(txn)
         if isinstance(st, TableTxn):
             st = st.base  # changes are reported once committed
         if st.revision < self._start:
@@ -148,7 +148,7 @@ class ChangeIterator(Generic[O]):
             records = self._current(st)
         elif upto <= seen:
             # An older (or the same) snapshot: nothing new, and no rewinding.
-            return iter(()), self.table._table_watch(txn)
+            return iter(()), self.table.changed_watch(txn)
         else:
             own = sorted(r for r in self._own if r[0] < upto)
             records = self._since(st, seen, own)
@@ -156,11 +156,7 @@ class ChangeIterator(Generic[O]):
                 self._own = [r for r in self._own if r[1] > upto]
         self._seen = upto
         self._tracker[0] = upto
-        return records, self.table._table_watch(txn)
-
-    def next_records(self, txn: ReadTxn) -> tuple[Iterator[Change[O]], Watch]:
-        """The same as `next` (kept for callers written when `next` built new objects)."""
-        return self.next(txn)
+        return records, self.table.changed_watch(txn)
 
     def mark_seen(self, from_revision: int, to_revision: int) -> bool:
         """Skip revisions (from_revision, to_revision]: the caller's own write transaction.

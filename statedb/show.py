@@ -265,10 +265,9 @@ def format_rows(
 
 
 def row_type_of(table: Table[Any]) -> type | None:
-    """The row type of ``table`` when known: a ``row_type`` attribute, or ``Table[Row](...)``."""
-    explicit = getattr(table, "row_type", None)
-    if isinstance(explicit, type):
-        return explicit
+    """The row type of ``table`` when known: its ``row_type``, or ``Table[Row](...)``'s."""
+    if table.row_type is not None:
+        return table.row_type
     orig = getattr(table, "__orig_class__", None)
     for arg in get_args(orig) if orig is not None else ():
         if isinstance(arg, type):

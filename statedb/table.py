@@ -5,6 +5,8 @@ sees its own writes) and returns results in key order. A query's key is a
 `Query` built from an index (``index.query(value)``) or, for the primary
 index, the plain key value. The ``*_watch`` variants also return a `Watch`
 that closes once the query's result may have changed after that snapshot.
+`Table.revisions` yields any query's rows with the revision that last wrote
+each, and `Table.get_revision` is `get` with it.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ import weakref
 from collections.abc import Callable, Iterable, Iterator
 from operator import itemgetter
 from struct import Struct
-from typing import TYPE_CHECKING, Any, Generic, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, Literal, TypeVar, get_args
 
 from statedb import keys as keycodec
 from statedb.errors import (
@@ -45,6 +47,10 @@ else:
     # At run time a plain TypeVar (the default needs typing_extensions below Python 3.13,
     # which the core does not depend on); Table.__class_getitem__ supplies it instead.
     PK = TypeVar("PK")
+
+#: How `Table.revisions` matches its query key: as `list`, `prefix` or `lower_bound` do.
+Match = Literal["exact", "prefix", "lower_bound"]
+MATCHES = get_args(Match)
 
 _obj = itemgetter(0)
 _obj_rev = itemgetter(0, 1)
@@ -77,13 +83,22 @@ class Table(Generic[O, PK]):
     rows) is rejected. ``Table[Row]`` in an annotation means ``Table[Row, Any]``.
     """
 
-    def __init__(self, name: str, primary: Index[O, PK], *secondary: Index[O, Any]) -> None:
+    def __init__(
+        self,
+        name: str,
+        primary: Index[O, PK],
+        *secondary: Index[O, Any],
+        row_type: type[O] | None = None,
+    ) -> None:
         if not primary.unique or primary.key is None:
             raise ValueError(f"table {name!r}: the primary index must be unique and single-key")
         names = [primary.name] + [i.name for i in secondary]
         if len(set(names)) != len(names):
             raise ValueError(f"table {name!r}: index names must be distinct: {names}")
         self.name = name
+        #: The class of the rows, when given: it names the columns of an empty table's
+        #: listing (statedb.show). ``Table[Row](...)`` also says it, through its type argument.
+        self.row_type: type[O] | None = row_type
         self.primary: Index[O, PK] = primary
         self.secondary: tuple[Index[O, Any], ...] = secondary
         self._index_pos = {idx.name: i for i, idx in enumerate(secondary)}
@@ -169,7 +184,9 @@ class Table(Generic[O, PK]):
         return self.pk_encode(self.pk_key(obj))
 
     # ----- plumbing ----------------------------------------------------
-    def _state(self, txn: ReadTxn) -> TableState:
+    def state(self, txn: ReadTxn) -> TableState:
+        """This table's state in ``txn``: the snapshot (or the write transaction's own
+        `TableTxn`) the queries read. For statedb's own modules (change iterators)."""
         try:
             return txn.states[self.name]
         except KeyError:
@@ -193,7 +210,7 @@ class Table(Generic[O, PK]):
         return pos > 0 and self.secondary[pos - 1].keys is not None
 
     def _view(self, txn: ReadTxn, pos: int) -> SortedMap:
-        return ordered_view(self, self._state(txn), pos)
+        return ordered_view(self, self.state(txn), pos)
 
     # ----- queries ---------------------------------------------------------
     def get(self, txn: ReadTxn, q: Query[O] | PK) -> O | None:
@@ -230,7 +247,7 @@ class Table(Generic[O, PK]):
         return (e[0], e[1]) if e is not None else None
 
     def _get_entry(self, txn: ReadTxn, q: Query[O] | PK) -> Any:
-        st = self._state(txn)
+        st = self.state(txn)
         pos, unique, key = self._resolve(q)
         if pos == 0:
             return st.entry(key)
@@ -251,12 +268,8 @@ class Table(Generic[O, PK]):
         """Yield every row whose key equals the query key, in primary key order."""
         return map(_obj, self._list_entries(txn, q))
 
-    def list_revisions(self, txn: ReadTxn, q: Query[O] | PK) -> Iterator[tuple[O, int]]:
-        """Like `list`, yielding (row, revision) pairs."""
-        return map(_obj_rev, self._list_entries(txn, q))
-
     def _list_entries(self, txn: ReadTxn, q: Query[O] | PK) -> Iterator[Any]:
-        st = self._state(txn)
+        st = self.state(txn)
         pos, unique, key = self._resolve(q)
         if unique:
             found = st.entry(key) if pos == 0 else st.index_entry(pos - 1, key)
@@ -272,10 +285,6 @@ class Table(Generic[O, PK]):
     def prefix(self, txn: ReadTxn, q: Query[O] | PK) -> Iterator[O]:
         """Yield every row with a key starting with the query key, in key order."""
         return map(_obj, self._prefix_entries(txn, q))
-
-    def prefix_revisions(self, txn: ReadTxn, q: Query[O] | PK) -> Iterator[tuple[O, int]]:
-        """Like `prefix`, yielding (row, revision) pairs."""
-        return map(_obj_rev, self._prefix_entries(txn, q))
 
     def _prefix_entries(self, txn: ReadTxn, q: Query[O] | PK) -> Iterator[Any]:
         pos, unique, key = self._resolve(q)
@@ -296,10 +305,6 @@ class Table(Generic[O, PK]):
         """Yield every row with a key >= the query key, in key order."""
         return map(_obj, self._lower_bound_entries(txn, q))
 
-    def lower_bound_revisions(self, txn: ReadTxn, q: Query[O] | PK) -> Iterator[tuple[O, int]]:
-        """Like `lower_bound`, yielding (row, revision) pairs."""
-        return map(_obj_rev, self._lower_bound_entries(txn, q))
-
     def _lower_bound_entries(self, txn: ReadTxn, q: Query[O] | PK) -> Iterator[Any]:
         pos, unique, key = self._resolve(q)
         view = self._view(txn, pos)
@@ -308,31 +313,45 @@ class Table(Generic[O, PK]):
 
     def lower_bound_watch(self, txn: ReadTxn, q: Query[O] | PK) -> tuple[Iterator[O], Watch]:
         """Like `lower_bound`, plus a watch that closes when the table changes."""
-        return self.lower_bound(txn, q), self._table_watch(txn)
+        return self.lower_bound(txn, q), self.changed_watch(txn)
 
     def all(self, txn: ReadTxn) -> Iterator[O]:
         """Yield every row in primary key order."""
         return self._view(txn, 0).firsts_from()
 
-    def all_revisions(self, txn: ReadTxn) -> Iterator[tuple[O, int]]:
-        """Yield every (row, revision) in primary key order."""
-        return map(_obj_rev, self._view(txn, 0).values_from())
+    def revisions(
+        self, txn: ReadTxn, q: Query[O] | PK | None = None, *, match: Match = "exact"
+    ) -> Iterator[tuple[O, int]]:
+        """Yield (row, revision) pairs: the rows `all` yields when ``q`` is None, else those
+        `list` (``match="exact"``), `prefix` or `lower_bound` yields for ``q``, in their order.
+
+        The revision is the one of the transaction that last wrote the row.
+        """
+        if q is None:
+            return map(_obj_rev, self._view(txn, 0).values_from())
+        if match == "exact":
+            return map(_obj_rev, self._list_entries(txn, q))
+        if match == "prefix":
+            return map(_obj_rev, self._prefix_entries(txn, q))
+        if match == "lower_bound":
+            return map(_obj_rev, self._lower_bound_entries(txn, q))
+        raise ValueError(f"table {self.name!r}: unknown match {match!r}; use one of {MATCHES}")
 
     def all_watch(self, txn: ReadTxn) -> tuple[Iterator[O], Watch]:
         """Like `all`, plus a watch that closes when the table changes."""
-        return self.all(txn), self._table_watch(txn)
+        return self.all(txn), self.changed_watch(txn)
 
     def count(self, txn: ReadTxn) -> int:
         """Return the number of rows."""
-        return self._state(txn).count
+        return self.state(txn).count
 
     def revision(self, txn: ReadTxn) -> int:
         """Return the table's revision in this transaction (the revision of its last write)."""
-        return self._state(txn).revision
+        return self.state(txn).revision
 
     def graveyard_size(self, txn: ReadTxn) -> int:
         """Return how many deletion records the change log still holds."""
-        return self._state(txn).tombstones
+        return self.state(txn).tombstones
 
     # ----- watches -----------------------------------------------------
     def _key_watch(self, pos: int, key: bytes) -> Watch:
@@ -352,7 +371,7 @@ class Table(Generic[O, PK]):
         queries on a snapshot older than the latest commit get a closed watch (the
         result may have changed). A write transaction's watches close at its commit.
         """
-        st = self._state(txn)
+        st = self.state(txn)
         if isinstance(st, TableTxn):
             return watch
         latest = self._latest()
@@ -362,12 +381,14 @@ class Table(Generic[O, PK]):
             return watch
         return closed_watch()
 
-    def _table_watch(self, txn: ReadTxn) -> Watch:
+    def changed_watch(self, txn: ReadTxn) -> Watch:
+        """A watch that closes when the table changes after ``txn``'s snapshot (at once if it
+        already has); a write transaction's closes at its commit."""
         # Order matters: take the watch, then flag it, then compare revisions; a
         # commit in between either closes this watch or is seen by the comparison.
         watch = self.table_watch
         self.table_watch_taken = True
-        st = self._state(txn)
+        st = self.state(txn)
         if isinstance(st, TableTxn):
             return watch
         if self._latest().revision == st.revision:
@@ -469,7 +490,7 @@ class Table(Generic[O, PK]):
 
     def initialized(self, txn: ReadTxn) -> tuple[bool, Watch]:
         """Return (whether every registered initializer is done, a watch closing when it is)."""
-        st = self._state(txn)
+        st = self.state(txn)
         if not st.pending_init:
             return True, closed_watch()
         watch = self.init_watch
@@ -479,7 +500,7 @@ class Table(Generic[O, PK]):
 
     def pending_initializers(self, txn: ReadTxn) -> builtins.list[str]:
         """Return the names of initializers not yet done."""
-        return sorted(self._state(txn).pending_init)
+        return sorted(self.state(txn).pending_init)
 
 
 def _distinct(entries: Iterator[Any]) -> Iterator[Any]:

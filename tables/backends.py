@@ -514,9 +514,7 @@ backend_service_index: Index[Backend, str] = Index(
 
 def new_backends_table() -> Table[Backend]:
     """Return a new, unregistered backends table."""
-    table: Table[Backend] = Table(BACKENDS_TABLE, backend_address_index, backend_service_index)
-    table.row_type = Backend  # type: ignore[attr-defined]
-    return table
+    return Table(BACKENDS_TABLE, backend_address_index, backend_service_index, row_type=Backend)
 
 
 def new_backend_params(

@@ -189,9 +189,8 @@ device_selected_index: Index[Device, bool] = Index(
 
 def new_devices_table() -> Table[Device]:
     """Return a new, unregistered devices table."""
-    table: Table[Device] = Table(
-        DEVICES_TABLE, device_index, device_name_index, device_selected_index
+    return Table(
+        DEVICES_TABLE, device_index, device_name_index, device_selected_index,
+        row_type=Device,
     )
-    table.row_type = Device  # type: ignore[attr-defined]
-    return table
 

@@ -137,16 +137,12 @@ ipcache_owner_index: Index[IPCacheEntry, str] = Index(
 
 def new_lxc_table() -> Table[LXCEntry]:
     """A new, unregistered ``endpoint-map`` table."""
-    table: Table[LXCEntry] = Table(LXC_TABLE, lxc_ip_index, lxc_owner_index)
-    table.row_type = LXCEntry  # type: ignore[attr-defined]
-    return table
+    return Table(LXC_TABLE, lxc_ip_index, lxc_owner_index, row_type=LXCEntry)
 
 
 def new_ipcache_table() -> Table[IPCacheEntry]:
     """A new, unregistered ``ipcache`` table."""
-    table: Table[IPCacheEntry] = Table(IPCACHE_TABLE, ipcache_prefix_index, ipcache_owner_index)
-    table.row_type = IPCacheEntry  # type: ignore[attr-defined]
-    return table
+    return Table(IPCACHE_TABLE, ipcache_prefix_index, ipcache_owner_index, row_type=IPCacheEntry)
 
 
 R = TypeVar("R", LXCEntry, IPCacheEntry)

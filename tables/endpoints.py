@@ -369,12 +369,11 @@ endpoint_pod_index: Index[Endpoint, str] = Index(
 
 def new_endpoints_table() -> Table[Endpoint]:
     """A new, unregistered ``endpoints`` table."""
-    table: Table[Endpoint] = Table(
+    return Table(
         ENDPOINTS_TABLE,
         endpoint_id_index,
         endpoint_container_index,
         endpoint_ip_index,
         endpoint_pod_index,
+        row_type=Endpoint,
     )
-    table.row_type = Endpoint  # type: ignore[attr-defined]
-    return table

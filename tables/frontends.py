@@ -312,6 +312,4 @@ frontend_service_index: Index[Frontend, str] = Index(
 
 def new_frontends_table() -> Table[Frontend]:
     """Return a new, unregistered frontends table."""
-    table: Table[Frontend] = Table(FRONTENDS_TABLE, frontend_address_index, frontend_service_index)
-    table.row_type = Frontend  # type: ignore[attr-defined]
-    return table
+    return Table(FRONTENDS_TABLE, frontend_address_index, frontend_service_index, row_type=Frontend)

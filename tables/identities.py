@@ -192,9 +192,7 @@ identity_labels_index: Index[Identity, Labels] = Index(
 
 def new_identities_table() -> Table[Identity]:
     """A new, unregistered ``identities`` table."""
-    table: Table[Identity] = Table(IDENTITIES_TABLE, identity_id_index, identity_labels_index)
-    table.row_type = Identity  # type: ignore[attr-defined]
-    return table
+    return Table(IDENTITIES_TABLE, identity_id_index, identity_labels_index, row_type=Identity)
 
 
 class IdentityAllocator:

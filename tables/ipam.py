@@ -149,9 +149,7 @@ ipam_owner_index: Index[Allocation, str] = Index(
 
 def new_ipam_table() -> Table[Allocation]:
     """A new, unregistered ``ipam`` table."""
-    table: Table[Allocation] = Table(IPAM_TABLE, ipam_ip_index, ipam_owner_index)
-    table.row_type = Allocation  # type: ignore[attr-defined]
-    return table
+    return Table(IPAM_TABLE, ipam_ip_index, ipam_owner_index, row_type=Allocation)
 
 
 def parse_cidr(text: str) -> IPNetwork:

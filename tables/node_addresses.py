@@ -109,8 +109,7 @@ node_address_device_index: Index[NodeAddress, str] = Index(
 
 def new_node_addresses_table() -> Table[NodeAddress]:
     """Return a new, unregistered node-addresses table."""
-    table: Table[NodeAddress] = Table(
-        NODE_ADDRESSES_TABLE, node_address_index, node_address_device_index
+    return Table(
+        NODE_ADDRESSES_TABLE, node_address_index, node_address_device_index,
+        row_type=NodeAddress,
     )
-    table.row_type = NodeAddress  # type: ignore[attr-defined]
-    return table

@@ -165,13 +165,11 @@ policy_endpoint_id_index: Index[PolicyEndpoint, int] = Index(
 
 def new_policy_entries_table() -> Table[PolicyEntry]:
     """A new, unregistered ``policy-entries`` table."""
-    table: Table[PolicyEntry] = Table(POLICY_ENTRIES_TABLE, policy_key_index, policy_endpoint_index)
-    table.row_type = PolicyEntry  # type: ignore[attr-defined]
-    return table
+    return Table(
+        POLICY_ENTRIES_TABLE, policy_key_index, policy_endpoint_index, row_type=PolicyEntry
+    )
 
 
 def new_policy_endpoints_table() -> Table[PolicyEndpoint]:
     """A new, unregistered ``policy-endpoints`` table."""
-    table: Table[PolicyEndpoint] = Table(POLICY_ENDPOINTS_TABLE, policy_endpoint_id_index)
-    table.row_type = PolicyEndpoint  # type: ignore[attr-defined]
-    return table
+    return Table(POLICY_ENDPOINTS_TABLE, policy_endpoint_id_index, row_type=PolicyEndpoint)

@@ -78,11 +78,10 @@ netns_endpoint_index: Index[PolicyNetnsEntry, int] = Index(
 
 def new_policy_netns_table() -> Table[PolicyNetnsEntry]:
     """A new, unregistered ``policy-netns`` table."""
-    table: Table[PolicyNetnsEntry] = Table(
-        POLICY_NETNS_TABLE, netns_cookie_index, netns_endpoint_index
+    return Table(
+        POLICY_NETNS_TABLE, netns_cookie_index, netns_endpoint_index,
+        row_type=PolicyNetnsEntry,
     )
-    table.row_type = PolicyNetnsEntry  # type: ignore[attr-defined]
-    return table
 
 
 def desired_rows(

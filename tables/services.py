@@ -307,9 +307,7 @@ service_name_index: Index[Service, str] = Index("name", key=lambda s: s.name)
 
 def new_services_table() -> Table[Service]:
     """Return a new, unregistered services table (register it with a DB)."""
-    table: Table[Service] = Table(SERVICES_TABLE, service_name_index)
-    table.row_type = Service  # type: ignore[attr-defined]
-    return table
+    return Table(SERVICES_TABLE, service_name_index, row_type=Service)
 
 
 #: ``Service(...)`` with every field positional, in declaration order, filling the slots

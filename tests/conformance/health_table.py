@@ -64,11 +64,10 @@ class HealthRow:
 
 def new_health_table() -> Table[HealthRow]:
     """An unregistered ``health`` table keyed by `HealthRow.key`."""
-    table: Table[HealthRow] = Table(
-        HEALTH_TABLE, Index("id", key=lambda r: r.key, encode=keycodec.string)
+    return Table(
+        HEALTH_TABLE, Index("id", key=lambda r: r.key, encode=keycodec.string),
+        row_type=HealthRow,
     )
-    table.row_type = HealthRow  # type: ignore[attr-defined]
-    return table
 
 
 def health_rows(system: LBSystem) -> list[HealthRow]:

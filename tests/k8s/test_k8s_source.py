@@ -101,7 +101,7 @@ async def test_relist_after_410_applies_only_the_difference(
     async with running_source(ClientSettings(kubeconfig=kubeconfig)) as r:
         await wait_for(lambda: r.source.synced, "initial sync")
         before = {
-            f.service_name: rev for f, rev in r.writer.frontends.all_revisions(r.db.read_txn())
+            f.service_name: rev for f, rev in r.writer.frontends.revisions(r.db.read_txn())
         }
         # The watches go down and stay down while the cluster changes and compacts.
         apiserver.fail_next(503, count=10_000, match="watch=true")
@@ -118,7 +118,7 @@ async def test_relist_after_410_applies_only_the_difference(
         )
         assert services.health.lists == 2
         after = {
-            f.service_name: rev for f, rev in r.writer.frontends.all_revisions(r.db.read_txn())
+            f.service_name: rev for f, rev in r.writer.frontends.revisions(r.db.read_txn())
         }
         # Unchanged services' frontends were not written again.
         for name in ("default/s0", "default/s3", "default/s4"):

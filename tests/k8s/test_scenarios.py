@@ -186,7 +186,7 @@ async def test_relist_after_410_keeps_unchanged_entries(
         await wait_for(lambda: _all_done(lb) and lb.frontends.count(lb.db.read_txn()) == 4, "sync")
         ids = _ids(lb)
         entries = {vip: _map_entries(lb, vip) for vip in ("10.96.0.1", "10.96.0.3")}
-        revs = {str(f.address): rev for f, rev in lb.frontends.all_revisions(lb.db.read_txn())}
+        revs = {str(f.address): rev for f, rev in lb.frontends.revisions(lb.db.read_txn())}
         # The watches go down; meanwhile s1 is deleted and the history compacted.
         apiserver.fail_next(503, count=10_000, match="watch=true")
         apiserver.drop_watches()
@@ -207,7 +207,7 @@ async def test_relist_after_410_keeps_unchanged_entries(
             assert after[addr] == ids[addr]
         for vip, before in entries.items():
             assert _map_entries(lb, vip) == before
-        now = {str(f.address): rev for f, rev in lb.frontends.all_revisions(lb.db.read_txn())}
+        now = {str(f.address): rev for f, rev in lb.frontends.revisions(lb.db.read_txn())}
         for addr in ("10.96.0.1:80/TCP", "10.96.0.3:80/TCP", "10.96.0.4:80/TCP"):
             assert now[addr] == revs[addr], addr
     # Relists and re-watches included, every request is allowed by the ClusterRole.

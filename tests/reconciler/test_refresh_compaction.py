@@ -45,5 +45,5 @@ def test_churned_rows_keep_one_entry_each_and_deleted_rows_none() -> None:
     keys = sorted(e[2] for e in refresher._due)
     live = sorted(table.primary_key_of(o) for o in table.all(db.read_txn()))
     assert keys == live  # one entry per live row, none for the deleted ones
-    revisions = {table.primary_key_of(o): rev for o, rev in table.all_revisions(db.read_txn())}
+    revisions = {table.primary_key_of(o): rev for o, rev in table.revisions(db.read_txn())}
     assert all(e[3] == revisions[e[2]] for e in refresher._due)  # each its newest revision

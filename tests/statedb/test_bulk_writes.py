@@ -1,4 +1,4 @@
-"""Bulk paths for hot loops: ChangeIterator.next_records and Table.compare_and_swap_many."""
+"""Bulk paths for hot loops: change records with their keys, Table.compare_and_swap_many."""
 
 from __future__ import annotations
 
@@ -21,29 +21,22 @@ def revision_of(table: Table[R], txn: ReadTxn, row: Any) -> int:
     return got[1]
 
 
-def test_next_records_match_next() -> None:
+def test_change_records_carry_the_encoded_primary_key() -> None:
     db, (t1,) = new_db("t1")
     with db.write_txn(t1) as txn:
-        it_objects = t1.changes(txn)
-        it_records = t1.changes(txn)
+        it = t1.changes(txn)
         for i in range(1, 5):
             t1.insert(txn, obj(i))
+    first, _ = it.next(db.read_txn())
+    got = list(first)
+    assert [(r.obj.id, r.deleted) for r in got] == [(1, False), (2, False), (3, False), (4, False)]
     with db.write_txn(t1) as txn:
         t1.delete(txn, obj(2))
         t1.insert(txn, obj(3, None, "x"))
-    for _ in range(2):
-        txn = db.read_txn()
-        changes, _ = it_objects.next(txn)
-        records, _ = it_records.next_records(txn)
-        expected = [(c.obj, c.revision, c.deleted) for c in changes]
-        got = [(r.obj, r.revision, r.deleted) for r in records]
-        assert got == expected
-    # The record carries the encoded primary key.
-    txn = db.read_txn()
-    with db.write_txn(t1) as w:
-        it = t1.changes(w)
-    records, _ = it.next_records(txn)
-    assert all(r[2] == t1.primary_key_of(r[0]) for r in records)
+    later, _ = it.next(db.read_txn())
+    got += later
+    assert [(r.obj.id, r.deleted) for r in got[4:]] == [(2, True), (3, False)]
+    assert all(r[2] == r.key == t1.primary_key_of(r[0]) for r in got)
 
 
 def test_compare_and_swap_many_writes_unchanged_rows_only() -> None:
@@ -186,7 +179,7 @@ def test_insert_many_equals_one_insert_per_object(rows: list[tuple[int, str]]) -
                 for o in objs:
                     t1.insert(w, o)
         txn = db.read_txn()
-        records, _ = it.next_records(txn)
+        records, _ = it.next(txn)
         results.append(
             (
                 [(o.id, o.tags) for o in t1.all(txn)],

@@ -53,7 +53,7 @@ def test_first_next_yields_every_row_then_only_news() -> None:
     it = start(db, t1)
     first = drain(it, db.read_txn())
     assert sorted(summary(first)) == [(1, False), (2, False)]
-    revs = dict(t1.all_revisions(db.read_txn()))
+    revs = dict(t1.revisions(db.read_txn()))
     assert {c.obj: c.revision for c in first} == revs
     assert drain(it, db.read_txn()) == []
 
@@ -296,7 +296,7 @@ def test_changes_are_typed_records_with_the_encoded_primary_key() -> None:
         (OBJ2, t1.primary_key_of(OBJ2), False),
         (OBJ1, t1.primary_key_of(OBJ1), True),
     ]
-    assert got[0].revision == dict(t1.all_revisions(rtxn))[OBJ2]
+    assert got[0].revision == dict(t1.revisions(rtxn))[OBJ2]
     assert got[1].revision == t1.revision(rtxn)
     assert tuple(got[0]) == (got[0].obj, got[0].revision, got[0].key)
     assert Change(OBJ2, 7, b"k").deleted is False

@@ -151,7 +151,7 @@ class Fuzz:
                 rev = t.revision(txn)
                 assert rev >= last_rev[name], f"{name}: revision went back {last_rev[name]}->{rev}"
                 last_rev[name] = rev
-                revs = list(t.all_revisions(txn))
+                revs = list(t.revisions(txn))
                 rows = [r for r, _ in revs]
                 assert t.count(txn) == len(rows)
                 assert all(r <= rev for _, r in revs), f"{name}: row newer than table"

@@ -200,7 +200,7 @@ def test_empty_rows() -> None:
 
 
 def test_show_table_finds_the_row_type() -> None:
-    """The header of an empty table comes from Table[Row], a row_type attribute, or nothing."""
+    """The header of an empty table comes from Table[Row], the row_type argument, or nothing."""
 
     @dataclass(frozen=True)
     class Row:
@@ -210,8 +210,7 @@ def test_show_table_finds_the_row_type() -> None:
     idx: Index[Row, str] = Index("key", key=lambda r: r.key)
     typed = Table[Row]("typed", idx)
     untyped: Table[Row] = Table("untyped", idx)
-    tagged: Table[Row] = Table("tagged", idx)
-    tagged.row_type = Row  # type: ignore[attr-defined]
+    tagged = Table("tagged", idx, row_type=Row)
     db = DB(typed, untyped, tagged)
     assert show.show_table(db, "typed") == "key   value\n"
     assert show.show_table(db, "tagged") == "key   value\n"

@@ -77,7 +77,7 @@ def check(table: Table[Row], txn: ReadTxn, history: Model, revision: int) -> Non
     assert table.count(txn) == len(model)
     ordered_rows = [model[i] for i in sorted(model)]
     assert list(table.all(txn)) == ordered_rows
-    assert list(table.all_revisions(txn)) == [history[i] for i in sorted(history)]
+    assert list(table.revisions(txn)) == [history[i] for i in sorted(history)]
     for i in IDS:
         assert list(table.lower_bound(txn, i)) == [r for r in ordered_rows if r.id >= i]
         assert list(table.prefix(txn, BY_NAME.query(f"n{i}-"))) == [
@@ -147,7 +147,7 @@ def run_program(ops: list[Op]) -> None:
         check_held(table, held)
         if wtxn is not None:
             # The write transaction sees its own writes; its revision is its last write's.
-            assert {r.id: (r, rev) for r, rev in table.all_revisions(wtxn)} == pending
+            assert {r.id: (r, rev) for r, rev in table.revisions(wtxn)} == pending
             assert all(table.get_revision(wtxn, i) == pending.get(i) for i in IDS)
         check(table, db.read_txn(), committed, committed_rev)
 
@@ -159,7 +159,7 @@ def run_program(ops: list[Op]) -> None:
     gc.collect()
     with db.write_txn(table) as w:
         w.table_txn(table)
-        st_ = table._state(w)
+        st_ = table.state(w)
         for store in (st_.store, *(s for s in st_.secondary if s is not None)):
             assert store.older == {}, "versions kept for snapshots that no longer exist"
             # No deletion record left: every head is a row's record (a plain tuple).

@@ -14,7 +14,7 @@ table revision. Every query kind is computed from it by brute force: a row match
 an index query through any of its keys, and results are ordered by (the row's
 smallest matching key, primary key), each row once. Checked:
 
-- every query kind and its _revisions variant, in the open write transaction (which
+- every query kind as `Table.revisions` and as the plain query, in the open write transaction (which
   sees its own writes), on the latest snapshot, and on older snapshots (which must
   keep showing the contents they were taken with);
 - every error the writes raise (unlocked table, reused object, CAS mismatch/absent,
@@ -212,7 +212,7 @@ def expected_query(
 def actual_query(
     table: Table[Row], txn: ReadTxn, kind: str, index: str, key: bytes, raw: Any
 ) -> tuple[list[tuple[Row, int]], list[Row]]:
-    """Run a query both as its _revisions variant and as the plain one.
+    """Run a query both through `Table.revisions` and as the plain one.
 
     ``raw``, when not None, is the primary key value to query with instead of a Query.
     """
@@ -222,13 +222,13 @@ def actual_query(
         plain = table.get(txn, q)
         return ([got] if got is not None else []), ([plain] if plain is not None else [])
     if kind == "list":
-        return list(table.list_revisions(txn, q)), list(table.list(txn, q))
+        return list(table.revisions(txn, q)), list(table.list(txn, q))
     if kind == "prefix":
-        return list(table.prefix_revisions(txn, q)), list(table.prefix(txn, q))
+        return list(table.revisions(txn, q, match="prefix")), list(table.prefix(txn, q))
     if kind == "lower_bound":
-        return list(table.lower_bound_revisions(txn, q)), list(table.lower_bound(txn, q))
+        return list(table.revisions(txn, q, match="lower_bound")), list(table.lower_bound(txn, q))
     assert kind == "all"
-    return list(table.all_revisions(txn)), list(table.all(txn))
+    return list(table.revisions(txn)), list(table.all(txn))
 
 
 def watch_query(
@@ -354,7 +354,7 @@ class StateDBMachine(RuleBasedStateMachine):
         """The whole table (rows, revisions, count, table revision) equals the model."""
         t = self.tables[spec.name]
         want = [tm.rows[pk] for pk in sorted(tm.rows)]
-        assert list(t.all_revisions(txn)) == want, f"{where}: {spec.name} contents"
+        assert list(t.revisions(txn)) == want, f"{where}: {spec.name} contents"
         assert t.count(txn) == len(want), f"{where}: {spec.name} count"
         assert t.revision(txn) == tm.revision, f"{where}: {spec.name} revision"
 
