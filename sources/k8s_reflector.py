@@ -27,6 +27,10 @@ A `Reflector` keeps a consumer up to date with one resource type:
    seconds, bookmarks included — is detected by the socket's read timeout and
    restarted the same way.
 
+Deltas are delivered in the order the server sent them, one per event; coalescing per
+object key (upstream's reflector buffer) is the consumer's job, done by the Kubernetes
+source's applier for each batch it writes (`sources.k8s_source.coalesce`).
+
 Blocking client calls run in worker threads (`anyio.to_thread.run_sync`; a
 watch is read by one worker thread, see `_WatchPump`); the event loop never
 blocks on the network. Objects are decoded with ``json.loads`` from the raw

@@ -12,6 +12,15 @@ deliver into the tables:
   most ``batch_size`` changes (a larger delivery is split), started at the latest
   ``batch_delay`` seconds after the first change arrived, yielding to the event
   loop between batches;
+* a batch is coalesced per object (`coalesce`), as upstream's reflector buffers
+  events per object key: of the changes to one object only the last is written,
+  in the place of the first. A delete and an add of the same name in one batch
+  are one upsert, so a Pod recreated under its name with a new UID arrives as an
+  upsert whose HostPort service takes over the frontend of the previous Pod's
+  service in the same transaction (frontend and backend ids stay, nothing is
+  renumbered in the maps). `K8sSource.holding` makes the changes a caller writes
+  one batch (a test runner delivering a script's ``k8s/delete`` and ``k8s/add``
+  together);
 * every object goes through the same `sources.k8s_convert.K8sConverter` as the
   manifest source. An object the converter refuses (`ConversionError`, or a
   `FrontendConflictError`: its frontend belongs to another service) gets its own
@@ -29,10 +38,11 @@ deliver into the tables:
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -219,6 +229,12 @@ class K8sSource:
         #: Counts batches that changed `pod_labels` (and completed lists of Pods).
         self.pod_labels_generation = 0
         self._pods_event: anyio.Event | None = None
+        #: Per resource: the highest resourceVersion delivered to the applier so far.
+        self.received_rv: dict[str, int] = {}
+        self._received_event: anyio.Event | None = None
+        # Set while `holding`: the applier waits for it before writing its batch.
+        self._release: anyio.Event | None = None
+        self._holds = 0
 
     # ----- initialization -----------------------------------------------------------------
     def register_initializer(self, txn: WriteTxn) -> None:
@@ -292,48 +308,99 @@ class K8sSource:
         rv = reflector.health.resource_version if synced else ""
         list_rv = int(rv) if rv.isdigit() else 0
         await self._send.send(_Item(reflector, deltas, synced, time.monotonic(), list_rv))
+        top = max([list_rv, *(_version(d) for d in deltas)])
+        if top > self.received_rv.get(reflector.name, 0):
+            self.received_rv[reflector.name] = top
+            if self._received_event is not None:
+                self._received_event.set()
+                self._received_event = None
+
+    async def wait_received(self, resource: str, resource_version: int | str) -> None:
+        """Wait until a change of ``resource`` at ``resource_version`` (or later) has been
+        delivered to the applier (queued, not necessarily applied yet): with `holding`,
+        what a caller waits for before letting its changes go as one batch."""
+        want = int(resource_version)
+        while self.received_rv.get(resource, 0) < want:
+            if self._received_event is None:
+                self._received_event = anyio.Event()
+            await self._received_event.wait()
+
+    @contextlib.contextmanager
+    def holding(self) -> Iterator[None]:
+        """Hold the applier: what is delivered until the block ends is written as one
+        batch (up to the batch size) after it, coalesced per object. Upstream's reflector
+        buffer takes events that arrive together as one; a caller that writes several
+        changes to the API server and wants them to reach the tables together (a test
+        runner's ``k8s/delete`` then ``k8s/add``) writes them inside the block and waits
+        for them with `wait_received`. Call it in the event loop's thread."""
+        if self._release is None:
+            self._release = anyio.Event()
+        self._holds += 1
+        try:
+            yield
+        finally:
+            self._holds -= 1
+            if self._holds == 0 and self._release is not None:
+                release, self._release = self._release, None
+                release.set()
 
     async def _apply_loop(self) -> None:
         """Take deliveries as they come and write them in batches: after the first, what
-        arrives within ``batch_delay`` joins it, up to ``batch_size`` changes; yield to
-        the event loop after each batch."""
+        arrives within ``batch_delay`` joins it, up to ``batch_size`` changes (and while
+        the applier is held, what arrives until it is released); yield to the event loop
+        after each batch."""
         cfg = self.config
         # The rest of a delivery larger than a batch, written first in the next batch.
         carry: _Item | None = None
         while True:
             limit = cfg.batch_size if self.synced else cfg.sync_batch_size
             first = carry if carry is not None else await self._recv.receive()
-            carry = None
             batch: list[_Item] = []
-            size = 0
-            deadline = anyio.current_time() + cfg.batch_delay
-            item: _Item | None = first
-            while item is not None:
-                room = limit - size
-                if len(item.deltas) > room:
-                    head, carry = _split(item, room)
-                    batch.append(head)
-                    break
-                batch.append(item)
-                size += len(item.deltas)
-                if size >= limit:
-                    break
-                try:
-                    item = self._recv.receive_nowait()
-                except anyio.WouldBlock:
-                    remaining = deadline - anyio.current_time()
-                    if remaining <= 0:
-                        break
-                    item = None
-                    with anyio.move_on_after(remaining):
-                        item = await self._recv.receive()
+            carry = await self._gather(batch, first, limit, anyio.current_time() + cfg.batch_delay)
+            while carry is None and self._release is not None:
+                await self._release.wait()
+                carry = await self._gather(batch, self._take_nowait(), limit, 0.0)
             self.apply_batch(batch)
             # Receiving does not yield while deliveries are queued: let the reconciler and
             # the reflectors run between two batches.
             await anyio.lowlevel.checkpoint()
 
+    def _take_nowait(self) -> _Item | None:
+        try:
+            return self._recv.receive_nowait()
+        except anyio.WouldBlock:
+            return None
+
+    async def _gather(
+        self, batch: list[_Item], item: _Item | None, limit: int, deadline: float
+    ) -> _Item | None:
+        """Add ``item`` and what arrives until ``deadline`` to ``batch``, up to ``limit``
+        changes in all; returns the part of a delivery that did not fit (None if all did)."""
+        size = sum(len(b.deltas) for b in batch)
+        while item is not None:
+            room = limit - size
+            if room <= 0:
+                return item
+            if len(item.deltas) > room:
+                head, rest = _split(item, room)
+                batch.append(head)
+                return rest
+            batch.append(item)
+            size += len(item.deltas)
+            if size >= limit:
+                return None
+            item = self._take_nowait()
+            if item is None:
+                remaining = deadline - anyio.current_time()
+                if remaining <= 0:
+                    return None
+                with anyio.move_on_after(remaining):
+                    item = await self._recv.receive()
+        return None
+
     def apply_batch(self, batch: list[_Item], *, retrying: bool = False) -> None:
-        """Write a batch in one transaction; objects the converter refuses are left out.
+        """Write a batch in one transaction, one change per object (`coalesce`); objects
+        the converter refuses are left out.
 
         Services and EndpointSlices are refused before anything is written (the converter
         converts first, and `LBWriter.upsert_service_and_frontends` checks for conflicts
@@ -342,15 +409,60 @@ class K8sSource:
         transaction is aborted, the converter rolled back to a checkpoint taken before
         the batch, and the batch written again without it. The checkpoint copies the
         converter's whole memory (tens of milliseconds at 10,000 services), so it is taken
-        only for batches with Pods, which are rare (this node's Pods only).
+        only for batches with Pods, which are rare (this node's Pods only). A refused
+        upsert that replaced a deletion of the same object in the batch is written as
+        that deletion (its error stays): the old object is gone from the API server.
 
         An object refused for a frontend conflict may apply once the other service lets
         go of the address: after a batch that wrote a Service or Pod, the conflicting
         objects are tried again (``retrying``: that second pass does not retry again)."""
-        deltas = [(item.reflector, d) for item in batch for d in item.deltas]
-        skip: set[int] = set()
+        received = [(item.reflector, d) for item in batch for d in item.deltas]
+        wanted, deleted = coalesce(received)
         newly_synced = {item.reflector.name for item in batch if item.synced}
         all_synced = (self._synced | newly_synced) >= {r.name for r in self.reflectors}
+        written, skip, refused = self._write_batch(wanted, deleted, all_synced)
+        if all_synced:
+            self._init_done = None
+            self.synced = True
+        self._synced |= newly_synced
+        for i, (r, d) in enumerate(written):
+            if i not in refused:
+                self.errors.pop(f"{r.spec.kind} {d.key}", None)
+                self._conflicts.pop(f"{r.spec.kind} {d.key}", None)
+        self.batches += 1
+        self.applied += len(written) - len(skip)
+        self._note_applied_versions(batch, received)
+        self._note_node(batch, wanted)
+        self._note_pod_labels(batch, wanted)
+        if self.on_applied is not None and batch:
+            self.on_applied([d for _, d in received], min(item.received for item in batch))
+        # Only a Service or Pod written (changed or deleted) can free an address.
+        if (
+            not retrying
+            and self._conflicts
+            and any(
+                r.spec.kind != "EndpointSlice" and r.spec.kind != KIND_NODE
+                for i, (r, _) in enumerate(written)
+                if i not in skip
+            )
+        ):
+            now = time.monotonic()
+            again = [_Item(r, [d], False, now) for r, d in self._conflicts.values()]
+            self.apply_batch(again, retrying=True)
+
+    def _write_batch(
+        self,
+        wanted: list[tuple[Reflector, Delta]],
+        deleted: dict[int, Delta],
+        all_synced: bool,
+    ) -> tuple[list[tuple[Reflector, Delta]], set[int], set[int]]:
+        """The transaction of `apply_batch`: what was written (``wanted`` with refused
+        upserts replaced by their batch's deletion), the positions left out, and the
+        positions refused (left out, or written as the deletion)."""
+        deltas = list(wanted)
+        deleted = dict(deleted)
+        skip: set[int] = set()
+        refused: set[int] = set()
         conv = self.converter
         while True:
             with_pods = any(
@@ -360,18 +472,31 @@ class K8sSource:
             txn = self.writer.write_txn()
             redo = False
             try:
-                for i, (r, d) in enumerate(deltas):
+                i = 0
+                while i < len(deltas) and not redo:
+                    r, d = deltas[i]
                     if i in skip:
+                        i += 1
                         continue
                     try:
                         self._apply_one(txn, r, d)
                     except INPUT_ERRORS as e:
-                        skip.add(i)
+                        refused.add(i)
                         self._record_error(r, d, str(e))
                         if isinstance(e, FrontendConflictError):
                             self._conflicts[f"{r.spec.kind} {d.key}"] = (r, d)
-                        if r.spec.kind in _REFUSED_BEFORE_WRITING and isinstance(e, CLEAN_ERRORS):
-                            continue
+                        gone = deleted.pop(i, None)
+                        if gone is not None:
+                            deltas[i] = (r, gone)  # written instead, now or in the redo
+                        else:
+                            skip.add(i)
+                        clean = r.spec.kind in _REFUSED_BEFORE_WRITING and isinstance(
+                            e, CLEAN_ERRORS
+                        )
+                        if clean:
+                            if gone is None:
+                                i += 1
+                            continue  # else the deletion in its place is written next
                         if cp is None:
                             # Possibly half-written, and no checkpoint to undo the batch's
                             # earlier objects in the converter: stop rather than diverge.
@@ -380,7 +505,8 @@ class K8sSource:
                                 f"({type(e).__name__}: {e}); the source must be restarted"
                             ) from e
                         redo = True
-                        break
+                        continue
+                    i += 1
                 if not redo and all_synced and self._init_done is not None:
                     # The last initial list is in this transaction: pruning may start.
                     self._init_done(txn)
@@ -395,21 +521,17 @@ class K8sSource:
                 conv.rollback(cp)
                 continue
             txn.commit()
-            break
-        if all_synced:
-            self._init_done = None
-            self.synced = True
-        self._synced |= newly_synced
-        for i, (r, d) in enumerate(deltas):
-            if i not in skip:
-                self.errors.pop(f"{r.spec.kind} {d.key}", None)
-                self._conflicts.pop(f"{r.spec.kind} {d.key}", None)
-        self.batches += 1
-        self.applied += len(deltas) - len(skip)
-        for r, d in deltas:
-            rv = (d.obj.get("metadata") or {}).get("resourceVersion")
-            if isinstance(rv, str) and rv.isdigit() and int(rv) > self.applied_rv.get(r.name, 0):
-                self.applied_rv[r.name] = int(rv)
+            return deltas, skip, refused
+
+    def _note_applied_versions(
+        self, batch: list[_Item], received: list[tuple[Reflector, Delta]]
+    ) -> None:
+        """After a committed batch: the versions it processed (coalesced changes included)
+        into `applied_rv`; wake `wait_applied` waiters."""
+        for r, d in received:
+            rv = _version(d)
+            if rv > self.applied_rv.get(r.name, 0):
+                self.applied_rv[r.name] = rv
         # A completed list covers every change up to its version, including deletions it
         # found (delivered as stubs without a resourceVersion) and changes it found none
         # for: without this a waiter for such a change's version would wait forever.
@@ -420,23 +542,6 @@ class K8sSource:
         if self._applied_event is not None:
             self._applied_event.set()
             self._applied_event = None
-        self._note_node(batch, deltas)
-        self._note_pod_labels(batch, deltas)
-        if self.on_applied is not None and batch:
-            self.on_applied([d for _, d in deltas], min(item.received for item in batch))
-        # Only a Service or Pod written (changed or deleted) can free an address.
-        if (
-            not retrying
-            and self._conflicts
-            and any(
-                r.spec.kind != "EndpointSlice" and r.spec.kind != KIND_NODE
-                for i, (r, _) in enumerate(deltas)
-                if i not in skip
-            )
-        ):
-            now = time.monotonic()
-            again = [_Item(r, [d], False, now) for r, d in self._conflicts.values()]
-            self.apply_batch(again, retrying=True)
 
     def _note_node(self, batch: list[_Item], deltas: list[tuple[Reflector, Delta]]) -> None:
         """After a committed batch: remember the Node it changed (refused or not: its pod
@@ -531,6 +636,41 @@ class K8sSource:
                 )
             )
         return out
+
+
+def coalesce(
+    deltas: Iterable[tuple[Reflector, Delta]],
+) -> tuple[list[tuple[Reflector, Delta]], dict[int, Delta]]:
+    """A batch's changes with one change per object (resource and ``namespace/name``):
+    the last one, in the place of the first (an insertion-ordered map, as upstream's
+    reflector buffer). Changes to different objects keep their order, so a Service
+    deleted before another takes over its address is still deleted first.
+
+    Also returns, by position in the result, the deletion that preceded an upsert of the
+    same object in the batch: when that upsert is refused the object is gone all the
+    same (the API server deleted it), so the applier applies the deletion instead."""
+    slots: dict[tuple[str, str], int] = {}
+    out: list[tuple[Reflector, Delta]] = []
+    deleted: dict[int, Delta] = {}
+    for r, d in deltas:
+        key = (r.name, d.key)
+        i = slots.get(key)
+        if i is None:
+            slots[key] = len(out)
+            out.append((r, d))
+            continue
+        prev = out[i][1]
+        if d.op == "upsert" and prev.op == "delete":
+            deleted[i] = prev
+        elif d.op == "delete":
+            deleted.pop(i, None)
+        out[i] = (r, d)
+    return out, deleted
+
+
+def _version(d: Delta) -> int:
+    rv = (d.obj.get("metadata") or {}).get("resourceVersion")
+    return int(rv) if isinstance(rv, str) and rv.isdigit() else 0
 
 
 def _split(item: _Item, n: int) -> tuple[_Item, _Item]:

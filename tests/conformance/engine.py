@@ -190,6 +190,10 @@ class State:
     harness: Any = None
     #: time.monotonic() after which waiting commands stop waiting (the script deadline).
     deadline: float = float("inf")
+    #: The name of the command the engine runs right after the current one ("" when
+    #: none, or not known yet): ``k8s/delete`` followed by ``k8s/add`` delivers both
+    #: together, as upstream's reflector buffer takes them.
+    next_command: str = ""
 
     def path(self, name: str) -> Path:
         """The file ``name`` relative to the work directory."""
@@ -294,7 +298,8 @@ class Engine:
         """
         section: list[Line] = []
         state.deadline = time.monotonic() + self.script_timeout
-        for offset, text in enumerate(script.splitlines()):
+        texts = script.splitlines()
+        for offset, text in enumerate(texts):
             lineno = first_lineno + offset
             if text.startswith("#"):
                 section = []
@@ -309,6 +314,7 @@ class Engine:
                 if not self._active(state, line):
                     continue
                 section.append(line)
+                state.next_command = self._next_command(state, texts[offset + 1 :])
                 try:
                     await self._run(state, line)
                 except (Unsupported, StopScript):
@@ -322,6 +328,22 @@ class Engine:
             except CommandError as e:
                 raise ScriptFailure(lineno, text, e.message, e.diff) from None
 
+    def _next_command(self, state: State, rest: list[str]) -> str:
+        """The name of the first command among the script lines ``rest`` that will run
+        (comments, blank and inactive lines skipped); "" when none or not certain (a parse
+        error or an unknown condition: that line fails the script when reached)."""
+        for text in rest:
+            if text.startswith("#"):
+                continue
+            try:
+                line = parse_line(0, text)
+                if line is None or not self._active(state, line):
+                    continue
+            except CommandError:
+                return ""
+            return line.name
+        return ""
+
     async def _retry(self, state: State, section: list[Line]) -> None:
         """Re-run ``section`` with backoff until every command in it meets its prefix."""
         deadline = min(time.monotonic() + self.retry_timeout, state.deadline)
@@ -332,7 +354,8 @@ class Engine:
             await anyio.sleep(interval)
             interval = min(interval * 2, self.max_retry_interval)
             try:
-                for line in section:
+                for i, line in enumerate(section):
+                    state.next_command = section[i + 1].name if i + 1 < len(section) else ""
                     await self._run(state, line)
                 return
             except (Unsupported, StopScript):

@@ -495,6 +495,32 @@ class LBSystem:
             health = "; ".join(f"{name}: {msg}" for name, _, msg in source.health())
             raise LBSystemError(f"the Kubernetes source did not catch up: {health}") from None
 
+    def holding(self) -> contextlib.AbstractContextManager[None]:
+        """While running: the source's `K8sSource.holding` (what is delivered inside the
+        block is applied as one batch after it); otherwise a block that does nothing."""
+        if not self.running or self.source is None:
+            return contextlib.nullcontext()
+        return self.source.holding()
+
+    async def wait_received(self, obj: Mapping[str, Any], resource_version: int) -> None:
+        """Wait until the source has received the change of ``obj`` at ``resource_version``
+        (at most `SOURCE_TIMEOUT`, then `LBSystemError`); nothing to wait for while
+        stopped, nor for a Node other than this node's (the source reads no other)."""
+        source = self.source
+        if not self.running or source is None or not resource_version:
+            return
+        resource = source_resource(obj)
+        if resource == "nodes" and key_of(obj).lstrip("/") != self.config.node_name:
+            return
+        try:
+            with anyio.fail_after(SOURCE_TIMEOUT):
+                await source.wait_received(resource, resource_version)
+        except TimeoutError:
+            health = "; ".join(f"{name}: {msg}" for name, _, msg in source.health())
+            raise LBSystemError(
+                f"the Kubernetes source did not receive a change: {health}"
+            ) from None
+
     def maps_dump(self) -> str:
         """The LB maps in the corpus line format."""
         return self.lb.maps_dump()

@@ -9,6 +9,7 @@ fail ``hive start`` with ``unsupported: flag ...`` instead of being ignored.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import http.client
 import os
@@ -39,6 +40,7 @@ from tests.conformance.lb_system import (
     MapsLocation,
     SystemOptions,
     key_of,
+    source_resource,
 )
 
 #: How long lb/prune and test/init-wait wait for the system.
@@ -69,6 +71,9 @@ class LBHarness:
         self._tg_cm: Any = None
         self.snapshot: dict[str, Any] | None = None
         self.health_address = health_server_address()
+        #: Objects a ``k8s/delete`` left for the ``k8s/add`` right after it, which writes
+        #: both to the API server and lets them reach the system as one batch.
+        self.pending_deletes: list[dict[str, Any]] = []
 
     def script_env(self) -> dict[str, str]:
         """Variables a script sees from the start: ``$HEALTHADDR``, where the health-check
@@ -276,9 +281,23 @@ async def cmd_k8s_add(state: State, args: list[str]) -> None:
     in separate batches, so without the wait a reconciler round could fall between two
     objects or not, depending on timing, and with it the order frontends are given ids
     in (marshalling.txtar lists the IPv4 endpoints first for that order).
+
+    Right after a ``k8s/delete`` the deletions and these objects reach the system as one
+    batch instead (`_delete_then_add`).
     """
     h = _harness(state)
-    for obj in _k8s_objects(state, args):
+    pending, h.pending_deletes = h.pending_deletes, []
+    try:
+        objs = _k8s_objects(state, args)
+    except CommandError:
+        if pending:
+            _delete_objects(state, h, pending)
+            await _catch_up(h)
+        raise
+    if pending:
+        await _delete_then_add(state, h, pending, objs)
+        return
+    for obj in objs:
         try:
             h.k8s.upsert(obj)
         except ValueError as e:
@@ -286,18 +305,68 @@ async def cmd_k8s_add(state: State, args: list[str]) -> None:
         await _catch_up(h)
 
 
-async def cmd_k8s_delete(state: State, args: list[str]) -> None:
-    """``k8s/delete file...``: delete the objects."""
-    h = _harness(state)
-    for obj in _k8s_objects(state, args):
+async def _delete_then_add(
+    state: State, h: LBHarness, deletes: list[dict[str, Any]], adds: list[dict[str, Any]]
+) -> None:
+    """A ``k8s/delete`` line and the ``k8s/add`` line after it as one batch of the source.
+
+    Upstream the two commands write to the fake clientset back to back and the
+    reflector's buffer takes the events together, coalesced per object key (a Pod
+    recreated under its name is one upsert). Here the source is held while the changes
+    are written in the script's order, each one received by the source before the next
+    is written (so the batch keeps that order across resources), and then applied in one
+    write transaction."""
+    sys = h._system
+    try:
+        with sys.holding() if sys is not None else contextlib.nullcontext():
+            for obj, rv in _delete_objects(state, h, deletes):
+                if sys is not None:
+                    await sys.wait_received(obj, rv)
+            for obj in adds:
+                try:
+                    rv = h.k8s.upsert(obj)
+                except ValueError as e:
+                    raise CommandError(f"k8s/add: {e}") from None
+                if sys is not None:
+                    await sys.wait_received(obj, rv)
+    except LBSystemError as e:
+        raise CommandError(str(e)) from None
+    await _catch_up(h)
+
+
+def _delete_objects(
+    state: State, h: LBHarness, objs: list[dict[str, Any]]
+) -> list[tuple[dict[str, Any], int]]:
+    """Delete ``objs`` from the API server: each with the revision of its deletion (0 for
+    one already gone, logged, not an error: a retried section deletes again, as upstream,
+    whose scripts rely on it, e.g. a delete followed by `* lb/maps-empty`)."""
+    out = []
+    for obj in objs:
         try:
-            found = h.k8s.delete(obj) > 0
+            rv = h.k8s.delete(obj)
         except ValueError as e:
             raise CommandError(f"k8s/delete: {e}") from None
-        if not found:
-            # Not an error: a retried section runs its k8s/delete again (as upstream, whose
-            # scripts rely on it, e.g. a delete followed by `* lb/maps-empty`).
+        if not rv:
             state.log.append(f"({obj.get('kind')} {key_of(obj)} was already gone)")
+        out.append((obj, rv))
+    return out
+
+
+async def cmd_k8s_delete(state: State, args: list[str]) -> None:
+    """``k8s/delete file...``: delete the objects. Followed by ``k8s/add``, the deletions
+    are written with that command's objects, as one batch (`_delete_then_add`)."""
+    h = _harness(state)
+    objs = _k8s_objects(state, args)
+    if state.next_command == "k8s/add" and h._system is not None and h._system.running:
+        for obj in objs:
+            try:
+                source_resource(obj)
+                key_of(obj)
+            except ValueError as e:
+                raise CommandError(f"k8s/delete: {e}") from None
+        h.pending_deletes.extend(objs)
+        return
+    _delete_objects(state, h, objs)
     await _catch_up(h)
 
 

@@ -268,3 +268,45 @@ def test_checks_and_silent_commands_keep_the_last_output(tmp_path: Path) -> None
     )
     with pytest.raises(ScriptFailure, match="no match"):
         _run_script("echo alpha\necho beta\nstdout alpha\n", Engine(), tmp_path)
+
+
+def test_commands_see_the_next_command(tmp_path: Path) -> None:
+    """`State.next_command` names the command that runs right after the current one:
+    blank, comment and inactive lines are skipped, "" after the last one; in a retried
+    section, the next line of the section."""
+    seen: list[tuple[str, str]] = []
+
+    def note(tag: str) -> Any:
+        async def cmd(state: State, args: list[str]) -> None:
+            seen.append((tag, state.next_command))
+
+        return cmd
+
+    engine = _engine()
+    engine.commands.update({"a": note("a"), "b": note("b"), "c": note("c")})
+    _run_script("a\n\n# comment\n[privileged] c\nb\nc\n", engine, tmp_path)
+    assert seen == [("a", "b"), ("b", "c"), ("c", "")]
+    # A line that will fail to parse or names an unknown condition: not known.
+    seen.clear()
+    with pytest.raises(ScriptFailure):
+        _run_script("a\n[nope] b\n", engine, tmp_path)
+    assert seen == [("a", "")]
+
+    seen.clear()
+    (tmp_path / "f").write_text("x\n")
+    tries = 0
+
+    async def flaky(state: State, args: list[str]) -> None:
+        nonlocal tries
+        tries += 1
+        seen.append(("flaky", state.next_command))
+        if tries < 2:
+            raise CommandError("not yet")
+
+    engine.commands["flaky"] = flaky
+    _run_script("# section\na\nb\n* flaky\nc\n", engine, tmp_path)
+    assert seen == [
+        ("a", "b"), ("b", "flaky"), ("flaky", "c"),  # first run
+        ("a", "b"), ("b", "flaky"), ("flaky", ""),  # the section retried
+        ("c", ""),
+    ]

@@ -424,3 +424,103 @@ async def test_batches_are_bounded_in_size_and_merge_deliveries(
     assert sum(sizes) == 21  # 10 services, 10 slices, the node
     assert max(sizes) <= 3
     assert max(sizes) > FAST.page_size  # deliveries were merged
+
+
+def test_coalesce_keeps_the_last_change_per_object() -> None:
+    """One change per object (resource and name): the last, in the place of the first;
+    other objects keep their order; a deletion replaced by an upsert is remembered."""
+    import random
+
+    from sources.k8s_reflector import Delta, Reflector
+    from sources.k8s_source import coalesce, resource_specs
+
+    async def deliver(*_: object) -> None:
+        return None
+
+    services, slices = (
+        Reflector(None, spec, deliver, rng=random.Random(1))  # type: ignore[arg-type]
+        for spec in resource_specs(NODE)[:2]
+    )
+    a_del = Delta("delete", "default/a", service("a", "10.96.0.1"))
+    b_add = Delta("upsert", "default/b", service("b", "10.96.0.1"))
+    a_add = Delta("upsert", "default/a", service("a", "10.96.0.2"))
+    a_slice = Delta("upsert", "default/a", endpoint_slice("a", ["10.244.0.1"]))
+    c_add = Delta("upsert", "default/c", service("c", "10.96.0.3"))
+    c_del = Delta("delete", "default/c", service("c", "10.96.0.3"))
+    out, deleted = coalesce(
+        [
+            (services, a_del),
+            (services, b_add),
+            (slices, a_slice),  # another resource: another object
+            (services, a_add),
+            (services, c_add),
+            (services, c_del),
+        ]
+    )
+    assert [(r.name, d) for r, d in out] == [
+        ("services", a_add),
+        ("services", b_add),
+        ("endpointslices", a_slice),
+        ("services", c_del),
+    ]
+    assert deleted == {0: a_del}
+    # delete, upsert, delete: the deletion stands and nothing falls back.
+    out, deleted = coalesce([(services, a_del), (services, a_add), (services, a_del)])
+    assert [d for _, d in out] == [a_del] and deleted == {}
+
+
+async def test_delete_and_add_held_together_are_one_upsert(
+    apiserver: FakeAPIServer, kubeconfig: str
+) -> None:
+    """A Pod recreated under its name (new UID, same host port) delivered together with
+    its deletion: one batch, one change, and the new HostPort service owns the frontend
+    with no error (its predecessor let go of it in the same transaction)."""
+    first = pod("app", NODE, "10.244.9.1", 4444)
+    apiserver.upsert(first)
+    async with running_source(ClientSettings(kubeconfig=kubeconfig)) as r:
+        await wait_for(lambda: r.source.synced, "initial sync")
+        assert r.frontends() == {"0.0.0.0:4444/TCP": "default/app:host-port:4444:uid-app"}
+        batches, applied = r.source.batches, r.source.applied
+        second = pod("app", NODE, "10.244.9.1", 4444)
+        second["metadata"]["uid"] = "uid-app-2"
+        with r.source.holding():
+            apiserver.delete("Pod", "default", "app")
+            stored = apiserver.upsert(second)
+            rv = stored["metadata"]["resourceVersion"]
+            with anyio.fail_after(20):
+                await r.source.wait_received("pods", rv)
+            assert r.source.batches == batches  # held: nothing written yet
+        with anyio.fail_after(20):
+            await r.source.wait_applied("pods", rv)
+        assert (r.source.batches, r.source.applied) == (batches + 1, applied + 1)
+        assert r.frontends() == {"0.0.0.0:4444/TCP": "default/app:host-port:4444:uid-app-2"}
+        assert r.services() == ["default/app:host-port:4444:uid-app-2"]
+        assert r.backends("default/app:host-port:4444:uid-app-2") == ["10.244.9.1:8080/TCP"]
+        assert not r.source.errors
+
+
+async def test_refused_upsert_after_a_delete_still_deletes(
+    apiserver: FakeAPIServer, kubeconfig: str
+) -> None:
+    """A Service deleted and re-created invalid in one batch: the new one is refused with
+    its error, and the old one is gone all the same (the API server deleted it)."""
+    apiserver.upsert(service("a", "10.96.0.1"))
+    apiserver.upsert(service("b", "10.96.0.2"))
+    async with running_source(ClientSettings(kubeconfig=kubeconfig)) as r:
+        await wait_for(lambda: r.source.synced, "initial sync")
+        with r.source.holding():
+            apiserver.delete("Service", "default", "a")
+            stored = apiserver.upsert(service("a", "10.96.0.300"))
+            rv = stored["metadata"]["resourceVersion"]
+            with anyio.fail_after(20):
+                await r.source.wait_received("services", rv)
+        with anyio.fail_after(20):
+            await r.source.wait_applied("services", rv)
+        assert r.services() == ["default/b"]
+        assert set(r.source.errors) == {"Service default/a"}
+        assert "10.96.0.300" in r.source.errors["Service default/a"]
+        # Fixed: applies like any other change, and the error goes.
+        stored = apiserver.upsert(service("a", "10.96.0.3"))
+        with anyio.fail_after(20):
+            await r.source.wait_applied("services", stored["metadata"]["resourceVersion"])
+        assert r.services() == ["default/a", "default/b"] and not r.source.errors
