@@ -226,6 +226,9 @@ class K8sSource:
         #: The labels of this node's Pods (``namespace/name`` -> labels), as last delivered
         #: (refused or not: a Pod's labels do not depend on its host ports).
         self.pod_labels: dict[str, dict[str, str]] = {}
+        #: The uids of this node's Pods (``namespace/name`` -> uid): the owners of their
+        #: CiliumEndpoints (sources/k8s_endpoints.py).
+        self.pod_uids: dict[str, str] = {}
         #: Counts batches that changed `pod_labels` (and completed lists of Pods).
         self.pod_labels_generation = 0
         self._pods_event: anyio.Event | None = None
@@ -291,6 +294,10 @@ class K8sSource:
         one dictionary lookup (atomic in CPython), and the applier replaces a Pod's labels
         with a new dictionary, never changes one in place."""
         return self.pod_labels.get(f"{namespace}/{name}")
+
+    def pod_uid_of(self, namespace: str, name: str) -> str | None:
+        """The uid of this node's Pod ``namespace/name`` (see `pod_labels_of`)."""
+        return self.pod_uids.get(f"{namespace}/{name}")
 
     async def wait_pod_labels(self, after: int = 0) -> int:
         """Wait until `pod_labels` changed since ``pod_labels_generation`` ``after``;
@@ -568,6 +575,9 @@ class K8sSource:
             if r.spec.kind != KIND_POD:
                 continue
             if d.op == "upsert":
+                uid = (d.obj.get("metadata") or {}).get("uid")
+                if isinstance(uid, str) and uid:
+                    self.pod_uids[d.key] = uid
                 raw = (d.obj.get("metadata") or {}).get("labels") or {}
                 labels = (
                     {str(k): str(v) for k, v in raw.items()} if isinstance(raw, Mapping) else {}
@@ -575,8 +585,10 @@ class K8sSource:
                 if self.pod_labels.get(d.key) != labels:
                     self.pod_labels[d.key] = labels
                     changed = True
-            elif self.pod_labels.pop(d.key, None) is not None:
-                changed = True
+            else:
+                self.pod_uids.pop(d.key, None)
+                if self.pod_labels.pop(d.key, None) is not None:
+                    changed = True
         for item in batch:
             if item.synced and item.reflector.spec.kind == KIND_POD:
                 changed = True

@@ -55,7 +55,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 
 from reconciler.status import StatusKind
-from statedb import DB, ReadTxn, Table
+from statedb import DB, ReadTxn, Table, WriteTxn
 from tables.endpoint_entries import (
     EntryTables,
     endpoint_owner,
@@ -347,6 +347,32 @@ class EndpointManager:
                 except IdentityError as e:  # bad labels, identities exhausted
                     log.error("pod %s/%s: labels not applied: %s", ns, name, e)
         return changed
+
+    def renumber_identities(self, change: Callable[[WriteTxn], Mapping[int, int]]) -> list[int]:
+        """Run ``change`` in one write transaction over the manager's tables, under its
+        lock (the cluster identity allocator's ``observe``, which may move label sets to
+        other numbers and returns ``{old: new}``), and move every endpoint using a moved
+        number to its new one in the same transaction: its row, its map entries, its
+        state file. Returns the ids of the endpoints moved."""
+        moved: list[int] = []
+        with self._lock, self.db.write_txn(*self._tables()) as wtxn:
+            moves = change(wtxn)
+            if not moves:
+                return moved
+            for ep in list(self.endpoints.all(wtxn)):
+                new_id = moves.get(ep.identity)
+                if new_id is None:
+                    continue
+                new = replace(ep, identity=new_id)
+                live = ep.state is not EndpointState.DISCONNECTING
+                changed = live and self.entries.set_endpoint(wtxn, new, previous=ep.addresses())
+                if changed and ep.state is EndpointState.READY:
+                    new = replace(new, state=EndpointState.REGENERATING)
+                self.endpoints.insert(wtxn, new)
+                self._persist(new)
+                moved.append(ep.id)
+                log.info("endpoint %d: identity %d -> %d (cluster)", ep.id, ep.identity, new_id)
+        return moved
 
     def delete(self, ref: str) -> Endpoint:
         """DELETE /endpoint/{ref} without waiting for the maps: `begin_delete`, then

@@ -30,6 +30,7 @@ INPUT_ERRORS = {
     "tables.ipam.IPAMRequestError",
     "tables.endpoints.EndpointRequestError",
     "tables.identities.LabelError",
+    "tables.cluster_identities.IdentityObjectError",
     "reconciler.status_index.UnknownStatusKindError",
     "policy.errors.PolicyError",
     "policy.errors.PolicyTraceError",

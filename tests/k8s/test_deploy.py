@@ -95,6 +95,10 @@ def test_cluster_role_is_least_rights() -> None:
             ("cilium.io", "ciliumnetworkpolicies"),
         ]
         for v in ("list", "watch")
+    } | {
+        ("cilium.io", r, v)
+        for r in ("ciliumidentities", "ciliumendpoints")
+        for v in ("list", "watch", "create", "update", "delete")
     }
     # The checker itself: a get or another resource is refused.
     assert not allows(

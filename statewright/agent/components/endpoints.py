@@ -21,7 +21,9 @@ Start-up order, so nothing is pruned or served too early:
    (`EndpointManager.sync_pod_labels`), so a label change on the Pod moves the endpoint
    to another identity; and the labels of the Namespaces (sources/k8s_namespaces.py,
    health ``endpoints/namespaces``), copied into the identities of their pods as
-   ``k8s:io.cilium.k8s.namespace.labels.<key>``.
+   ``k8s:io.cilium.k8s.namespace.labels.<key>``. With the ``k8s`` component identities
+   are the cluster's (tables/cluster_identities.py, sources/k8s_identities.py: the
+   CiliumIdentity objects, health ``endpoints/identities``); without it, this node's.
 
 Routes follow Cilium's API: ``PUT/GET/PATCH/DELETE /endpoint/{id}``, ``GET /endpoint``,
 ``POST /ipam`` (``?family=ipv4|ipv6&owner=..``), ``POST /ipam/{ip}``, ``DELETE /ipam/{ip}``,
@@ -52,6 +54,7 @@ from bpfops.ipcache_ops import IPCacheOps
 from reconciler import Config, Reconciler, status_field_accessors
 from reconciler.health import Level
 from sources.k8s_client import K8sClient
+from sources.k8s_identities import ClusterIdentities
 from sources.k8s_namespaces import NamespaceLabels, pod_identity_labels
 from sources.k8s_node_cidrs import NodePodCIDRs, NodeSource
 from sources.k8s_source import SourceConfig
@@ -70,6 +73,7 @@ from statewright.component import (
     typed_map_view,
 )
 from statewright.netns_cookie import netns_cookie
+from tables.cluster_identities import ClusterIdentityAllocator
 from tables.endpoint_entries import EntryTables
 from tables.endpoint_manager import (
     ENDPOINTS_DIR,
@@ -148,6 +152,8 @@ class EndpointsComponent(Component):
         self.node_cidrs: NodePodCIDRs | None = None
         #: The Namespaces' labels (with the ``k8s`` component), for pod identities.
         self.namespaces: NamespaceLabels | None = None
+        #: CiliumIdentities watched and created (with the ``k8s`` component).
+        self.cluster_identities: ClusterIdentities | None = None
 
     # ----- lifecycle ----------------------------------------------------------------------------
     async def start(self, hive: Hive) -> None:
@@ -159,9 +165,11 @@ class EndpointsComponent(Component):
         if source is not None:
             configured = () if cfg.pod_cidrs_from_node else cfg.pod_cidrs
             self.node_cidrs = NodePodCIDRs(ipam, source, configured)
-        identities = IdentityAllocator(db)
-        entries = EntryTables()
         pods = _pod_label_source(hive)
+        # With an API server the numbering is the cluster's (CiliumIdentity objects);
+        # without one (manifests only) it is this node's.
+        identities = ClusterIdentityAllocator(db) if pods is not None else IdentityAllocator(db)
+        entries = EntryTables()
         if pods is not None:
             self.namespaces = NamespaceLabels(pods.client, pods.config.reflector)
         manager = EndpointManager(
@@ -232,6 +240,12 @@ class EndpointsComponent(Component):
             self.node_cidrs.on_change = lambda: manager.sync_host(self._node_ips(db))
             await hive.spawn(self, self.node_cidrs.run, label="endpoints-pod-cidrs")
         pods = _pod_label_source(hive)
+        if pods is not None and isinstance(manager.identities, ClusterIdentityAllocator):
+            self.cluster_identities = ClusterIdentities(
+                manager.identities, pods.client, manager.renumber_identities,
+                pods.config.reflector,
+            )
+            await hive.spawn(self, self.cluster_identities.run, label="endpoints-identities")
         if pods is not None and self.namespaces is not None:
             namespaces = self.namespaces
             await hive.spawn(self, namespaces.run, label="endpoints-namespaces")
@@ -338,6 +352,9 @@ class EndpointsComponent(Component):
         if self.namespaces is not None:
             ok, message = self.namespaces.health()
             cidrs.append(Health(f"{self.name}/namespaces", OK if ok else DEGRADED, message))
+        if self.cluster_identities is not None:
+            ok, message = self.cluster_identities.health()
+            cidrs.append(Health(f"{self.name}/identities", OK if ok else DEGRADED, message))
         if bad:
             return [Health(self.name, DEGRADED, "; ".join(bad)), *cidrs]
         return [Health(self.name, OK, f"{n} endpoint(s), {self.maps_kind} maps; {restored}"),

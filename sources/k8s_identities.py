@@ -1,0 +1,194 @@
+"""CiliumIdentities through the API server: the watch that feeds the cluster identity
+allocator (tables/cluster_identities.py) and the creation of the objects for the
+identities local endpoints use.
+
+* **watch**: a `sources.k8s_reflector.Reflector` over every CiliumIdentity; each delivery
+  is applied in a worker thread through ``apply_changes`` (the endpoint manager's
+  `renumber_identities`): the allocator's `observe` and the endpoints it renumbers commit
+  in one write transaction.
+* **create**: once the initial list is in (before it an agent cannot know which numbers
+  are taken), every identity a local endpoint uses without an object is created
+  (`ClusterIdentityAllocator.unpublished`), in a worker thread, one request each; the
+  loop wakes whenever the ``identities`` table changes and at least every
+  ``retry_interval`` seconds. A creation answered 409 AlreadyExists (the number was taken
+  meanwhile) or that failed (API server unreachable) is tried again after
+  ``retry_interval`` if the identity still has no object; the watch delivering the object
+  that took its number makes the allocator move the label set to another number first.
+  Nothing here runs in the CNI call: an endpoint has its number at once, its object
+  follows.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import math
+import time
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import anyio
+import anyio.abc
+import kubernetes.client
+import urllib3
+from kubernetes.client.exceptions import ApiException
+
+from sources.k8s_client import K8sClient
+from sources.k8s_reflector import Delta, Reflector, ReflectorConfig, ResourceSpec, describe_error
+from statedb import WriteTxn
+from tables.cluster_identities import ClusterIdentityAllocator, identity_object
+from tables.identities import Identity
+
+log = logging.getLogger(__name__)
+
+GROUP = "cilium.io"
+VERSION = "v2"
+PLURAL = "ciliumidentities"
+
+#: The endpoint manager's `renumber_identities`: runs the allocator's change in one write
+#: transaction with the endpoints it moves; returns the endpoints moved.
+ApplyChanges = Callable[[Callable[[WriteTxn], Mapping[int, int]]], list[int]]
+
+
+def custom_list(plural: str) -> Callable[[K8sClient], Callable[..., Any]]:
+    """The list function of a cilium.io/v2 kind across the cluster (a reflector's)."""
+    return lambda c: functools.partial(
+        kubernetes.client.CustomObjectsApi(c.api_client).list_cluster_custom_object,
+        GROUP,
+        VERSION,
+        plural,
+    )
+
+
+def identity_resource_spec() -> ResourceSpec:
+    """Every CiliumIdentity of the cluster."""
+    return ResourceSpec(PLURAL, "CiliumIdentity", f"{GROUP}/{VERSION}", custom_list(PLURAL))
+
+
+class ClusterIdentities:
+    """See the module doc."""
+
+    def __init__(
+        self,
+        allocator: ClusterIdentityAllocator,
+        client: K8sClient,
+        apply_changes: ApplyChanges,
+        config: ReflectorConfig | None = None,
+        *,
+        retry_interval: float = 1.0,
+        request_timeout: float = 10.0,
+    ) -> None:
+        self.allocator = allocator
+        self.client = client
+        self.apply_changes = apply_changes
+        self.retry_interval = retry_interval
+        self.request_timeout = request_timeout
+        self.reflector = Reflector(client, identity_resource_spec(), self._deliver, config)
+        self._custom = kubernetes.client.CustomObjectsApi(client.api_client)
+        #: True once the initial list has been applied.
+        self.synced = False
+        self.created = 0
+        self.conflicts = 0
+        self.last_error = ""
+        self.moved = 0
+        self._attempted: dict[int, float] = {}
+
+    async def run(
+        self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED
+    ) -> None:
+        """Watch and create until cancelled."""
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(self.reflector.run, name="k8s reflector ciliumidentities")
+            tg.start_soon(self._create_loop, name="ciliumidentity creation")
+            task_status.started()
+
+    # ----- the watch ------------------------------------------------------------------------
+    async def _deliver(self, _r: Reflector, deltas: list[Delta], synced: bool) -> None:
+        await anyio.to_thread.run_sync(self.apply, deltas, synced)
+
+    def apply(self, deltas: list[Delta], synced: bool) -> list[int]:
+        """Apply one delivery; returns the endpoints it moved to other numbers."""
+        upserts = [d.obj for d in deltas if d.op == "upsert"]
+        deletes = [d.key for d in deltas if d.op == "delete"]
+        moved = self.apply_changes(lambda txn: self.allocator.observe(txn, upserts, deletes))
+        if moved:
+            self.moved += len(moved)
+            log.info("identities: endpoints %s follow the cluster's numbering", moved)
+        if synced:
+            self.synced = True
+        return moved
+
+    # ----- creating objects -----------------------------------------------------------------
+    async def _create_loop(self) -> None:
+        table, db = self.allocator.table, self.allocator.db
+        while True:
+            txn = db.read_txn()
+            _, watch = table.all_watch(txn)
+            if self.synced:
+                await self._create_due(self.allocator.unpublished(txn))
+            with anyio.move_on_after(self.retry_interval):
+                await watch.wait_async()
+
+    async def _create_due(self, rows: list[Identity]) -> None:
+        now = time.monotonic()
+        wanted = {r.id for r in rows}
+        for num in [n for n in self._attempted if n not in wanted]:
+            del self._attempted[num]
+        for row in rows:
+            if now - self._attempted.get(row.id, -math.inf) < self.retry_interval:
+                continue
+            self._attempted[row.id] = now
+            await anyio.to_thread.run_sync(self.create, row)
+
+    def create(self, row: Identity) -> bool:
+        """Create the object of ``row`` (blocking: a worker thread); True when created."""
+        try:
+            self.client.call(
+                self._custom.create_cluster_custom_object,
+                group=GROUP,
+                version=VERSION,
+                plural=PLURAL,
+                body=identity_object(row.id, row.labels),
+                _request_timeout=self.request_timeout,
+            )
+        except ApiException as e:
+            if e.status == 409:
+                self.conflicts += 1
+                return False
+            self._failed(row, e)
+            return False
+        except (urllib3.exceptions.HTTPError, OSError) as e:
+            self._failed(row, e)
+            return False
+        self.created += 1
+        self.last_error = ""
+        return True
+
+    def _failed(self, row: Identity, e: BaseException) -> None:
+        msg = f"creating CiliumIdentity {row.id}: {describe_error(e)}"
+        if msg != self.last_error:
+            log.warning("identities: %s (tried again)", msg)
+        self.last_error = msg
+
+    # ----- reporting ----------------------------------------------------------------------------
+    def health(self) -> tuple[bool, str]:
+        """(ok, message) for the ``endpoints/identities`` health line."""
+        h = self.reflector.health
+        pending = len(self.allocator.unpublished(self.allocator.db.read_txn()))
+        parts = [
+            f"{h.state} ({'synced' if h.synced else 'not synced'})",
+            f"{self.allocator.object_count()} in the cluster",
+            f"{pending} to create",
+            f"{self.created} created, {self.conflicts} taken meanwhile",
+        ]
+        ok = not (h.last_error and not h.synced) and not self.last_error
+        if h.last_error and not h.synced:
+            parts.append(h.last_error)
+        if self.last_error:
+            parts.append(self.last_error)
+        errors = self.allocator.errors
+        if errors:
+            ok = False
+            first = sorted(errors)[0]
+            parts.append(f"{len(errors)} refused, e.g. {errors[first]}")
+        return ok, "; ".join(parts)

@@ -1,0 +1,267 @@
+"""Cluster-wide identities (Cilium's CRD mode): the allocator's rules without I/O, then
+agents racing through the fake API server."""
+
+from __future__ import annotations
+
+import random
+import shutil
+import tempfile
+from collections.abc import Iterator
+from typing import Any
+
+import anyio
+import pytest
+
+from sources.k8s_client import ClientSettings, K8sClient
+from sources.k8s_identities import ClusterIdentities
+from statedb import DB
+from tables.cluster_identities import (
+    ClusterIdentityAllocator,
+    canonical,
+    identity_object,
+    labels_to_security_labels,
+    security_labels_to_labels,
+)
+from tables.endpoint_entries import EntryTables
+from tables.endpoint_manager import EndpointManager
+from tables.endpoints import EndpointChange
+from tables.identities import identity_labels_index
+from tables.ipam import IPAM, IPAMConfig
+
+from .fake_apiserver import FakeAPIServer
+from .helpers import FAST, wait_for
+
+WEB = ("k8s:app=web", "k8s:io.kubernetes.pod.namespace=shop")
+DB_LABELS = ("k8s:app=db", "k8s:io.kubernetes.pod.namespace=shop")
+
+
+def obj(num: int, labels: tuple[str, ...], created: str = "2026-11-27T00:00:00Z") -> Any:
+    o = identity_object(num, labels)
+    o["metadata"]["creationTimestamp"] = created
+    return o
+
+
+@pytest.fixture
+def state_dir() -> Iterator[str]:
+    d = tempfile.mkdtemp(prefix="statewright-clusterids-")
+    yield d
+    shutil.rmtree(d, ignore_errors=True)
+
+
+def manager(state_dir: str, seed: int = 1, cidr: str = "10.40.0.0/28") -> EndpointManager:
+    db = DB()
+    ipam = IPAM(db, IPAMConfig.parse((cidr,), state_dir))
+    ipam.restore(reserve_router=False)
+    ipam.reserve_routers()
+    alloc = ClusterIdentityAllocator(db, rng=random.Random(seed))
+    return EndpointManager(db, ipam, alloc, state_dir, entries=EntryTables())
+
+
+def pod(name: str, labels: list[str]) -> EndpointChange:
+    return EndpointChange.parse({"k8s-pod-name": name, "k8s-namespace": "shop", "labels": labels})
+
+
+def alloc_of(mgr: EndpointManager) -> ClusterIdentityAllocator:
+    assert isinstance(mgr.identities, ClusterIdentityAllocator)
+    return mgr.identities
+
+
+def observe(mgr: EndpointManager, ups: list[Any] = (), dels: list[str] = ()) -> list[int]:  # type: ignore[assignment]
+    return mgr.renumber_identities(lambda txn: alloc_of(mgr).observe(txn, ups, dels))
+
+
+def test_security_labels_round_trip() -> None:
+    labels = ("k8s:app=web", "k8s:empty=", "reserved:host")
+    assert labels_to_security_labels(labels) == {
+        "k8s:app": "web", "k8s:empty": "", "reserved:host": ""
+    }
+    assert security_labels_to_labels(labels_to_security_labels(labels)) == labels
+    assert canonical(("unspec:x",)) == ("unspec:x=",)
+
+
+def test_a_known_label_set_takes_the_clusters_number(state_dir: str) -> None:
+    mgr = manager(state_dir)
+    observe(mgr, [obj(4242, WEB)])
+    ep = mgr.create("0", pod("a", ["k8s:app=web"]))
+    assert ep.identity == 4242
+    assert alloc_of(mgr).unpublished(mgr.db.read_txn()) == []
+    # A remote-only identity is a refcount-0 row (the selector cache learns it).
+    observe(mgr, [obj(777, DB_LABELS)])
+    row = mgr.identities.lookup(mgr.db.read_txn(), 777)
+    assert row is not None and row.refcount == 0 and row.labels == DB_LABELS
+    # Its object deleted: the row goes.
+    observe(mgr, dels=["777"])
+    assert mgr.identities.lookup(mgr.db.read_txn(), 777) is None
+
+
+def test_a_new_label_set_is_numbered_at_once_and_listed_for_creation(state_dir: str) -> None:
+    mgr = manager(state_dir)
+    ep = mgr.create("0", pod("a", ["k8s:app=web"]))
+    assert 256 <= ep.identity <= 65535
+    (row,) = alloc_of(mgr).unpublished(mgr.db.read_txn())
+    assert (row.id, row.labels, row.refcount) == (ep.identity, WEB, 1)
+    # The object appears (this agent's creation): nothing to create, nothing moves.
+    assert observe(mgr, [obj(ep.identity, WEB)]) == []
+    assert alloc_of(mgr).unpublished(mgr.db.read_txn()) == []
+    # The last endpoint goes: the row stays while the object exists (refcount 0).
+    mgr.delete(str(ep.id))
+    row2 = mgr.identities.lookup(mgr.db.read_txn(), ep.identity)
+    assert row2 is not None and row2.refcount == 0
+
+
+def test_racing_objects_agree_on_the_oldest_then_lowest(state_dir: str) -> None:
+    mgr = manager(state_dir)
+    ep = mgr.create("0", pod("a", ["k8s:app=web"]))
+    mine = ep.identity
+    other = 300 if mine != 300 else 301
+    # Another agent's object for the same labels, one second older: it wins.
+    observe(mgr, [obj(mine, WEB, "2026-11-27T00:00:01Z")])
+    moved = observe(mgr, [obj(other, WEB, "2026-11-27T00:00:00Z")])
+    assert moved == [ep.id]
+    got = mgr.get(str(ep.id))
+    assert got.identity == other
+    txn = mgr.db.read_txn()
+    assert mgr.identities.lookup(txn, mine) is None
+    row = mgr.identities.table.get(txn, identity_labels_index.query(WEB))
+    assert row is not None and (row.id, row.refcount) == (other, 1)
+    # The endpoint's ipcache entry follows.
+    (entry,) = [e for e in mgr.entries.ipcache.all(txn) if e.owner == f"endpoint:{ep.id}"]
+    assert entry.identity == other
+    # Same second: the lowest number wins, whatever the order seen.
+    mgr2 = manager(state_dir + "/b")
+    observe(mgr2, [obj(5000, DB_LABELS)])
+    observe(mgr2, [obj(4000, DB_LABELS)])
+    mgr3 = manager(state_dir + "/c")
+    observe(mgr3, [obj(4000, DB_LABELS)])
+    observe(mgr3, [obj(5000, DB_LABELS)])
+    for m in (mgr2, mgr3):
+        row = m.identities.table.get(m.db.read_txn(), identity_labels_index.query(DB_LABELS))
+        assert row is not None and row.id == 4000
+
+
+def test_a_number_taken_by_other_labels_moves_the_local_set(state_dir: str) -> None:
+    mgr = manager(state_dir)
+    ep = mgr.create("0", pod("a", ["k8s:app=web"]))
+    taken = ep.identity
+    moved = observe(mgr, [obj(taken, DB_LABELS)])
+    assert moved == [ep.id]
+    new = mgr.get(str(ep.id)).identity
+    assert new != taken
+    txn = mgr.db.read_txn()
+    assert mgr.identities.lookup(txn, taken).labels == DB_LABELS  # type: ignore[union-attr]
+    assert [r.id for r in alloc_of(mgr).unpublished(txn)] == [new]
+
+
+def test_a_deleted_object_in_use_is_created_again_under_its_number(state_dir: str) -> None:
+    mgr = manager(state_dir)
+    observe(mgr, [obj(900, WEB)])
+    ep = mgr.create("0", pod("a", ["k8s:app=web"]))
+    assert ep.identity == 900
+    assert observe(mgr, dels=["900"]) == []
+    assert mgr.get(str(ep.id)).identity == 900
+    assert [r.id for r in alloc_of(mgr).unpublished(mgr.db.read_txn())] == [900]
+
+
+def test_restore_keeps_the_number(state_dir: str) -> None:
+    mgr = manager(state_dir)
+    observe(mgr, [obj(1234, WEB)])
+    ep = mgr.create("0", pod("a", ["k8s:app=web"]))
+    again = manager(state_dir)
+    again.ipam.restore(reserve_router=False)
+    result = again.restore(lambda _ep: True)
+    assert result.restored == [ep.id]
+    assert again.get(str(ep.id)).identity == 1234
+    # Not confirmed yet: listed for creation (re-confirmed) until its object is seen.
+    assert [r.id for r in alloc_of(again).unpublished(again.db.read_txn())] == [1234]
+    assert observe(again, [obj(1234, WEB)]) == []
+    assert alloc_of(again).unpublished(again.db.read_txn()) == []
+
+
+def test_malformed_objects_get_their_own_error(state_dir: str) -> None:
+    mgr = manager(state_dir)
+    bad = [
+        {"metadata": {"name": "abc"}, "security-labels": {"k8s:a": "b"}},
+        {"metadata": {"name": "12"}, "security-labels": {"k8s:a": "b"}},
+        {"metadata": {"name": "600"}, "security-labels": ["k8s:a=b"]},
+        {"metadata": {"name": "601"}, "security-labels": {}},
+    ]
+    observe(mgr, [*bad, obj(700, WEB)])
+    alloc = alloc_of(mgr)
+    assert sorted(alloc.errors) == ["12", "600", "601", "abc"]
+    assert "metadata.name" in alloc.errors["abc"]
+    assert mgr.identities.lookup(mgr.db.read_txn(), 700) is not None
+    observe(mgr, [obj(600, DB_LABELS)])
+    assert "600" not in alloc.errors
+
+
+# ----- through the API server ---------------------------------------------------------------
+async def _agent(
+    apiserver: FakeAPIServer, kubeconfig: str, mgr: EndpointManager, tg: Any
+) -> tuple[ClusterIdentities, K8sClient]:
+    client = K8sClient(ClientSettings(kubeconfig=kubeconfig))
+    sync = ClusterIdentities(
+        alloc_of(mgr), client, mgr.renumber_identities, FAST, retry_interval=0.2
+    )
+    await tg.start(sync.run)
+    return sync, client
+
+
+@pytest.mark.anyio
+async def test_two_agents_racing_agree_through_the_api_server(
+    apiserver: FakeAPIServer, kubeconfig: str, state_dir: str
+) -> None:
+    a = manager(state_dir + "/a", seed=7)
+    b = manager(state_dir + "/b", seed=8, cidr="10.40.1.0/28")
+    clients = []
+    async with anyio.create_task_group() as tg:
+        # Both number the same new labels before either has an API server.
+        ea = a.create("0", pod("a", ["k8s:app=web"]))
+        eb = b.create("0", pod("b", ["k8s:app=web"]))
+        assert ea.identity != eb.identity
+        for m in (a, b):
+            _sync, client = await _agent(apiserver, kubeconfig, m, tg)
+            clients.append(client)
+
+        def rule_winner() -> Any:
+            objs = apiserver.objects("CiliumIdentity")
+            return min(objs, key=lambda o: (o["metadata"]["creationTimestamp"],
+                                            int(o["metadata"]["name"])), default=None)
+
+        def agreed() -> bool:
+            # Both on one number, and it is the rule's winner over what exists (a moment
+            # where both use the first object they saw does not count).
+            w = rule_winner()
+            num = a.get(str(ea.id)).identity
+            return w is not None and num == b.get(str(eb.id)).identity == int(
+                w["metadata"]["name"]
+            )
+
+        await wait_for(agreed, "both agents using one number")
+        await anyio.sleep(0.5)  # every creation in flight has landed and been seen
+        await wait_for(agreed, "both agents using one number")
+        objs = apiserver.objects("CiliumIdentity")
+        assert {int(o["metadata"]["name"]) for o in objs} <= {ea.identity, eb.identity}
+        winner = rule_winner()
+        # A third endpoint with the same labels takes the agreed number at once.
+        ec = a.create("0", pod("c", ["k8s:app=web"]))
+        assert ec.identity == int(winner["metadata"]["name"])
+        # The operator deletes the unused one; then the agreed one by mistake: it is
+        # created again under its number (while the unused one existed, deleting the
+        # agreed one would have moved every agent to the other, by the same rule).
+        for o in objs:
+            if o is not winner:
+                apiserver.delete("CiliumIdentity", "", o["metadata"]["name"])
+        await anyio.sleep(0.3)
+        apiserver.delete("CiliumIdentity", "", winner["metadata"]["name"])
+        await wait_for(
+            lambda: any(o["metadata"]["name"] == winner["metadata"]["name"]
+                        for o in apiserver.objects("CiliumIdentity")),
+            "the identity created again",
+        )
+        tg.cancel_scope.cancel()
+    for c in clients:
+        c.close()
+    creates = [r for r in apiserver.requests if r.verb == "create"]
+    assert creates and all(r.resource == "ciliumidentities" for r in creates)
+    assert a.get(str(ea.id)).identity == int(winner["metadata"]["name"])
+    assert b.get(str(eb.id)).identity == int(winner["metadata"]["name"])
