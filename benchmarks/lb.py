@@ -184,8 +184,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import anyio
 
-from bpf.faulty_map import FaultyMap
 from bpf.probe import kernel_support
+from bpf.testing import FaultyMap
 from bpfops.adapter import frontend_ops_for, reconciler_config
 from bpfops.lb_maps import LBMaps, LBMapsConfig
 from reconciler import Reconciler

@@ -28,7 +28,6 @@ from reconciler.status import Status
 from statedb import ReadTxn, Table
 from tables.backends import Backend, BackendParams, BackendState
 from tables.frontends import Frontend, SVCType, new_frontend
-from tables.l3n4 import L3n4Addr
 from tables.lb_config import LBConfig
 from tables.lb_writer import LBWriter
 from tables.node_addresses import NodeAddress
@@ -68,16 +67,6 @@ def ops_config(cfg: LBConfig) -> LBOpsConfig:
         enable_ipv6=getattr(cfg, "enable_ipv6", True),
         scale_to_zero=cfg.enable_scale_to_zero,
     )
-
-
-def addr_of(a: L3n4Addr) -> Addr:
-    """The ops' address for a table address: the same object (one address model)."""
-    return a
-
-
-def l3n4_of(a: Addr) -> L3n4Addr:
-    """The table address for an ops address: the same object (one address model)."""
-    return a
 
 
 def service_spec(svc: Service | None, name: str, service_port: int, cfg: LBConfig) -> ServiceSpec:
@@ -200,7 +189,7 @@ class TablesNodeView:
         """Whether a non-expansion frontend (LoadBalancer, ExternalIP, ...) owns ``addr``."""
         if self.cfg.node_port_min <= addr.port <= self.cfg.node_port_max:
             return False
-        existing = self.frontends.get(txn, l3n4_of(addr))
+        existing = self.frontends.get(txn, addr)
         if existing is None:
             return False
         return not (
@@ -211,7 +200,7 @@ class TablesNodeView:
     def frontend_type(self, txn: ReadTxn, addr: Addr) -> str | None:
         """The type of the frontend the snapshot holds at ``addr`` (as `frontend_spec`
         gives it), or None."""
-        row = self.frontends.get(txn, l3n4_of(addr))
+        row = self.frontends.get(txn, addr)
         if row is None:
             return None
         return LOCAL_REDIRECT if row.redirect_to else row.type.value
@@ -221,16 +210,15 @@ class TablesNodeView:
         (looked up through the services the backend belongs to)."""
         if self.backends is None:
             return False
-        key = l3n4_of(be_addr)
-        row = self.backends.get(txn, key)
+        row = self.backends.get(txn, be_addr)
         if row is None:
             return False
         by_service = self.frontends.index("service")
         for name in row.service_names():
             for fe in self.frontends.list(txn, by_service.query(name)):
-                if addr_of(fe.address) == other_than:
+                if fe.address == other_than:
                     continue
-                if any(b.address == key for b in fe.backends):
+                if any(b.address == be_addr for b in fe.backends):
                     return True
         return False
 
@@ -244,7 +232,6 @@ def frontend_ops_for(
         ops_config(cfg),
         node=TablesNodeView(writer.node_addresses, writer.frontends, cfg, writer.backends),
         to_spec=lambda _txn, fe: frontend_spec(fe, cfg),
-        # The row's address is the ops' address (`addr_of` is the identity).
         key_of=lambda fe: fe.address,
         restore=restore,
     )
@@ -258,7 +245,6 @@ def reconciler_config(
     service_id = ops.service_id
 
     def set_status(fe: Frontend, status: Status) -> Frontend:
-        # The row's address is the ops' address (`addr_of` is the identity).
         fe_id = service_id(fe.address) or 0
         # Frontend's fields, positionally: the row with its id and status replaced.
         return new_frontend(

@@ -2,20 +2,17 @@
 (lxc) BPF map (layout: bpf/include/eps.h, codec: bpf/endpoints.py).
 
 Each row is one address: key ``endpoint_key`` (IP, family), value ``endpoint_info``
-(ifindex, lxc_id, flags, MACs, identity). ``update`` first reads the entry and writes only
-when it differs, so a restarted agent whose restored endpoints still match the pinned map
-rewrites nothing (``writes``/``skipped`` count both). ``prune`` deletes every key of the
-map that no row explains (leftovers of endpoints removed while the agent was down).
+(ifindex, lxc_id, flags, MACs, identity). `KeyedMapOps` writes only entries that differ and
+prunes every key of the map that no row explains (leftovers of endpoints removed while the
+agent was down).
 Errors are `EndpointMapError` naming the map, the operation, the address and the errno.
 """
 
 from __future__ import annotations
 
 from bpf.endpoints import FAMILY_IPV4, FAMILY_IPV6, EndpointInfo, EndpointKey
-from bpf.errors import MapError
 from bpf.typed_map import TypedMap
-from bpfops.keyed_map_ops import EndpointMapError, KeyedMapOps
-from statedb import ReadTxn
+from bpfops.keyed_map_ops import KeyedMapOps
 from tables.endpoint_entries import LXCEntry
 from tables.l3n4 import IPAddress
 
@@ -49,18 +46,11 @@ class LXCOps(KeyedMapOps[LXCEntry]):
         """The lxc key of the row's address."""
         return endpoint_key(obj.ip)
 
+    def value_of(self, obj: LXCEntry) -> EndpointInfo:
+        """The lxc value of the row."""
+        return endpoint_info(obj)
+
     def describe(self, obj: LXCEntry) -> str:
         """Address and owner."""
         return f"{obj.ip} ({obj.owner})"
 
-    def update(self, txn: ReadTxn, revision: int, obj: LXCEntry) -> None:
-        """Write the entry of ``obj`` unless the map already holds exactly it."""
-        key, value = endpoint_key(obj.ip), endpoint_info(obj)
-        try:
-            if self.map.lookup(key) == value:
-                self.skipped += 1
-                return
-            self.map.update(key, value)
-        except MapError as e:
-            raise EndpointMapError(self.map.name, "update", self.describe(obj), e) from e
-        self.writes += 1

@@ -3,17 +3,15 @@ BPF map (layout: bpf/include/ipcache.h, codec: bpf/ipcache.py).
 
 Each row is one prefix and its identity: key ``ipcache_key`` (prefixlen = 32 + the CIDR
 length, family, address), value ``remote_endpoint_info`` (identity; no tunnel endpoint:
-every entry here is local or world). Like LXCOps, ``update`` reads first and writes only
-a different entry, and ``prune`` deletes what no row explains.
+every entry here is local or world). `KeyedMapOps` writes only entries that differ and
+prunes what no row explains; ``stored`` says when an LPM lookup finds the exact entry.
 """
 
 from __future__ import annotations
 
-from bpf.errors import MapError
 from bpf.ipcache import PREFIX_HEADER_BITS, IPCacheKey, RemoteEndpointInfo
 from bpf.typed_map import TypedMap
-from bpfops.keyed_map_ops import EndpointMapError, KeyedMapOps
-from statedb import ReadTxn
+from bpfops.keyed_map_ops import KeyedMapOps
 from tables.endpoint_entries import IPCacheEntry
 from tables.l3n4 import IPNetwork
 
@@ -38,23 +36,15 @@ class IPCacheOps(KeyedMapOps[IPCacheEntry]):
         """The ipcache key of the row's prefix."""
         return ipcache_key(obj.prefix)
 
+    def value_of(self, obj: IPCacheEntry) -> RemoteEndpointInfo:
+        """The ipcache value of the row."""
+        return ipcache_value(obj)
+
     def describe(self, obj: IPCacheEntry) -> str:
         """Prefix and owner."""
         return f"{obj.prefix} ({obj.owner})"
 
-    def update(self, txn: ReadTxn, revision: int, obj: IPCacheEntry) -> None:
-        """Write the entry of ``obj`` unless the map already holds exactly it."""
-        key, value = ipcache_key(obj.prefix), ipcache_value(obj)
-        try:
-            if self._exact(key) == value:
-                self.skipped += 1
-                return
-            self.map.update(key, value)
-        except MapError as e:
-            raise EndpointMapError(self.map.name, "update", self.describe(obj), e) from e
-        self.writes += 1
-
-    def _exact(self, key: IPCacheKey) -> RemoteEndpointInfo | None:
+    def stored(self, key: IPCacheKey) -> RemoteEndpointInfo | None:
         """The entry stored under exactly ``key``, as far as one lookup can tell.
 
         An LPM lookup returns the longest stored prefix that covers the key, which may be

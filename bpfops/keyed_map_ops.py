@@ -1,7 +1,10 @@
 """KeyedMapOps: what the endpoint and ipcache Operations share: one map entry per row, found
-by a key computed from the row; deletes that tolerate an absent entry; a prune that deletes
-every key no row explains. Subclasses say how a row becomes a key (``key_of``) and how it is
-named in errors (``describe``), and write entries in their own ``update``.
+by a key computed from the row; an update that reads first and writes only an entry that
+differs (so a restarted agent whose rows still match the pinned map rewrites nothing;
+``writes``/``skipped`` count both); deletes that tolerate an absent entry; a prune that
+deletes every key no row explains. Subclasses say how a row becomes a key (``key_of``) and a
+value (``value_of``) and how it is named in errors (``describe``); one whose map cannot
+always tell its stored entry by a lookup overrides ``stored``.
 """
 
 from __future__ import annotations
@@ -41,9 +44,29 @@ class KeyedMapOps(Generic[R]):
         """The map key of a row."""
         raise NotImplementedError
 
+    def value_of(self, obj: R) -> Any:
+        """The map value of a row."""
+        raise NotImplementedError
+
     def describe(self, obj: R) -> str:
         """The row as errors name it."""
         raise NotImplementedError
+
+    def stored(self, key: Any) -> Any:
+        """The entry stored under ``key``, or None when absent (or when it cannot be told)."""
+        return self.map.lookup(key)
+
+    def update(self, txn: ReadTxn, revision: int, obj: R) -> None:
+        """Write the entry of ``obj`` unless the map already holds exactly it."""
+        key, value = self.key_of(obj), self.value_of(obj)
+        try:
+            if self.stored(key) == value:
+                self.skipped += 1
+                return
+            self.map.update(key, value)
+        except MapError as e:
+            raise EndpointMapError(self.map.name, "update", self.describe(obj), e) from e
+        self.writes += 1
 
     def delete(self, txn: ReadTxn, revision: int, obj: R) -> None:
         """Delete the entry of ``obj``; an absent entry is fine."""

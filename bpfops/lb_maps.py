@@ -2,7 +2,7 @@
 
 ``LBMaps.open(LBMapsConfig(...))`` opens (or creates and pins) every map of
 ``bpf.catalog.lb_specs``; ``LBMaps.in_memory()`` gives unpinned memory maps for tests.
-``wrap`` puts a wrapper (e.g. ``bpf.faulty_map.FaultyMap``) around each map so tests can
+``wrap`` puts a wrapper (e.g. ``bpf.testing.FaultyMap``) around each map so tests can
 inject faults into every operation the LB Ops perform.
 
 Maglev tables are inner maps of the two hash-of-maps: a new inner array is created,

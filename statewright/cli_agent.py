@@ -50,7 +50,8 @@ def add_commands(subparsers: SubParsers, commands: Commands) -> None:
                     help="BPF maps: kernel, memory (in the process, nothing pinned) or auto "
                     "(kernel when possible, else memory; the default)")
     ag.add_argument("--manifests", action="append", metavar="PATH",
-                    help="manifest file or directory (repeatable; default examples/manifests)")
+                    help="manifest file or directory (repeatable; default: the example manifests "
+                         "installed with the agent, examples/manifests in the repository)")
     ag.add_argument("--manifests-interval", type=float, metavar="SECONDS",
                     help="how often the manifests are re-read (default 1)")
     ag.add_argument("--cgroup", help="cgroup v2 directory for the datapath "

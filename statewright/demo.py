@@ -20,7 +20,7 @@ from bpf.catalog import endpoints_spec
 from bpf.endpoints import EndpointInfo, EndpointKey
 from bpf.errors import MapError
 from bpf.factory import BackendConfig, BackendKind, MapFactory
-from bpf.faulty_map import FaultyMap
+from bpf.testing import FaultyMap
 from bpf.typed_map import TypedMap
 from reconciler import Config, Reconciler, Status, status_pending
 from statedb import DB, Index, ReadTxn, Table, keys

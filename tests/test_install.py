@@ -140,5 +140,17 @@ def test_fresh_install_core_then_agent(tmp_path: Path) -> None:
     assert "agent" in helped.stdout
     helped = _run([str(env_dir / "bin" / "statewright"), "agent", "--help"], tmp_path)
     assert "--backend" in helped.stdout
+    # The agent finds its example manifests in the installed package, not in a repository.
+    found = _run(
+        [str(python), "-c",
+         "import json, os\n"
+         "from statewright.agent.config import AgentConfig\n"
+         "d = AgentConfig().manifests[0]\n"
+         "print(json.dumps([d, sorted(os.listdir(d))]))\n"],
+        tmp_path,
+    ).stdout
+    where, files = json.loads(found)
+    assert where.startswith(str(env_dir)), where
+    assert files == sorted(p.name for p in (ROOT / "examples" / "manifests").glob("*.yaml"))
     # Every module of every package imports with the agent's extra: no dependency missing.
     assert "statewright.agent.runtime" in _import_all(python, PACKAGES, tmp_path)

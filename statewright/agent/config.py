@@ -49,8 +49,9 @@ from statedb.errors import InputError
 from tables.ipam import IPAMConfig, IPAMRequestError
 from tables.lb_config import default_node_name
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
-DEFAULT_MANIFESTS = str(REPO_ROOT / "examples" / "manifests")
+#: The example manifests, installed with the package (examples/manifests in the repository
+#: links here), so any install, editable or not, finds them.
+DEFAULT_MANIFESTS = str(Path(__file__).resolve().parent / "example_manifests")
 DEFAULT_SOCKET = "/run/statewright/agent.sock"
 DEFAULT_STATE_DIR = "/run/statewright/state"
 DEFAULT_POD_CIDRS = ("10.200.0.0/24", "fd00:200::/112")

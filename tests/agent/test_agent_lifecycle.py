@@ -50,7 +50,7 @@ def test_config_file_then_overrides(tmp_path: Path) -> None:
     assert default.api_socket == "/run/statewright/agent.sock"
     assert default.api_socket_mode == 0o660 and default.metrics_port == 0
     assert default.metrics_address == "127.0.0.1" and default.cgroup == ""
-    assert default.manifests[0].endswith("examples/manifests")
+    assert default.manifests[0].endswith("statewright/agent/example_manifests")
 
 
 @pytest.mark.parametrize(

@@ -11,10 +11,10 @@ import pytest
 
 from bpf.errors import BatchError, MapError
 from bpf.factory import BackendConfig, MapFactory
-from bpf.faulty_map import FaultyMap
 from bpf.memory_map import MemoryMap
 from bpf.pinning import MapOpener
 from bpf.probe import kernel_support
+from bpf.testing import FaultyMap
 from bpf.typed_map import TypedMap
 
 from .helpers import SPECS, backend4, closing

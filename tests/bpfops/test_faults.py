@@ -3,7 +3,7 @@
 Two runs apply the same random sequence of frontend updates and deletes:
 
 * a fault-free run on plain maps;
-* a run whose every map sits behind ``bpf.faulty_map.FaultyMap``. A failing operation
+* a run whose every map sits behind ``bpf.testing.FaultyMap``. A failing operation
   is retried (like the reconciler does) until it succeeds, after a random number of
   other operations that are applied meanwhile; a newer change of the same frontend
   replaces the pending retry.
@@ -24,7 +24,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from bpf.faulty_map import FaultyMap
+from bpf.testing import FaultyMap
 from bpfops.frontend_ops import FrontendOps, LBOpsError, StaticNodeView
 from bpfops.lb_maps import LBMaps
 from bpfops.maps_dump import dump_lines

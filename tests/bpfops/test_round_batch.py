@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from bpf.backend import split_fixed
 from bpf.errors import BatchError
-from bpf.faulty_map import FaultyMap
+from bpf.testing import FaultyMap
 from bpfops.frontend_ops import FrontendOps, LBOpsError
 from bpfops.lb_maps import LBMaps
 from bpfops.maps_dump import dump_lines

@@ -4,7 +4,7 @@ with map faults, converges to the maps of the same churn without faults.
 Services (ClusterIP / NodePort / LoadBalancer, with or without session affinity) and
 their EndpointSlices are added, changed and deleted at random, through the Kubernetes
 converter, the LB writer and the frontends reconciler running FrontendOps. One run has
-every LB map behind ``bpf.faulty_map.FaultyMap``; the reconciler retries failed
+every LB map behind ``bpf.testing.FaultyMap``; the reconciler retries failed
 frontends. Once the faulty run has settled (no frontend waiting for a retry) and a
 prune has run, its maps must equal those of the fault-free run, ids aside: faults
 reorder the allocations, so ids are replaced by the addresses they stand for.
@@ -20,7 +20,7 @@ import anyio
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from bpf.faulty_map import FaultyMap
+from bpf.testing import FaultyMap
 from bpfops.adapter import frontend_ops_for, reconciler_config
 from bpfops.lb_maps import LBMaps
 from bpfops.maps_dump import dump_lines

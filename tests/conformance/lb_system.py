@@ -375,7 +375,7 @@ class LBSystem:
         probability = self.config.test_fault_probability
         if probability <= 0:
             return None
-        from bpf.faulty_map import FaultyMap
+        from bpf.testing import FaultyMap
 
         seed = self.options.fault_seed
 

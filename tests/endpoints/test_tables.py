@@ -15,12 +15,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from bpf import catalog
-from bpf.faulty_map import FaultyMap
 from bpf.kernel_map import KernelMap
 from bpf.memory_map import MemoryMap
+from bpf.testing import FaultyMap
 from bpf.typed_map import TypedMap
-from bpfops.endpoint_ops import EndpointMapError, LXCOps, endpoint_info, endpoint_key
+from bpfops.endpoint_ops import LXCOps, endpoint_info, endpoint_key
 from bpfops.ipcache_ops import IPCacheOps, ipcache_key, ipcache_value
+from bpfops.keyed_map_ops import EndpointMapError
 from reconciler import Config, Reconciler
 from reconciler.status import StatusKind
 from statedb import DB

@@ -51,14 +51,15 @@ from bpf.factory import BackendConfig, MapFactory
 from bpf.typed_map import TypedMap
 from bpfops.endpoint_ops import LXCOps
 from bpfops.ipcache_ops import IPCacheOps
-from reconciler import Config, Reconciler, status_field_accessors
+from reconciler import Reconciler
 from reconciler.health import Level
 from sources.k8s_client import K8sClient
 from sources.k8s_identities import ClusterIdentities
 from sources.k8s_namespaces import NamespaceLabels, pod_identity_labels
 from sources.k8s_node_cidrs import NodePodCIDRs, NodeSource
 from sources.k8s_source import SourceConfig
-from statedb import DB, Table
+from statedb import DB, Table, WatchSet
+from statewright.agent.components.map_reconciler import map_reconciler
 from statewright.agent.config import DEFAULT_POD_CIDRS, DEFAULT_STATE_DIR, AgentConfig
 from statewright.component import (
     DEGRADED,
@@ -216,8 +217,8 @@ class EndpointsComponent(Component):
         lxc_ops, ipc_ops = LXCOps(lxc_map), IPCacheOps(ipc_map)
         self.ops = {"endpoint-map": lxc_ops, "ipcache": ipc_ops}
         self.reconcilers = {
-            "endpoint-map": Reconciler(db, _config(entries.lxc, lxc_ops, cfg)),
-            "ipcache": Reconciler(db, _config(entries.ipcache, ipc_ops, cfg)),
+            "endpoint-map": map_reconciler(db, entries.lxc, lxc_ops, cfg.prune_interval),
+            "ipcache": map_reconciler(db, entries.ipcache, ipc_ops, cfg.prune_interval),
         }
         for name, rec in self.reconcilers.items():
             await hive.spawn(self, rec.run, label=f"{self.name}-{name}")
@@ -319,15 +320,8 @@ class EndpointsComponent(Component):
                 _, w2 = entries.ipcache.all_watch(txn)
                 _, w3 = manager.endpoints.all_watch(txn)
                 await anyio.to_thread.run_sync(manager.mark_ready)  # writes state files
-                with anyio.move_on_after(5.0):  # also a slow safety net if a watch is missed
-                    async with anyio.create_task_group() as tg:
-
-                        async def wait(w: Any) -> None:
-                            await w.wait_async()
-                            tg.cancel_scope.cancel()
-
-                        for w in (w1, w2, w3):
-                            tg.start_soon(wait, w)
+                # The timeout is also a slow safety net if a watch is missed.
+                await WatchSet((w1, w2, w3)).wait_async(timeout=5.0)
 
         return follow
 
@@ -613,17 +607,3 @@ def _node_addresses(db: DB) -> Table[Any] | None:
         if t.name == NODE_ADDRESSES_TABLE:
             return t
     return None
-
-
-_GET_STATUS, _SET_STATUS = status_field_accessors()
-
-
-def _config(table: Table[Any], ops: Any, cfg: EndpointsConfig) -> Config[Any]:
-    return Config(
-        table=table,
-        operations=ops,
-        get_object_status=_GET_STATUS,
-        set_object_status=_SET_STATUS,
-        name=table.name,
-        prune_interval=cfg.prune_interval,
-    )

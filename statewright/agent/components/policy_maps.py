@@ -36,9 +36,10 @@ from bpf.memory_map import MemoryMap
 from bpf.policy import POLICY_MAPS, POLICY_NETNS, endpoint_of_map
 from bpf.typed_map import TypedMap
 from bpfops.policy_ops import PolicyMapSet, PolicyNetnsOps, PolicyOps
-from reconciler import Config, Reconciler, status_field_accessors
+from reconciler import Reconciler
 from reconciler.health import Level
-from statedb import DB, Table
+from statedb import DB, Table, WatchSet
+from statewright.agent.components.map_reconciler import map_reconciler
 from statewright.agent.config import AgentConfig
 from statewright.component import DEGRADED, OK, Component, Health, Hive, MapView, typed_map_view
 from tables.endpoint_manager import EndpointManager
@@ -135,8 +136,8 @@ class PolicyMapsComponent(Component):
         self.ops = PolicyOps(entries, self.policy_maps)
         self.netns_ops = PolicyNetnsOps(self.netns_map)
         self.reconcilers = {
-            POLICY_ENTRIES_TABLE: Reconciler(db, _config(entries, self.ops, cfg)),
-            netns.name: Reconciler(db, _config(netns, self.netns_ops, cfg)),
+            POLICY_ENTRIES_TABLE: map_reconciler(db, entries, self.ops, cfg.prune_interval),
+            netns.name: map_reconciler(db, netns, self.netns_ops, cfg.prune_interval),
         }
         for name, rec in self.reconcilers.items():
             await hive.spawn(self, rec.run, label=f"{self.name}-{name}")
@@ -171,14 +172,7 @@ class PolicyMapsComponent(Component):
                 if first:
                     first = False
                     task_status.started()
-                async with anyio.create_task_group() as tg:
-
-                    async def wait(w: Any) -> None:
-                        await w.wait_async()
-                        tg.cancel_scope.cancel()
-
-                    for w in (w1, w2):
-                        tg.start_soon(wait, w)
+                await WatchSet((w1, w2)).wait_async()
 
         return follow
 
@@ -258,17 +252,3 @@ class PolicyMapsComponent(Component):
             ):
                 MemoryMap.remove_pin(path)
         return removed
-
-
-_GET_STATUS, _SET_STATUS = status_field_accessors()
-
-
-def _config(table: Table[Any], ops: Any, cfg: PolicyMapsConfig) -> Config[Any]:
-    return Config(
-        table=table,
-        operations=ops,
-        get_object_status=_GET_STATUS,
-        set_object_status=_SET_STATUS,
-        name=table.name,
-        prune_interval=cfg.prune_interval,
-    )

@@ -1,7 +1,9 @@
-"""A fault-injecting wrapper: makes a backend's operations fail at random, reproducibly.
+"""The map layer's testing kit: `FaultyMap` makes a backend's operations fail at random,
+reproducibly.
 
-Used by reconciler tests to exercise retries: each wrapped call fails with
-``MapError(errno)`` with the given probability, drawn from a seeded RNG.
+Used by reconciler tests (and the ``statewright run`` demo) to exercise retries: each
+wrapped call fails with ``MapError(errno)`` with the given probability, drawn from a
+seeded RNG.
 """
 
 from __future__ import annotations
