@@ -1,6 +1,6 @@
-"""LB Ops: the frontends reconciler's target, writing Cilium-compatible load-balancer maps.
+"""Ops: the reconcilers' targets, turning table rows into Cilium-compatible BPF map entries.
 
-Modules:
+Load balancing (the frontends reconciler):
 
 * ``bpfops.lb_maps``: ``LBMaps`` - the LB map set (v4+v6 services, backends, rev-NAT,
   affinity, source ranges, maglev) opened through ``bpf.factory`` (``LBMaps.open(
@@ -19,5 +19,14 @@ Modules:
 * ``bpfops.model``: ``Addr``, ``FrontendSpec``, ``ServiceSpec``, ``BackendSpec``,
   ``LBOpsConfig``; ``bpfops.flags``: service flag bits and names; ``bpfops.ids``:
   ``IDAllocator`` (next-fit, wrap-around, restore reservations); ``bpfops.maglev``:
-  ``Maglev`` (Cilium's table computation, MurmurHash3).
+  ``Maglev`` (Cilium's table computation, MurmurHash3); ``bpfops.backend_states``: the
+  backends' states as the maps need them.
+
+Endpoints and policy:
+
+* ``bpfops.keyed_map_ops``: ``KeyedMapOps``, one map entry per row (update only what
+  differs, delete, prune); ``bpfops.endpoint_ops`` (``LXCOps``, the endpoints map) and
+  ``bpfops.ipcache_ops`` (``IPCacheOps``, the ipcache) build on it.
+* ``bpfops.policy_ops``: ``PolicyOps`` (the per-endpoint policy maps) and
+  ``PolicyNetnsOps`` (the ``policy_netns`` map).
 """

@@ -35,34 +35,29 @@ import anyio
 
 log = logging.getLogger(__name__)
 
-#: Measured with benchmarks/reconciler.py's bulk load (200,000 rows, writer thread +
-#: reconciler): 50,000 -> 100k objects/s, 635 ms in the collector (one 195 ms young-and-middle
-#: pass); 200,000 -> 125k objects/s, 278 ms. Most young passes take 0.1-0.2 ms either way;
-#: the longest (a whole 10,000-row transaction still young) took 48 vs 98 ms.
+#: The young threshold during a bulk load: high enough that a whole write transaction of
+#: rows is not traversed again and again while it is still young (benchmarks/reconciler.py's
+#: bulk load measures the effect: fewer, cheaper young passes and more objects per second).
 DEFAULT_GEN0_THRESHOLD = 200_000
 
 #: Seconds between two `collect_frozen` passes of `collect_periodically`. A full pass over
-#: the LB state of 10,000 services x 10 backends (about 900,000 tracked objects) took
-#: 0.47-0.49 s of CPU (benchmarks/lb.py's objects, kernel maps, 2026-11-23), so once every
-#: ten minutes costs under 0.1% of a core while bounding how long a frozen cycle is
-#: kept; the pass holds the interpreter (and so the event loop) for that long.
+#: a large LB state (benchmarks/lb.py's 10,000 services x 10 backends, about 900,000
+#: tracked objects) holds the interpreter, and so the event loop, for about half a second
+#: of CPU: once every ten minutes costs a small fraction of a core while bounding how long
+#: a frozen cycle is kept.
 DEFAULT_COLLECT_INTERVAL = 600.0
 
-#: The collector's thresholds for the steady state after a bulk load (`steady_gc`),
-#: measured with benchmarks/k8s.py (10,000 services, 1,000 EndpointSlice changes/s, CPU
-#: time per collection from ``time.thread_time`` in ``gc.callbacks``). Under churn each
-#: event leaves some fifty young container objects alive, and with `DEFAULT_GEN0_THRESHOLD`
-#: one young collection costs ~110 ms of CPU: every event arriving meanwhile waits, which
-#: was the churn latency's 99th percentile (143.8 ms on the idle machine). With a young
-#: threshold of 20,000 a young collection took 19-25 ms of CPU (p50; 46-72 ms the longest,
-#: about one a second); 5,000 makes them 6.5 ms (p50; 21 ms the longest, about five a
-#: second), the loop lag's 99th percentile 14 instead of 17-34 ms, for ~1.4x the
-#: collector's total CPU (2026-11-23, load average 2-3 on 2 cores). A middle threshold of 1,000
-#: keeps the middle generation (which holds churned objects until they are replaced) from
-#: being traversed every ten young collections (with 5 or 10 its passes cost 35-50 ms, and
-#: the full collections the 25 % rule then allows after `freeze_loaded` 350-550 ms). The
-#: price: under sustained churn a middle pass comes every few minutes and traverses every
-#: churned object still alive; cyclic garbage (rare: rows are acyclic) waits that long.
+#: The collector's thresholds for the steady state after a bulk load (`steady_gc`), chosen
+#: with benchmarks/k8s.py (10,000 services under EndpointSlice churn). Under churn each
+#: event leaves some fifty young container objects alive: with `DEFAULT_GEN0_THRESHOLD`
+#: one young collection is long enough to dominate the churn latency's tail, so the young
+#: threshold is small (many short passes instead of a few long ones, for somewhat more
+#: collector CPU in total). The middle threshold of 1,000 keeps the middle generation
+#: (which holds churned objects until they are replaced) from being traversed every ten
+#: young collections, and the full collections the 25 % rule then allows after
+#: `freeze_loaded`. The price: under sustained churn a middle pass comes every few minutes
+#: and traverses every churned object still alive; cyclic garbage (rare: rows are acyclic)
+#: waits that long.
 STEADY_GC_THRESHOLDS = (5_000, 1_000, 10)
 
 #: Seconds between two young collections of `collect_young_periodically`. The young
