@@ -45,7 +45,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bpf import catalog
 from bpf.factory import BackendConfig, MapFactory
-from bpfops.endpoint_ops import LXCOps
+from bpfops.endpoint_ops import EndpointMapOps
 from bpfops.ipcache_ops import IPCacheOps
 from reconciler import Config, Reconciler
 from reconciler.status import StatusKind
@@ -171,11 +171,11 @@ def synthetic_figure(count: int) -> dict[str, Any]:
     """endpoints_per_s (module doc)."""
     pin_dir = f"/sys/fs/bpf/sw-bench-ep-{PID}"
     factory = MapFactory(BackendConfig(backend="auto", pin_dir=pin_dir, pin=False))
-    lxc_map = factory.open_typed(catalog.endpoints_spec())
+    endpoint_map = factory.open_typed(catalog.endpoints_spec())
     ipc_map = factory.open_typed(catalog.ipcache_spec())
     db = DB()
     entries = EntryTables()
-    db.register(entries.lxc, entries.ipcache)
+    db.register(entries.endpoint_map, entries.ipcache)
 
     def cfg(table: Any, ops: Any) -> Config[Any]:
         return Config(
@@ -200,7 +200,7 @@ def synthetic_figure(count: int) -> dict[str, Any]:
 
     async def main() -> float:
         recs = [
-            Reconciler(db, cfg(entries.lxc, LXCOps(lxc_map))),
+            Reconciler(db, cfg(entries.endpoint_map, EndpointMapOps(endpoint_map))),
             Reconciler(db, cfg(entries.ipcache, IPCacheOps(ipc_map))),
         ]
         async with anyio.create_task_group() as tg:
@@ -208,24 +208,24 @@ def synthetic_figure(count: int) -> dict[str, Any]:
                 await tg.start(r.run)
             start = time.perf_counter()
             for i in range(0, count, 1000):
-                with db.write_txn(entries.lxc, entries.ipcache) as txn:
+                with db.write_txn(entries.endpoint_map, entries.ipcache) as txn:
                     for n, ep in enumerate(eps[i : i + 1000]):
                         # distinct owners: endpoint ids wrap at 4095, entries must not
                         entries.set_endpoint(txn, replace(ep, id=i + n + 1), previous=[])
                 await anyio.sleep(0)
-            await recs[0].wait_until_reconciled(entries.lxc.revision(db.read_txn()))
+            await recs[0].wait_until_reconciled(entries.endpoint_map.revision(db.read_txn()))
             await recs[1].wait_until_reconciled(entries.ipcache.revision(db.read_txn()))
             elapsed = time.perf_counter() - start
             rtxn = db.read_txn()
-            assert all(r.status.kind is StatusKind.DONE for r in entries.lxc.all(rtxn))
+            assert all(r.status.kind is StatusKind.DONE for r in entries.endpoint_map.all(rtxn))
             tg.cancel_scope.cancel()
         return elapsed
 
     try:
         elapsed = anyio.run(main)
-        assert lxc_map.count() == count and ipc_map.count() == count
+        assert endpoint_map.count() == count and ipc_map.count() == count
     finally:
-        lxc_map.close()
+        endpoint_map.close()
         ipc_map.close()
         remove_pin_dir(pin_dir)
     return {"endpoints_per_s": round(count / elapsed), "maps": factory.kind}

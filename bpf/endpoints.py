@@ -1,4 +1,4 @@
-"""Endpoints (lxc) map entries (mirrors bpf/include/eps.h byte for byte)."""
+"""Endpoints (lxc) map entries (mirrors bpf/include/endpoints.h byte for byte)."""
 
 from __future__ import annotations
 

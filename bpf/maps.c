@@ -6,7 +6,7 @@
 #define SW_DEFINE_MAPS
 #define SW_DEFINE_POLICY_TEMPLATE
 #include "include/lb.h"
-#include "include/eps.h"
+#include "include/endpoints.h"
 #include "include/ipcache.h"
 #include "include/policy.h"
 

@@ -25,7 +25,7 @@ Load balancing (the frontends reconciler):
 Endpoints and policy:
 
 * ``bpfops.keyed_map_ops``: ``KeyedMapOps``, one map entry per row (update only what
-  differs, delete, prune); ``bpfops.endpoint_ops`` (``LXCOps``, the endpoints map) and
+  differs, delete, prune); ``bpfops.endpoint_ops`` (``EndpointMapOps``, the endpoints map) and
   ``bpfops.ipcache_ops`` (``IPCacheOps``, the ipcache) build on it.
 * ``bpfops.policy_ops``: ``PolicyOps`` (the per-endpoint policy maps) and
   ``PolicyNetnsOps`` (the ``policy_netns`` map).

@@ -1,5 +1,5 @@
-"""LXCOps: the reconciler Operations writing the ``endpoint-map`` table into the endpoints
-(lxc) BPF map (layout: bpf/include/eps.h, codec: bpf/endpoints.py).
+"""EndpointMapOps: the reconciler Operations writing the ``endpoint-map`` table into the
+endpoint map, Cilium's lxc map (layout: bpf/include/endpoints.h, codec: bpf/endpoints.py).
 
 Each row is one address: key ``endpoint_key`` (IP, family), value ``endpoint_info``
 (ifindex, lxc_id, flags, MACs, identity). `KeyedMapOps` writes only entries that differ and
@@ -13,19 +13,19 @@ from __future__ import annotations
 from bpf.endpoints import FAMILY_IPV4, FAMILY_IPV6, EndpointInfo, EndpointKey
 from bpf.typed_map import TypedMap
 from bpfops.keyed_map_ops import KeyedMapOps
-from tables.endpoint_entries import LXCEntry
+from tables.endpoint_entries import EndpointMapEntry
 from tables.l3n4 import IPAddress
 
 
 def endpoint_key(ip: IPAddress) -> EndpointKey:
-    """The lxc map key of an address (IPv4 in the first four bytes)."""
+    """The endpoint map key of an address (IPv4 in the first four bytes)."""
     if ip.version == 4:
         return EndpointKey(ip.packed + bytes(12), FAMILY_IPV4)
     return EndpointKey(ip.packed, FAMILY_IPV6)
 
 
-def endpoint_info(row: LXCEntry) -> EndpointInfo:
-    """The lxc map value of a row."""
+def endpoint_info(row: EndpointMapEntry) -> EndpointInfo:
+    """The endpoint map value of a row."""
     return EndpointInfo(
         ifindex=row.ifindex,
         lxc_id=row.lxc_id,
@@ -36,21 +36,21 @@ def endpoint_info(row: LXCEntry) -> EndpointInfo:
     )
 
 
-class LXCOps(KeyedMapOps[LXCEntry]):
+class EndpointMapOps(KeyedMapOps[EndpointMapEntry]):
     """Operations of the ``endpoint-map`` reconciler (see the module doc)."""
 
-    def __init__(self, lxc_map: TypedMap[EndpointKey, EndpointInfo]) -> None:
-        super().__init__(lxc_map)
+    def __init__(self, endpoint_map: TypedMap[EndpointKey, EndpointInfo]) -> None:
+        super().__init__(endpoint_map)
 
-    def key_of(self, obj: LXCEntry) -> EndpointKey:
-        """The lxc key of the row's address."""
+    def key_of(self, obj: EndpointMapEntry) -> EndpointKey:
+        """The endpoint map key of the row's address."""
         return endpoint_key(obj.ip)
 
-    def value_of(self, obj: LXCEntry) -> EndpointInfo:
-        """The lxc value of the row."""
+    def value_of(self, obj: EndpointMapEntry) -> EndpointInfo:
+        """The endpoint map value of the row."""
         return endpoint_info(obj)
 
-    def describe(self, obj: LXCEntry) -> str:
+    def describe(self, obj: EndpointMapEntry) -> str:
         """Address and owner."""
         return f"{obj.ip} ({obj.owner})"
 

@@ -1,13 +1,14 @@
-"""Desired entries of the endpoint (lxc) map and the ipcache: two statedb tables that the
-generic reconciler writes into the BPF maps (bpfops/endpoint_ops.py, bpfops/ipcache_ops.py).
+"""Desired entries of the endpoint map (Cilium's lxc map) and the ipcache: two statedb tables
+that the generic reconciler writes into the BPF maps (bpfops/endpoint_ops.py,
+bpfops/ipcache_ops.py).
 
 Where the entries come from (what Cilium's agent writes):
 
-* every local endpoint: one ``lxc`` entry per address (ifindex and MACs of its veth, its
+* every local endpoint: one endpoint map entry per address (ifindex and MACs of its veth, its
   endpoint id as ``lxc_id``, its identity) and one ipcache ``/32`` or ``/128`` entry per
   address with its identity (owner ``endpoint:<id>``);
 * every address of this node (the node-addresses table, and the IPAM router addresses,
-  i.e. ``cilium_host``'s): an ``lxc`` entry with the host flag and an ipcache entry with
+  i.e. ``cilium_host``'s): an endpoint map entry with the host flag and an ipcache entry with
   the host identity (Cilium's ``syncHostIPs``; owner ``host``), following the addresses as
   they come and go;
 * ``0.0.0.0/0`` and ``::/0`` in the ipcache with the world identity (owner ``world``):
@@ -36,7 +37,7 @@ from tables.identities import (
 )
 from tables.l3n4 import IPAddress, IPNetwork
 
-LXC_TABLE = "endpoint-map"
+ENDPOINT_MAP_TABLE = "endpoint-map"
 IPCACHE_TABLE = "ipcache"
 ENDPOINT_F_HOST = 1  # endpoint_info.flags: the entry is one of the host's addresses
 
@@ -50,8 +51,8 @@ def endpoint_owner(ep_id: int) -> str:
 
 
 @dataclass(frozen=True, slots=True)
-class LXCEntry:
-    """One desired entry of the endpoints (lxc) map."""
+class EndpointMapEntry:
+    """One desired entry of the endpoint map."""
 
     ip: IPAddress
     owner: str
@@ -121,10 +122,10 @@ class IPCacheEntry:
         return [str(self.prefix), str(self.identity), self.owner, str(self.status.kind)]
 
 
-lxc_ip_index: Index[LXCEntry, IPAddress] = Index(
+endpoint_map_ip_index: Index[EndpointMapEntry, IPAddress] = Index(
     "ip", key=lambda e: e.ip, encode=keycodec.ip_address, parse=ipaddress.ip_address
 )
-lxc_owner_index: Index[LXCEntry, str] = Index(
+endpoint_map_owner_index: Index[EndpointMapEntry, str] = Index(
     "owner", key=lambda e: e.owner, encode=keycodec.string, unique=False
 )
 ipcache_prefix_index: Index[IPCacheEntry, IPNetwork] = Index(
@@ -135,9 +136,14 @@ ipcache_owner_index: Index[IPCacheEntry, str] = Index(
 )
 
 
-def new_lxc_table() -> Table[LXCEntry]:
+def new_endpoint_map_table() -> Table[EndpointMapEntry]:
     """A new, unregistered ``endpoint-map`` table."""
-    return Table(LXC_TABLE, lxc_ip_index, lxc_owner_index, row_type=LXCEntry)
+    return Table(
+        ENDPOINT_MAP_TABLE,
+        endpoint_map_ip_index,
+        endpoint_map_owner_index,
+        row_type=EndpointMapEntry,
+    )
 
 
 def new_ipcache_table() -> Table[IPCacheEntry]:
@@ -145,7 +151,7 @@ def new_ipcache_table() -> Table[IPCacheEntry]:
     return Table(IPCACHE_TABLE, ipcache_prefix_index, ipcache_owner_index, row_type=IPCacheEntry)
 
 
-R = TypeVar("R", LXCEntry, IPCacheEntry)
+R = TypeVar("R", EndpointMapEntry, IPCacheEntry)
 
 
 def _host_net(ip: IPAddress) -> IPNetwork:
@@ -159,14 +165,14 @@ def _host_net(ip: IPAddress) -> IPNetwork:
 class EntryTables:
     """The two desired-entry tables and the writers that keep them derived."""
 
-    lxc: Table[LXCEntry] = field(default_factory=new_lxc_table)
+    endpoint_map: Table[EndpointMapEntry] = field(default_factory=new_endpoint_map_table)
     ipcache: Table[IPCacheEntry] = field(default_factory=new_ipcache_table)
 
-    def _put_lxc(self, txn: WriteTxn, row: LXCEntry) -> bool:
-        old = self.lxc.get(txn, lxc_ip_index.query(row.ip))
+    def _put_endpoint_map(self, txn: WriteTxn, row: EndpointMapEntry) -> bool:
+        old = self.endpoint_map.get(txn, endpoint_map_ip_index.query(row.ip))
         if old == row:
             return False
-        self.lxc.insert(txn, row)
+        self.endpoint_map.insert(txn, row)
         return True
 
     def _put_ipcache(self, txn: WriteTxn, row: IPCacheEntry) -> bool:
@@ -186,11 +192,11 @@ class EntryTables:
         so stale entries are found by key; None looks them up by owner (slower: the
         owner index is ordered and kept current in the transaction)."""
         owner = endpoint_owner(ep.id)
-        want_lxc: dict[IPAddress, LXCEntry] = {}
+        want_endpoint_map: dict[IPAddress, EndpointMapEntry] = {}
         want_ipc: dict[IPNetwork, IPCacheEntry] = {}
         if ep.identity:
             for ip in ep.addresses():
-                want_lxc[ip] = LXCEntry(
+                want_endpoint_map[ip] = EndpointMapEntry(
                     ip,
                     owner,
                     ifindex=ep.ifindex,
@@ -201,7 +207,7 @@ class EntryTables:
                 )
                 net = _host_net(ip)
                 want_ipc[net] = IPCacheEntry(net, ep.identity, owner)
-        return self._replace_owned(txn, owner, want_lxc, want_ipc, previous=previous)
+        return self._replace_owned(txn, owner, want_endpoint_map, want_ipc, previous=previous)
 
     def delete_endpoint(
         self, txn: WriteTxn, ep_id: int, previous: Iterable[IPAddress] | None = None
@@ -215,14 +221,15 @@ class EntryTables:
     ) -> int:
         """Host entries for ``host_ips`` (host identity, host flag) and world entries for
         ``families``; entries of addresses no longer listed are deleted. Returns changes."""
-        want_lxc = {
-            ip: LXCEntry(ip, HOST_OWNER, flags=ENDPOINT_F_HOST, sec_id=IDENTITY_HOST)
+        want_endpoint_map = {
+            ip: EndpointMapEntry(ip, HOST_OWNER, flags=ENDPOINT_F_HOST, sec_id=IDENTITY_HOST)
             for ip in host_ips
         }
         want_ipc = {
-            _host_net(ip): IPCacheEntry(_host_net(ip), IDENTITY_HOST, HOST_OWNER) for ip in want_lxc
+            _host_net(ip): IPCacheEntry(_host_net(ip), IDENTITY_HOST, HOST_OWNER)
+            for ip in want_endpoint_map
         }
-        changed = self._replace_owned(txn, HOST_OWNER, want_lxc, want_ipc)
+        changed = self._replace_owned(txn, HOST_OWNER, want_endpoint_map, want_ipc)
         fams = sorted(set(families))
         world: dict[IPNetwork, IPCacheEntry] = {}
         for fam in fams:
@@ -231,41 +238,45 @@ class EntryTables:
             if len(fams) == 2:
                 ident = IDENTITY_WORLD_IPV4 if fam == 4 else IDENTITY_WORLD_IPV6
             world[net] = IPCacheEntry(net, ident, WORLD_OWNER)
-        return changed + self._replace_owned(txn, WORLD_OWNER, {}, world, lxc_too=False)
+        return changed + self._replace_owned(txn, WORLD_OWNER, {}, world, endpoint_map_too=False)
 
     def _replace_owned(
         self,
         txn: WriteTxn,
         owner: str,
-        want_lxc: dict[IPAddress, LXCEntry],
+        want_endpoint_map: dict[IPAddress, EndpointMapEntry],
         want_ipc: dict[IPNetwork, IPCacheEntry],
-        lxc_too: bool = True,
+        endpoint_map_too: bool = True,
         previous: Iterable[IPAddress] | None = None,
     ) -> int:
         changed = 0
-        old_lxc: list[LXCEntry]
+        old_endpoint_map: list[EndpointMapEntry]
         old_ipc_rows: list[IPCacheEntry]
         if previous is None:
-            old_lxc = list(self.lxc.list(txn, lxc_owner_index.query(owner))) if lxc_too else []
+            old_endpoint_map = (
+                list(self.endpoint_map.list(txn, endpoint_map_owner_index.query(owner)))
+                if endpoint_map_too
+                else []
+            )
             old_ipc_rows = list(self.ipcache.list(txn, ipcache_owner_index.query(owner)))
         else:
             prev = list(previous)
-            lxc_rows = [self.lxc.get(txn, lxc_ip_index.query(ip)) for ip in prev]
+            lxc_rows = [self.endpoint_map.get(txn, endpoint_map_ip_index.query(ip)) for ip in prev]
             ipc_rows = [
                 self.ipcache.get(txn, ipcache_prefix_index.query(_host_net(ip))) for ip in prev
             ]
-            old_lxc = [r for r in lxc_rows if r is not None and r.owner == owner]
+            old_endpoint_map = [r for r in lxc_rows if r is not None and r.owner == owner]
             old_ipc_rows = [r for r in ipc_rows if r is not None and r.owner == owner]
-        if lxc_too:
-            for old in old_lxc:
-                if old.ip not in want_lxc:
-                    self.lxc.delete(txn, old)
+        if endpoint_map_too:
+            for old in old_endpoint_map:
+                if old.ip not in want_endpoint_map:
+                    self.endpoint_map.delete(txn, old)
                     changed += 1
-            for ip, row in want_lxc.items():
-                cur = self.lxc.get(txn, lxc_ip_index.query(ip))
+            for ip, row in want_endpoint_map.items():
+                cur = self.endpoint_map.get(txn, endpoint_map_ip_index.query(ip))
                 if cur is not None and cur.owner != owner and owner == HOST_OWNER:
                     continue  # an endpoint's entry wins over a host entry for one address
-                changed += self._put_lxc(txn, row)
+                changed += self._put_endpoint_map(txn, row)
         for old_ipc in old_ipc_rows:
             if old_ipc.prefix not in want_ipc:
                 self.ipcache.delete(txn, old_ipc)

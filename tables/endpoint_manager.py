@@ -58,9 +58,9 @@ from reconciler.status import StatusKind
 from statedb import DB, ReadTxn, Table, WriteTxn
 from tables.endpoint_entries import (
     EntryTables,
+    endpoint_map_ip_index,
     endpoint_owner,
     ipcache_prefix_index,
-    lxc_ip_index,
 )
 from tables.endpoints import (
     MAX_ENDPOINT_ID,
@@ -155,7 +155,7 @@ class EndpointManager:
         self.state_dir = state_dir
         self.endpoints = endpoints or new_endpoints_table()
         self.entries = entries or EntryTables()
-        for t in (self.endpoints, self.entries.lxc, self.entries.ipcache):
+        for t in (self.endpoints, self.entries.endpoint_map, self.entries.ipcache):
             if t not in db.tables:
                 db.register(t)
         self._lock = threading.RLock()
@@ -165,7 +165,7 @@ class EndpointManager:
         return (
             self.endpoints,  # type: ignore[return-value]
             self.identities.table,
-            self.entries.lxc,
+            self.entries.endpoint_map,
             self.entries.ipcache,
         )
 
@@ -396,7 +396,7 @@ class EndpointManager:
                     self.endpoints.insert(wtxn, ep)
                     self._persist(ep)
             txn = self.db.read_txn()
-            return ep, (self.entries.lxc.revision(txn), self.entries.ipcache.revision(txn))
+            return ep, (self.entries.endpoint_map.revision(txn), self.entries.ipcache.revision(txn))
 
     def finish_delete(self, ep: Endpoint) -> Endpoint:
         """Second half: release the identity reference, remove the row and the state file,
@@ -461,7 +461,7 @@ class EndpointManager:
         owner = endpoint_owner(ep.id)
         for ip in ep.addresses():
             rows = (
-                self.entries.lxc.get(txn, lxc_ip_index.query(ip)),
+                self.entries.endpoint_map.get(txn, endpoint_map_ip_index.query(ip)),
                 self.entries.ipcache.get(txn, ipcache_prefix_index.query(ipaddress.ip_network(ip))),
             )
             for row in rows:
@@ -482,7 +482,7 @@ class EndpointManager:
             router = self.ipam.router(txn, fam)
             if router is not None:
                 ips.add(router)
-        with self.db.write_txn(self.entries.lxc, self.entries.ipcache) as wtxn:
+        with self.db.write_txn(self.entries.endpoint_map, self.entries.ipcache) as wtxn:
             ordered = sorted(ips, key=lambda a: (a.version, int(a)))
             return self.entries.set_host(wtxn, ordered, self.ipam.families())
 

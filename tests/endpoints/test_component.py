@@ -19,7 +19,7 @@ import pytest
 
 from bpf.endpoints import FAMILY_IPV4, EndpointInfo, EndpointKey
 from bpf.ipcache import IPCacheKey, RemoteEndpointInfo
-from bpfops.endpoint_ops import LXCOps, endpoint_key
+from bpfops.endpoint_ops import EndpointMapOps, endpoint_key
 from bpfops.ipcache_ops import IPCacheOps, ipcache_key
 from statedb import DB
 from statewright.agent.components.endpoints import EndpointsComponent, EndpointsConfig
@@ -69,7 +69,7 @@ POD = {
 }
 
 
-def lxc_entries(comp: EndpointsComponent) -> dict[EndpointKey, EndpointInfo]:
+def endpoint_map_entries(comp: EndpointsComponent) -> dict[EndpointKey, EndpointInfo]:
     return dict(comp.maps["endpoints"].items())
 
 
@@ -104,7 +104,7 @@ def test_endpoint_lifecycle_and_maps(setup: EndpointsConfig) -> None:
             assert ep["id"] == 1 and ep["identity"] == MIN_ALLOCATED_IDENTITY
             assert ep["addressing"] == {"ipv4": ip4, "ipv6": ""}
             await wait_for(lambda: mgr.get("1").state.value == "ready", "endpoint ready")
-            lxc = lxc_entries(comp)
+            lxc = endpoint_map_entries(comp)
             assert lxc[ip4key(ip4)] == EndpointInfo(
                 ifindex=42,
                 lxc_id=1,
@@ -143,7 +143,7 @@ def test_endpoint_lifecycle_and_maps(setup: EndpointsConfig) -> None:
             assert p["identity"] == MIN_ALLOCATED_IDENTITY + 1
             await wait_for(
                 lambda: (
-                    lxc_entries(comp).get(ip4key("10.20.0.3"), EndpointInfo(0)).sec_id
+                    endpoint_map_entries(comp).get(ip4key("10.20.0.3"), EndpointInfo(0)).sec_id
                     == MIN_ALLOCATED_IDENTITY + 1
                 ),
                 "map follows the new identity",
@@ -155,8 +155,8 @@ def test_endpoint_lifecycle_and_maps(setup: EndpointsConfig) -> None:
                 na.delete(txn, NodeAddress(ipaddress.ip_address("192.0.2.10"), device_name="eth0"))
             await wait_for(
                 lambda: (
-                    ip4key("192.0.2.11") in lxc_entries(comp)
-                    and ip4key("192.0.2.10") not in lxc_entries(comp)
+                    ip4key("192.0.2.11") in endpoint_map_entries(comp)
+                    and ip4key("192.0.2.10") not in endpoint_map_entries(comp)
                     and net_key("192.0.2.10/32") not in ipcache_entries(comp)
                 ),
                 "host entries follow the node addresses",
@@ -164,7 +164,7 @@ def test_endpoint_lifecycle_and_maps(setup: EndpointsConfig) -> None:
 
             # DELETE: entries, addresses released
             assert await call(comp, "DELETE", "/endpoint/1") == {"deleted": 1}
-            await wait_for(lambda: ip4key(ip4) not in lxc_entries(comp), "entry deleted")
+            await wait_for(lambda: ip4key(ip4) not in endpoint_map_entries(comp), "entry deleted")
             assert net_key(f"{ip4}/32") not in ipcache_entries(comp)
             assert (
                 comp.ipam is not None
@@ -267,7 +267,7 @@ def test_restore_keeps_ids_addresses_entries_and_removes_vanished(
             comp.maps["endpoints"].update(
                 EndpointKey(bytes([10, 20, 0, 200]) + bytes(12), FAMILY_IPV4), EndpointInfo(7)
             )
-            out["lxc"] = lxc_entries(comp)
+            out["lxc"] = endpoint_map_entries(comp)
             out["ipcache"] = ipcache_entries(comp)
             return out
 
@@ -290,26 +290,26 @@ def test_restore_keeps_ids_addresses_entries_and_removes_vanished(
             await wait_for(lambda: all(e.state.value == "ready" for e in mgr.all()), "ready")
             await wait_for(
                 lambda: (
-                    ip4key("10.20.0.200") not in lxc_entries(comp)
-                    and ip4key(ip2) not in lxc_entries(comp)
+                    ip4key("10.20.0.200") not in endpoint_map_entries(comp)
+                    and ip4key(ip2) not in endpoint_map_entries(comp)
                 ),
                 "prune after restore",
             )
-            want_lxc = {
+            want_endpoint_map = {
                 k: v
                 for k, v in before["lxc"].items()
                 if k not in (ip4key("10.20.0.200"), ip4key(ip2))
             }
-            assert lxc_entries(comp) == {
+            assert endpoint_map_entries(comp) == {
                 k: v
-                for k, v in want_lxc.items()
+                for k, v in want_endpoint_map.items()
                 if k != endpoint_key(ipaddress.ip_address(before["2"]["addressing"]["ipv6"]))
             }
             # nothing that was already in the maps was written again
-            lxc_ops, ipc_ops = comp.ops["endpoint-map"], comp.ops["ipcache"]
-            assert isinstance(lxc_ops, LXCOps) and isinstance(ipc_ops, IPCacheOps)
-            assert (lxc_ops.writes, ipc_ops.writes) == (0, 0)
-            assert lxc_ops.skipped > 0 and ipc_ops.skipped > 0
+            endpoint_map_ops, ipc_ops = comp.ops["endpoint-map"], comp.ops["ipcache"]
+            assert isinstance(endpoint_map_ops, EndpointMapOps) and isinstance(ipc_ops, IPCacheOps)
+            assert (endpoint_map_ops.writes, ipc_ops.writes) == (0, 0)
+            assert endpoint_map_ops.skipped > 0 and ipc_ops.skipped > 0
             # a new endpoint never gets a restored or removed one's id twice; addresses
             # of the removed one may be reused only because they were released
             ep = await call(comp, "PUT", "/endpoint/0", {**POD, "container-id": "new"})
@@ -462,7 +462,7 @@ def test_ready_only_after_the_entries_are_in_the_maps(setup: EndpointsConfig) ->
                     rows, watch = mgr.endpoints.all_watch(mgr.db.read_txn())
                     for ep in rows:
                         ip = str(ep.ipv4)
-                        got = (ep.state.value, ip4key(ip) in lxc_entries(comp),
+                        got = (ep.state.value, ip4key(ip) in endpoint_map_entries(comp),
                                net_key(f"{ip}/32") in ipcache_entries(comp))
                         if not seen or seen[-1] != got:
                             seen.append(got)
@@ -477,19 +477,19 @@ def test_ready_only_after_the_entries_are_in_the_maps(setup: EndpointsConfig) ->
                 await wait_for(lambda: net_key(f"{ip}/32") in ipcache_entries(comp), "ipcache")
                 await anyio.sleep(0.2)
                 assert mgr.get("1").state.value == "regenerating"
-                assert ip4key(ip) not in lxc_entries(comp)
+                assert ip4key(ip) not in endpoint_map_entries(comp)
                 gate.set()
                 await wait_for(lambda: mgr.get("1").state.value == "ready", "ready")
                 await anyio.sleep(0.05)
                 tg.cancel_scope.cancel()
-            assert ip4key(ip) in lxc_entries(comp)
+            assert ip4key(ip) in endpoint_map_entries(comp)
             assert [s for s, _, _ in seen] == ["regenerating", "ready"], seen
             assert all(lxc and ipc for s, lxc, ipc in seen if s == "ready"), seen
             # a change of its entries (new labels, new identity) regenerates it again
             p = await call(comp, "PATCH", "/endpoint/1", {"labels": ["k8s:app=other"]})
             assert p["state"] == "regenerating"
             await wait_for(lambda: mgr.get("1").state.value == "ready", "ready again")
-            assert lxc_entries(comp)[ip4key(ip)].sec_id == p["identity"]
+            assert endpoint_map_entries(comp)[ip4key(ip)].sec_id == p["identity"]
 
     anyio.run(main)
 
@@ -587,7 +587,7 @@ def test_disconnecting_until_the_entries_are_removed(setup: EndpointsConfig) -> 
                 await wait_for(lambda: mgr.get("1").state.value == "disconnecting", "disconnecting")
                 await anyio.sleep(0.2)
                 # still there, its lxc entry too; the request has not been answered
-                assert not answer and ip4key(ip) in lxc_entries(comp)
+                assert not answer and ip4key(ip) in endpoint_map_entries(comp)
                 assert (await call(comp, "GET", "/endpoint/1"))["state"] == "disconnecting"
                 state_file = os.path.join(setup.state_dir, "endpoints", "1.json")
                 with open(state_file) as f:
@@ -598,7 +598,7 @@ def test_disconnecting_until_the_entries_are_removed(setup: EndpointsConfig) -> 
                 gate.set()
             # answered once the entries are out of the maps
             assert answer == [{"deleted": 1}]
-            assert ip4key(ip) not in lxc_entries(comp)
+            assert ip4key(ip) not in endpoint_map_entries(comp)
             assert net_key(f"{ip}/32") not in ipcache_entries(comp)
             assert mgr.all() == [] and not os.path.exists(state_file)
             assert comp.ipam is not None

@@ -133,7 +133,9 @@ class ManagerMachine(RuleBasedStateMachine):
                 assert ident.refcount == uses[ident.id], ident
         assert set(uses) <= {i.id for i in self.mgr.identities.table.all(txn)}
         lxc = {
-            (str(r.ip), r.sec_id) for r in self.mgr.entries.lxc.all(txn) if r.owner != HOST_OWNER
+            (str(r.ip), r.sec_id)
+            for r in self.mgr.entries.endpoint_map.all(txn)
+            if r.owner != HOST_OWNER
         }
         assert lxc == {(str(a), e.identity) for e in eps for a in e.addresses()}
         ipc = {

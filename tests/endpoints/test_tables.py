@@ -19,13 +19,13 @@ from bpf.kernel_map import KernelMap
 from bpf.memory_map import MemoryMap
 from bpf.testing import FaultyMap
 from bpf.typed_map import TypedMap
-from bpfops.endpoint_ops import LXCOps, endpoint_info, endpoint_key
+from bpfops.endpoint_ops import EndpointMapOps, endpoint_info, endpoint_key
 from bpfops.ipcache_ops import IPCacheOps, ipcache_key, ipcache_value
 from bpfops.keyed_map_ops import EndpointMapError
 from reconciler import Config, Reconciler
 from reconciler.status import StatusKind
 from statedb import DB
-from tables.endpoint_entries import EntryTables, IPCacheEntry, LXCEntry
+from tables.endpoint_entries import EndpointMapEntry, EntryTables, IPCacheEntry
 from tables.endpoints import (
     Endpoint,
     EndpointChange,
@@ -118,10 +118,10 @@ def test_change_request_parse_and_roundtrip() -> None:
 def test_entries_follow_endpoints_and_host() -> None:
     db = DB()
     entries = EntryTables()
-    db.register(entries.lxc, entries.ipcache)
+    db.register(entries.endpoint_map, entries.ipcache)
     ep = Endpoint(5, ifindex=9, ipv4=ipaddress.IPv4Address("10.0.0.5"), identity=300)
     host = [ipaddress.ip_address("192.0.2.1"), ipaddress.ip_address("2001:db8::1")]
-    with db.write_txn(entries.lxc, entries.ipcache) as txn:
+    with db.write_txn(entries.endpoint_map, entries.ipcache) as txn:
         assert entries.set_endpoint(txn, replace(ep, identity=0)) == 0  # no identity yet
         assert entries.set_endpoint(txn, ep) == 2
         assert entries.set_endpoint(txn, ep) == 0  # unchanged: nothing written
@@ -131,7 +131,7 @@ def test_entries_follow_endpoints_and_host() -> None:
         assert entries.delete_endpoint(txn, 5) == 2
     txn = db.read_txn()
     assert sorted(str(e.prefix) for e in entries.ipcache.all(txn)) == ["0.0.0.0/0", "192.0.2.1/32"]
-    assert [e.sec_id for e in entries.lxc.all(txn)] == [IDENTITY_HOST]
+    assert [e.sec_id for e in entries.endpoint_map.all(txn)] == [IDENTITY_HOST]
     assert next(iter(entries.ipcache.all(txn))).identity == IDENTITY_WORLD  # single stack
 
 
@@ -143,24 +143,26 @@ def opener(request: pytest.FixtureRequest) -> Iterator[Any]:
 def test_ops_under_faults_converge(opener: Any) -> None:
     """Random endpoints through the reconciler into maps that fail a third of the writes:
     retries make the maps equal to the tables, and prune removes strays."""
-    lxc_spec = catalog.endpoints_spec(256)
+    endpoint_map_spec = catalog.endpoints_spec(256)
     ipc_spec = catalog.ipcache_spec(256)
-    lxc_real, ipc_real = opener.create(lxc_spec), opener.create(ipc_spec)
+    endpoint_map_real, ipc_real = opener.create(endpoint_map_spec), opener.create(ipc_spec)
     # updates, deletes and lookups fail; a prune's key iteration (one call per key) would
     # almost never get through at this rate, so it is left alone
     flaky = frozenset({"update", "delete", "lookup"})
-    lxc_map = TypedMap(lxc_spec, FaultyMap(lxc_real, 0.3, errno.ENOMEM, seed=1, ops=flaky))
+    endpoint_map = TypedMap(
+        endpoint_map_spec, FaultyMap(endpoint_map_real, 0.3, errno.ENOMEM, seed=1, ops=flaky)
+    )
     ipc_map = TypedMap(ipc_spec, FaultyMap(ipc_real, 0.3, errno.ENOMEM, seed=2, ops=flaky))
     stray = endpoint_key(ipaddress.ip_address("10.9.9.9"))
-    TypedMap(lxc_spec, lxc_real).update(
-        stray, endpoint_info(LXCEntry(ipaddress.ip_address("10.9.9.9"), "x"))
+    TypedMap(endpoint_map_spec, endpoint_map_real).update(
+        stray, endpoint_info(EndpointMapEntry(ipaddress.ip_address("10.9.9.9"), "x"))
     )
     db = DB()
     entries = EntryTables()
-    db.register(entries.lxc, entries.ipcache)
-    with db.write_txn(entries.lxc, entries.ipcache) as txn:
-        done = entries.lxc.register_initializer(txn, "test")
-    lxc_ops, ipc_ops = LXCOps(lxc_map), IPCacheOps(ipc_map)
+    db.register(entries.endpoint_map, entries.ipcache)
+    with db.write_txn(entries.endpoint_map, entries.ipcache) as txn:
+        done = entries.endpoint_map.register_initializer(txn, "test")
+    endpoint_map_ops, ipc_ops = EndpointMapOps(endpoint_map), IPCacheOps(ipc_map)
 
     def cfg(table: Any, ops: Any) -> Config[Any]:
         return Config(
@@ -176,27 +178,27 @@ def test_ops_under_faults_converge(opener: Any) -> None:
 
     async def main() -> None:
         recs = [
-            Reconciler(db, cfg(entries.lxc, lxc_ops)),
+            Reconciler(db, cfg(entries.endpoint_map, endpoint_map_ops)),
             Reconciler(db, cfg(entries.ipcache, ipc_ops)),
         ]
         async with anyio.create_task_group() as tg:
             for r in recs:
                 await tg.start(r.run)
-            with db.write_txn(entries.lxc, entries.ipcache) as txn:
+            with db.write_txn(entries.endpoint_map, entries.ipcache) as txn:
                 for i in range(1, 40):
                     ip = ipaddress.IPv4Address(f"10.1.0.{i}")
                     entries.set_endpoint(txn, Endpoint(i, ifindex=i, ipv4=ip, identity=256 + i % 3))
                 entries.set_host(txn, [ipaddress.ip_address("192.0.2.1")], [4])
-            with db.write_txn(entries.lxc, entries.ipcache) as txn:
+            with db.write_txn(entries.endpoint_map, entries.ipcache) as txn:
                 for i in range(1, 40, 3):
                     entries.delete_endpoint(txn, i)
                 done(txn)
 
             def settled() -> bool:
                 t = db.read_txn()
-                rows = [*entries.lxc.all(t), *entries.ipcache.all(t)]
+                rows = [*entries.endpoint_map.all(t), *entries.ipcache.all(t)]
                 return all(r.status.kind is StatusKind.DONE for r in rows) and (
-                    stray not in dict(TypedMap(lxc_spec, lxc_real).items())
+                    stray not in dict(TypedMap(endpoint_map_spec, endpoint_map_real).items())
                 )
 
             with anyio.fail_after(30):
@@ -206,21 +208,23 @@ def test_ops_under_faults_converge(opener: Any) -> None:
 
     anyio.run(main)
     txn = db.read_txn()
-    want_lxc = {endpoint_key(r.ip): endpoint_info(r) for r in entries.lxc.all(txn)}
+    want_endpoint_map = {
+        endpoint_key(r.ip): endpoint_info(r) for r in entries.endpoint_map.all(txn)
+    }
     want_ipc = {ipcache_key(r.prefix): ipcache_value(r) for r in entries.ipcache.all(txn)}
-    assert dict(TypedMap(lxc_spec, lxc_real).items()) == want_lxc
+    assert dict(TypedMap(endpoint_map_spec, endpoint_map_real).items()) == want_endpoint_map
     assert dict(TypedMap(ipc_spec, ipc_real).items()) == want_ipc
-    assert len(want_lxc) == 39 - 13 + 1
-    lxc_real.close()
+    assert len(want_endpoint_map) == 39 - 13 + 1
+    endpoint_map_real.close()
     ipc_real.close()
 
 
 def test_ops_errors_name_map_and_object() -> None:
     spec = catalog.endpoints_spec(4)
     m = TypedMap(spec, FaultyMap(MemoryMap.create(spec), 1.0, errno.EPERM))
-    row = LXCEntry(ipaddress.ip_address("10.0.0.1"), "endpoint:1")
+    row = EndpointMapEntry(ipaddress.ip_address("10.0.0.1"), "endpoint:1")
     with pytest.raises(EndpointMapError, match=r"map endpoints: update 10\.0\.0\.1 \(endpoint:1\)"):
-        LXCOps(m).update(DB().read_txn(), 1, row)
+        EndpointMapOps(m).update(DB().read_txn(), 1, row)
     ipc = catalog.ipcache_spec(4)
     im = TypedMap(ipc, FaultyMap(MemoryMap.create(ipc), 1.0, errno.ENOSPC))
     entry = IPCacheEntry(ipaddress.ip_network("10.0.0.1/32"), 300, "endpoint:1")

@@ -49,7 +49,7 @@ import anyio
 from bpf.catalog import endpoints_spec, ipcache_spec
 from bpf.factory import BackendConfig, MapFactory
 from bpf.typed_map import TypedMap
-from bpfops.endpoint_ops import LXCOps
+from bpfops.endpoint_ops import EndpointMapOps
 from bpfops.ipcache_ops import IPCacheOps
 from reconciler import Reconciler
 from reconciler.health import Level
@@ -145,7 +145,7 @@ class EndpointsComponent(Component):
         self.manager: EndpointManager | None = None
         self.ipam: IPAM | None = None
         self.maps: dict[str, TypedMap[Any, Any]] = {}
-        self.ops: dict[str, LXCOps | IPCacheOps] = {}
+        self.ops: dict[str, EndpointMapOps | IPCacheOps] = {}
         self.reconcilers: dict[str, Reconciler[Any]] = {}
         self.restore_result = RestoreResult()
         self.maps_kind = ""
@@ -182,22 +182,22 @@ class EndpointsComponent(Component):
             netns_cookie=netns_cookie,
             pod_labels_of=self._pod_labels_of(pods) if pods is not None else None,
         )
-        with db.write_txn(entries.lxc, entries.ipcache) as txn:
-            done_lxc = entries.lxc.register_initializer(txn, RESTORE_INITIALIZER)
+        with db.write_txn(entries.endpoint_map, entries.ipcache) as txn:
+            done_endpoint_map = entries.endpoint_map.register_initializer(txn, RESTORE_INITIALIZER)
             done_ipc = entries.ipcache.register_initializer(txn, RESTORE_INITIALIZER)
         self.ipam, self.manager = ipam, manager
 
         factory = MapFactory(BackendConfig(backend=cfg.backend, pin_dir=cfg.pin_dir))  # type: ignore[arg-type]
         self.maps_kind = factory.kind
-        lxc_map = factory.open_typed(endpoints_spec())
+        endpoint_map = factory.open_typed(endpoints_spec())
         try:
             ipc_map = factory.open_typed(ipcache_spec())
         except BaseException:
-            lxc_map.close()
+            endpoint_map.close()
             raise
-        self.maps = {"endpoints": lxc_map, "ipcache": ipc_map}
+        self.maps = {"endpoints": endpoint_map, "ipcache": ipc_map}
         try:
-            await self._start_with_maps(hive, db, manager, entries, done_lxc, done_ipc)
+            await self._start_with_maps(hive, db, manager, entries, done_endpoint_map, done_ipc)
         except BaseException:
             await self.stop()
             raise
@@ -208,16 +208,16 @@ class EndpointsComponent(Component):
         db: DB,
         manager: EndpointManager,
         entries: EntryTables,
-        done_lxc: Callable[[Any], None],
+        done_endpoint_map: Callable[[Any], None],
         done_ipc: Callable[[Any], None],
     ) -> None:
         """Steps 2 (reconcilers) to 5 of the module doc, once the maps are open."""
         cfg, ipam = self.config, manager.ipam
-        lxc_map, ipc_map = self.maps["endpoints"], self.maps["ipcache"]
-        lxc_ops, ipc_ops = LXCOps(lxc_map), IPCacheOps(ipc_map)
-        self.ops = {"endpoint-map": lxc_ops, "ipcache": ipc_ops}
+        endpoint_map, ipc_map = self.maps["endpoints"], self.maps["ipcache"]
+        ep_ops, ipc_ops = EndpointMapOps(endpoint_map), IPCacheOps(ipc_map)
+        self.ops = {"endpoint-map": ep_ops, "ipcache": ipc_ops}
         self.reconcilers = {
-            "endpoint-map": map_reconciler(db, entries.lxc, lxc_ops, cfg.prune_interval),
+            "endpoint-map": map_reconciler(db, entries.endpoint_map, ep_ops, cfg.prune_interval),
             "ipcache": map_reconciler(db, entries.ipcache, ipc_ops, cfg.prune_interval),
         }
         for name, rec in self.reconcilers.items():
@@ -231,8 +231,8 @@ class EndpointsComponent(Component):
             manager.sync_host(self._node_ips(db))
 
         await anyio.to_thread.run_sync(restore)
-        with db.write_txn(entries.lxc, entries.ipcache) as txn:
-            done_lxc(txn)
+        with db.write_txn(entries.endpoint_map, entries.ipcache) as txn:
+            done_endpoint_map(txn)
             done_ipc(txn)
         manager.finish_restore()
         await hive.spawn(self, self._follow_node_addresses(db, manager), label="endpoints-host")
@@ -316,7 +316,7 @@ class EndpointsComponent(Component):
             task_status.started()
             while True:
                 txn = db.read_txn()
-                _, w1 = entries.lxc.all_watch(txn)
+                _, w1 = entries.endpoint_map.all_watch(txn)
                 _, w2 = entries.ipcache.all_watch(txn)
                 _, w3 = manager.endpoints.all_watch(txn)
                 await anyio.to_thread.run_sync(manager.mark_ready)  # writes state files

@@ -1,8 +1,8 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /* Statewright: the endpoints (lxc) map layout, byte-compatible with the Cilium
  * datapath; bpf/endpoints.py mirrors it. */
-#ifndef STATEWRIGHT_EPS_H
-#define STATEWRIGHT_EPS_H
+#ifndef STATEWRIGHT_ENDPOINTS_H
+#define STATEWRIGHT_ENDPOINTS_H
 
 #include "common.h"
 
@@ -54,4 +54,4 @@ struct {
 } endpoints SEC(".maps");
 #endif /* SW_DEFINE_MAPS */
 
-#endif /* STATEWRIGHT_EPS_H */
+#endif /* STATEWRIGHT_ENDPOINTS_H */
