@@ -34,6 +34,13 @@ stopping part way fails.
 ``prune`` removes whatever the state does not explain: unknown service keys and slots,
 backends, rev-NAT, affinity, source-range and maglev entries, and wildcard entries without
 a parent; it also releases restored ids nobody claimed.
+
+A restart restores ids from the maps, and takes a backend in a frontend's inactive tail
+whose backends-map entry says active for quarantined (unhealthy before the restart): it
+stays in the tail until a health check reports on it, as long as the frontend lists it
+as active. Listed in another state (terminating, not serving, maintenance) it was in the
+tail for that reason, not quarantined, and the restored quarantine no longer applies:
+once ready it is active and load-balanced.
 """
 
 from __future__ import annotations
@@ -945,8 +952,13 @@ class FrontendOps(Generic[R]):
         quarantined = self.restored_quarantined.get(fe.addr)
         bes = list(fe.backends)
         if quarantined:
+            # A restored quarantine stands in for the health of an active backend until a
+            # health check reports. A backend listed in another state (terminating, not
+            # serving, maintenance: the tail slot is explained by that, e.g. an entry
+            # several frontends share holds another frontend's "active") was not
+            # quarantined, and turning ready later makes it active, not quarantined.
             for be in bes:
-                if be.health_known:
+                if be.health_known or be.state != BACKEND_ACTIVE or be.not_serving:
                     quarantined.discard(be.addr)
             if not quarantined:
                 del self.restored_quarantined[fe.addr]

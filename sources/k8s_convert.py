@@ -29,9 +29,10 @@ What is converted (following Cilium's semantics):
   and ``service.cilium.io/scale-to-zero``.
 * EndpointSlice: every address x port becomes a backend instance of the
   service named by the ``kubernetes.io/service-name`` label; conditions map to
-  states (ready -> active, terminating+serving -> terminating,
-  terminating+not serving -> terminating-not-serving, not ready and not
-  terminating -> maintenance: kept, but never load-balanced); node name, zone
+  states (ready -> active, whatever terminating and serving say, as in
+  Kubernetes; not ready: terminating+serving -> terminating, terminating+not
+  serving -> terminating-not-serving, not terminating -> maintenance: kept, but
+  never load-balanced); node name, zone
   and ``hints.forZones``; the slice's ``service.cilium.io/weight`` annotation
   (0..65535, invalid values ignored) is the weight of every backend of the slice
   (Maglev honours it), 0 putting them in maintenance.
@@ -562,14 +563,25 @@ def _cond(ref: str, path: str, value: Any, default: bool) -> bool:
 
 
 def endpoint_state(ref: str, path: str, conditions: Any) -> BackendState:
-    """Backend state for an endpoint's conditions (missing conditions: ready)."""
+    """Backend state for an endpoint's conditions (missing conditions: ready).
+
+    As in Kubernetes, ready overrides terminating and serving: a ready endpoint is active
+    even while terminating (a Service with ``publishNotReadyAddresses`` keeps its
+    terminating endpoints ready). Not ready: terminating ones are ``terminating`` while
+    serving and ``terminating-not-serving`` after; the others are in maintenance."""
     cond = _mapping(ref, path, conditions)
     ready = _cond(ref, f"{path}.ready", cond.get("ready"), True)
     serving = _cond(ref, f"{path}.serving", cond.get("serving"), ready)
     terminating = _cond(ref, f"{path}.terminating", cond.get("terminating"), False)
+    return _state_of(ready, serving, terminating)
+
+
+def _state_of(ready: bool, serving: bool, terminating: bool) -> BackendState:
+    if ready:
+        return BackendState.ACTIVE
     if terminating:
         return BackendState.TERMINATING if serving else BackendState.TERMINATING_NOT_SERVING
-    return BackendState.ACTIVE if ready else BackendState.MAINTENANCE
+    return BackendState.MAINTENANCE
 
 
 #: (state, node, zone, sorted zones, IPs in network byte order: 4 bytes IPv4, 16 IPv6).
@@ -595,10 +607,7 @@ def _endpoint_fast(ep: Any, want_v6: bool) -> _EndpointFields | None:
             terminating = False
         if type(ready) is not bool or type(serving) is not bool or type(terminating) is not bool:
             return None
-        if terminating:
-            state = BackendState.TERMINATING if serving else BackendState.TERMINATING_NOT_SERVING
-        else:
-            state = BackendState.ACTIVE if ready else BackendState.MAINTENANCE
+        state = _state_of(ready, serving, terminating)
     else:
         return None
     node = ep.get("nodeName")

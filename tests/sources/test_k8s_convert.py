@@ -13,6 +13,7 @@ from sources.k8s_convert import (
     convert_endpoint_slice,
     convert_pod_host_ports,
     convert_service,
+    endpoint_state,
 )
 from statedb import DB
 from tables.backends import BackendState
@@ -249,6 +250,33 @@ def test_endpoint_slice_states_ports_and_zones() -> None:
     assert by["10.244.1.4:53/UDP"].state is BackendState.MAINTENANCE
     assert (by["10.244.1.5:53/UDP"].zone, by["10.244.1.5:53/UDP"].for_zones) == ("a", ("a", "b"))
     assert by["10.244.1.1:8080/TCP"].node_name == "n1"
+
+
+@pytest.mark.parametrize(
+    "cond, state",
+    [
+        ({}, BackendState.ACTIVE),
+        ({"ready": True}, BackendState.ACTIVE),
+        # Ready overrides terminating and serving (publishNotReadyAddresses).
+        ({"ready": True, "serving": True, "terminating": True}, BackendState.ACTIVE),
+        ({"ready": True, "serving": False, "terminating": True}, BackendState.ACTIVE),
+        ({"ready": True, "serving": False}, BackendState.ACTIVE),
+        ({"ready": False, "serving": True, "terminating": True}, BackendState.TERMINATING),
+        ({"ready": False, "terminating": True}, BackendState.TERMINATING_NOT_SERVING),
+        ({"ready": False, "serving": False, "terminating": True},
+         BackendState.TERMINATING_NOT_SERVING),
+        ({"ready": False}, BackendState.MAINTENANCE),
+        ({"ready": False, "serving": False, "terminating": False}, BackendState.MAINTENANCE),
+        ({"ready": False, "serving": True}, BackendState.MAINTENANCE),
+        ({"ready": None, "serving": None, "terminating": None}, BackendState.ACTIVE),
+    ],
+)
+def test_endpoint_conditions_to_state(cond: dict[str, Any], state: BackendState) -> None:
+    """The slice conversion (its fast path) and `endpoint_state` (the checked path,
+    for endpoints the fast path declines) give the same state."""
+    fast = convert_endpoint_slice(eps(endpoints=[endpoint("10.244.1.1", **cond)]))
+    assert [b.state for b in fast.backends] == [state]
+    assert endpoint_state("ref", "conditions", cond) is state
 
 
 def test_endpoint_slice_ipv6_and_fqdn() -> None:
