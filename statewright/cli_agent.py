@@ -82,6 +82,10 @@ def add_commands(subparsers: SubParsers, commands: Commands) -> None:
                     help="API requests per second (default 20)")
     ag.add_argument("--k8s-burst", type=int, metavar="N",
                     help="API requests above --k8s-qps in a burst (default 40)")
+    ag.add_argument("--auto-direct-node-routes", action=argparse.BooleanOptionalAction,
+                    default=None,
+                    help="routes to the other nodes' pod CIDRs via their InternalIPs "
+                         "(native routing, docs/cluster.md; default off)")
     ag.add_argument("--lb-flag", dest="lb_flags", action="append", metavar="FLAG",
                     help="Cilium-style LB flag, e.g. --lb-flag=--bpf-lb-algorithm=maglev")
     ag.add_argument("--api-socket", metavar="PATH",
@@ -168,7 +172,7 @@ def _overrides(args: argparse.Namespace) -> dict[str, Any]:
                      "allow_root_cgroup", "datapath", "node_name", "node_labels", "lb_flags",
                      "api_socket", "metrics_port", "netlink", "demo_netns", "log_format",
                      "k8s_kubeconfig", "k8s_api_server", "k8s_in_cluster", "k8s_qps",
-                     "k8s_burst", "state_dir", "pod_cidrs")
+                     "k8s_burst", "state_dir", "pod_cidrs", "auto_direct_node_routes")
     }
     if args.manifests:
         out["manifests"] = [os.path.abspath(p) for p in args.manifests]

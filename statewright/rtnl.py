@@ -9,7 +9,10 @@ plugin does. This module needs only ``socket`` and ``struct``; its requests are 
   MTU, up state or network namespace, delete;
 * addresses: add (optionally without duplicate address detection), list an interface's;
 * a permanent neighbour entry; a route (destination, output interface, optional
-  gateway and scope).
+  gateway and scope);
+* routes of the main table: list them (`Rtnl.routes`), and replace or delete a route
+  via a gateway marked with a routing protocol number (``ip route replace DST via GW
+  proto N``; the node routes of statewright/node_routes.py).
 
 `Rtnl(netns=PATH)` opens its socket inside the network namespace at PATH (the calling
 thread enters it for the ``socket()`` call only, then returns): the socket keeps working
@@ -36,13 +39,13 @@ CLONE_NEWNET = 0x40000000
 
 RTM_NEWLINK, RTM_DELLINK, RTM_GETLINK = 16, 17, 18
 RTM_NEWADDR, RTM_GETADDR = 20, 22
-RTM_NEWROUTE = 24
+RTM_NEWROUTE, RTM_DELROUTE, RTM_GETROUTE = 24, 25, 26
 RTM_NEWNEIGH = 28
 NLMSG_ERROR, NLMSG_DONE = 2, 3
 
 NLM_F_REQUEST, NLM_F_ACK = 0x1, 0x4
 NLM_F_DUMP = 0x300
-NLM_F_EXCL, NLM_F_CREATE = 0x200, 0x400
+NLM_F_REPLACE, NLM_F_EXCL, NLM_F_CREATE = 0x100, 0x200, 0x400
 
 IFLA_ADDRESS, IFLA_IFNAME, IFLA_MTU, IFLA_LINKINFO, IFLA_NET_NS_FD = 1, 3, 4, 18, 28
 IFLA_INFO_KIND, IFLA_INFO_DATA, VETH_INFO_PEER = 1, 2, 1
@@ -51,7 +54,7 @@ IFA_ADDRESS, IFA_LOCAL, IFA_FLAGS = 1, 2, 8
 IFA_F_NODAD = 0x02
 NDA_DST, NDA_LLADDR = 1, 2
 NUD_PERMANENT = 0x80
-RTA_DST, RTA_OIF, RTA_GATEWAY = 1, 4, 5
+RTA_DST, RTA_OIF, RTA_GATEWAY, RTA_TABLE = 1, 4, 5, 15
 RT_TABLE_MAIN, RTPROT_BOOT, RTN_UNICAST = 254, 3, 1
 RT_SCOPE_UNIVERSE, RT_SCOPE_LINK = 0, 253
 
@@ -68,6 +71,18 @@ class RtnlError(StatewrightError, OSError):
 
     def __init__(self, err: int, what: str) -> None:
         super().__init__(err, f"netlink {what}: {os.strerror(err)}")
+
+
+@dataclass(frozen=True, slots=True)
+class Route:
+    """A main-table unicast route: destination prefix, gateway ("" when none), routing
+    protocol number and output interface."""
+
+    dst: str
+    prefixlen: int
+    gateway: str
+    protocol: int
+    oif: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -309,3 +324,52 @@ class Rtnl:
             body += _attr(RTA_GATEWAY, _ip(gateway)[1])
         flags = NLM_F_ACK | NLM_F_CREATE | NLM_F_EXCL
         self._request(RTM_NEWROUTE, flags, body, f"add route {dst}/{prefixlen}")
+
+    def routes(self, family: int) -> list[Route]:
+        """The unicast routes of the main table of ``family`` (AF_INET or AF_INET6)."""
+        body = _RTMSG.pack(family, 0, 0, 0, 0, 0, 0, 0, 0)
+        out = []
+        for _, payload in self._request(RTM_GETROUTE, NLM_F_DUMP, body, "list routes"):
+            fam, dst_len, _, _, table, proto, _, rtype, _ = _RTMSG.unpack_from(payload)
+            found = _attrs(payload[_RTMSG.size :])
+            if RTA_TABLE in found:
+                (table,) = struct.unpack_from("=I", found[RTA_TABLE])
+            if table != RT_TABLE_MAIN or rtype != RTN_UNICAST or fam != family:
+                continue
+            zero = bytes(4 if fam == socket.AF_INET else 16)
+            dst = str(ipaddress.ip_address(found.get(RTA_DST, zero)))
+            gw = found.get(RTA_GATEWAY)
+            oif = struct.unpack_from("=I", found[RTA_OIF])[0] if RTA_OIF in found else 0
+            out.append(Route(dst, dst_len, str(ipaddress.ip_address(gw)) if gw else "",
+                             proto, oif))
+        return out
+
+    def _gateway_route(self, dst: str, prefixlen: int, gateway: str, protocol: int) -> bytes:
+        family, packed = _ip(dst)
+        body = _RTMSG.pack(
+            family, prefixlen, 0, 0, RT_TABLE_MAIN, protocol, RT_SCOPE_UNIVERSE, RTN_UNICAST, 0
+        )
+        if prefixlen:
+            body += _attr(RTA_DST, packed)
+        return body + (_attr(RTA_GATEWAY, _ip(gateway)[1]) if gateway else b"")
+
+    def replace_route(self, dst: str, prefixlen: int, gateway: str, protocol: int) -> None:
+        """Add or replace the main-table route to ``dst/prefixlen`` via ``gateway`` (the
+        kernel picks the interface of the gateway's connected network; ENETUNREACH when
+        there is none), marked with routing protocol ``protocol``."""
+        body = self._gateway_route(dst, prefixlen, gateway, protocol)
+        flags = NLM_F_ACK | NLM_F_CREATE | NLM_F_REPLACE
+        self._request(RTM_NEWROUTE, flags, body, f"replace route {dst}/{prefixlen} via {gateway}")
+
+    def delete_route(self, dst: str, prefixlen: int, gateway: str, protocol: int) -> bool:
+        """Delete the main-table route to ``dst/prefixlen`` via ``gateway`` of routing
+        protocol ``protocol`` (the kernel matches the protocol: a route of another one is
+        never removed). False when there was no such route."""
+        body = self._gateway_route(dst, prefixlen, gateway, protocol)
+        try:
+            self._request(RTM_DELROUTE, NLM_F_ACK, body, f"delete route {dst}/{prefixlen}")
+        except RtnlError as e:
+            if e.errno in (errno_mod.ESRCH, errno_mod.ENOENT):
+                return False
+            raise
+        return True

@@ -26,6 +26,8 @@ refused (a typo must not be silently ignored). Example::
     k8s-in-cluster: false    #   the pod's service account (a DaemonSet)
     k8s-qps: 20              # API requests per second, and the burst above it
     k8s-burst: 40
+    auto-direct-node-routes: false   # routes to the other nodes' pod CIDRs via their
+                             # InternalIPs (native routing; docs/cluster.md)
 
 Why a frozen dataclass: the runtime and the API report it as-is (``to_json``) and
 nothing may change it behind the components' backs.
@@ -106,6 +108,9 @@ class AgentConfig:
     k8s_in_cluster: bool = False
     k8s_qps: float = 20.0
     k8s_burst: int = 40
+    #: Routes to every other node's pod CIDRs via its InternalIP, in the node's main
+    #: routing table (Cilium's auto-direct-node-routes; off by default as in Cilium).
+    auto_direct_node_routes: bool = False
 
     def __post_init__(self) -> None:
         if self.backend not in BACKENDS:
@@ -193,7 +198,8 @@ class AgentConfig:
 
 _FIELDS = {f.name: f for f in dataclasses.fields(AgentConfig)}
 _TUPLES = {"manifests", "lb_flags", "pod_cidrs"}
-_BOOLS = {"allow_root_cgroup", "datapath", "netlink", "k8s_in_cluster"}
+_BOOLS = {"allow_root_cgroup", "datapath", "netlink", "k8s_in_cluster",
+          "auto_direct_node_routes"}
 _INTS = {"metrics_port", "api_socket_mode", "k8s_burst"}
 _FLOATS = {"manifests_interval", "k8s_qps"}
 

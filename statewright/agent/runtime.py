@@ -9,7 +9,9 @@ reverse order:
 2. ``statedb``: the database (and the ``/tables`` routes);
 3. ``lb``: the LB tables and writer, with this node's name and labels;
 4. the sources, each registering its initializer on the tables it fills: ``manifests``,
-   ``k8s`` (the API server, when configured), ``netlink``;
+   ``k8s`` (the API server, when configured), ``netlink``; ``nodes``: every node of the
+   cluster from the Node objects and, with auto-direct-node-routes, the routes to the
+   other nodes' pod CIDRs (docs/cluster.md);
 5. ``maps``: the LB maps (pinned kernel maps of an earlier run are adopted, ids restored)
    and the reconciler, which prunes stale entries only once every source is initialized;
 6. ``endpoints``: IPAM, the endpoint API (statewright-cni calls it), the endpoint and
@@ -48,6 +50,7 @@ from statewright.agent.components.endpoints import EndpointsComponent, Endpoints
 from statewright.agent.components.kubernetes import KubernetesComponent
 from statewright.agent.components.lb import LBMapsComponent, LoadBalancerComponent
 from statewright.agent.components.node import DatapathComponent, DemoComponent, MetricsComponent
+from statewright.agent.components.nodes import NodesComponent
 from statewright.agent.components.policy import PolicyComponent
 from statewright.agent.components.policy_maps import PolicyMapsComponent, PolicyMapsConfig
 from statewright.agent.components.sources import ManifestsComponent, NetlinkComponent
@@ -73,6 +76,7 @@ def agent_components(config: AgentConfig, agent: Agent | None = None) -> list[Co
         ManifestsComponent(config),
         KubernetesComponent(config),
         NetlinkComponent(config),
+        NodesComponent(config),
         LBMapsComponent(config),
         EndpointsComponent(EndpointsConfig.from_agent_config(config)),
         PolicyComponent(),

@@ -1,0 +1,186 @@
+"""The nodes component: every node of the cluster, and native routes to their pods.
+
+* The ``nodes`` table (tables/nodes.py) from the Node objects: of the API server (all
+  Nodes, sources/k8s_nodes.py; when the ``k8s`` component runs) and of the manifest
+  directory (kind ``Node``, for a setup without an API server). Each source registers
+  its initializer on the table (``k8s``, ``manifests``), so what follows the table —
+  the route reconciler's prune, the endpoints' remote-node ipcache entries — waits for
+  the whole list.
+* With ``auto-direct-node-routes: true`` (Cilium's flag of the same name; default off,
+  as in Cilium, because the routes go into the node's real routing table): the
+  ``node-routes`` table (tables/node_routes.py: every other node's pod CIDRs via its
+  InternalIP when that address is on a directly connected network) and its reconciler,
+  which writes the routes into the main routing table with the agent's own routing
+  protocol number (statewright/node_routes.py). Routes stay when the agent stops (the
+  pods keep their connectivity); ``statewright agent --cleanup`` removes them.
+
+Health: ``nodes`` (how many, the Node reflector's state, refused Nodes) and
+``nodes/routes`` (how many routes; Degraded naming each node that gets no route and why,
+or the reconciler's errors).
+
+It comes after the sources (``manifests``, ``k8s``, ``netlink``: the devices table says
+which networks are directly connected) and before ``endpoints`` in the component list.
+"""
+
+from __future__ import annotations
+
+import logging
+import socket
+from typing import Any
+
+from reconciler import Config, Reconciler, status_field_accessors
+from reconciler.health import Level
+from statedb import DB, Table
+from statewright.agent.config import AgentConfig
+from statewright.component import DEGRADED, DISABLED, OK, Component, Health, Hive
+from tables.devices import DEVICES_TABLE
+from tables.node_routes import NodeRoute, NodeRoutes, new_node_routes_table
+from tables.nodes import SOURCE_MANIFESTS, Node, NodeObjects, new_nodes_table
+
+log = logging.getLogger("statewright.agent.nodes")
+
+#: Seconds between two prunes of stray routes of the agent's protocol.
+ROUTES_PRUNE_INTERVAL = 60.0
+
+_GET_STATUS, _SET_STATUS = status_field_accessors()
+
+
+def _component_attr(hive: Hive, name: str, attr: str) -> Any:
+    """``attr`` of the component ``name`` when the agent has it (None otherwise)."""
+    for comp in hive.components:
+        if comp.name == name:
+            return getattr(comp, attr, None)
+    return None
+
+
+def _table(db: DB, name: str) -> Table[Any] | None:
+    return next((t for t in db.tables if t.name == name), None)
+
+
+class NodesComponent(Component):
+    """See the module doc."""
+
+    name = "nodes"
+    needs = ("db",)
+    provides = ("nodes",)
+
+    def __init__(self, config: AgentConfig) -> None:
+        self.config = config
+        self.db: DB | None = None
+        self.table: Table[Node] | None = None
+        self.routes_table: Table[NodeRoute] | None = None
+        self.k8s: Any = None  # sources.k8s_nodes.NodesK8sSource with the k8s component
+        self.route_writer: NodeRoutes | None = None
+        self.route_ops: Any = None  # statewright.node_routes.RouteOps
+        self.reconciler: Reconciler[NodeRoute] | None = None
+
+    async def start(self, hive: Hive) -> None:
+        """Register the tables, hand kind Node to the manifest source, start the Node
+        reflector, and (with auto-direct-node-routes) the routes and their reconciler."""
+        db = hive.get("db", DB)
+        self.db = db
+        table = new_nodes_table()
+        db.register(table)
+        self.table = table
+        manifests = _component_attr(hive, "manifests", "source")
+        if manifests is not None:
+            with db.write_txn(table) as txn:
+                done = table.register_initializer(txn, "manifests")
+
+            def manifests_in() -> None:
+                with db.write_txn(table) as wtxn:
+                    done(wtxn)
+
+            manifests.add_kind_handler(NodeObjects(table, SOURCE_MANIFESTS),
+                                       on_synced=manifests_in)
+        client = _component_attr(hive, "k8s", "client")
+        if client is not None:
+            from sources.k8s_nodes import NodesK8sSource
+
+            k8s_source = _component_attr(hive, "k8s", "source")
+            reflector = k8s_source.config.reflector if k8s_source is not None else None
+            self.k8s = NodesK8sSource(db, table, client, reflector)
+            with db.write_txn(table) as txn:
+                self.k8s.register_initializer(txn)
+            await hive.spawn(self, self.k8s.run, label="nodes-k8s")
+        hive.provide("nodes", table)
+        if self.config.auto_direct_node_routes:
+            await self._start_routes(hive, db, table)
+
+    async def _start_routes(self, hive: Hive, db: DB, table: Table[Node]) -> None:
+        from statewright.node_routes import RouteOps
+
+        routes_table = new_node_routes_table()
+        db.register(routes_table)
+        self.routes_table = routes_table
+        devices = _table(db, DEVICES_TABLE)
+        if devices is None:
+            log.warning("nodes: no devices table (netlink off): every peer counts as "
+                        "not directly connected, no route is written")
+        self.route_writer = NodeRoutes(db, table, routes_table, self.config.node_name, devices)
+        with db.write_txn(routes_table) as txn:
+            self.route_writer.register_initializer(txn)
+        self.route_ops = RouteOps()
+        self.reconciler = Reconciler(db, Config(
+            table=routes_table,
+            operations=self.route_ops,
+            batch_operations=self.route_ops,
+            get_object_status=_GET_STATUS,
+            set_object_status=_SET_STATUS,
+            name=routes_table.name,
+            target_chunk_size=256,
+            prune_interval=ROUTES_PRUNE_INTERVAL,
+        ))
+        await hive.spawn(self, self.route_writer.run, label="nodes-routes")
+        await hive.spawn(self, self.reconciler.run, label="nodes-routes-reconciler")
+
+    # ----- reporting ----------------------------------------------------------------------
+    def health(self) -> list[Health]:
+        """``nodes`` and ``nodes/routes`` (see the module doc)."""
+        if self.table is None:
+            return [Health(self.name, DEGRADED, "not started")]
+        return [self._nodes_health(), self._routes_health()]
+
+    def _nodes_health(self) -> Health:
+        assert self.table is not None and self.db is not None
+        message = f"{self.table.count(self.db.read_txn())} node(s)"
+        if self.k8s is None:
+            return Health(self.name, OK, message)
+        ok, why = self.k8s.health()
+        return Health(self.name, OK if ok else DEGRADED, f"{message}; k8s: {why}")
+
+    def _routes_health(self) -> Health:
+        name = f"{self.name}/routes"
+        if not self.config.auto_direct_node_routes:
+            return Health(name, DISABLED, "auto-direct-node-routes: false")
+        routes, rec = self.route_writer, self.reconciler
+        if routes is None or rec is None or self.routes_table is None:
+            return Health(name, DEGRADED, "not started")
+        problems = [f"node {n}: {why}" for n, why in sorted(routes.problems.items())]
+        if rec.health.level is not Level.OK:
+            problems.append(f"reconciler: {rec.health.message}")
+        count = self.routes_table.count(routes.db.read_txn())
+        if problems:
+            return Health(name, DEGRADED, f"{count} route(s); " + "; ".join(problems))
+        return Health(name, OK, f"{count} route(s) to other nodes' pod CIDRs")
+
+    def cleanup(self) -> list[str]:
+        """Delete the routes of the agent's routing protocol (auto-direct-node-routes)."""
+        if not self.config.auto_direct_node_routes:
+            return []
+        from statewright.node_routes import RTPROT_STATEWRIGHT
+        from statewright.rtnl import Rtnl
+
+        removed = []
+        with Rtnl() as rtnl:
+            for fam in (socket.AF_INET, socket.AF_INET6):
+                for r in rtnl.routes(fam):
+                    if r.protocol == RTPROT_STATEWRIGHT and rtnl.delete_route(
+                            r.dst, r.prefixlen, r.gateway, RTPROT_STATEWRIGHT):
+                        removed.append(f"route {r.dst}/{r.prefixlen} via {r.gateway}")
+        return removed
+
+    def routes_stats(self) -> dict[str, Any]:
+        """The route writes, adopted routes and deletions so far (tests, benchmarks)."""
+        return self.route_ops.stats() if self.route_ops is not None else {}
+
