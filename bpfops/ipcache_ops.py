@@ -2,14 +2,22 @@
 BPF map (layout: bpf/include/ipcache.h, codec: bpf/ipcache.py).
 
 Each row is one prefix and its identity: key ``ipcache_key`` (prefixlen = 32 + the CIDR
-length, family, address), value ``remote_endpoint_info`` (identity; no tunnel endpoint:
-every entry here is local or world). `KeyedMapOps` writes only entries that differ and
-prunes what no row explains; ``stored`` says when an LPM lookup finds the exact entry.
+length, family, address), value ``remote_endpoint_info`` (the identity; for an address
+on another node also that node's address as tunnel endpoint, with Cilium's "has tunnel
+endpoint" flag and, for an IPv6 one, its "IPv6 tunnel endpoint" flag). `KeyedMapOps`
+writes only entries that differ and prunes what no row explains; ``stored`` says when an
+LPM lookup finds the exact entry.
 """
 
 from __future__ import annotations
 
-from bpf.ipcache import PREFIX_HEADER_BITS, IPCacheKey, RemoteEndpointInfo
+from bpf.ipcache import (
+    FLAG_HAS_TUNNEL_EP,
+    FLAG_IPV6_TUNNEL_EP,
+    PREFIX_HEADER_BITS,
+    IPCacheKey,
+    RemoteEndpointInfo,
+)
 from bpf.typed_map import TypedMap
 from bpfops.keyed_map_ops import KeyedMapOps
 from tables.endpoint_entries import IPCacheEntry
@@ -23,7 +31,13 @@ def ipcache_key(prefix: IPNetwork) -> IPCacheKey:
 
 def ipcache_value(row: IPCacheEntry) -> RemoteEndpointInfo:
     """The ipcache value of a row."""
-    return RemoteEndpointInfo(sec_identity=row.identity)
+    tunnel = row.tunnel_endpoint
+    if tunnel is None:
+        return RemoteEndpointInfo(sec_identity=row.identity)
+    flags = FLAG_HAS_TUNNEL_EP | (FLAG_IPV6_TUNNEL_EP if tunnel.version == 6 else 0)
+    return RemoteEndpointInfo(
+        sec_identity=row.identity, tunnel_endpoint=tunnel.packed.ljust(16, b"\0"), flags=flags
+    )
 
 
 class IPCacheOps(KeyedMapOps[IPCacheEntry]):

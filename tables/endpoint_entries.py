@@ -12,7 +12,12 @@ Where the entries come from (what Cilium's agent writes):
   the host identity (Cilium's ``syncHostIPs``; owner ``host``), following the addresses as
   they come and go;
 * ``0.0.0.0/0`` and ``::/0`` in the ipcache with the world identity (owner ``world``):
-  ``world-ipv4``/``world-ipv6`` when both families are enabled, ``world`` otherwise.
+  ``world-ipv4``/``world-ipv6`` when both families are enabled, ``world`` otherwise;
+* every address of the other nodes of the cluster (the nodes table, tables/nodes.py): an
+  ipcache entry with the remote-node identity and the node's InternalIP of the family as
+  tunnel endpoint (owner ``remote-node``; `EntryTables.set_nodes`). This node's own Node
+  addresses are host entries. An endpoint's or the host's entry for an address wins over
+  a remote node's.
 
 Writers only insert a row when its content changed (`_upsert`), so an unchanged endpoint
 never sends its entries back through the reconciler.
@@ -31,11 +36,13 @@ from statedb import keys as keycodec
 from tables.endpoints import Endpoint, mac_to_u64
 from tables.identities import (
     IDENTITY_HOST,
+    IDENTITY_REMOTE_NODE,
     IDENTITY_WORLD,
     IDENTITY_WORLD_IPV4,
     IDENTITY_WORLD_IPV6,
 )
 from tables.l3n4 import IPAddress, IPNetwork
+from tables.nodes import Node
 
 ENDPOINT_MAP_TABLE = "endpoint-map"
 IPCACHE_TABLE = "ipcache"
@@ -43,6 +50,9 @@ ENDPOINT_F_HOST = 1  # endpoint_info.flags: the entry is one of the host's addre
 
 HOST_OWNER = "host"
 WORLD_OWNER = "world"
+REMOTE_NODE_OWNER = "remote-node"
+#: Owners whose entries give way to an existing entry of another owner for a prefix.
+_YIELDING_OWNERS = frozenset({HOST_OWNER, REMOTE_NODE_OWNER})
 
 
 def endpoint_owner(ep_id: int) -> str:
@@ -96,30 +106,37 @@ class EndpointMapEntry:
 
 @dataclass(frozen=True, slots=True)
 class IPCacheEntry:
-    """One desired ipcache entry: a prefix and its security identity."""
+    """One desired ipcache entry: a prefix, its security identity and, for addresses on
+    other nodes, the address of the node that hosts them (the map's tunnel endpoint)."""
 
     prefix: IPNetwork
     identity: int
     owner: str
     status: Status = field(default_factory=status_pending, compare=False)
+    tunnel_endpoint: IPAddress | None = None
 
     def to_json(self) -> dict[str, Any]:
         """JSON form (``db show``)."""
-        return {
+        out: dict[str, Any] = {
             "prefix": str(self.prefix),
             "identity": self.identity,
             "owner": self.owner,
             "status": str(self.status.kind),
         }
+        if self.tunnel_endpoint is not None:
+            out["tunnel_endpoint"] = str(self.tunnel_endpoint)
+        return out
 
     @staticmethod
     def table_header() -> list[str]:
         """Columns of ``db show ipcache``."""
-        return ["Prefix", "Identity", "Owner", "Status"]
+        return ["Prefix", "Identity", "Owner", "TunnelEndpoint", "Status"]
 
     def table_row(self) -> list[str]:
         """Cells of ``db show ipcache``."""
-        return [str(self.prefix), str(self.identity), self.owner, str(self.status.kind)]
+        tunnel = str(self.tunnel_endpoint) if self.tunnel_endpoint is not None else ""
+        return [str(self.prefix), str(self.identity), self.owner, tunnel,
+                str(self.status.kind)]
 
 
 endpoint_map_ip_index: Index[EndpointMapEntry, IPAddress] = Index(
@@ -240,6 +257,23 @@ class EntryTables:
             world[net] = IPCacheEntry(net, ident, WORLD_OWNER)
         return changed + self._replace_owned(txn, WORLD_OWNER, {}, world, endpoint_map_too=False)
 
+    def set_nodes(self, txn: WriteTxn, nodes: Iterable[Node], local: str) -> int:
+        """Remote-node entries for every address of every node but ``local`` (tunnel
+        endpoint: the node's InternalIP of the family, else the address itself); entries
+        of nodes or addresses gone are deleted. Returns changes."""
+        want: dict[IPNetwork, IPCacheEntry] = {}
+        for node in nodes:
+            if node.name == local:
+                continue
+            for ip in node.ips():
+                net = _host_net(ip)
+                if net in want:
+                    continue
+                tunnel = node.internal_ip(ip.version) or ip
+                want[net] = IPCacheEntry(net, IDENTITY_REMOTE_NODE, REMOTE_NODE_OWNER,
+                                         tunnel_endpoint=tunnel)
+        return self._replace_owned(txn, REMOTE_NODE_OWNER, {}, want, endpoint_map_too=False)
+
     def _replace_owned(
         self,
         txn: WriteTxn,
@@ -283,7 +317,7 @@ class EntryTables:
                 changed += 1
         for net, ipc_row in want_ipc.items():
             cur_ipc = self.ipcache.get(txn, ipcache_prefix_index.query(net))
-            if cur_ipc is not None and cur_ipc.owner != owner and owner == HOST_OWNER:
+            if cur_ipc is not None and cur_ipc.owner != owner and owner in _YIELDING_OWNERS:
                 continue
             changed += self._put_ipcache(txn, ipc_row)
         return changed

@@ -23,7 +23,12 @@ Start-up order, so nothing is pruned or served too early:
    health ``endpoints/namespaces``), copied into the identities of their pods as
    ``k8s:io.cilium.k8s.namespace.labels.<key>``. With the ``k8s`` component identities
    are the cluster's (tables/cluster_identities.py, sources/k8s_identities.py: the
-   CiliumIdentity objects, health ``endpoints/identities``); without it, this node's.
+   CiliumIdentity objects, health ``endpoints/identities``); without it, this node's;
+6. with the ``nodes`` component: follow the nodes table (tables/nodes.py): every address
+   of the other nodes gets a remote-node ipcache entry (`EntryTables.set_nodes`), and this
+   node's own Node addresses join the host entries. An initializer ``nodes`` on the
+   ipcache table is done once the nodes table is initialized and those entries are
+   written, so a restarted agent prunes (and rewrites) no entry of another node.
 
 Routes follow Cilium's API: ``PUT/GET/PATCH/DELETE /endpoint/{id}``, ``GET /endpoint``,
 ``POST /ipam`` (``?family=ipv4|ipv6&owner=..``), ``POST /ipam/{ip}``, ``DELETE /ipam/{ip}``,
@@ -87,11 +92,13 @@ from tables.endpoint_manager import (
 from tables.endpoints import EndpointChange, EndpointError
 from tables.identities import IdentityAllocator, IdentityError
 from tables.ipam import IPAM, IPAMConfig, IPAMError, parse_address
+from tables.nodes import Node, node_name_index
 from tables.state_dir import StateDirError
 
 log = logging.getLogger("statewright.agent.endpoints")
 
 RESTORE_INITIALIZER = "endpoint-restore"
+NODES_INITIALIZER = "nodes"
 #: How long a deletion waits for the reconcilers to remove the endpoint's map entries.
 DISCONNECT_TIMEOUT = 10.0
 NODE_ADDRESSES_TABLE = "node-addresses"
@@ -109,13 +116,16 @@ class EndpointsConfig:
     #: IPAM waits for the Node's spec.podCIDRs from the ``k8s`` component (no pod CIDRs
     #: configured); `pod_cidrs` is then only the fallback when that component is absent.
     pod_cidrs_from_node: bool = False
+    #: This node's name (its Node's addresses are host entries, the others' remote-node).
+    node_name: str = ""
 
     @classmethod
     def from_agent_config(cls, cfg: AgentConfig) -> EndpointsConfig:
         """The agent's ``pod-cidrs``, ``state-dir``, ``backend`` and ``pin-dir``."""
         from_node = bool(getattr(cfg, "pod_cidrs_from_node", False))
         return cls(pod_cidrs=tuple(cfg.pod_cidrs) or DEFAULT_POD_CIDRS, state_dir=cfg.state_dir,
-                   backend=cfg.backend, pin_dir=cfg.pin_dir, pod_cidrs_from_node=from_node)
+                   backend=cfg.backend, pin_dir=cfg.pin_dir, pod_cidrs_from_node=from_node,
+                   node_name=getattr(cfg, "node_name", ""))
 
 
 def _api_error(e: Exception) -> ApiError:
@@ -155,6 +165,9 @@ class EndpointsComponent(Component):
         self.namespaces: NamespaceLabels | None = None
         #: CiliumIdentities watched and created (with the ``k8s`` component).
         self.cluster_identities: ClusterIdentities | None = None
+        #: The nodes table (with the ``nodes`` component), for node ipcache entries.
+        self.nodes: Table[Node] | None = None
+        self._nodes_done: Callable[[Any], None] | None = None
 
     # ----- lifecycle ----------------------------------------------------------------------------
     async def start(self, hive: Hive) -> None:
@@ -182,9 +195,12 @@ class EndpointsComponent(Component):
             netns_cookie=netns_cookie,
             pod_labels_of=self._pod_labels_of(pods) if pods is not None else None,
         )
+        self.nodes = hive.get("nodes") if hive.has("nodes") else None
         with db.write_txn(entries.endpoint_map, entries.ipcache) as txn:
             done_endpoint_map = entries.endpoint_map.register_initializer(txn, RESTORE_INITIALIZER)
             done_ipc = entries.ipcache.register_initializer(txn, RESTORE_INITIALIZER)
+            if self.nodes is not None:
+                self._nodes_done = entries.ipcache.register_initializer(txn, NODES_INITIALIZER)
         self.ipam, self.manager = ipam, manager
 
         factory = MapFactory(BackendConfig(backend=cfg.backend, pin_dir=cfg.pin_dir))  # type: ignore[arg-type]
@@ -228,7 +244,7 @@ class EndpointsComponent(Component):
             ipam.restore(reserve_router=False)
             self.restore_result = manager.restore(self.link_exists)
             ipam.reserve_routers()
-            manager.sync_host(self._node_ips(db))
+            manager.sync_host(self._host_ips(db))
 
         await anyio.to_thread.run_sync(restore)
         with db.write_txn(entries.endpoint_map, entries.ipcache) as txn:
@@ -237,8 +253,11 @@ class EndpointsComponent(Component):
         manager.finish_restore()
         await hive.spawn(self, self._follow_node_addresses(db, manager), label="endpoints-host")
         await hive.spawn(self, self._follow_entries(db, manager), label="endpoints-ready")
+        if self.nodes is not None:
+            await hive.spawn(self, self._follow_nodes(db, manager, self.nodes),
+                             label="endpoints-nodes")
         if self.node_cidrs is not None:
-            self.node_cidrs.on_change = lambda: manager.sync_host(self._node_ips(db))
+            self.node_cidrs.on_change = lambda: manager.sync_host(self._host_ips(db))
             await hive.spawn(self, self.node_cidrs.run, label="endpoints-pod-cidrs")
         pods = _pod_label_source(hive)
         if pods is not None and isinstance(manager.identities, ClusterIdentityAllocator):
@@ -287,12 +306,49 @@ class EndpointsComponent(Component):
             m.close()
         self.maps = {}
 
-    @staticmethod
-    def _node_ips(db: DB) -> list[Any]:
+    def _host_ips(self, db: DB) -> list[Any]:
+        """This node's addresses: the node-addresses table's and its Node object's."""
+        txn = db.read_txn()
         table = _node_addresses(db)
-        if table is None:
-            return []
-        return [na.address for na in table.all(db.read_txn())]
+        ips = [na.address for na in table.all(txn)] if table is not None else []
+        if self.nodes is not None:
+            local = self.nodes.get(txn, node_name_index.query(self.config.node_name))
+            if local is not None:
+                ips += [ip for ip in local.ips() if ip not in ips]
+        return ips
+
+    def _follow_nodes(
+        self, db: DB, manager: EndpointManager, nodes: Table[Node]
+    ) -> Callable[..., Awaitable[None]]:
+        entries = manager.entries
+
+        async def follow(*, task_status: Any = anyio.TASK_STATUS_IGNORED) -> None:
+            """Remote-node entries and host entries whenever the nodes table changes; the
+            ``nodes`` initializer once the table is initialized and they are written."""
+            task_status.started()
+            while True:
+                txn = db.read_txn()
+                rows, watch = nodes.all_watch(txn)
+                ready, init_watch = nodes.initialized(txn)
+                with db.write_txn(entries.endpoint_map, entries.ipcache) as wtxn:
+                    entries.set_nodes(wtxn, rows, self.config.node_name)
+                    if ready and self._nodes_done is not None:
+                        self._nodes_done(wtxn)
+                        self._nodes_done = None
+                manager.sync_host(self._host_ips(db))
+                if ready:
+                    await watch.wait_async()
+                    continue
+                async with anyio.create_task_group() as tg:
+
+                    async def wait(w: Any) -> None:
+                        await w.wait_async()
+                        tg.cancel_scope.cancel()
+
+                    tg.start_soon(wait, watch)
+                    tg.start_soon(wait, init_watch)
+
+        return follow
 
     def _follow_node_addresses(
         self, db: DB, manager: EndpointManager
@@ -303,8 +359,8 @@ class EndpointsComponent(Component):
             if table is None:
                 return
             while True:
-                rows, watch = table.all_watch(db.read_txn())
-                manager.sync_host([na.address for na in rows])
+                _, watch = table.all_watch(db.read_txn())
+                manager.sync_host(self._host_ips(db))
                 await watch.wait_async()
 
         return follow
