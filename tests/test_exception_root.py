@@ -31,6 +31,7 @@ INPUT_ERRORS = {
     "tables.endpoints.EndpointRequestError",
     "tables.identities.LabelError",
     "tables.cluster_identities.IdentityObjectError",
+    "tables.nodes.NodeError",
     "reconciler.status_index.UnknownStatusKindError",
     "policy.errors.PolicyError",
     "policy.errors.PolicyTraceError",
