@@ -1,4 +1,6 @@
-"""The ``lb/maps-dump`` text format of Cilium's LB script tests, and the maps-empty check.
+"""The ``lb/maps-dump`` text format of Cilium's LB script tests, the maps-empty check, and
+`list_frontends`, the frontends as the maps hold them (``statewright lb list``, the agent's
+``/lb/services``).
 
 One line per map entry, all lines sorted as plain strings (so ``ID=10`` sorts before
 ``ID=2``), for example::
@@ -110,3 +112,44 @@ def scale_to_zero_text(maps: LBMaps) -> str:
         return ""
     ids = sorted(key.svc_id for key, _ in m.dump())
     return "".join(f"SCALETOZERO: ID={i}\n" for i in ids)
+
+
+def list_frontends(maps: LBMaps) -> list[dict[str, Any]]:
+    """One record per frontend (master entry): id, address, type, flags, algorithm,
+    counts and backends in slot order (wildcard entries are listed with id 0)."""
+    backends: dict[int, tuple[str, str]] = {}
+    for v6 in (False, True):
+        for be_id, value in maps.backends(v6).dump():
+            addr = f"{_host_port(value.address, value.port)}/{proto_name(value.proto)}"
+            backends[be_id] = (addr, STATE_NAMES.get(value.flags, "active"))
+    records: dict[tuple[bool, bytes, int, int, int], dict[str, Any]] = {}
+    slots: dict[tuple[bool, bytes, int, int, int], dict[int, int]] = {}
+    for v6 in (False, True):
+        for key, value in maps.services(v6).dump():
+            fkey = (v6, key.address, key.dport, key.proto, key.scope)
+            if key.backend_slot:
+                slots.setdefault(fkey, {})[key.backend_slot] = value.backend_id
+                continue
+            word = svcflags.join(value.flags, value.flags2)
+            addr = f"{_host_port(key.address, key.dport)}/{proto_name(key.proto)}"
+            if key.scope == SCOPE_INTERNAL:
+                addr += "/i"
+            records[fkey] = {
+                "id": value.rev_nat_index,
+                "address": addr,
+                "type": svcflags.svc_type_of(word),
+                "flags": svcflags.flag_names(word)[1:],
+                "algorithm": LB_ALG_NAMES.get(value.backend_id >> LB_ALG_SHIFT, "undef"),
+                "count": value.count,
+                "qcount": value.qcount,
+                "backends": [],
+            }
+    for fkey, rec in records.items():
+        for slot in sorted(slots.get(fkey, {})):
+            be_id = slots[fkey][slot]
+            addr, state = backends.get(be_id, (f"<missing backend {be_id}>", "?"))
+            inactive = slot > rec["count"]
+            rec["backends"].append(
+                {"slot": slot, "id": be_id, "address": addr, "state": state, "inactive": inactive}
+            )
+    return sorted(records.values(), key=lambda r: (r["id"], r["address"]))

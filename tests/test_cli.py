@@ -50,7 +50,7 @@ def test_help_names_the_agent_as_the_main_job_and_run_as_the_small_demo(
 
 
 def test_every_command_is_registered_with_its_path() -> None:
-    from statewright import cli_agent, cli_bpf, cli_lb, cli_run
+    from statewright.cli import agent_commands, bpf_commands, lb_commands, run_commands
 
     parser, commands = cli.build_commands()
     assert set(commands) == {
@@ -58,49 +58,49 @@ def test_every_command_is_registered_with_its_path() -> None:
         "agent", "status", "db show", "db list", "db watch", "exec",
         "endpoint list", "endpoint get", "ipam", "policy get", "policy trace", "api openapi",
     }
-    assert commands["run"].get_default("func") is cli_run.cmd_run
-    # cli_agent extended the parsers cli_lb and cli_bpf registered: the agent first, the
-    # pinned maps as the fallback.
-    assert commands["lb list"].get_default("func") is cli_agent.cmd_lb_list
-    assert commands["lb list"].get_default("pinned_func") is cli_lb.cmd_list
-    assert commands["bpf dump"].get_default("func") is cli_agent.cmd_bpf_dump
-    assert commands["bpf dump"].get_default("pinned_func") is cli_bpf.cmd_dump
+    assert commands["run"].get_default("func") is run_commands.cmd_run
+    # agent_commands extended the parsers lb_commands and bpf_commands registered: the agent
+    # first, the pinned maps as the fallback.
+    assert commands["lb list"].get_default("func") is agent_commands.cmd_lb_list
+    assert commands["lb list"].get_default("pinned_func") is lb_commands.cmd_list
+    assert commands["bpf dump"].get_default("func") is agent_commands.cmd_bpf_dump
+    assert commands["bpf dump"].get_default("pinned_func") is bpf_commands.cmd_dump
     args = parser.parse_args(["lb", "list", "--socket", "/x.sock", "-o", "json"])
     assert (args.func, args.pinned_func, args.socket) == (
-        cli_agent.cmd_lb_list, cli_lb.cmd_list, "/x.sock")
+        agent_commands.cmd_lb_list, lb_commands.cmd_list, "/x.sock")
     args = parser.parse_args(["bpf", "maps"])
-    assert args.func is cli_bpf.cmd_maps and not hasattr(args, "socket")
+    assert args.func is bpf_commands.cmd_maps and not hasattr(args, "socket")
 
 
 def test_agent_commands_refuse_to_extend_commands_not_registered() -> None:
     import argparse
 
-    from statewright import cli_agent
+    from statewright.cli import agent_commands
 
     sub = argparse.ArgumentParser().add_subparsers()
     with pytest.raises(RuntimeError, match="extends `lb list`, which is not registered"):
-        cli_agent.add_commands(sub, {})
+        agent_commands.add_commands(sub, {})
 
 
 def test_the_cli_uses_no_private_argparse_attributes() -> None:
     import inspect
 
-    from statewright import cli_agent, cli_bpf, cli_lb, cli_run
+    from statewright.cli import agent_commands, bpf_commands, lb_commands, run_commands
 
-    for module in (cli, cli_agent, cli_bpf, cli_lb, cli_run):
+    for module in (cli, agent_commands, bpf_commands, lb_commands, run_commands):
         source = inspect.getsource(module)
         assert "._actions" not in source and "_SubParsersAction" not in source, module
 
 
 def test_a_command_module_that_cannot_be_imported_fails_the_cli(tmp_path: Path) -> None:
-    # As if statewright/cli_lb.py were missing: importing it raises ImportError.
+    # As if statewright/cli/lb_commands.py were missing: importing it raises ImportError.
     code = (
-        "import sys; sys.modules['statewright.cli_lb'] = None\n"
+        "import sys; sys.modules['statewright.cli.lb_commands'] = None\n"
         "from statewright import cli\n"
         "raise SystemExit(cli.main(['--help']))\n"
     )
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          cwd=tmp_path, timeout=60)
     assert res.returncode == 1, res
-    assert "ModuleNotFoundError: import of statewright.cli_lb" in res.stderr
+    assert "ModuleNotFoundError: import of statewright.cli.lb_commands" in res.stderr
     assert res.stdout == ""

@@ -58,8 +58,9 @@ def test_a_command_writing_to_a_closed_pipe_exits_quietly() -> None:
 
 
 def test_the_standalone_command_modules_exit_quietly_too() -> None:
-    for module in ("statewright.cli_bpf", "statewright.cli_lb"):
-        res = run_with_closed_stdout(module.rpartition("_")[2], "--help", module=module)
+    for group in ("bpf", "lb"):
+        module = f"statewright.cli.{group}_commands"
+        res = run_with_closed_stdout(group, "--help", module=module)
         assert_quiet_broken_pipe(res, HELP_CODES)
 
 
@@ -70,7 +71,7 @@ def test_a_standalone_command_module_writing_to_a_closed_pipe_exits_quietly() ->
     os.mkdir(pin_dir)
     try:
         res = run_with_closed_stdout("bpf", "maps", "--pin-dir", pin_dir,
-                                     module="statewright.cli_bpf")
+                                     module="statewright.cli.bpf_commands")
     finally:
         os.rmdir(pin_dir)
     assert_quiet_broken_pipe(res)

@@ -227,7 +227,7 @@ def test_exec_refuses_a_cgroup_directory_that_is_not_a_cgroup(
     """An agent given a --cgroup outside the cgroup2 mount reports its datapath Degraded;
     ``exec`` then fails naming the directory instead of creating a cgroup.procs file in
     it (and running the command outside any cgroup of the agent's)."""
-    from statewright import cli_agent
+    from statewright.cli import agent_commands
 
     not_a_cgroup = tmp_path / "cg"
     not_a_cgroup.mkdir()
@@ -239,7 +239,7 @@ def test_exec_refuses_a_cgroup_directory_that_is_not_a_cgroup(
             assert path == "/agent"
             return info
 
-    monkeypatch.setattr(cli_agent, "_client", lambda args: FakeClient())
+    monkeypatch.setattr(agent_commands, "client", lambda args: FakeClient())
     code, _, err = run_cli(capsys, "exec", "--", "true")
     assert code == 1
     assert f"cannot join cgroup {not_a_cgroup}" in err and "No such file" in err

@@ -34,9 +34,8 @@ from bpfops.lb_maps import (
     LBMaps,
     LBMapsConfig,
 )
-from bpfops.maps_dump import dump_lines
+from bpfops.maps_dump import dump_lines, list_frontends
 from bpfops.model import ServiceSpec
-from statewright.cli_lb import list_frontends
 from tests.bpfops.helpers import NO_TXN, be, fe, new_ops
 
 from . import bpftool_json

@@ -151,7 +151,7 @@ def test_bpftool_reads_what_we_wrote(kernel_pin_dir: str, name: str) -> None:
 def test_cli_from_another_process(kernel_pin_dir: str) -> None:
     """``statewright bpf maps`` / ``bpf dump`` read the pins of a process that has exited."""
     run_python(WRITER, kernel_pin_dir, "256")
-    cli = [sys.executable, "-m", "statewright.cli_bpf", "bpf"]
+    cli = [sys.executable, "-m", "statewright.cli.bpf_commands", "bpf"]
     listed = subprocess.run(
         [*cli, "maps", "--pin-dir", kernel_pin_dir, "-o", "json"],
         capture_output=True,

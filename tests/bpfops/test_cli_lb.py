@@ -10,9 +10,9 @@ import pytest
 
 from bpf import lb
 from bpfops.lb_maps import LBMaps
-from bpfops.maps_dump import dump_lines
+from bpfops.maps_dump import dump_lines, list_frontends
 from bpfops.model import ServiceSpec
-from statewright.cli_lb import format_list, list_frontends
+from statewright.cli.lb_commands import format_list
 from tests.bpfops.conftest import MapsMaker
 from tests.bpfops.helpers import NO_TXN, be, fe, new_ops
 

@@ -243,7 +243,7 @@ class LBMapsComponent(Component):
                       errors={503: "the LB maps are not open"}),)
 
     async def _services(self, req: Request) -> Any:
-        from statewright.cli_lb import list_frontends
+        from bpfops.maps_dump import list_frontends
 
         maps = self.lb.plain_maps if self.lb is not None else None
         if maps is None:

@@ -1,10 +1,12 @@
-"""The ``statewright`` command line: one argparse tree, each command group in its own module.
+"""The ``statewright`` command line: one argparse tree, each command group in its own module
+(``*_commands.py``); ``common.py`` holds what they share (the agent's socket and client,
+the table format).
 
 Every command group module (``COMMAND_MODULES``) exposes
 ``add_commands(subparsers, commands) -> None``: it adds its parsers under ``subparsers``,
 sets ``func(args) -> int`` on each leaf and records each leaf parser in ``commands`` under
 its path (``"lb list"``). A later module may look up a parser an earlier one recorded and
-extend it (more arguments, another ``func``): that is how ``cli_agent`` sends ``lb list``
+extend it (more arguments, another ``func``): that is how ``agent_commands`` sends ``lb list``
 and ``bpf dump`` to the running agent. A module that cannot be imported is a bug and fails
 ``statewright`` at once.
 
@@ -20,11 +22,16 @@ import logging
 import sys
 from typing import Any, Protocol
 
-from statewright import cli_agent, cli_api, cli_bpf, cli_endpoint, cli_lb, cli_policy, cli_run
 from statewright.broken_pipe import EXIT_BROKEN_PIPE, discard_stdout
-
-#: Exit code after stdout was closed by the reader: 128 + SIGPIPE, what a shell reports for
-#: a tool killed by SIGPIPE (``yes | head -1``; visible with ``set -o pipefail``).
+from statewright.cli import (
+    agent_commands,
+    api_commands,
+    bpf_commands,
+    endpoint_commands,
+    lb_commands,
+    policy_commands,
+    run_commands,
+)
 
 
 class SubParsers(Protocol):
@@ -47,10 +54,16 @@ class CommandModule(Protocol):
         ...
 
 
-#: In registration order: cli_agent comes after cli_lb and cli_bpf, whose ``lb list`` and
-#: ``bpf dump`` it extends.
+#: In registration order: agent_commands comes after lb_commands and bpf_commands, whose
+#: ``lb list`` and ``bpf dump`` it extends.
 COMMAND_MODULES: tuple[CommandModule, ...] = (
-    cli_run, cli_bpf, cli_lb, cli_agent, cli_endpoint, cli_policy, cli_api
+    run_commands,
+    bpf_commands,
+    lb_commands,
+    agent_commands,
+    endpoint_commands,
+    policy_commands,
+    api_commands,
 )
 
 

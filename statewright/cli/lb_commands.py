@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import ipaddress
 import json
 import os
 import sys
@@ -28,11 +27,10 @@ from bpf.memory_map import MemoryMap
 from bpf.probe import DEFAULT_PIN_DIR, kernel_support
 from bpf.spec import MapSpec
 from bpf.typed_map import TypedMap
-from bpfops import flags as svcflags
 from bpfops.lb_maps import LB_MAP_NAMES, MAGLEV4, MAGLEV6, LBMaps
-from bpfops.maps_dump import LB_ALG_NAMES, LB_ALG_SHIFT, dump_lines
-from bpfops.model import SCOPE_INTERNAL, STATE_NAMES, proto_name
+from bpfops.maps_dump import dump_lines, list_frontends
 from statedb.errors import StatewrightError
+from statewright.cli.common import format_table
 
 if TYPE_CHECKING:
     from statewright.cli import Commands, SubParsers
@@ -125,52 +123,6 @@ def open_pinned_lb_maps(pin_dir: str) -> Iterator[LBMaps]:
 # -- list -----------------------------------------------------------------------------------
 
 
-def _host_port(raw: bytes, port: int) -> str:
-    ip = ipaddress.ip_address(raw)
-    return f"[{ip}]:{port}" if ip.version == 6 else f"{ip}:{port}"
-
-
-def list_frontends(maps: LBMaps) -> list[dict[str, Any]]:
-    """One record per frontend (master entry): id, address, type, flags, algorithm,
-    counts and backends in slot order (wildcard entries are listed with id 0)."""
-    backends: dict[int, tuple[str, str]] = {}
-    for v6 in (False, True):
-        for be_id, value in maps.backends(v6).dump():
-            addr = f"{_host_port(value.address, value.port)}/{proto_name(value.proto)}"
-            backends[be_id] = (addr, STATE_NAMES.get(value.flags, "active"))
-    records: dict[tuple[bool, bytes, int, int, int], dict[str, Any]] = {}
-    slots: dict[tuple[bool, bytes, int, int, int], dict[int, int]] = {}
-    for v6 in (False, True):
-        for key, value in maps.services(v6).dump():
-            fkey = (v6, key.address, key.dport, key.proto, key.scope)
-            if key.backend_slot:
-                slots.setdefault(fkey, {})[key.backend_slot] = value.backend_id
-                continue
-            word = svcflags.join(value.flags, value.flags2)
-            addr = f"{_host_port(key.address, key.dport)}/{proto_name(key.proto)}"
-            if key.scope == SCOPE_INTERNAL:
-                addr += "/i"
-            records[fkey] = {
-                "id": value.rev_nat_index,
-                "address": addr,
-                "type": svcflags.svc_type_of(word),
-                "flags": svcflags.flag_names(word)[1:],
-                "algorithm": LB_ALG_NAMES.get(value.backend_id >> LB_ALG_SHIFT, "undef"),
-                "count": value.count,
-                "qcount": value.qcount,
-                "backends": [],
-            }
-    for fkey, rec in records.items():
-        for slot in sorted(slots.get(fkey, {})):
-            be_id = slots[fkey][slot]
-            addr, state = backends.get(be_id, (f"<missing backend {be_id}>", "?"))
-            inactive = slot > rec["count"]
-            rec["backends"].append(
-                {"slot": slot, "id": be_id, "address": addr, "state": state, "inactive": inactive}
-            )
-    return sorted(records.values(), key=lambda r: (r["id"], r["address"]))
-
-
 def format_list(records: list[dict[str, Any]]) -> str:
     """The table form of ``list_frontends``."""
     header = ["ID", "Frontend", "Type", "Flags", "Backends"]
@@ -181,10 +133,7 @@ def format_list(records: list[dict[str, Any]]) -> str:
             for b in r["backends"]
         )
         rows.append([str(r["id"]), r["address"], r["type"], ", ".join(r["flags"]), bes])
-    cells = [header, *rows]
-    widths = [max(len(row[i]) for row in cells) for i in range(len(header))]
-    lines = ["  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() for row in cells]
-    return "\n".join(lines) + "\n"
+    return format_table(header, rows)
 
 
 # -- commands -------------------------------------------------------------------------------
@@ -226,7 +175,7 @@ def cmd_list(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Standalone entry: ``python -m statewright.cli_lb lb maps-dump``."""
+    """Standalone entry: ``python -m statewright.cli.lb_commands lb maps-dump``."""
     from statewright.cli import run
 
     parser = argparse.ArgumentParser(prog="statewright")

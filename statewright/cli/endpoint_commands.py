@@ -11,15 +11,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 import urllib.parse
 from typing import Any
 
-from statewright.agent.client import AgentClient, AgentRequestError, AgentUnavailable
+from statewright.agent.client import AgentRequestError, AgentUnavailable
+from statewright.cli.common import add_client_arguments, agent_get, client, format_table
 
-SOCKET_ENV = "STATEWRIGHT_SOCKET"
-DEFAULT_SOCKET = "/run/statewright/agent.sock"
 ENDPOINT_COLUMNS = ["ID", "POD", "INTERFACE", "IPV4", "IPV6", "IDENTITY", "POLICY", "STATE"]
 
 
@@ -29,63 +27,19 @@ def add_commands(subparsers: Any, commands: dict[str, argparse.ArgumentParser]) 
     ep = subparsers.add_parser("endpoint", help="the agent's endpoints")
     sub = ep.add_subparsers(dest="endpoint_command", required=True)
     lst = sub.add_parser("list", help="list endpoints")
-    _common(lst)
+    add_client_arguments(lst)
     lst.set_defaults(func=cmd_endpoint_list)
     commands["endpoint list"] = lst
     get = sub.add_parser("get", help="one endpoint (id, container-id:X, pod-name:NS/NAME, ...)")
     get.add_argument("id")
-    _common(get, json_default=True)
+    add_client_arguments(get, default="json")
     get.set_defaults(func=cmd_endpoint_get)
     commands["endpoint get"] = get
 
     ipam = subparsers.add_parser("ipam", help="the agent's pod CIDRs and allocations")
-    _common(ipam)
+    add_client_arguments(ipam)
     ipam.set_defaults(func=cmd_ipam)
     commands["ipam"] = ipam
-
-
-def _common(p: argparse.ArgumentParser, json_default: bool = False) -> None:
-    p.add_argument(
-        "--socket",
-        default=None,
-        help=f"agent API socket (default ${SOCKET_ENV} or {DEFAULT_SOCKET})",
-    )
-    p.add_argument(
-        "-o", "--output", choices=("table", "json"), default="json" if json_default else "table"
-    )
-
-
-def _client(args: argparse.Namespace) -> AgentClient:
-    return AgentClient(args.socket or os.environ.get(SOCKET_ENV) or DEFAULT_SOCKET)
-
-
-def _command(args: argparse.Namespace) -> str:
-    """``statewright endpoint get`` etc., from the command's function, for messages."""
-    func = getattr(args, "func", None)
-    name = getattr(func, "__name__", "").removeprefix("cmd_").replace("_", " ")
-    return f"statewright {name}".rstrip()
-
-
-def _get(args: argparse.Namespace, path: str) -> Any:
-    """The agent's answer, or raise SystemExit with the right code and a message naming
-    the command (2: no agent, as the other client commands; 1: the agent refused)."""
-    try:
-        return _client(args).get(path)
-    except AgentUnavailable as e:
-        print(f"{_command(args)}: {e}", file=sys.stderr)
-        raise SystemExit(2) from None
-    except AgentRequestError as e:
-        print(f"{_command(args)}: {e}", file=sys.stderr)
-        raise SystemExit(1) from None
-
-
-def format_table(header: list[str], rows: list[list[str]]) -> str:
-    """Left-aligned columns separated by two spaces."""
-    widths = [max(len(str(c)) for c in col) for col in zip(header, *rows)]
-    lines = [
-        "  ".join(str(c).ljust(w) for c, w in zip(r, widths)).rstrip() for r in [header, *rows]
-    ]
-    return "\n".join(lines) + "\n"
 
 
 def endpoint_row(ep: dict[str, Any], policy: dict[int, dict[str, Any]] | None = None) -> list[str]:
@@ -116,7 +70,7 @@ def _policy_cell(pol: dict[str, Any] | None) -> str:
 def _policy_rows(args: argparse.Namespace) -> dict[int, dict[str, Any]]:
     """The endpoints' policy rows by id; empty when the agent has no policy component."""
     try:
-        doc = _client(args).get("/policy/endpoints")
+        doc = client(args).get("/policy/endpoints")
     except (AgentUnavailable, AgentRequestError):
         return {}
     return {int(r["endpoint_id"]): r for r in doc.get("endpoints", [])}
@@ -124,7 +78,7 @@ def _policy_rows(args: argparse.Namespace) -> dict[int, dict[str, Any]]:
 
 def cmd_endpoint_list(args: argparse.Namespace) -> int:
     """``statewright endpoint list``."""
-    eps = _get(args, "/endpoint")
+    eps = agent_get(args, "/endpoint")
     if args.output == "json":
         print(json.dumps(eps, indent=2))
     else:
@@ -136,7 +90,7 @@ def cmd_endpoint_list(args: argparse.Namespace) -> int:
 def cmd_endpoint_get(args: argparse.Namespace) -> int:
     """``statewright endpoint get ID``."""
     ref = urllib.parse.quote(args.id, safe=":")
-    ep = _get(args, f"/endpoint/{ref}")
+    ep = agent_get(args, f"/endpoint/{ref}")
     if args.output == "json":
         print(json.dumps(ep, indent=2))
     else:
@@ -146,7 +100,7 @@ def cmd_endpoint_get(args: argparse.Namespace) -> int:
 
 def cmd_ipam(args: argparse.Namespace) -> int:
     """``statewright ipam``: pools with usage, router addresses, allocations."""
-    doc = _get(args, "/ipam")
+    doc = agent_get(args, "/ipam")
     if args.output == "json":
         print(json.dumps(doc, indent=2))
         return 0

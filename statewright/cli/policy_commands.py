@@ -9,7 +9,7 @@
   namespace ``default`` unless ``io.kubernetes.pod.namespace`` is given; ``reserved:world``
   for addresses outside the cluster). Exit code 0 when allowed, 1 when denied.
 
-Socket, errors and exit codes as the other agent commands (statewright/cli_endpoint.py).
+Socket, errors and exit codes as the other agent commands (endpoint_commands.py, common.py).
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ import sys
 import urllib.parse
 from typing import Any
 
-from statewright.cli_endpoint import _common, _get, format_table
+from statewright.cli.common import add_client_arguments, agent_get, format_table
 
 ENTRY_COLUMNS = ["IDENTITY", "DIRECTION", "PROTO", "PORT", "ACTION", "RULES"]
 
@@ -31,14 +31,14 @@ def add_commands(subparsers: Any, commands: dict[str, argparse.ArgumentParser]) 
     sub = pol.add_subparsers(dest="policy_command", required=True)
     get = sub.add_parser("get", help="policies and rules, or one endpoint's entries")
     get.add_argument("--endpoint", type=int, default=None, help="an endpoint id")
-    _common(get)
+    add_client_arguments(get)
     get.set_defaults(func=cmd_policy_get)
     commands["policy get"] = get
     tr = sub.add_parser("trace", help="is traffic from LABELS to LABELS on a port allowed?")
     tr.add_argument("--from", dest="src", required=True, help="source labels, comma-separated")
     tr.add_argument("--to", dest="dst", required=True, help="destination labels")
     tr.add_argument("--port", required=True, help="destination port, P or P/PROTO (TCP)")
-    _common(tr)
+    add_client_arguments(tr)
     tr.set_defaults(func=cmd_policy_trace)
     commands["policy trace"] = tr
 
@@ -54,7 +54,7 @@ def _port_text(e: dict[str, Any]) -> str:
 def cmd_policy_get(args: argparse.Namespace) -> int:
     """``statewright policy get [--endpoint ID]``."""
     path = "/policy" if args.endpoint is None else f"/policy?endpoint={args.endpoint}"
-    doc = _get(args, path)
+    doc = agent_get(args, path)
     if args.output == "json":
         print(json.dumps(doc, indent=2))
         return 0
@@ -94,7 +94,7 @@ def cmd_policy_get(args: argparse.Namespace) -> int:
 def cmd_policy_trace(args: argparse.Namespace) -> int:
     """``statewright policy trace``: 0 when allowed, 1 when denied."""
     q = urllib.parse.urlencode({"from": args.src, "to": args.dst, "port": args.port})
-    doc = _get(args, f"/policy/trace?{q}")
+    doc = agent_get(args, f"/policy/trace?{q}")
     if args.output == "json":
         print(json.dumps(doc, indent=2))
     else:

@@ -21,6 +21,14 @@ from typing import TYPE_CHECKING, Any
 
 from statewright.agent import config as agent_config
 from statewright.agent.client import AgentClient, AgentRequestError, AgentUnavailable
+from statewright.cli.common import (
+    EXIT_NO_AGENT,
+    add_client_arguments,
+    add_socket_argument,
+    client,
+    flat,
+    format_table,
+)
 
 if TYPE_CHECKING:
     from statewright.cli import Commands, SubParsers
@@ -29,8 +37,6 @@ log = logging.getLogger("statewright.agent")
 
 #: The namespace ``--demo`` (and ``make run``) creates for the example backends.
 DEMO_NETNS = agent_config.DEMO_NETNS
-
-EXIT_NO_AGENT = 2
 
 
 def add_commands(subparsers: SubParsers, commands: Commands) -> None:
@@ -108,21 +114,21 @@ def add_commands(subparsers: SubParsers, commands: Commands) -> None:
     ag.set_defaults(func=cmd_agent)
 
     st = subparsers.add_parser("status", help="health of the running agent")
-    _client_args(st)
+    add_client_arguments(st)
     st.set_defaults(func=cmd_status)
 
     db = subparsers.add_parser("db", help="the running agent's statedb tables")
     dbsub = db.add_subparsers(dest="db_command", required=True)
     show = dbsub.add_parser("show", help="print a table")
     show.add_argument("table")
-    _client_args(show, formats=("table", "json", "yaml"))
+    add_client_arguments(show, formats=("table", "json", "yaml"))
     show.set_defaults(func=cmd_db_show)
     lst = dbsub.add_parser("list", help="list the tables")
-    _client_args(lst)
+    add_client_arguments(lst)
     lst.set_defaults(func=cmd_db_list)
     watch = dbsub.add_parser("watch", help="follow a table's changes (newline-delimited JSON)")
     watch.add_argument("table")
-    _client_args(watch, formats=None)
+    add_client_arguments(watch, formats=None)
     watch.set_defaults(func=cmd_db_watch)
 
     ex = subparsers.add_parser(
@@ -138,30 +144,9 @@ def add_commands(subparsers: SubParsers, commands: Commands) -> None:
     _route_through_agent(commands)
 
 
-def _client_args(p: argparse.ArgumentParser, formats: tuple[str, ...] | None = ("table", "json")
-                 ) -> None:
-    p.add_argument("--socket", default=None,
-                   help=f"agent API socket (default ${agent_config.SOCKET_ENV} or "
-                   f"{agent_config.DEFAULT_SOCKET})")
-    if formats:
-        p.add_argument("-o", "--output", choices=formats, default="table")
-
-
-def _client(args: argparse.Namespace) -> AgentClient:
-    return AgentClient(args.socket or agent_config.default_socket())
-
-
 def _fail(cmd: str, err: Exception) -> int:
     print(f"statewright {cmd}: {err}", file=sys.stderr)
     return EXIT_NO_AGENT if isinstance(err, AgentUnavailable) else 1
-
-
-def _print_table(header: list[str], rows: list[list[str]]) -> None:
-    cells = [header, *rows]
-    widths = [max(len(r[i]) for r in cells) for i in range(len(header) - 1)]
-    for r in cells:
-        line = "".join(c.ljust(w + 3) for c, w in zip(r[:-1], widths)) + r[-1]
-        print(line.rstrip())
 
 
 # ----- agent -------------------------------------------------------------------------------
@@ -301,7 +286,7 @@ def cleanup(cfg: agent_config.AgentConfig) -> int:
 def cmd_status(args: argparse.Namespace) -> int:
     """Print the agent's health (exit 0 when OK, 1 when Degraded, 2 when no agent runs)."""
     try:
-        c = _client(args)
+        c = client(args)
         health = c.get("/health")
         info = c.get("/agent")
     except (AgentUnavailable, AgentRequestError) as e:
@@ -317,15 +302,15 @@ def cmd_status(args: argparse.Namespace) -> int:
         if info.get("netns"):
             print(f"Demo:     namespace {info['netns']} (statewright exec -- CMD runs there)")
         print()
-        _print_table(["Component", "State", "Message"],
-                     [[x["name"], x["state"], x["message"]] for x in health["components"]])
+        rows = [[x["name"], x["state"], x["message"]] for x in health["components"]]
+        sys.stdout.write(format_table(["Component", "State", "Message"], rows, gap=3))
     return 0 if health["state"] == "OK" else 1
 
 
 def cmd_db_show(args: argparse.Namespace) -> int:
     """Print one table of the running agent."""
     try:
-        c = _client(args)
+        c = client(args)
         if args.output == "json":
             print(json.dumps(c.get(f"/tables/{args.table}"), indent=2))
         else:
@@ -338,31 +323,31 @@ def cmd_db_show(args: argparse.Namespace) -> int:
 def cmd_db_list(args: argparse.Namespace) -> int:
     """List the agent's tables."""
     try:
-        tables = _client(args).get("/tables")
+        tables = client(args).get("/tables")
     except (AgentUnavailable, AgentRequestError) as e:
         return _fail("db list", e)
     if args.output == "json":
         print(json.dumps(tables, indent=2))
     else:
-        _print_table(["Table", "Rows", "Revision", "Initialized"],
-                     [[t["name"], str(t["rows"]), str(t["revision"]),
-                       "yes" if t["initialized"] else "waiting for " + ", ".join(t["pending"])]
-                      for t in tables])
+        rows = [[t["name"], str(t["rows"]), str(t["revision"]),
+                 "yes" if t["initialized"] else "waiting for " + ", ".join(t["pending"])]
+                for t in tables]
+        sys.stdout.write(format_table(["Table", "Rows", "Revision", "Initialized"], rows, gap=3))
     return 0
 
 
 def cmd_db_watch(args: argparse.Namespace) -> int:
     """Print a table's changes as they happen (newline-delimited JSON) until interrupted
     (exit 0) or until the agent ends the feed, which it does when it stops (exit 1)."""
-    client = _client(args)
+    agent = client(args)
     try:
-        for doc in client.stream(f"/tables/{args.table}/changes"):
+        for doc in agent.stream(f"/tables/{args.table}/changes"):
             print(json.dumps(doc), flush=True)
     except (AgentUnavailable, AgentRequestError) as e:
         return _fail("db watch", e)
     except KeyboardInterrupt:
         return 0
-    print(f"statewright db watch: the agent on {client.socket_path} ended the change feed "
+    print(f"statewright db watch: the agent on {agent.socket_path} ended the change feed "
           "(it stopped?)", file=sys.stderr)
     return 1
 
@@ -377,7 +362,7 @@ def cmd_exec(args: argparse.Namespace) -> int:
         print("statewright exec: no command given (statewright exec -- CMD ...)", file=sys.stderr)
         return 2
     try:
-        info = _client(args).get("/agent")
+        info = client(args).get("/agent")
     except (AgentUnavailable, AgentRequestError) as e:
         return _fail("exec", e)
     dp = info["datapath"]
@@ -413,7 +398,7 @@ def cmd_exec(args: argparse.Namespace) -> int:
 
 # ----- lb list and bpf dump through the agent ---------------------------------------------
 def _route_through_agent(commands: Commands) -> None:
-    """Extend ``lb list`` (statewright/cli_lb.py) and ``bpf dump`` (statewright/cli_bpf.py),
+    """Extend ``lb list`` (lb_commands.py) and ``bpf dump`` (bpf_commands.py),
     registered before this module, so that they ask the running agent first. ``lb list``
     always does; ``bpf dump MAP`` only when the agent's maps are in memory under --pin-dir
     (only the agent can read those). Each keeps its own function as ``pinned_func``, the
@@ -424,26 +409,24 @@ def _route_through_agent(commands: Commands) -> None:
     ):
         parser = commands.get(path)
         if parser is None:
-            raise RuntimeError(f"statewright.cli_agent extends `{path}`, which is not "
-                               "registered: register its module before cli_agent")
-        parser.add_argument("--socket", default=None, help=help_text)
+            raise RuntimeError(f"statewright.cli.agent_commands extends `{path}`, which is "
+                               "not registered: register its module before agent_commands")
+        add_socket_argument(parser, help_text)
         parser.set_defaults(func=func, pinned_func=parser.get_default("func"))
 
 
 def cmd_bpf_dump(args: argparse.Namespace) -> int:
     """One LB map's entries from the agent when it runs on memory maps under --pin-dir."""
-    from statewright.cli_bpf import _flat, _print_table
-
     pinned: int
     if os.sep in args.map:
         pinned = args.pinned_func(args)
         return pinned
     try:
-        client = _client(args)
-        info = client.get("/agent")
+        agent = client(args)
+        info = agent.get("/agent")
         if info["maps"]["kind"] != "memory" or info["maps"]["pin_dir"] != args.pin_dir:
             raise AgentUnavailable("the agent's maps are not in memory under --pin-dir")
-        entries = client.get(f"/bpf/maps/{args.map}")["entries"]
+        entries = agent.get(f"/bpf/maps/{args.map}")["entries"]
     except AgentUnavailable:
         pinned = args.pinned_func(args)
         return pinned
@@ -452,17 +435,18 @@ def cmd_bpf_dump(args: argparse.Namespace) -> int:
     if args.output == "json":
         print(json.dumps(entries, indent=2))
     else:
-        _print_table(["KEY", "VALUE"], [[_flat(e["key"]), _flat(e["value"])] for e in entries])
+        rows = [[flat(e["key"]), flat(e["value"])] for e in entries]
+        sys.stdout.write(format_table(["KEY", "VALUE"], rows))
     return 0
 
 
 def cmd_lb_list(args: argparse.Namespace) -> int:
     """Frontends with their backends from the running agent; without an agent, from the
     maps pinned under --pin-dir (kernel maps only), saying so."""
-    from statewright.cli_lb import format_list
+    from statewright.cli.lb_commands import format_list
 
     try:
-        records = _client(args).get("/lb/services")
+        records = client(args).get("/lb/services")
     except AgentUnavailable as e:
         print(f"statewright lb list: {e}\nstatewright lb list: reading the maps pinned under "
               f"{args.pin_dir} instead", file=sys.stderr)

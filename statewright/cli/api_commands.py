@@ -14,7 +14,8 @@ import sys
 from typing import Any
 
 from statewright.agent import config as agent_config
-from statewright.agent.client import AgentClient, AgentRequestError, AgentUnavailable
+from statewright.agent.client import AgentRequestError, AgentUnavailable
+from statewright.cli.common import add_socket_argument, client
 
 
 def add_commands(subparsers: Any, commands: dict[str, argparse.ArgumentParser]) -> None:
@@ -22,9 +23,7 @@ def add_commands(subparsers: Any, commands: dict[str, argparse.ArgumentParser]) 
     api = subparsers.add_parser("api", help="the agent's HTTP API")
     sub = api.add_subparsers(dest="api_command", required=True)
     doc = sub.add_parser("openapi", help="print the API's OpenAPI document (JSON)")
-    doc.add_argument("--socket", default=None,
-                     help=f"agent API socket (default ${agent_config.SOCKET_ENV} or "
-                          f"{agent_config.DEFAULT_SOCKET})")
+    add_socket_argument(doc)
     doc.add_argument("--offline", action="store_true",
                      help="generate it from the agent's components instead of asking the "
                           "running agent")
@@ -48,9 +47,8 @@ def cmd_openapi(args: argparse.Namespace) -> int:
     if args.offline:
         doc = offline_document()
     else:
-        client = AgentClient(args.socket or agent_config.default_socket())
         try:
-            doc = client.get("/openapi.json")
+            doc = client(args).get("/openapi.json")
         except AgentUnavailable as e:
             print(f"statewright: {e}", file=sys.stderr)
             return 2

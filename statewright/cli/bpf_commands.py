@@ -18,6 +18,7 @@ from bpf.errors import MapError
 from bpf.kernel_map import KernelMap
 from bpf.probe import DEFAULT_PIN_DIR, kernel_support
 from bpf.spec import MAP_OF_MAPS, MapInfo, MapSpec, MapType
+from statewright.cli.common import flat, format_table
 
 if TYPE_CHECKING:
     from statewright.cli import Commands, SubParsers
@@ -111,7 +112,8 @@ def cmd_maps(args: argparse.Namespace) -> int:
     if args.output == "json":
         print(json.dumps(rows, indent=2))
     else:
-        _print_table(["NAME", "TYPE", "ENTRIES", "MAX", "PINNED"], [list(r.values()) for r in rows])
+        header = ["NAME", "TYPE", "ENTRIES", "MAX", "PINNED"]
+        sys.stdout.write(format_table(header, [list(r.values()) for r in rows]))
     return 0
 
 
@@ -155,27 +157,13 @@ def cmd_dump(args: argparse.Namespace) -> int:
     if args.output == "json":
         print(json.dumps(entries, indent=2))
     else:
-        _print_table(["KEY", "VALUE"], [[_flat(e["key"]), _flat(e["value"])] for e in entries])
+        rows = [[flat(e["key"]), flat(e["value"])] for e in entries]
+        sys.stdout.write(format_table(["KEY", "VALUE"], rows))
     return 0
 
 
-def _flat(value: Any) -> str:
-    if isinstance(value, dict):
-        return " ".join(f"{k}={_flat(v)}" for k, v in value.items())
-    if isinstance(value, list):
-        return f"[{len(value)} values]"
-    return str(value)
-
-
-def _print_table(header: list[str], rows: list[list[Any]]) -> None:
-    cells = [header, *[[str(c) for c in row] for row in rows]]
-    widths = [max(len(r[i]) for r in cells) for i in range(len(header))]
-    for row in cells:
-        print("  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip())
-
-
 def main(argv: list[str] | None = None) -> int:
-    """Standalone entry: ``python -m statewright.cli_bpf bpf maps``."""
+    """Standalone entry: ``python -m statewright.cli.bpf_commands bpf maps``."""
     from statewright.cli import run
 
     parser = argparse.ArgumentParser(prog="statewright")
