@@ -19,7 +19,7 @@ from statewright.cli.common import add_socket_argument, client
 
 
 def add_commands(subparsers: Any, commands: dict[str, argparse.ArgumentParser]) -> None:
-    """Register ``api openapi`` (as statewright/cli.py describes)."""
+    """Register ``api openapi`` (as statewright/cli/__init__.py describes)."""
     api = subparsers.add_parser("api", help="the agent's HTTP API")
     sub = api.add_subparsers(dest="api_command", required=True)
     doc = sub.add_parser("openapi", help="print the API's OpenAPI document (JSON)")

@@ -23,7 +23,7 @@ ENDPOINT_COLUMNS = ["ID", "POD", "INTERFACE", "IPV4", "IPV6", "IDENTITY", "POLIC
 
 def add_commands(subparsers: Any, commands: dict[str, argparse.ArgumentParser]) -> None:
     """Register the ``endpoint`` and ``ipam`` command groups (leaves set ``func`` and are
-    recorded in ``commands``, as statewright/cli.py describes)."""
+    recorded in ``commands``, as statewright/cli/__init__.py describes)."""
     ep = subparsers.add_parser("endpoint", help="the agent's endpoints")
     sub = ep.add_subparsers(dest="endpoint_command", required=True)
     lst = sub.add_parser("list", help="list endpoints")

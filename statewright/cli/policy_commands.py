@@ -26,7 +26,7 @@ ENTRY_COLUMNS = ["IDENTITY", "DIRECTION", "PROTO", "PORT", "ACTION", "RULES"]
 
 
 def add_commands(subparsers: Any, commands: dict[str, argparse.ArgumentParser]) -> None:
-    """Register the ``policy`` command group (statewright/cli.py describes the protocol)."""
+    """Register the ``policy`` command group (statewright/cli/__init__.py: the protocol)."""
     pol = subparsers.add_parser("policy", help="the agent's network policy")
     sub = pol.add_subparsers(dest="policy_command", required=True)
     get = sub.add_parser("get", help="policies and rules, or one endpoint's entries")

@@ -2,7 +2,7 @@
 
 A statedb table of endpoints is reconciled into the endpoints BPF map (kernel when permitted,
 in memory otherwise) with injected faults, retries and a prune. The main job, the node agent,
-is ``statewright agent`` (statewright/cli_agent.py).
+is ``statewright agent`` (statewright/cli/agent_commands.py).
 """
 
 from __future__ import annotations
