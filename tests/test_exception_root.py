@@ -32,6 +32,7 @@ INPUT_ERRORS = {
     "tables.identities.LabelError",
     "tables.cluster_identities.IdentityObjectError",
     "tables.nodes.NodeError",
+    "tables.remote_endpoints.EndpointObjectError",
     "reconciler.status_index.UnknownStatusKindError",
     "policy.errors.PolicyError",
     "policy.errors.PolicyTraceError",

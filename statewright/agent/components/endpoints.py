@@ -23,7 +23,11 @@ Start-up order, so nothing is pruned or served too early:
    health ``endpoints/namespaces``), copied into the identities of their pods as
    ``k8s:io.cilium.k8s.namespace.labels.<key>``. With the ``k8s`` component identities
    are the cluster's (tables/cluster_identities.py, sources/k8s_identities.py: the
-   CiliumIdentity objects, health ``endpoints/identities``); without it, this node's;
+   CiliumIdentity objects, health ``endpoints/identities``); without it, this node's.
+   With it too, the CiliumEndpoints (sources/k8s_endpoints.py, health
+   ``endpoints/cilium-endpoints``): one published per local pod endpoint, and those of
+   the other nodes' pods as ipcache entries (an initializer ``ciliumendpoints`` on the
+   ipcache table until their initial list is in);
 6. with the ``nodes`` component: follow the nodes table (tables/nodes.py): every address
    of the other nodes gets a remote-node ipcache entry (`EntryTables.set_nodes`), and this
    node's own Node addresses join the host entries. An initializer ``nodes`` on the
@@ -59,6 +63,7 @@ from bpfops.ipcache_ops import IPCacheOps
 from reconciler import Reconciler
 from reconciler.health import Level
 from sources.k8s_client import K8sClient
+from sources.k8s_endpoints import CiliumEndpoints, node_internal_ip
 from sources.k8s_identities import ClusterIdentities
 from sources.k8s_namespaces import NamespaceLabels, pod_identity_labels
 from sources.k8s_node_cidrs import NodePodCIDRs, NodeSource
@@ -93,6 +98,7 @@ from tables.endpoints import EndpointChange, EndpointError
 from tables.identities import IdentityAllocator, IdentityError
 from tables.ipam import IPAM, IPAMConfig, IPAMError, parse_address
 from tables.nodes import Node, node_name_index
+from tables.remote_endpoints import RemoteEndpointEntries
 from tables.state_dir import StateDirError
 
 log = logging.getLogger("statewright.agent.endpoints")
@@ -168,6 +174,8 @@ class EndpointsComponent(Component):
         #: The nodes table (with the ``nodes`` component), for node ipcache entries.
         self.nodes: Table[Node] | None = None
         self._nodes_done: Callable[[Any], None] | None = None
+        #: CiliumEndpoints watched and published (with the ``k8s`` component).
+        self.cilium_endpoints: CiliumEndpoints | None = None
 
     # ----- lifecycle ----------------------------------------------------------------------------
     async def start(self, hive: Hive) -> None:
@@ -202,6 +210,8 @@ class EndpointsComponent(Component):
             if self.nodes is not None:
                 self._nodes_done = entries.ipcache.register_initializer(txn, NODES_INITIALIZER)
         self.ipam, self.manager = ipam, manager
+        if pods is not None:
+            self.cilium_endpoints = self._cilium_endpoints(db, pods, manager)
 
         factory = MapFactory(BackendConfig(backend=cfg.backend, pin_dir=cfg.pin_dir))  # type: ignore[arg-type]
         self.maps_kind = factory.kind
@@ -266,6 +276,8 @@ class EndpointsComponent(Component):
                 pods.config.reflector,
             )
             await hive.spawn(self, self.cluster_identities.run, label="endpoints-identities")
+        if self.cilium_endpoints is not None:
+            await hive.spawn(self, self.cilium_endpoints.run, label="endpoints-cilium-endpoints")
         if pods is not None and self.namespaces is not None:
             namespaces = self.namespaces
             await hive.spawn(self, namespaces.run, label="endpoints-namespaces")
@@ -274,6 +286,32 @@ class EndpointsComponent(Component):
             follow_ns = _follow_labels(namespaces.wait, manager)
             await hive.spawn(self, follow_ns, label="endpoints-namespace-labels")
         hive.provide("endpoints", manager)
+
+    def _cilium_endpoints(
+        self, db: DB, pods: PodLabelSource, manager: EndpointManager
+    ) -> CiliumEndpoints:
+        """The CiliumEndpoint watch and publisher (sources/k8s_endpoints.py), its
+        initializer registered on the ipcache table."""
+        entries = manager.entries
+
+        def is_local(key: str) -> bool:
+            return manager.resolve(f"pod-name:{key}") is not None
+
+        def node_ip() -> Any:
+            ip = node_internal_ip(getattr(pods, "node", None))
+            if ip is None:
+                ips = sorted(self._host_ips(db), key=lambda a: (a.version, int(a)))
+                ip = ips[0] if ips else None
+            return ip
+
+        ceps = CiliumEndpoints(
+            db, pods.client, endpoints=manager.endpoints, identities=manager.identities.table,
+            entries=RemoteEndpointEntries(entries.ipcache, is_local),
+            pod_uid_of=pods.pod_uid_of, node_ip=node_ip, config=pods.config.reflector,
+        )
+        with db.write_txn(entries.ipcache) as txn:
+            ceps.register_initializer(txn)
+        return ceps
 
     def _pod_labels_of(self, pods: PodLabelSource) -> PodLabels:
         """The Pod labels the endpoint manager takes: the Pod's own and its namespace's
@@ -405,6 +443,9 @@ class EndpointsComponent(Component):
         if self.cluster_identities is not None:
             ok, message = self.cluster_identities.health()
             cidrs.append(Health(f"{self.name}/identities", OK if ok else DEGRADED, message))
+        if self.cilium_endpoints is not None:
+            ok, message = self.cilium_endpoints.health()
+            cidrs.append(Health(f"{self.name}/cilium-endpoints", OK if ok else DEGRADED, message))
         if bad:
             return [Health(self.name, DEGRADED, "; ".join(bad)), *cidrs]
         return [Health(self.name, OK, f"{n} endpoint(s), {self.maps_kind} maps; {restored}"),
@@ -630,6 +671,8 @@ class PodLabelSource(Protocol):
     config: SourceConfig
 
     def pod_labels_of(self, namespace: str, name: str) -> dict[str, str] | None: ...
+
+    def pod_uid_of(self, namespace: str, name: str) -> str | None: ...
 
     async def wait_pod_labels(self, after: int = 0) -> int: ...
 
