@@ -26,7 +26,7 @@ from typing import Any, ClassVar
 
 from statedb import Index, Table
 from statedb import keys as keycodec
-from tables.l3n4 import L3n4Addr, encode_addr_key, parse_addr_key
+from tables.l3n4 import L3n4Addr, addr_json, encode_addr_key, parse_addr_key
 from tables.services import ServiceName
 
 BACKENDS_TABLE = "backends"
@@ -227,7 +227,7 @@ class BackendParams:
     def to_json(self) -> dict[str, Any]:
         """JSON form (Cilium's field names)."""
         return {
-            "Address": _addr_json(self.address),
+            "Address": addr_json(self.address),
             "PortNames": list(self.port_names) or None,
             "Weight": self.weight,
             "NodeName": self.node_name,
@@ -262,10 +262,6 @@ _set_bp_port_names = BackendParams.__dict__["port_names"].__set__
 _set_bp_weight = BackendParams.__dict__["weight"].__set__
 _set_bp_state = BackendParams.__dict__["state"].__set__
 _set_bp_rest = BackendParams.__dict__["_rest"].__set__
-
-
-def _addr_json(a: L3n4Addr) -> dict[str, Any]:
-    return {"AddrCluster": str(a.address), "Protocol": a.protocol, "Port": a.port, "Scope": a.scope}
 
 
 def _time_text(ts: float) -> str:
@@ -480,9 +476,9 @@ class Backend:
         insts = []
         for (svc, prio), inst in self.instances:
             v = inst.to_json()
-            v["Address"] = {**_addr_json(inst.address), "AddrCluster": {}}
+            v["Address"] = {**addr_json(inst.address), "AddrCluster": {}}
             insts.append({"k": {"ServiceName": svc, "SourcePriority": prio}, "v": v})
-        return {"Address": _addr_json(self.address), "Instances": insts}
+        return {"Address": addr_json(self.address), "Instances": insts}
 
     def to_yaml(self) -> dict[str, Any]:
         """YAML form (lower-cased names)."""

@@ -28,7 +28,7 @@ from statedb import Index, Table
 from statedb import keys as keycodec
 from statedb.rows import slot_constructor
 from tables.backends import BackendParams
-from tables.l3n4 import L3n4Addr, encode_addr_key, parse_addr_key
+from tables.l3n4 import L3n4Addr, addr_json, encode_addr_key, parse_addr_key
 from tables.services import Service, ServiceName
 
 FRONTENDS_TABLE = "frontends"
@@ -240,10 +240,9 @@ class Frontend:
 
     def to_json(self) -> dict[str, Any]:
         """JSON form (Cilium's field names)."""
-        from tables.backends import _addr_json
 
         return {
-            "Address": _addr_json(self.address),
+            "Address": addr_json(self.address),
             "Type": self.type.value,
             "ServiceName": self.service_name,
             "PortName": self.port_name,

@@ -419,3 +419,8 @@ def parse_addr_key(text: str) -> L3n4Addr | IPNetwork | IPAddress:
         return ipaddress.ip_address(t.strip("[]"))
     except ValueError:
         raise AddressError(f"invalid address query {text!r}") from None
+
+
+def addr_json(a: L3n4Addr) -> dict[str, Any]:
+    """The address as Cilium's ``db show`` JSON writes it (frontends and backends)."""
+    return {"AddrCluster": str(a.address), "Protocol": a.protocol, "Port": a.port, "Scope": a.scope}
