@@ -5,6 +5,8 @@ from __future__ import annotations
 import threading
 from typing import Any
 
+import anyio
+
 from statedb.errors import DuplicateTableError, TableNotRegisteredError
 from statedb.metrics import DBMetrics
 from statedb.table import Table
@@ -20,6 +22,9 @@ class DB:
         self.root: dict[str, TableState] = {}
         self.commit_lock = threading.Lock()
         self.metrics = DBMetrics()
+        #: Thread id -> the table names of that thread's open write transaction: a
+        #: thread holds at most one (`NestedWriteTxnError`), so no two writers deadlock.
+        self.writers: dict[int, list[str]] = {}
         self._tables: dict[str, Table[Any]] = {}
         self.register(*tables)
 
@@ -79,6 +84,17 @@ class DB:
             return WriteTxn(self, ordered, blocking=False)
         except LocksBusy:
             return None
+
+    async def write_txn_async(self, *tables: Table[Any]) -> WriteTxn:
+        """`write_txn` for an event loop (anyio: asyncio or trio): while another thread
+        holds one of ``tables``, wait for it in a worker thread, so the loop's other tasks
+        keep running; then take them all at once. Use the transaction at once, with no
+        ``await`` before its commit: the loop's thread holds the tables meanwhile."""
+        while True:
+            wtxn = self.try_write_txn(*tables)
+            if wtxn is not None:
+                return wtxn
+            await anyio.to_thread.run_sync(self.wait_unlocked, *tables)
 
     @staticmethod
     def wait_unlocked(*tables: Table[Any]) -> None:

@@ -149,13 +149,22 @@ class UnknownIndexError(StateDBError):
 
 
 class NestedWriteTxnError(StateDBError):
-    """A thread asked for a write transaction on a table its own open write transaction
-    already holds: waiting for the lock would never end. Write through the open
-    transaction, or commit it first."""
+    """A thread asked for a write transaction while its own write transaction of the same
+    DB is still open. Refused whatever the tables: a thread holding table B that waits for
+    table A deadlocks against a thread holding A that waits for B, and one write
+    transaction over every table it needs is never at risk. Lock all the tables up front
+    (``db.write_txn(a, b)``), or commit the open transaction first."""
 
-    def __init__(self, table: str) -> None:
+    def __init__(self, held: list[str], requested: list[str]) -> None:
         super().__init__(
-            f"table {table!r} is already locked by a write transaction of this thread; "
-            "use that transaction or commit it before opening another"
+            f"write transaction on {_names(requested)} refused: this thread's write "
+            f"transaction on {_names(held)} is still open, and nested write transactions "
+            "can deadlock against other threads; lock every table in one "
+            "db.write_txn(...) or commit the open one first"
         )
-        self.table = table
+        self.held = held
+        self.requested = requested
+
+
+def _names(tables: list[str]) -> str:
+    return ", ".join(repr(t) for t in tables) or "no table"

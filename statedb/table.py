@@ -119,9 +119,6 @@ class Table(Generic[O, PK]):
         self.db: DB | None = None
         self.lock_order = -1
         self.lock = threading.Lock()
-        #: The thread (``threading.get_ident()``) whose write transaction holds ``lock``, or
-        #: 0: a second write transaction on the table from that thread would wait forever.
-        self.lock_owner = 0
         # Watch registries, shared by all snapshots: index position (0 = primary,
         # i + 1 = secondary i) -> key -> watch. Weak values: a watch nobody holds
         # is forgotten instead of piling up.

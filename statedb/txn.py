@@ -3,9 +3,12 @@
 A `ReadTxn` is a snapshot of every table: taking one reads a single
 reference (the DB's current root), so it is O(1), never waits for writers
 and never sees later commits. A `WriteTxn` locks the tables it names, in
-the DB's fixed global order so writers cannot deadlock, and sees its own
-uncommitted writes; `commit` publishes a new root and closes the watches of
-everything that changed, `abort` discards the writes and closes nothing.
+the DB's fixed global order, and sees its own uncommitted writes. A thread
+holds at most one write transaction of a DB at a time (a second one, nested,
+raises `NestedWriteTxnError`), so every writer takes all its locks in one go,
+in that order, and two writers cannot deadlock. `commit` publishes a new root
+and closes the watches of everything that changed, `abort` discards the writes
+and closes nothing.
 """
 
 from __future__ import annotations
@@ -53,26 +56,27 @@ class LocksBusy(StateDBError):
 class WriteTxn(ReadTxn):
     """A transaction that may write the tables it locked; use as a context manager."""
 
-    __slots__ = ("_done", "_locked", "_started", "_tables", "_wait_s")
+    __slots__ = ("_done", "_locked", "_owner", "_started", "_tables", "_wait_s")
 
     def __init__(self, db: DB, tables: list[Table[Any]], *, blocking: bool = True) -> None:
         start = time.perf_counter()
         me = threading.get_ident()
-        for t in tables:
-            if t.lock_owner == me:
-                raise NestedWriteTxnError(t.name)
+        writers = db.writers
+        held = writers.get(me)
+        if held is not None:
+            raise NestedWriteTxnError(held, [t.name for t in tables])
         taken: list[Table[Any]] = []
         try:
             for t in tables:
                 if not t.lock.acquire(blocking):
                     raise LocksBusy(t.name)
-                t.lock_owner = me
                 taken.append(t)
         except BaseException:
             for t in reversed(taken):
-                t.lock_owner = 0
                 t.lock.release()
             raise
+        writers[me] = [t.name for t in tables]
+        self._owner = me
         acquired = time.perf_counter()
         self._wait_s = acquired - start
         self._started = acquired
@@ -152,8 +156,8 @@ class WriteTxn(ReadTxn):
         for name, tt in self._locked.items():
             self.states[name] = tt.base
         self._locked = {}
+        self.db.writers.pop(self._owner, None)
         for t in reversed(self._tables):
-            t.lock_owner = 0
             t.lock.release()
         held = time.perf_counter() - self._started
         self.db.metrics.record_write_txn(self._tables, self._wait_s, held, state)
