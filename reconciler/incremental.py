@@ -97,9 +97,10 @@ class Incremental(Generic[O]):
         self._listed = False
 
     # ----- change stream -------------------------------------------------
-    def open(self) -> None:
-        """Start tracking the table's changes (the first round sees every row)."""
-        with self.db.write_txn(self.table) as wtxn:
+    async def open(self) -> None:
+        """Start tracking the table's changes (the first round sees every row); waits for a
+        busy table off the event loop."""
+        with await self.db.write_txn_async(self.table) as wtxn:
             self._iter = self.table.changes(wtxn)
 
     def close(self) -> None:
@@ -109,26 +110,28 @@ class Incremental(Generic[O]):
             self._iter = None
         self._changes = None
 
-    def resync(self) -> None:
+    async def resync(self) -> None:
         """Start over from a full listing of the table (after a round failed part way, its
         changes may be half processed; Pending rows are found again, stale target entries are
         left to the next prune)."""
         self.close()
-        self.open()
+        await self.open()
 
     @property
     def backlog(self) -> bool:
         """True when changes of an earlier snapshot are still waiting (the last round was full)."""
         return self._changes is not None
 
-    def _key_text(self, obj: Any) -> str:
+    def key_text(self, obj: Any) -> str:
+        """``repr`` of the row's primary key value (as health messages and problems show
+        it), or ``<unknown key>`` when the key function fails."""
         try:
             return repr(self.table.primary.key(obj))  # type: ignore[misc]
         except Exception:  # a broken key function must not hide the real error
             return "<unknown key>"
 
     def _context(self, op: str, obj: Any, exc: BaseException) -> str:
-        return f"{op} {self.table.name} key={self._key_text(obj)}: {error_text(exc)}"
+        return f"{op} {self.table.name} key={self.key_text(obj)}: {error_text(exc)}"
 
     # ----- one round ----------------------------------------------------------
     async def run_round(self, txn: ReadTxn) -> Watch | None:
@@ -157,7 +160,11 @@ class Incremental(Generic[O]):
             await self._run_deletes(txn, deletes)
         if updates:
             errors = await self._run_updates(txn, updates)
-            self._commit_statuses(updates, errors, await self._status_txn())
+            base, own = self._commit_statuses(updates, errors, await self._status_txn())
+            if base == stream_revision:
+                # Nobody wrote between the round's snapshot and its status commit: the
+                # commit's own revisions need no attempt (the change stream skips them).
+                stream_revision = own
         if stream_revision >= 0:
             self.attempted_revision = stream_revision
         self.metrics.current_errors = len(self.retries)
@@ -214,7 +221,7 @@ class Incremental(Generic[O]):
                 "was not reconciled; give changed rows status_pending(), or set "
                 "Config(reconcile_every_change=True)",
                 self.config.name, self.table.name,
-                self.config.get_object_status(rec.obj).kind.name, self._key_text(rec.obj),
+                self.config.get_object_status(rec.obj).kind.name, self.key_text(rec.obj),
             )
 
     def _collect_retries(
@@ -350,17 +357,13 @@ class Incremental(Generic[O]):
     async def _status_txn(self) -> WriteTxn:
         """A write transaction on the table, taken without blocking the event loop: while
         another writer (in any thread) holds the table, wait for it in a worker thread."""
-        while True:
-            wtxn = self.db.try_write_txn(self.table)
-            if wtxn is not None:
-                return wtxn
-            await anyio.to_thread.run_sync(self.db.wait_unlocked, self.table)
+        return await self.db.write_txn_async(self.table)
 
     def _commit_statuses(
         self, updates: Updates[O], errors: dict[int, BaseException], wtxn: WriteTxn
-    ) -> None:
+    ) -> tuple[int, int]:
         """Write Done/Error onto each row unless the row's own status changed meanwhile, in
-        ``wtxn`` (committed here)."""
+        ``wtxn`` (committed here); return the table's revision before and after it."""
         cfg = self.config
         table = self.table
         set_status = cfg.set_object_status
@@ -432,11 +435,12 @@ class Incremental(Generic[O]):
             for i, rev, msg in failed:
                 log.debug("%s", msg)
                 self.retries.add(work[i].key, updates.target(i), rev, False, msg, now)
+        return base_revision, own_revision
 
     def _log_status_write_error(self, row: Any, exc: BaseException) -> None:
         log.error(
             "reconciler %s: cannot write status of %s key=%s: %s",
-            self.config.name, self.table.name, self._key_text(row), exc,
+            self.config.name, self.table.name, self.key_text(row), exc,
         )
 
     def _write_if_own_status_unchanged(

@@ -18,7 +18,7 @@ from reconciler.config import Config
 from reconciler.incremental import error_text
 from reconciler.metrics import ReconcilerMetrics
 from reconciler.operations import settle
-from statedb import ReadTxn
+from statedb import ReadTxn, Watch
 
 O = TypeVar("O")
 
@@ -36,6 +36,11 @@ class Pruner(Generic[O]):
         self.next_at: float | None = None
         self._lock = threading.Lock()
         self._requested = False
+        # Closed once the prune that serves the outstanding request(s) has run; the run's
+        # own watch is moved to _running while it runs, so a request made meanwhile waits
+        # for the next prune (the running one may have read the table before it).
+        self._request_watch: Watch | None = None
+        self._running: Watch | None = None
 
     def on_initialized(self, now: float) -> None:
         """The table finished initializing: prune right away if pruning is enabled."""
@@ -43,10 +48,20 @@ class Pruner(Generic[O]):
         if self.config.prune_interval is not None:
             self.next_at = now
 
-    def request(self) -> None:
-        """Ask for a prune at the next round (kept until the table is initialized)."""
+    def request(self) -> Watch:
+        """Ask for a prune at the next round (kept until the table is initialized); the
+        returned watch closes when a prune that started after this request has run."""
         with self._lock:
             self._requested = True
+            if self._request_watch is None:
+                self._request_watch = Watch()
+            return self._request_watch
+
+    @property
+    def request_outstanding(self) -> bool:
+        """True from a `request` until the prune serving it has run."""
+        with self._lock:
+            return self._request_watch is not None or self._running is not None
 
     def due(self, now: float) -> bool:
         """True when the table is initialized and a prune is requested or scheduled."""
@@ -63,9 +78,19 @@ class Pruner(Generic[O]):
 
     async def run(self, txn: ReadTxn) -> bool:
         """Prune against snapshot ``txn``; return True on success."""
-        cfg = self.config
         with self._lock:
             self._requested = False
+            self._running, self._request_watch = self._request_watch, None
+        try:
+            return await self._run(txn)
+        finally:
+            with self._lock:
+                served, self._running = self._running, None
+            if served is not None:
+                served.close()
+
+    async def _run(self, txn: ReadTxn) -> bool:
+        cfg = self.config
         if cfg.prune_interval is not None:
             self.next_at = cfg.clock.now() + cfg.prune_interval
         start = time.perf_counter()

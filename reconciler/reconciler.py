@@ -107,19 +107,28 @@ class Reconciler(Generic[O]):
         """Table revision up to which every change has been attempted (-1 before the first)."""
         return self._incremental.attempted_revision
 
-    def prune(self) -> None:
+    def prune(self) -> Watch:
         """Request a prune at the next round (deferred until the table is initialized).
 
-        Safe to call from any thread.
+        Returns a watch that closes once a prune that began after this request has run
+        (successfully or not: a failure is in `health`), e.g.
+        ``await rec.prune().wait_async()``; `wait_until_done` waits for it too. Safe to
+        call from any thread.
         """
-        self._pruner.request()
+        watch = self._pruner.request()
         with self._lock:
             trigger = self._trigger
         trigger.close()
+        return watch
 
-    async def wait_until_reconciled(self, revision: int, timeout: float | None = None) -> int:
-        """Wait until every change of the table up to ``revision`` has been attempted; return
-        how many objects are still waiting for a retry. Raises TimeoutError after ``timeout``."""
+    async def wait_until_reconciled(
+        self, revision: int | None = None, timeout: float | None = None
+    ) -> int:
+        """Wait until every change of the table up to ``revision`` (default: the table's
+        revision now) has been attempted; return how many objects are still waiting for a
+        retry. Raises TimeoutError after ``timeout``."""
+        if revision is None:
+            revision = self.config.table.revision(self.db.read_txn())
         cm = anyio.fail_after(timeout) if timeout is not None else contextlib.nullcontext()
         with cm:
             while self._incremental.attempted_revision < revision:
@@ -137,8 +146,9 @@ class Reconciler(Generic[O]):
 
     def problems(self, limit: int = 5) -> list[str]:
         """Why the target has not converged: [] when every change of the table was
-        attempted, every row's status is Done, no retry (update or delete) is pending and
-        health is OK; otherwise one line per reason (at most ``limit`` rows named)."""
+        attempted, every row's status is Done, no retry (update or delete) is pending, no
+        requested prune is outstanding and health is OK; otherwise one line per reason (at
+        most ``limit`` rows named, keys rendered as in health messages)."""
         cfg = self.config
         table = cfg.table
         txn = self.db.read_txn()
@@ -152,12 +162,14 @@ class Reconciler(Generic[O]):
         not_done = [o for o in table.all(txn) if cfg.get_object_status(o).kind is not _DONE]
         if not_done:
             shown = ", ".join(
-                f"{table.primary_key_of(o)!r}: {cfg.get_object_status(o)}"
+                f"{self._incremental.key_text(o)}: {cfg.get_object_status(o)}"
                 for o in not_done[:limit]
             )
             out.append(f"{len(not_done)} row(s) not Done ({shown})")
         if len(self.retries):
             out.append(f"{len(self.retries)} retry(ies) pending")
+        if self._pruner.request_outstanding:
+            out.append("a requested prune has not run yet")
         if not self._health.ok:
             out.append(f"health: {self._health}")
         return out
@@ -187,8 +199,8 @@ class Reconciler(Generic[O]):
         if self._running:
             raise RuntimeError(f"reconciler {self.name!r} is already running")
         self._running = True
-        self._incremental.open()
         try:
+            await self._incremental.open()
             async with anyio.create_task_group() as tg:
                 if self.config.refresh_interval is not None:
                     tg.start_soon(Refresher(self.db, self.config, self.metrics).run)
@@ -237,7 +249,7 @@ class Reconciler(Generic[O]):
                 failed_rounds += 1
                 self._round_error = f"round of {table.name} failed: {error_text(exc)}"
                 log.exception("reconciler %s: %s", self.name, self._round_error)
-                self._incremental.resync()
+                await self._incremental.resync()
                 table_watch = closed_watch()
                 self._publish(txn)
                 await clock.sleep(

@@ -45,7 +45,7 @@ class Refresher(Generic[O]):
         """Loop until cancelled."""
         cfg = self.config
         table = cfg.table
-        with self.db.write_txn(table) as wtxn:
+        with await self.db.write_txn_async(table) as wtxn:
             it = table.changes(wtxn)
         # A finished transaction still holds the snapshot of every table it began with, and
         # a held snapshot keeps every row version since it (no trim, no log compaction):
@@ -81,7 +81,7 @@ class Refresher(Generic[O]):
                 await anyio.lowlevel.checkpoint()
         if len(self._due) > 2 * len(self._latest) + 1024:
             self._compact()
-        if self._mark_due():
+        if await self._mark_due():
             return 0.0, watch
         if not self._due:
             return None, watch
@@ -105,8 +105,9 @@ class Refresher(Generic[O]):
         self._due = [e for e in self._due if latest.get(e[2]) == e[3]]
         heapq.heapify(self._due)
 
-    def _mark_due(self) -> int:
-        """Mark up to refresh_batch_size due rows Refreshing in one write transaction."""
+    async def _mark_due(self) -> int:
+        """Mark up to refresh_batch_size due rows Refreshing in one write transaction (taken
+        off the event loop while another thread holds the table)."""
         cfg = self.config
         table = cfg.table
         now = cfg.clock.wall()
@@ -119,7 +120,7 @@ class Refresher(Generic[O]):
         if not due:
             return 0
         marked = 0
-        with self.db.write_txn(table) as wtxn:
+        with await self.db.write_txn_async(table) as wtxn:
             for key, rev in due:
                 cur = table.get_revision(wtxn, table.primary.query_bytes(key))
                 if cur is None or cur[1] != rev:

@@ -35,7 +35,7 @@ DEFAULT_TIMEOUT = 30.0
 def convergence_problems(reconciler: Reconciler[Any], limit: int = 5) -> list[str]:
     """Why ``reconciler`` has not converged (`Reconciler.problems`): [] when every change of
     its table was attempted, every row's status is Done, no retry (update or delete) is
-    pending and health is OK."""
+    pending, no requested prune is outstanding and health is OK."""
     return reconciler.problems(limit)
 
 
@@ -50,8 +50,8 @@ async def wait_until_done(
     left) after ``timeout`` seconds. ``advance`` is called before each poll, e.g.
     ``lambda: clock.advance(5.0)`` to make every retry due under a `FakeClock`.
 
-    A prune is covered only through health: one that failed keeps health Degraded, but
-    one still running when everything else is done is not waited for."""
+    A requested prune (`Reconciler.prune`) is waited for; a periodic one is covered only
+    through health: one that failed keeps health Degraded."""
     deadline = None if timeout is None else time.monotonic() + timeout
     while True:
         problems = convergence_problems(reconciler)

@@ -11,8 +11,11 @@ background event loop. The rules then write random rows (``spec.rows``), delete 
 ones, write bursts of one key in one transaction or in quick succession, request prunes,
 tamper with the target (``spec.tamper``), initialize the table at a random point, advance
 the clock and let the reconciler run. Invariant: nothing is pruned before the table is
-initialized. At the end, faults stop and the machine waits for the reconciler to settle,
-then checks the model: the table holds the rows the machine wrote (statuses aside), every
+initialized. At the end, faults stop; unless the target was tampered with, the machine
+first waits until every change was attempted and nothing is pending and checks that the
+target matches the table before any prune (a prune would hide a delete or an update that
+never reached the target); then it requests a prune, waits for the reconciler to settle,
+and checks the model: the table holds the rows the machine wrote (statuses aside), every
 row is Done, no retry is pending, health is OK, a prune succeeded after the faults stopped
 and ``spec.observe(target) == spec.expected(rows of the table)``.
 
@@ -63,6 +66,7 @@ RETRY_MAX_BACKOFF = 4.0
 PRUNE_INTERVAL = 30.0
 
 TARGET_DIFFERS = "target differs from the table"
+NO_PRUNE_YET = "no successful prune since the faults stopped"
 
 
 @dataclass(frozen=True)
@@ -111,6 +115,9 @@ def reconciler_state_machine(spec: MachineSpec[O, T]) -> type[RuleBasedStateMach
             # What the table should hold: encoded primary key -> the row last written.
             self.model: dict[bytes, O] = {}
             self.initialized = False
+            # Set once the target was changed behind the reconciler's back: from then on
+            # only a prune can make it match the table.
+            self.tampered = False
 
         @initialize(
             seed=st.integers(0, 2**32 - 1),
@@ -202,6 +209,7 @@ def reconciler_state_machine(spec: MachineSpec[O, T]) -> type[RuleBasedStateMach
             if spec.tamper is not None:
                 # On the reconciler's loop thread, so it never races a target operation.
                 self.bg.portal.call(spec.tamper, self.target, frozenset(self.model), n)
+                self.tampered = True
 
         @precondition(lambda self: not self.initialized)
         @rule()
@@ -251,7 +259,7 @@ def reconciler_state_machine(spec: MachineSpec[O, T]) -> type[RuleBasedStateMach
             if not rec.health.ok:
                 problems.append(f"health: {rec.health}")
             if self.faulty.prunes_ok == 0:
-                problems.append("no successful prune since the faults stopped")
+                problems.append(NO_PRUNE_YET)
             actual = self.bg.portal.call(spec.observe, self.target)  # see tamper_with_target
             expected = spec.expected(rows)
             if actual != expected:
@@ -263,8 +271,33 @@ def reconciler_state_machine(spec: MachineSpec[O, T]) -> type[RuleBasedStateMach
                 problems.append(f"{TARGET_DIFFERS}: {detail}")
             return problems
 
+        def _converge_before_prune(self) -> None:
+            """Without tampering, the target must match the table once every change was
+            attempted and nothing is pending, before the final prune: a prune would hide a
+            delete or update that never reached the target."""
+            deadline = time.monotonic() + spec.timeout
+            while True:
+                self.bg.wait_reconciled(timeout=spec.timeout)
+                problems = [p for p in self._problems() if p != NO_PRUNE_YET]
+                if not problems:
+                    return
+                attempted = self.bg.reconciler.reconciled_revision >= self.table.revision(
+                    self.db.read_txn()
+                )
+                if attempted and len(problems) == 1 and problems[0].startswith(TARGET_DIFFERS):
+                    raise AssertionError(
+                        "every change was reconciled and nothing is pending, but before "
+                        f"any prune the {problems[0]}"
+                    )
+                if time.monotonic() > deadline:
+                    raise AssertionError("reconciler did not settle: " + "; ".join(problems))
+                self.clock.advance(RETRY_MAX_BACKOFF + 1.0)  # every retry is due
+                time.sleep(0.001)
+
         def _settle(self) -> None:
             self.faulty.enabled = False
+            if not self.tampered:
+                self._converge_before_prune()
             self.faulty.prunes_ok = 0  # a successful prune must happen from here on
             if not self.initialized:
                 self.initialize_table()

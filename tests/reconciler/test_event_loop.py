@@ -5,6 +5,7 @@ and other tasks of the loop keep running."""
 from __future__ import annotations
 
 import threading
+import time
 from dataclasses import dataclass, field, replace
 
 import anyio
@@ -70,3 +71,98 @@ def test_status_commit_waits_for_a_busy_table_off_the_loop() -> None:
     assert target.snapshot() == {"a": Row("a", target.snapshot()["a"].status)}
     row = table.get(db.read_txn(), "a")
     assert row is not None and row.status.kind.name == "DONE"
+
+
+# A loop blocked on the lock is late by about the writer's whole hold; one that is not,
+# by a scheduling delay. The limit tells the two apart on a loaded machine; the figures
+# themselves (under 100 ms on this machine) come from benchmarks/loop_lateness.py.
+LATE_LIMIT_S = 0.25
+WRITER_HOLD_S = 0.5
+
+
+class _Lateness:
+    """Ticks every 10 ms on the event loop and records the largest delay past a tick."""
+
+    def __init__(self) -> None:
+        self.worst = 0.0
+
+    async def run(self) -> None:
+        while True:
+            before = anyio.current_time()
+            await anyio.sleep(0.01)
+            self.worst = max(self.worst, anyio.current_time() - before - 0.01)
+
+
+def _hold_in_thread(db: DB, table: Table[Row], held: threading.Event) -> threading.Thread:
+    def writer() -> None:
+        with db.write_txn(table):
+            held.set()
+            time.sleep(WRITER_HOLD_S)
+
+    th = threading.Thread(target=writer)
+    th.start()
+    return th
+
+
+def _reconciler(refresh_interval: float | None = None) -> tuple[
+    DB, Table[Row], Reconciler[Row], MemoryTarget[Row, str, Row]
+]:
+    table = Table("rows", Index("name", key=lambda r: r.name))
+    db = DB(table)
+    target: MemoryTarget[Row, str, Row] = MemoryTarget(key=lambda r: r.name)
+    rec = Reconciler(db, Config(table, target, lambda r: r.status,
+                                lambda r, s: replace(r, status=s),
+                                refresh_interval=refresh_interval))
+    return db, table, rec, target
+
+
+def test_start_waits_for_a_busy_table_off_the_loop() -> None:
+    """`tg.start(rec.run)` needs the table once (to start its change stream): while another
+    thread holds the table for 0.5 s, the loop keeps running."""
+    db, table, rec, _ = _reconciler()
+    lateness = _Lateness()
+
+    async def main() -> None:
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(lateness.run)
+            held = threading.Event()
+            th = _hold_in_thread(db, table, held)
+            await anyio.to_thread.run_sync(held.wait, 10)
+            started = anyio.current_time()
+            await tg.start(rec.run)
+            waited = anyio.current_time() - started
+            await anyio.to_thread.run_sync(th.join, 10)
+            tg.cancel_scope.cancel()
+        assert waited > 0.2, f"start did not wait for the held table ({waited:.3f} s)"
+
+    anyio.run(main)
+    assert lateness.worst < LATE_LIMIT_S, f"loop late by {lateness.worst * 1000:.0f} ms"
+
+
+def test_refresher_waits_for_a_busy_table_off_the_loop() -> None:
+    """The refresher marks due rows Refreshing in a write transaction: while another
+    thread holds the table for 0.5 s when rows fall due, the loop keeps running."""
+    db, table, rec, target = _reconciler(refresh_interval=0.3)
+    lateness = _Lateness()
+
+    async def main() -> None:
+        async with anyio.create_task_group() as tg:
+            with db.write_txn(table) as txn:
+                for n in range(20):
+                    table.insert(txn, Row(f"r{n}"))
+            await tg.start(rec.run)
+            await rec.wait_until_done(10)
+            tg.start_soon(lateness.run)
+            before = rec.metrics.refreshes_total
+            held = threading.Event()
+            # Rows fall due 0.3 s after they were Done: hold the table across that moment.
+            th = _hold_in_thread(db, table, held)
+            await anyio.to_thread.run_sync(th.join, 10)
+            with anyio.fail_after(10):
+                while rec.metrics.refreshes_total == before:
+                    await anyio.sleep(0.02)
+            tg.cancel_scope.cancel()
+
+    anyio.run(main)
+    assert lateness.worst < LATE_LIMIT_S, f"loop late by {lateness.worst * 1000:.0f} ms"
+    assert len(target.snapshot()) == 20

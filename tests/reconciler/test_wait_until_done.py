@@ -68,3 +68,74 @@ def test_times_out_naming_what_is_left() -> None:
             tg.cancel_scope.cancel()
 
     anyio.run(main)
+
+
+def _clean_setup() -> tuple[DB, Table[Row], MemoryTarget[Row, str, Row], Reconciler[Row]]:
+    db, table, target, _, rec = _setup(FaultPlan())
+    return db, table, target, rec
+
+
+def test_a_requested_prune_can_be_awaited() -> None:
+    """After `rec.prune()`, `wait_until_done` returns only once the prune has run, and the
+    watch `prune()` returns closes then too."""
+    db, table, target, rec = _clean_setup()
+
+    async def main() -> None:
+        async with anyio.create_task_group() as tg:
+            await tg.start(rec.run)
+            with db.write_txn(table) as txn:
+                table.insert(txn, Row("kept"))
+            await rec.wait_until_done(timeout=10)
+            target.put("stale", Row("stale"))  # behind the reconciler's back
+            rec.prune()
+            await rec.wait_until_done(timeout=10)
+            assert sorted(target.snapshot()) == ["kept"]
+            target.put("stale2", Row("stale2"))
+            with anyio.fail_after(10):
+                await rec.prune().wait_async()
+            assert sorted(target.snapshot()) == ["kept"]
+            assert rec.problems() == []
+            tg.cancel_scope.cancel()
+
+    anyio.run(main)
+
+
+def test_problems_is_empty_right_after_wait_until_reconciled() -> None:
+    """The reconciler's own status commit is not a change "not attempted yet"; and
+    `wait_until_reconciled()` with no revision means the table's revision now."""
+    db, table, _, rec = _clean_setup()
+
+    async def main() -> None:
+        async with anyio.create_task_group() as tg:
+            await tg.start(rec.run)
+            with db.write_txn(table) as txn:
+                table.insert(txn, Row("d.txt"))
+            assert await rec.wait_until_reconciled(table.revision(db.read_txn()), 10) == 0
+            assert rec.problems() == []
+            with db.write_txn(table) as txn:
+                table.insert(txn, Row("e.txt"))
+            assert await rec.wait_until_reconciled(timeout=10) == 0
+            assert rec.problems() == []
+            tg.cancel_scope.cancel()
+
+    anyio.run(main)
+
+
+def test_problems_render_keys_as_health_does() -> None:
+    db, table, _, _, rec = _setup(FaultPlan(update=1.0))
+
+    async def main() -> None:
+        async with anyio.create_task_group() as tg:
+            await tg.start(rec.run)
+            with db.write_txn(table) as txn:
+                table.insert(txn, Row("d.txt"))
+            await rec.wait_until_reconciled(table.revision(db.read_txn()), 10)
+            with anyio.fail_after(10):
+                while rec.health.ok:
+                    await rec.health_watch().wait_async()
+            problems = "; ".join(rec.problems())
+            assert "'d.txt'" in problems and "b'd.txt'" not in problems, problems
+            assert "'d.txt'" in str(rec.health)
+            tg.cancel_scope.cancel()
+
+    anyio.run(main)
