@@ -517,7 +517,11 @@ def test_state_file_says_what_the_api_says_across_a_restart(setup: EndpointsConf
             assert p["state"] == "regenerating" == _file_state(setup, 1)
             gate.set()
             await wait_for(lambda: _file_state(setup, 1) == "ready", "ready in the file again")
-            assert (await call(comp, "GET", "/endpoint/1"))["state"] == "ready"
+            # The file is rewritten just before the endpoint's commit (mark_ready), in a
+            # worker thread: the API follows a moment later.
+            with anyio.fail_after(5):
+                while (await call(comp, "GET", "/endpoint/1"))["state"] != "ready":
+                    await anyio.sleep(0.01)
 
     path = os.path.join(setup.state_dir, "endpoints", "1.json")
 
