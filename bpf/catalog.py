@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 from bpf import endpoints, ipcache, lb, policy
@@ -31,25 +32,78 @@ def maglev_inner_spec(family: int, table_size: int = lb.MAGLEV_TABLE_SIZE) -> Ma
     )
 
 
+#: max_entries is a u32 in the kernel's map attributes.
+MAX_ENTRIES_LIMIT = 2**32 - 1
+
+#: The maps each `LBMapSizes` field sizes (Cilium's ``--bpf-lb-*-map-max`` groups; the
+#: scale-to-zero map, keyed by service id, is sized like the services maps).
+LB_MAP_GROUPS: dict[str, tuple[str, ...]] = {
+    "services": ("lb4_services", "lb6_services", "lb_scale_to_zero"),
+    "backends": ("lb4_backends", "lb6_backends"),
+    "rev_nat": ("lb4_reverse_nat", "lb6_reverse_nat"),
+    "affinity": ("lb_affinity_match", "lb4_affinity", "lb6_affinity"),
+    "source_range": ("lb4_source_range", "lb6_source_range"),
+    "maglev": ("lb4_maglev", "lb6_maglev"),
+}
+
+
+@dataclass(frozen=True, slots=True)
+class LBMapSizes:
+    """The capacity (max_entries) of each group of load-balancer maps (`LB_MAP_GROUPS`)."""
+
+    services: int = lb.LB_MAP_MAX_ENTRIES
+    backends: int = lb.LB_MAP_MAX_ENTRIES
+    rev_nat: int = lb.LB_MAP_MAX_ENTRIES
+    affinity: int = lb.LB_MAP_MAX_ENTRIES
+    source_range: int = lb.LB_MAP_MAX_ENTRIES
+    maglev: int = lb.LB_MAP_MAX_ENTRIES
+
+    def __post_init__(self) -> None:
+        for group in LB_MAP_GROUPS:
+            n = getattr(self, group)
+            if not 0 < n <= MAX_ENTRIES_LIMIT:
+                raise ValueError(f"{group} maps: max_entries {n} not in 1..{MAX_ENTRIES_LIMIT}")
+
+    @classmethod
+    def uniform(cls, n: int) -> LBMapSizes:
+        """Every map with ``n`` entries."""
+        return cls(n, n, n, n, n, n)
+
+    def of(self, map_name: str) -> int:
+        """The capacity of the map ``map_name`` (KeyError for a map of no group)."""
+        return int(getattr(self, group_of(map_name)))
+
+
+def group_of(map_name: str) -> str:
+    """The `LBMapSizes` field that sizes ``map_name`` (KeyError for another map)."""
+    for group, names in LB_MAP_GROUPS.items():
+        if map_name in names:
+            return group
+    raise KeyError(map_name)
+
+
 def lb_specs(
-    max_entries: int = lb.LB_MAP_MAX_ENTRIES, maglev_table_size: int = lb.MAGLEV_TABLE_SIZE
+    max_entries: int = lb.LB_MAP_MAX_ENTRIES,
+    maglev_table_size: int = lb.MAGLEV_TABLE_SIZE,
+    sizes: LBMapSizes | None = None,
 ) -> list[MapSpec[Any, Any]]:
-    """Every load-balancer map, each with ``max_entries`` capacity."""
-    n = max_entries
+    """Every load-balancer map, sized by ``sizes`` (default: ``max_entries`` each)."""
+    z = sizes if sizes is not None else LBMapSizes.uniform(max_entries)
+    svc, be, rev, aff, src = z.services, z.backends, z.rev_nat, z.affinity, z.source_range
     return [
-        MapSpec("lb4_services", MapType.HASH, lb.SERVICE4_KEY, lb.SERVICE4_VALUE, n, NO_PREALLOC),
-        MapSpec("lb6_services", MapType.HASH, lb.SERVICE6_KEY, lb.SERVICE6_VALUE, n, NO_PREALLOC),
-        MapSpec("lb4_backends", MapType.HASH, U32, lb.BACKEND4, n, NO_PREALLOC),
-        MapSpec("lb6_backends", MapType.HASH, U32, lb.BACKEND6, n, NO_PREALLOC),
-        MapSpec("lb4_reverse_nat", MapType.HASH, BE16, lb.REVNAT4, n, NO_PREALLOC),
-        MapSpec("lb6_reverse_nat", MapType.HASH, BE16, lb.REVNAT6, n, NO_PREALLOC),
-        MapSpec("lb_affinity_match", MapType.HASH, lb.AFFINITY_MATCH_KEY, U8, n, NO_PREALLOC),
-        MapSpec("lb4_affinity", MapType.LRU_HASH, lb.AFFINITY4_KEY, lb.AFFINITY_VALUE, n),
-        MapSpec("lb6_affinity", MapType.LRU_HASH, lb.AFFINITY6_KEY, lb.AFFINITY_VALUE, n),
-        MapSpec("lb4_source_range", MapType.LPM_TRIE, lb.SOURCE_RANGE4_KEY, U8, n, NO_PREALLOC),
-        MapSpec("lb6_source_range", MapType.LPM_TRIE, lb.SOURCE_RANGE6_KEY, U8, n, NO_PREALLOC),
-        maglev_spec(4, n, maglev_table_size),
-        maglev_spec(6, n, maglev_table_size),
+        MapSpec("lb4_services", MapType.HASH, lb.SERVICE4_KEY, lb.SERVICE4_VALUE, svc, NO_PREALLOC),
+        MapSpec("lb6_services", MapType.HASH, lb.SERVICE6_KEY, lb.SERVICE6_VALUE, svc, NO_PREALLOC),
+        MapSpec("lb4_backends", MapType.HASH, U32, lb.BACKEND4, be, NO_PREALLOC),
+        MapSpec("lb6_backends", MapType.HASH, U32, lb.BACKEND6, be, NO_PREALLOC),
+        MapSpec("lb4_reverse_nat", MapType.HASH, BE16, lb.REVNAT4, rev, NO_PREALLOC),
+        MapSpec("lb6_reverse_nat", MapType.HASH, BE16, lb.REVNAT6, rev, NO_PREALLOC),
+        MapSpec("lb_affinity_match", MapType.HASH, lb.AFFINITY_MATCH_KEY, U8, aff, NO_PREALLOC),
+        MapSpec("lb4_affinity", MapType.LRU_HASH, lb.AFFINITY4_KEY, lb.AFFINITY_VALUE, aff),
+        MapSpec("lb6_affinity", MapType.LRU_HASH, lb.AFFINITY6_KEY, lb.AFFINITY_VALUE, aff),
+        MapSpec("lb4_source_range", MapType.LPM_TRIE, lb.SOURCE_RANGE4_KEY, U8, src, NO_PREALLOC),
+        MapSpec("lb6_source_range", MapType.LPM_TRIE, lb.SOURCE_RANGE6_KEY, U8, src, NO_PREALLOC),
+        maglev_spec(4, z.maglev, maglev_table_size),
+        maglev_spec(6, z.maglev, maglev_table_size),
     ]
 
 

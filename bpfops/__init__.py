@@ -4,7 +4,8 @@ Load balancing (the frontends reconciler):
 
 * ``bpfops.lb_maps``: ``LBMaps`` - the LB map set (v4+v6 services, backends, rev-NAT,
   affinity, source ranges, maglev) opened through ``bpf.factory`` (``LBMaps.open(
-  LBMapsConfig(backend=, pin_dir=, pin=, max_entries=, maglev_table_size=), wrap=)``) or
+  LBMapsConfig(backend=, pin_dir=, pin=, max_entries=, sizes=, maglev_table_size=),
+  wrap=)``; ``sizes`` an ``bpf.catalog.LBMapSizes`` per map group) or
   ``LBMaps.in_memory()``; ``unwrapped()``, ``snapshot()``/``restore(any_proto=)``,
   ``set_maglev``/``maglev_tables``, ``is_empty()``.
 * ``bpfops.frontend_ops``: ``FrontendOps(maps, LBOpsConfig, node=NodeView, to_spec=)`` with

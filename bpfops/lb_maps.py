@@ -20,7 +20,7 @@ from typing import Any
 
 from bpf import lb
 from bpf.backend import MapBackend
-from bpf.catalog import lb_specs, scale_to_zero_spec
+from bpf.catalog import LBMapSizes, lb_specs, scale_to_zero_spec
 from bpf.errors import MapError
 from bpf.factory import BackendConfig, BackendKind, MapFactory
 from bpf.memory_map import MemoryMap
@@ -78,6 +78,14 @@ class LBMapsConfig:
     maglev_table_size: int = lb.MAGLEV_TABLE_SIZE
     #: Also open the scale-to-zero map (--enable-scale-to-zero).
     scale_to_zero: bool = False
+    #: Each map group's capacity (the ``--bpf-lb-*-map-max`` flags); None: every map
+    #: ``max_entries``.
+    sizes: LBMapSizes | None = None
+
+    @property
+    def map_sizes(self) -> LBMapSizes:
+        """The capacity of every map group."""
+        return self.sizes if self.sizes is not None else LBMapSizes.uniform(self.max_entries)
 
 
 def delete_quiet(m: TypedMap[Any, Any] | MapBackend, key: Any) -> bool:
@@ -144,9 +152,10 @@ class LBMaps:
         factory = factory or MapFactory(
             BackendConfig(backend=config.backend, pin_dir=config.pin_dir, pin=config.pin)
         )
-        specs = lb_specs(config.max_entries, config.maglev_table_size)
+        sizes = config.map_sizes
+        specs = lb_specs(maglev_table_size=config.maglev_table_size, sizes=sizes)
         if config.scale_to_zero:
-            specs.append(scale_to_zero_spec(config.max_entries))
+            specs.append(scale_to_zero_spec(sizes.services))
         maps: dict[str, TypedMap[Any, Any]] = {}
         try:
             for spec in specs:
@@ -166,12 +175,15 @@ class LBMaps:
         maglev_table_size: int = lb.MAGLEV_TABLE_SIZE,
         wrap: Wrapper | None = None,
         scale_to_zero: bool = False,
+        sizes: LBMapSizes | None = None,
     ) -> LBMaps:
-        """Fresh unpinned in-memory maps (tests, tools); ``scale_to_zero`` adds that map."""
+        """Fresh unpinned in-memory maps (tests, tools); ``scale_to_zero`` adds that map;
+        ``sizes`` sizes each map group (default: ``max_entries`` each)."""
         maps: dict[str, TypedMap[Any, Any]] = {}
-        specs = lb_specs(max_entries, maglev_table_size)
+        z = sizes if sizes is not None else LBMapSizes.uniform(max_entries)
+        specs = lb_specs(maglev_table_size=maglev_table_size, sizes=z)
         if scale_to_zero:
-            specs.append(scale_to_zero_spec(max_entries))
+            specs.append(scale_to_zero_spec(z.services))
         for spec in specs:
             backend: MapBackend = MemoryMap.create(spec)
             maps[spec.name] = TypedMap(spec, wrap(backend) if wrap else backend)

@@ -13,7 +13,9 @@ Life cycle, in the order callers use it:
    before step 4, so the reconciler prunes nothing before every source has applied its
    initial state.
 3. `open_maps`: the LB maps on the chosen backend, pinned or not, optionally wrapped
-   (the conformance runner injects faults this way).
+   (the conformance runner injects faults this way), each sized by its
+   ``--bpf-lb-*-map-max`` flag (`map_sizes`); a size the kernel refuses fails here,
+   naming the flag.
 4. ``await tg.start(lb.run)``: FrontendOps restores service and backend ids from the maps,
    then the reconciler (and the state file source, and the health-check server of
    `statewright.lb_healthserver`) run until cancelled.
@@ -30,6 +32,8 @@ from typing import Any
 import anyio
 import anyio.abc
 
+from bpf.catalog import LBMapSizes, group_of
+from bpf.errors import MapError
 from bpf.factory import BackendConfig, MapFactory
 from bpfops.lb_maps import LBMaps, LBMapsConfig
 from reconciler import Reconciler
@@ -62,6 +66,19 @@ class MapsPlacement:
 
     backend: str = "auto"
     pin_dir: str = ""
+
+
+def map_sizes(config: LBConfig) -> LBMapSizes:
+    """The capacity of each LB map group from the ``--bpf-lb-*-map-max`` flags (a group's
+    own flag, else ``--bpf-lb-map-max``)."""
+    return LBMapSizes(
+        services=config.service_map_max,
+        backends=config.backend_map_max,
+        rev_nat=config.rev_nat_map_max,
+        affinity=config.affinity_map_max,
+        source_range=config.source_range_map_max,
+        maglev=config.maglev_map_max,
+    )
 
 
 class LoadBalancer:
@@ -111,6 +128,7 @@ class LoadBalancer:
                 pin=bool(placement.pin_dir),
             )
         )
+        sizes = map_sizes(self.config)
         config = LBMapsConfig(
             backend="kernel" if factory.kind == "kernel" else "memory",
             pin_dir=placement.pin_dir,
@@ -118,8 +136,23 @@ class LoadBalancer:
             max_entries=self.config.lb_map_max,
             maglev_table_size=self.config.maglev_table_size,
             scale_to_zero=self.config.enable_scale_to_zero,
+            sizes=sizes,
         )
-        return factory, LBMaps.open(config, wrap=wrap, factory=factory)
+        try:
+            return factory, LBMaps.open(config, wrap=wrap, factory=factory)
+        except MapError as e:
+            try:
+                group = group_of(e.map_name)
+            except KeyError:
+                raise e from None
+            if e.op != "create":
+                raise
+            # The kernel refused the size (E2BIG, ENOMEM): name the flag that asked for it.
+            flag = self.config.map_size_flag(group)
+            raise LoadBalancerError(
+                f"{e}: cannot create it with {sizes.of(e.map_name)} entries "
+                f"(--{flag}); choose a smaller size"
+            ) from e
 
     def open_maps(self, wrap: MapWrapper | None = None) -> LBMaps:
         """Open (or adopt the pinned) LB maps; ``wrap`` wraps each backend."""

@@ -48,6 +48,9 @@ class Option:
     implemented: bool = True
     choices: tuple[str, ...] = ()
     help: str = ""
+    #: Bounds of an ``int`` option (inclusive; None: unbounded above).
+    minimum: int = 0
+    maximum: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -130,6 +133,13 @@ class LBConfig:
         """Entries of the maglev outer maps."""
         return self.lb_maglev_map_max or self.lb_map_max
 
+    def map_size_flag(self, group: str) -> str:
+        """The flag that sizes the map group ``group`` (`MAP_SIZE_FLAGS`) in this
+        configuration: its own flag when set, else ``bpf-lb-map-max``."""
+        flag = MAP_SIZE_FLAGS[group]
+        own = getattr(self, OPTIONS_BY_FLAG[flag].field)
+        return flag if own else "bpf-lb-map-max"
+
     def in_node_port_range(self, port: int) -> bool:
         """True if ``port`` is inside the NodePort range."""
         return self.node_port_min <= port <= self.node_port_max
@@ -171,6 +181,22 @@ class LBConfig:
         return out
 
 
+#: A map's max_entries is a u32 in the kernel's map attributes (the kernel may refuse
+#: less: it refuses a hash map of 2**31 entries or more, and the agent then refuses to
+#: start, naming the flag).
+MAP_MAX_LIMIT = 2**32 - 1
+
+#: The map groups (`bpf.catalog.LB_MAP_GROUPS`) and the flag that sizes each (0, the
+#: default, leaves it to ``--bpf-lb-map-max``).
+MAP_SIZE_FLAGS: dict[str, str] = {
+    "services": "bpf-lb-service-map-max",
+    "backends": "bpf-lb-service-backend-map-max",
+    "rev_nat": "bpf-lb-rev-nat-map-max",
+    "affinity": "bpf-lb-affinity-map-max",
+    "source_range": "bpf-lb-source-range-map-max",
+    "maglev": "bpf-lb-maglev-map-max",
+}
+
 #: Every option, by flag. ``implemented=False``: accepted, stored, no effect yet.
 OPTIONS: tuple[Option, ...] = (
     Option("bpf-lb-algorithm", "algorithm", "str", choices=("random", "maglev")),
@@ -198,13 +224,22 @@ OPTIONS: tuple[Option, ...] = (
     Option("enable-ipv4", "enable_ipv4", "bool"),
     Option("enable-ipv6", "enable_ipv6", "bool"),
     Option("node-port-range", "node_port_min", "range"),
-    Option("bpf-lb-map-max", "lb_map_max", "int"),
-    Option("bpf-lb-service-map-max", "lb_service_map_max", "int"),
-    Option("bpf-lb-service-backend-map-max", "lb_backend_map_max", "int"),
-    Option("bpf-lb-rev-nat-map-max", "lb_rev_nat_map_max", "int"),
-    Option("bpf-lb-affinity-map-max", "lb_affinity_map_max", "int"),
-    Option("bpf-lb-source-range-map-max", "lb_source_range_map_max", "int"),
-    Option("bpf-lb-maglev-map-max", "lb_maglev_map_max", "int"),
+    Option("bpf-lb-map-max", "lb_map_max", "int", minimum=1, maximum=MAP_MAX_LIMIT,
+           help="entries of every LB map a --bpf-lb-*-map-max flag does not size"),
+    Option("bpf-lb-service-map-max", "lb_service_map_max", "int", maximum=MAP_MAX_LIMIT,
+           help="entries of the services maps (and scale-to-zero); 0: --bpf-lb-map-max"),
+    Option("bpf-lb-service-backend-map-max", "lb_backend_map_max", "int",
+           maximum=MAP_MAX_LIMIT, help="entries of the backends maps; 0: --bpf-lb-map-max"),
+    Option("bpf-lb-backend-map-max", "lb_backend_map_max", "int", maximum=MAP_MAX_LIMIT,
+           help="alias of --bpf-lb-service-backend-map-max"),
+    Option("bpf-lb-rev-nat-map-max", "lb_rev_nat_map_max", "int", maximum=MAP_MAX_LIMIT,
+           help="entries of the reverse-NAT maps; 0: --bpf-lb-map-max"),
+    Option("bpf-lb-affinity-map-max", "lb_affinity_map_max", "int", maximum=MAP_MAX_LIMIT,
+           help="entries of the affinity maps (match and LRU); 0: --bpf-lb-map-max"),
+    Option("bpf-lb-source-range-map-max", "lb_source_range_map_max", "int",
+           maximum=MAP_MAX_LIMIT, help="entries of the source-range maps; 0: --bpf-lb-map-max"),
+    Option("bpf-lb-maglev-map-max", "lb_maglev_map_max", "int", maximum=MAP_MAX_LIMIT,
+           help="entries of the maglev outer maps; 0: --bpf-lb-map-max"),
     Option("lb-retry-backoff-min", "retry_backoff_min", "duration"),
     Option("lb-retry-backoff-max", "retry_backoff_max", "duration"),
     # Fault injection into map writes: the test harness' map wrapper acts on it.
@@ -282,8 +317,12 @@ def _apply(opt: Option, value: str | None) -> dict[str, Any]:
             raise ValueError(f"{value!r} is not one of {', '.join(opt.choices)}")
         if opt.kind == "int":
             n = int(value)
-            if n < 0:
-                raise ValueError(f"{value!r} is negative")
+            if n < opt.minimum:
+                raise ValueError(
+                    f"{value!r} is negative" if n < 0 else f"{value!r} is below {opt.minimum}"
+                )
+            if opt.maximum is not None and n > opt.maximum:
+                raise ValueError(f"{value!r} is above {opt.maximum}")
             return {opt.field: n}
         if opt.kind == "float":
             return {opt.field: float(value)}

@@ -111,6 +111,19 @@ def test_agent_refuses_lb_flags_it_does_not_implement(
     assert code != 0 and "not implemented" in err and "--bpf-lb-dsr-dispatch" in err
 
 
+def test_agent_refuses_a_map_size_it_cannot_honour(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A map size out of range stops the start before anything is created, naming the
+    flag (docs/bpf.md: sizes are 1..4294967295, 0 only for a group's own flag)."""
+    code, _, err = run_cli(
+        capsys, "agent", "--backend", "memory", "--no-netlink", "--pin-dir", str(tmp_path / "p"),
+        "--api-socket", str(tmp_path / "s.sock"), "--lb-flag=--bpf-lb-map-max=0",
+    )
+    assert code != 0 and "--bpf-lb-map-max" in err and "below 1" in err
+    assert not (tmp_path / "s.sock").exists()
+
+
 def test_lb_state_file_feeds_the_agent(tmp_path: Path) -> None:
     """``--lb-flag=--lb-state-file=F``: the file's services reach the maps; a broken file
     turns the agent's health Degraded naming the file, and nothing else changes."""

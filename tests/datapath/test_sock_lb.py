@@ -295,6 +295,42 @@ def test_maglev_with_a_configured_table_size(env: Env) -> None:
             env.dp.attach()
 
 
+def test_datapath_runs_on_maps_of_other_sizes(env: Env) -> None:
+    """Maps sized by the --bpf-lb-*-map-max flags (each group its own size): the program
+    reuses the pinned maps as they are and balances over them."""
+    from bpf.catalog import LBMapSizes
+
+    pin_dir = env.pin_dir + "-sized"
+    sizes = LBMapSizes(
+        services=1024, backends=512, rev_nat=256, affinity=128, source_range=64, maglev=32
+    )
+    maps = LBMaps.open(LBMapsConfig(backend="kernel", pin_dir=pin_dir, sizes=sizes))
+    dp = SockLB(DatapathConfig(cgroup=env.cgroup, pin_dir=pin_dir))
+    env.dp.detach()
+    try:
+        assert maps.be4.backend.info().max_entries == 512
+        ops: FrontendOps[Any] = FrontendOps(maps, LBOpsConfig())
+        dp.attach()
+        fe = FrontendSpec(
+            Addr.of("10.96.0.23", 80),
+            "ClusterIP",
+            ServiceSpec("test/sized"),
+            tuple(BackendSpec(Addr.of(b, BACKEND_PORT)) for b in BACKENDS4),
+        )
+        ops.update_spec(NO_TXN, fe)
+        seen = set(ids(env.client.tcp("10.96.0.23", 80, count=30)))
+        assert seen == {ident(b) for b in BACKENDS4}
+    finally:
+        try:
+            dp.detach()
+            SockLB.cleanup(pin_dir)
+        finally:
+            maps.unpin()
+            maps.close()
+            os.rmdir(pin_dir)
+            env.dp.attach()
+
+
 def test_links_of_a_removed_cgroup_are_pruned(env: Env) -> None:
     sub = os.path.join(env.cgroup, "sub")
     os.mkdir(sub)
