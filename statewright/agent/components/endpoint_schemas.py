@@ -176,3 +176,14 @@ FAMILY = QueryParam("family", {"type": "string", "enum": ["ipv4", "ipv6"]},
 
 ENDPOINT_ID = ("an endpoint id (1..4095) or a prefixed id: cni-attachment-id:CONTAINER:IFNAME, "
                "container-id:ID, pod-name:NAMESPACE/NAME (the '/' encoded as %2F)")
+
+_WRITES = {"type": "object", "properties": {"writes": {"type": "integer"},
+                                            "skipped": {"type": "integer"}}}
+IPCACHE = {
+    "type": "object",
+    "required": ["entries", "writes"],
+    "properties": {
+        "entries": {"type": "array", "items": {"type": "object", "required": ["prefix"]}},
+        "writes": {"type": "object", "additionalProperties": _WRITES},
+    },
+}

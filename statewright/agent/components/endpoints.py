@@ -104,6 +104,7 @@ from tables.state_dir import StateDirError
 log = logging.getLogger("statewright.agent.endpoints")
 
 RESTORE_INITIALIZER = "endpoint-restore"
+HOST_INITIALIZER = "host-entries"
 NODES_INITIALIZER = "nodes"
 #: How long a deletion waits for the reconcilers to remove the endpoint's map entries.
 DISCONNECT_TIMEOUT = 10.0
@@ -174,6 +175,7 @@ class EndpointsComponent(Component):
         #: The nodes table (with the ``nodes`` component), for node ipcache entries.
         self.nodes: Table[Node] | None = None
         self._nodes_done: Callable[[Any], None] | None = None
+        self._host_done: Callable[[Any], object] | None = None
         #: CiliumEndpoints watched and published (with the ``k8s`` component).
         self.cilium_endpoints: CiliumEndpoints | None = None
 
@@ -209,6 +211,9 @@ class EndpointsComponent(Component):
             done_ipc = entries.ipcache.register_initializer(txn, RESTORE_INITIALIZER)
             if self.nodes is not None:
                 self._nodes_done = entries.ipcache.register_initializer(txn, NODES_INITIALIZER)
+            host_done = [t.register_initializer(txn, HOST_INITIALIZER)
+                         for t in (entries.endpoint_map, entries.ipcache)]
+        self._host_done = lambda wtxn: [done(wtxn) for done in host_done]
         self.ipam, self.manager = ipam, manager
         if pods is not None:
             self.cilium_endpoints = self._cilium_endpoints(db, pods, manager)
@@ -254,7 +259,7 @@ class EndpointsComponent(Component):
             ipam.restore(reserve_router=False)
             self.restore_result = manager.restore(self.link_exists)
             ipam.reserve_routers()
-            manager.sync_host(self._host_ips(db))
+            self._sync_host(db, manager)
 
         await anyio.to_thread.run_sync(restore)
         with db.write_txn(entries.endpoint_map, entries.ipcache) as txn:
@@ -267,7 +272,7 @@ class EndpointsComponent(Component):
             await hive.spawn(self, self._follow_nodes(db, manager, self.nodes),
                              label="endpoints-nodes")
         if self.node_cidrs is not None:
-            self.node_cidrs.on_change = lambda: manager.sync_host(self._host_ips(db))
+            self.node_cidrs.on_change = lambda: self._sync_host(db, manager)
             await hive.spawn(self, self.node_cidrs.run, label="endpoints-pod-cidrs")
         pods = _pod_label_source(hive)
         if pods is not None and isinstance(manager.identities, ClusterIdentityAllocator):
@@ -355,6 +360,25 @@ class EndpointsComponent(Component):
                 ips += [ip for ip in local.ips() if ip not in ips]
         return ips
 
+    def _sync_host(self, db: DB, manager: EndpointManager) -> None:
+        """The host entries (`EndpointManager.sync_host`); once they are complete — the
+        node-addresses and nodes tables initialized, IPAM's pod CIDRs known (its router
+        addresses and the world entries' families) — the ``host-entries`` initializer, so
+        that no host or world entry of the pinned maps is pruned and written again after
+        a restart. Called from the event loop and from worker threads."""
+        manager.sync_host(self._host_ips(db))
+        if self._host_done is None:
+            return
+        txn = db.read_txn()
+        tables = [t for t in (_node_addresses(db), self.nodes) if t is not None]
+        if manager.ipam.pending or not all(t.initialized(txn)[0] for t in tables):
+            return
+        entries = manager.entries
+        with db.write_txn(entries.endpoint_map, entries.ipcache) as wtxn:
+            done, self._host_done = self._host_done, None
+            if done is not None:
+                done(wtxn)
+
     def _follow_nodes(
         self, db: DB, manager: EndpointManager, nodes: Table[Node]
     ) -> Callable[..., Awaitable[None]]:
@@ -373,18 +397,8 @@ class EndpointsComponent(Component):
                     if ready and self._nodes_done is not None:
                         self._nodes_done(wtxn)
                         self._nodes_done = None
-                manager.sync_host(self._host_ips(db))
-                if ready:
-                    await watch.wait_async()
-                    continue
-                async with anyio.create_task_group() as tg:
-
-                    async def wait(w: Any) -> None:
-                        await w.wait_async()
-                        tg.cancel_scope.cancel()
-
-                    tg.start_soon(wait, watch)
-                    tg.start_soon(wait, init_watch)
+                self._sync_host(db, manager)
+                await (watch if ready else _Either(watch, init_watch)).wait_async()
 
         return follow
 
@@ -397,9 +411,12 @@ class EndpointsComponent(Component):
             if table is None:
                 return
             while True:
-                _, watch = table.all_watch(db.read_txn())
-                manager.sync_host(self._host_ips(db))
-                await watch.wait_async()
+                txn = db.read_txn()
+                _, watch = table.all_watch(txn)
+                ready, init_watch = table.initialized(txn)
+                self._sync_host(db, manager)
+                # also wake when the table becomes initialized
+                await (watch if ready else _Either(watch, init_watch)).wait_async()
 
         return follow
 
@@ -522,6 +539,9 @@ class EndpointsComponent(Component):
                   errors={**off, **bad, **missing, 409: "an address is taken"}),
             Route("/endpoint/{id}", self._delete, ("DELETE",), summary="delete an endpoint",
                   params=ep, response=sch.ENDPOINT_DELETED, errors={**off, **bad, **missing}),
+            Route("/ipcache", self._ipcache, summary="the ipcache's desired entries, and the "
+                  "map writes of both reconcilers since start", response=sch.IPCACHE,
+                  errors=off),
             Route("/ipam", self._ipam_status, summary="pools, router addresses, allocations",
                   response=sch.IPAM_STATUS, errors=off),
             Route("/ipam", self._ipam_next, ("POST",), summary="allocate the next address(es)",
@@ -587,6 +607,17 @@ class EndpointsComponent(Component):
                 ep_id,
                 DISCONNECT_TIMEOUT,
             )
+
+    async def _ipcache(self, req: Request) -> Any:
+        """The ipcache rows, and per map the entries written and found already right (a
+        restarted agent whose rows match the pinned maps writes none)."""
+        mgr = self._mgr()
+        txn = mgr.db.read_txn()
+        return {
+            "entries": [row.to_json() for row in mgr.entries.ipcache.all(txn)],
+            "writes": {name: {"writes": ops.writes, "skipped": ops.skipped}
+                       for name, ops in sorted(self.ops.items())},
+        }
 
     async def _ipam_status(self, req: Request) -> Any:
         self._mgr()
@@ -699,6 +730,23 @@ def _follow_labels(
                          changed)
 
     return follow
+
+
+class _Either:
+    """A watch that closes when either of two closes."""
+
+    def __init__(self, a: Any, b: Any) -> None:
+        self.a, self.b = a, b
+
+    async def wait_async(self) -> None:
+        async with anyio.create_task_group() as tg:
+
+            async def one(w: Any) -> None:
+                await w.wait_async()
+                tg.cancel_scope.cancel()
+
+            tg.start_soon(one, self.a)
+            tg.start_soon(one, self.b)
 
 
 def _node_addresses(db: DB) -> Table[Any] | None:
