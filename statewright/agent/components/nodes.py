@@ -16,7 +16,8 @@
 
 Health: ``nodes`` (how many, the Node reflector's state, refused Nodes) and
 ``nodes/routes`` (how many routes; Degraded naming each node that gets no route and why,
-or the reconciler's errors).
+or the reconciler's errors). ``GET /nodes``: the nodes, the routes with their status, why
+nodes have no route, and the route writes, adopted routes and deletions since start.
 
 It comes after the sources (``manifests``, ``k8s``, ``netlink``: the devices table says
 which networks are directly connected) and before ``endpoints`` in the component list.
@@ -26,13 +27,23 @@ from __future__ import annotations
 
 import logging
 import socket
+from collections.abc import Sequence
 from typing import Any
 
 from reconciler import Config, Reconciler, status_field_accessors
 from reconciler.health import Level
 from statedb import DB, Table
 from statewright.agent.config import AgentConfig
-from statewright.component import DEGRADED, DISABLED, OK, Component, Health, Hive
+from statewright.component import (
+    DEGRADED,
+    DISABLED,
+    OK,
+    Component,
+    Health,
+    Hive,
+    Request,
+    Route,
+)
 from tables.devices import DEVICES_TABLE
 from tables.node_routes import NodeRoute, NodeRoutes, new_node_routes_table
 from tables.nodes import SOURCE_MANIFESTS, Node, NodeObjects, new_nodes_table
@@ -43,6 +54,19 @@ log = logging.getLogger("statewright.agent.nodes")
 ROUTES_PRUNE_INTERVAL = 60.0
 
 _GET_STATUS, _SET_STATUS = status_field_accessors()
+
+_COUNT = {"type": "integer"}
+NODES_SCHEMA = {
+    "type": "object",
+    "required": ["nodes", "routes", "problems", "route_ops"],
+    "properties": {
+        "nodes": {"type": "array", "items": {"type": "object", "required": ["name"]}},
+        "routes": {"type": "array", "items": {"type": "object", "required": ["prefix"]}},
+        "problems": {"type": "object", "additionalProperties": {"type": "string"}},
+        "route_ops": {"type": "object", "properties": {
+            "writes": _COUNT, "skipped": _COUNT, "deletes": _COUNT}},
+    },
+}
 
 
 def _component_attr(hive: Hive, name: str, attr: str) -> Any:
@@ -163,6 +187,25 @@ class NodesComponent(Component):
         if problems:
             return Health(name, DEGRADED, f"{count} route(s); " + "; ".join(problems))
         return Health(name, OK, f"{count} route(s) to other nodes' pod CIDRs")
+
+    def routes(self) -> Sequence[Route]:
+        """``/nodes`` (see the module doc)."""
+        return (Route("/nodes", self._status, response=NODES_SCHEMA,
+                      summary="the cluster's nodes, the routes to their pods, route writes"),)
+
+    async def _status(self, _req: Request) -> Any:
+        db, writer = self.db, self.route_writer
+        txn = db.read_txn() if db is not None else None
+        nodes = ([n.to_json() for n in self.table.all(txn)]
+                 if self.table is not None and txn is not None else [])
+        routes = ([r.to_json() for r in self.routes_table.all(txn)]
+                  if self.routes_table is not None and txn is not None else [])
+        return {
+            "nodes": nodes,
+            "routes": routes,
+            "problems": dict(writer.problems) if writer is not None else {},
+            "route_ops": self.routes_stats(),
+        }
 
     def cleanup(self) -> list[str]:
         """Delete the routes of the agent's routing protocol (auto-direct-node-routes)."""
