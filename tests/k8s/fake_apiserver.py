@@ -275,9 +275,13 @@ class FakeAPIServer:
         history_limit: int = 0,
         ignored_field_labels: Iterable[str] = (),
         poll_interval: float = 0.05,
+        host: str = "127.0.0.1",
     ) -> None:
         self.ca = ca or trustme.CA()
-        self._cert = self.ca.issue_cert("127.0.0.1", "localhost")
+        #: The IPv4 address served on (another one than loopback: the three-node test bed
+        #: binds it inside a network namespace of its own, tests/e2e/cluster_harness.py).
+        self.host = host
+        self._cert = self.ca.issue_cert(*dict.fromkeys((host, "127.0.0.1", "localhost")))
         self._ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
         self._cert.configure_cert(self._ctx)
         self._ctx.set_alpn_protocols(["http/1.1"])
@@ -311,15 +315,15 @@ class FakeAPIServer:
         self._stall_new = False
         #: Every request served, in order.
         self.requests: list[RequestRecord] = []
-        self._httpd = _Server(("127.0.0.1", port), _Handler, self)
+        self._httpd = _Server((host, port), _Handler, self)
         self.port: int = self._httpd.server_address[1]
         self._thread: threading.Thread | None = None
 
     # ----- lifecycle ------------------------------------------------------------------------
     @property
     def url(self) -> str:
-        """``https://127.0.0.1:PORT``."""
-        return f"https://127.0.0.1:{self.port}"
+        """``https://HOST:PORT``."""
+        return f"https://{self.host}:{self.port}"
 
     @property
     def ca_pem(self) -> bytes:
