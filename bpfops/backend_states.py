@@ -1,7 +1,7 @@
 """BackendStates: FrontendOps' record of each backends-map entry, one int per backend.
 
 Per backend address the ops need the entry's id, how many frontends reference it, the
-value last written (its "want", see `frontend_ops._want`) and what the frontends
+value last written (its "want", see `frontend_state.want_of`) and what the frontends
 referencing it want. That is one int in one dict, 32 bytes for the usual active backend
 (a slotted object per backend would take 88 bytes and its id int 32 more), in four
 fields:

@@ -45,10 +45,8 @@ once ready it is active and load-balanced.
 
 from __future__ import annotations
 
-import errno
 import ipaddress
 import logging
-from array import array
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import replace
 from typing import Any, Generic, Protocol, TypeVar
@@ -71,6 +69,22 @@ from bpfops.backend_states import (
     WANT_SHIFT,
     WRITTEN_SHIFT,
     BackendStates,
+)
+from bpfops.frontend_state import (
+    ABSENT,
+    EMPTY,
+    WANTS,
+    CollectedWrites,
+    FrontendState,
+    PendingFrontend,
+    backend_bytes,
+    delete_counted,
+    ip_of,
+    ref_ids,
+    swap16,
+    want_of,
+    write_counted,
+    write_entries,
 )
 from bpfops.ids import (
     BACKEND_ID_LIMIT,
@@ -95,7 +109,6 @@ from bpfops.model import (
     BackendSpec,
     FrontendSpec,
     IPAddress,
-    IPNetwork,
     LBOpsConfig,
     proto_name,
     proto_number,
@@ -174,197 +187,6 @@ class StaticNodeView:
         return self.present.get(addr)
 
 
-#: A backend's wanted entry as one int ordered like (state, cluster id, zone): the
-#: "most alive" value is the smallest. Small ints are shared, so an active backend of
-#: cluster 0 in no zone costs no memory per reference.
-def _want(state: int, cluster_id: int, zone: int) -> int:
-    if not (0 <= state <= 0xFF and 0 <= cluster_id <= 0xFFFF and 0 <= zone <= 0xFF):
-        # The same error the codec gives for a value that does not fit its member.
-        lb.BACKEND4_STRUCT.pack(b"\0" * 4, 0, 0, state, cluster_id, zone)
-    return (state << 24) | (cluster_id << 8) | zone
-
-
-class _FrontendState:
-    """What is in the maps for one frontend address (only what was written successfully).
-
-    ``backends`` maps each backend the frontend references to what the frontend wants
-    its entry to hold (``_want``; None: nothing yet, a failure came between the reference
-    and the want), in the frontend's order; ``slots`` holds the backend id of each slot
-    1.. written (0, which no backend has: to be rewritten), all with the flags
-    ``slot_flags``; ``master`` the encoded master value written.
-    """
-
-    __slots__ = (
-        "affinity",
-        "backends",
-        "id",
-        "maglev",
-        "master",
-        "revnat",
-        "scale_to_zero",
-        "slot_flags",
-        "slots",
-        "source_ranges",
-        "v6",
-        "wildcard",
-    )
-
-    def __init__(self, id_: int, v6: bool) -> None:
-        self.id = id_
-        self.v6 = v6
-        self.backends: dict[Addr, int | None] = {}
-        # Raw 32-bit ids (no int object per slot).
-        self.slots: array[int] = array("I")
-        self.slot_flags = 0
-        self.master: bytes | None = None
-        # Backend ids with an affinity match entry, and the source ranges written: the
-        # shared empty frozenset until the first one is added (most frontends have none).
-        self.affinity: set[int] = _NONE
-        self.source_ranges: set[IPNetwork] = _NONE
-        self.maglev = False
-        self.wildcard: tuple[IPAddress, int] | None = None
-        self.revnat = False
-        # The frontend's id is in the scale-to-zero map.
-        self.scale_to_zero = False
-
-
-#: A key absent from a frontend's backends (its values may be None).
-_ABSENT: Any = object()
-
-#: The wants of state alone (cluster 0, no zone: at most 256 values), one int object
-#: each, shared by the frontends' backend dicts.
-_WANTS: dict[int, int] = {}
-
-#: The empty set a frontend state starts with (read-only; replaced by a set on first add).
-_NONE: set[Any] = frozenset()  # type: ignore[assignment]
-
-
-class _CollectedWrites:
-    """One frontend's backend entries and slots, collected for one batch call per map.
-
-    Next to each entry, what its state held before (``be_undo``: the backend address and
-    its previous written want; ``slot_undo``: the slot index and its previous backend id,
-    0 for a slot appended), so that `undo` can put back the state of what was not
-    written.
-    """
-
-    __slots__ = ("be_keys", "be_undo", "be_values", "slot_undo", "slots", "states",
-                 "svc_keys", "svc_values")
-
-    def __init__(self, states: BackendStates, slots: array[int]) -> None:
-        self.states = states
-        self.slots = slots
-        self.be_keys: list[bytes] = []
-        self.be_values: list[bytes] = []
-        self.be_undo: list[tuple[Addr, int | None]] = []
-        self.svc_keys: list[bytes] = []
-        self.svc_values: list[bytes] = []
-        self.slot_undo: list[tuple[int, int]] = []
-
-    def undo(self, be_done: int, slots_done: int) -> None:
-        """Put back the state of the backend entries from ``be_done`` on and of the slots
-        from ``slots_done`` on (those before were written)."""
-        states = self.states
-        for be_addr, previous in reversed(self.be_undo[be_done:]):
-            if be_addr in states:
-                states.set_written(be_addr, previous)
-        slots = self.slots
-        for idx, previous_id in reversed(self.slot_undo[slots_done:]):
-            slots[idx] = previous_id
-
-
-class _Pending:
-    """One frontend between its prepared writes and its master: what the later steps need."""
-
-    __slots__ = ("active", "fe", "inactive", "is_local", "master_flags", "orphans",
-                 "slot_backends", "state", "writes")
-
-    def __init__(
-        self,
-        fe: FrontendSpec,
-        state: _FrontendState,
-        is_local: Callable[[IPAddress], bool] | None,
-        writes: _CollectedWrites,
-        slot_backends: list[BackendSpec],
-        active: int,
-        inactive: int,
-        master_flags: int,
-    ) -> None:
-        self.fe = fe
-        self.state = state
-        self.is_local = is_local
-        self.writes = writes
-        self.slot_backends = slot_backends
-        self.active = active
-        self.inactive = inactive
-        self.master_flags = master_flags
-        #: Backends the frontend dropped that no one else references (address and id),
-        #: left in the backends map until its master no longer counts them (see
-        #: `FrontendOps._write_round`).
-        self.orphans: list[tuple[Addr, int]] = []
-
-
-def _write_counted(
-    m: MapBackend, keys: list[bytes], values: list[bytes]
-) -> tuple[int, MapError | None]:
-    """Write entries as `_write_entries` does; return how many were written and the error
-    that stopped the rest (None when all were)."""
-    try:
-        _write_entries(m, keys, values)
-    except BatchError as exc:
-        return exc.done, exc
-    except MapError as exc:
-        return 0, exc
-    return len(keys), None
-
-
-def _delete_counted(m: MapBackend, keys: list[bytes]) -> tuple[int, MapError | None]:
-    """Delete encoded keys in order, one batch call (one delete for one key); an absent
-    key counts as deleted. Returns how many were deleted and the error that stopped the
-    rest (None when all were)."""
-    done = 0
-    while done < len(keys):
-        try:
-            if len(keys) - done == 1:
-                delete_quiet(m, keys[done])
-            else:
-                m.delete_batch(keys[done:])
-        except BatchError as exc:
-            done += exc.done
-            if exc.errno != errno.ENOENT:
-                return done, exc
-            done += 1  # absent already
-            continue
-        except MapError as exc:
-            return done, exc
-        return len(keys), None
-    return done, None
-
-
-def _write_entries(m: MapBackend, keys: list[bytes], values: list[bytes]) -> None:
-    """Write encoded entries in order: one update for one entry, else one batch call
-    (BatchError.done tells how many were written before a failure)."""
-    if len(keys) == 1:
-        m.update(keys[0], values[0])
-    elif keys:
-        m.update_batch(keys, values)
-
-
-def _ref_ids(refs: int | set[int] | None) -> set[int]:
-    """The ids of a wildcard_refs value."""
-    if refs is None:
-        return set()
-    return {refs} if isinstance(refs, int) else refs
-
-
-def _swap16(port: int) -> int:
-    return int.from_bytes((port & 0xFFFF).to_bytes(2, "little"), "big")
-
-
-def _ip_of(raw: bytes) -> IPAddress:
-    return ipaddress.ip_address(raw)
-
-
 class FrontendOps(Generic[R]):
     """reconciler Operations (update/delete/prune) for frontend rows of type ``R``.
 
@@ -397,7 +219,7 @@ class FrontendOps(Generic[R]):
         self.service_ids: IDAllocator[Addr] = IDAllocator(
             "service", FIRST_SERVICE_ID, SERVICE_ID_LIMIT
         )
-        self.frontends: dict[Addr, _FrontendState] = {}
+        self.frontends: dict[Addr, FrontendState] = {}
         self.backend_states = BackendStates()
         # The backend states are the allocator's record of which address holds which id.
         self.backend_ids: IDAllocator[Addr] = IDAllocator(
@@ -438,7 +260,7 @@ class FrontendOps(Generic[R]):
         be_addr_by_id: dict[int, tuple[Addr, int]] = {}
         for v6 in (False, True):
             for be_id, value in self.maps.backends(v6).dump():
-                addr = Addr(_ip_of(value.address), value.port, proto_name(value.proto))
+                addr = Addr(ip_of(value.address), value.port, proto_name(value.proto))
                 be_addr_by_id[be_id] = (addr, value.flags)
                 for alias in self._aliases(addr):
                     self.backend_ids.reserve(alias, be_id)
@@ -447,7 +269,7 @@ class FrontendOps(Generic[R]):
             for key, value in self.maps.services(v6).dump():
                 if key.dport == 0 and key.proto == 0:
                     continue  # wildcard entries carry no id
-                addr = Addr(_ip_of(key.address), key.dport, proto_name(key.proto), key.scope)
+                addr = Addr(ip_of(key.address), key.dport, proto_name(key.proto), key.scope)
                 slots_by_addr.setdefault(addr, {})[key.backend_slot] = value
             for addr, slots in slots_by_addr.items():
                 master = slots.get(0)
@@ -553,7 +375,7 @@ class FrontendOps(Generic[R]):
         deleted after that frontend's master (`_write_round`): a backend entry never
         goes while a slot the master counts points at it.
         """
-        round_: list[tuple[BatchEntry[R], _Pending]] = []
+        round_: list[tuple[BatchEntry[R], PendingFrontend]] = []
         seen: set[Addr] = set()
         # Backend entries the round may add before its orphans go (every backend of each
         # frontend counted: an upper bound), against the room left in the maps.
@@ -648,7 +470,9 @@ class FrontendOps(Generic[R]):
         )
         return capacity - len(self.backend_states)
 
-    def _write_round(self, txn: ReadTxn, round_: list[tuple[BatchEntry[R], _Pending]]) -> None:
+    def _write_round(
+        self, txn: ReadTxn, round_: list[tuple[BatchEntry[R], PendingFrontend]]
+    ) -> None:
         """Write prepared frontends map by map (see `update_batch`), then delete the backends
         they orphaned; failures go to the entries' ``result``."""
         maps = self.maps
@@ -664,7 +488,7 @@ class FrontendOps(Generic[R]):
                 keys += p.writes.be_keys
                 values += p.writes.be_values
                 be_undo += p.writes.be_undo
-            done, exc = _write_counted(maps.backends(v6).backend, keys, values)
+            done, exc = write_counted(maps.backends(v6).backend, keys, values)
             if exc is not None:
                 lost: set[Addr] = set()
                 states = self.backend_states
@@ -683,7 +507,7 @@ class FrontendOps(Generic[R]):
                 keys += p.writes.svc_keys
                 values += p.writes.svc_values
             svc_raw = maps.services(v6).backend
-            done, exc = _write_counted(svc_raw, keys, values)
+            done, exc = write_counted(svc_raw, keys, values)
             if exc is not None:
                 offset = 0
                 for e, p in live:
@@ -702,7 +526,7 @@ class FrontendOps(Generic[R]):
             live = [(e, p) for e, p in live if e.result is None]
             # Rev-NAT entries.
             entries = [self._revnat_entry(p) for _, p in live]
-            done, exc = _write_counted(
+            done, exc = write_counted(
                 maps.revnat(v6).backend, [k for k, _ in entries], [v for _, v in entries]
             )
             for i, (e, p) in enumerate(live):
@@ -715,7 +539,7 @@ class FrontendOps(Generic[R]):
             # followed by the wildcard entry of a VIP that has none yet.
             keys, values = [], []
             owners: list[int] = []  # keys[j] belongs to ready[owners[j]]
-            ready: list[tuple[BatchEntry[R], _Pending]] = []
+            ready: list[tuple[BatchEntry[R], PendingFrontend]] = []
             ready_masters: list[bytes] = []
             new_wildcard: list[bool] = []
             queued: set[tuple[IPAddress, int]] = set()
@@ -739,7 +563,7 @@ class FrontendOps(Generic[R]):
                     new_wildcard.append(False)
                 ready.append((e, p))
                 ready_masters.append(master)
-            done, exc = _write_counted(svc_raw, keys, values)
+            done, exc = write_counted(svc_raw, keys, values)
             complete = owners[done] if done < len(owners) else len(ready)
             for j in range(done):
                 if j == 0 or owners[j] != owners[j - 1]:  # the owner's master
@@ -788,7 +612,7 @@ class FrontendOps(Generic[R]):
             gone.setdefault(be_addr.is_v6, []).append((be_addr, be_id))
         pack = lb.U32_STRUCT.pack
         for v6, entries in gone.items():
-            done, exc = _delete_counted(
+            done, exc = delete_counted(
                 self.maps.backends(v6).backend, [pack(i) for _, i in entries]
             )
             for be_addr, _ in entries[:done]:
@@ -800,7 +624,7 @@ class FrontendOps(Generic[R]):
                 )
 
     def _new_wildcard(
-        self, p: _Pending
+        self, p: PendingFrontend
     ) -> tuple[tuple[IPAddress, int], bytes, bytes] | None:
         """The wildcard entry (refs key, map key, value) `_after_master` would create for
         the frontend, when its VIP has none yet; else None."""
@@ -1001,7 +825,7 @@ class FrontendOps(Generic[R]):
         fe: FrontendSpec,
         is_local: Callable[[IPAddress], bool] | None,
         orphans: list[tuple[Addr, int]] | None = None,
-    ) -> _Pending:
+    ) -> PendingFrontend:
         """Everything of a frontend before its collected backend entries and slots are
         written: ids, orphaned backends, affinity entries, and the collected writes (the
         state updated as if written; the caller writes them and puts back what was not).
@@ -1022,7 +846,7 @@ class FrontendOps(Generic[R]):
         state = self.frontends.get(addr)
         fe_id = state.id if state is not None else self.service_ids.acquire(addr)
         if state is None:
-            state = _FrontendState(fe_id, v6)
+            state = FrontendState(fe_id, v6)
             self.frontends[addr] = state
         # Entries are encoded straight to bytes and written to the byte-level backends
         # (bpf.lb's *_STRUCT layouts, identical to the codecs'): they are collected here
@@ -1108,21 +932,21 @@ class FrontendOps(Generic[R]):
         # call per map right after the loop (backends first, so no slot points to a
         # backend not yet written); the state is updated as if written, and
         # `_write_collected` puts back what was not written.
-        writes = _CollectedWrites(backend_states, slots)
+        writes = CollectedWrites(backend_states, slots)
         be_keys, be_values, be_undo = writes.be_keys, writes.be_values, writes.be_undo
         svc_keys, svc_values, slot_undo = writes.svc_keys, writes.svc_values, writes.slot_undo
         try:
             for be in ordered:
                 be_addr = be.addr
                 v = packed_states.get(be_addr)
-                prev = fe_backends.get(be_addr, _ABSENT)
+                prev = fe_backends.get(be_addr, ABSENT)
                 if v is None:
                     v = self.backend_ids.acquire(be_addr) | NEW_ENTRY
                     packed_states[be_addr] = v
                     # A new entry: this frontend's reference and want are new too, even if
                     # it listed the address before.
-                    prev = _ABSENT
-                if prev is _ABSENT:
+                    prev = ABSENT
+                if prev is ABSENT:
                     # Referenced before written: a failure below leaves it for delete to drop.
                     if (v >> REF_SHIFT) & REF_MASK == REF_MASK:
                         raise ValueError(f"backend {be_addr}: too many references")
@@ -1135,7 +959,7 @@ class FrontendOps(Generic[R]):
                 if be_port == 0:
                     raise ValueError(f"backend {be_addr}: port 0")
                 # The usual backend (no cluster id, no zone, wanted by this frontend alone)
-                # takes _want/set_want/effective inline, its want stored with what is
+                # takes want_of/set_want/effective inline, its want stored with what is
                 # written below (a failure in between stores neither); anything else calls
                 # them.
                 if (
@@ -1150,12 +974,12 @@ class FrontendOps(Generic[R]):
                 ):
                     want = own = be_state << 24
                     if want:
-                        want = own = _WANTS.setdefault(want, want)
+                        want = own = WANTS.setdefault(want, want)
                     v = (v & NOT_WANT) | (want << WANT_SHIFT)
                 else:
-                    want = own = _want(be_state, be.cluster_id, be.zone)
+                    want = own = want_of(be_state, be.cluster_id, be.zone)
                     if want and not want & 0xFFFFFF:
-                        want = own = _WANTS.setdefault(want, want)
+                        want = own = WANTS.setdefault(want, want)
                     backend_states.set_want(be_addr, prev, want)
                     fe_backends[be_addr] = own
                     v = packed_states[be_addr]
@@ -1203,7 +1027,7 @@ class FrontendOps(Generic[R]):
                 want_aff = affinity and be_state == BACKEND_ACTIVE
                 if want_aff and be_id not in state.affinity:
                     maps.aff_match.update(lb.AffinityMatchKey(be_id, fe_id), 0)
-                    if state.affinity is _NONE:
+                    if state.affinity is EMPTY:
                         state.affinity = set()
                     state.affinity.add(be_id)
                 elif not want_aff and be_id in state.affinity:
@@ -1228,12 +1052,14 @@ class FrontendOps(Generic[R]):
             active = terminating
         else:
             inactive += terminating
-        p = _Pending(fe, state, is_local, writes, slot_backends, active, inactive, master_flags)
+        p = PendingFrontend(
+            fe, state, is_local, writes, slot_backends, active, inactive, master_flags
+        )
         if orphans:
             p.orphans = orphans
         return p
 
-    def _write_side_entries(self, p: _Pending) -> None:
+    def _write_side_entries(self, p: PendingFrontend) -> None:
         """The frontend's maglev table and source ranges (after its slots, before rev-NAT
         and the master)."""
         fe, state, maps = p.fe, p.state, self.maps
@@ -1274,7 +1100,7 @@ class FrontendOps(Generic[R]):
                 src_map.update(
                     src_cls.for_cidr(fe_id, net.network_address.packed, net.prefixlen), 0
                 )
-                if state.source_ranges is _NONE:
+                if state.source_ranges is EMPTY:
                     state.source_ranges = set()
                 state.source_ranges.add(net)
             for net in sorted(state.source_ranges - wanted_ranges, key=str):
@@ -1284,20 +1110,20 @@ class FrontendOps(Generic[R]):
                 state.source_ranges.discard(net)
 
     @staticmethod
-    def _revnat_entry(p: _Pending) -> tuple[bytes, bytes]:
+    def _revnat_entry(p: PendingFrontend) -> tuple[bytes, bytes]:
         """The encoded rev-NAT entry of the frontend (key, value)."""
         addr, v6 = p.fe.addr, p.state.v6
         rev_pack = (lb.REVNAT6_STRUCT if v6 else lb.REVNAT4_STRUCT).pack
         return lb.BE16_STRUCT.pack(p.state.id), rev_pack(addr.packed, lb.swap16(addr.port))
 
-    def _master_entry(self, p: _Pending) -> tuple[bytes, bytes]:
+    def _master_entry(self, p: PendingFrontend) -> tuple[bytes, bytes]:
         """The encoded master entry (slot 0) of the frontend (key, value). A frontend with
         no master in the map yet has its stale slots trimmed first."""
         fe, state = p.fe, p.state
         svc, addr = fe.service, fe.addr
         affinity = svc.session_affinity
         if svc.l7_proxy_port:
-            head = _swap16(svc.l7_proxy_port)
+            head = swap16(svc.l7_proxy_port)
         else:
             timeout = svc.affinity_timeout & AFFINITY_TIMEOUT_MASK if affinity else 0
             head = (self._lb_algorithm(fe) << LB_ALG_SHIFT) | timeout
@@ -1311,7 +1137,9 @@ class FrontendOps(Generic[R]):
             self._trim_slots(addr, state, len(p.slot_backends))
         return self._svc_key(addr, 0), master
 
-    def _after_master(self, p: _Pending, master: bytes, wildcard_written: bool = False) -> None:
+    def _after_master(
+        self, p: PendingFrontend, master: bytes, wildcard_written: bool = False
+    ) -> None:
         """Record the master written, then scale-to-zero, the wildcard entry (already in
         the map when ``wildcard_written``) and the slots beyond the backend list (which
         the master no longer counts)."""
@@ -1334,22 +1162,22 @@ class FrontendOps(Generic[R]):
         self._trim_slots(addr, state, len(p.slot_backends))
 
     @staticmethod
-    def _write_collected(be_raw: MapBackend, svc_raw: MapBackend, w: _CollectedWrites) -> None:
+    def _write_collected(be_raw: MapBackend, svc_raw: MapBackend, w: CollectedWrites) -> None:
         """Write a frontend's collected backend entries, then its slots (one batch call per
         map, a single update for one entry). On a failure, the state of every entry not
         written is put back, so the next attempt writes it again, and the error is raised."""
         try:
-            _write_entries(be_raw, w.be_keys, w.be_values)
+            write_entries(be_raw, w.be_keys, w.be_values)
         except MapError as exc:
             w.undo(exc.done if isinstance(exc, BatchError) else 0, 0)
             raise
         try:
-            _write_entries(svc_raw, w.svc_keys, w.svc_values)
+            write_entries(svc_raw, w.svc_keys, w.svc_values)
         except MapError as exc:
             w.undo(len(w.be_undo), exc.done if isinstance(exc, BatchError) else 0)
             raise
 
-    def _sync_scale_to_zero(self, state: _FrontendState, want: bool) -> None:
+    def _sync_scale_to_zero(self, state: FrontendState, want: bool) -> None:
         """Track (or stop tracking) the frontend's id in the scale-to-zero map. An existing
         entry is left as it is: its value is the datapath's last demand signal."""
         m = self.maps.scale_to_zero
@@ -1363,7 +1191,7 @@ class FrontendOps(Generic[R]):
             delete_quiet(m, key)
         state.scale_to_zero = want
 
-    def _trim_slots(self, addr: Addr, state: _FrontendState, count: int) -> None:
+    def _trim_slots(self, addr: Addr, state: FrontendState, count: int) -> None:
         """Delete the slots above ``count`` (after the master no longer counts them)."""
         svc_raw = self.maps.services(state.v6).backend
         while len(state.slots) > count:
@@ -1402,19 +1230,19 @@ class FrontendOps(Generic[R]):
             want = states.effective(be_addr)
             if want != states.written(be_addr):
                 be_map.backend.update(
-                    lb.U32_STRUCT.pack(states.id(be_addr)), _backend_bytes(be_addr, want)
+                    lb.U32_STRUCT.pack(states.id(be_addr)), backend_bytes(be_addr, want)
                 )
                 states.set_written(be_addr, want)
         states.set_refcount(be_addr, refcount - 1)
 
     def _upsert_wildcard(
-        self, fe: FrontendSpec, state: _FrontendState, written: bool = False
+        self, fe: FrontendSpec, state: FrontendState, written: bool = False
     ) -> None:
         """Reference the VIP's wildcard entry, writing it with the first reference (unless
         ``written``: the round's batch wrote it)."""
         key = (fe.addr.ip, fe.addr.scope)
         refs = self.wildcard_refs.get(key)
-        if refs is not None and state.id in _ref_ids(refs):
+        if refs is not None and state.id in ref_ids(refs):
             return
         if refs is None and not written:
             cls = lb.Service6Key if fe.addr.is_v6 else lb.Service4Key
@@ -1430,11 +1258,11 @@ class FrontendOps(Generic[R]):
             refs.add(state.id)
         state.wildcard = key
 
-    def _delete_wildcard(self, addr: Addr, state: _FrontendState) -> None:
+    def _delete_wildcard(self, addr: Addr, state: FrontendState) -> None:
         key = state.wildcard
         if key is None:
             return
-        others = _ref_ids(self.wildcard_refs.get(key)) - {state.id}
+        others = ref_ids(self.wildcard_refs.get(key)) - {state.id}
         if others:
             self.wildcard_refs[key] = others if len(others) > 1 else next(iter(others))
             state.wildcard = None
@@ -1532,7 +1360,7 @@ class FrontendOps(Generic[R]):
         for v6 in (False, True):
             svc_map = maps.services(v6)
             for key, _value in svc_map.dump():
-                addr = Addr(_ip_of(key.address), key.dport, proto_name(key.proto), key.scope)
+                addr = Addr(ip_of(key.address), key.dport, proto_name(key.proto), key.scope)
                 if key.dport == 0 and key.proto == 0:
                     keep = (addr.ip, key.scope) in self.wildcard_refs
                 else:
@@ -1547,7 +1375,7 @@ class FrontendOps(Generic[R]):
                     self._prune_delete(errs, svc_map, key)
             be_map = maps.backends(v6)
             for be_id, value in be_map.dump():
-                be_addr = Addr(_ip_of(value.address), value.port, proto_name(value.proto))
+                be_addr = Addr(ip_of(value.address), value.port, proto_name(value.proto))
                 if self.backend_states.get(be_addr) != be_id:
                     self._prune_delete(errs, be_map, be_id)
             rev_map = maps.revnat(v6)
@@ -1641,19 +1469,6 @@ def _fe_error(fe: FrontendSpec, exc: BaseException) -> LBOpsError:
     err = LBOpsError(f"frontend {fe.addr} ({fe.service.name}): {exc}")
     err.__cause__ = exc
     return err
-
-
-def _backend_bytes(addr: Addr, want: int) -> bytes:
-    """The encoded backends-map value of ``addr`` holding ``want`` (see ``_want``)."""
-    st = lb.BACKEND6_STRUCT if addr.is_v6 else lb.BACKEND4_STRUCT
-    return st.pack(
-        addr.packed,
-        lb.swap16(addr.port),
-        proto_number(addr.proto),
-        want >> 24,
-        (want >> 8) & 0xFFFF,
-        want & 0xFF,
-    )
 
 
 def _with_addr(fe: FrontendSpec, addr: Addr) -> FrontendSpec:

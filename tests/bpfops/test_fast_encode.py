@@ -10,7 +10,8 @@ from hypothesis import strategies as st
 
 from bpf import lb
 from bpf.codec import BE16, U32
-from bpfops.frontend_ops import FrontendOps, _backend_bytes, _want
+from bpfops.frontend_ops import FrontendOps
+from bpfops.frontend_state import backend_bytes, want_of
 from bpfops.model import Addr, BackendSpec, fast_addr, fast_backend_spec, proto_number
 
 u8 = st.integers(0, 0xFF)
@@ -75,14 +76,14 @@ ips = st.one_of(
 
 
 @given(ips, st.integers(1, 0xFFFF), protos, u8, u16, u8)
-def test_backend_bytes(ip, port: int, proto: str, state: int, cid: int, zone: int) -> None:  # type: ignore[no-untyped-def]
+def testbackend_bytes(ip, port: int, proto: str, state: int, cid: int, zone: int) -> None:  # type: ignore[no-untyped-def]
     addr = Addr(ip, port, proto)
     pn = proto_number(proto)
     if ip.version == 6:
         want = lb.BACKEND6.encode(lb.Backend6(ip.packed, port, pn, state, cid, zone))
     else:
         want = lb.BACKEND4.encode(lb.Backend4(ip.packed, port, pn, state, cid, zone))
-    assert _backend_bytes(addr, _want(state, cid, zone)) == want
+    assert backend_bytes(addr, want_of(state, cid, zone)) == want
 
 
 @given(
@@ -90,8 +91,8 @@ def test_backend_bytes(ip, port: int, proto: str, state: int, cid: int, zone: in
     st.tuples(u8, u16, u8),
 )
 def test_want_orders_like_the_value_tuple(a: tuple[int, int, int], b: tuple[int, int, int]) -> None:
-    assert (_want(*a) < _want(*b)) == (a < b)
-    assert (_want(*a) == _want(*b)) == (a == b)
+    assert (want_of(*a) < want_of(*b)) == (a < b)
+    assert (want_of(*a) == want_of(*b)) == (a == b)
 
 
 @given(ips, u16, u16, protos, st.integers(0, 1))

@@ -1,0 +1,229 @@
+"""The per-frontend records of FrontendOps and its byte-level map writes.
+
+`FrontendState` is what the maps hold for one frontend address (only what was written
+successfully); `PendingFrontend` is one frontend between its prepared writes and its
+master; `CollectedWrites` gathers one frontend's backend entries and slots for one batch
+call per map, with what to put back when a write fails. A backend's wanted entry is one
+int (`want_of`), ordered so that the "most alive" value is the smallest. The write
+helpers (`write_entries`, `write_counted`, `delete_counted`) take encoded keys and values
+(bpf.lb's ``*_STRUCT`` layouts) and report how far a batch got.
+"""
+
+from __future__ import annotations
+
+import errno
+import ipaddress
+from array import array
+from collections.abc import Callable
+from typing import Any
+
+from bpf import lb
+from bpf.backend import MapBackend
+from bpf.errors import BatchError, MapError
+from bpfops.backend_states import BackendStates
+from bpfops.lb_maps import delete_quiet
+from bpfops.model import Addr, BackendSpec, FrontendSpec, IPAddress, IPNetwork, proto_number
+
+
+#: A backend's wanted entry as one int ordered like (state, cluster id, zone): the
+#: "most alive" value is the smallest. Small ints are shared, so an active backend of
+#: cluster 0 in no zone costs no memory per reference.
+def want_of(state: int, cluster_id: int, zone: int) -> int:
+    if not (0 <= state <= 0xFF and 0 <= cluster_id <= 0xFFFF and 0 <= zone <= 0xFF):
+        # The same error the codec gives for a value that does not fit its member.
+        lb.BACKEND4_STRUCT.pack(b"\0" * 4, 0, 0, state, cluster_id, zone)
+    return (state << 24) | (cluster_id << 8) | zone
+
+
+class FrontendState:
+    """What is in the maps for one frontend address (only what was written successfully).
+
+    ``backends`` maps each backend the frontend references to what the frontend wants
+    its entry to hold (``want_of``; None: nothing yet, a failure came between the reference
+    and the want), in the frontend's order; ``slots`` holds the backend id of each slot
+    1.. written (0, which no backend has: to be rewritten), all with the flags
+    ``slot_flags``; ``master`` the encoded master value written.
+    """
+
+    __slots__ = (
+        "affinity",
+        "backends",
+        "id",
+        "maglev",
+        "master",
+        "revnat",
+        "scale_to_zero",
+        "slot_flags",
+        "slots",
+        "source_ranges",
+        "v6",
+        "wildcard",
+    )
+
+    def __init__(self, id_: int, v6: bool) -> None:
+        self.id = id_
+        self.v6 = v6
+        self.backends: dict[Addr, int | None] = {}
+        # Raw 32-bit ids (no int object per slot).
+        self.slots: array[int] = array("I")
+        self.slot_flags = 0
+        self.master: bytes | None = None
+        # Backend ids with an affinity match entry, and the source ranges written: the
+        # shared empty frozenset until the first one is added (most frontends have none).
+        self.affinity: set[int] = EMPTY
+        self.source_ranges: set[IPNetwork] = EMPTY
+        self.maglev = False
+        self.wildcard: tuple[IPAddress, int] | None = None
+        self.revnat = False
+        # The frontend's id is in the scale-to-zero map.
+        self.scale_to_zero = False
+
+
+#: A key absent from a frontend's backends (its values may be None).
+ABSENT: Any = object()
+
+#: The wants of state alone (cluster 0, no zone: at most 256 values), one int object
+#: each, shared by the frontends' backend dicts.
+WANTS: dict[int, int] = {}
+
+#: The empty set a frontend state starts with (read-only; replaced by a set on first add).
+EMPTY: set[Any] = frozenset()  # type: ignore[assignment]
+
+
+class CollectedWrites:
+    """One frontend's backend entries and slots, collected for one batch call per map.
+
+    Next to each entry, what its state held before (``be_undo``: the backend address and
+    its previous written want; ``slot_undo``: the slot index and its previous backend id,
+    0 for a slot appended), so that `undo` can put back the state of what was not
+    written.
+    """
+
+    __slots__ = ("be_keys", "be_undo", "be_values", "slot_undo", "slots", "states",
+                 "svc_keys", "svc_values")
+
+    def __init__(self, states: BackendStates, slots: array[int]) -> None:
+        self.states = states
+        self.slots = slots
+        self.be_keys: list[bytes] = []
+        self.be_values: list[bytes] = []
+        self.be_undo: list[tuple[Addr, int | None]] = []
+        self.svc_keys: list[bytes] = []
+        self.svc_values: list[bytes] = []
+        self.slot_undo: list[tuple[int, int]] = []
+
+    def undo(self, be_done: int, slots_done: int) -> None:
+        """Put back the state of the backend entries from ``be_done`` on and of the slots
+        from ``slots_done`` on (those before were written)."""
+        states = self.states
+        for be_addr, previous in reversed(self.be_undo[be_done:]):
+            if be_addr in states:
+                states.set_written(be_addr, previous)
+        slots = self.slots
+        for idx, previous_id in reversed(self.slot_undo[slots_done:]):
+            slots[idx] = previous_id
+
+
+class PendingFrontend:
+    """One frontend between its prepared writes and its master: what the later steps need."""
+
+    __slots__ = ("active", "fe", "inactive", "is_local", "master_flags", "orphans",
+                 "slot_backends", "state", "writes")
+
+    def __init__(
+        self,
+        fe: FrontendSpec,
+        state: FrontendState,
+        is_local: Callable[[IPAddress], bool] | None,
+        writes: CollectedWrites,
+        slot_backends: list[BackendSpec],
+        active: int,
+        inactive: int,
+        master_flags: int,
+    ) -> None:
+        self.fe = fe
+        self.state = state
+        self.is_local = is_local
+        self.writes = writes
+        self.slot_backends = slot_backends
+        self.active = active
+        self.inactive = inactive
+        self.master_flags = master_flags
+        #: Backends the frontend dropped that no one else references (address and id),
+        #: left in the backends map until its master no longer counts them (see
+        #: `FrontendOps._write_round`).
+        self.orphans: list[tuple[Addr, int]] = []
+
+
+def write_counted(
+    m: MapBackend, keys: list[bytes], values: list[bytes]
+) -> tuple[int, MapError | None]:
+    """Write entries as `write_entries` does; return how many were written and the error
+    that stopped the rest (None when all were)."""
+    try:
+        write_entries(m, keys, values)
+    except BatchError as exc:
+        return exc.done, exc
+    except MapError as exc:
+        return 0, exc
+    return len(keys), None
+
+
+def delete_counted(m: MapBackend, keys: list[bytes]) -> tuple[int, MapError | None]:
+    """Delete encoded keys in order, one batch call (one delete for one key); an absent
+    key counts as deleted. Returns how many were deleted and the error that stopped the
+    rest (None when all were)."""
+    done = 0
+    while done < len(keys):
+        try:
+            if len(keys) - done == 1:
+                delete_quiet(m, keys[done])
+            else:
+                m.delete_batch(keys[done:])
+        except BatchError as exc:
+            done += exc.done
+            if exc.errno != errno.ENOENT:
+                return done, exc
+            done += 1  # absent already
+            continue
+        except MapError as exc:
+            return done, exc
+        return len(keys), None
+    return done, None
+
+
+def write_entries(m: MapBackend, keys: list[bytes], values: list[bytes]) -> None:
+    """Write encoded entries in order: one update for one entry, else one batch call
+    (BatchError.done tells how many were written before a failure)."""
+    if len(keys) == 1:
+        m.update(keys[0], values[0])
+    elif keys:
+        m.update_batch(keys, values)
+
+
+def ref_ids(refs: int | set[int] | None) -> set[int]:
+    """The ids of a wildcard_refs value."""
+    if refs is None:
+        return set()
+    return {refs} if isinstance(refs, int) else refs
+
+
+def swap16(port: int) -> int:
+    return int.from_bytes((port & 0xFFFF).to_bytes(2, "little"), "big")
+
+
+def ip_of(raw: bytes) -> IPAddress:
+    return ipaddress.ip_address(raw)
+
+
+def backend_bytes(addr: Addr, want: int) -> bytes:
+    """The encoded backends-map value of ``addr`` holding ``want`` (see ``want_of``)."""
+    st = lb.BACKEND6_STRUCT if addr.is_v6 else lb.BACKEND4_STRUCT
+    return st.pack(
+        addr.packed,
+        lb.swap16(addr.port),
+        proto_number(addr.proto),
+        want >> 24,
+        (want >> 8) & 0xFFFF,
+        want & 0xFF,
+    )
