@@ -80,7 +80,6 @@ from bpfops.frontend_state import (
     backend_bytes,
     delete_counted,
     ip_of,
-    ref_ids,
     swap16,
     want_of,
     write_counted,
@@ -113,6 +112,7 @@ from bpfops.model import (
     proto_name,
     proto_number,
 )
+from bpfops.wildcards import WildcardEntries
 from reconciler.operations import BatchEntry
 from statedb import ReadTxn
 from statedb.errors import StatewrightError
@@ -225,8 +225,9 @@ class FrontendOps(Generic[R]):
         self.backend_ids: IDAllocator[Addr] = IDAllocator(
             "backend", FIRST_BACKEND_ID, BACKEND_ID_LIMIT, self.backend_states
         )
-        # Wildcard entry -> the ids of the frontends using it: one id, or a set of them.
-        self.wildcard_refs: dict[tuple[IPAddress, int], int | set[int]] = {}
+        self.wildcards = WildcardEntries(maps, self.config)
+        # Wildcard entry -> the ids of the frontends using it (the same dict, for callers).
+        self.wildcard_refs = self.wildcards.refs
         self.expansions: dict[Addr, list[Addr]] = {}
         self.restored_quarantined: dict[Addr, set[Addr]] = {}
         self.prune_count = 0
@@ -346,7 +347,7 @@ class FrontendOps(Generic[R]):
         state = self.frontends.get(fe.addr)
         if state is not None and new_type not in (CLUSTER_IP, LOAD_BALANCER):
             try:
-                self._delete_wildcard(fe.addr, state)
+                self.wildcards.delete(fe.addr, state)
             except MapError as exc:
                 raise LBOpsError(f"frontend {fe.addr} (replaced): wildcard: {exc}") from exc
 
@@ -552,7 +553,7 @@ class FrontendOps(Generic[R]):
                 keys.append(key)
                 values.append(master)
                 owners.append(len(ready))
-                wildcard = self._new_wildcard(p)
+                wildcard = self.wildcards.new_entry(p)
                 if wildcard is not None and wildcard[0] not in queued:
                     queued.add(wildcard[0])
                     keys.append(wildcard[1])
@@ -622,32 +623,6 @@ class FrontendOps(Generic[R]):
                 log.warning(
                     "bpfops: %d orphaned backend(s) left for prune: %s", len(entries) - done, exc
                 )
-
-    def _new_wildcard(
-        self, p: PendingFrontend
-    ) -> tuple[tuple[IPAddress, int], bytes, bytes] | None:
-        """The wildcard entry (refs key, map key, value) `_after_master` would create for
-        the frontend, when its VIP has none yet; else None."""
-        fe = p.fe
-        addr = fe.addr
-        if not (
-            self.config.wildcard_entries
-            and self._wildcard_candidate(fe)
-            and self._wildcard_class(fe)
-        ):
-            return None
-        if p.is_local is not None and p.is_local(addr.ip):
-            return None
-        ref_key = (addr.ip, addr.scope)
-        if self.wildcard_refs.get(ref_key) is not None:
-            return None
-        key_struct = lb.SERVICE6_KEY_STRUCT if addr.is_v6 else lb.SERVICE4_KEY_STRUCT
-        f1, f2 = svcflags.split(svcflags.service_flags(svcflags.FlagParams(fe.type)))
-        return (
-            ref_key,
-            key_struct.pack(addr.packed, 0, 0, 0, addr.scope),
-            lb.SERVICE_VALUE_STRUCT.pack(0, 0, 0, f1, f2, 0),
-        )
 
     def prune(self, txn: ReadTxn, objects: Iterator[R]) -> None:
         """Remove everything the given rows (all desired frontends) do not explain."""
@@ -761,16 +736,6 @@ class FrontendOps(Generic[R]):
         if self.config.mode_annotation and fe.service.forwarding_mode in ("dsr", "snat"):
             mode = fe.service.forwarding_mode
         return mode == "dsr"
-
-    def _wildcard_class(self, fe: FrontendSpec) -> bool:
-        cls = fe.service.load_balancer_class
-        if cls is None:
-            return self.config.default_lb_class_is_lbipam
-        return cls in self.config.managed_lb_classes
-
-    @staticmethod
-    def _wildcard_candidate(fe: FrontendSpec) -> bool:
-        return fe.type in (CLUSTER_IP, LOAD_BALANCER) and not fe.addr.is_unspecified
 
     def _sorted_backends(self, fe: FrontendSpec) -> list[BackendSpec]:
         quarantined = self.restored_quarantined.get(fe.addr)
@@ -1144,20 +1109,12 @@ class FrontendOps(Generic[R]):
         the map when ``wildcard_written``) and the slots beyond the backend list (which
         the master no longer counts)."""
         fe, state, cfg, is_local = p.fe, p.state, self.config, p.is_local
-        addr, svc, ip = fe.addr, fe.service, fe.addr.ip
+        addr, svc = fe.addr, fe.service
         state.master = master
 
         self._sync_scale_to_zero(state, cfg.scale_to_zero and svc.scale_to_zero)
 
-        if self._wildcard_candidate(fe) and self._wildcard_class(fe):
-            if cfg.wildcard_entries and (is_local is None or not is_local(ip)):
-                self._upsert_wildcard(fe, state, wildcard_written)
-            else:
-                self._delete_wildcard(addr, state)
-        elif state.wildcard is not None:
-            # The address' type or load-balancer class no longer has a wildcard entry
-            # (e.g. another service's frontend of another type took the address over).
-            self._delete_wildcard(addr, state)
+        self.wildcards.sync(fe, state, is_local, wildcard_written)
 
         self._trim_slots(addr, state, len(p.slot_backends))
 
@@ -1235,44 +1192,6 @@ class FrontendOps(Generic[R]):
                 states.set_written(be_addr, want)
         states.set_refcount(be_addr, refcount - 1)
 
-    def _upsert_wildcard(
-        self, fe: FrontendSpec, state: FrontendState, written: bool = False
-    ) -> None:
-        """Reference the VIP's wildcard entry, writing it with the first reference (unless
-        ``written``: the round's batch wrote it)."""
-        key = (fe.addr.ip, fe.addr.scope)
-        refs = self.wildcard_refs.get(key)
-        if refs is not None and state.id in ref_ids(refs):
-            return
-        if refs is None and not written:
-            cls = lb.Service6Key if fe.addr.is_v6 else lb.Service4Key
-            f1, f2 = svcflags.split(svcflags.service_flags(svcflags.FlagParams(fe.type)))
-            self.maps.services(fe.addr.is_v6).update(
-                cls(fe.addr.packed, 0, 0, 0, fe.addr.scope), lb.ServiceValue(0, 0, 0, f1, f2, 0)
-            )
-        if refs is None:
-            self.wildcard_refs[key] = state.id
-        elif isinstance(refs, int):
-            self.wildcard_refs[key] = {refs, state.id}
-        else:
-            refs.add(state.id)
-        state.wildcard = key
-
-    def _delete_wildcard(self, addr: Addr, state: FrontendState) -> None:
-        key = state.wildcard
-        if key is None:
-            return
-        others = ref_ids(self.wildcard_refs.get(key)) - {state.id}
-        if others:
-            self.wildcard_refs[key] = others if len(others) > 1 else next(iter(others))
-            state.wildcard = None
-            return
-        cls = lb.Service6Key if addr.is_v6 else lb.Service4Key
-        wkey = cls(key[0].packed, 0, 0, 0, key[1])
-        delete_quiet(self.maps.services(addr.is_v6), wkey)
-        self.wildcard_refs.pop(key, None)
-        state.wildcard = None
-
     # -- delete ------------------------------------------------------------------------
 
     def delete_spec(self, txn: ReadTxn, fe: FrontendSpec) -> None:
@@ -1333,7 +1252,7 @@ class FrontendOps(Generic[R]):
                 src_cls.for_cidr(fe_id, net.network_address.packed, net.prefixlen),
             )
             state.source_ranges.discard(net)
-        self._delete_wildcard(addr, state)
+        self.wildcards.delete(addr, state)
         self.restored_quarantined.pop(addr, None)
         del self.frontends[addr]
         self.service_ids.release(addr)

@@ -1,0 +1,116 @@
+"""WildcardEntries: the ``<vip>:0/ANY`` entries (service id 0) of ClusterIP and LoadBalancer
+VIPs in the services map, which make the datapath drop traffic to a VIP's ports that no
+frontend serves.
+
+One entry per VIP (address and scope), shared by the VIP's frontends: ``refs`` holds the
+ids of the frontends referencing each (one id, or a set of them). The first reference
+writes the entry (or finds it written by the round's batch), the last one gone deletes
+it. A VIP gets none when wildcard entries are disabled, when it is one of the node's own
+addresses, or when its load-balancer class is not one this agent manages.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from bpf import lb
+from bpfops import flags as svcflags
+from bpfops.frontend_state import FrontendState, PendingFrontend, ref_ids
+from bpfops.lb_maps import LBMaps, delete_quiet
+from bpfops.model import CLUSTER_IP, LOAD_BALANCER, Addr, FrontendSpec, IPAddress, LBOpsConfig
+
+
+class WildcardEntries:
+    """The wildcard entries of the VIPs and the frontends referencing each (see the module
+    doc); every method keeps the map and ``refs`` in step."""
+
+    def __init__(self, maps: LBMaps, config: LBOpsConfig) -> None:
+        self.maps = maps
+        self.config = config
+        self.refs: dict[tuple[IPAddress, int], int | set[int]] = {}
+
+    def applies(self, fe: FrontendSpec) -> bool:
+        """Whether the frontend's type and load-balancer class have a wildcard entry."""
+        if fe.type not in (CLUSTER_IP, LOAD_BALANCER) or fe.addr.is_unspecified:
+            return False
+        cls = fe.service.load_balancer_class
+        if cls is None:
+            return self.config.default_lb_class_is_lbipam
+        return cls in self.config.managed_lb_classes
+
+    def new_entry(self, p: PendingFrontend) -> tuple[tuple[IPAddress, int], bytes, bytes] | None:
+        """The entry (refs key, map key, value) `sync` would create for the frontend, when
+        its VIP has none yet; else None."""
+        fe = p.fe
+        addr = fe.addr
+        if not (self.config.wildcard_entries and self.applies(fe)):
+            return None
+        if p.is_local is not None and p.is_local(addr.ip):
+            return None
+        ref_key = (addr.ip, addr.scope)
+        if self.refs.get(ref_key) is not None:
+            return None
+        key_struct = lb.SERVICE6_KEY_STRUCT if addr.is_v6 else lb.SERVICE4_KEY_STRUCT
+        f1, f2 = svcflags.split(svcflags.service_flags(svcflags.FlagParams(fe.type)))
+        return (
+            ref_key,
+            key_struct.pack(addr.packed, 0, 0, 0, addr.scope),
+            lb.SERVICE_VALUE_STRUCT.pack(0, 0, 0, f1, f2, 0),
+        )
+
+    def sync(
+        self,
+        fe: FrontendSpec,
+        state: FrontendState,
+        is_local: Callable[[IPAddress], bool] | None,
+        written: bool = False,
+    ) -> None:
+        """Reference the VIP's entry for a frontend whose master was written, or drop the
+        frontend's reference when it no longer has one (``written``: the round's batch
+        wrote the entry)."""
+        if self.applies(fe):
+            if self.config.wildcard_entries and (is_local is None or not is_local(fe.addr.ip)):
+                self.upsert(fe, state, written)
+            else:
+                self.delete(fe.addr, state)
+        elif state.wildcard is not None:
+            # The address' type or load-balancer class no longer has a wildcard entry
+            # (e.g. another service's frontend of another type took the address over).
+            self.delete(fe.addr, state)
+
+    def upsert(self, fe: FrontendSpec, state: FrontendState, written: bool = False) -> None:
+        """Reference the VIP's wildcard entry, writing it with the first reference (unless
+        ``written``: the round's batch wrote it)."""
+        key = (fe.addr.ip, fe.addr.scope)
+        refs = self.refs.get(key)
+        if refs is not None and state.id in ref_ids(refs):
+            return
+        if refs is None and not written:
+            cls = lb.Service6Key if fe.addr.is_v6 else lb.Service4Key
+            f1, f2 = svcflags.split(svcflags.service_flags(svcflags.FlagParams(fe.type)))
+            self.maps.services(fe.addr.is_v6).update(
+                cls(fe.addr.packed, 0, 0, 0, fe.addr.scope), lb.ServiceValue(0, 0, 0, f1, f2, 0)
+            )
+        if refs is None:
+            self.refs[key] = state.id
+        elif isinstance(refs, int):
+            self.refs[key] = {refs, state.id}
+        else:
+            refs.add(state.id)
+        state.wildcard = key
+
+    def delete(self, addr: Addr, state: FrontendState) -> None:
+        """Drop the frontend's reference; the last one deletes the entry."""
+        key = state.wildcard
+        if key is None:
+            return
+        others = ref_ids(self.refs.get(key)) - {state.id}
+        if others:
+            self.refs[key] = others if len(others) > 1 else next(iter(others))
+            state.wildcard = None
+            return
+        cls = lb.Service6Key if addr.is_v6 else lb.Service4Key
+        wkey = cls(key[0].packed, 0, 0, 0, key[1])
+        delete_quiet(self.maps.services(addr.is_v6), wkey)
+        self.refs.pop(key, None)
+        state.wildcard = None
