@@ -45,16 +45,14 @@ once ready it is active and load-balanced.
 
 from __future__ import annotations
 
-import ipaddress
 import logging
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import replace
-from typing import Any, Generic, Protocol, TypeVar
+from typing import Generic, Protocol, TypeVar
 
 from bpf import lb
 from bpf.backend import MapBackend
 from bpf.errors import BatchError, MapError
-from bpf.typed_map import TypedMap
 from bpfops import flags as svcflags
 from bpfops.backend_states import (
     BELOW_WRITTEN,
@@ -70,6 +68,7 @@ from bpfops.backend_states import (
     WRITTEN_SHIFT,
     BackendStates,
 )
+from bpfops.frontend_restore import prune_maps, restore_ids
 from bpfops.frontend_state import (
     ABSENT,
     EMPTY,
@@ -79,7 +78,6 @@ from bpfops.frontend_state import (
     PendingFrontend,
     backend_bytes,
     delete_counted,
-    ip_of,
     swap16,
     want_of,
     write_counted,
@@ -109,7 +107,6 @@ from bpfops.model import (
     FrontendSpec,
     IPAddress,
     LBOpsConfig,
-    proto_name,
     proto_number,
 )
 from bpfops.wildcards import WildcardEntries
@@ -243,58 +240,12 @@ class FrontendOps(Generic[R]):
         """
         for attempt in range(attempts):
             try:
-                self._reset_and_restore()
+                restore_ids(self)
                 return
             except MapError:
                 if attempt == attempts - 1:
                     raise
                 log.warning("bpfops: restoring ids from the maps failed, retrying", exc_info=True)
-
-    def _reset_and_restore(self) -> None:
-        self.service_ids.reset()
-        self.backend_ids.reset()
-        self.frontends.clear()
-        self.backend_states.reset()
-        self.wildcard_refs.clear()
-        self.expansions.clear()
-        self.restored_quarantined.clear()
-        be_addr_by_id: dict[int, tuple[Addr, int]] = {}
-        for v6 in (False, True):
-            for be_id, value in self.maps.backends(v6).dump():
-                addr = Addr(ip_of(value.address), value.port, proto_name(value.proto))
-                be_addr_by_id[be_id] = (addr, value.flags)
-                for alias in self._aliases(addr):
-                    self.backend_ids.reserve(alias, be_id)
-        for v6 in (False, True):
-            slots_by_addr: dict[Addr, dict[int, lb.ServiceValue]] = {}
-            for key, value in self.maps.services(v6).dump():
-                if key.dport == 0 and key.proto == 0:
-                    continue  # wildcard entries carry no id
-                addr = Addr(ip_of(key.address), key.dport, proto_name(key.proto), key.scope)
-                slots_by_addr.setdefault(addr, {})[key.backend_slot] = value
-            for addr, slots in slots_by_addr.items():
-                master = slots.get(0)
-                if master is None or master.rev_nat_index == 0:
-                    continue
-                for alias in self._aliases(addr):
-                    self.service_ids.reserve(alias, master.rev_nat_index)
-                # Backends in the inactive tail that are still active in the backends
-                # map were quarantined (unhealthy) before the restart.
-                first = 1 + master.count
-                for slot in range(first, first + master.qcount):
-                    sv = slots.get(slot)
-                    if sv is None or sv.backend_id not in be_addr_by_id:
-                        continue
-                    be_addr, state = be_addr_by_id[sv.backend_id]
-                    if state == BACKEND_ACTIVE:
-                        self.restored_quarantined.setdefault(addr, set()).add(be_addr)
-
-    @staticmethod
-    def _aliases(addr: Addr) -> list[Addr]:
-        """Entries written with protocol ANY by older versions map to TCP, UDP and SCTP."""
-        if addr.proto != "ANY":
-            return [addr]
-        return [Addr(addr.ip, addr.port, p, addr.scope) for p in ("TCP", "UDP", "SCTP")]
 
     # -- reconciler Operations ---------------------------------------------------------
 
@@ -1260,83 +1211,9 @@ class FrontendOps(Generic[R]):
     # -- prune -------------------------------------------------------------------------
 
     def prune_maps(self, errors: list[str] | None = None) -> None:
-        """Delete map entries the state does not explain; release unclaimed restored ids."""
-        errs = errors if errors is not None else []
-        self.service_ids.release_unclaimed()
-        self.backend_ids.release_unclaimed()
-        self.restored_quarantined = {
-            a: s for a, s in self.restored_quarantined.items() if a in self.frontends
-        }
-        maps = self.maps
-        states = self.backend_states
-        for be_addr, be_id in states.items():
-            if states.refcount(be_addr) <= 0:  # allocated by an update that failed
-                be_map_ = maps.backends(be_addr.is_v6)
-                self._prune_delete(errs, be_map_, be_id)
-                self.backend_ids.release(be_addr)
-                states.remove(be_addr)
-        live_ids = {st.id: (a, st) for a, st in self.frontends.items()}
-        for v6 in (False, True):
-            svc_map = maps.services(v6)
-            for key, _value in svc_map.dump():
-                addr = Addr(ip_of(key.address), key.dport, proto_name(key.proto), key.scope)
-                if key.dport == 0 and key.proto == 0:
-                    keep = (addr.ip, key.scope) in self.wildcard_refs
-                else:
-                    st = self.frontends.get(addr)
-                    keep = (
-                        st is not None
-                        and st.v6 == v6
-                        and key.backend_slot <= len(st.slots)
-                        and (key.backend_slot > 0 or st.master is not None)
-                    )
-                if not keep:
-                    self._prune_delete(errs, svc_map, key)
-            be_map = maps.backends(v6)
-            for be_id, value in be_map.dump():
-                be_addr = Addr(ip_of(value.address), value.port, proto_name(value.proto))
-                if self.backend_states.get(be_addr) != be_id:
-                    self._prune_delete(errs, be_map, be_id)
-            rev_map = maps.revnat(v6)
-            for rev_id, _ in rev_map.dump():
-                hit = live_ids.get(rev_id)
-                if hit is None or hit[1].v6 != v6 or not hit[1].revnat:
-                    self._prune_delete(errs, rev_map, rev_id)
-            src_map = maps.source_ranges(v6)
-            for key, _ in src_map.dump():
-                hit = live_ids.get(key.rev_nat_id)
-                ok = False
-                if hit is not None and hit[1].v6 == v6:
-                    net = ipaddress.ip_network(
-                        (ipaddress.ip_address(key.address), key.prefixlen - 32), strict=False
-                    )
-                    ok = net in hit[1].source_ranges
-                if not ok:
-                    self._prune_delete(errs, src_map, key)
-            mg_map = maps.maglev(v6)
-            for rev_id in list(mg_map.keys()):
-                hit = live_ids.get(rev_id)
-                if hit is None or hit[1].v6 != v6 or not hit[1].maglev:
-                    self._prune_delete(errs, mg_map, rev_id)
-        aff = maps.aff_match
-        for key, _ in aff.dump():
-            hit = live_ids.get(key.rev_nat_id)
-            if hit is None or key.backend_id not in hit[1].affinity:
-                self._prune_delete(errs, aff, key)
-        stz = maps.scale_to_zero
-        if stz is not None:
-            # Entries of a previous run whose frontend is gone or no longer opted in.
-            for key, _ in stz.dump():
-                hit = live_ids.get(key.svc_id)
-                if hit is None or not hit[1].scale_to_zero:
-                    self._prune_delete(errs, stz, key)
-
-    @staticmethod
-    def _prune_delete(errs: list[str], m: TypedMap[Any, Any], key: Any) -> None:
-        try:
-            delete_quiet(m, key)
-        except MapError as exc:
-            errs.append(str(exc))
+        """Delete map entries the state does not explain; release unclaimed restored ids
+        (``errors`` collects the failed deletes)."""
+        prune_maps(self, errors if errors is not None else [])
 
     # -- introspection -----------------------------------------------------------------
 
