@@ -6,7 +6,9 @@ namespace (the subject gets ``k8s:io.kubernetes.pod.namespace=<ns>``), and a pee
 endpoint selector without a namespace requirement selects only pods of the policy's
 namespace. A NetworkPolicy ``namespaceSelector`` selects on the namespace labels that
 Cilium copies into every pod identity (``k8s:io.cilium.k8s.namespace.labels.<key>``;
-tables/identities.py builds them); an empty one selects every pod of every namespace.
+tables/identities.py builds them), pods only; an empty one selects every pod of every
+namespace. Every rule then goes through `policy.namespace_labels.fail_closed`: a selector
+on namespace labels never allows traffic of a pod whose namespace's labels are unknown.
 
 Entities: ``world`` selects the reserved identities world, world-ipv4 and world-ipv6;
 ``host``, ``remote-node``, ``health``, ``init``, ``unmanaged``, ``kube-apiserver`` and
@@ -35,6 +37,7 @@ from typing import Any
 
 from policy.errors import PolicyError
 from policy.model import PROTOCOLS, Policy, PortRule, Rule
+from policy.namespace_labels import fail_closed_rules
 from policy.selector import Requirement, Selector, parse_selector
 
 KIND_NETWORK_POLICY = "NetworkPolicy"
@@ -311,7 +314,7 @@ def parse_cilium_network_policy(obj: Mapping[str, Any]) -> Policy:
                 rules.append(
                     _cnp_rule(ref, name, ns, f"{spath}.{section}[{i}]", r, subject, egress, deny)
                 )
-    return Policy(KIND_CILIUM_NETWORK_POLICY, name, tuple(rules))
+    return Policy(KIND_CILIUM_NETWORK_POLICY, name, fail_closed_rules(rules))
 
 
 # ----- NetworkPolicy ---------------------------------------------------------------------------
@@ -344,9 +347,12 @@ def _np_peer(ref: str, ns: str, path: str, doc: Any) -> tuple[Selector, ...]:
         key_prefix=NAMESPACE_LABELS_PREFIX,
         key_source="k8s",
     )
-    sel = pods.with_requirements(*nss.requirements)
-    if not nss.requirements:
-        sel = sel.with_requirements(Requirement("k8s", NAMESPACE_LABEL, "Exists"))
+    # Pods of the selected namespaces only: the pod namespace label exists (an empty
+    # namespaceSelector selects every namespace; a NotIn or DoesNotExist alone would also
+    # select identities that are not pods, such as host or world).
+    sel = pods.with_requirements(
+        *nss.requirements, Requirement("k8s", NAMESPACE_LABEL, "Exists")
+    )
     return (sel,)
 
 
@@ -401,7 +407,7 @@ def parse_network_policy(obj: Mapping[str, Any]) -> Policy:
                 ppath = f"{path}.ports[{j}]"
                 ports.update(_port_rules(ref, ppath, _mapping(ref, ppath, p), "TCP"))
             rules.append(Rule(name, subject, egress, False, peers, tuple(sorted(ports))))
-    return Policy(KIND_NETWORK_POLICY, name, tuple(rules))
+    return Policy(KIND_NETWORK_POLICY, name, fail_closed_rules(rules))
 
 
 def parse_policy(obj: Mapping[str, Any]) -> Policy:

@@ -1,29 +1,34 @@
-"""The labels of the cluster's Namespaces, for pod identities.
+"""Namespaces from the API server, into the namespaces table (tables/namespaces.py).
 
 Cilium copies a namespace's labels into the identity of every pod of the namespace
 (``k8s:io.cilium.k8s.namespace.labels.<key>=<value>``), so that a NetworkPolicy
-``namespaceSelector`` selects on identities alone. `NamespaceLabels` lists and watches
+``namespaceSelector`` selects on identities alone. `NamespaceSource` lists and watches
 Namespaces (`sources.k8s_reflector.Reflector`, resource `namespace_resource_spec`) and
-keeps each one's labels; the endpoints component runs it beside the Kubernetes source and
-merges them into the Pod labels it gives the endpoint manager (`pod_identity_labels`).
+keeps their rows (source ``k8s``) in the ``namespaces`` table; the endpoints component
+gives every pod's endpoint its namespace's labels from that table.
 
 It is not part of `sources.k8s_source.K8sSource`: the load balancer's tables do not depend
-on Namespaces, so their initializer does not wait for this list.
+on Namespaces, so their initializer does not wait for this list. It holds the ``k8s``
+initializer of the namespaces table until its initial list is in.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any
+from collections.abc import Callable
 
 import anyio
 import anyio.abc
 
 from sources.k8s_client import K8sClient
 from sources.k8s_reflector import Delta, Reflector, ReflectorConfig, ResourceSpec
-from tables.identities import NAMESPACE_LABELS_PREFIX
-
-KIND_NAMESPACE = "Namespace"
+from statedb import DB, Table, WriteTxn
+from tables.namespaces import (
+    KIND_NAMESPACE,
+    SOURCE_K8S,
+    Namespace,
+    NamespaceError,
+    NamespaceObjects,
+)
 
 
 def namespace_resource_spec() -> ResourceSpec:
@@ -31,36 +36,28 @@ def namespace_resource_spec() -> ResourceSpec:
     return ResourceSpec("namespaces", KIND_NAMESPACE, "v1", lambda c: c.core.list_namespace)
 
 
-def pod_identity_labels(
-    pod_labels: Mapping[str, str] | None, namespace_labels: Mapping[str, str] | None
-) -> dict[str, str] | None:
-    """A Pod's labels with its namespace's labels as
-    ``io.cilium.k8s.namespace.labels.<key>`` keys (what the endpoint manager takes as the
-    Pod's labels, source ``k8s``); None when the Pod is unknown."""
-    if pod_labels is None:
-        return None
-    merged = dict(pod_labels)
-    for key, value in (namespace_labels or {}).items():
-        merged[NAMESPACE_LABELS_PREFIX + key] = value
-    return merged
+class NamespaceSource:
+    """The API server's Namespaces -> rows of the namespaces table (see the module doc)."""
 
-
-class NamespaceLabels:
-    """Each Namespace's labels as last listed or watched (see the module doc)."""
-
-    def __init__(self, client: K8sClient, config: ReflectorConfig | None = None) -> None:
+    def __init__(
+        self,
+        client: K8sClient,
+        db: DB,
+        table: Table[Namespace],
+        config: ReflectorConfig | None = None,
+    ) -> None:
         self.reflector = Reflector(client, namespace_resource_spec(), self._deliver, config)
-        #: Namespace name -> its labels; a namespace's labels are replaced by a new
-        #: dictionary, never changed in place, so a lookup from a worker thread is safe.
-        self.labels: dict[str, dict[str, str]] = {}
-        #: Counts deliveries that changed `labels` (and the completed initial list).
-        self.generation = 0
+        self.db = db
+        self.table = table
+        self.handler = NamespaceObjects(table, SOURCE_K8S)
+        #: Objects refused (malformed labels): name -> message; the rest applies.
+        self.refused: dict[str, str] = {}
         self.synced = False
-        self._event: anyio.Event | None = None
+        self._init_done: list[Callable[[WriteTxn], None]] = []
 
-    def of(self, namespace: str) -> dict[str, str] | None:
-        """The labels of ``namespace``, None when it is not known (yet)."""
-        return self.labels.get(namespace)
+    def register_initializer(self, txn: WriteTxn) -> None:
+        """Hold the table's ``k8s`` initializer until the initial list is in."""
+        self._init_done = [self.table.register_initializer(txn, SOURCE_K8S)]
 
     async def run(
         self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED
@@ -69,45 +66,39 @@ class NamespaceLabels:
         task_status.started()
         await self.reflector.run()
 
-    async def wait(self, after: int = 0) -> int:
-        """Wait until `generation` is past ``after``; return it."""
-        while self.generation <= after:
-            if self._event is None:
-                self._event = anyio.Event()
-            await self._event.wait()
-        return self.generation
-
     async def _deliver(self, reflector: Reflector, deltas: list[Delta], synced: bool) -> None:
         self.apply(deltas, synced)
 
-    def apply(self, deltas: list[Delta], synced: bool = False) -> bool:
-        """Take one delivery; True when it changed the labels (or completed the list)."""
-        changed = synced and not self.synced
-        self.synced = self.synced or synced
-        for d in deltas:
-            if d.op == "upsert":
-                labels = _labels_of(d.obj)
-                if self.labels.get(d.key) != labels:
-                    self.labels[d.key] = labels
-                    changed = True
-            elif self.labels.pop(d.key, None) is not None:
-                changed = True
-        if changed:
-            self.generation += 1
-            if self._event is not None:
-                self._event.set()
-                self._event = None
-        return changed
+    def apply(self, deltas: list[Delta], synced: bool = False) -> None:
+        """Write one delivery in one transaction (completing the initializer with the
+        delivery that completes the initial list); a malformed Namespace is refused on
+        its own (`refused`)."""
+        with self.db.write_txn(self.table) as txn:
+            for d in deltas:
+                try:
+                    if d.op == "upsert":
+                        self.handler.upsert(txn, d.obj)
+                    else:
+                        self.handler.delete(txn, d.obj)
+                    self.refused.pop(d.key, None)
+                except NamespaceError as e:
+                    self.refused[d.key] = str(e)
+            if synced and not self.synced:
+                self.synced = True
+                for done in self._init_done:
+                    done(txn)
+                self._init_done = []
 
     def health(self) -> tuple[bool, str]:
-        """(ok, message) of the reflector."""
+        """(ok, message) of the reflector and the refused objects."""
         h = self.reflector.health
-        ok = not h.last_error or h.synced
+        ok = (not h.last_error or h.synced) and not self.refused
         what = "synced" if h.synced else "not synced"
-        error = f": {h.last_error}" if not ok else ""
-        return ok, f"{h.state} ({what}, {len(self.labels)} namespaces){error}"
-
-
-def _labels_of(obj: Mapping[str, Any]) -> dict[str, str]:
-    raw = (obj.get("metadata") or {}).get("labels") or {}
-    return {str(k): str(v) for k, v in raw.items()} if isinstance(raw, Mapping) else {}
+        n = sum(1 for r in self.table.all(self.db.read_txn()) if r.source == SOURCE_K8S)
+        message = f"{h.state} ({what}, {n} namespaces)"
+        if h.last_error and not h.synced:
+            message += f": {h.last_error}"
+        if self.refused:
+            first = sorted(self.refused.items())[0]
+            message += f"; {len(self.refused)} refused, e.g. {first[1]}"
+        return ok, message

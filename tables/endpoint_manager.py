@@ -18,7 +18,10 @@ What one change touches, and in which order:
 
 The identity is allocated for `Endpoint.identity_labels`: the request's labels, the
 labels of the Kubernetes Pod (``pod_labels_of``, the Kubernetes source's; applied again by
-`sync_pod_labels` whenever they change) and, for a pod, its namespace
+`sync_pod_labels` whenever they change), for a pod its namespace and the namespace's
+labels (``namespace_labels_of``, the namespaces table's; applied again by
+`sync_namespace_labels`; unknown until a Namespace object is read, which the identity
+says: tables/identities.py) and its namespace
 (``k8s:io.kubernetes.pod.namespace``), as Cilium builds a pod's identity.
 
 The lifecycle states (tables/endpoints.py) are set here:
@@ -75,6 +78,7 @@ from tables.endpoints import (
     endpoint_id_index,
     endpoint_ip_index,
     endpoint_pod_index,
+    namespace_label_pairs,
     new_endpoints_table,
 )
 from tables.identities import IdentityAllocator, IdentityError, LabelError, normalize_labels
@@ -94,6 +98,9 @@ ENDPOINTS_DIR = "endpoints"
 
 #: The labels of a Pod ``(namespace, name)``, None when unknown (the Kubernetes source).
 PodLabels = Callable[[str, str], "Mapping[str, str] | None"]
+
+#: The labels of a Namespace, None when unknown (the namespaces table).
+NamespaceLabelsOf = Callable[[str], "Mapping[str, str] | None"]
 
 #: Whether an endpoint's interface still exists (restore removes those whose does not).
 LinkCheck = Callable[[Endpoint], bool]
@@ -143,8 +150,12 @@ class EndpointManager:
         entries: EntryTables | None = None,
         netns_cookie: Callable[[str], int] | None = None,
         pod_labels_of: PodLabels | None = None,
+        namespace_labels_of: NamespaceLabelsOf | None = None,
     ) -> None:
         self.db = db
+        #: The labels of a Namespace (None when unknown); None: never known (every pod's
+        #: namespace labels are unknown).
+        self.namespace_labels_of = namespace_labels_of
         #: The labels of the Pod ``(namespace, name)`` from the Kubernetes source, None
         #: when it does not know the Pod; None: no Kubernetes source (request labels only).
         self.pod_labels_of = pod_labels_of
@@ -374,6 +385,28 @@ class EndpointManager:
                 log.info("endpoint %d: identity %d -> %d (cluster)", ep.id, ep.identity, new_id)
         return moved
 
+    def sync_namespace_labels(self) -> list[int]:
+        """Give every pod's endpoint the labels ``namespace_labels_of`` says its namespace
+        has now (None: unknown), moving it to the identity of its new labels when they
+        changed, whether or not its Pod object is known; returns the ids of the endpoints
+        that changed. Call it when the namespaces change, once their sources have
+        delivered their initial state (before that, a namespace not yet read would read
+        as unknown). An endpoint whose labels cannot be applied is logged and kept."""
+        changed = []
+        with self._lock:
+            for ep in self.all():
+                if not ep.pod_namespace or ep.state is EndpointState.DISCONNECTING:
+                    continue
+                new = self._with_namespace_labels(ep)
+                if new.namespace_labels == ep.namespace_labels:
+                    continue
+                try:
+                    if self._write_change(ep, new) != ep:
+                        changed.append(ep.id)
+                except IdentityError as e:
+                    log.error("endpoint %d: namespace labels not applied: %s", ep.id, e)
+        return changed
+
     def delete(self, ref: str) -> Endpoint:
         """DELETE /endpoint/{ref} without waiting for the maps: `begin_delete`, then
         `finish_delete` at once. EndpointNotFoundError when it does not exist."""
@@ -564,9 +597,25 @@ class EndpointManager:
         return moved
 
     # ----- internals ----------------------------------------------------------------------------
+    def _with_namespace_labels(self, ep: Endpoint) -> Endpoint:
+        """``ep`` with the labels ``namespace_labels_of`` knows for its namespace (None:
+        unknown); unchanged when it is not a pod."""
+        if not ep.pod_namespace:
+            return ep
+        labels = None
+        if self.namespace_labels_of is not None:
+            labels = self.namespace_labels_of(ep.pod_namespace)
+        try:
+            return replace(ep, namespace_labels=namespace_label_pairs(labels))
+        except ValueError as e:
+            log.error("endpoint %d: namespace labels not applied: %s", ep.id, e)
+            return replace(ep, namespace_labels=None)
+
     def _with_pod_labels(self, ep: Endpoint) -> Endpoint:
-        """``ep`` with the labels ``pod_labels_of`` knows for its pod; unchanged when there
-        is no pod, no lookup or no such Pod (yet: `sync_pod_labels` applies them later)."""
+        """``ep`` with the labels ``pod_labels_of`` knows for its pod and those of its
+        namespace; the Pod's unchanged when there is no pod, no lookup or no such Pod (yet:
+        `sync_pod_labels` applies them later)."""
+        ep = self._with_namespace_labels(ep)
         if self.pod_labels_of is None or not ep.pod_name or not ep.pod_namespace:
             return ep
         labels = self.pod_labels_of(ep.pod_namespace, ep.pod_name)

@@ -41,10 +41,12 @@ from statedb import Index, Table
 from statedb import keys as keycodec
 from statedb.errors import InputError, StatewrightError
 from tables.identities import (
+    AGENT_LABEL_SOURCE,
     NAMESPACE_LABELS_PREFIX,
     POD_NAMESPACE_LABEL,
     LabelError,
     Labels,
+    namespace_identity_labels,
     normalize_labels,
 )
 from tables.l3n4 import IPAddress
@@ -126,27 +128,35 @@ class Endpoint:
     #: from the Kubernetes source (not by requests); they take precedence over request
     #: labels with the same key.
     pod_labels: Labels = ()
+    #: The labels of the pod's Namespace (key, value), set by the agent from the
+    #: namespaces table (a Namespace object of the API server or the manifests); None
+    #: while they are not known: the identity then says so and namespace selectors fail
+    #: closed for it (docs/policy.md).
+    namespace_labels: tuple[tuple[str, str], ...] | None = None
 
     def identity_labels(self) -> Labels:
         """The labels the endpoint's security identity is allocated for, as Cilium builds
         a pod's: the request's ``labels``, the Pod object's labels (``pod_labels``, which
         replace request labels of the same source and key) and, for a pod (a
-        ``pod_namespace``), ``k8s:io.kubernetes.pod.namespace=<namespace>``. The namespace
-        label and the namespace-label copies (``k8s:io.cilium.k8s.namespace.labels.*``)
-        are the agent's to set: a request cannot claim them for another namespace, so those
-        keys of the request are dropped for a pod."""
+        ``pod_namespace``), what its namespace gives (`namespace_identity_labels`: the
+        namespace, ``kubernetes.io/metadata.name``, the namespace's labels or the marker
+        saying they are unknown). Those are the agent's to set: a request (or a Pod)
+        cannot claim them for another namespace, so those keys are dropped for a pod."""
         merged: dict[str, str] = {}
-        for label in self.labels:
+        for label in (*self.labels, *self.pod_labels):
             merged[label.partition("=")[0]] = label
-        ns_key = f"k8s:{POD_NAMESPACE_LABEL}"
         if self.pod_namespace:
             ns_labels = "k8s:" + NAMESPACE_LABELS_PREFIX
-            for key in [k for k in merged if k == ns_key or k.startswith(ns_labels)]:
+            ns_key = f"k8s:{POD_NAMESPACE_LABEL}"
+            agent = AGENT_LABEL_SOURCE + ":"
+            for key in [
+                k for k in merged
+                if k == ns_key or k.startswith(ns_labels) or k.startswith(agent)
+            ]:
                 del merged[key]
-        for label in self.pod_labels:
-            merged[label.partition("=")[0]] = label
-        if self.pod_namespace:
-            merged[ns_key] = f"{ns_key}={self.pod_namespace}"
+            ns = None if self.namespace_labels is None else dict(self.namespace_labels)
+            for key, value in namespace_identity_labels(self.pod_namespace, ns).items():
+                merged[key] = f"{key}={value}"
         return tuple(sorted(merged.values()))
 
     def addresses(self) -> list[IPAddress]:
@@ -176,6 +186,9 @@ class Endpoint:
             "k8s-namespace": self.pod_namespace,
             "labels": list(self.labels),
             "k8s-pod-labels": list(self.pod_labels),
+            "k8s-namespace-labels": (
+                None if self.namespace_labels is None else dict(self.namespace_labels)
+            ),
             "identity-labels": list(self.identity_labels()),
             "identity": self.identity,
             "netns-path": self.netns_path,
@@ -201,10 +214,16 @@ class Endpoint:
             state = EndpointState(doc.get("state", EndpointState.READY.value))
             field_name = "k8s-pod-labels"
             pod_labels = normalize_labels(doc.get("k8s-pod-labels") or ())
+            field_name = "k8s-namespace-labels"
+            ns_labels = namespace_label_pairs(doc.get("k8s-namespace-labels"))
         except (TypeError, ValueError, LabelError) as e:
             raise EndpointRequestError(f"endpoint state: field {field_name!r}: {e}") from None
         return replace(
-            change.apply(Endpoint(ep_id)), identity=identity, state=state, pod_labels=pod_labels
+            change.apply(Endpoint(ep_id)),
+            identity=identity,
+            state=state,
+            pod_labels=pod_labels,
+            namespace_labels=ns_labels,
         )
 
     @staticmethod
@@ -224,6 +243,21 @@ class Endpoint:
             str(self.identity),
             self.state.value,
         ]
+
+
+def namespace_label_pairs(
+    labels: Mapping[str, str] | None,
+) -> tuple[tuple[str, str], ...] | None:
+    """A namespace's labels as sorted (key, value) pairs (`Endpoint.namespace_labels`);
+    None stays None (unknown). ValueError when a key or value is not a string."""
+    if labels is None:
+        return None
+    if not isinstance(labels, Mapping):
+        raise ValueError("expected an object of string labels")
+    for k, v in labels.items():
+        if not isinstance(k, str) or not k or not isinstance(v, str):
+            raise ValueError(f"{k!r}: {v!r}: keys and values must be strings")
+    return tuple(sorted(labels.items()))
 
 
 _UNSET: Any = object()
@@ -251,6 +285,7 @@ class EndpointChange:
         "state",
         "sync-build-endpoint",
         "k8s-pod-labels",
+        "k8s-namespace-labels",
         "identity-labels",
     }
 

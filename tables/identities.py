@@ -113,6 +113,36 @@ def normalize_labels(raw: Iterable[str] | Mapping[str, str] | None) -> Labels:
 POD_NAMESPACE_LABEL = "io.kubernetes.pod.namespace"
 #: Prefix of the namespace's own labels, copied into every pod identity of the namespace.
 NAMESPACE_LABELS_PREFIX = "io.cilium.k8s.namespace.labels."
+#: The label Kubernetes sets on every namespace: its name. Known from the name alone, so
+#: every pod identity carries it, whether or not the namespace's other labels are known.
+NAMESPACE_NAME_LABEL = "kubernetes.io/metadata.name"
+#: The source of labels only the agent sets.
+AGENT_LABEL_SOURCE = "statewright"
+#: Carried by the identity of a pod whose namespace's labels the agent does not know (no
+#: Namespace object read): selectors on namespace labels cannot be evaluated for it and
+#: fail closed (policy/namespace_labels.py).
+NAMESPACE_LABELS_UNKNOWN = f"{AGENT_LABEL_SOURCE}:namespace-labels=unknown"
+
+
+def namespace_identity_labels(
+    namespace: str, namespace_labels: Mapping[str, str] | None
+) -> dict[str, str]:
+    """The labels a pod's identity gets from its namespace (key -> value, source ``k8s``
+    unless the key has one): the namespace, ``kubernetes.io/metadata.name`` and the
+    namespace's labels as ``io.cilium.k8s.namespace.labels.<key>``; when its labels are
+    unknown (None), the marker `NAMESPACE_LABELS_UNKNOWN` instead of them."""
+    out = {
+        f"k8s:{POD_NAMESPACE_LABEL}": namespace,
+        f"k8s:{NAMESPACE_LABELS_PREFIX}{NAMESPACE_NAME_LABEL}": namespace,
+    }
+    if namespace_labels is None:
+        key, _, value = NAMESPACE_LABELS_UNKNOWN.partition("=")
+        out[key] = value
+        return out
+    for k, v in namespace_labels.items():
+        if str(k) != NAMESPACE_NAME_LABEL:
+            out[f"k8s:{NAMESPACE_LABELS_PREFIX}{k}"] = v
+    return out
 
 
 def pod_identity_labels(
@@ -122,15 +152,15 @@ def pod_identity_labels(
 ) -> Labels:
     """The security labels of a pod, as Cilium builds them: the pod's labels
     (``k8s:<key>=<value>``), its namespace (``k8s:io.kubernetes.pod.namespace=<ns>``) and
-    its namespace's labels (``k8s:io.cilium.k8s.namespace.labels.<key>=<value>``), so that
-    namespace selectors select on identities alone. LabelError when malformed."""
+    its namespace's labels (``k8s:io.cilium.k8s.namespace.labels.<key>=<value>``, with
+    ``kubernetes.io/metadata.name`` always), so that namespace selectors select on
+    identities alone. ``namespace_labels`` None: not known (`namespace_identity_labels`).
+    LabelError when malformed."""
     if not isinstance(namespace, str) or not namespace:
         raise LabelError("namespace: must be a non-empty string", field="namespace")
-    merged = dict(pod_labels)
-    merged[POD_NAMESPACE_LABEL] = namespace
-    for k, v in (namespace_labels or {}).items():
-        merged[NAMESPACE_LABELS_PREFIX + str(k)] = v
-    return normalize_labels(merged)
+    merged = {f"k8s:{k}": v for k, v in pod_labels.items()}
+    merged.update(namespace_identity_labels(namespace, namespace_labels))
+    return normalize_labels(f"{k}={v}" for k, v in merged.items())
 
 
 def reserved_identity_of(labels: Labels) -> int | None:

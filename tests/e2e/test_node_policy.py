@@ -142,18 +142,18 @@ def test_pod_identities_carry_namespace_and_runtime_labels(node: NodeEnv) -> Non
             break
         assert time.monotonic() < deadline, eps
         time.sleep(0.05)
-    assert eps["client"]["identity-labels"] == [
-        "k8s:app=client",
-        "k8s:io.kubernetes.pod.namespace=web",
-    ]
-    assert eps["server"]["identity-labels"] == [
-        "k8s:app=server",
-        "k8s:io.kubernetes.pod.namespace=web",
-    ]
-    assert eps["decoy"]["identity-labels"] == [
-        "k8s:app=server",
-        "k8s:io.kubernetes.pod.namespace=e2e",
-    ]
+    def labels(ns: str, app: str) -> list[str]:
+        # no Namespace object in the manifests: the namespace's labels are unknown
+        return [
+            f"k8s:app={app}",
+            f"k8s:io.cilium.k8s.namespace.labels.kubernetes.io/metadata.name={ns}",
+            f"k8s:io.kubernetes.pod.namespace={ns}",
+            "statewright:namespace-labels=unknown",
+        ]
+
+    assert eps["client"]["identity-labels"] == labels("web", "client")
+    assert eps["server"]["identity-labels"] == labels("web", "server")
+    assert eps["decoy"]["identity-labels"] == labels("e2e", "server")
     # one identity per label set: the decoy's namespace makes it another identity
     assert len({eps[n]["identity"] for n in ("client", "server", "decoy")}) == 3
 

@@ -27,6 +27,17 @@ CIDRS = ("10.33.0.0/28",)
 NS = "k8s:io.kubernetes.pod.namespace"
 
 
+def _in(namespace: str, *labels: str) -> tuple[str, ...]:
+    """The identity labels of a pod of ``namespace`` whose labels are unknown: ``labels``,
+    its namespace, its name as a namespace label and the marker saying the rest is
+    unknown (tables/identities.py)."""
+    return tuple(sorted((
+        *labels, f"{NS}={namespace}",
+        f"k8s:io.cilium.k8s.namespace.labels.kubernetes.io/metadata.name={namespace}",
+        "statewright:namespace-labels=unknown",
+    )))
+
+
 class FakePods:
     """What the Kubernetes source answers: labels per ``(namespace, name)``."""
 
@@ -73,17 +84,17 @@ def _identity(mgr: EndpointManager, num: int) -> Identity | None:
 
 def test_identity_labels_of_an_endpoint() -> None:
     ep = Endpoint(1, pod_name="a", pod_namespace="web", labels=("k8s:app=x", "container:c=1"))
-    assert ep.identity_labels() == ("container:c=1", "k8s:app=x", f"{NS}=web")
+    assert ep.identity_labels() == _in("web", "container:c=1", "k8s:app=x")
     # the Pod object's labels replace request labels of the same key
     ep2 = Endpoint(1, pod_namespace="web", labels=("k8s:app=x",), pod_labels=("k8s:app=y",))
-    assert ep2.identity_labels() == ("k8s:app=y", f"{NS}=web")
+    assert ep2.identity_labels() == _in("web", "k8s:app=y")
     # a request cannot claim another namespace or namespace labels for a pod
     spoof = Endpoint(
         1,
         pod_namespace="web",
         labels=(f"{NS}=kube-system", "k8s:io.cilium.k8s.namespace.labels.team=ops"),
     )
-    assert spoof.identity_labels() == (f"{NS}=web",)
+    assert spoof.identity_labels() == _in("web")
     # not a pod: the request's labels as they are
     plain = Endpoint(1, labels=("k8s:app=x", f"{NS}=kube-system"))
     assert plain.identity_labels() == ("k8s:app=x", f"{NS}=kube-system")
@@ -94,7 +105,7 @@ def test_model_shows_pod_and_identity_labels_and_requests_cannot_set_them() -> N
                   pod_labels=("k8s:tier=db",))
     doc = ep.to_json()
     assert doc["k8s-pod-labels"] == ["k8s:tier=db"]
-    assert doc["identity-labels"] == ["k8s:app=x", f"{NS}=web", "k8s:tier=db"]
+    assert doc["identity-labels"] == list(_in("web", "k8s:app=x", "k8s:tier=db"))
     assert Endpoint.from_json(doc).pod_labels == ("k8s:tier=db",)  # the state file keeps them
     # read-only in requests: accepted and ignored
     assert "pod_labels" not in EndpointChange.parse({"k8s-pod-labels": ["k8s:x=y"]}).fields
@@ -105,7 +116,7 @@ def test_model_shows_pod_and_identity_labels_and_requests_cannot_set_them() -> N
 def test_create_adds_the_namespace_label(state_dir: str) -> None:
     mgr = _manager(state_dir)
     ep = mgr.create("0", _pod("a", labels=["k8s:app=client"]))
-    assert _identity_labels(mgr, ep) == ("k8s:app=client", f"{NS}=web")
+    assert _identity_labels(mgr, ep) == _in("web", "k8s:app=client")
     same = mgr.create("0", _pod("b", labels=["k8s:app=client"]))
     other_ns = mgr.create("0", _pod("c", namespace="e2e", labels=["k8s:app=client"]))
     assert same.identity == ep.identity
@@ -122,12 +133,7 @@ def test_create_takes_the_pod_objects_labels(state_dir: str) -> None:
     mgr = _manager(state_dir, pods)
     ep = mgr.create("0", _pod("a", labels=["k8s:app=client", "container:x=1"]))
     assert ep.pod_labels == ("k8s:app=server", "k8s:tier=db")
-    assert _identity_labels(mgr, ep) == (
-        "container:x=1",
-        "k8s:app=server",
-        f"{NS}=web",
-        "k8s:tier=db",
-    )
+    assert _identity_labels(mgr, ep) == _in("web", "container:x=1", "k8s:app=server", "k8s:tier=db")
     # a Pod the source does not know: request labels only, until it appears
     ep_b = mgr.create("0", _pod("b", labels=["k8s:app=client"]))
     assert ep_b.pod_labels == ()
@@ -146,12 +152,12 @@ def test_pod_label_change_moves_the_endpoint_to_another_identity(state_dir: str)
     pods.labels[("web", "b")] = {"app": "server"}  # appears after its endpoint
     assert sorted(mgr.sync_pod_labels()) == sorted([ep.id, ep_b.id])
     now = mgr.get(str(ep.id))
-    assert _identity_labels(mgr, now) == ("k8s:app=server", f"{NS}=web", "k8s:version=2")
+    assert _identity_labels(mgr, now) == _in("web", "k8s:app=server", "k8s:version=2")
     assert now.identity != first
     assert now.state is EndpointState.REGENERATING  # its ipcache entry carries the identity
     # b took a's old label set: the same identity number may be reused, with refcount 1
     b_now = mgr.get(str(ep_b.id))
-    assert _identity_labels(mgr, b_now) == ("k8s:app=server", f"{NS}=web")
+    assert _identity_labels(mgr, b_now) == _in("web", "k8s:app=server")
     ident = _identity(mgr, b_now.identity)
     assert ident is not None and ident.refcount == 1
 
@@ -182,7 +188,7 @@ def test_restore_keeps_pod_labels_and_identity(state_dir: str) -> None:
     back = again.get(str(ep.id))
     assert back.pod_labels == ("k8s:app=server",)
     assert back.identity == ep.identity
-    assert _identity_labels(again, back) == ("k8s:app=server", f"{NS}=web")
+    assert _identity_labels(again, back) == _in("web", "k8s:app=server")
 
 
 def _inv(config: dict[str, object]) -> Invocation:

@@ -25,6 +25,7 @@ from statewright.component import Hive
 from tables.endpoint_manager import EndpointManager
 from tables.endpoints import EndpointChange
 from tests.endpoints.helpers import new_pin_dir, remove_pins
+from tests.endpoints.test_pod_labels import _in
 from tests.k8s.fake_apiserver import FakeAPIServer
 from tests.k8s.helpers import NODE, wait_for
 from tests.k8s.objects import node
@@ -141,8 +142,8 @@ async def test_pod_labels_follow_the_pod_and_change_policy(
         client_id = await anyio.to_thread.run_sync(create, "client")
         server_id = await anyio.to_thread.run_sync(create, "server")
         client, server = manager.get(str(client_id)), manager.get(str(server_id))
-        assert client.identity_labels() == ("k8s:app=client", f"{NS}=web")
-        assert server.identity_labels() == ("k8s:app=other", f"{NS}=web")
+        assert client.identity_labels() == _in("web", "k8s:app=client")
+        assert server.identity_labels() == _in("web", "k8s:app=other")
 
         assert policy.db is not None and policy.entries is not None
         entries, db = policy.entries, policy.db
@@ -169,7 +170,7 @@ async def test_pod_labels_follow_the_pod_and_change_policy(
             lambda: manager.get(str(server_id)).identity != server.identity, "server relabelled"
         )
         relabelled = manager.get(str(server_id))
-        assert relabelled.identity_labels() == ("k8s:app=server", f"{NS}=web")
+        assert relabelled.identity_labels() == _in("web", "k8s:app=server")
         await wait_for(lambda: relabelled.identity in remotes(), "client policy follows")
         assert server.identity not in remotes()
 
@@ -181,7 +182,7 @@ async def test_pod_labels_follow_the_pod_and_change_policy(
                 "0", EndpointChange.parse({"k8s-pod-name": "decoy", "k8s-namespace": "other"})
             )
         )
-        assert decoy.identity_labels() == ("k8s:app=server", f"{NS}=other")
+        assert decoy.identity_labels() == _in("other", "k8s:app=server")
         await anyio.sleep(0.2)
         assert decoy.identity not in remotes()
 
@@ -218,7 +219,8 @@ async def test_namespace_labels_go_into_pod_identities(
         k8s: Any = hive.get("k8s")
         component: Any = hive.component("endpoints")
         await wait_for(
-            lambda: len(k8s.pod_labels) == 2 and component.namespaces.synced, "Pods, Namespaces"
+            lambda: len(k8s.pod_labels) == 2 and component.namespace_source.synced,
+            "Pods, Namespaces",
         )
         health = {h.name: h for h in hive.health()}
         assert "2 namespaces" in health["endpoints/namespaces"].message
@@ -232,6 +234,7 @@ async def test_namespace_labels_go_into_pod_identities(
         pg = manager.get(str(pg_id))
         assert pg.identity_labels() == (
             "k8s:app=pg",
+            "k8s:io.cilium.k8s.namespace.labels.kubernetes.io/metadata.name=db",
             "k8s:io.cilium.k8s.namespace.labels.team=b",
             f"{NS}=db",
         )

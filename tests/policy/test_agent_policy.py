@@ -5,10 +5,12 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
 
+from statewright.cni import AgentAPI
 from tests.agent.conftest import AgentProc, cli_json, run_cli, running_agent, wait_for
 
 from .test_writer_and_sources import TO_DB_5432, cnp
@@ -49,3 +51,85 @@ def test_policies_from_manifests(agent: AgentProc, capsys: pytest.CaptureFixture
     assert [p["name"] for p in doc["policies"]] == ["default/web-egress"]
     rows = cli_json(capsys, "db", "show", "policies", *sock)
     assert [r["name"] for r in rows] == ["default/web-egress"]
+
+
+def _namespace(name: str, labels: dict[str, str]) -> dict[str, Any]:
+    return {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name, "labels": labels}}
+
+
+def _not_in_y() -> dict[str, Any]:
+    """The issue's example: egress of x/client to the pods of namespaces not labelled
+    ns=y, on TCP 80."""
+    return {
+        "apiVersion": "networking.k8s.io/v1",
+        "kind": "NetworkPolicy",
+        "metadata": {"name": "not-y", "namespace": "x"},
+        "spec": {
+            "podSelector": {"matchLabels": {"app": "client"}},
+            "policyTypes": ["Egress"],
+            "egress": [{
+                "to": [{"namespaceSelector": {"matchExpressions": [
+                    {"key": "ns", "operator": "NotIn", "values": ["y"]}]}}],
+                "ports": [{"port": 80}],
+            }],
+        },
+    }
+
+
+def test_namespaces_from_manifests_and_selectors_that_fail_closed(
+    agent: AgentProc, capsys: pytest.CaptureFixture[str]
+) -> None:
+    sock = ["--socket", agent.socket]
+    api = AgentAPI(agent.socket)
+    (agent.manifests / "ns.yaml").write_text(yaml.safe_dump_all(
+        [_namespace("y", {"ns": "y"}), _namespace("x", {"ns": "x"})]))
+    (agent.manifests / "not-y.yaml").write_text(yaml.safe_dump(_not_in_y()))
+
+    def put(ns: str, name: str, app: str) -> dict[str, Any]:
+        doc: dict[str, Any] = api.request("PUT", "/endpoint/0", {
+            "k8s-namespace": ns, "k8s-pod-name": name, "labels": [f"k8s:app={app}"]})
+        return doc
+
+    def egress_remotes(ep: int) -> set[int]:
+        doc = cli_json(capsys, "policy", "get", "--endpoint", str(ep), *sock)
+        return {e["identity"] for e in doc["entries"] if e["direction"] == "egress"
+                and not e["deny"]}
+
+    wait_for(lambda: cli_json(capsys, "db", "show", "namespaces", *sock), what="namespaces")
+    client = put("x", "client", "client")
+    in_y = put("y", "server", "s")
+    in_z = put("z", "server", "s")  # no Namespace object: labels unknown
+    assert "k8s:io.cilium.k8s.namespace.labels.ns=y" in in_y["identity-labels"]
+    assert in_y["k8s-namespace-labels"] == {"ns": "y", "kubernetes.io/metadata.name": "y"}
+    assert in_z["k8s-namespace-labels"] is None
+    assert "statewright:namespace-labels=unknown" in in_z["identity-labels"]
+
+    def health() -> dict[str, Any]:
+        comps = cli_json(capsys, "status", *sock)["health"]["components"]
+        return {c["name"]: c for c in comps}
+
+    line = wait_for(lambda: health().get("policy/namespace-labels"), what="fail-closed health")
+    assert line["state"] == "Degraded"
+    assert "namespace(s) z unknown" in line["message"]
+    assert "NetworkPolicy/x/not-y" in line["message"]
+    # neither y (excluded) nor z (unknown) is allowed
+    wait_for(lambda: cli_json(capsys, "policy", "get", "--endpoint", str(client["id"]), *sock)
+             ["enforcement"], what="client enforced")
+    assert not egress_remotes(client["id"]) & {in_y["identity"], in_z["identity"]}
+
+    # z's Namespace appears: its pod moves to an identity the selector allows
+    (agent.manifests / "ns-z.yaml").write_text(yaml.safe_dump(_namespace("z", {"ns": "z"})))
+
+    def z_identity() -> int:
+        eps = {e["id"]: e for e in api.request("GET", "/endpoint")}
+        ident: int = eps[in_z["id"]]["identity"]
+        return ident if ident != in_z["identity"] else 0
+
+    moved = wait_for(z_identity, what="z's pod moved")
+    wait_for(lambda: moved in egress_remotes(client["id"]), what="z allowed")
+    assert in_y["identity"] not in egress_remotes(client["id"])
+    wait_for(lambda: "policy/namespace-labels" not in health(), what="health clear")
+    for ep in (client, in_y, in_z):
+        api.request("DELETE", f"/endpoint/{ep['id']}")
+    for name in ("ns.yaml", "ns-z.yaml", "not-y.yaml"):
+        (agent.manifests / name).unlink()

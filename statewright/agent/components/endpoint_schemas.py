@@ -98,6 +98,12 @@ ENDPOINT: dict[str, Any] = {
         "k8s-pod-name": {"type": "string"},
         "k8s-namespace": {"type": "string"},
         "labels": {"type": "array", "items": {"type": "string"}},
+        "k8s-pod-labels": {"type": "array", "items": {"type": "string"}},
+        "k8s-namespace-labels": {
+            "type": "object", "nullable": True, "additionalProperties": {"type": "string"},
+            "description": "the labels of the pod's Namespace; null while unknown",
+        },
+        "identity-labels": {"type": "array", "items": {"type": "string"}},
         "identity": {"type": "integer", "minimum": 0},
         "netns-path": {"type": "string"},
         "datapath-configuration": {

@@ -65,7 +65,7 @@ from reconciler.health import Level
 from sources.k8s_client import K8sClient
 from sources.k8s_endpoints import CiliumEndpoints, node_internal_ip
 from sources.k8s_identities import ClusterIdentities
-from sources.k8s_namespaces import NamespaceLabels, pod_identity_labels
+from sources.k8s_namespaces import NamespaceSource
 from sources.k8s_node_cidrs import NodePodCIDRs, NodeSource
 from sources.k8s_source import SourceConfig
 from statedb import DB, Table, WatchSet
@@ -90,13 +90,13 @@ from tables.endpoint_manager import (
     ENDPOINTS_DIR,
     EndpointManager,
     LinkCheck,
-    PodLabels,
     RestoreResult,
     host_link_exists,
 )
 from tables.endpoints import EndpointChange, EndpointError
 from tables.identities import IdentityAllocator, IdentityError
 from tables.ipam import IPAM, IPAMConfig, IPAMError, parse_address
+from tables.namespaces import Namespace, NamespaceObjects, namespace_labels, new_namespaces_table
 from tables.nodes import Node, node_name_index
 from tables.remote_endpoints import RemoteEndpointEntries
 from tables.state_dir import StateDirError
@@ -168,8 +168,10 @@ class EndpointsComponent(Component):
         self.maps_kind = ""
         #: IPAM's pod CIDRs following the Node (with the ``k8s`` component), else None.
         self.node_cidrs: NodePodCIDRs | None = None
-        #: The Namespaces' labels (with the ``k8s`` component), for pod identities.
-        self.namespaces: NamespaceLabels | None = None
+        #: The namespaces table: each Namespace's labels, for pod identities.
+        self.namespaces: Table[Namespace] | None = None
+        #: The Namespaces of the API server (with the ``k8s`` component).
+        self.namespace_source: NamespaceSource | None = None
         #: CiliumIdentities watched and created (with the ``k8s`` component).
         self.cluster_identities: ClusterIdentities | None = None
         #: The nodes table (with the ``nodes`` component), for node ipcache entries.
@@ -194,8 +196,7 @@ class EndpointsComponent(Component):
         # without one (manifests only) it is this node's.
         identities = ClusterIdentityAllocator(db) if pods is not None else IdentityAllocator(db)
         entries = EntryTables()
-        if pods is not None:
-            self.namespaces = NamespaceLabels(pods.client, pods.config.reflector)
+        namespaces = self._namespaces(hive, db, pods)
         manager = EndpointManager(
             db,
             ipam,
@@ -203,7 +204,8 @@ class EndpointsComponent(Component):
             cfg.state_dir,
             entries=entries,
             netns_cookie=netns_cookie,
-            pod_labels_of=self._pod_labels_of(pods) if pods is not None else None,
+            pod_labels_of=pods.pod_labels_of if pods is not None else None,
+            namespace_labels_of=lambda ns: namespace_labels(db.read_txn(), namespaces, ns),
         )
         self.nodes = hive.get("nodes") if hive.has("nodes") else None
         with db.write_txn(entries.endpoint_map, entries.ipcache) as txn:
@@ -283,13 +285,14 @@ class EndpointsComponent(Component):
             await hive.spawn(self, self.cluster_identities.run, label="endpoints-identities")
         if self.cilium_endpoints is not None:
             await hive.spawn(self, self.cilium_endpoints.run, label="endpoints-cilium-endpoints")
-        if pods is not None and self.namespaces is not None:
-            namespaces = self.namespaces
-            await hive.spawn(self, namespaces.run, label="endpoints-namespaces")
+        if pods is not None:
             follow_pods = _follow_labels(pods.wait_pod_labels, manager)
             await hive.spawn(self, follow_pods, label="endpoints-pod-labels")
-            follow_ns = _follow_labels(namespaces.wait, manager)
-            await hive.spawn(self, follow_ns, label="endpoints-namespace-labels")
+        if self.namespace_source is not None:
+            await hive.spawn(self, self.namespace_source.run, label="endpoints-namespaces")
+        assert self.namespaces is not None
+        await hive.spawn(self, _follow_namespaces(db, self.namespaces, manager),
+                         label="endpoints-namespace-labels")
         hive.provide("endpoints", manager)
 
     def _cilium_endpoints(
@@ -318,16 +321,30 @@ class EndpointsComponent(Component):
             ceps.register_initializer(txn)
         return ceps
 
-    def _pod_labels_of(self, pods: PodLabelSource) -> PodLabels:
-        """The Pod labels the endpoint manager takes: the Pod's own and its namespace's
-        (sources/k8s_namespaces.py)."""
-        namespaces = self.namespaces
+    def _namespaces(self, hive: Hive, db: DB, pods: PodLabelSource | None) -> Table[Namespace]:
+        """The namespaces table, registered, with its sources: the manifest source's
+        Namespace objects (when the agent has one) and the API server's (with the ``k8s``
+        component); each holds an initializer until its initial state is in."""
+        table = new_namespaces_table()
+        db.register(table)
+        self.namespaces = table
+        manifests = next(
+            (getattr(c, "source", None) for c in hive.components if c.name == "manifests"), None
+        )
+        if manifests is not None:
+            with db.write_txn(table) as txn:
+                done = table.register_initializer(txn, "manifests")
 
-        def labels_of(namespace: str, name: str) -> dict[str, str] | None:
-            ns_labels = namespaces.of(namespace) if namespaces is not None else None
-            return pod_identity_labels(pods.pod_labels_of(namespace, name), ns_labels)
+            def manifests_in() -> None:
+                with db.write_txn(table) as wtxn:
+                    done(wtxn)
 
-        return labels_of
+            manifests.add_kind_handler(NamespaceObjects(table), on_synced=manifests_in)
+        if pods is not None:
+            self.namespace_source = NamespaceSource(pods.client, db, table, pods.config.reflector)
+            with db.write_txn(table) as txn:
+                self.namespace_source.register_initializer(txn)
+        return table
 
     def _ipam_config(self, hive: Hive) -> tuple[IPAMConfig, NodeSource | None]:
         """IPAM's configuration: the configured pod CIDRs, or none yet (pending) when they
@@ -454,8 +471,8 @@ class EndpointsComponent(Component):
         if self.ipam is not None and self.ipam.state_error:
             bad.append(self.ipam.state_error)
         cidrs = self._pod_cidrs_health()
-        if self.namespaces is not None:
-            ok, message = self.namespaces.health()
+        if self.namespace_source is not None:
+            ok, message = self.namespace_source.health()
             cidrs.append(Health(f"{self.name}/namespaces", OK if ok else DEGRADED, message))
         if self.cluster_identities is not None:
             ok, message = self.cluster_identities.health()
@@ -747,6 +764,30 @@ class _Either:
 
             tg.start_soon(one, self.a)
             tg.start_soon(one, self.b)
+
+
+def _follow_namespaces(
+    db: DB, table: Table[Namespace], manager: EndpointManager
+) -> Callable[..., Awaitable[None]]:
+    async def follow(*, task_status: Any = anyio.TASK_STATUS_IGNORED) -> None:
+        """Whenever the namespaces table changes, once its sources are all in:
+        `EndpointManager.sync_namespace_labels` in a worker thread (it writes state
+        files)."""
+        task_status.started()
+        while True:
+            txn = db.read_txn()
+            _, watch = table.all_watch(txn)
+            ready, init_watch = table.initialized(txn)
+            if not ready:
+                await init_watch.wait_async()
+                continue
+            changed = await anyio.to_thread.run_sync(manager.sync_namespace_labels)
+            if changed:
+                log.info("endpoints: namespace label changes moved endpoints %s to other "
+                         "identities", changed)
+            await watch.wait_async()
+
+    return follow
 
 
 def _node_addresses(db: DB) -> Table[Any] | None:

@@ -32,6 +32,7 @@ import anyio
 
 from policy.errors import PolicyTraceError
 from policy.model import PROTOCOLS, Policy
+from policy.namespace_labels import unknown_namespaces, uses_namespace_labels
 from policy.source import PolicyObjects, new_policies_table
 from policy.verdict import evaluate_rules
 from policy.writer import PolicyWriter
@@ -48,7 +49,7 @@ from statewright.component import (
     Route,
 )
 from tables.endpoints import MAX_ENDPOINT_ID, MIN_ENDPOINT_ID
-from tables.identities import POD_NAMESPACE_LABEL, normalize_labels
+from tables.identities import POD_NAMESPACE_LABEL, Identity, normalize_labels
 from tables.policy_entries import (
     PolicyEndpoint,
     PolicyEntry,
@@ -189,6 +190,7 @@ class PolicyComponent(Component):
         self.policy_endpoints: Table[PolicyEndpoint] | None = None
         self.handler: PolicyObjects | None = None
         self.k8s: Any = None  # policy.k8s.PolicyK8sSource when the agent reads Kubernetes
+        self.identities: Table[Identity] | None = None
 
     async def start(self, hive: Hive) -> None:
         """Register the tables, hand the policy kinds to the manifest source, start the
@@ -196,6 +198,7 @@ class PolicyComponent(Component):
         db = hive.get("db", DB)
         manager: Any = hive.get("endpoints")
         self.db = db
+        self.identities = manager.identities.table
         self.policies = new_policies_table()
         self.entries = new_policy_entries_table()
         self.policy_endpoints = new_policy_endpoints_table()
@@ -259,7 +262,27 @@ class PolicyComponent(Component):
         if self.k8s is not None:
             for name, ok, message in self.k8s.health():
                 out.append(Health(f"{self.name}/{name}", OK if ok else DEGRADED, message))
+        fail_closed = self._fail_closed_health(txn)
+        if fail_closed is not None:
+            out.append(fail_closed)
         return out
+
+    def _fail_closed_health(self, txn: Any) -> Health | None:
+        """``policy/namespace-labels`` Degraded while a policy selects on namespace labels
+        that some local pod's namespace does not have known (no Namespace object read):
+        the namespaces and the policies, whose selectors fail closed for those pods."""
+        assert self.policies is not None and self.identities is not None
+        policies = sorted(p.key for p in self.policies.all(txn) if uses_namespace_labels(p))
+        if not policies:
+            return None
+        namespaces = sorted(unknown_namespaces(self.identities.all(txn)))
+        if not namespaces:
+            return None
+        return Health(
+            f"{self.name}/namespace-labels", DEGRADED,
+            f"labels of namespace(s) {', '.join(namespaces)} unknown (no Namespace object): "
+            f"the namespace selectors of {', '.join(policies)} fail closed for their pods",
+        )
 
     # ----- API --------------------------------------------------------------------------------
     def routes(self) -> Sequence[Route]:
