@@ -31,8 +31,11 @@ from tables.ipam import IPAM, IPAMConfig
 from .fake_apiserver import FakeAPIServer
 from .helpers import FAST, wait_for
 
-WEB = ("k8s:app=web", "k8s:io.kubernetes.pod.namespace=shop")
-DB_LABELS = ("k8s:app=db", "k8s:io.kubernetes.pod.namespace=shop")
+#: Pods of namespace shop, whose labels no Namespace object gives (tables/identities.py).
+SHOP = ("k8s:io.cilium.k8s.namespace.labels.kubernetes.io/metadata.name=shop",
+        "k8s:io.kubernetes.pod.namespace=shop", "statewright:namespace-labels=unknown")
+WEB = ("k8s:app=web", *SHOP)
+DB_LABELS = ("k8s:app=db", *SHOP)
 
 
 def obj(num: int, labels: tuple[str, ...], created: str = "2026-11-27T00:00:00Z") -> Any:
