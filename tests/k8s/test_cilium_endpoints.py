@@ -161,8 +161,10 @@ async def test_an_agent_publishes_its_endpoints_and_reads_the_others(
             assert obj is not None
             st = obj["status"]
             assert st["id"] == ep.id and st["identity"]["id"] == ep.identity
-            assert st["identity"]["labels"] == [
-                "k8s:app=web", "k8s:io.kubernetes.pod.namespace=shop"]
+            assert st["identity"]["labels"] == [  # no Namespace object: its labels unknown
+                "k8s:app=web",
+                "k8s:io.cilium.k8s.namespace.labels.kubernetes.io/metadata.name=shop",
+                "k8s:io.kubernetes.pod.namespace=shop", "statewright:namespace-labels=unknown"]
             assert st["networking"] == {"addressing": [{"ipv4": str(ep.ipv4)}],
                                         "node": str(NODE_IP)}
             assert obj["metadata"]["ownerReferences"][0]["uid"] == uids[("shop", "web")]
