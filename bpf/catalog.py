@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from bpf import endpoints, ipcache, lb, policy
+from bpf import ct, endpoints, ipcache, lb, policy
 from bpf.codec import BE16, U8, U32
 from bpf.spec import MapFlag, MapSpec, MapType
 
@@ -208,6 +208,40 @@ def policy_netns_spec(
     )
 
 
+def ct_specs(max_entries: int = ct.CT_MAP_MAX_ENTRIES) -> list[MapSpec[Any, Any]]:
+    """The two connection-tracking maps (LRU hashes, ``max_entries`` each)."""
+    return [
+        MapSpec(ct.CT4_MAP, MapType.LRU_HASH, ct.CT_TUPLE4, ct.CT_ENTRY, max_entries),
+        MapSpec(ct.CT6_MAP, MapType.LRU_HASH, ct.CT_TUPLE6, ct.CT_ENTRY, max_entries),
+    ]
+
+
+def metrics_spec() -> MapSpec[ct.MetricsKey, ct.MetricsValue]:
+    """The tc programs' drop counters, by reason and direction."""
+    return MapSpec(
+        ct.METRICS_MAP,
+        MapType.HASH,
+        ct.METRICS_KEY,
+        ct.METRICS_VALUE,
+        ct.METRICS_MAX_ENTRIES,
+        NO_PREALLOC,
+    )
+
+
+def policy_endpoints_spec(
+    max_entries: int = ct.POLICY_EP_MAX_ENTRIES,
+) -> MapSpec[int, policy.PolicyNetns]:
+    """Endpoint id -> its enforced directions (for the tc programs)."""
+    return MapSpec(
+        ct.POLICY_ENDPOINTS_MAP,
+        MapType.HASH,
+        U32,
+        policy.POLICY_NETNS_VALUE,
+        max_entries,
+        NO_PREALLOC,
+    )
+
+
 def all_specs() -> dict[str, MapSpec[Any, Any]]:
     """Every map by name, with default capacities (the per-endpoint policy maps under
     their layout's name, ``cilium_policy_v2``)."""
@@ -219,6 +253,9 @@ def all_specs() -> dict[str, MapSpec[Any, Any]]:
         policy_map_spec(),
         policy_maps_spec(),
         policy_netns_spec(),
+        *ct_specs(),
+        metrics_spec(),
+        policy_endpoints_spec(),
     ]
     return {s.name: s for s in specs}
 

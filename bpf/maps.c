@@ -9,5 +9,6 @@
 #include "include/endpoints.h"
 #include "include/ipcache.h"
 #include "include/policy.h"
+#include "include/ct.h"
 
 char LICENSE[] SEC("license") = "Dual BSD/GPL";

@@ -37,16 +37,16 @@ class _UnixConnection(http.client.HTTPConnection):
 
 
 class AgentClient:
-    """GET requests to the agent listening on ``socket_path``."""
+    """GET (and DELETE) requests to the agent listening on ``socket_path``."""
 
     def __init__(self, socket_path: str, timeout: float = 10.0) -> None:
         self.socket_path = socket_path
         self.timeout = timeout
 
-    def _open(self, path: str, timeout: float | None) -> tuple[Any, Any]:
+    def _open(self, path: str, timeout: float | None, method: str = "GET") -> tuple[Any, Any]:
         conn = _UnixConnection(self.socket_path, self.timeout if timeout is None else timeout)
         try:
-            conn.request("GET", path)
+            conn.request(method, path)
             resp = conn.getresponse()
         except (FileNotFoundError, ConnectionRefusedError) as e:
             conn.close()
@@ -86,12 +86,16 @@ class AgentClient:
         """The decoded JSON answer of ``path``."""
         return _decode(path, self._read(path))
 
+    def delete(self, path: str) -> Any:
+        """The decoded JSON answer of ``DELETE path``."""
+        return _decode(path, self._read(path, "DELETE"))
+
     def get_text(self, path: str) -> str:
         """The text answer of ``path``."""
         return self._read(path).decode(errors="replace")
 
-    def _read(self, path: str) -> bytes:
-        conn, resp = self._open(path, None)
+    def _read(self, path: str, method: str = "GET") -> bytes:
+        conn, resp = self._open(path, None, method)
         try:
             return bytes(resp.read())
         except TimeoutError:

@@ -28,6 +28,9 @@ refused (a typo must not be silently ignored). Example::
     k8s-burst: 40
     auto-direct-node-routes: false   # routes to the other nodes' pod CIDRs via their
                              # InternalIPs (native routing; docs/cluster.md)
+    bpf-ct-global-max: 65536 # entries of each connection-tracking map (IPv4, IPv6)
+    conntrack-gc-interval: 60  # seconds between two CT garbage collections
+    endpoint-datapath: true  # tc programs on the pods' veths (ingress policy, CT)
 
 Why a frozen dataclass: the runtime and the API report it as-is (``to_json``) and
 nothing may change it behind the components' backs.
@@ -111,6 +114,13 @@ class AgentConfig:
     #: Routes to every other node's pod CIDRs via its InternalIP, in the node's main
     #: routing table (Cilium's auto-direct-node-routes; off by default as in Cilium).
     auto_direct_node_routes: bool = False
+    #: Capacity of each connection-tracking LRU map (ct4_global, ct6_global).
+    bpf_ct_global_max: int = 65536
+    #: Seconds between two runs of the CT garbage collection.
+    conntrack_gc_interval: float = 60.0
+    #: The per-endpoint tc programs (ingress policy, connection tracking; docs/datapath.md),
+    #: attached with ``datapath`` on kernel maps.
+    endpoint_datapath: bool = True
 
     def __post_init__(self) -> None:
         if self.backend not in BACKENDS:
@@ -150,6 +160,12 @@ class AgentConfig:
                 "k8s-in-cluster: cannot be combined with k8s-api-server or k8s-kubeconfig "
                 "(choose where the API server is)"
             )
+        if not 1 <= self.bpf_ct_global_max <= 1 << 24:
+            raise ConfigError(f"bpf-ct-global-max: must be 1 to {1 << 24}, "
+                              f"got {self.bpf_ct_global_max}")
+        if not (math.isfinite(self.conntrack_gc_interval) and self.conntrack_gc_interval > 0):
+            raise ConfigError(f"conntrack-gc-interval: must be a number of seconds > 0, "
+                              f"got {self.conntrack_gc_interval}")
         if self.pod_cidrs:
             try:
                 IPAMConfig.parse(self.pod_cidrs)
@@ -199,9 +215,9 @@ class AgentConfig:
 _FIELDS = {f.name: f for f in dataclasses.fields(AgentConfig)}
 _TUPLES = {"manifests", "lb_flags", "pod_cidrs"}
 _BOOLS = {"allow_root_cgroup", "datapath", "netlink", "k8s_in_cluster",
-          "auto_direct_node_routes"}
-_INTS = {"metrics_port", "api_socket_mode", "k8s_burst"}
-_FLOATS = {"manifests_interval", "k8s_qps"}
+          "auto_direct_node_routes", "endpoint_datapath"}
+_INTS = {"metrics_port", "api_socket_mode", "k8s_burst", "bpf_ct_global_max"}
+_FLOATS = {"manifests_interval", "k8s_qps", "conntrack_gc_interval"}
 
 
 def _convert(name: str, raw: Any, origin: str) -> Any:

@@ -27,6 +27,7 @@ from statewright.cli import (
     agent_commands,
     api_commands,
     bpf_commands,
+    ct_commands,
     endpoint_commands,
     lb_commands,
     policy_commands,
@@ -63,6 +64,7 @@ COMMAND_MODULES: tuple[CommandModule, ...] = (
     agent_commands,
     endpoint_commands,
     policy_commands,
+    ct_commands,
     api_commands,
 )
 

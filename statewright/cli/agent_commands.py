@@ -92,6 +92,14 @@ def add_commands(subparsers: SubParsers, commands: Commands) -> None:
                     default=None,
                     help="routes to the other nodes' pod CIDRs via their InternalIPs "
                          "(native routing, docs/cluster.md; default off)")
+    ag.add_argument("--bpf-ct-global-max", type=int, metavar="N",
+                    help="entries of each connection-tracking map (default 65536)")
+    ag.add_argument("--conntrack-gc-interval", type=float, metavar="SECONDS",
+                    help="seconds between two CT garbage collections (default 60)")
+    ag.add_argument("--endpoint-datapath", action=argparse.BooleanOptionalAction,
+                    default=None,
+                    help="tc programs on the pods' veths: ingress policy, connection "
+                         "tracking (default on, with the datapath on kernel maps)")
     ag.add_argument("--lb-flag", dest="lb_flags", action="append", metavar="FLAG",
                     help="Cilium-style LB flag, e.g. --lb-flag=--bpf-lb-algorithm=maglev")
     ag.add_argument("--api-socket", metavar="PATH",
@@ -157,7 +165,8 @@ def _overrides(args: argparse.Namespace) -> dict[str, Any]:
                      "allow_root_cgroup", "datapath", "node_name", "node_labels", "lb_flags",
                      "api_socket", "metrics_port", "netlink", "demo_netns", "log_format",
                      "k8s_kubeconfig", "k8s_api_server", "k8s_in_cluster", "k8s_qps",
-                     "k8s_burst", "state_dir", "pod_cidrs", "auto_direct_node_routes")
+                     "k8s_burst", "state_dir", "pod_cidrs", "auto_direct_node_routes",
+                     "bpf_ct_global_max", "conntrack_gc_interval", "endpoint_datapath")
     }
     if args.manifests:
         out["manifests"] = [os.path.abspath(p) for p in args.manifests]

@@ -158,7 +158,8 @@ class DatapathComponent(Component):
 
 
 class MetricsComponent(Component):
-    """Prometheus metrics of the reconciler on ``metrics-address:metrics-port`` (opt-in)."""
+    """Prometheus metrics of the reconciler (and of connection tracking, with the ``ct``
+    component) on ``metrics-address:metrics-port`` (opt-in)."""
 
     name = "metrics"
     needs = ("lb-maps",)
@@ -187,6 +188,11 @@ class MetricsComponent(Component):
         assert lb.reconciler is not None
         registry = CollectorRegistry()
         registry.register(PrometheusCollector([lb.reconciler.metrics]))
+        if hive.has("ct"):
+            from bpfops.conntrack import CTMaps
+            from statewright.agent.components.conntrack import CTCollector
+
+            registry.register(CTCollector(hive.get("ct", CTMaps)))
         try:
             self.server, self.thread = start_http_server(
                 cfg.metrics_port, addr=cfg.metrics_address, registry=registry
