@@ -735,6 +735,30 @@ class FrontendOps(Generic[R]):
         svc_raw.update(key, master)
         self._after_master(p, master)
 
+    def _master_flags(self, fe: FrontendSpec) -> int:
+        """The service flags of the frontend's master entry."""
+        svc, cfg = fe.service, self.config
+        routable = not fe.addr.ip.is_unspecified and (
+            fe.type != CLUSTER_IP or cfg.external_clusterip
+        )
+        check_sr = bool(svc.source_ranges) and (
+            cfg.source_range_all_types or fe.type in (LOAD_BALANCER, EXTERNAL_IPS)
+        )
+        return svcflags.service_flags(
+            svcflags.FlagParams(
+                svc_type=fe.type,
+                ext_local=svc.ext_local,
+                int_local=svc.int_local,
+                session_affinity=svc.session_affinity,
+                routable=routable,
+                check_source_range=check_sr,
+                source_range_deny=check_sr and svc.source_ranges_deny,
+                dsr=self._dsr(fe),
+                l7_load_balancer=bool(svc.l7_proxy_port),
+                loopback=svc.loopback_hostport or svc.proxy_delegation,
+            )
+        )
+
     def _prepare_frontend(
         self,
         txn: ReadTxn,
@@ -751,229 +775,235 @@ class FrontendOps(Generic[R]):
         frontend references are left in the map, unreferenced, and appended to it (it
         becomes the result's ``orphans``) for the caller to delete once the frontend's
         master no longer counts their slots, or at once when this raises."""
-        addr, svc, cfg, maps = fe.addr, fe.service, self.config, self.maps
+        addr, svc = fe.addr, fe.service
         if svc.session_affinity and svc.l7_proxy_port:
             raise ValueError("session affinity with an L7 proxy redirect is not supported")
         if addr.port == 0 and addr.proto != "ANY":
             raise ValueError("port 0")
         key_proto = proto_number(addr.proto)
-        ip = addr.ip
-        v6 = ip.version == 6
         state = self.frontends.get(addr)
-        fe_id = state.id if state is not None else self.service_ids.acquire(addr)
         if state is None:
-            state = FrontendState(fe_id, v6)
+            state = FrontendState(self.service_ids.acquire(addr), addr.ip.version == 6)
             self.frontends[addr] = state
-        # Entries are encoded straight to bytes and written to the byte-level backends
-        # (bpf.lb's *_STRUCT layouts, identical to the codecs'): they are collected here
-        # and written by the caller.
-        key_pack = (lb.SERVICE6_KEY_STRUCT if v6 else lb.SERVICE4_KEY_STRUCT).pack
-        be_pack = (lb.BACKEND6_STRUCT if v6 else lb.BACKEND4_STRUCT).pack
-        value_pack = lb.SERVICE_VALUE_STRUCT.pack
-        u32_pack = lb.U32_STRUCT.pack
-        key_ip, key_port, key_scope = ip.packed, lb.swap16(addr.port), addr.scope
-        rev_be = lb.swap16(fe_id)
-
-        routable = not ip.is_unspecified and (fe.type != CLUSTER_IP or cfg.external_clusterip)
-        has_ranges = bool(svc.source_ranges)
-        check_sr = has_ranges and (
-            cfg.source_range_all_types or fe.type in (LOAD_BALANCER, EXTERNAL_IPS)
-        )
-        params = svcflags.FlagParams(
-            svc_type=fe.type,
-            ext_local=svc.ext_local,
-            int_local=svc.int_local,
-            session_affinity=svc.session_affinity,
-            routable=routable,
-            check_source_range=check_sr,
-            source_range_deny=check_sr and svc.source_ranges_deny,
-            dsr=self._dsr(fe),
-            l7_load_balancer=bool(svc.l7_proxy_port),
-            loopback=svc.loopback_hostport or svc.proxy_delegation,
-        )
-        master_flags = svcflags.service_flags(params)
+        master_flags = self._master_flags(fe)
         # Source-range bits live on the master only (the deny bit doubles as the slots'
         # quarantine bit); quarantined slots carry the same flags as the others.
         slot_flags = master_flags & ~(svcflags.SOURCE_RANGE | svcflags.SOURCE_RANGE_DENY)
-        sf1, sf2 = svcflags.split(slot_flags)
         slots = state.slots
         if state.slot_flags != slot_flags:
             # Every written slot carries the old flags: rewrite them all (0 never matches).
             for i in range(len(slots)):
                 slots[i] = 0
             state.slot_flags = slot_flags
-
         ordered = self._sorted_backends(fe)
-        fe_backends = state.backends
-
-        # Orphaned backends go first: that makes room in a full backends map (deferred
-        # ones stay until the caller deletes them, see the docstring).
-        if fe_backends and (
-            len(fe_backends) > len(ordered) or not all(be.addr in fe_backends for be in ordered)
-        ):
-            wanted = {be.addr for be in ordered}
-            states = self.backend_states
-            for be_addr in sorted(fe_backends.keys() - wanted):
-                dropped_id = states.get(be_addr)
-                if dropped_id is None:
-                    continue
-                if dropped_id in state.affinity:
-                    delete_quiet(maps.aff_match, lb.AffinityMatchKey(dropped_id, fe_id))
-                    state.affinity.discard(dropped_id)
-                if (
-                    orphans is not None
-                    and states.refcount(be_addr) <= 1
-                    and not states.is_shared(be_addr)
-                ):
-                    # Unreferenced from here on, as `_drop_reference` leaves a backend
-                    # that another frontend of the snapshot selects.
-                    states.pop_want(be_addr, fe_backends[be_addr])
-                    fe_backends[be_addr] = None
-                    states.set_refcount(be_addr, 0)
-                    orphans.append((be_addr, dropped_id))
-                else:
-                    self._drop_reference(txn, addr, fe_backends, be_addr)
-                fe_backends.pop(be_addr, None)
-
-        active = terminating = inactive = 0
-        slot = 1
-        nslots = len(slots)
-        slot_backends: list[BackendSpec] = []
-        backend_states = self.backend_states
-        packed_states = backend_states.packed
-        shared_wants = backend_states.shared
-        affinity = svc.session_affinity
-        proto_numbers = PROTO_NUMBERS
+        self._drop_orphans(txn, addr, state, ordered, orphans)
         # The backend entries and the slots are collected here and written with one batch
-        # call per map right after the loop (backends first, so no slot points to a
-        # backend not yet written); the state is updated as if written, and
-        # `_write_collected` puts back what was not written.
-        writes = CollectedWrites(backend_states, slots)
-        be_keys, be_values, be_undo = writes.be_keys, writes.be_values, writes.be_undo
-        svc_keys, svc_values, slot_undo = writes.svc_keys, writes.svc_values, writes.slot_undo
+        # call per map right after (backends first, so no slot points to a backend not
+        # yet written); the state is updated as if written, and `_write_collected` puts
+        # back what was not written.
+        writes = CollectedWrites(self.backend_states, slots)
         try:
-            for be in ordered:
-                be_addr = be.addr
-                v = packed_states.get(be_addr)
-                prev = fe_backends.get(be_addr, ABSENT)
-                if v is None:
-                    v = self.backend_ids.acquire(be_addr) | NEW_ENTRY
-                    packed_states[be_addr] = v
-                    # A new entry: this frontend's reference and want are new too, even if
-                    # it listed the address before.
-                    prev = ABSENT
-                if prev is ABSENT:
-                    # Referenced before written: a failure below leaves it for delete to drop.
-                    if (v >> REF_SHIFT) & REF_MASK == REF_MASK:
-                        raise ValueError(f"backend {be_addr}: too many references")
-                    v += REF_ONE
-                    packed_states[be_addr] = v
-                    fe_backends[be_addr] = prev = None
-                be_id = v & ID_MASK
-                be_state = be.state
-                be_port = be_addr.port
-                if be_port == 0:
-                    raise ValueError(f"backend {be_addr}: port 0")
-                # The usual backend (no cluster id, no zone, wanted by this frontend alone)
-                # takes want_of/set_want/effective inline, its want stored with what is
-                # written below (a failure in between stores neither); anything else calls
-                # them.
-                if (
-                    not be.cluster_id
-                    and not be.zone
-                    and 0 <= be_state <= 0xFF
-                    and (
-                        prev is not None
-                        if (v >> WANT_SHIFT) & FIELD_MASK != NONE
-                        else not shared_wants or be_addr not in shared_wants
-                    )
-                ):
-                    want = own = be_state << 24
-                    if want:
-                        want = own = WANTS.setdefault(want, want)
-                    v = (v & NOT_WANT) | (want << WANT_SHIFT)
-                else:
-                    want = own = want_of(be_state, be.cluster_id, be.zone)
-                    if want and not want & 0xFFFFFF:
-                        want = own = WANTS.setdefault(want, want)
-                    backend_states.set_want(be_addr, prev, want)
-                    fe_backends[be_addr] = own
-                    v = packed_states[be_addr]
-                    if shared_wants and be_addr in shared_wants:
-                        # Wanted by several frontends: the entry holds the smallest want.
-                        want = backend_states.effective(be_addr)
-                written = v >> WRITTEN_SHIFT
-                if written != want:
-                    be_proto = proto_numbers.get(be_addr.proto)
-                    if be_proto is None:
-                        be_proto = proto_number(be_addr.proto)
-                    be_keys.append(u32_pack(be_id))
-                    be_values.append(
-                        be_pack(
-                            be_addr.packed,
-                            ((be_port & 0xFF) << 8) | (be_port >> 8),  # lb.swap16
-                            be_proto,
-                            want >> 24,
-                            (want >> 8) & 0xFFFF,
-                            want & 0xFF,
-                        )
-                    )
-                    be_undo.append((be_addr, None if written == NONE else written))
-                    v = (v & BELOW_WRITTEN) | (want << WRITTEN_SHIFT)
-                packed_states[be_addr] = v
-                fe_backends[be_addr] = own
-                if be_state == BACKEND_MAINTENANCE:
-                    # Out of the slots, and out of session affinity: a client pinned to it
-                    # must be balanced again.
-                    if be_id in state.affinity:
-                        delete_quiet(maps.aff_match, lb.AffinityMatchKey(be_id, fe_id))
-                        state.affinity.discard(be_id)
-                    continue
-                idx = slot - 1
-                if idx >= nslots or slots[idx] != be_id:
-                    svc_keys.append(key_pack(key_ip, key_port, slot, key_proto, key_scope))
-                    svc_values.append(value_pack(be_id, 0, rev_be, sf1, sf2, 0))
-                    if idx < nslots:
-                        slot_undo.append((idx, slots[idx]))
-                        slots[idx] = be_id
-                    else:
-                        slot_undo.append((idx, 0))
-                        slots.append(be_id)
-                        nslots += 1
-                want_aff = affinity and be_state == BACKEND_ACTIVE
-                if want_aff and be_id not in state.affinity:
-                    maps.aff_match.update(lb.AffinityMatchKey(be_id, fe_id), 0)
-                    if state.affinity is EMPTY:
-                        state.affinity = set()
-                    state.affinity.add(be_id)
-                elif not want_aff and be_id in state.affinity:
-                    delete_quiet(maps.aff_match, lb.AffinityMatchKey(be_id, fe_id))
-                    state.affinity.discard(be_id)
-                if be.unhealthy or be.not_serving:
-                    # Not serving (unhealthy, or terminating and no longer serving): only in
-                    # the inactive tail, never a fallback for missing active backends.
-                    inactive += 1
-                elif be_state == BACKEND_ACTIVE:
-                    active += 1
-                elif be_state == BACKEND_TERMINATING:
-                    terminating += 1
-                else:
-                    inactive += 1
-                slot_backends.append(be)
-                slot += 1
+            slot_backends, active, inactive = self._collect_backends(
+                fe, state, ordered, key_proto, writes
+            )
         except BaseException:
             writes.undo(0, 0)
             raise
-        if active == 0:
-            active = terminating
-        else:
-            inactive += terminating
         p = PendingFrontend(
             fe, state, is_local, writes, slot_backends, active, inactive, master_flags
         )
         if orphans:
             p.orphans = orphans
         return p
+
+    def _drop_orphans(
+        self,
+        txn: ReadTxn,
+        addr: Addr,
+        state: FrontendState,
+        ordered: list[BackendSpec],
+        orphans: list[tuple[Addr, int]] | None,
+    ) -> None:
+        """Drop the frontend's references to the backends it no longer lists (``ordered``
+        is its new list), first: that makes room in a full backends map. Given
+        ``orphans``, those no other frontend references stay in the map, unreferenced, and
+        are appended to it (see `_prepare_frontend`)."""
+        fe_backends = state.backends
+        if not fe_backends or (
+            len(fe_backends) <= len(ordered) and all(be.addr in fe_backends for be in ordered)
+        ):
+            return
+        wanted = {be.addr for be in ordered}
+        states = self.backend_states
+        for be_addr in sorted(fe_backends.keys() - wanted):
+            dropped_id = states.get(be_addr)
+            if dropped_id is None:
+                continue
+            if dropped_id in state.affinity:
+                self._set_affinity(state, dropped_id, False)
+            if (
+                orphans is not None
+                and states.refcount(be_addr) <= 1
+                and not states.is_shared(be_addr)
+            ):
+                # Unreferenced from here on, as `_drop_reference` leaves a backend
+                # that another frontend of the snapshot selects.
+                states.pop_want(be_addr, fe_backends[be_addr])
+                fe_backends[be_addr] = None
+                states.set_refcount(be_addr, 0)
+                orphans.append((be_addr, dropped_id))
+            else:
+                self._drop_reference(txn, addr, fe_backends, be_addr)
+            fe_backends.pop(be_addr, None)
+
+    def _set_affinity(self, state: FrontendState, be_id: int, on: bool) -> None:
+        """Write (``on``) or delete the affinity match entry of backend ``be_id``."""
+        key = lb.AffinityMatchKey(be_id, state.id)
+        if on:
+            self.maps.aff_match.update(key, 0)
+            if state.affinity is EMPTY:
+                state.affinity = set()
+            state.affinity.add(be_id)
+        else:
+            delete_quiet(self.maps.aff_match, key)
+            state.affinity.discard(be_id)
+
+    def _shared_want(
+        self, be: BackendSpec, prev: int | None, fe_backends: dict[Addr, int | None]
+    ) -> tuple[int, int, int]:
+        """(want, own want, packed state) of a backend that is not the usual one (a
+        cluster id, a zone, or wanted by several frontends): through the backend states."""
+        be_addr = be.addr
+        states = self.backend_states
+        want = own = want_of(be.state, be.cluster_id, be.zone)
+        if want and not want & 0xFFFFFF:
+            want = own = WANTS.setdefault(want, want)
+        states.set_want(be_addr, prev, want)
+        fe_backends[be_addr] = own
+        v = states.packed[be_addr]
+        if states.shared and be_addr in states.shared:
+            # Wanted by several frontends: the entry holds the smallest want.
+            want = states.effective(be_addr)
+        return want, own, v
+
+    def _collect_backends(
+        self,
+        fe: FrontendSpec,
+        state: FrontendState,
+        ordered: list[BackendSpec],
+        key_proto: int,
+        writes: CollectedWrites,
+    ) -> tuple[list[BackendSpec], int, int]:
+        """Reference every backend of ``ordered``, collect its entry (when it changed) and
+        its slot into ``writes``, and keep its affinity entry; return the backends that
+        got a slot and the master's active and inactive counts."""
+        addr, fe_id, v6, slots = fe.addr, state.id, state.v6, state.slots
+        fe_backends = state.backends
+        # Entries are encoded straight to bytes for the byte-level backends (bpf.lb's
+        # *_STRUCT layouts, identical to the codecs').
+        key_pack, be_pack = _PACKS[v6]
+        value_pack, u32_pack = lb.SERVICE_VALUE_STRUCT.pack, lb.U32_STRUCT.pack
+        key_ip, key_port, key_scope = addr.ip.packed, lb.swap16(addr.port), addr.scope
+        rev_be = lb.swap16(fe_id)
+        sf1, sf2 = svcflags.split(state.slot_flags)
+        active = terminating = inactive = 0
+        slot, nslots = 1, len(slots)
+        slot_backends: list[BackendSpec] = []
+        packed_states, shared_wants = self.backend_states.packed, self.backend_states.shared
+        affinity, proto_numbers = fe.service.session_affinity, PROTO_NUMBERS
+        be_keys, be_values, be_undo = writes.be_keys, writes.be_values, writes.be_undo
+        svc_keys, svc_values, slot_undo = writes.svc_keys, writes.svc_values, writes.slot_undo
+        for be in ordered:
+            be_addr = be.addr
+            v = packed_states.get(be_addr)
+            prev = fe_backends.get(be_addr, ABSENT)
+            if v is None:
+                v = self.backend_ids.acquire(be_addr) | NEW_ENTRY
+                packed_states[be_addr] = v
+                # A new entry: this frontend's reference and want are new too, even if
+                # it listed the address before.
+                prev = ABSENT
+            if prev is ABSENT:
+                # Referenced before written: a failure below leaves it for delete to drop.
+                if (v >> REF_SHIFT) & REF_MASK == REF_MASK:
+                    raise ValueError(f"backend {be_addr}: too many references")
+                v += REF_ONE
+                packed_states[be_addr] = v
+                fe_backends[be_addr] = prev = None
+            be_id = v & ID_MASK
+            be_state = be.state
+            be_port = be_addr.port
+            if be_port == 0:
+                raise ValueError(f"backend {be_addr}: port 0")
+            # The usual backend (no cluster id, no zone, wanted by this frontend alone)
+            # takes want_of/set_want/effective inline, its want stored with what is
+            # written below (a failure in between stores neither); anything else calls
+            # them (`_shared_want`).
+            if (
+                not be.cluster_id
+                and not be.zone
+                and 0 <= be_state <= 0xFF
+                and (
+                    prev is not None
+                    if (v >> WANT_SHIFT) & FIELD_MASK != NONE
+                    else not shared_wants or be_addr not in shared_wants
+                )
+            ):
+                want = own = be_state << 24
+                if want:
+                    want = own = WANTS.setdefault(want, want)
+                v = (v & NOT_WANT) | (want << WANT_SHIFT)
+            else:
+                want, own, v = self._shared_want(be, prev, fe_backends)
+            written = v >> WRITTEN_SHIFT
+            if written != want:
+                be_proto = proto_numbers.get(be_addr.proto)
+                if be_proto is None:
+                    be_proto = proto_number(be_addr.proto)
+                be_keys.append(u32_pack(be_id))
+                be_values.append(be_pack(
+                    be_addr.packed, ((be_port & 0xFF) << 8) | (be_port >> 8),  # lb.swap16
+                    be_proto, want >> 24, (want >> 8) & 0xFFFF, want & 0xFF,
+                ))
+                be_undo.append((be_addr, None if written == NONE else written))
+                v = (v & BELOW_WRITTEN) | (want << WRITTEN_SHIFT)
+            packed_states[be_addr] = v
+            fe_backends[be_addr] = own
+            if be_state == BACKEND_MAINTENANCE:
+                # Out of the slots, and out of session affinity: a client pinned to it
+                # must be balanced again.
+                if be_id in state.affinity:
+                    self._set_affinity(state, be_id, False)
+                continue
+            idx = slot - 1
+            if idx >= nslots or slots[idx] != be_id:
+                svc_keys.append(key_pack(key_ip, key_port, slot, key_proto, key_scope))
+                svc_values.append(value_pack(be_id, 0, rev_be, sf1, sf2, 0))
+                if idx < nslots:
+                    slot_undo.append((idx, slots[idx]))
+                    slots[idx] = be_id
+                else:
+                    slot_undo.append((idx, 0))
+                    slots.append(be_id)
+                    nslots += 1
+            want_aff = affinity and be_state == BACKEND_ACTIVE
+            if want_aff != (be_id in state.affinity):
+                self._set_affinity(state, be_id, want_aff)
+            if be.unhealthy or be.not_serving:
+                # Not serving (unhealthy, or terminating and no longer serving): only in
+                # the inactive tail, never a fallback for missing active backends.
+                inactive += 1
+            elif be_state == BACKEND_ACTIVE:
+                active += 1
+            elif be_state == BACKEND_TERMINATING:
+                terminating += 1
+            else:
+                inactive += 1
+            slot_backends.append(be)
+            slot += 1
+        if active == 0:
+            return slot_backends, terminating, inactive
+        return slot_backends, active, inactive + terminating
 
     def _write_side_entries(self, p: PendingFrontend) -> None:
         """The frontend's maglev table and source ranges (after its slots, before rev-NAT
@@ -1256,6 +1286,13 @@ class FrontendOps(Generic[R]):
     def dump_lines(self) -> list[str]:
         """The maps in the corpus dump format (see bpfops.maps_dump)."""
         return dump_lines(self.maps)
+
+
+#: The key and backend encoders of each family (v6 False/True), bpf.lb's byte layouts.
+_PACKS = {
+    False: (lb.SERVICE4_KEY_STRUCT.pack, lb.BACKEND4_STRUCT.pack),
+    True: (lb.SERVICE6_KEY_STRUCT.pack, lb.BACKEND6_STRUCT.pack),
+}
 
 
 def _fe_error(fe: FrontendSpec, exc: BaseException) -> LBOpsError:

@@ -65,6 +65,7 @@ from tables.l3n4 import (
     V4_KEY_PREFIX,
     AddressError,
     IPAddress,
+    IPNetwork,
     L3n4Addr,
     addr_key_suffix,
     addr_of_key,
@@ -320,97 +321,20 @@ def convert_service(
     if svc_type not in ("ClusterIP", "NodePort", "LoadBalancer", "ExternalName"):
         raise ConversionError(ref, "spec.type", f"unknown service type {svc_type!r}")
 
-    # Ports.
-    ports: list[ServicePort] = []
-    port_names: dict[str, int] = {}
-    port_protos: set[tuple[int, str]] = set()
-    for i, p in enumerate(_list(ref, "spec.ports", spec.get("ports"))):
-        path = f"spec.ports[{i}]"
-        pm = _mapping(ref, path, p)
-        pname = _str(ref, f"{path}.name", pm.get("name"))
-        port = _port(ref, f"{path}.port", pm.get("port"))
-        proto = _proto(ref, f"{path}.protocol", pm.get("protocol"))
-        np = pm.get("nodePort")
-        node_port = 0 if np is None else _port(ref, f"{path}.nodePort", np, allow_zero=True)
-        if pname and pname in port_names:
-            raise ConversionError(ref, f"{path}.name", f"duplicate port name {pname!r}")
-        if (port, proto) in port_protos:
-            raise ConversionError(ref, path, f"duplicate port {port}/{proto}")
-        ports.append(_new_service_port(pname, port, proto, node_port))
-        port_names[pname] = port
-        port_protos.add((port, proto))
-    if len(ports) > 1:
-        for i, sp in enumerate(ports):
-            if not sp.name:
-                raise ConversionError(
-                    ref, f"spec.ports[{i}].name", "required when a service has several ports"
-                )
-
-    # Policies and options.
+    ports, port_names = _service_ports(ref, spec)
     ext_policy = _policy(ref, "spec.externalTrafficPolicy", spec.get("externalTrafficPolicy"))
     int_policy = _policy(ref, "spec.internalTrafficPolicy", spec.get("internalTrafficPolicy"))
     if not cfg.enable_internal_traffic_policy:
         int_policy = TrafficPolicy.CLUSTER
-    affinity_text = _str(ref, "spec.sessionAffinity", spec.get("sessionAffinity"), "None")
-    if affinity_text not in ("None", "ClientIP"):
-        raise ConversionError(ref, "spec.sessionAffinity", f"unknown value {affinity_text!r}")
-    affinity = affinity_text == "ClientIP" and cfg.enable_session_affinity
-    timeout = 0
-    if affinity:
-        timeout = DEFAULT_AFFINITY_TIMEOUT
-        cfgmap = _mapping(ref, "spec.sessionAffinityConfig", spec.get("sessionAffinityConfig"))
-        client = _mapping(ref, "spec.sessionAffinityConfig.clientIP", cfgmap.get("clientIP"))
-        t = client.get("timeoutSeconds")
-        if t is not None:
-            if isinstance(t, bool) or not isinstance(t, int) or not 0 < t <= 86400:
-                raise ConversionError(
-                    ref,
-                    "spec.sessionAffinityConfig.clientIP.timeoutSeconds",
-                    f"expected 1..86400 seconds, got {t!r}",
-                )
-            timeout = t
-    ranges = []
-    for i, c in enumerate(
-        _list(ref, "spec.loadBalancerSourceRanges", spec.get("loadBalancerSourceRanges"))
-    ):
-        try:
-            ranges.append(parse_cidr(_str(ref, f"spec.loadBalancerSourceRanges[{i}]", c)))
-        except ValueError as e:
-            raise ConversionError(ref, f"spec.loadBalancerSourceRanges[{i}]", str(e)) from None
-    ranges_policy = SourceRangesPolicy.ALLOW
-    if annotations.get(ANN_SRC_RANGES_POLICY, "").strip().lower() == "deny":
-        ranges_policy = SourceRangesPolicy.DENY
+    affinity, timeout = _session_affinity(ref, spec, cfg)
+    ranges, ranges_policy = _source_ranges(ref, spec, annotations)
     hc = spec.get("healthCheckNodePort")
     health_port = 0 if hc is None else _port(ref, "spec.healthCheckNodePort", hc, allow_zero=True)
     lb_class = spec.get("loadBalancerClass")
     if lb_class is not None:
         lb_class = _str(ref, "spec.loadBalancerClass", lb_class)
-    traffic_dist = _str(ref, "spec.trafficDistribution", spec.get("trafficDistribution"))
-    if traffic_dist not in TRAFFIC_DISTRIBUTIONS:
-        traffic_dist = ""
-    # The deprecated PreferClose becomes PreferSameZone in the Service row itself.
-    traffic_dist = TRAFFIC_DISTRIBUTION_ALIASES.get(traffic_dist, traffic_dist)
-    topo = annotations.get(TOPOLOGY_MODE_ANNOTATION, annotations.get(TOPOLOGY_HINTS_ANNOTATION))
-    if not traffic_dist and topo is not None and topo.strip().lower() in ("auto", "true"):
-        traffic_dist = PREFER_SAME_ZONE
-    algorithm = LBAlgorithm.UNDEF
-    if cfg.algorithm_annotation and ANN_LB_ALGORITHM in annotations:
-        alg = annotations[ANN_LB_ALGORITHM].strip().lower()
-        try:
-            algorithm = LBAlgorithm(alg)
-        except ValueError:
-            raise ConversionError(
-                ref, f"metadata.annotations[{ANN_LB_ALGORITHM}]", f"unknown algorithm {alg!r}"
-            ) from None
-    fwd = ForwardingMode.UNDEF
-    if cfg.mode_annotation and ANN_FORWARDING_MODE in annotations:
-        mode = annotations[ANN_FORWARDING_MODE].strip().lower()
-        try:
-            fwd = ForwardingMode(mode)
-        except ValueError:
-            raise ConversionError(
-                ref, f"metadata.annotations[{ANN_FORWARDING_MODE}]", f"unknown mode {mode!r}"
-            ) from None
+    traffic_dist = _traffic_distribution(ref, spec, annotations)
+    algorithm, fwd = _annotated_algorithm_and_mode(ref, annotations, cfg)
     scope_ann = annotations.get(ANN_SCOPE, "").strip().lower()
     delegation = annotations.get(ANN_PROXY_DELEGATION, "").strip().lower()
     # Every Service field, positionally in declaration order (the frozen dataclass's
@@ -451,7 +375,18 @@ def convert_service(
                 service, (), f"{ANN_NODE}={exposure} does not match node label {node_value!r}"
             )
 
-    # Frontend addresses.
+    cluster_ips, lb_ips, ext_ips, headless = _frontend_ips(ref, spec, status, labels)
+    if headless:
+        return ConvertedService(service, ())
+    fes = _frontends(ref, spec, annotations, cfg, service, svc_type, ports,
+                     (cluster_ips, lb_ips, ext_ips))
+    return _new_converted_service(service, fes, "")
+
+
+def _frontend_ips(
+    ref: str, spec: Mapping[str, Any], status: Mapping[str, Any], labels: Mapping[str, str]
+) -> tuple[list[IPAddress], list[IPAddress], list[IPAddress], bool]:
+    """(cluster IPs, load-balancer VIPs, external IPs, headless) of a Service."""
     cluster_ips: list[IPAddress] = []
     raw_ips = spec.get("clusterIPs")
     ip_list = _list(ref, "spec.clusterIPs", raw_ips) if raw_ips is not None else []
@@ -479,9 +414,24 @@ def convert_service(
         _ip(ref, f"spec.externalIPs[{i}]", ip)
         for i, ip in enumerate(_list(ref, "spec.externalIPs", spec.get("externalIPs")))
     ]
-    if headless:
-        return ConvertedService(service, ())
+    return cluster_ips, lb_ips, ext_ips, headless
 
+
+def _frontends(
+    ref: str,
+    spec: Mapping[str, Any],
+    annotations: Mapping[str, str],
+    cfg: LBConfig,
+    service: Service,
+    svc_type: str,
+    ports: list[ServicePort],
+    ips: tuple[list[IPAddress], list[IPAddress], list[IPAddress]],
+) -> tuple[FrontendParams, ...]:
+    """The frontends of a (not headless) Service: each port on its cluster IPs, node
+    ports, load-balancer VIPs and external IPs, of the enabled families and exposed
+    types, with an internal-scope twin when the service has two scopes."""
+    cluster_ips, lb_ips, ext_ips = ips
+    name = service.name
     allowed = _exposed_types(ref, annotations)
     families = {ip.version for ip in cluster_ips if _family_enabled(ip, cfg)}
     ip_families = _list(ref, "spec.ipFamilies", spec.get("ipFamilies"))
@@ -518,7 +468,121 @@ def convert_service(
         if cfg.enable_external_ips:
             for ip in ext_ips:
                 add(ip, p.port, p, SVCType.EXTERNAL_IPS)
-    return _new_converted_service(service, tuple(fes.values()), "")
+    return tuple(fes.values())
+
+
+def _service_ports(
+    ref: str, spec: Mapping[str, Any]
+) -> tuple[list[ServicePort], dict[str, int]]:
+    """``spec.ports`` and the port numbers by name; names are required with several ports
+    and unique, as is each port and protocol."""
+    ports: list[ServicePort] = []
+    port_names: dict[str, int] = {}
+    port_protos: set[tuple[int, str]] = set()
+    for i, p in enumerate(_list(ref, "spec.ports", spec.get("ports"))):
+        path = f"spec.ports[{i}]"
+        pm = _mapping(ref, path, p)
+        pname = _str(ref, f"{path}.name", pm.get("name"))
+        port = _port(ref, f"{path}.port", pm.get("port"))
+        proto = _proto(ref, f"{path}.protocol", pm.get("protocol"))
+        np = pm.get("nodePort")
+        node_port = 0 if np is None else _port(ref, f"{path}.nodePort", np, allow_zero=True)
+        if pname and pname in port_names:
+            raise ConversionError(ref, f"{path}.name", f"duplicate port name {pname!r}")
+        if (port, proto) in port_protos:
+            raise ConversionError(ref, path, f"duplicate port {port}/{proto}")
+        ports.append(_new_service_port(pname, port, proto, node_port))
+        port_names[pname] = port
+        port_protos.add((port, proto))
+    if len(ports) > 1:
+        for i, sp in enumerate(ports):
+            if not sp.name:
+                raise ConversionError(
+                    ref, f"spec.ports[{i}].name", "required when a service has several ports"
+                )
+    return ports, port_names
+
+
+def _session_affinity(ref: str, spec: Mapping[str, Any], cfg: LBConfig) -> tuple[bool, int]:
+    """(ClientIP affinity on, its timeout in seconds; 0 without affinity)."""
+    affinity_text = _str(ref, "spec.sessionAffinity", spec.get("sessionAffinity"), "None")
+    if affinity_text not in ("None", "ClientIP"):
+        raise ConversionError(ref, "spec.sessionAffinity", f"unknown value {affinity_text!r}")
+    affinity = affinity_text == "ClientIP" and cfg.enable_session_affinity
+    if not affinity:
+        return False, 0
+    timeout = DEFAULT_AFFINITY_TIMEOUT
+    cfgmap = _mapping(ref, "spec.sessionAffinityConfig", spec.get("sessionAffinityConfig"))
+    client = _mapping(ref, "spec.sessionAffinityConfig.clientIP", cfgmap.get("clientIP"))
+    t = client.get("timeoutSeconds")
+    if t is not None:
+        if isinstance(t, bool) or not isinstance(t, int) or not 0 < t <= 86400:
+            raise ConversionError(
+                ref,
+                "spec.sessionAffinityConfig.clientIP.timeoutSeconds",
+                f"expected 1..86400 seconds, got {t!r}",
+            )
+        timeout = t
+    return True, timeout
+
+
+def _source_ranges(
+    ref: str, spec: Mapping[str, Any], annotations: Mapping[str, str]
+) -> tuple[list[IPNetwork], SourceRangesPolicy]:
+    """``spec.loadBalancerSourceRanges`` and whether they allow or deny (the annotation)."""
+    ranges = []
+    for i, c in enumerate(
+        _list(ref, "spec.loadBalancerSourceRanges", spec.get("loadBalancerSourceRanges"))
+    ):
+        try:
+            ranges.append(parse_cidr(_str(ref, f"spec.loadBalancerSourceRanges[{i}]", c)))
+        except ValueError as e:
+            raise ConversionError(ref, f"spec.loadBalancerSourceRanges[{i}]", str(e)) from None
+    ranges_policy = SourceRangesPolicy.ALLOW
+    if annotations.get(ANN_SRC_RANGES_POLICY, "").strip().lower() == "deny":
+        ranges_policy = SourceRangesPolicy.DENY
+    return ranges, ranges_policy
+
+
+def _traffic_distribution(
+    ref: str, spec: Mapping[str, Any], annotations: Mapping[str, str]
+) -> str:
+    """``spec.trafficDistribution`` (unknown values: none), PreferClose as PreferSameZone,
+    and the topology annotations' ``auto`` as PreferSameZone."""
+    traffic_dist = _str(ref, "spec.trafficDistribution", spec.get("trafficDistribution"))
+    if traffic_dist not in TRAFFIC_DISTRIBUTIONS:
+        traffic_dist = ""
+    # The deprecated PreferClose becomes PreferSameZone in the Service row itself.
+    traffic_dist = TRAFFIC_DISTRIBUTION_ALIASES.get(traffic_dist, traffic_dist)
+    topo = annotations.get(TOPOLOGY_MODE_ANNOTATION, annotations.get(TOPOLOGY_HINTS_ANNOTATION))
+    if not traffic_dist and topo is not None and topo.strip().lower() in ("auto", "true"):
+        traffic_dist = PREFER_SAME_ZONE
+    return traffic_dist
+
+
+def _annotated_algorithm_and_mode(
+    ref: str, annotations: Mapping[str, str], cfg: LBConfig
+) -> tuple[LBAlgorithm, ForwardingMode]:
+    """The per-service algorithm and forwarding mode annotations, when enabled."""
+    algorithm = LBAlgorithm.UNDEF
+    if cfg.algorithm_annotation and ANN_LB_ALGORITHM in annotations:
+        alg = annotations[ANN_LB_ALGORITHM].strip().lower()
+        try:
+            algorithm = LBAlgorithm(alg)
+        except ValueError:
+            raise ConversionError(
+                ref, f"metadata.annotations[{ANN_LB_ALGORITHM}]", f"unknown algorithm {alg!r}"
+            ) from None
+    fwd = ForwardingMode.UNDEF
+    if cfg.mode_annotation and ANN_FORWARDING_MODE in annotations:
+        mode = annotations[ANN_FORWARDING_MODE].strip().lower()
+        try:
+            fwd = ForwardingMode(mode)
+        except ValueError:
+            raise ConversionError(
+                ref, f"metadata.annotations[{ANN_FORWARDING_MODE}]", f"unknown mode {mode!r}"
+            ) from None
+    return algorithm, fwd
 
 
 _ALL_TYPES = frozenset(SVCType)
