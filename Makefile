@@ -4,7 +4,7 @@
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
-APT_PKGS := clang llvm libbpf-dev bpftool iproute2 containernetworking-plugins
+APT_PKGS := clang llvm libbpf-dev bpftool iproute2 containernetworking-plugins etcd-server
 BPF_OBJ  := build/sock_lb.o
 BTF_OBJ  := build/maps.o
 MULTIARCH ?= $(shell python3 -c 'import sysconfig; print(sysconfig.get_config_var("MULTIARCH") or "")' 2>/dev/null)

@@ -1,0 +1,117 @@
+"""The etcd client configuration: Cilium's ``--kvstore-opt etcd.config=FILE``.
+
+The file is the etcd client YAML Cilium reads::
+
+    endpoints:
+    - https://10.0.0.1:2379
+    - https://10.0.0.2:2379
+    trusted-ca-file: /var/lib/etcd-secrets/etcd-client-ca.crt
+    cert-file: /var/lib/etcd-secrets/etcd-client.crt
+    key-file: /var/lib/etcd-secrets/etcd-client.key
+    username: cilium          # optional, with password: etcd's auth (a token per connection)
+    password: secret
+
+Every error names the file and the field (`KVStoreConfigError`, an input error).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+import yaml
+
+from statedb.errors import InputError
+
+
+class KVStoreConfigError(InputError):
+    """A kvstore option or etcd config file that cannot be used."""
+
+
+@dataclass(frozen=True)
+class EtcdConfig:
+    """Where etcd is and how to talk to it."""
+
+    endpoints: tuple[str, ...]
+    trusted_ca_file: str = ""
+    cert_file: str = ""
+    key_file: str = ""
+    username: str = ""
+    password: str = ""
+    #: Seconds one request may take before the next endpoint is tried.
+    request_timeout: float = 5.0
+
+    @property
+    def tls(self) -> bool:
+        return any(urlsplit(e).scheme == "https" for e in self.endpoints)
+
+
+_FIELDS = {"endpoints", "trusted-ca-file", "cert-file", "key-file", "username", "password",
+           "ca-file"}
+
+
+def parse_etcd_config(raw: Any, source: str = "etcd config") -> EtcdConfig:
+    """The `EtcdConfig` of a parsed YAML document (``source`` names it in errors)."""
+    if not isinstance(raw, Mapping):
+        raise KVStoreConfigError("must be a mapping", obj=source)
+    unknown = sorted(set(map(str, raw)) - _FIELDS)
+    if unknown:
+        raise KVStoreConfigError(f"unknown field(s) {', '.join(unknown)}", obj=source)
+    eps = raw.get("endpoints")
+    if isinstance(eps, str):
+        eps = [eps]
+    if not isinstance(eps, list) or not eps or not all(isinstance(e, str) for e in eps):
+        raise KVStoreConfigError("must be a non-empty list of URLs", obj=source,
+                                 field="endpoints")
+    for e in eps:
+        parts = urlsplit(e)
+        if parts.scheme not in ("http", "https") or not parts.hostname or parts.port is None:
+            raise KVStoreConfigError(f"{e!r} is not http(s)://host:port", obj=source,
+                                     field="endpoints")
+    values: dict[str, str] = {}
+    for key in ("trusted-ca-file", "ca-file", "cert-file", "key-file", "username", "password"):
+        v = raw.get(key, "")
+        if not isinstance(v, str):
+            raise KVStoreConfigError("must be a string", obj=source, field=key)
+        values[key] = v
+    if bool(values["cert-file"]) != bool(values["key-file"]):
+        raise KVStoreConfigError("cert-file and key-file go together", obj=source)
+    if bool(values["username"]) != bool(values["password"]):
+        raise KVStoreConfigError("username and password go together", obj=source)
+    return EtcdConfig(
+        endpoints=tuple(e.rstrip("/") for e in eps),
+        trusted_ca_file=values["trusted-ca-file"] or values["ca-file"],
+        cert_file=values["cert-file"],
+        key_file=values["key-file"],
+        username=values["username"],
+        password=values["password"],
+    )
+
+
+def load_etcd_config(path: str | Path) -> EtcdConfig:
+    """Read and check the etcd config file ``path``."""
+    try:
+        text = Path(path).read_text()
+    except OSError as e:
+        raise KVStoreConfigError(f"cannot read: {e.strerror or e}", obj=str(path)) from None
+    try:
+        raw = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        raise KVStoreConfigError(f"not YAML: {e}", obj=str(path)) from None
+    return parse_etcd_config(raw, str(path))
+
+
+def parse_kvstore_opts(opts: Mapping[str, str]) -> EtcdConfig:
+    """The etcd config of ``--kvstore-opt`` pairs (``etcd.config=FILE``)."""
+    unknown = sorted(set(opts) - {"etcd.config"})
+    if unknown:
+        raise KVStoreConfigError(f"unknown option(s) {', '.join(unknown)} (known: etcd.config)",
+                                 obj="flag --kvstore-opt")
+    path = opts.get("etcd.config")
+    if not path:
+        raise KVStoreConfigError("etcd.config=FILE is required with --kvstore etcd",
+                                 obj="flag --kvstore-opt")
+    return load_etcd_config(path)
