@@ -26,7 +26,7 @@ from reconciler.ratelimit import RateLimiter
 from reconciler.refresh import Refresher
 from reconciler.retries import RetryQueue, backoff_delay
 from reconciler.status import StatusKind
-from statedb import DB, ReadTxn, Watch, closed_watch
+from statedb import DB, ReadTxn, TableNotRegisteredError, Watch, closed_watch
 
 O = TypeVar("O")
 
@@ -52,10 +52,7 @@ class Reconciler(Generic[O]):
     def __init__(self, db: DB, config: Config[O]) -> None:
         config.validate()
         if config.table.db is not db:
-            raise ValueError(
-                f"reconciler {config.name!r}: table {config.table.name!r} is not registered "
-                "with the given DB"
-            )
+            raise TableNotRegisteredError(config.table.name)
         self.db = db
         self.config = config
         self.metrics = config.metrics if config.metrics is not None else ReconcilerMetrics(

@@ -7,7 +7,11 @@ from typing import Any
 
 import anyio
 
-from statedb.errors import DuplicateTableError, TableNotRegisteredError
+from statedb.errors import (
+    DuplicateTableError,
+    TableNotRegisteredError,
+    TableRegisteredElsewhereError,
+)
 from statedb.metrics import DBMetrics
 from statedb.table import Table
 from statedb.table_state import TableState
@@ -29,14 +33,15 @@ class DB:
         self.register(*tables)
 
     def register(self, *tables: Table[Any]) -> None:
-        """Register tables; their position fixes the global lock order."""
+        """Register tables; their position fixes the global lock order. A table belongs to
+        one DB: registering it with a second raises `TableRegisteredElsewhereError`."""
         with self.commit_lock:
             root = dict(self.root)
             for t in tables:
                 if t.name in self._tables:
                     raise DuplicateTableError(t.name)
                 if t.db is not None:
-                    raise ValueError(f"table {t.name!r} is already registered with another DB")
+                    raise TableRegisteredElsewhereError(t.name)
                 t.db = self
                 t.lock_order = len(self._tables)
                 self._tables[t.name] = t

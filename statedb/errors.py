@@ -75,6 +75,19 @@ class TableNotRegisteredError(StateDBError):
         self.table = table
 
 
+class TableRegisteredElsewhereError(StateDBError, ValueError):
+    """A table was registered with a second DB: a table belongs to exactly one DB (its
+    lock, revisions, watches and snapshots are that DB's). Create a new Table object for
+    the other DB."""
+
+    def __init__(self, table: str) -> None:
+        super().__init__(
+            f"table {table!r} is already registered with another DB; a table belongs to "
+            "one DB: create a new Table for this one"
+        )
+        self.table = table
+
+
 class DuplicateTableError(StateDBError):
     """Two tables with the same name were registered."""
 

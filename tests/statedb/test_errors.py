@@ -257,3 +257,13 @@ def test_every_error_is_a_statedb_error() -> None:
         UnknownIndexError,
     ):
         assert issubclass(cls, StateDBError)
+
+
+def test_a_table_registered_with_a_second_db_raises_under_the_root() -> None:
+    from statedb import DB, Index, StatewrightError, Table, TableRegisteredElsewhereError
+
+    t: Table[str] = Table("t", Index("name", key=lambda r: r))
+    DB(t)
+    with pytest.raises(TableRegisteredElsewhereError, match="'t' is already registered") as info:
+        DB(t)
+    assert isinstance(info.value, StatewrightError)
