@@ -14,7 +14,7 @@ import itertools
 import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import TypeVar
 
 O = TypeVar("O")
 
@@ -121,31 +121,38 @@ class StatusSet:
 
 def status_field_accessors(
     field: str = "status",
-) -> tuple[Callable[[Any], Status], Callable[[Any, Status], Any]]:
+) -> tuple[Callable[[O], Status], Callable[[O, Status], O]]:
     """Return (get_object_status, set_object_status) for a dataclass row whose ``field``
-    is its one reconciler's `Status` (the usual shape: ``status: Status``)."""
+    is its one reconciler's `Status` (the usual shape: ``status: Status``).
 
-    def get_status(obj: Any) -> Status:
+    The accessors are generic in the row type: given to a `Config`, they take the row type
+    of its table, so Operations for other rows are still a type error."""
+
+    def get_status(obj: O) -> Status:
         status: Status = getattr(obj, field)
         return status
 
-    def set_status(obj: Any, status: Status) -> Any:
-        return dataclasses.replace(obj, **{field: status})
+    def set_status(obj: O, status: Status) -> O:
+        new: O = dataclasses.replace(obj, **{field: status})  # type: ignore[type-var]
+        return new
 
     return get_status, set_status
 
 
 def status_set_accessors(
     name: str, field: str = "statuses"
-) -> tuple[Callable[[Any], Status], Callable[[Any, Status], Any]]:
+) -> tuple[Callable[[O], Status], Callable[[O, Status], O]]:
     """Return (get_object_status, set_object_status) for a dataclass row whose ``field`` is a
-    `StatusSet`, so reconciler ``name`` owns its own entry on the row."""
+    `StatusSet`, so reconciler ``name`` owns its own entry on the row (generic in the row
+    type, as `status_field_accessors`)."""
 
-    def get_status(obj: Any) -> Status:
+    def get_status(obj: O) -> Status:
         status: Status = getattr(obj, field).get(name)
         return status
 
-    def set_status(obj: Any, status: Status) -> Any:
-        return dataclasses.replace(obj, **{field: getattr(obj, field).set(name, status)})
+    def set_status(obj: O, status: Status) -> O:
+        statuses = getattr(obj, field).set(name, status)
+        new: O = dataclasses.replace(obj, **{field: statuses})  # type: ignore[type-var]
+        return new
 
     return get_status, set_status

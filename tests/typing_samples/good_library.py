@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any, assert_type
 
-from reconciler import Config, Reconciler, StatusKind
+from reconciler import Config, Reconciler, StatusKind, status_field_accessors
 from reconciler.testing import BackgroundReconciler
 from statedb import Index, Query, Table, Watch
 from tests.typing_samples.rows import (
@@ -53,6 +53,8 @@ zone_rec = Reconciler(db, config=Config(zones, ZoneOps(), zone_status, set_zone_
                                         name="zones"))
 assert_type(zone_rec, Reconciler[Zone])
 assert_type(rec.health_watch(), Watch)
+GET_STATUS, SET_STATUS = status_field_accessors()
+assert_type(Config(hosts, HostOps(), GET_STATUS, SET_STATUS), Config[Host])
 
 
 def background() -> BackgroundReconciler[Host]:
