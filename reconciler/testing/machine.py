@@ -19,12 +19,35 @@ and checks the model: the table holds the rows the machine wrote (statuses aside
 row is Done, no retry is pending, health is OK, a prune succeeded after the faults stopped
 and ``spec.observe(target) == spec.expected(rows of the table)``.
 
-Typical use::
+Typical use (a complete module, ``mypy --strict`` clean)::
 
-    spec = MachineSpec(
-        new_table=lambda: Table("items", Index("id", key=lambda o: o.id, encode=keys.uint64)),
+    import dataclasses
+    from dataclasses import dataclass, field
+
+    from hypothesis import settings
+    from hypothesis import strategies as st
+
+    from reconciler import Status, status_pending
+    from reconciler.testing import MemoryTarget
+    from reconciler.testing.machine import MachineSpec, reconciler_state_machine
+    from statedb import Index, Table, keys
+
+
+    @dataclass(frozen=True)
+    class Item:
+        id: int
+        value: str
+        status: Status = field(default_factory=status_pending)
+
+
+    Target = MemoryTarget[Item, int, str]
+
+    spec: MachineSpec[Item, Target] = MachineSpec(
+        new_table=lambda: Table(
+            "items", Index[Item, int]("id", key=lambda o: o.id, encode=keys.uint64)
+        ),
         rows=st.builds(Item, id=st.integers(0, 7), value=st.text(max_size=3)),
-        new_target=lambda: MemoryTarget(key=lambda o: o.id, value=lambda o: o.value),
+        new_target=lambda: Target(key=lambda o: o.id, value=lambda o: o.value),
         observe=lambda target: target.snapshot(),
         expected=lambda rows: {o.id: o.value for o in rows},
         get_object_status=lambda o: o.status,
