@@ -132,6 +132,11 @@ def test_fresh_install_core_then_agent(tmp_path: Path) -> None:
         tmp_path, timeout=120,
     )
     assert "health: reconciler-dns level=OK message=OK, 3 object(s)" in example.stdout
+    # The console script is installed too; without the extra it says what to install.
+    bare = subprocess.run([str(env_dir / "bin" / "statewright"), "--help"], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=60)
+    assert bare.returncode == 3, bare.stderr
+    assert "pip install 'statewright[agent]'" in bare.stderr and "Traceback" not in bare.stderr
 
     # 2. The agent's extra on top: the command line works.
     _run([*pip, f"{src}[agent]"], tmp_path)

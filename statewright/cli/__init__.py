@@ -8,7 +8,8 @@ sets ``func(args) -> int`` on each leaf and records each leaf parser in ``comman
 its path (``"lb list"``). A later module may look up a parser an earlier one recorded and
 extend it (more arguments, another ``func``): that is how ``agent_commands`` sends ``lb list``
 and ``bpf dump`` to the running agent. A module that cannot be imported is a bug and fails
-``statewright`` at once.
+``statewright`` at once; a missing dependency of the ``agent`` extra exits with a message
+naming what to install (`statewright.missing_extra`).
 
 `run` is the one place a command is executed: it also makes every command end quietly
 when its standard output is closed early (``statewright db watch t | head``), as Unix
@@ -23,16 +24,21 @@ import sys
 from typing import Any, Protocol
 
 from statewright.broken_pipe import EXIT_BROKEN_PIPE, discard_stdout
-from statewright.cli import (
-    agent_commands,
-    api_commands,
-    bpf_commands,
-    ct_commands,
-    endpoint_commands,
-    lb_commands,
-    policy_commands,
-    run_commands,
-)
+from statewright.missing_extra import exit_for_missing_extra
+
+try:
+    from statewright.cli import (
+        agent_commands,
+        api_commands,
+        bpf_commands,
+        ct_commands,
+        endpoint_commands,
+        lb_commands,
+        policy_commands,
+        run_commands,
+    )
+except ModuleNotFoundError as exc:  # installed without the agent extra: say what to install
+    exit_for_missing_extra(exc)
 
 
 class SubParsers(Protocol):
@@ -106,7 +112,10 @@ def run(parser: argparse.ArgumentParser, argv: list[str] | None = None) -> int:
                 format="%(asctime)s %(levelname)s %(name)s: %(message)s",
                 stream=sys.stderr,
             )
-            code: int = args.func(args)
+            try:
+                code: int = args.func(args)
+            except ModuleNotFoundError as exc:  # a dependency a command imports on first use
+                exit_for_missing_extra(exc)
             return code
         finally:
             # Inside the guard: a reader gone before the last buffered write ends quietly too
