@@ -67,8 +67,8 @@ class TableNotLockedError(StateDBError):
         self.table = table
 
 
-class TableNotRegisteredError(StateDBError):
-    """A table was used with a DB it was not registered with."""
+class TableNotRegisteredError(StateDBError, ValueError):
+    """A table was used with a DB it was not registered with (also a ValueError)."""
 
     def __init__(self, table: str) -> None:
         super().__init__(f"table {table!r} is not registered with this DB")
