@@ -57,7 +57,7 @@ from starlette.routing import Route as StarletteRoute
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from statewright.agent.json_schema import SchemaViolation, validate
-from statewright.component import JSON, NDJSON, ApiError, NdjsonStream, Request, Route, TextBody
+from statewright.api_types import JSON, NDJSON, ApiError, NdjsonStream, Request, Route, TextBody
 
 log = logging.getLogger("statewright.agent.api")
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from statewright.component import JSON, Route
+from statewright.api_types import JSON, Route
 
 OPENAPI_VERSION = "3.0.3"
 

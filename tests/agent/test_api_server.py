@@ -20,7 +20,7 @@ import pytest
 
 from statewright.agent.api import MAX_BODY, ApiServer
 from statewright.agent.client import AgentClient
-from statewright.component import (
+from statewright.api_types import (
     NDJSON,
     ApiError,
     NdjsonStream,

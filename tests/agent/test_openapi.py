@@ -18,7 +18,8 @@ from statewright.agent.components.api import API_INFO
 from statewright.agent.config import AgentConfig
 from statewright.agent.json_schema import check_schema
 from statewright.agent.runtime import agent_components
-from statewright.component import Hive, Route
+from statewright.api_types import Route
+from statewright.component import Hive
 from tests.agent.conftest import AgentProc, run_cli
 
 

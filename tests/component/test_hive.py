@@ -7,16 +7,8 @@ from typing import Any
 import anyio
 import pytest
 
-from statewright.component import (
-    DEGRADED,
-    OK,
-    Component,
-    ComponentError,
-    Health,
-    Hive,
-    Request,
-    Route,
-)
+from statewright.api_types import Request, Route
+from statewright.component import DEGRADED, OK, Component, ComponentError, Health, Hive
 
 
 class Recorder(Component):

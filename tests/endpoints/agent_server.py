@@ -23,7 +23,8 @@ import anyio
 import anyio.from_thread
 
 from statewright.agent.components.endpoints import EndpointsComponent, EndpointsConfig
-from statewright.component import ApiError, Hive, Request
+from statewright.api_types import ApiError, Request
+from statewright.component import Hive
 from tables.endpoints import Endpoint
 
 from .helpers import DBComponent, new_pin_dir, remove_pins

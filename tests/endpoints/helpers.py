@@ -14,7 +14,8 @@ import anyio
 
 from statedb import DB
 from statewright.agent.components.endpoints import EndpointsComponent, EndpointsConfig
-from statewright.component import ApiError, Component, Hive, Request
+from statewright.api_types import ApiError, Request
+from statewright.component import Component, Hive
 from tables.endpoints import Endpoint
 from tests.pins import BPFFS, remove_memory_pins, remove_pin_dir
 

@@ -23,7 +23,7 @@ from bpfops.endpoint_ops import EndpointMapOps, endpoint_key
 from bpfops.ipcache_ops import IPCacheOps, ipcache_key
 from statedb import DB
 from statewright.agent.components.endpoints import EndpointsComponent, EndpointsConfig
-from statewright.component import ApiError
+from statewright.api_types import ApiError
 from tables.endpoint_manager import host_link_exists
 from tables.endpoints import Endpoint, mac_to_u64
 from tables.identities import (

@@ -27,7 +27,8 @@ from statewright.agent.components.kubernetes import KubernetesComponent
 from statewright.agent.components.lb import LBMapsComponent, LoadBalancerComponent
 from statewright.agent.components.statedb import StateDBComponent
 from statewright.agent.config import DEFAULT_POD_CIDRS, AgentConfig
-from statewright.component import DEGRADED, OK, ApiError, Hive, Request
+from statewright.api_types import ApiError, Request
+from statewright.component import DEGRADED, OK, Hive
 from tables.endpoint_manager import EndpointManager
 from tables.endpoints import EndpointChange
 from tables.ipam import IPAM, IPAMConfig, IPAMNotReadyError

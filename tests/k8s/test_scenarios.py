@@ -27,7 +27,8 @@ from statewright.agent.components.kubernetes import KubernetesComponent
 from statewright.agent.components.lb import LBMapsComponent, LoadBalancerComponent
 from statewright.agent.components.statedb import StateDBComponent
 from statewright.agent.config import AgentConfig
-from statewright.component import DEGRADED, OK, Hive, Request
+from statewright.api_types import Request
+from statewright.component import DEGRADED, OK, Hive
 from statewright.loadbalancer import LoadBalancer
 from tests.pins import BPFFS, remove_memory_pins, remove_pin_dir
 

@@ -12,7 +12,8 @@ import pytest
 
 from statewright.agent.components.endpoints import EndpointsConfig
 from statewright.agent.components.policy import PolicyComponent
-from statewright.component import ApiError, Hive, Request
+from statewright.api_types import ApiError, Request
+from statewright.component import Hive
 from tests.endpoints.agent_server import AgentUnderTest, memory_agent, run_cli
 from tests.endpoints.helpers import DBComponent
 

@@ -19,16 +19,8 @@ from typing import Any
 from statewright.agent import openapi
 from statewright.agent.api import ApiServer
 from statewright.agent.config import DEFAULT_SOCKET, AgentConfig
-from statewright.component import (
-    OK,
-    ApiError,
-    Component,
-    ComponentError,
-    Health,
-    Hive,
-    Request,
-    Route,
-)
+from statewright.api_types import ApiError, Request, Route
+from statewright.component import OK, Component, ComponentError, Health, Hive
 
 #: The ``info`` of the OpenAPI document.
 API_INFO = {

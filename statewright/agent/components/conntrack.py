@@ -29,19 +29,8 @@ from bpf.factory import BackendConfig, MapFactory
 from bpf.memory_map import MemoryMap
 from bpfops.conntrack import CTMaps
 from statewright.agent.config import AgentConfig
-from statewright.component import (
-    DEGRADED,
-    OK,
-    ApiError,
-    Component,
-    Health,
-    Hive,
-    MapView,
-    QueryParam,
-    Request,
-    Route,
-    typed_map_view,
-)
+from statewright.api_types import ApiError, QueryParam, Request, Route
+from statewright.component import DEGRADED, OK, Component, Health, Hive, MapView, typed_map_view
 
 log = logging.getLogger("statewright.agent.ct")
 

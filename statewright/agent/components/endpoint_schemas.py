@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from statewright.component import QueryParam
+from statewright.api_types import QueryParam
 
 _IFNAME = r"^[^/\s:]{1,15}$"  # as tables/endpoints.py: IFNAMSIZ - 1, no '/', ':', space
 _MAC = r"^[0-9a-fA-F]{2}(:[0-9a-fA-F]{2}){5}$"

@@ -71,18 +71,8 @@ from sources.k8s_source import SourceConfig
 from statedb import DB, Table, WatchSet
 from statewright.agent.components.map_reconciler import map_reconciler
 from statewright.agent.config import DEFAULT_POD_CIDRS, DEFAULT_STATE_DIR, AgentConfig
-from statewright.component import (
-    DEGRADED,
-    OK,
-    ApiError,
-    Component,
-    Health,
-    Hive,
-    MapView,
-    Request,
-    Route,
-    typed_map_view,
-)
+from statewright.api_types import ApiError, Request, Route
+from statewright.component import DEGRADED, OK, Component, Health, Hive, MapView, typed_map_view
 from statewright.netns_cookie import netns_cookie
 from tables.cluster_identities import ClusterIdentityAllocator
 from tables.endpoint_entries import EntryTables

@@ -37,17 +37,8 @@ from sources.k8s_client import ClientSettings, K8sClient, K8sConfigError
 from sources.k8s_source import K8sSource, SourceConfig
 from statedb.gc_tuning import STEADY_GC_THRESHOLDS, collect_young_periodically, steady_gc
 from statewright.agent.config import AgentConfig
-from statewright.component import (
-    DEGRADED,
-    DISABLED,
-    OK,
-    Component,
-    ComponentError,
-    Health,
-    Hive,
-    Request,
-    Route,
-)
+from statewright.api_types import Request, Route
+from statewright.component import DEGRADED, DISABLED, OK, Component, ComponentError, Health, Hive
 from statewright.loadbalancer import LoadBalancer
 
 log = logging.getLogger("statewright.agent.kubernetes")

@@ -25,18 +25,16 @@ import anyio
 from bpfops.lb_maps import LB_MAP_NAMES, LBMaps
 from statedb import DB
 from statewright.agent.config import AgentConfig
+from statewright.api_types import ApiError, Request, Route
 from statewright.component import (
     DEGRADED,
     OK,
     STOPPED,
-    ApiError,
     Component,
     ComponentError,
     Health,
     Hive,
     MapView,
-    Request,
-    Route,
     typed_map_view,
 )
 from statewright.loadbalancer import LoadBalancer, MapsPlacement

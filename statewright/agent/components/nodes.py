@@ -34,16 +34,8 @@ from reconciler import Config, Reconciler, status_field_accessors
 from reconciler.health import Level
 from statedb import DB, Table
 from statewright.agent.config import AgentConfig
-from statewright.component import (
-    DEGRADED,
-    DISABLED,
-    OK,
-    Component,
-    Health,
-    Hive,
-    Request,
-    Route,
-)
+from statewright.api_types import Request, Route
+from statewright.component import DEGRADED, DISABLED, OK, Component, Health, Hive
 from tables.devices import DEVICES_TABLE
 from tables.node_routes import NodeRoute, NodeRoutes, new_node_routes_table
 from tables.nodes import SOURCE_MANIFESTS, Node, NodeObjects, new_nodes_table

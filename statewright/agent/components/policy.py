@@ -37,17 +37,8 @@ from policy.source import PolicyObjects, new_policies_table
 from policy.verdict import evaluate_rules
 from policy.writer import PolicyWriter
 from statedb import DB, Table
-from statewright.component import (
-    DEGRADED,
-    OK,
-    ApiError,
-    Component,
-    Health,
-    Hive,
-    QueryParam,
-    Request,
-    Route,
-)
+from statewright.api_types import ApiError, QueryParam, Request, Route
+from statewright.component import DEGRADED, OK, Component, Health, Hive
 from tables.endpoints import MAX_ENDPOINT_ID, MIN_ENDPOINT_ID
 from tables.identities import POD_NAMESPACE_LABEL, Identity, normalize_labels
 from tables.policy_entries import (

@@ -12,22 +12,18 @@ import anyio.to_thread
 from statedb import DB, Table
 from statedb.gc_tuning import DEFAULT_COLLECT_INTERVAL, collect_periodically, collector_tuned
 from statedb.show import FORMATS, show_table, to_plain
-from statewright.component import (
-    DEGRADED,
+from statewright.api_types import (
     JSON,
     NDJSON,
-    OK,
     TEXT,
     ApiError,
-    Component,
-    Health,
-    Hive,
     NdjsonStream,
     QueryParam,
     Request,
     Route,
     TextBody,
 )
+from statewright.component import DEGRADED, OK, Component, Health, Hive
 
 
 def row_document(row: Any) -> Any:
