@@ -184,6 +184,7 @@ class _Lib:
         self.link_destroy = eproto("bpf_link__destroy", _c_int, _c_void_p)
         self.link_update = eproto("bpf_link_update", _c_int, _c_int, _c_int, _c_void_p)
         self.link_detach = eproto("bpf_link_detach", _c_int, _c_int)
+        self.link_create = eproto("bpf_link_create", _c_int, _c_int, _c_int, _c_int, _c_void_p)
         # BTF (bpf/btf.py): libbpf parses the compiled types and appends array types;
         # the kernel loads the raw blob.
         self.object_btf = eproto("bpf_object__btf", _c_void_p, _c_void_p)
@@ -418,6 +419,13 @@ def program_attach_cgroup(prog: int, cgroup_fd: int) -> int:
     lib().link_disconnect(link)
     lib().link_destroy(link)
     return fd
+
+
+def link_create(prog_fd: int, target_fd: int, attach_type: int) -> int:
+    """bpf_link_create without options (e.g. a tcx link: ``target_fd`` is the ifindex):
+    a new link fd or -errno."""
+    ret: int = lib().link_create(prog_fd, target_fd, attach_type, None)
+    return ret
 
 
 def link_update(link_fd: int, prog_fd: int) -> int:

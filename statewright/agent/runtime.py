@@ -47,6 +47,7 @@ import anyio.abc
 from bpf.pinning import PinDirLockedError, PinDirLockError, lock_pin_dir
 from statewright.agent.components.api import ApiComponent
 from statewright.agent.components.conntrack import CTComponent, CTConfig
+from statewright.agent.components.endpoint_datapath import EndpointDatapathComponent
 from statewright.agent.components.endpoints import EndpointsComponent, EndpointsConfig
 from statewright.agent.components.kubernetes import KubernetesComponent
 from statewright.agent.components.lb import LBMapsComponent, LoadBalancerComponent
@@ -83,6 +84,7 @@ def agent_components(config: AgentConfig, agent: Agent | None = None) -> list[Co
         PolicyComponent(),
         PolicyMapsComponent(PolicyMapsConfig.from_agent_config(config)),
         CTComponent(CTConfig.from_agent_config(config)),
+        EndpointDatapathComponent(config),
         DemoComponent(config),
         DatapathComponent(config),
         MetricsComponent(config),

@@ -150,6 +150,14 @@ class NodeEnv(E2EEnv):
         if _readline(proc, 10, f"servers of {pod.name}").strip() != "ready":
             raise RuntimeError(f"servers of {pod.name} did not start")
 
+    def run_in(self, pod: Pod, *argv: str) -> subprocess.Popen[str]:
+        """A process (pipes on stdin/stdout) in ``pod``'s namespace, outside the test
+        cgroup; stopped by its PID with the environment."""
+        proc = _start_proc("ip", "netns", "exec", pod.netns, *argv)
+        self._stack.callback(_stop_proc, proc)
+        self.servers.append(proc)
+        return proc
+
     def client_in(self, pod: Pod) -> Client:
         """A client process in ``pod``'s namespace and the test cgroup."""
         client = _start_client(pod.netns, self.cgroup)

@@ -1,0 +1,206 @@
+"""The endpoint-datapath component: the per-endpoint tc programs (bpf/lxc.c, bpf/lxc.py)
+on the host side of every endpoint's veth, and the ``policy_endpoints`` map they read.
+
+Needs ``db``, ``endpoints`` (the `EndpointManager`: each endpoint's host-side ifindex),
+``policy-maps`` (``policy_maps`` pinned) and ``ct`` (the CT maps and drop counters
+pinned). Runs with the ``datapath`` and ``endpoint-datapath`` settings on kernel maps;
+otherwise its health says why it is off.
+
+At start the programs are loaded once with every map reused from its pin. A follower
+then keeps, on every change of the ``endpoints`` or ``policy-endpoints`` table:
+
+* both programs attached to the veth of every endpoint that has one (tcx links pinned
+  under ``<pin-dir>/lxc/links``; links pinned by an earlier agent are adopted, their
+  program swapped, so a restart leaves no gap), and detached from endpoints that are
+  gone; the first pass also removes the links of veths no endpoint has any longer;
+* ``policy_endpoints``: endpoint id -> its enforced directions (the `PolicyEndpoint`
+  rows), which tell the programs whether to check a new flow towards the pod.
+
+A failed attach (the veth is not there yet or has gone) is retried every
+`RETRY_INTERVAL` seconds and reported in the health until it succeeds.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Sequence
+from typing import Any
+
+import anyio
+
+from bpf.catalog import policy_endpoints_spec
+from bpf.factory import BackendConfig, MapFactory
+from bpf.policy import NETNS_F_EGRESS, NETNS_F_INGRESS, PolicyNetns
+from bpf.typed_map import TypedMap
+from statedb import DB, Table, WatchSet
+from statewright.agent.components.policy_maps import table_of
+from statewright.agent.config import AgentConfig
+from statewright.component import (
+    DEGRADED,
+    DISABLED,
+    OK,
+    Component,
+    Health,
+    Hive,
+    MapView,
+    typed_map_view,
+)
+from tables.endpoint_manager import EndpointManager
+from tables.policy_entries import (
+    POLICY_ENDPOINTS_TABLE,
+    PolicyEndpoint,
+    new_policy_endpoints_table,
+)
+
+log = logging.getLogger("statewright.agent.endpoint_datapath")
+
+RETRY_INTERVAL = 2.0
+
+
+def enforcement_flags(rows: Sequence[PolicyEndpoint]) -> dict[int, int]:
+    """Endpoint id -> ``policy_endpoints`` flags for the rows that enforce something."""
+    out = {}
+    for r in rows:
+        flags = (NETNS_F_EGRESS if r.egress_enforced else 0) | (
+            NETNS_F_INGRESS if r.ingress_enforced else 0)
+        if flags:
+            out[r.endpoint_id] = flags
+    return out
+
+
+class EndpointDatapathComponent(Component):
+    """See the module doc."""
+
+    name = "endpoint-datapath"
+    needs = ("db", "endpoints", "policy-maps", "ct")
+
+    def __init__(self, config: AgentConfig) -> None:
+        self.config = config
+        self.programs: Any = None
+        self.flags_map: TypedMap[int, PolicyNetns] | None = None
+        self.state = DISABLED
+        self.reason = "not started"
+        self.errors: dict[int, str] = {}
+        self.adopted = 0
+
+    async def start(self, hive: Hive) -> None:
+        """Load the programs and start following the endpoints (module doc)."""
+        cfg = self.config
+        if not (cfg.datapath and cfg.endpoint_datapath):
+            self.reason = "disabled by configuration"
+            return
+        factory = MapFactory(BackendConfig(backend=cfg.backend, pin_dir=cfg.pin_dir))  # type: ignore[arg-type]
+        if factory.kind != "kernel":
+            self.reason = f"needs kernel maps; using {factory.kind} ({factory.reason})"
+            log.warning("agent: endpoint datapath off: %s", self.reason)
+            return
+        from bpf.lxc import EndpointPrograms, LxcConfig
+
+        db = hive.get("db", DB)
+        manager = hive.get("endpoints", EndpointManager)
+        modes = table_of(db, POLICY_ENDPOINTS_TABLE, new_policy_endpoints_table)
+        self.flags_map = factory.open_typed(policy_endpoints_spec())
+        programs = EndpointPrograms(LxcConfig(pin_dir=cfg.pin_dir))
+        try:
+            await anyio.to_thread.run_sync(programs.load)
+        except OSError as e:
+            self.state, self.reason = DEGRADED, f"load the tc programs: {e}"
+            log.error("agent: endpoint datapath: %s", self.reason)
+            programs.close()
+            return
+        self.programs = programs
+        self.state, self.reason = OK, "programs loaded"
+        await hive.spawn(self, self._follow(db, manager, modes), label="endpoint-datapath")
+
+    def _follow(self, db: DB, manager: EndpointManager, modes: Table[PolicyEndpoint]) -> Any:
+        async def follow(*, task_status: Any = anyio.TASK_STATUS_IGNORED) -> None:
+            first = True
+            while True:
+                txn = db.read_txn()
+                eps, w1 = manager.endpoints.all_watch(txn)
+                rows, w2 = modes.all_watch(txn)
+                want = {ep.ifindex for ep in eps if ep.ifindex > 0}
+                flags = enforcement_flags(list(rows))
+                await anyio.to_thread.run_sync(self._sync, want, flags, first)
+                if first:
+                    first = False
+                    task_status.started()
+                with anyio.move_on_after(RETRY_INTERVAL if self.errors else None):
+                    await WatchSet((w1, w2)).wait_async()
+
+        return follow
+
+    def _sync(self, want: set[int], flags: dict[int, int], first: bool) -> None:
+        """Attach to ``want``, detach from the rest, write ``policy_endpoints`` (a thread)."""
+        progs = self.programs
+        assert progs is not None and self.flags_map is not None
+        if first:
+            for ifindex in progs.prune(want):
+                log.info("agent: endpoint datapath: removed the links of gone ifindex %d",
+                         ifindex)
+        self._write_flags(flags)
+        held = set(progs.attached())
+        for ifindex in sorted(want - held):
+            try:
+                if progs.attach(ifindex):
+                    self.adopted += 1
+                self.errors.pop(ifindex, None)
+            except OSError as e:
+                self.errors[ifindex] = str(e)
+                log.warning("agent: endpoint datapath: %s", e)
+        for ifindex in sorted(held - want):
+            try:
+                progs.detach(ifindex)
+            except OSError as e:
+                log.warning("agent: endpoint datapath: %s", e)
+        for ifindex in list(self.errors):
+            if ifindex not in want:
+                del self.errors[ifindex]
+
+    def _write_flags(self, flags: dict[int, int]) -> None:
+        m = self.flags_map
+        assert m is not None
+        have = dict(m.items())
+        for ep, f in flags.items():
+            value = PolicyNetns(ep, f)
+            if have.get(ep) != value:
+                m.update(ep, value)
+        for ep in have:
+            if ep not in flags:
+                m.delete(ep)
+
+    async def stop(self) -> None:
+        """Release the handles; the pinned links keep the programs attached."""
+        if self.programs is not None:
+            self.programs.close()
+            self.programs = None
+        if self.flags_map is not None:
+            self.flags_map.close()
+            self.flags_map = None
+
+    def health(self) -> list[Health]:
+        """Off and why, or how many veths carry the programs and the failures."""
+        if self.programs is None:
+            return [Health(self.name, self.state, self.reason)]
+        n = len(self.programs.attached())
+        text = f"tc programs on {n} endpoint veth(s) ({self.adopted} adopted)"
+        if self.errors:
+            failed = "; ".join(f"ifindex {i}: {e}" for i, e in sorted(self.errors.items())[:3])
+            return [Health(self.name, DEGRADED, f"{text}; not attached: {failed}")]
+        return [Health(self.name, OK, text)]
+
+    def bpf_maps(self) -> Sequence[MapView]:
+        """``policy_endpoints``."""
+        return [typed_map_view(self.flags_map, "kernel")] if self.flags_map else []
+
+    def cleanup(self) -> list[str]:
+        """Detach and unpin every link; unpin ``policy_endpoints``."""
+        from bpf.lxc import EndpointPrograms
+
+        removed = EndpointPrograms.cleanup(self.config.pin_dir)
+        path = os.path.join(self.config.pin_dir, "policy_endpoints")
+        if os.path.exists(path):
+            os.unlink(path)
+            removed.append(f"pin {path}")
+        return removed
