@@ -18,6 +18,12 @@ What a change costs:
   the old or the new version are recomputed, no others.
 * an endpoint that appears, changes identity or goes away (`set_endpoint`,
   `delete_endpoint`): that endpoint is recomputed or dropped.
+* the named ports of an identity change (`set_port_names`: a Pod's container ports
+  changed, a pod came or went): the endpoints whose rules name ports are recomputed.
+
+Named ports resolve per peer (policy/model.py): in an egress rule to the ports that name
+has on the peer identity's pods (identity 0, any peer: on every pod known), in an
+ingress rule to the endpoint's own; the entries are the numeric ports, one key each.
 
 `take_changes` returns what changed since the last call: the entries to write (or delete)
 and the endpoints whose enforcement or revision changed, for the statedb writer
@@ -31,8 +37,8 @@ from dataclasses import dataclass, field
 
 from pyroaring import BitMap
 
-from policy.model import Policy, Rule
-from policy.ports import PortKey, rule_port_keys
+from policy.model import NO_PORT_NAMES, Policy, PortNames, Rule
+from policy.ports import PortKey, named_port_keys, rule_port_keys
 from policy.repository import PolicyRepository
 from policy.selector_cache import SelectionChange, SelectorCache
 from tables.policy_entries import PolicyEndpoint, PolicyEntry, PolicyKey
@@ -67,6 +73,10 @@ class _EndpointState:
     egress: bool = False
     ingress: bool = False
     revision: int = 0
+    #: The endpoint's own named ports (ingress rules' named ports resolve to them).
+    names: PortNames = field(default_factory=dict)
+    #: Whether a rule applying to it names ports (recomputed when port names change).
+    uses_names: bool = False
 
 
 class PolicyComputation:
@@ -81,6 +91,9 @@ class PolicyComputation:
         self._dirty_keys: dict[int, set[KeyTuple]] = {}
         self._dirty_endpoints: set[int] = set()
         self._port_keys: dict[Rule, list[PortKey]] = {}
+        #: Identity -> the named ports of its pods; their union over all identities.
+        self._names: dict[int, PortNames] = {}
+        self._all_names: PortNames = NO_PORT_NAMES
         #: Entry rows written per change (statistics: the benchmark reads them).
         self.rows_changed = 0
 
@@ -117,10 +130,34 @@ class PolicyComputation:
         for ep in affected:
             self._recompute(ep)
 
-    def set_endpoint(self, endpoint_id: int, identity: int) -> None:
-        """A local endpoint appeared or changed identity (0: none yet)."""
+    def set_port_names(self, identity: int, names: PortNames) -> None:
+        """The named ports of the pods of ``identity`` (empty: none); the endpoints whose
+        rules name ports are recomputed when they changed."""
+        if dict(self._names.get(identity, NO_PORT_NAMES)) == dict(names):
+            return
+        if names:
+            self._names[identity] = names
+        else:
+            self._names.pop(identity, None)
+        union: dict[tuple[str, int], frozenset[int]] = {}
+        for per_identity in self._names.values():
+            for key, ports in per_identity.items():
+                union[key] = union.get(key, frozenset()) | ports
+        self._all_names = union
+        for ep, st in list(self._endpoints.items()):
+            if st.uses_names:
+                self._recompute(ep)
+
+    def set_endpoint(
+        self, endpoint_id: int, identity: int, names: PortNames = NO_PORT_NAMES
+    ) -> None:
+        """A local endpoint appeared, changed identity (0: none yet) or its own named
+        ports."""
         st = self._endpoints.get(endpoint_id)
         if st is not None and st.identity == identity:
+            if dict(st.names) != dict(names):
+                st.names = names
+                self._recompute(endpoint_id)
             return
         if st is not None:
             self._unlink(endpoint_id, st.identity)
@@ -129,6 +166,7 @@ class PolicyComputation:
             self._endpoints[endpoint_id] = st
             self._dirty_endpoints.add(endpoint_id)
         st.identity = identity
+        st.names = names
         self._by_identity.setdefault(identity, set()).add(endpoint_id)
         self._local.add(identity)
         self._recompute(endpoint_id)
@@ -220,11 +258,12 @@ class PolicyComputation:
         dirty.update(st.contributions)
         st.contributions = {}
         st.groups = {}
-        egress = ingress = False
+        egress = ingress = uses_names = False
         for subject, rules in self.repo.subjects():
             if st.identity not in self.cache.selection(subject):
                 continue
             for rule in rules:
+                uses_names = uses_names or rule.named
                 if rule.egress:
                     egress = True
                 else:
@@ -235,7 +274,7 @@ class PolicyComputation:
                     for peer in rule.peers:
                         self._contribute(endpoint_id, st, rule, self.cache.selection(peer), 1)
         dirty.update(st.contributions)
-        st.egress, st.ingress = egress, ingress
+        st.egress, st.ingress, st.uses_names = egress, ingress, uses_names
         st.revision = self.repo.revision
         self._dirty_endpoints.add(endpoint_id)
 
@@ -247,13 +286,17 @@ class PolicyComputation:
         identities: Iterable[int],
         sign: int,
     ) -> list[KeyTuple]:
-        ports = self._ports(rule)
+        static = ports = self._ports(rule)
+        named = rule.named
         who = (rule.policy, rule.deny)
         egress = rule.egress
         contributions = st.contributions
         groups = st.groups
         touched: list[KeyTuple] = []
         for ident in identities:
+            if named:
+                resolved = named_port_keys(rule, self._names_for(st, egress, ident))
+                ports = sorted(set(static).union(resolved))
             for proto, port, plen in ports:
                 key = (endpoint_id, ident, egress, proto, port, plen)
                 c = contributions.get(key)
@@ -279,6 +322,15 @@ class PolicyComputation:
                             del groups[g]
                 touched.append(key)
         return touched
+
+    def _names_for(self, st: _EndpointState, egress: bool, ident: int) -> PortNames:
+        """What a named port of a rule resolves through: the peer's (egress; any peer:
+        every pod's) or the endpoint's own (ingress)."""
+        if not egress:
+            return st.names
+        if ident == 0:
+            return self._all_names
+        return self._names.get(ident, NO_PORT_NAMES)
 
     def _apply_selection_changes(self, changes: list[SelectionChange]) -> None:
         for ch in changes:

@@ -8,8 +8,13 @@ A `Policy` (one Kubernetes object) is a list of `Rule`s. A rule:
   ``egressDeny``; allow otherwise);
 * names its peers: ``None`` for any identity (the wildcard, identity 0), else a tuple of
   selectors (each selecting identities; an empty tuple selects nothing);
-* names its ports: a tuple of `PortRule` (protocol, first and last port), empty for
-  every protocol and port.
+* names its ports: a tuple of `PortRule` (protocol, first and last port, or a port
+  name), empty for every protocol and port.
+
+A named port (``port: http``) is a container port's name. It resolves to the port
+numbers that name has (`PortNames`): in an egress rule, on the peer (the ports of that
+name of the pods with the peer's identity; with any peer, of every pod the agent knows);
+in an ingress rule, on the endpoint itself. A name nothing has matches nothing.
 
 A direction is enforced for an endpoint as soon as one rule of that direction selects it
 (Cilium's default deny for selected endpoints); then traffic is allowed when an allow rule
@@ -18,7 +23,9 @@ matches and no deny rule does.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
+from types import MappingProxyType
 from typing import Any
 
 from policy.selector import Selector
@@ -29,26 +36,37 @@ PROTO_SCTP = 132
 PROTOCOLS = {"TCP": PROTO_TCP, "UDP": PROTO_UDP, "SCTP": PROTO_SCTP}
 PROTOCOL_NAMES = {v: k for k, v in PROTOCOLS.items()}
 
+#: Named ports: (port name, protocol) -> the port numbers it names.
+PortNames = Mapping[tuple[str, int], frozenset[int]]
+NO_PORT_NAMES: PortNames = MappingProxyType({})
+
 
 @dataclass(frozen=True, slots=True, order=True)
 class PortRule:
-    """Traffic of ``protocol`` to ports ``port``..``end_port`` (both 0: every port)."""
+    """Traffic of ``protocol`` to ports ``port``..``end_port`` (both 0: every port), or
+    to the port named ``name`` (then ``port`` and ``end_port`` are 0)."""
 
     protocol: int
     port: int = 0
     end_port: int = 0
+    name: str = ""
 
-    def matches(self, protocol: int, port: int) -> bool:
-        """Whether traffic of ``protocol`` to ``port`` is covered."""
+    def matches(self, protocol: int, port: int, names: PortNames = NO_PORT_NAMES) -> bool:
+        """Whether traffic of ``protocol`` to ``port`` is covered (a named port: when
+        ``names`` gives it that number)."""
         if protocol != self.protocol:
             return False
+        if self.name:
+            return port in names.get((self.name, protocol), ())
         if self.port == 0:
             return True
         return self.port <= port <= self.end_port
 
     def text(self) -> str:
-        """``80/TCP``, ``8000-8080/TCP``, ``any/UDP``."""
+        """``80/TCP``, ``8000-8080/TCP``, ``any/UDP``, ``http/TCP``."""
         proto = PROTOCOL_NAMES.get(self.protocol, str(self.protocol))
+        if self.name:
+            return f"{self.name}/{proto}"
         if self.port == 0:
             return f"any/{proto}"
         if self.end_port != self.port:
@@ -67,9 +85,15 @@ class Rule:
     peers: tuple[Selector, ...] | None
     ports: tuple[PortRule, ...]
 
-    def port_matches(self, protocol: int, port: int) -> bool:
-        """Whether the rule's ports cover the traffic (no ports: everything)."""
-        return not self.ports or any(p.matches(protocol, port) for p in self.ports)
+    def port_matches(self, protocol: int, port: int, names: PortNames = NO_PORT_NAMES) -> bool:
+        """Whether the rule's ports cover the traffic (no ports: everything); a named
+        port resolves through ``names``."""
+        return not self.ports or any(p.matches(protocol, port, names) for p in self.ports)
+
+    @property
+    def named(self) -> bool:
+        """Whether a port of the rule is named (its entries depend on the pods' ports)."""
+        return any(p.name for p in self.ports)
 
     def to_json(self) -> dict[str, Any]:
         """JSON form (``policy get``)."""

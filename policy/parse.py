@@ -24,7 +24,11 @@ cluster on its ports, never traffic to endpoints inside the cluster, which is th
 Cilium's semantics (CIDR rules do not select cluster endpoints) the datapath can
 enforce. The CIDRs are still validated.
 
-Unsupported parts (L7 rules, named ports, ``toFQDNs``, ``toServices``, ``toGroups``,
+Named ports (``port: http``) are kept by name (`PortRule.name`, an IANA service name:
+at most 15 lowercase letters, digits and ``-``, with a letter) and resolved against the
+pods' container ports by the computation (policy/model.py).
+
+Unsupported parts (L7 rules, ``toFQDNs``, ``toServices``, ``toGroups``,
 ``toRequires``/``fromRequires``, ``icmps``, node selectors) are errors, not silently
 ignored: a policy the agent would enforce differently from its text is refused.
 """
@@ -39,6 +43,7 @@ from policy.errors import PolicyError
 from policy.model import PROTOCOLS, Policy, PortRule, Rule
 from policy.namespace_labels import fail_closed_rules
 from policy.selector import Requirement, Selector, parse_selector
+from tables.endpoints import port_name_ok
 
 KIND_NETWORK_POLICY = "NetworkPolicy"
 KIND_CILIUM_NETWORK_POLICY = "CiliumNetworkPolicy"
@@ -131,7 +136,7 @@ def _check_cidr(ref: str, path: str, value: Any) -> ipaddress.IPv4Network | ipad
 def _port_number(ref: str, path: str, value: Any, *, allow_zero: bool) -> int:
     if isinstance(value, str):
         if not value.isdigit():
-            raise PolicyError(f"named port {value!r} is not supported", obj=ref, field=path)
+            raise PolicyError(f"{value!r} is not a port number", obj=ref, field=path)
         value = int(value)
     if isinstance(value, bool) or not isinstance(value, int):
         raise PolicyError("expected a port number", obj=ref, field=path)
@@ -154,7 +159,20 @@ def _port_rules(
             obj=ref,
             field=f"{path}.protocol",
         )
-    port = _port_number(ref, f"{path}.port", doc.get("port", 0), allow_zero=True)
+    protos = (
+        sorted(PROTOCOLS.values())
+        if proto_name.upper() == "ANY"
+        else [PROTOCOLS[proto_name.upper()]]
+    )
+    raw = doc.get("port", 0)
+    if isinstance(raw, str) and not raw.isdigit():
+        if not port_name_ok(raw):
+            raise PolicyError(f"{raw!r} is not a port number or name", obj=ref,
+                              field=f"{path}.port")
+        if doc.get("endPort") is not None:
+            raise PolicyError("endPort needs a numeric port", obj=ref, field=f"{path}.endPort")
+        return [PortRule(p, 0, 0, raw) for p in protos]
+    port = _port_number(ref, f"{path}.port", raw, allow_zero=True)
     end = doc.get("endPort")
     if end is None or port == 0:
         if end is not None and end != 0:
@@ -166,11 +184,6 @@ def _port_rules(
             raise PolicyError(
                 f"endPort {end_port} is below port {port}", obj=ref, field=f"{path}.endPort"
             )
-    protos = (
-        sorted(PROTOCOLS.values())
-        if proto_name.upper() == "ANY"
-        else [PROTOCOLS[proto_name.upper()]]
-    )
     return [PortRule(p, port, end_port) for p in protos]
 
 

@@ -8,7 +8,7 @@ as CIDR blocks cover an address range.
 
 from __future__ import annotations
 
-from policy.model import PortRule, Rule
+from policy.model import PortNames, PortRule, Rule
 
 #: (protocol, port, prefix length) of one policy-map key.
 PortKey = tuple[int, int, int]
@@ -38,13 +38,27 @@ def port_rule_keys(p: PortRule) -> list[PortKey]:
 
 
 def rule_port_keys(rule: Rule) -> list[PortKey]:
-    """The port keys of a rule: every protocol and port when it names no ports."""
+    """The port keys of a rule's numeric ports: every protocol and port when it names no
+    ports (its named ports: `named_port_keys`)."""
     if not rule.ports:
         return [ANY_PORT_KEY]
     out: list[PortKey] = []
     for p in rule.ports:
-        out.extend(port_rule_keys(p))
+        if not p.name:
+            out.extend(port_rule_keys(p))
     return sorted(set(out))
+
+
+def named_port_keys(rule: Rule, names: PortNames) -> list[PortKey]:
+    """The port keys a rule's named ports resolve to through ``names`` (one port each,
+    prefix 16); none for a name ``names`` does not have."""
+    out = {
+        (p.protocol, port, 16)
+        for p in rule.ports
+        if p.name
+        for port in names.get((p.name, p.protocol), ())
+    }
+    return sorted(out)
 
 
 def port_key_matches(key: PortKey, protocol: int, port: int) -> bool:

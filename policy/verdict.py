@@ -25,7 +25,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from policy.model import Rule
+from policy.model import NO_PORT_NAMES, PortNames, Rule
 from policy.ports import port_key_matches
 from policy.selector import LabelView
 from tables.policy_entries import PolicyEndpoint, PolicyEntry, PolicyKey
@@ -60,9 +60,15 @@ def evaluate_rules(
     egress: bool,
     protocol: int,
     port: int,
+    subject_ports: PortNames = NO_PORT_NAMES,
+    peer_ports: PortNames = NO_PORT_NAMES,
+    any_ports: PortNames = NO_PORT_NAMES,
 ) -> Verdict:
     """The verdict of the rules for traffic of an endpoint labelled ``subject`` with a peer
-    labelled ``peer`` (egress: subject -> peer; ingress: peer -> subject)."""
+    labelled ``peer`` (egress: subject -> peer; ingress: peer -> subject). Named ports
+    resolve as policy/model.py says: egress through the peer's ports (``peer_ports``;
+    ``any_ports``, every pod's, for a rule with any peer), ingress through the subject's
+    (``subject_ports``)."""
     sv = subject if isinstance(subject, LabelView) else LabelView(subject)
     pv = peer if isinstance(peer, LabelView) else LabelView(peer)
     selected: set[str] = set()
@@ -74,7 +80,8 @@ def evaluate_rules(
         selected.add(r.policy)
         if r.peers is not None and not any(p.matches(pv) for p in r.peers):
             continue
-        if not r.port_matches(protocol, port):
+        names = subject_ports if not egress else any_ports if r.peers is None else peer_ports
+        if not r.port_matches(protocol, port, names):
             continue
         (deny if r.deny else allow).add(r.policy)
     enforced = bool(selected)

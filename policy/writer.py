@@ -28,7 +28,7 @@ from typing import Any
 import anyio
 
 from policy.compute import PolicyChanges, PolicyComputation
-from policy.model import Policy
+from policy.model import Policy, PortNames
 from statedb import DB, ChangeIterator, Table, WatchSet, WriteTxn
 from tables.endpoints import Endpoint
 from tables.identities import Identity
@@ -87,6 +87,10 @@ class PolicyWriter:
                 policy_endpoints.register_initializer(wtxn, INITIALIZER),
             ]
         self._ep_identity: dict[int, int] = {}
+        #: Endpoint -> its named ports; identity -> its endpoints (for the union of its
+        #: pods' named ports, which egress named ports resolve to).
+        self._ep_names: dict[int, PortNames] = {}
+        self._identity_eps: dict[int, set[int]] = {}
         self.steps = 0
         self.last = StepResult()
         #: Called after each step that wrote rows (tests, metrics).
@@ -125,15 +129,27 @@ class PolicyWriter:
                 comp.delete_policy(pc.obj.key)
             else:
                 comp.upsert_policy(pc.obj)
+        touched: set[int] = set()
         for ec in ep_changes:
             result.inputs += 1
             ep = ec.obj
+            old_identity = self._ep_identity.get(ep.id)
+            if old_identity is not None:
+                self._identity_eps.get(old_identity, set()).discard(ep.id)
+                touched.add(old_identity)
             if ec.deleted or not ep.identity:
+                self._ep_names.pop(ep.id, None)
                 if self._ep_identity.pop(ep.id, None) is not None:
                     comp.delete_endpoint(ep.id)
             else:
+                names = ep.port_names()
                 self._ep_identity[ep.id] = ep.identity
-                comp.set_endpoint(ep.id, ep.identity)
+                self._ep_names[ep.id] = names
+                self._identity_eps.setdefault(ep.identity, set()).add(ep.id)
+                touched.add(ep.identity)
+                comp.set_endpoint(ep.id, ep.identity, names)
+        for ident in touched:
+            comp.set_port_names(ident, self._identity_names(ident))
         for ident in gone_identities:
             comp.delete_identity(ident)
         changes = comp.take_changes()
@@ -151,6 +167,18 @@ class PolicyWriter:
         if self._init_done is not None:
             watches.add(init_watch)
         return result, watches
+
+    def _identity_names(self, identity: int) -> PortNames:
+        """The union of the named ports of the endpoints of ``identity``."""
+        eps = self._identity_eps.get(identity)
+        if not eps:
+            self._identity_eps.pop(identity, None)
+            return {}
+        out: dict[tuple[str, int], frozenset[int]] = {}
+        for ep in eps:
+            for key, ports in self._ep_names.get(ep, {}).items():
+                out[key] = out.get(key, frozenset()) | ports
+        return out
 
     def write(
         self, changes: PolicyChanges, init_done: list[Callable[[WriteTxn], None]] | None = None

@@ -61,9 +61,11 @@ from sources.k8s_reflector import (
     Reflector,
     ReflectorConfig,
     ResourceSpec,
+    object_key,
 )
 from statedb import WriteTxn
 from statedb.errors import InputError, StatewrightError
+from tables.endpoints import NamedPort, parse_named_ports
 from tables.lb_writer import FrontendConflictError, LBWriter
 
 log = logging.getLogger(__name__)
@@ -226,6 +228,10 @@ class K8sSource:
         #: The labels of this node's Pods (``namespace/name`` -> labels), as last delivered
         #: (refused or not: a Pod's labels do not depend on its host ports).
         self.pod_labels: dict[str, dict[str, str]] = {}
+        #: The named container ports of this node's Pods (``namespace/name`` -> ports),
+        #: what NetworkPolicies' named ports resolve to (changes count in
+        #: `pod_labels_generation` too).
+        self.pod_ports: dict[str, tuple[NamedPort, ...]] = {}
         #: The uids of this node's Pods (``namespace/name`` -> uid): the owners of their
         #: CiliumEndpoints (sources/k8s_endpoints.py).
         self.pod_uids: dict[str, str] = {}
@@ -294,6 +300,10 @@ class K8sSource:
         one dictionary lookup (atomic in CPython), and the applier replaces a Pod's labels
         with a new dictionary, never changes one in place."""
         return self.pod_labels.get(f"{namespace}/{name}")
+
+    def pod_ports_of(self, namespace: str, name: str) -> tuple[NamedPort, ...] | None:
+        """The named container ports of this node's Pod (see `pod_labels_of`)."""
+        return self.pod_ports.get(f"{namespace}/{name}")
 
     def pod_uid_of(self, namespace: str, name: str) -> str | None:
         """The uid of this node's Pod ``namespace/name`` (see `pod_labels_of`)."""
@@ -585,7 +595,13 @@ class K8sSource:
                 if self.pod_labels.get(d.key) != labels:
                     self.pod_labels[d.key] = labels
                     changed = True
+                ports = pod_named_ports(d.obj)
+                if self.pod_ports.get(d.key) != ports:
+                    self.pod_ports[d.key] = ports
+                    changed = True
             else:
+                if self.pod_ports.pop(d.key, None) is not None:
+                    changed = True
                 self.pod_uids.pop(d.key, None)
                 if self.pod_labels.pop(d.key, None) is not None:
                     changed = True
@@ -683,6 +699,22 @@ def coalesce(
 def _version(d: Delta) -> int:
     rv = (d.obj.get("metadata") or {}).get("resourceVersion")
     return int(rv) if isinstance(rv, str) and rv.isdigit() else 0
+
+
+def pod_named_ports(pod: Mapping[str, Any]) -> tuple[NamedPort, ...]:
+    """The named ports of a Pod's containers (``spec.containers[*].ports``); a malformed
+    port list is logged and gives none (the Pod's other uses are unaffected)."""
+    spec = pod.get("spec")
+    containers = spec.get("containers") if isinstance(spec, Mapping) else None
+    ports: list[Any] = []
+    for c in containers if isinstance(containers, list) else []:
+        if isinstance(c, Mapping) and isinstance(c.get("ports"), list):
+            ports.extend(c["ports"])
+    try:
+        return parse_named_ports(ports, "spec.containers[*].ports")
+    except ValueError as e:
+        log.warning("Pod %s: named ports not used: %s", object_key(pod), e)
+        return ()
 
 
 def _split(item: _Item, n: int) -> tuple[_Item, _Item]:

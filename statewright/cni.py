@@ -36,7 +36,10 @@ environment and configuration; the endpoint is then registered with
 (the CNI conventions' runtime arguments; ``args.cni.labels``, a list of
 ``{"key": .., "value": ..}``, are the pod's labels: they go into the endpoint request as
 ``k8s:<key>=<value>``, and the agent adds the pod's namespace, and the Pod object's labels
-when it reads an API server, to the identity labels).
+when it reads an API server, to the identity labels; ``args.cni.ports``, the pod's
+container ports as a Pod lists them, ``[{"name": .., "containerPort": .., "protocol":
+..}]``, go into the request's ``named-ports``: what NetworkPolicies' named ports resolve
+to when the agent has no Pod object).
 """
 
 from __future__ import annotations
@@ -228,6 +231,28 @@ class Invocation:
                 raise bad
             out.append(f"k8s:{key}={value}")
         return out
+
+    @property
+    def named_ports(self) -> list[dict[str, Any]]:
+        """The pod's named container ports from ``args.cni.ports`` as the endpoint
+        request's ``named-ports`` (the agent validates names and numbers); CNIError 7 when
+        that is not a list of objects."""
+        args = self.config.get("args")
+        cni = args.get("cni") if isinstance(args, Mapping) else None
+        raw = cni.get("ports") if isinstance(cni, Mapping) else None
+        if raw is None:
+            return []
+        if not isinstance(raw, list) or not all(isinstance(p, Mapping) for p in raw):
+            raise CNIError(
+                ERR_INVALID_CONFIG,
+                'network configuration: args.cni.ports must be a list of {"name": .., '
+                '"containerPort": .., "protocol": ..}',
+            )
+        return [
+            {"name": p["name"], "port": p.get("containerPort", p.get("port")),
+             "protocol": p.get("protocol") or "TCP"}
+            for p in raw if p.get("name")
+        ]
 
     @property
     def attachment(self) -> str:
@@ -469,6 +494,7 @@ def cmd_add(inv: Invocation) -> dict[str, Any]:
     """ADD (module doc); returns the CNI result."""
     api = AgentAPI(inv.socket)
     labels = inv.labels  # a bad configuration fails before anything is allocated
+    named_ports = inv.named_ports
     if inv.delegated_ipam:
         ips = _delegated_ips(delegate_ipam(inv, "ADD"))
     else:
@@ -493,6 +519,7 @@ def cmd_add(inv: Invocation) -> dict[str, Any]:
             "k8s-pod-name": inv.args.get("K8S_POD_NAME", ""),
             "k8s-namespace": inv.args.get("K8S_POD_NAMESPACE", ""),
             "labels": labels,
+            "named-ports": named_ports,
             "netns-path": inv.netns,
             "datapath-configuration": {"external-ipam": bool(inv.delegated_ipam)},
         }

@@ -74,6 +74,7 @@ from tables.endpoints import (
     EndpointNotFoundError,
     EndpointRequestError,
     EndpointState,
+    NamedPort,
     endpoint_container_index,
     endpoint_id_index,
     endpoint_ip_index,
@@ -98,6 +99,9 @@ ENDPOINTS_DIR = "endpoints"
 
 #: The labels of a Pod ``(namespace, name)``, None when unknown (the Kubernetes source).
 PodLabels = Callable[[str, str], "Mapping[str, str] | None"]
+
+#: The named container ports of a Pod ``(namespace, name)``, None when unknown.
+PodPorts = Callable[[str, str], "tuple[NamedPort, ...] | None"]
 
 #: The labels of a Namespace, None when unknown (the namespaces table).
 NamespaceLabelsOf = Callable[[str], "Mapping[str, str] | None"]
@@ -151,8 +155,12 @@ class EndpointManager:
         netns_cookie: Callable[[str], int] | None = None,
         pod_labels_of: PodLabels | None = None,
         namespace_labels_of: NamespaceLabelsOf | None = None,
+        pod_ports_of: PodPorts | None = None,
     ) -> None:
         self.db = db
+        #: The named container ports of the Pod ``(namespace, name)`` from the Kubernetes
+        #: source, None when it does not know the Pod.
+        self.pod_ports_of = pod_ports_of
         #: The labels of a Namespace (None when unknown); None: never known (every pod's
         #: namespace labels are unknown).
         self.namespace_labels_of = namespace_labels_of
@@ -299,7 +307,7 @@ class EndpointManager:
                     "(delete and create it again)"
                 )
             if (new.pod_namespace, new.pod_name) != (old.pod_namespace, old.pod_name):
-                new = self._with_pod_labels(replace(new, pod_labels=()))
+                new = self._with_pod_labels(replace(new, pod_labels=(), pod_named_ports=None))
             return self._write_change(old, new)
 
     def _write_change(self, old: Endpoint, new: Endpoint) -> Endpoint:
@@ -357,6 +365,21 @@ class EndpointManager:
                     changed += self.set_pod_labels(ns, name, labels)
                 except IdentityError as e:  # bad labels, identities exhausted
                     log.error("pod %s/%s: labels not applied: %s", ns, name, e)
+                ports = self.pod_ports_of(ns, name) if self.pod_ports_of is not None else None
+                if ports is not None:
+                    changed += self._set_pod_ports(ns, name, ports)
+        return sorted(set(changed))
+
+    def _set_pod_ports(self, namespace: str, name: str, ports: tuple[NamedPort, ...]) -> list[int]:
+        """Every endpoint of the Pod takes its named container ports (the lock held)."""
+        changed = []
+        for ep in self.endpoints.list(
+            self.db.read_txn(), endpoint_pod_index.query(f"{namespace}/{name}")
+        ):
+            if ep.state is EndpointState.DISCONNECTING or ep.pod_named_ports == ports:
+                continue
+            if self._write_change(ep, replace(ep, pod_named_ports=ports)) != ep:
+                changed.append(ep.id)
         return changed
 
     def renumber_identities(self, change: Callable[[WriteTxn], Mapping[int, int]]) -> list[int]:
@@ -616,7 +639,11 @@ class EndpointManager:
         namespace; the Pod's unchanged when there is no pod, no lookup or no such Pod (yet:
         `sync_pod_labels` applies them later)."""
         ep = self._with_namespace_labels(ep)
-        if self.pod_labels_of is None or not ep.pod_name or not ep.pod_namespace:
+        if not ep.pod_name or not ep.pod_namespace:
+            return ep
+        if self.pod_ports_of is not None:
+            ep = replace(ep, pod_named_ports=self.pod_ports_of(ep.pod_namespace, ep.pod_name))
+        if self.pod_labels_of is None:
             return ep
         labels = self.pod_labels_of(ep.pod_namespace, ep.pod_name)
         if labels is None:

@@ -55,6 +55,52 @@ ENDPOINTS_TABLE = "endpoints"
 MIN_ENDPOINT_ID = 1
 MAX_ENDPOINT_ID = 4095  # Cilium's endpoint id range (the datapath's lxc_id)
 
+#: An IANA service name, what a container port's name is (Kubernetes' IsValidPortName).
+_PORT_NAME = re.compile(r"^(?=.*[a-z])(?!.*--)[a-z0-9]([a-z0-9-]{0,13}[a-z0-9])?$")
+#: The protocols a named port may have.
+PORT_PROTOCOLS = {"TCP": 6, "UDP": 17, "SCTP": 132}
+_PROTOCOL_NAMES = {v: k for k, v in PORT_PROTOCOLS.items()}
+#: A named port: (name, IP protocol number, port).
+NamedPort = tuple[str, int, int]
+
+
+def port_name_ok(name: str) -> bool:
+    """Whether ``name`` is a valid port name (an IANA service name)."""
+    return bool(_PORT_NAME.match(name))
+
+
+def parse_named_ports(value: Any, what: str) -> tuple[NamedPort, ...]:
+    """Named ports as Kubernetes' container ports or Cilium's ``Port`` model list them
+    (``[{"name": .., "port"|"containerPort": .., "protocol": ..}]``, protocol TCP when
+    missing); entries without a name are skipped. ValueError naming ``what`` and the
+    entry when malformed."""
+    if not isinstance(value, list):
+        raise ValueError(f"{what}: expected a list of ports")
+    out: set[NamedPort] = set()
+    for i, p in enumerate(value):
+        if not isinstance(p, Mapping):
+            raise ValueError(f"{what}[{i}]: expected an object")
+        name = p.get("name")
+        if name in (None, ""):
+            continue
+        port = p.get("port", p.get("containerPort"))
+        proto = p.get("protocol") or "TCP"
+        if not isinstance(name, str) or not port_name_ok(name):
+            raise ValueError(f"{what}[{i}].name: {name!r} is not a port name")
+        if isinstance(port, bool) or not isinstance(port, int) or not 1 <= port <= 65535:
+            raise ValueError(f"{what}[{i}].port: {port!r} is not a port number")
+        if not isinstance(proto, str) or proto.upper() not in PORT_PROTOCOLS:
+            raise ValueError(f"{what}[{i}].protocol: {proto!r} is not TCP, UDP or SCTP")
+        out.add((name, PORT_PROTOCOLS[proto.upper()], port))
+    return tuple(sorted(out))
+
+
+def named_ports_json(ports: tuple[NamedPort, ...]) -> list[dict[str, Any]]:
+    """Named ports as Cilium's ``Port`` model (``name``, ``port``, ``protocol``)."""
+    return [{"name": n, "port": port, "protocol": _PROTOCOL_NAMES[proto]}
+            for n, proto, port in ports]
+
+
 _MAC = re.compile(r"^[0-9a-fA-F]{2}(:[0-9a-fA-F]{2}){5}$")
 _IFNAME = re.compile(r"^[^/\s:]{1,15}$")  # IFNAMSIZ - 1, no '/', ':' or whitespace
 
@@ -133,6 +179,21 @@ class Endpoint:
     #: while they are not known: the identity then says so and namespace selectors fail
     #: closed for it (docs/policy.md).
     namespace_labels: tuple[tuple[str, str], ...] | None = None
+    #: Named container ports from the request (``named-ports``; statewright-cni passes
+    #: a runtime's ``args.cni.ports``).
+    named_ports: tuple[NamedPort, ...] = ()
+    #: Named container ports of the Kubernetes Pod object, set by the agent; None while
+    #: the Pod is not known. When known they are the endpoint's, not the request's.
+    pod_named_ports: tuple[NamedPort, ...] | None = None
+
+    def port_names(self) -> dict[tuple[str, int], frozenset[int]]:
+        """The endpoint's named ports: (name, protocol) -> port numbers (the Pod's when it
+        is known, else the request's)."""
+        ports = self.named_ports if self.pod_named_ports is None else self.pod_named_ports
+        out: dict[tuple[str, int], frozenset[int]] = {}
+        for name, proto, port in ports:
+            out[(name, proto)] = out.get((name, proto), frozenset()) | {port}
+        return out
 
     def identity_labels(self) -> Labels:
         """The labels the endpoint's security identity is allocated for, as Cilium builds
@@ -190,6 +251,10 @@ class Endpoint:
                 None if self.namespace_labels is None else dict(self.namespace_labels)
             ),
             "identity-labels": list(self.identity_labels()),
+            "named-ports": named_ports_json(self.named_ports),
+            "k8s-pod-named-ports": (
+                None if self.pod_named_ports is None else named_ports_json(self.pod_named_ports)
+            ),
             "identity": self.identity,
             "netns-path": self.netns_path,
             "datapath-configuration": {"external-ipam": self.external_ipam},
@@ -216,6 +281,9 @@ class Endpoint:
             pod_labels = normalize_labels(doc.get("k8s-pod-labels") or ())
             field_name = "k8s-namespace-labels"
             ns_labels = namespace_label_pairs(doc.get("k8s-namespace-labels"))
+            field_name = "k8s-pod-named-ports"
+            raw_ports = doc.get("k8s-pod-named-ports")
+            pod_ports = None if raw_ports is None else parse_named_ports(raw_ports, field_name)
         except (TypeError, ValueError, LabelError) as e:
             raise EndpointRequestError(f"endpoint state: field {field_name!r}: {e}") from None
         return replace(
@@ -224,6 +292,7 @@ class Endpoint:
             state=state,
             pod_labels=pod_labels,
             namespace_labels=ns_labels,
+            pod_named_ports=pod_ports,
         )
 
     @staticmethod
@@ -286,6 +355,7 @@ class EndpointChange:
         "sync-build-endpoint",
         "k8s-pod-labels",
         "k8s-namespace-labels",
+        "k8s-pod-named-ports",
         "identity-labels",
     }
 
@@ -322,6 +392,11 @@ class EndpointChange:
                     out["labels"] = normalize_labels(value)
                 except LabelError as e:
                     raise EndpointRequestError(f"field 'labels': {e}") from None
+            elif key == "named-ports":
+                try:
+                    out["named_ports"] = parse_named_ports(value, "field 'named-ports'")
+                except ValueError as e:
+                    raise EndpointRequestError(str(e)) from None
             elif key == "datapath-configuration":
                 if not isinstance(value, Mapping) or not isinstance(
                     value.get("external-ipam", False), bool

@@ -23,6 +23,25 @@ TIERS = ("x", "y")
 PORTS = range(1, 22)  # policy ports are drawn from 1..20: 21 is never named
 PROTOS = (6, 17, 132, 1)
 RESERVED = {1: ("reserved:host",), 2: ("reserved:world",), 9: ("reserved:world-ipv4",)}
+PORT_NAMES = ("web", "db")
+
+
+def port_names(identity: int, variant: int = 0) -> dict[tuple[str, int], frozenset[int]]:
+    """The named ports of the pods of ``identity`` (a ``variant``: after a Pod update):
+    ``web`` a TCP port, ``db`` a UDP one, within the ports the check covers; some
+    identities have no ``db``."""
+    out = {("web", 6): frozenset({(identity + variant) % 7 + 1})}
+    if (identity + variant) % 3:
+        out[("db", 17)] = frozenset({(identity + variant) % 5 + 10})
+    return out
+
+
+def union_names(names: dict[int, Any]) -> dict[tuple[str, int], frozenset[int]]:
+    out: dict[tuple[str, int], frozenset[int]] = {}
+    for per in names.values():
+        for k, v in per.items():
+            out[k] = out.get(k, frozenset()) | v
+    return out
 
 
 @st.composite
@@ -55,7 +74,9 @@ def ports(draw: Any, protocols: tuple[str, ...]) -> list[dict[str, Any]]:
     out = []
     for _ in range(draw(st.integers(1, 2))):
         p: dict[str, Any] = {"protocol": draw(st.sampled_from(protocols))}
-        if draw(st.integers(0, 4)):
+        if draw(st.integers(0, 5)) == 0:
+            p["port"] = draw(st.sampled_from(PORT_NAMES))  # a named port
+        elif draw(st.integers(0, 4)):
             port = draw(st.integers(1, 20))
             p["port"] = port if draw(st.booleans()) else str(port)
             if draw(st.booleans()):
@@ -167,8 +188,17 @@ def policy_object(draw: Any) -> Policy:
 
 
 def _check_against_reference(
-    comp: PolicyComputation, identities: dict[int, tuple[str, ...]], endpoints: dict[int, int]
+    comp: PolicyComputation,
+    identities: dict[int, tuple[str, ...]],
+    endpoints: dict[int, int],
+    names: dict[int, Any] | None = None,
+    ep_names: dict[int, Any] | None = None,
 ) -> None:
+    """Every tuple's verdict from the entries equals the rules'; named ports resolve
+    through ``names`` (identity -> its pods' named ports) and ``ep_names`` (endpoint ->
+    its own)."""
+    names, ep_names = names or {}, ep_names or {}
+    any_ports = union_names(names)
     rules = [r for p in comp.repo.policies() for r in p.rules]
     for ep, ident in endpoints.items():
         if ident not in identities:
@@ -185,6 +215,9 @@ def _check_against_reference(
                             egress=egress,
                             protocol=proto,
                             port=port,
+                            subject_ports=ep_names.get(ep, {}),
+                            peer_ports=names.get(remote, {}),
+                            any_ports=any_ports,
                         ).allowed
                         got = evaluate_entries(
                             entries,
@@ -232,14 +265,18 @@ def test_entries_equal_reference_evaluator(
         st.lists(st.sampled_from(sorted(i for i in identities if i >= 256)), min_size=1, max_size=4)
     )
     endpoints = {ep + 1: ident for ep, ident in enumerate(local)}
+    names = {i: port_names(i) for i in identities if i >= 256}
     comp = PolicyComputation()
     for i, labels in identities.items():
         comp.upsert_identity(i, labels)
+    for i, n in names.items():
+        comp.set_port_names(i, n)
     for ep, ident in endpoints.items():
-        comp.set_endpoint(ep, ident)
+        comp.set_endpoint(ep, ident, names[ident])
     for p in policies:
         comp.upsert_policy(p)
-    _check_against_reference(comp, identities, endpoints)
+    ep_names = {ep: names[ident] for ep, ident in endpoints.items()}
+    _check_against_reference(comp, identities, endpoints, names, ep_names)
 
 
 Op = tuple[str, Any]
@@ -252,7 +289,7 @@ def operations(draw: Any) -> list[Op]:
     ops += [("endpoint+", (ep, draw(st.integers(256, 260)))) for ep in (1, 2, 3)]
     ops += [("policy+", draw(policy_object())) for _ in range(2)]
     for _ in range(draw(st.integers(1, 25))):
-        k = draw(st.integers(0, 6))
+        k = draw(st.integers(0, 7))
         if k == 0:
             ops.append(("identity+", (draw(st.integers(256, 263)), draw(pod_labels()))))
         elif k == 1:
@@ -277,8 +314,10 @@ def operations(draw: Any) -> list[Op]:
             )
         elif k == 5:
             ops.append(("endpoint+", (draw(st.integers(1, 4)), draw(st.integers(256, 263)))))
-        else:
+        elif k == 6:
             ops.append(("endpoint-", draw(st.integers(1, 4))))
+        else:  # a Pod update changes the named ports of an identity's pods
+            ops.append(("ports", (draw(st.integers(256, 263)), draw(st.integers(1, 3)))))
     return ops
 
 
@@ -307,8 +346,16 @@ def test_incremental_equals_from_scratch(ops: list[Op]) -> None:
     identities: dict[int, tuple[str, ...]] = dict(RESERVED)
     policies: dict[str, Policy] = {}
     endpoints: dict[int, int] = {}
+    variant: dict[int, int] = {}  # identity -> the variant of its pods' named ports
     for op, arg in ops:
-        if op == "identity+":
+        if op == "ports":
+            ident, v = arg
+            variant[ident] = v
+            comp.set_port_names(ident, port_names(ident, v))
+            for ep, i in endpoints.items():
+                if i == ident:
+                    comp.set_endpoint(ep, ident, port_names(ident, v))
+        elif op == "identity+":
             comp.upsert_identity(*arg)
             identities[arg[0]] = arg[1]
         elif op == "identity-":
@@ -321,8 +368,12 @@ def test_incremental_equals_from_scratch(ops: list[Op]) -> None:
             comp.delete_policy(arg)
             policies.pop(arg, None)
         elif op == "endpoint+":
-            comp.set_endpoint(*arg)
-            endpoints[arg[0]] = arg[1]
+            ep, ident = arg
+            if ident not in variant:
+                variant[ident] = 0
+                comp.set_port_names(ident, port_names(ident))
+            comp.set_endpoint(ep, ident, port_names(ident, variant[ident]))
+            endpoints[ep] = ident
         else:
             comp.delete_endpoint(arg)
             endpoints.pop(arg, None)
@@ -341,10 +392,14 @@ def test_incremental_equals_from_scratch(ops: list[Op]) -> None:
     scratch = PolicyComputation()
     for i, labels in identities.items():
         scratch.upsert_identity(i, labels)
+    names = {i: port_names(i, v) for i, v in variant.items()}
+    for i, n in names.items():
+        scratch.set_port_names(i, n)
     for p in policies.values():
         scratch.upsert_policy(p)
+    ep_names = {ep: names[ident] for ep, ident in endpoints.items()}
     for ep, ident in endpoints.items():
-        scratch.set_endpoint(ep, ident)
+        scratch.set_endpoint(ep, ident, ep_names[ep])
     want_entries, want_eps = _table_state(scratch)
     got_entries, got_eps = _table_state(comp)
     assert got_entries == want_entries
@@ -352,7 +407,7 @@ def test_incremental_equals_from_scratch(ops: list[Op]) -> None:
     strip = {ep: (r.egress_enforced, r.ingress_enforced) for ep, r in want_eps.items()}
     assert {ep: (r.egress_enforced, r.ingress_enforced) for ep, r in got_eps.items()} == strip
     assert {ep: (r.egress_enforced, r.ingress_enforced) for ep, r in ep_table.items()} == strip
-    _check_against_reference(comp, identities, endpoints)
+    _check_against_reference(comp, identities, endpoints, names, ep_names)
 
 
 def test_generated_policies_parse() -> None:

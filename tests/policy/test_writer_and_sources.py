@@ -147,7 +147,7 @@ def test_manifest_source_applies_policies_and_reports_bad_ones_alone(tmp_path: P
     db.register(policies)
     src = ManifestSource(lbw, [tmp_path], interval=0.01)
     f = tmp_path / "p.yaml"
-    bad = cnp("bad", [{"toPorts": [{"ports": [{"port": "http"}]}]}])
+    bad = cnp("bad", [{"toPorts": [{"ports": [{"port": "Not_A-Name"}]}]}])
     _write(f, cnp("good", TO_DB_5432), bad)
     # Before the handler is added, the policy kinds are ignored, not errors.
     res = src.sync()
@@ -159,7 +159,7 @@ def test_manifest_source_applies_policies_and_reports_bad_ones_alone(tmp_path: P
     (err,) = src.errors.values()
     assert "CiliumNetworkPolicy default/bad" in err
     assert "spec.egress[0].toPorts[0].ports[0].port" in err
-    assert "named port" in err
+    assert "not a port number or name" in err
     # Fixing the bad one applies it; removing the file removes both.
     fixed = cnp("bad", [{"toPorts": [{"ports": [{"port": "80"}]}]}])
     _write(f, cnp("good", TO_DB_5432), fixed)

@@ -24,6 +24,22 @@ def _optional(pattern: str) -> str:
 _ADDRESS = {"type": "string", "nullable": True,
             "description": "the address (no prefix length), '' or null for none"}
 
+#: Named container ports, Cilium's ``Port`` model (what NetworkPolicies' named ports
+#: resolve to).
+NAMED_PORTS: dict[str, Any] = {
+    "type": "array",
+    "description": "named container ports (NetworkPolicy named ports resolve to them)",
+    "items": {
+        "type": "object",
+        "required": ["name", "port"],
+        "properties": {
+            "name": {"type": "string"},
+            "port": {"type": "integer", "minimum": 1, "maximum": 65535},
+            "protocol": {"type": "string", "enum": ["TCP", "UDP", "SCTP"]},
+        },
+    },
+}
+
 #: Cilium's field names (api/v1/openapi.yaml), the ones `EndpointChange.parse` takes; a
 #: field of Cilium's that the agent does not implement (``container-name``, ``pid``,
 #: ``policy-enabled``, ...) is refused as unknown rather than ignored.
@@ -62,6 +78,7 @@ ENDPOINT_CHANGE_REQUEST: dict[str, Any] = {
             ],
         },
         "netns-path": {"type": "string"},
+        "named-ports": NAMED_PORTS,
         "datapath-configuration": {
             "type": "object",
             "description": "Cilium's EndpointDatapathConfiguration; only external-ipam is "
@@ -104,6 +121,10 @@ ENDPOINT: dict[str, Any] = {
             "description": "the labels of the pod's Namespace; null while unknown",
         },
         "identity-labels": {"type": "array", "items": {"type": "string"}},
+        "named-ports": NAMED_PORTS,
+        "k8s-pod-named-ports": {**NAMED_PORTS, "nullable": True,
+                                "description": "the Pod object's named container ports "
+                                               "(they win); null while it is not known"},
         "identity": {"type": "integer", "minimum": 0},
         "netns-path": {"type": "string"},
         "datapath-configuration": {

@@ -83,7 +83,7 @@ from tables.endpoint_manager import (
     RestoreResult,
     host_link_exists,
 )
-from tables.endpoints import EndpointChange, EndpointError
+from tables.endpoints import EndpointChange, EndpointError, NamedPort
 from tables.identities import IdentityAllocator, IdentityError
 from tables.ipam import IPAM, IPAMConfig, IPAMError, parse_address
 from tables.namespaces import Namespace, NamespaceObjects, namespace_labels, new_namespaces_table
@@ -195,6 +195,7 @@ class EndpointsComponent(Component):
             entries=entries,
             netns_cookie=netns_cookie,
             pod_labels_of=pods.pod_labels_of if pods is not None else None,
+            pod_ports_of=getattr(pods, "pod_ports_of", None),
             namespace_labels_of=lambda ns: namespace_labels(db.read_txn(), namespaces, ns),
         )
         self.nodes = hive.get("nodes") if hive.has("nodes") else None
@@ -709,6 +710,8 @@ class PodLabelSource(Protocol):
     config: SourceConfig
 
     def pod_labels_of(self, namespace: str, name: str) -> dict[str, str] | None: ...
+
+    def pod_ports_of(self, namespace: str, name: str) -> tuple[NamedPort, ...] | None: ...
 
     def pod_uid_of(self, namespace: str, name: str) -> str | None: ...
 
