@@ -15,7 +15,9 @@ closed and their addresses removed, new addresses are added and their listeners 
 A sync costs at most one ``ip -n NS -batch -`` process for all address changes plus two
 requests to the running server, whatever the number of backends (5,000 addresses: well
 under a second), and may run in a worker thread: calls are serialised by a lock.
-`stop` ends the server process (by its handle) and deletes the namespace.
+`stop` ends the server process (by its handle) and leaves the namespace, which the next
+agent adopts (processes inside it keep it as it is); `recreate_if_gone` creates it again
+when it vanished behind the agent's back.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ import logging
 import os
 import re
 import select
+import signal
 import subprocess
 import sys
 import threading
@@ -70,6 +73,41 @@ def delete_netns(name: str) -> bool:
         return False
     _ip("netns", "delete", name)
     return True
+
+
+def lo_addresses(name: str) -> list[str]:
+    """The addresses on ``lo`` of namespace ``name`` besides the loopback ones."""
+    res = subprocess.run(("ip", "-n", name, "-j", "address", "show", "dev", "lo"),
+                         capture_output=True, text=True)
+    if res.returncode != 0:
+        raise DemoError(f"ip -n {name} address show dev lo: {res.stderr.strip()}")
+    out = []
+    for link in json.loads(res.stdout or "[]"):
+        for a in link.get("addr_info", []):
+            ip = str(a.get("local", ""))
+            if ip and not ipaddress.ip_address(ip).is_loopback:
+                out.append(ip)
+    return out
+
+
+def _end_leftover_servers(name: str) -> None:
+    """End backend servers an earlier agent left in namespace ``name`` (a killed agent's
+    server exits when its pipe closes; this covers one still on its way out). Other
+    processes in the namespace are left alone."""
+    res = subprocess.run(("ip", "netns", "pids", name), capture_output=True, text=True)
+    for pid in (int(p) for p in res.stdout.split() if p.isdigit()):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                cmdline = f.read()
+        except OSError:
+            continue
+        if b"statewright.agent.demo_backend" in cmdline:
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGTERM)
+                for _ in range(50):
+                    if not os.path.exists(f"/proc/{pid}"):
+                        break
+                    time.sleep(0.02)
 
 
 _FAILED_LINE = re.compile(r"^Command failed -:(\d+)$", re.MULTILINE)
@@ -116,18 +154,41 @@ class DemoNetns:
         return server.pid if server is not None and server.poll() is None else None
 
     def start(self) -> None:
-        """Create the namespace (a leftover one of a killed agent is replaced) and start the
-        backend server process in it."""
+        """Create the namespace, or adopt the one an earlier agent left (processes inside
+        it keep it; its addresses are kept until a sync says otherwise), and start the
+        backend server process in it (a server an earlier agent left there is ended)."""
         with self._lock:
             self._stopped = False
-            if netns_exists(self.name):
-                log.info("demo: replacing the leftover namespace %s", self.name)
-                delete_netns(self.name)
-            _ip("netns", "add", self.name)
+            self._start_locked()
+
+    def _start_locked(self) -> None:
+        if netns_exists(self.name):
+            _end_leftover_servers(self.name)
+            self.addresses = frozenset(lo_addresses(self.name))
             _ip("-n", self.name, "link", "set", "lo", "up")
             self._start_server()
-            log.info("demo: namespace %s created (loopback only, no route off the machine)",
-                     self.name)
+            log.info("demo: adopted namespace %s (%d address(es) kept)", self.name,
+                     len(self.addresses))
+            return
+        _ip("netns", "add", self.name)
+        _ip("-n", self.name, "link", "set", "lo", "up")
+        self._start_server()
+        log.info("demo: namespace %s created (loopback only, no route off the machine)",
+                 self.name)
+
+    def recreate_if_gone(self) -> bool:
+        """Create the namespace again if it vanished (``ip netns delete`` behind the
+        agent's back); return whether it had to. The server of the lost namespace is ended
+        and every backend is served again at the next `sync`."""
+        with self._lock:
+            if self._stopped or netns_exists(self.name):
+                return False
+            log.warning("demo: namespace %s vanished; creating it again", self.name)
+            self._stop_server()
+            self.served = frozenset()
+            self.addresses = frozenset()
+            self._start_locked()
+            return True
 
     def sync(self, backends: Iterable[Backend]) -> None:
         """Make the namespace serve exactly ``backends`` (ip, port, protocol; TCP and UDP,
@@ -194,16 +255,13 @@ class DemoNetns:
         return f"namespace {self.name}: {len(self.served)} backend listener(s)"
 
     def stop(self) -> None:
-        """Stop the backend server process this object started and delete the namespace."""
+        """Stop the backend server process this object started. The namespace stays, with
+        its addresses, for processes inside it and for the next agent to adopt
+        (``statewright agent --cleanup`` deletes it)."""
         with self._lock:
             self._stopped = True
             self._stop_server()
             self.served = frozenset()
-            self.addresses = frozenset()
-            try:
-                delete_netns(self.name)
-            except DemoError as e:
-                log.warning("demo: %s", e)
 
     # ----- the server process ----------------------------------------------------------------
     def _start_server(self) -> None:

@@ -50,8 +50,8 @@ def demo() -> Iterator[DemoNetns]:
         d.stop()
         if pid is not None and os.path.exists(f"/proc/{pid}"):  # never expected
             os.kill(pid, signal.SIGKILL)
-        if netns_exists(d.name):  # never expected either
-            subprocess.run(["ip", "netns", "delete", d.name], capture_output=True)
+        # stop() leaves the namespace for the next agent; --cleanup deletes it
+        demo_netns.delete_netns(d.name)
         assert not netns_exists(d.name), f"namespace {d.name} left behind"
 
 
@@ -205,13 +205,46 @@ def test_a_dead_server_is_replaced_by_the_next_sync(
     assert _ask(demo.name, backends[0][0], 8080).returncode == 0
 
 
-def test_stop_leaves_nothing(demo: DemoNetns) -> None:
-    demo.sync([*_many(10), ("fd00:78::1", 8080, "TCP")])
+def test_stop_ends_the_server_and_leaves_the_namespace_for_the_next_agent(
+    demo: DemoNetns,
+) -> None:
+    backends = [*_many(10), ("fd00:78::1", 8080, "TCP")]
+    demo.sync(backends)
     pid = demo.server_pid
     assert pid is not None and os.path.exists(f"/proc/{pid}")
+    inode = os.stat(f"/var/run/netns/{demo.name}").st_ino
     demo.stop()
-    assert not netns_exists(demo.name)
     assert not os.path.exists(f"/proc/{pid}")  # exited and reaped
-    assert demo.server_pid is None and demo.served == set() and demo.addresses == set()
+    assert demo.server_pid is None and demo.served == set()
     demo.sync(_many(2))  # a sync racing the agent's shutdown does nothing
-    assert not netns_exists(demo.name) and demo.server_pid is None
+    assert demo.server_pid is None
+    # The namespace stays, with its addresses: the next agent adopts it (processes inside
+    # it keep their namespace and get the backends again).
+    assert netns_exists(demo.name)
+    assert os.stat(f"/var/run/netns/{demo.name}").st_ino == inode
+    again = DemoNetns(demo.name)
+    again.start()
+    try:
+        assert os.stat(f"/var/run/netns/{demo.name}").st_ino == inode, "recreated"
+        assert again.addresses == {ip for ip, _, _ in backends}
+        again.sync(backends[:3])
+        assert _listeners(demo.name) == set(backends[:3]) == again.served
+        assert _addresses(demo.name) == {ip for ip, _, _ in backends[:3]}
+    finally:
+        again.stop()
+
+
+def test_a_vanished_namespace_is_created_again(demo: DemoNetns) -> None:
+    backends = _many(3)
+    demo.sync(backends)
+    assert demo.recreate_if_gone() is False
+    old_pid = demo.server_pid
+    subprocess.run(["ip", "netns", "delete", demo.name], check=True)
+    assert demo.recreate_if_gone() is True
+    assert netns_exists(demo.name) and demo.server_pid not in (None, old_pid)
+    assert old_pid is not None and not os.path.exists(f"/proc/{old_pid}")
+    demo.sync(backends)
+    assert _listeners(demo.name) == set(backends) == demo.served
+    assert _ask(demo.name, backends[0][0], backends[0][1]).returncode == 0
+
+

@@ -8,11 +8,29 @@ from typing import Any
 
 import anyio
 
-from statewright.agent.config import DEFAULT_CGROUP_NAME, AgentConfig
+from bpf.probe import DEFAULT_PIN_DIR
+from statedb import WatchSet
+from statewright.agent.config import (
+    DEFAULT_CGROUP_NAME,
+    DEFAULT_STATE_DIR,
+    DEMO_NETNS,
+    AgentConfig,
+)
 from statewright.component import DEGRADED, DISABLED, OK, Component, Health, Hive
 from statewright.loadbalancer import LoadBalancer
 
 log = logging.getLogger("statewright.agent.node")
+
+#: Seconds between two checks that the demo namespace is still there.
+DEMO_NETNS_CHECK_S = 1.0
+
+
+def is_default_instance(config: AgentConfig) -> bool:
+    """Whether ``config`` is the machine-wide default agent's (`make run`): default pin and
+    state directories. Only that agent's cleanup may remove the default cgroup and demo
+    namespace when its command line does not name them (another agent's cleanup must not
+    remove what a running default agent uses)."""
+    return config.pin_dir == DEFAULT_PIN_DIR and config.state_dir == DEFAULT_STATE_DIR
 
 
 class DemoComponent(Component):
@@ -26,6 +44,8 @@ class DemoComponent(Component):
         self.config = config
         self.demo: Any = None
         self.error = ""
+        self.failing = False
+        self.recreated = 0
 
     async def start(self, hive: Hive) -> None:
         """Create the namespace and follow the backends table."""
@@ -54,9 +74,34 @@ class DemoComponent(Component):
                     await anyio.to_thread.run_sync(demo.sync, addresses)
                 except Exception as e:
                     log.warning("agent: demo backends: %s", e)
-                await watch.wait_async()
+                # Woken by the backends, and every few seconds to see that the namespace
+                # is still there (someone may delete it behind the agent's back).
+                while not await WatchSet([watch]).wait_async(timeout=DEMO_NETNS_CHECK_S):
+                    if await self._recreated_if_gone(demo):
+                        break
 
         await hive.spawn(self, follow, label="demo-backends")
+
+    async def _recreated_if_gone(self, demo: Any) -> bool:
+        """Create the demo namespace again if it vanished: Degraded until it is back."""
+        from statewright.agent.demo_netns import netns_exists
+
+        if netns_exists(demo.name):
+            return False
+        self.error = f"demo namespace {demo.name} vanished; creating it again"
+        self.demo = None  # Degraded meanwhile
+        try:
+            recreated = await anyio.to_thread.run_sync(demo.recreate_if_gone)
+        except Exception as e:
+            self.error = f"demo namespace {demo.name} vanished; creating it again: {e}"
+            log.error("agent: %s", self.error)
+            self.demo = demo  # keeps trying at the next check
+            self.failing = True
+            return True
+        self.failing = False
+        self.recreated += int(recreated)
+        self.demo = demo
+        return True
 
     async def stop(self) -> None:
         """Remove the namespace and its servers."""
@@ -68,17 +113,20 @@ class DemoComponent(Component):
         """Only in demo mode: the namespace and its servers."""
         if not self.config.demo_netns:
             return []
-        if self.demo is None:
+        if self.demo is None or self.failing:
             return [Health(self.name, DEGRADED, self.error or "not running")]
-        return [Health(self.name, OK, self.demo.describe())]
+        text = self.demo.describe()
+        if self.recreated:
+            text += f" (created again {self.recreated} time(s) after it vanished)"
+        return [Health(self.name, OK, text)]
 
     def cleanup(self) -> list[str]:
-        """Delete the demo namespace if one is left."""
-        from statewright.agent.config import DEMO_NETNS
+        """Delete this configuration's demo namespace if it is left: the one named by
+        ``demo-netns``, or the default one for the default agent only."""
         from statewright.agent.demo_netns import delete_netns
 
-        name = self.config.demo_netns or DEMO_NETNS
-        return [f"netns {name}"] if delete_netns(name) else []
+        name = self.config.demo_netns or (DEMO_NETNS if is_default_instance(self.config) else "")
+        return [f"netns {name}"] if name and delete_netns(name) else []
 
 
 class DatapathComponent(Component):
@@ -138,11 +186,13 @@ class DatapathComponent(Component):
         return [Health(self.name, self.state, self.reason)]
 
     def cleanup(self) -> list[str]:
-        """Detach the pinned links and programs; remove the agent's own cgroup."""
+        """Detach the pinned links and programs; remove the default cgroup when this is the
+        default agent's configuration (`is_default_instance`; an agent on a pin directory
+        of its own leaves it to the agent that uses it)."""
         from bpf.datapath import SockLB, cgroup2_mount
 
         removed = list(SockLB.cleanup(self.config.pin_dir))
-        if not self.config.cgroup:
+        if not self.config.cgroup and is_default_instance(self.config):
             try:
                 cg = os.path.join(cgroup2_mount(), DEFAULT_CGROUP_NAME)
             except OSError:
