@@ -190,10 +190,12 @@ class SyncResult:
 
 @dataclass(slots=True)
 class _FileState:
-    """A file as last parsed: its digest and how many of its objects were ignored."""
+    """A file as last read: its digest, how many of its objects were ignored, and how many
+    objects it held (-1: it could not be parsed; its earlier objects stay applied)."""
 
     digest: str
     ignored: int
+    objects: int = 0
 
 
 # ----- parsing -------------------------------------------------------------------------------
@@ -398,6 +400,12 @@ class ManifestSource:
         return list(self._missing)
 
     @property
+    def empty(self) -> list[str]:
+        """Followed files that held no object at all when last parsed (empty, or only
+        comments): easy to miss, since they apply nothing (or delete what they held)."""
+        return sorted(p for p, f in self._files.items() if f.objects == 0)
+
+    @property
     def ignored(self) -> int:
         """Objects of `IGNORED_KINDS` in the followed files (as last parsed)."""
         return sum(f.ignored for f in self._files.values())
@@ -566,6 +574,10 @@ class ManifestSource:
         except ManifestError as e:
             self._file_failed(path, e, result)
             self._retry.discard(path)
+            # Remember the bad content's digest: going back to the last good content is a
+            # change that is applied again, and clears the error.
+            prev = self._files.get(path)
+            self._files[path] = _FileState(digest, prev.ignored if prev else 0, -1)
             return
         checked = self._check(path, objects)
         prev = self._files.get(path)
@@ -596,7 +608,7 @@ class ManifestSource:
                 self._applied[okey] = (path, desired[okey])
                 owned.add(okey)
                 applied_any = True
-        self._files[path] = _FileState(digest, len(checked.ignored))
+        self._files[path] = _FileState(digest, len(checked.ignored), len(objects))
         if owned:
             self._owned[path] = owned
         else:

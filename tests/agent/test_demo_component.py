@@ -1,6 +1,7 @@
 """The running agent's demo namespace: deleted behind the agent's back, it is noticed
 (Degraded until it is back) and created again with its backends; an agent restarted on it
-adopts it (the same namespace: processes inside keep it) instead of recreating it."""
+adopts it (the same namespace: processes inside keep it) instead of recreating it. And the
+manifests' health names an empty manifest file."""
 
 from __future__ import annotations
 
@@ -68,3 +69,16 @@ def test_vanished_demo_namespace_is_recreated_and_a_restart_adopts_it(tmp_path: 
         if proc is not None:
             stop_agent(proc)
         delete_netns(netns)
+
+
+def test_status_names_an_empty_manifest_file(tmp_path: Path) -> None:
+    with running_agent(tmp_path) as agent:
+        (agent.manifests / "empty.yaml").write_text("")
+
+        def manifests() -> dict[str, Any]:
+            health = agent.client.get("/health")
+            return next(c for c in health["components"] if c["name"] == "manifests")
+
+        h = wait_for(lambda: "empty (no objects)" in (m := manifests())["message"] and m,
+                     what="the empty file named")
+        assert h["state"] == "OK" and "empty.yaml" in h["message"]

@@ -438,3 +438,41 @@ def test_a_dangling_symlink_in_the_directory_is_reported(tmp_path: Path) -> None
     (mdir / "loop.yaml").unlink()
     src.sync()
     assert not src.errors and _state(db, w)["services"] == ["test/echo"]
+
+
+def _bump(path: Path) -> None:
+    st = path.stat()
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns + 1_000_000))
+
+
+def test_an_error_clears_when_the_file_returns_to_its_last_good_content(
+    tmp_path: Path,
+) -> None:
+    """Append a broken line, then copy the original bytes back: the error goes, although
+    the content hash equals the last one applied."""
+    db, w, src = _new([tmp_path])
+    path = tmp_path / "echo.yaml"
+    _write(path, service(), eps())
+    good = path.read_bytes()
+    src.sync()
+    path.write_bytes(good + b"  bad: [unclosed\n")
+    _bump(path)
+    assert src.sync().failed and list(src.errors) == [str(path)]
+    assert _state(db, w)["services"] == ["test/echo"]  # the last good objects stay
+    path.write_bytes(good)
+    _bump(path)
+    src.sync()
+    assert src.errors == {}
+    assert _state(db, w)["services"] == ["test/echo"]
+
+
+def test_an_empty_file_is_named(tmp_path: Path) -> None:
+    _, _, src = _new([tmp_path])
+    _write(tmp_path / "echo.yaml", service(), eps())
+    (tmp_path / "empty.yaml").write_text("# nothing here yet\n")
+    src.sync()
+    assert src.empty == [str(tmp_path / "empty.yaml")]
+    _write(tmp_path / "empty.yaml", service(name="two", clusterIP="10.96.0.2",
+                                            clusterIPs=["10.96.0.2"]))
+    src.sync()
+    assert src.empty == []

@@ -44,15 +44,17 @@ class ManifestsComponent(Component):
 
     def health(self) -> list[Health]:
         """Degraded with every configured path that does not exist and every rejected
-        object's error; OK with the number of files."""
+        object's error; OK with the number of files, naming the empty ones."""
         src = self.source
         if src is None:
             return [Health(self.name, DEGRADED, "not started")]
         problems = [f"{p}: does not exist" for p in src.missing] + list(src.errors.values())
         if problems:
             return [Health(self.name, DEGRADED, "; ".join(problems))]
+        empty = src.empty
+        note = f"; empty (no objects): {', '.join(empty)}" if empty else ""
         return [Health(self.name, OK, f"{len(src.files)} file(s) from "
-                       + ", ".join(self.config.manifests))]
+                       + ", ".join(self.config.manifests) + note)]
 
 
 class NetlinkComponent(Component):
