@@ -22,8 +22,9 @@ What a change costs:
   changed, a pod came or went): the endpoints whose rules name ports are recomputed.
 
 Named ports resolve per peer (policy/model.py): in an egress rule to the ports that name
-has on the peer identity's pods (identity 0, any peer: on every pod known), in an
-ingress rule to the endpoint's own; the entries are the numeric ports, one key each.
+has on the peer identity's pods (a rule with any peer: an entry for each identity whose
+pods have the name), in an ingress rule to the endpoint's own; the entries are the
+numeric ports, one key each.
 
 `take_changes` returns what changed since the last call: the entries to write (or delete)
 and the endpoints whose enforcement or revision changed, for the statedb writer
@@ -91,9 +92,8 @@ class PolicyComputation:
         self._dirty_keys: dict[int, set[KeyTuple]] = {}
         self._dirty_endpoints: set[int] = set()
         self._port_keys: dict[Rule, list[PortKey]] = {}
-        #: Identity -> the named ports of its pods; their union over all identities.
+        #: Identity -> the named ports of its pods.
         self._names: dict[int, PortNames] = {}
-        self._all_names: PortNames = NO_PORT_NAMES
         #: Entry rows written per change (statistics: the benchmark reads them).
         self.rows_changed = 0
 
@@ -139,11 +139,6 @@ class PolicyComputation:
             self._names[identity] = names
         else:
             self._names.pop(identity, None)
-        union: dict[tuple[str, int], frozenset[int]] = {}
-        for per_identity in self._names.values():
-            for key, ports in per_identity.items():
-                union[key] = union.get(key, frozenset()) | ports
-        self._all_names = union
         for ep, st in list(self._endpoints.items()):
             if st.uses_names:
                 self._recompute(ep)
@@ -270,6 +265,10 @@ class PolicyComputation:
                     ingress = True
                 if rule.peers is None:
                     self._contribute(endpoint_id, st, rule, (0,), 1)
+                    if rule.named and rule.egress:
+                        # any peer: its named ports resolve on each pod that has them
+                        self._contribute(endpoint_id, st, rule, list(self._names), 1,
+                                         static=False)
                 else:
                     for peer in rule.peers:
                         self._contribute(endpoint_id, st, rule, self.cache.selection(peer), 1)
@@ -285,8 +284,13 @@ class PolicyComputation:
         rule: Rule,
         identities: Iterable[int],
         sign: int,
+        *,
+        static: bool = True,
     ) -> list[KeyTuple]:
-        static = ports = self._ports(rule)
+        """Add (``sign`` 1) or remove (-1) the rule's contributions for ``identities``:
+        its numeric port keys (unless not ``static``) and its named ports resolved for
+        each identity; returns the keys touched."""
+        numeric = ports = self._ports(rule) if static else []
         named = rule.named
         who = (rule.policy, rule.deny)
         egress = rule.egress
@@ -296,7 +300,7 @@ class PolicyComputation:
         for ident in identities:
             if named:
                 resolved = named_port_keys(rule, self._names_for(st, egress, ident))
-                ports = sorted(set(static).union(resolved))
+                ports = sorted(set(numeric).union(resolved))
             for proto, port, plen in ports:
                 key = (endpoint_id, ident, egress, proto, port, plen)
                 c = contributions.get(key)
@@ -324,12 +328,11 @@ class PolicyComputation:
         return touched
 
     def _names_for(self, st: _EndpointState, egress: bool, ident: int) -> PortNames:
-        """What a named port of a rule resolves through: the peer's (egress; any peer:
-        every pod's) or the endpoint's own (ingress)."""
+        """What a named port of a rule resolves through: the peer identity's pods' (egress;
+        identity 0, any peer, has none: `_recompute` resolves such a rule per identity) or
+        the endpoint's own (ingress)."""
         if not egress:
             return st.names
-        if ident == 0:
-            return self._all_names
         return self._names.get(ident, NO_PORT_NAMES)
 
     def _apply_selection_changes(self, changes: list[SelectionChange]) -> None:

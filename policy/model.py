@@ -13,8 +13,9 @@ A `Policy` (one Kubernetes object) is a list of `Rule`s. A rule:
 
 A named port (``port: http``) is a container port's name. It resolves to the port
 numbers that name has (`PortNames`): in an egress rule, on the peer (the ports of that
-name of the pods with the peer's identity; with any peer, of every pod the agent knows);
-in an ingress rule, on the endpoint itself. A name nothing has matches nothing.
+name of the pods with the peer's identity, also when the rule allows any peer); in an
+ingress rule, on the endpoint itself. A name nothing has matches nothing (addresses
+outside the cluster have no named ports).
 
 A direction is enforced for an endpoint as soon as one rule of that direction selects it
 (Cilium's default deny for selected endpoints); then traffic is allowed when an allow rule

@@ -62,13 +62,11 @@ def evaluate_rules(
     port: int,
     subject_ports: PortNames = NO_PORT_NAMES,
     peer_ports: PortNames = NO_PORT_NAMES,
-    any_ports: PortNames = NO_PORT_NAMES,
 ) -> Verdict:
     """The verdict of the rules for traffic of an endpoint labelled ``subject`` with a peer
     labelled ``peer`` (egress: subject -> peer; ingress: peer -> subject). Named ports
-    resolve as policy/model.py says: egress through the peer's ports (``peer_ports``;
-    ``any_ports``, every pod's, for a rule with any peer), ingress through the subject's
-    (``subject_ports``)."""
+    resolve as policy/model.py says: egress through the peer's ports (``peer_ports``),
+    ingress through the subject's (``subject_ports``)."""
     sv = subject if isinstance(subject, LabelView) else LabelView(subject)
     pv = peer if isinstance(peer, LabelView) else LabelView(peer)
     selected: set[str] = set()
@@ -80,7 +78,7 @@ def evaluate_rules(
         selected.add(r.policy)
         if r.peers is not None and not any(p.matches(pv) for p in r.peers):
             continue
-        names = subject_ports if not egress else any_ports if r.peers is None else peer_ports
+        names = peer_ports if egress else subject_ports
         if not r.port_matches(protocol, port, names):
             continue
         (deny if r.deny else allow).add(r.policy)

@@ -36,12 +36,6 @@ def port_names(identity: int, variant: int = 0) -> dict[tuple[str, int], frozens
     return out
 
 
-def union_names(names: dict[int, Any]) -> dict[tuple[str, int], frozenset[int]]:
-    out: dict[tuple[str, int], frozenset[int]] = {}
-    for per in names.values():
-        for k, v in per.items():
-            out[k] = out.get(k, frozenset()) | v
-    return out
 
 
 @st.composite
@@ -198,7 +192,6 @@ def _check_against_reference(
     through ``names`` (identity -> its pods' named ports) and ``ep_names`` (endpoint ->
     its own)."""
     names, ep_names = names or {}, ep_names or {}
-    any_ports = union_names(names)
     rules = [r for p in comp.repo.policies() for r in p.rules]
     for ep, ident in endpoints.items():
         if ident not in identities:
@@ -217,7 +210,6 @@ def _check_against_reference(
                             port=port,
                             subject_ports=ep_names.get(ep, {}),
                             peer_ports=names.get(remote, {}),
-                            any_ports=any_ports,
                         ).allowed
                         got = evaluate_entries(
                             entries,

@@ -134,15 +134,15 @@ def test_ingress_named_port_resolves_to_the_endpoints_own_ports() -> None:
     assert h.keys(3) == set()
 
 
-def test_any_peer_resolves_through_every_pods_ports() -> None:
+def test_any_peer_resolves_on_each_pods_own_ports() -> None:
     h = NamedHarness()
     h.add(1, CLIENT)
-    h.add(2, SERVER_A, _ports(("web", "TCP", 80)))
-    h.add(3, SERVER_B, _ports(("web", "TCP", 8080)))
+    a = h.add(2, SERVER_A, _ports(("web", "TCP", 80)))
+    b = h.add(3, SERVER_B, _ports(("web", "TCP", 8080)))
     h.apply(_np({"podSelector": {"matchLabels": {"app": "client"}}, "policyTypes": ["Egress"],
                  "egress": [{"ports": [{"port": "web"}]}]}))
     h.writer.step()
-    assert h.keys(1) == {(0, True, TCP, 80, 16), (0, True, TCP, 8080, 16)}
+    assert h.keys(1) == {(a, True, TCP, 80, 16), (b, True, TCP, 8080, 16)}
 
 
 def test_endpoint_named_ports_from_the_request_the_pod_and_cni_args(tmp_path: Any) -> None:
