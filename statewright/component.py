@@ -25,7 +25,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import Any, Generic, TypeVar, overload
 
 import anyio
 import anyio.abc
@@ -59,6 +59,17 @@ class Health:
     def to_json(self) -> dict[str, str]:
         """Plain data for the API."""
         return {"name": self.name, "state": self.state, "message": self.message}
+
+
+@dataclass(frozen=True, slots=True)
+class Provided(Generic[T]):
+    """What a component provides under ``name`` for later ones, with the type of its value:
+    ``hive.get(DB_KEY)`` is a `DB` for the type checker, and checked against ``kind`` at
+    run time (None: a type only the checker knows, e.g. one imported lazily). The
+    provider's module defines it; its users import it from there."""
+
+    name: str
+    kind: type[T] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,6 +112,9 @@ class Component:
     needs: tuple[str, ...] = ()
     #: Names of things this component provides (`Hive.provide` in ``start``).
     provides: tuple[str, ...] = ()
+    #: Names of things it uses when an earlier component provides them, and does without
+    #: otherwise (`Hive.find`): the optional needs, visible to `Hive.check`.
+    uses: tuple[str, ...] = ()
 
     async def start(self, hive: Hive) -> None:
         """Start: take what it needs, provide what it provides, spawn its tasks."""
@@ -150,10 +164,18 @@ class Hive:
         self.check()
 
     def check(self) -> None:
-        """Refuse duplicate names and needs that no earlier component provides."""
+        """Refuse duplicate names, needs that no earlier component provides, and uses of
+        something only a later component provides (it would never be found)."""
         names: set[str] = set()
         available: set[str] = set()
+        provider = {n: c.name for c in self.components for n in c.provides}
         for comp in self.components:
+            late = [n for n in comp.uses if n in provider and n not in available]
+            if late:
+                raise ComponentError(
+                    f"component {comp.name!r} uses {', '.join(late)}, which only a later "
+                    f"component ({', '.join(provider[n] for n in late)}) provides"
+                )
             if comp.name in names:
                 raise ComponentError(f"component {comp.name!r} is listed twice")
             names.add(comp.name)
@@ -177,8 +199,19 @@ class Hive:
         """Publish ``value`` under ``name`` for later components."""
         self._provided[name] = value
 
-    def get(self, name: str, kind: type[T] | None = None) -> T:
-        """What an earlier component provided under ``name`` (checked against ``kind``)."""
+    @overload
+    def get(self, key: Provided[T]) -> T: ...
+
+    @overload
+    def get(self, key: str, kind: type[T]) -> T: ...
+
+    def get(self, key: Provided[T] | str, kind: type[T] | None = None) -> T:
+        """What an earlier component provided under the key (or the name, of type
+        ``kind``), checked against its type; ComponentError when nothing was."""
+        if isinstance(key, Provided):
+            name, kind = key.name, key.kind
+        else:
+            name = key
         try:
             value = self._provided[name]
         except KeyError:
@@ -187,9 +220,16 @@ class Hive:
             raise ComponentError(f"{name!r} is a {type(value).__name__}, not {kind.__name__}")
         return value
 
-    def has(self, name: str) -> bool:
-        """True when something was provided under ``name``."""
-        return name in self._provided
+    def find(self, user: Component, key: Provided[T]) -> T | None:
+        """An optional need of ``user``: what an earlier component provided under the key,
+        or None when the agent runs without it. ``user`` must declare it in ``uses``."""
+        if key.name not in user.uses:
+            raise ComponentError(
+                f"component {user.name!r} looks up {key.name!r} without declaring it in uses"
+            )
+        if key.name not in self._provided:
+            return None
+        return self.get(key)
 
     # ----- lifecycle ----------------------------------------------------------------------
     async def start(self, tg: anyio.abc.TaskGroup) -> None:

@@ -8,7 +8,15 @@ import anyio
 import pytest
 
 from statewright.api_types import Request, Route
-from statewright.component import DEGRADED, OK, Component, ComponentError, Health, Hive
+from statewright.component import (
+    DEGRADED,
+    OK,
+    Component,
+    ComponentError,
+    Health,
+    Hive,
+    Provided,
+)
 
 
 class Recorder(Component):
@@ -25,7 +33,7 @@ class Recorder(Component):
 
     async def start(self, hive: Hive) -> None:
         for n in self.needs:
-            self.seen[n] = hive.get(n)
+            self.seen[n] = hive.get(n, str)
         if self.fail_start:
             raise OSError("no such device")
         for p in self.provides:
@@ -50,6 +58,50 @@ def test_needs_must_be_provided_by_an_earlier_component() -> None:
     with pytest.raises(ComponentError, match="listed twice"):
         Hive([Recorder("a", log), Recorder("a", log)])
     assert log == []  # nothing started
+
+
+X: Provided[str] = Provided("x", str)
+
+
+class User(Component):
+    """Uses ``x`` when an earlier component provides it."""
+
+    name = "user"
+    uses = ("x",)
+
+    def __init__(self) -> None:
+        self.found: str | None = "not started"
+
+    async def start(self, hive: Hive) -> None:
+        self.found = hive.find(self, X)
+
+
+def test_optional_needs_are_declared_and_checked() -> None:
+    log: list[str] = []
+    # Provided only later: it would never be found, so the list is refused.
+    with pytest.raises(ComponentError, match="'user' uses x, which only a later component"):
+        Hive([User(), Recorder("a", log, provides=("x",))])
+    with_x, without_x = User(), User()
+
+    async def run(hive: Hive) -> None:
+        async with anyio.create_task_group() as tg:
+            await hive.start(tg)
+            await hive.stop()
+
+    anyio.run(run, Hive([Recorder("a", log, provides=("x",)), with_x]))
+    anyio.run(run, Hive([without_x]))
+    assert (with_x.found, without_x.found) == ("a:x", None)
+
+    # A lookup the component did not declare is refused; a typed key checks the value.
+    class Undeclared(User):
+        uses = ()
+
+    hive = Hive([])
+    hive.provide("x", 1)
+    with pytest.raises(ComponentError, match="without declaring it in uses"):
+        hive.find(Undeclared(), X)
+    with pytest.raises(ComponentError, match="'x' is a int, not str"):
+        hive.get(X)
 
 
 def test_start_in_order_ready_after_all_stop_in_reverse() -> None:

@@ -16,7 +16,7 @@ import anyio
 import pytest
 
 from statewright.agent.components.endpoints import EndpointsComponent, EndpointsConfig
-from statewright.agent.components.kubernetes import KubernetesComponent
+from statewright.agent.components.kubernetes import K8S_SOURCE, KubernetesComponent
 from statewright.agent.components.lb import LBMapsComponent, LoadBalancerComponent
 from statewright.agent.components.policy import PolicyComponent
 from statewright.agent.components.statedb import StateDBComponent
@@ -131,7 +131,7 @@ async def test_pod_labels_follow_the_pod_and_change_policy(
     apiserver.upsert(allow_client_to_server())
     async with agent(_config(apiserver, dirs, tmp_path, "10.34.0.0/24")) as (hive, policy):
         manager = hive.get("endpoints", EndpointManager)
-        k8s: Any = hive.get("k8s")
+        k8s: Any = hive.get(K8S_SOURCE)
         await wait_for(lambda: len(k8s.pod_labels) == 2, "the Pods listed")
 
         def create(name: str) -> int:
@@ -216,7 +216,7 @@ async def test_namespace_labels_go_into_pod_identities(
     apiserver.upsert(namespace_selector_policy())
     async with agent(_config(apiserver, dirs, tmp_path, "10.35.0.0/24")) as (hive, policy):
         manager = hive.get("endpoints", EndpointManager)
-        k8s: Any = hive.get("k8s")
+        k8s: Any = hive.get(K8S_SOURCE)
         component: Any = hive.component("endpoints")
         await wait_for(
             lambda: len(k8s.pod_labels) == 2 and component.namespace_source.synced,

@@ -23,7 +23,7 @@ import trustme
 
 from reconciler.status import StatusKind
 from sources.k8s_source import SourceConfig
-from statewright.agent.components.kubernetes import KubernetesComponent
+from statewright.agent.components.kubernetes import K8S_SOURCE, KubernetesComponent
 from statewright.agent.components.lb import LBMapsComponent, LoadBalancerComponent
 from statewright.agent.components.statedb import StateDBComponent
 from statewright.agent.config import AgentConfig
@@ -150,7 +150,7 @@ async def test_initial_sync_and_live_changes_reach_the_maps(
         assert health["k8s/services"].state == OK
         # /k8s on the agent's API: each reflector's state (watching once the watch that
         # follows its list is open).
-        src = hive.get("k8s")
+        src = hive.get(K8S_SOURCE)
         await wait_for(lambda: all(r.health.state == "watching" for r in src.reflectors), "watch")
         (route,) = hive.component("k8s").routes()
         doc = await route.handler(Request(params={}, query={}))
@@ -200,7 +200,7 @@ async def test_relist_after_410_keeps_unchanged_entries(
         apiserver.expire()
         apiserver.clear_faults()
         await wait_for(lambda: not _map_entries(lb, "10.96.0.2") and _all_done(lb), "relist")
-        src = hive.get("k8s")
+        src = hive.get(K8S_SOURCE)
         assert next(r for r in src.reflectors if r.name == "services").health.lists == 2
         # Unchanged services: same ids, same map entries, frontend rows never rewritten.
         after = _ids(lb)
@@ -286,7 +286,7 @@ async def test_stalled_watch_is_restarted_and_changes_reach_the_maps(
     async with agent(_config(kubeconfig, memory_pins)) as hive:
         lb = _lb(hive)
         await wait_for(lambda: _all_done(lb) and lb.frontends.count(lb.db.read_txn()) == 2, "sync")
-        src = hive.get("k8s")
+        src = hive.get(K8S_SOURCE)
         slices = next(r for r in src.reflectors if r.name == "endpointslices")
         await wait_for(lambda: slices.health.state == "watching", "watching")
         watches, lists = slices.health.watches, slices.health.lists

@@ -30,7 +30,16 @@ from bpf.memory_map import MemoryMap
 from bpfops.conntrack import CTMaps
 from statewright.agent.config import AgentConfig
 from statewright.api_types import ApiError, QueryParam, Request, Route
-from statewright.component import DEGRADED, OK, Component, Health, Hive, MapView, typed_map_view
+from statewright.component import (
+    DEGRADED,
+    OK,
+    Component,
+    Health,
+    Hive,
+    MapView,
+    Provided,
+    typed_map_view,
+)
 
 log = logging.getLogger("statewright.agent.ct")
 
@@ -51,6 +60,10 @@ _FLUSH_SCHEMA = {"type": "object", "required": ["removed"],
 _STATS_SCHEMA = {"type": "object", "required": ["gc", "drops"], "properties": {
     "gc": {"type": "object"}, "drops": {"type": "array", "items": {"type": "object"}}}}
 _OFF = {503: "the ct component has not started"}
+
+
+#: The connection-tracking maps, for the metrics component.
+CT: Provided[CTMaps] = Provided("ct", CTMaps)
 
 
 @dataclass(frozen=True, slots=True)
@@ -94,7 +107,7 @@ class CTComponent(Component):
             raise
         self.maps = CTMaps(*opened)
         await hive.spawn(self, self._gc_loop, label="ct-gc")
-        hive.provide("ct", self.maps)
+        hive.provide(CT.name, self.maps)
 
     async def _gc_loop(self, *, task_status: Any = anyio.TASK_STATUS_IGNORED) -> None:
         task_status.started()

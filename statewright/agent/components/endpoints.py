@@ -69,10 +69,21 @@ from sources.k8s_namespaces import NamespaceSource
 from sources.k8s_node_cidrs import NodePodCIDRs, NodeSource
 from sources.k8s_source import SourceConfig
 from statedb import DB, Table, WatchSet
+from statewright.agent.components.kubernetes import K8S_SOURCE
 from statewright.agent.components.map_reconciler import map_reconciler
+from statewright.agent.components.nodes import NODES
 from statewright.agent.config import DEFAULT_POD_CIDRS, DEFAULT_STATE_DIR, AgentConfig
 from statewright.api_types import ApiError, Request, Route
-from statewright.component import DEGRADED, OK, Component, Health, Hive, MapView, typed_map_view
+from statewright.component import (
+    DEGRADED,
+    OK,
+    Component,
+    Health,
+    Hive,
+    MapView,
+    Provided,
+    typed_map_view,
+)
 from statewright.netns_cookie import netns_cookie
 from tables.cluster_identities import ClusterIdentityAllocator
 from tables.endpoint_entries import EntryTables
@@ -139,12 +150,17 @@ async def _call(fn: Callable[..., Any], *args: Any) -> Any:
         raise _api_error(e) from None
 
 
+#: The endpoint manager, for the components that follow the endpoints.
+ENDPOINTS: Provided[EndpointManager] = Provided("endpoints", EndpointManager)
+
+
 class EndpointsComponent(Component):
     """See the module doc."""
 
     name = "endpoints"
     needs = ("db",)
     provides = ("endpoints",)
+    uses = ("k8s", "nodes")
 
     def __init__(self, config: EndpointsConfig, link_exists: LinkCheck = host_link_exists) -> None:
         self.config = config
@@ -181,7 +197,7 @@ class EndpointsComponent(Component):
         if source is not None:
             configured = () if cfg.pod_cidrs_from_node else cfg.pod_cidrs
             self.node_cidrs = NodePodCIDRs(ipam, source, configured)
-        pods = _pod_label_source(hive)
+        pods = _pod_label_source(hive, self)
         # With an API server the numbering is the cluster's (CiliumIdentity objects);
         # without one (manifests only) it is this node's.
         identities = ClusterIdentityAllocator(db) if pods is not None else IdentityAllocator(db)
@@ -198,7 +214,7 @@ class EndpointsComponent(Component):
             pod_ports_of=getattr(pods, "pod_ports_of", None),
             namespace_labels_of=lambda ns: namespace_labels(db.read_txn(), namespaces, ns),
         )
-        self.nodes = hive.get("nodes") if hive.has("nodes") else None
+        self.nodes = hive.find(self, NODES)
         with db.write_txn(entries.endpoint_map, entries.ipcache) as txn:
             done_endpoint_map = entries.endpoint_map.register_initializer(txn, RESTORE_INITIALIZER)
             done_ipc = entries.ipcache.register_initializer(txn, RESTORE_INITIALIZER)
@@ -267,7 +283,7 @@ class EndpointsComponent(Component):
         if self.node_cidrs is not None:
             self.node_cidrs.on_change = lambda: self._sync_host(db, manager)
             await hive.spawn(self, self.node_cidrs.run, label="endpoints-pod-cidrs")
-        pods = _pod_label_source(hive)
+        pods = _pod_label_source(hive, self)
         if pods is not None and isinstance(manager.identities, ClusterIdentityAllocator):
             self.cluster_identities = ClusterIdentities(
                 manager.identities, pods.client, manager.renumber_identities,
@@ -284,7 +300,7 @@ class EndpointsComponent(Component):
         assert self.namespaces is not None
         await hive.spawn(self, _follow_namespaces(db, self.namespaces, manager),
                          label="endpoints-namespace-labels")
-        hive.provide("endpoints", manager)
+        hive.provide(ENDPOINTS.name, manager)
 
     def _cilium_endpoints(
         self, db: DB, pods: PodLabelSource, manager: EndpointManager
@@ -342,7 +358,7 @@ class EndpointsComponent(Component):
         come from the Node; and the ``k8s`` component's source (None without it), which
         `node_cidrs` follows (sources/k8s_node_cidrs.py)."""
         cfg = self.config
-        source: NodeSource | None = hive.get("k8s") if hive.has("k8s") else None
+        source: NodeSource | None = hive.find(self, K8S_SOURCE)
         if cfg.pod_cidrs_from_node and source is None:
             log.warning("endpoints: no Kubernetes source for the Node's pod CIDRs; using %s",
                         ", ".join(cfg.pod_cidrs))
@@ -718,10 +734,9 @@ class PodLabelSource(Protocol):
     async def wait_pod_labels(self, after: int = 0) -> int: ...
 
 
-def _pod_label_source(hive: Hive) -> PodLabelSource | None:
+def _pod_label_source(hive: Hive, user: Component) -> PodLabelSource | None:
     """The ``k8s`` component's source when it runs (it provides Pod labels), else None."""
-    source = hive.get("k8s") if hive.has("k8s") else None
-    return source if source is not None and hasattr(source, "wait_pod_labels") else None
+    return hive.find(user, K8S_SOURCE)
 
 
 def _follow_labels(

@@ -38,7 +38,16 @@ from sources.k8s_source import K8sSource, SourceConfig
 from statedb.gc_tuning import STEADY_GC_THRESHOLDS, collect_young_periodically, steady_gc
 from statewright.agent.config import AgentConfig
 from statewright.api_types import Request, Route
-from statewright.component import DEGRADED, DISABLED, OK, Component, ComponentError, Health, Hive
+from statewright.component import (
+    DEGRADED,
+    DISABLED,
+    OK,
+    Component,
+    ComponentError,
+    Health,
+    Hive,
+    Provided,
+)
 from statewright.loadbalancer import LoadBalancer
 
 log = logging.getLogger("statewright.agent.kubernetes")
@@ -72,12 +81,18 @@ K8S_SCHEMA = {
 }
 
 
+#: The Kubernetes source (Services, EndpointSlices, this node's Pods and Node), and its
+#: API client, for the components that read more kinds.
+K8S_SOURCE: Provided[K8sSource] = Provided("k8s", K8sSource)
+K8S_CLIENT: Provided[K8sClient] = Provided("k8s-client", K8sClient)
+
+
 class KubernetesComponent(Component):
     """Services, EndpointSlices, this node's Pods and this Node from the API server."""
 
     name = "k8s"
     needs = ("lb",)
-    provides = ("k8s",)
+    provides = ("k8s", "k8s-client")
 
     def __init__(self, config: AgentConfig, source_config: SourceConfig | None = None) -> None:
         self.config = config
@@ -114,7 +129,8 @@ class KubernetesComponent(Component):
         with lb.writer.write_txn() as txn:
             source.register_initializer(txn)
         self.source = source
-        hive.provide("k8s", source)
+        hive.provide(K8S_SOURCE.name, source)
+        hive.provide(K8S_CLIENT.name, client)
         await hive.spawn(self, source.run)
         await hive.spawn(self, self._steady_gc_after_sync(lb, source), label="k8s-steady-gc")
         log.info(

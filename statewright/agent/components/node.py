@@ -213,6 +213,7 @@ class MetricsComponent(Component):
 
     name = "metrics"
     needs = ("lb-maps",)
+    uses = ("ct",)
 
     def __init__(self, config: AgentConfig) -> None:
         self.config = config
@@ -238,11 +239,11 @@ class MetricsComponent(Component):
         assert lb.reconciler is not None
         registry = CollectorRegistry()
         registry.register(PrometheusCollector([lb.reconciler.metrics]))
-        if hive.has("ct"):
-            from bpfops.conntrack import CTMaps
-            from statewright.agent.components.conntrack import CTCollector
+        from statewright.agent.components.conntrack import CT, CTCollector
 
-            registry.register(CTCollector(hive.get("ct", CTMaps)))
+        ct = hive.find(self, CT)
+        if ct is not None:
+            registry.register(CTCollector(ct))
         try:
             self.server, self.thread = start_http_server(
                 cfg.metrics_port, addr=cfg.metrics_address, registry=registry

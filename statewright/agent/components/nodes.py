@@ -33,9 +33,11 @@ from typing import Any
 from reconciler import Config, Reconciler, status_field_accessors
 from reconciler.health import Level
 from statedb import DB, Table
+from statewright.agent.components.kubernetes import K8S_CLIENT, K8S_SOURCE
+from statewright.agent.components.sources import MANIFESTS
 from statewright.agent.config import AgentConfig
 from statewright.api_types import Request, Route
-from statewright.component import DEGRADED, DISABLED, OK, Component, Health, Hive
+from statewright.component import DEGRADED, DISABLED, OK, Component, Health, Hive, Provided
 from tables.devices import DEVICES_TABLE
 from tables.node_routes import NodeRoute, NodeRoutes, new_node_routes_table
 from tables.nodes import SOURCE_MANIFESTS, Node, NodeObjects, new_nodes_table
@@ -61,16 +63,12 @@ NODES_SCHEMA = {
 }
 
 
-def _component_attr(hive: Hive, name: str, attr: str) -> Any:
-    """``attr`` of the component ``name`` when the agent has it (None otherwise)."""
-    for comp in hive.components:
-        if comp.name == name:
-            return getattr(comp, attr, None)
-    return None
-
-
 def _table(db: DB, name: str) -> Table[Any] | None:
     return next((t for t in db.tables if t.name == name), None)
+
+
+#: The nodes table, for the components that follow the cluster's nodes.
+NODES: Provided[Table[Node]] = Provided("nodes", Table)
 
 
 class NodesComponent(Component):
@@ -79,6 +77,7 @@ class NodesComponent(Component):
     name = "nodes"
     needs = ("db",)
     provides = ("nodes",)
+    uses = ("manifests", "k8s", "k8s-client")
 
     def __init__(self, config: AgentConfig) -> None:
         self.config = config
@@ -98,7 +97,7 @@ class NodesComponent(Component):
         table = new_nodes_table()
         db.register(table)
         self.table = table
-        manifests = _component_attr(hive, "manifests", "source")
+        manifests = hive.find(self, MANIFESTS)
         if manifests is not None:
             with db.write_txn(table) as txn:
                 done = table.register_initializer(txn, "manifests")
@@ -109,17 +108,17 @@ class NodesComponent(Component):
 
             manifests.add_kind_handler(NodeObjects(table, SOURCE_MANIFESTS),
                                        on_synced=manifests_in)
-        client = _component_attr(hive, "k8s", "client")
+        client = hive.find(self, K8S_CLIENT)
         if client is not None:
             from sources.k8s_nodes import NodesK8sSource
 
-            k8s_source = _component_attr(hive, "k8s", "source")
+            k8s_source = hive.find(self, K8S_SOURCE)
             reflector = k8s_source.config.reflector if k8s_source is not None else None
             self.k8s = NodesK8sSource(db, table, client, reflector)
             with db.write_txn(table) as txn:
                 self.k8s.register_initializer(txn)
             await hive.spawn(self, self.k8s.run, label="nodes-k8s")
-        hive.provide("nodes", table)
+        hive.provide(NODES.name, table)
         if self.config.auto_direct_node_routes:
             await self._start_routes(hive, db, table)
 

@@ -37,6 +37,9 @@ from policy.source import PolicyObjects, new_policies_table
 from policy.verdict import evaluate_rules
 from policy.writer import PolicyWriter
 from statedb import DB, Table
+from statewright.agent.components.endpoints import ENDPOINTS
+from statewright.agent.components.kubernetes import K8S_CLIENT
+from statewright.agent.components.sources import MANIFESTS
 from statewright.api_types import ApiError, QueryParam, Request, Route
 from statewright.component import DEGRADED, OK, Component, Health, Hive
 from tables.endpoints import MAX_ENDPOINT_ID, MIN_ENDPOINT_ID
@@ -158,20 +161,13 @@ _TRACE_SCHEMA = {
 }
 
 
-def _component_attr(hive: Hive, name: str, attr: str) -> Any:
-    """``attr`` of the component ``name`` when the agent has it (None otherwise)."""
-    for comp in hive.components:
-        if comp.name == name:
-            return getattr(comp, attr, None)
-    return None
-
-
 class PolicyComponent(Component):
     """See the module doc."""
 
     name = "policy"
     needs = ("db", "endpoints")
     provides = ("policy",)
+    uses = ("manifests", "k8s-client")
 
     def __init__(self) -> None:
         self.db: DB | None = None
@@ -187,7 +183,7 @@ class PolicyComponent(Component):
         """Register the tables, hand the policy kinds to the manifest source, start the
         writer (its first step computes everything already in the tables)."""
         db = hive.get("db", DB)
-        manager: Any = hive.get("endpoints")
+        manager = hive.get(ENDPOINTS)
         self.db = db
         self.identities = manager.identities.table
         self.policies = new_policies_table()
@@ -204,7 +200,7 @@ class PolicyComponent(Component):
         )
         handler = PolicyObjects(self.policies)
         self.handler = handler
-        manifests = _component_attr(hive, "manifests", "source")
+        manifests = hive.find(self, MANIFESTS)
         if manifests is not None:
             with db.write_txn(self.policies) as txn:
                 done = self.policies.register_initializer(txn, "manifests")
@@ -215,7 +211,7 @@ class PolicyComponent(Component):
                     done(wtxn)
 
             manifests.add_kind_handler(handler, on_synced=manifests_in)
-        client = _component_attr(hive, "k8s", "client")
+        client = hive.find(self, K8S_CLIENT)
         if client is not None:
             from policy.k8s import PolicyK8sSource
 

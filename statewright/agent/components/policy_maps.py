@@ -39,6 +39,7 @@ from bpfops.policy_ops import PolicyMapSet, PolicyNetnsOps, PolicyOps
 from reconciler import Reconciler
 from reconciler.health import Level
 from statedb import DB, Table, WatchSet
+from statewright.agent.components.endpoints import ENDPOINTS
 from statewright.agent.components.map_reconciler import map_reconciler
 from statewright.agent.config import AgentConfig
 from statewright.component import DEGRADED, OK, Component, Health, Hive, MapView, typed_map_view
@@ -113,7 +114,7 @@ class PolicyMapsComponent(Component):
     async def start(self, hive: Hive) -> None:
         """Tables, maps, the two reconcilers and the netns follower (module doc)."""
         db = hive.get("db", DB)
-        manager = hive.get("endpoints", EndpointManager)
+        manager = hive.get(ENDPOINTS)
         cfg = self.config
         entries = table_of(db, POLICY_ENTRIES_TABLE, new_policy_entries_table)
         modes = table_of(db, POLICY_ENDPOINTS_TABLE, new_policy_endpoints_table)

@@ -8,14 +8,21 @@ started later, prunes nothing before their initial state is in.
 from __future__ import annotations
 
 import logging
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from statedb import DB
 from statewright.agent.config import AgentConfig
-from statewright.component import DEGRADED, DISABLED, OK, Component, Health, Hive
+from statewright.component import DEGRADED, DISABLED, OK, Component, Health, Hive, Provided
 from statewright.loadbalancer import LoadBalancer
 
+if TYPE_CHECKING:
+    from sources.manifests import ManifestSource
+
 log = logging.getLogger("statewright.agent.sources")
+
+
+#: The manifest source, for the components that take more kinds from the manifests.
+MANIFESTS: Provided[ManifestSource] = Provided("manifests")
 
 
 class ManifestsComponent(Component):
@@ -23,6 +30,7 @@ class ManifestsComponent(Component):
 
     name = "manifests"
     needs = ("lb",)
+    provides = ("manifests",)
 
     def __init__(self, config: AgentConfig) -> None:
         self.config = config
@@ -38,6 +46,7 @@ class ManifestsComponent(Component):
         with lb.writer.write_txn() as txn:
             source.register_initializer(txn)
         self.source = source
+        hive.provide(MANIFESTS.name, source)
         await hive.spawn(self, source.run)
         log.info("agent: manifest source on %s: %d file(s), %d error(s)",
                  ", ".join(self.config.manifests), len(source.files), len(source.errors))
