@@ -34,6 +34,7 @@ try:
         ct_commands,
         endpoint_commands,
         lb_commands,
+        operator_commands,
         policy_commands,
         run_commands,
     )
@@ -72,6 +73,7 @@ COMMAND_MODULES: tuple[CommandModule, ...] = (
     policy_commands,
     ct_commands,
     api_commands,
+    operator_commands,
 )
 
 

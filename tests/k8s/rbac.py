@@ -13,9 +13,9 @@ from .fake_apiserver import RequestRecord
 DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
 
 
-def cluster_role_rules() -> list[Mapping[str, Any]]:
-    """The rules of deploy/clusterrole.yaml."""
-    doc = yaml.safe_load((DEPLOY / "clusterrole.yaml").read_text())
+def cluster_role_rules(name: str = "clusterrole.yaml") -> list[Mapping[str, Any]]:
+    """The rules of deploy/clusterrole.yaml (or another ClusterRole file of deploy/)."""
+    doc = yaml.safe_load((DEPLOY / name).read_text())
     assert doc["kind"] == "ClusterRole"
     return list(doc["rules"])
 
@@ -42,7 +42,9 @@ def allows(rules: Iterable[Mapping[str, Any]], req: RequestRecord) -> bool:
     return False
 
 
-def disallowed(requests: Iterable[RequestRecord]) -> list[str]:
+def disallowed(
+    requests: Iterable[RequestRecord], role: str = "clusterrole.yaml"
+) -> list[str]:
     """The requests the deployed ClusterRole would refuse (empty when all are allowed)."""
-    rules = cluster_role_rules()
+    rules = cluster_role_rules(role)
     return [f"{r.verb or 'GET'} {r.path}?{r.query}" for r in requests if not allows(rules, r)]

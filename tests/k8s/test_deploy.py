@@ -105,3 +105,42 @@ def test_cluster_role_is_least_rights() -> None:
         rules, RequestRecord("GET", "/api/v1/secrets", {}, verb="list", resource="secrets")
     )
     assert not allows(rules, RequestRecord("GET", "/api", {}))
+
+
+def test_operator_role_is_least_rights_and_its_deployment_one_replica() -> None:
+    rules = cluster_role_rules("operator-clusterrole.yaml")
+    granted = {
+        (g, r, v)
+        for rule in rules
+        for g in rule["apiGroups"]
+        for r in rule["resources"]
+        for v in rule["verbs"]
+    }
+    assert granted == {
+        ("cilium.io", "ciliumidentities", "list"),
+        ("cilium.io", "ciliumidentities", "watch"),
+        ("cilium.io", "ciliumidentities", "delete"),
+        ("cilium.io", "ciliumendpoints", "list"),
+        ("cilium.io", "ciliumendpoints", "watch"),
+    }
+    dep = yaml.safe_load((DEPLOY / "operator-deployment.yaml").read_text())
+    assert dep["spec"]["replicas"] == 1
+    pod = dep["spec"]["template"]["spec"]
+    assert pod["serviceAccountName"] == "statewright-operator"
+    assert pod["containers"][0]["command"][:3] == ["statewright", "operator", "--in-cluster"]
+
+
+def test_crds_name_the_kinds_the_agents_write() -> None:
+    crds = {
+        doc["spec"]["names"]["kind"]: doc
+        for p in DEPLOY.glob("crd-*.yaml")
+        for doc in [yaml.safe_load(p.read_text())]
+    }
+    assert set(crds) == {"CiliumIdentity", "CiliumEndpoint"}
+    assert crds["CiliumIdentity"]["spec"]["scope"] == "Cluster"
+    assert crds["CiliumEndpoint"]["spec"]["scope"] == "Namespaced"
+    schema = crds["CiliumEndpoint"]["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
+    status = schema["properties"]["status"]["properties"]
+    assert set(status) >= {"id", "identity", "networking", "state"}
+    ident = crds["CiliumIdentity"]["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
+    assert "security-labels" in ident["properties"]
