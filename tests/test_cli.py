@@ -58,6 +58,7 @@ def test_every_command_is_registered_with_its_path() -> None:
         "agent", "status", "db show", "db list", "db watch", "exec",
         "endpoint list", "endpoint get", "ipam", "policy get", "policy trace", "api openapi",
         "ct list", "ct flush", "ct stats",
+        "operator",
     }
     assert commands["run"].get_default("func") is run_commands.cmd_run
     # agent_commands extended the parsers lb_commands and bpf_commands registered: the agent
