@@ -33,6 +33,7 @@ INPUT_ERRORS = {
     "tables.cluster_identities.IdentityObjectError",
     "tables.nodes.NodeError",
     "tables.remote_endpoints.EndpointObjectError",
+    "tables.namespaces.NamespaceError",
     "sources.kvstore.config.KVStoreConfigError",
     "reconciler.status_index.UnknownStatusKindError",
     "policy.errors.PolicyError",
