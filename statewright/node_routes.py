@@ -31,11 +31,17 @@ from reconciler import BatchEntry
 from statedb import ReadTxn
 from statedb.errors import StatewrightError
 from statewright.rtnl import Route, Rtnl
+from tables.l3n4 import IPAddress
 from tables.node_routes import NodeRoute
 
 #: The routing protocol number of the agent's routes (rtnetlink ``rtm_protocol``; not
 #: one of those iproute2 names in /etc/iproute2/rt_protos).
 RTPROT_STATEWRIGHT = 196
+
+
+def _text(ip: IPAddress) -> str:
+    """An address as the kernel's route listing spells it (`Rtnl.routes`: inet_ntop)."""
+    return socket.inet_ntop(socket.AF_INET if ip.version == 4 else socket.AF_INET6, ip.packed)
 
 
 class RouteConflictError(StatewrightError):
@@ -88,7 +94,7 @@ class RouteOps:
 
     async def prune(self, txn: ReadTxn, objects: Iterator[NodeRoute]) -> None:
         """Delete our routes no row explains."""
-        want = {(str(r.prefix.network_address), r.prefix.prefixlen, str(r.gateway))
+        want = {(_text(r.prefix.network_address), r.prefix.prefixlen, _text(r.gateway))
                 for r in objects}
         await anyio.to_thread.run_sync(self._prune, want)
 
@@ -96,36 +102,47 @@ class RouteOps:
     def _update_all(self, batch: list[BatchEntry[NodeRoute]]) -> None:
         with self._rtnl() as rtnl:
             table = self._table(rtnl, {e.obj.prefix.version for e in batch})
+            todo: list[tuple[BatchEntry[NodeRoute], tuple[str, int, str]]] = []
             for entry in batch:
                 try:
-                    self._update_one(rtnl, table, entry.obj)
-                except (OSError, StatewrightError) as e:
+                    want = self._needed(table, entry.obj)
+                except RouteConflictError as e:
                     entry.result = e
+                    continue
+                if want is None:
+                    self.skipped += 1
+                else:
+                    todo.append((entry, want))
+            errors = rtnl.replace_routes([want for _, want in todo], self.protocol)
+            for (entry, _), err in zip(todo, errors, strict=True):
+                if err is None:
+                    self.writes += 1
+                else:
+                    entry.result = err
 
-    def _update_one(
-        self, rtnl: Rtnl, table: dict[tuple[str, int], list[Route]], row: NodeRoute
-    ) -> None:
-        dst, plen, gw = str(row.prefix.network_address), row.prefix.prefixlen, str(row.gateway)
+    def _needed(
+        self, table: dict[tuple[str, int], list[Route]], row: NodeRoute
+    ) -> tuple[str, int, str] | None:
+        """The route to write for ``row`` (None: ours is there and right already)."""
+        dst, plen, gw = _text(row.prefix.network_address), row.prefix.prefixlen, _text(row.gateway)
         present = table.get((dst, plen), [])
         if any(r.protocol == self.protocol and r.gateway == gw for r in present):
-            self.skipped += 1
-            return
+            return None
         foreign = [r for r in present if r.protocol != self.protocol]
         if foreign:
             raise RouteConflictError(
                 f"route to {row.prefix} of node {row.node}: the main table has a route to "
                 f"it of routing protocol {foreign[0].protocol} (not the agent's): left alone"
             )
-        rtnl.replace_route(dst, plen, gw, self.protocol)
-        self.writes += 1
+        return dst, plen, gw
 
     def _delete_all(self, batch: list[BatchEntry[NodeRoute]]) -> None:
         with self._rtnl() as rtnl:
             for entry in batch:
                 r = entry.obj
                 try:
-                    if rtnl.delete_route(str(r.prefix.network_address), r.prefix.prefixlen,
-                                         str(r.gateway), self.protocol):
+                    if rtnl.delete_route(_text(r.prefix.network_address), r.prefix.prefixlen,
+                                         _text(r.gateway), self.protocol):
                         self.deletes += 1
                 except OSError as e:
                     entry.result = e

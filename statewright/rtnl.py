@@ -58,6 +58,10 @@ RTA_DST, RTA_OIF, RTA_GATEWAY, RTA_TABLE = 1, 4, 5, 15
 RT_TABLE_MAIN, RTPROT_BOOT, RTN_UNICAST = 254, 3, 1
 RT_SCOPE_UNIVERSE, RT_SCOPE_LINK = 0, 253
 
+#: Requests `Rtnl.replace_routes` sends before it reads their acknowledgements (each
+#: waits in the socket's receive buffer meanwhile).
+PIPELINE = 64
+
 _NLMSGHDR = struct.Struct("=IHHII")  # length, type, flags, sequence, port id
 _RTATTR = struct.Struct("=HH")  # length, type
 _IFINFOMSG = struct.Struct("=BxHiII")  # family, type, index, flags, change
@@ -337,11 +341,11 @@ class Rtnl:
             if table != RT_TABLE_MAIN or rtype != RTN_UNICAST or fam != family:
                 continue
             zero = bytes(4 if fam == socket.AF_INET else 16)
-            dst = str(ipaddress.ip_address(found.get(RTA_DST, zero)))
+            # inet_ntop: the text form of `address_text`, at C speed (dumps are large)
+            dst = socket.inet_ntop(fam, found.get(RTA_DST, zero))
             gw = found.get(RTA_GATEWAY)
             oif = struct.unpack_from("=I", found[RTA_OIF])[0] if RTA_OIF in found else 0
-            out.append(Route(dst, dst_len, str(ipaddress.ip_address(gw)) if gw else "",
-                             proto, oif))
+            out.append(Route(dst, dst_len, socket.inet_ntop(fam, gw) if gw else "", proto, oif))
         return out
 
     def _gateway_route(self, dst: str, prefixlen: int, gateway: str, protocol: int) -> bytes:
@@ -360,6 +364,41 @@ class Rtnl:
         body = self._gateway_route(dst, prefixlen, gateway, protocol)
         flags = NLM_F_ACK | NLM_F_CREATE | NLM_F_REPLACE
         self._request(RTM_NEWROUTE, flags, body, f"replace route {dst}/{prefixlen} via {gateway}")
+
+    def replace_routes(
+        self, routes: list[tuple[str, int, str]], protocol: int
+    ) -> list[RtnlError | None]:
+        """`replace_route` for each (destination, prefix length, gateway), pipelined: up to
+        `PIPELINE` requests are sent before their acknowledgements are read. The error of
+        each request, in order (None: done)."""
+        out: list[RtnlError | None] = []
+        flags = NLM_F_REQUEST | NLM_F_ACK | NLM_F_CREATE | NLM_F_REPLACE
+        for start in range(0, len(routes), PIPELINE):
+            chunk = routes[start : start + PIPELINE]
+            seqs: dict[int, int] = {}
+            for i, (dst, plen, gw) in enumerate(chunk):
+                body = self._gateway_route(dst, plen, gw, protocol)
+                self._seq += 1
+                seqs[self._seq] = i
+                self.sock.send(
+                    _NLMSGHDR.pack(_NLMSGHDR.size + len(body), RTM_NEWROUTE, flags, self._seq, 0)
+                    + body
+                )
+            codes: dict[int, int] = {}
+            while len(codes) < len(chunk):
+                data = self.sock.recv(65536)
+                pos = 0
+                while pos + _NLMSGHDR.size <= len(data):
+                    length, mtype, _, mseq, _ = _NLMSGHDR.unpack_from(data, pos)
+                    if mtype == NLMSG_ERROR and mseq in seqs:
+                        (code,) = struct.unpack_from("=i", data, pos + _NLMSGHDR.size)
+                        codes[seqs[mseq]] = code
+                    pos += (length + 3) & ~3
+            for i, (dst, plen, gw) in enumerate(chunk):
+                code = codes[i]
+                out.append(RtnlError(-code, f"replace route {dst}/{plen} via {gw}")
+                           if code else None)
+        return out
 
     def delete_route(self, dst: str, prefixlen: int, gateway: str, protocol: int) -> bool:
         """Delete the main-table route to ``dst/prefixlen`` via ``gateway`` of routing
