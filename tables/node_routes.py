@@ -22,6 +22,7 @@ none of the routes of an earlier run.
 
 from __future__ import annotations
 
+import bisect
 import ipaddress
 import logging
 from collections.abc import Callable, Iterable
@@ -101,27 +102,91 @@ def connected_networks(devices: Iterable[Device]) -> list[IPNetwork]:
     return out
 
 
+@dataclass(frozen=True, slots=True)
+class _Candidate:
+    """A pod CIDR of a node as far as the node alone decides: its route, or why none."""
+
+    version: int
+    first: int
+    last: int
+    route: NodeRoute | None
+    problem: str = ""
+
+
+def _candidates(
+    node: Node, local: str, local_cidrs: list[IPNetwork], connected: list[IPNetwork]
+) -> list[_Candidate]:
+    """Each pod CIDR of ``node`` with its route, or the reason it gets none that does not
+    depend on the other nodes (overlaps between nodes are settled by `desired_routes`)."""
+    out = []
+    for cidr in node.pod_cidrs:
+        first, last = int(cidr.network_address), int(cidr.broadcast_address)
+        why = _refusal(node, cidr, local, local_cidrs, connected)
+        gw = node.internal_ip(cidr.version)
+        route = NodeRoute(cidr, gw, node.name) if not why and gw is not None else None
+        out.append(_Candidate(cidr.version, first, last, route, why))
+    return out
+
+
 def desired_routes(
-    nodes: Iterable[Node], local: str, connected: list[IPNetwork]
+    nodes: Iterable[Node],
+    local: str,
+    connected: list[IPNetwork],
+    cache: dict[str, tuple[Node, list[_Candidate]]] | None = None,
 ) -> tuple[dict[IPNetwork, NodeRoute], dict[str, str]]:
     """The routes to the other nodes' pod CIDRs, and per node without (some of) its
-    routes the reason (see the module doc)."""
+    routes the reason (see the module doc). ``cache`` (node name -> the row and its
+    candidates, filled here) spares the work for rows seen before, as long as ``local``
+    and ``connected`` stay the same; an unchanged node's routes are then the same
+    objects as before."""
     routes: dict[IPNetwork, NodeRoute] = {}
     problems: dict[str, list[str]] = {}
     ordered = sorted(nodes, key=lambda n: n.name)
     local_cidrs = [c for n in ordered if n.name == local for c in n.pod_cidrs]
+    cache = {} if cache is None else cache
+    claims = _Claims()
     for node in ordered:
         if node.name == local:
             continue
-        for cidr in node.pod_cidrs:
-            why = _refusal(node, cidr, local, local_cidrs, routes, connected)
-            if why:
-                problems.setdefault(node.name, []).append(why)
-                continue
-            gw = node.internal_ip(cidr.version)
-            assert gw is not None
-            routes[cidr] = NodeRoute(cidr, gw, node.name)
+        hit = cache.get(node.name)
+        if hit is None or hit[0] is not node:
+            hit = (node, _candidates(node, local, local_cidrs, connected))
+            cache[node.name] = hit
+        for cand in hit[1]:
+            why = cand.problem
+            if cand.route is not None:
+                other = claims.overlapping(cand)
+                if other is None:
+                    routes[cand.route.prefix] = cand.route
+                    claims.add(cand)
+                    continue
+                why = f"pod CIDR {cand.route.prefix} overlaps node {other.node}'s {other.prefix}"
+            problems.setdefault(node.name, []).append(why)
     return routes, {name: "; ".join(why) for name, why in problems.items()}
+
+
+class _Claims:
+    """The routes taken so far, per family sorted by first address: they never overlap
+    one another, so a new CIDR overlaps one of them only if it overlaps its neighbour
+    below or above (two lookups instead of a comparison with every route)."""
+
+    def __init__(self) -> None:
+        self._starts: dict[int, list[int]] = {4: [], 6: []}
+        self._taken: dict[int, list[_Candidate]] = {4: [], 6: []}
+
+    def add(self, cand: _Candidate) -> None:
+        i = bisect.bisect_left(self._starts[cand.version], cand.first)
+        self._starts[cand.version].insert(i, cand.first)
+        self._taken[cand.version].insert(i, cand)
+
+    def overlapping(self, cand: _Candidate) -> NodeRoute | None:
+        starts, taken = self._starts[cand.version], self._taken[cand.version]
+        i = bisect.bisect_right(starts, cand.first)
+        if i > 0 and taken[i - 1].last >= cand.first:
+            return taken[i - 1].route
+        if i < len(starts) and starts[i] <= cand.last:
+            return taken[i].route
+        return None
 
 
 def _refusal(
@@ -129,17 +194,11 @@ def _refusal(
     cidr: IPNetwork,
     local: str,
     local_cidrs: list[IPNetwork],
-    routes: dict[IPNetwork, NodeRoute],
     connected: list[IPNetwork],
 ) -> str:
-    """Why ``node`` gets no route to ``cidr`` ("" when it gets one)."""
+    """Why ``node`` gets no route to ``cidr`` on its own account ("" when it may get one)."""
     if any(c.version == cidr.version and c.overlaps(cidr) for c in local_cidrs):
         return f"pod CIDR {cidr} overlaps this node's ({local})"
-    other = next(
-        (r for r in routes.values() if r.prefix.version == cidr.version
-         and r.prefix.overlaps(cidr)), None)
-    if other is not None:
-        return f"pod CIDR {cidr} overlaps node {other.node}'s {other.prefix}"
     gw = node.internal_ip(cidr.version)
     if gw is None:
         return f"no IPv{cidr.version} InternalIP for pod CIDR {cidr}"
@@ -169,6 +228,11 @@ class NodeRoutes:
         self.problems: dict[str, str] = {}
         #: True once the first rows were written from initialized tables.
         self.initialized = False
+        #: The rows as last written (by prefix), and the per-node derivation cache with
+        #: what it depends on besides the node (connected networks, this node's CIDRs).
+        self._written: dict[IPNetwork, NodeRoute] = {}
+        self._cache: dict[str, tuple[Node, list[_Candidate]]] = {}
+        self._cache_key: tuple[list[IPNetwork], list[IPNetwork]] = ([], [])
         self._init_done: Callable[[WriteTxn], None] | None = None
 
     def register_initializer(self, txn: WriteTxn) -> None:
@@ -176,24 +240,34 @@ class NodeRoutes:
         self._init_done = self.routes.register_initializer(txn, INITIALIZER)
 
     def sync(self) -> int:
-        """Recompute the rows and write the difference; returns rows written or deleted."""
+        """Recompute the rows and write the difference; returns rows written or deleted.
+
+        Only rows that are new objects are written: an unchanged node's routes come back
+        as the same objects from the cache (`desired_routes`), so a change of one Node
+        among thousands costs the walk over the cached nodes, not a rewrite."""
         txn = self.db.read_txn()
         devices = list(self.devices.all(txn)) if self.devices is not None else []
-        want, problems = desired_routes(self.nodes.all(txn), self.local,
-                                        connected_networks(devices))
+        connected = connected_networks(devices)
+        nodes = list(self.nodes.all(txn))
+        local_cidrs = [c for n in nodes if n.name == self.local for c in n.pod_cidrs]
+        if (connected, local_cidrs) != self._cache_key:
+            self._cache, self._cache_key = {}, (connected, local_cidrs)
+        want, problems = desired_routes(nodes, self.local, connected, self._cache)
+        for name in set(self._cache) - {n.name for n in nodes}:
+            del self._cache[name]
         for name, why in problems.items():
             if self.problems.get(name) != why:
                 log.warning("node routes: node %s: %s", name, why)
         self.problems = problems
         changed = 0
+        last, self._written = self._written, want
         with self.db.write_txn(self.routes) as wtxn:
-            for old in list(self.routes.all(wtxn)):
-                if old.prefix not in want:
+            for prefix, old in last.items():
+                if prefix not in want:
                     self.routes.delete(wtxn, old)
                     changed += 1
             for prefix, row in want.items():
-                cur = self.routes.get(wtxn, node_route_prefix_index.query(prefix))
-                if cur != row:
+                if last.get(prefix) is not row:
                     self.routes.insert(wtxn, row)
                     changed += 1
             if not self.initialized and self._sources_initialized(wtxn):
