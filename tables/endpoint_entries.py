@@ -15,7 +15,7 @@ Where the entries come from (what Cilium's agent writes):
   ``world-ipv4``/``world-ipv6`` when both families are enabled, ``world`` otherwise;
 * every address of the other nodes of the cluster (the nodes table, tables/nodes.py): an
   ipcache entry with the remote-node identity and the node's InternalIP of the family as
-  tunnel endpoint (owner ``remote-node``; `EntryTables.set_nodes`). This node's own Node
+  tunnel endpoint (owner ``remote-node:<node>``; `EntryTables.set_nodes`). This node's own Node
   addresses are host entries. An endpoint's or the host's entry for an address wins over
   a remote node's.
 
@@ -51,8 +51,17 @@ ENDPOINT_F_HOST = 1  # endpoint_info.flags: the entry is one of the host's addre
 HOST_OWNER = "host"
 WORLD_OWNER = "world"
 REMOTE_NODE_OWNER = "remote-node"
-#: Owners whose entries give way to an existing entry of another owner for a prefix.
-_YIELDING_OWNERS = frozenset({HOST_OWNER, REMOTE_NODE_OWNER})
+
+
+def remote_node_owner(name: str) -> str:
+    """The owner string of node ``name``'s remote-node entries."""
+    return f"{REMOTE_NODE_OWNER}:{name}"
+
+
+def _yields(owner: str) -> bool:
+    """True for owners whose entries give way to another owner's entry for a prefix (the
+    host's, and the remote nodes')."""
+    return owner == HOST_OWNER or owner.startswith(REMOTE_NODE_OWNER + ":")
 
 
 def endpoint_owner(ep_id: int) -> str:
@@ -257,22 +266,39 @@ class EntryTables:
             world[net] = IPCacheEntry(net, ident, WORLD_OWNER)
         return changed + self._replace_owned(txn, WORLD_OWNER, {}, world, endpoint_map_too=False)
 
-    def set_nodes(self, txn: WriteTxn, nodes: Iterable[Node], local: str) -> int:
-        """Remote-node entries for every address of every node but ``local`` (tunnel
-        endpoint: the node's InternalIP of the family, else the address itself); entries
-        of nodes or addresses gone are deleted. Returns changes."""
-        want: dict[IPNetwork, IPCacheEntry] = {}
+    def set_nodes(
+        self, txn: WriteTxn, nodes: Iterable[Node], local: str, last: dict[str, Node]
+    ) -> int:
+        """Remote-node entries for every address of every node but ``local`` (owner
+        ``remote-node:<name>``; tunnel endpoint: the node's InternalIP of the family, else
+        the address itself); entries of nodes or addresses gone are deleted. ``last``: the
+        nodes as of the previous call (name -> row), brought up to date here: only nodes
+        whose row is a new object, and nodes that left, are looked at, so one Node's
+        change among thousands costs one node's entries. Returns changes."""
+        changed = 0
+        seen = set()
         for node in nodes:
             if node.name == local:
                 continue
-            for ip in node.ips():
-                net = _host_net(ip)
-                if net in want:
-                    continue
-                tunnel = node.internal_ip(ip.version) or ip
-                want[net] = IPCacheEntry(net, IDENTITY_REMOTE_NODE, REMOTE_NODE_OWNER,
-                                         tunnel_endpoint=tunnel)
-        return self._replace_owned(txn, REMOTE_NODE_OWNER, {}, want, endpoint_map_too=False)
+            seen.add(node.name)
+            if last.get(node.name) is not node:
+                changed += self._set_node(txn, node.name, node)
+                last[node.name] = node
+        for name in [n for n in last if n not in seen]:
+            changed += self._set_node(txn, name, None)
+            del last[name]
+        return changed
+
+    def _set_node(self, txn: WriteTxn, name: str, node: Node | None) -> int:
+        """The entries of node ``name`` (None: it left)."""
+        owner = remote_node_owner(name)
+        want: dict[IPNetwork, IPCacheEntry] = {}
+        for ip in node.ips() if node is not None else ():
+            net = _host_net(ip)
+            tunnel = node.internal_ip(ip.version) if node is not None else None
+            want.setdefault(net, IPCacheEntry(net, IDENTITY_REMOTE_NODE, owner,
+                                              tunnel_endpoint=tunnel or ip))
+        return self._replace_owned(txn, owner, {}, want, endpoint_map_too=False)
 
     def _replace_owned(
         self,
@@ -317,7 +343,7 @@ class EntryTables:
                 changed += 1
         for net, ipc_row in want_ipc.items():
             cur_ipc = self.ipcache.get(txn, ipcache_prefix_index.query(net))
-            if cur_ipc is not None and cur_ipc.owner != owner and owner in _YIELDING_OWNERS:
+            if cur_ipc is not None and cur_ipc.owner != owner and _yields(owner):
                 continue
             changed += self._put_ipcache(txn, ipc_row)
         return changed

@@ -123,9 +123,9 @@ async def test_all_nodes_into_the_table_and_the_ipcache(
         assert str(b.internal_ip(4)) == "192.168.50.2" and str(b.internal_ip(6)) == "fd50::2"
         assert dict(names(nodes)[NODE].labels) == {"zone": "a"}
         want_b = {
-            "192.168.50.2/32": (IDENTITY_REMOTE_NODE, "remote-node", "192.168.50.2"),
-            "fd50::2/128": (IDENTITY_REMOTE_NODE, "remote-node", "fd50::2"),
-            "203.0.113.2/32": (IDENTITY_REMOTE_NODE, "remote-node", "192.168.50.2"),
+            "192.168.50.2/32": (IDENTITY_REMOTE_NODE, "remote-node:node-b", "192.168.50.2"),
+            "fd50::2/128": (IDENTITY_REMOTE_NODE, "remote-node:node-b", "fd50::2"),
+            "203.0.113.2/32": (IDENTITY_REMOTE_NODE, "remote-node:node-b", "192.168.50.2"),
         }
         await wait_for(lambda: want_b.items() <= ipcache(hive).items(), "remote-node entries")
         # this node's own Node addresses are host entries

@@ -123,20 +123,27 @@ def test_node_ipcache_entries_follow_the_nodes() -> None:
     a = node("a", ("192.168.1.1",), ())
     b = node("b", ("192.168.1.2", "fd01::2"), (), external=("203.0.113.2",))
     c = node("c", ("192.168.1.3",), ())
+    last: dict[str, Node] = {}
     with db.write_txn(entries.endpoint_map, entries.ipcache) as txn:
         entries.set_host(txn, [ip("192.168.1.1")], [4, 6])
-        assert entries.set_nodes(txn, [a, b, c], "a") == 4
+        assert entries.set_nodes(txn, [a, b, c], "a", last) == 4
         # the host's entry wins over a remote node claiming the same address
-        assert entries.set_nodes(txn, [a, b, c, node("x", ("192.168.1.1",), ())], "a") == 0
+        x = node("x", ("192.168.1.1",), ())
+        assert entries.set_nodes(txn, [a, b, c, x], "a", last) == 0
+        assert entries.set_nodes(txn, [a, b, c], "a", last) == 0
+        assert set(last) == {"b", "c"}
     rows = {str(r.prefix): r for r in entries.ipcache.all(db.read_txn())}
     assert rows["192.168.1.1/32"].identity == IDENTITY_HOST
     assert rows["192.168.1.2/32"].identity == IDENTITY_REMOTE_NODE
+    assert rows["192.168.1.2/32"].owner == "remote-node:b"
     assert str(rows["203.0.113.2/32"].tunnel_endpoint) == "192.168.1.2"
     assert str(rows["fd01::2/128"].tunnel_endpoint) == "fd01::2"
     rev = entries.ipcache.revision(db.read_txn())
     with db.write_txn(entries.endpoint_map, entries.ipcache) as txn:
-        assert entries.set_nodes(txn, [a, b, c], "a") == 0  # unchanged: nothing written
-        assert entries.set_nodes(txn, [a, b], "a") == 1      # c left
+        assert entries.set_nodes(txn, [a, b, c], "a", last) == 0  # unchanged
+        assert entries.set_nodes(txn, [a, b], "a", last) == 1      # c left
+        # a fresh follower (last empty) finds every entry right: nothing written
+        assert entries.set_nodes(txn, [a, b], "a", {}) == 0
     assert entries.ipcache.revision(db.read_txn()) == rev + 1
     assert "192.168.1.3/32" not in {str(r.prefix) for r in entries.ipcache.all(db.read_txn())}
 

@@ -412,12 +412,13 @@ class EndpointsComponent(Component):
             """Remote-node entries and host entries whenever the nodes table changes; the
             ``nodes`` initializer once the table is initialized and they are written."""
             task_status.started()
+            last: dict[str, Node] = {}  # the nodes as their entries were last written
             while True:
                 txn = db.read_txn()
                 rows, watch = nodes.all_watch(txn)
                 ready, init_watch = nodes.initialized(txn)
                 with db.write_txn(entries.endpoint_map, entries.ipcache) as wtxn:
-                    entries.set_nodes(wtxn, rows, self.config.node_name)
+                    entries.set_nodes(wtxn, rows, self.config.node_name, last)
                     if ready and self._nodes_done is not None:
                         self._nodes_done(wtxn)
                         self._nodes_done = None
