@@ -13,7 +13,8 @@ Every route the agent writes carries the routing protocol number `RTPROT_STATEWR
   than replacing it; otherwise the route is replaced (``ip route replace``).
 * ``delete_batch`` deletes the row's route, matching our protocol (the kernel never
   removes a route of another protocol for such a request).
-* ``prune`` deletes the routes of our protocol that no row explains, and no other.
+* ``prune`` deletes the routes of our protocol to destinations no row wants, and no
+  other route.
 
 ``netns`` (a path such as /var/run/netns/NAME): the routing table of that network
 namespace instead of the agent's own (tests).
@@ -93,9 +94,9 @@ class RouteOps:
             raise entry.result
 
     async def prune(self, txn: ReadTxn, objects: Iterator[NodeRoute]) -> None:
-        """Delete our routes no row explains."""
-        want = {(_text(r.prefix.network_address), r.prefix.prefixlen, _text(r.gateway))
-                for r in objects}
+        """Delete our routes to destinations no row wants (a wanted destination with an
+        old gateway is the row's update to replace, without a moment of no route)."""
+        want = {(_text(r.prefix.network_address), r.prefix.prefixlen) for r in objects}
         await anyio.to_thread.run_sync(self._prune, want)
 
     # ----- in the worker thread ---------------------------------------------------------------
@@ -147,11 +148,11 @@ class RouteOps:
                 except OSError as e:
                     entry.result = e
 
-    def _prune(self, want: set[tuple[str, int, str]]) -> None:
+    def _prune(self, want: set[tuple[str, int]]) -> None:
         with self._rtnl() as rtnl:
             for fam in (socket.AF_INET, socket.AF_INET6):
                 for r in rtnl.routes(fam):
-                    if r.protocol != self.protocol or (r.dst, r.prefixlen, r.gateway) in want:
+                    if r.protocol != self.protocol or (r.dst, r.prefixlen) in want:
                         continue
                     if rtnl.delete_route(r.dst, r.prefixlen, r.gateway, self.protocol):
                         self.deletes += 1
