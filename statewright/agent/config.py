@@ -44,10 +44,11 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import yaml
 
+from bpf.factory import BackendConfig, BackendKind
 from bpf.probe import DEFAULT_PIN_DIR
 from sources.node_address_selection import NodeAddressConfig
 from statedb.errors import InputError
@@ -190,6 +191,11 @@ class AgentConfig:
         if self.pod_cidrs:
             return self.pod_cidrs
         return () if self.pod_cidrs_from_node else DEFAULT_POD_CIDRS
+
+    def map_backend(self) -> BackendConfig:
+        """Where the components open their BPF maps: the backend (checked against
+        `BACKENDS` when the configuration is made) and the pin directory."""
+        return BackendConfig(backend=cast(BackendKind, self.backend), pin_dir=self.pin_dir)
 
     def to_json(self) -> dict[str, Any]:
         """The configuration as plain data (for the API and logs)."""
