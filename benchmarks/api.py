@@ -111,7 +111,9 @@ def hammer(sock_path: str, index: int, stop: multiprocessing.synchronize.Event,
         tables += 1
         errors += status != 200
         status, _ = request(sock_path, "PUT", f"/endpoint/{ep}",
-                            {"k8s-pod-name": f"bench-{index}", "k8s-namespace": "bench",
+                            {"container-id": f"bench-{index}",
+                             "interface-name": f"lxcbench{index}",
+                             "k8s-pod-name": f"bench-{index}", "k8s-namespace": "bench",
                              "labels": ["k8s:app=bench"]})
         errors += status != 201  # Created, as Cilium's API
         status, _ = request(sock_path, "DELETE", f"/endpoint/{ep}")

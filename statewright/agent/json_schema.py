@@ -130,9 +130,6 @@ def _check_string(value: str, schema: Mapping[str, Any], obj: str, path: str) ->
 def _check_object(value: Mapping[str, Any], schema: Mapping[str, Any], obj: str,
                   path: str) -> None:
     props: Mapping[str, Any] = schema.get("properties") or {}
-    for name in schema.get("required") or ():
-        if name not in value:
-            raise _fail(obj, _join(path, name), "missing (required)")
     extra = schema.get("additionalProperties", True)
     for name, item in value.items():
         if not isinstance(name, str):
@@ -144,6 +141,12 @@ def _check_object(value: Mapping[str, Any], schema: Mapping[str, Any], obj: str,
             raise _fail(obj, _join(path, name), "unknown field")
         elif isinstance(extra, Mapping):
             _check(item, extra, obj, _join(path, name))
+    # After the fields present: a wrong field is named before a missing one.
+    missing = [name for name in schema.get("required") or () if name not in value]
+    if len(missing) == 1:
+        raise _fail(obj, _join(path, missing[0]), "missing (required)")
+    if missing:
+        raise _fail(obj, path, f"missing (required): {', '.join(missing)}")
 
 
 def _check_array(value: Any, schema: Mapping[str, Any], obj: str, path: str) -> None:

@@ -109,14 +109,15 @@ def _request(path: str, method: str, target: str, body: bytes | None = None,
         conn.close()
 
 
-def serve(tmp: Path, client: Callable[[str, Store], Any], mode: int = 0o660) -> Any:
+def serve(tmp: Path, client: Callable[[str, Store], Any], mode: int = 0o660,
+          **server_args: float) -> Any:
     """Run an ApiServer of a `Store` on a socket in ``tmp``; ``client(socket, store)`` runs
     in a thread while it serves; returns what it returned. The socket is gone after."""
     path = str(tmp / "api.sock")
     store = Store()
 
     async def main() -> Any:
-        server = ApiServer(path, mode, store.routes())
+        server = ApiServer(path, mode, store.routes(), **server_args)
         server.bind()
         try:
             async with anyio.create_task_group() as tg:
@@ -280,3 +281,123 @@ def test_stopping_ends_an_open_feed(tmp_path: Path) -> None:
     anyio.run(main)
     assert got == [{"n": 1}]
     assert not os.path.exists(path)
+
+
+def _raw(path: str, data: bytes, read_until_closed: bool = True, timeout: float = 10) -> bytes:
+    """Send ``data`` on a new connection and read until the server closes it."""
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.settimeout(timeout)
+    sock.connect(path)
+    try:
+        sock.sendall(data)
+        out = b""
+        while chunk := sock.recv(65536):
+            out += chunk
+            if not read_until_closed and b"\r\n\r\n" in out:
+                break
+        return out
+    finally:
+        sock.close()
+
+
+def test_deeply_nested_json_is_refused_with_400(tmp_path: Path) -> None:
+    def client(path: str, store: Store) -> Any:
+        json_type = {"Content-Type": "application/json"}
+        deep = _request(path, "PUT", "/items/a", b"[" * 1000, json_type)
+        deep_obj = _request(path, "PUT", "/items/a",
+                            b'{"name": ' + b'{"a": ' * 100 + b"1" + b"}" * 101, json_type)
+        # Brackets inside strings do not count.
+        fine = _request(path, "PUT", "/items/a", json.dumps({"name": "[[[[["}).encode(),
+                        json_type)
+        return deep, deep_obj, fine, store.calls
+
+    deep, deep_obj, fine, calls = serve(tmp_path, client)
+    assert deep[0] == 400 and b"nested deeper than 64" in deep[2]
+    assert deep_obj[0] == 400 and b"nested deeper" in deep_obj[2]
+    assert fine[0] == 200 and calls == 1
+
+
+def test_a_non_json_body_gets_415(tmp_path: Path) -> None:
+    def client(path: str, store: Store) -> Any:
+        body = json.dumps({"name": "a"}).encode()
+        return (_request(path, "PUT", "/items/a", body, {"Content-Type": "text/plain"}),
+                _request(path, "PUT", "/items/b", body,
+                         {"Content-Type": "application/json; charset=utf-8"}),
+                _request(path, "PUT", "/items/c", body), store.calls)
+
+    plain, typed, untyped, calls = serve(tmp_path, client)
+    assert plain[0] == 415 and b"application/json" in plain[2]
+    assert typed[0] == 200 and untyped[0] == 200 and calls == 2
+
+
+def test_a_404_does_not_echo_a_long_path(tmp_path: Path) -> None:
+    long = "/" + "x" * 10_000
+    status, _, body = serve(tmp_path, lambda p, s: _request(p, "GET", long))
+    assert status == 404 and len(body) < 400
+    assert b"(10001 characters)" in body
+
+
+def test_the_http2_preface_gets_a_clear_answer(tmp_path: Path) -> None:
+    answer = serve(tmp_path, lambda p, s: _raw(p, b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"))
+    assert answer.startswith(b"HTTP/1.1 505"), answer
+    assert b"HTTP/2 is not supported" in answer and b"None" not in answer
+
+
+def test_incomplete_requests_are_timed_out(tmp_path: Path) -> None:
+    """Half-open connections (headers never finished, or a body that never comes) are
+    closed after the header and body timeouts; a whole request is still answered."""
+
+    def client(path: str, store: Store) -> Any:
+        socks = []
+        for _ in range(20):
+            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            sock.settimeout(10)
+            sock.connect(path)
+            sock.sendall(b"GET /items HTTP/1.1\r\nHost: agent\r\n")  # no blank line
+            socks.append(sock)
+        closed = sum(1 for sock in socks if sock.recv(100) == b"")  # waits for the close
+        for sock in socks:
+            sock.close()
+        # A kept-alive connection whose next request stalls is closed too.
+        kept = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        kept.settimeout(10)
+        kept.connect(path)
+        kept.sendall(b"GET /items HTTP/1.1\r\nHost: agent\r\n\r\n")
+        first = b""
+        while not first.endswith(b"{}\n"):
+            first += kept.recv(65536)
+        kept.sendall(b"GET /items HTTP/1.1\r\n")
+        rest = kept.recv(65536)
+        kept.close()
+        body = _raw(path, b"PUT /items/a HTTP/1.1\r\nHost: agent\r\n"
+                          b"Content-Length: 40\r\n\r\n{\"name\":")
+        return closed, first, rest, body, store.calls
+
+    closed, first, rest, body, calls = serve(tmp_path, client, header_timeout=0.3,
+                                             body_timeout=0.3)
+    assert closed == 20
+    assert first.startswith(b"HTTP/1.1 200") and rest == b""
+    assert body.startswith(b"HTTP/1.1 408") and b"not received within 0.3 s" in body
+    assert calls == 0
+
+
+def test_a_client_gone_mid_body_is_one_debug_line(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    def client(path: str, store: Store) -> Any:
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.connect(path)
+        sock.sendall(b"PUT /items/a HTTP/1.1\r\nHost: agent\r\nContent-Length: 100\r\n"
+                     b"\r\n{\"na")
+        import time
+        time.sleep(0.2)
+        sock.close()
+        time.sleep(0.3)
+        return AgentClient(path).get("/items")  # still serving
+
+    import logging
+    with caplog.at_level(logging.DEBUG, logger="statewright.agent.api"):
+        assert serve(tmp_path, client) == {}
+    api_lines = [r for r in caplog.records if r.name == "statewright.agent.api"]
+    assert not [r for r in api_lines if r.levelno >= logging.WARNING], api_lines
+    assert any("client disconnected" in r.getMessage() for r in api_lines)

@@ -49,6 +49,8 @@ def test_routes_through_the_agent_socket() -> None:
             "PUT",
             "/endpoint/cni-attachment-id:ctr1:eth0",
             {
+                "container-id": "ctr1",
+                "interface-name": "lxcctr1",
                 "addressing": {"ipv4": out["ipam"]["address"]["ipv4"]},
                 "k8s-pod-name": "p",
                 "k8s-namespace": "ns",
@@ -67,7 +69,8 @@ def test_routes_through_the_agent_socket() -> None:
         out["after"] = api.request("GET", "/endpoint/1", not_found_ok=True)
         out["ipam_status"] = api.request("GET", "/ipam")
         # Cilium's API answers a created endpoint with 201 Created (the client takes it)
-        out["put_status"], _ = _http(sock, "PUT", "/endpoint/0", b'{"container-id": "c9"}', 10)
+        out["put_status"], _ = _http(sock, "PUT", "/endpoint/0",
+                                     b'{"container-id": "c9", "interface-name": "lxc9"}', 10)
         return out
 
     async def main() -> dict[str, Any]:

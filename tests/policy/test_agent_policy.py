@@ -87,6 +87,7 @@ def test_namespaces_from_manifests_and_selectors_that_fail_closed(
 
     def put(ns: str, name: str, app: str) -> dict[str, Any]:
         doc: dict[str, Any] = api.request("PUT", "/endpoint/0", {
+            "container-id": f"{ns}-{name}", "interface-name": f"lxc-{ns}-{name}"[:15],
             "k8s-namespace": ns, "k8s-pod-name": name, "labels": [f"k8s:app={app}"]})
         return doc
 

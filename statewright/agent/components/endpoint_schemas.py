@@ -95,6 +95,15 @@ ENDPOINT_CHANGE_REQUEST: dict[str, Any] = {
     },
 }
 
+#: PUT (create) needs the container and its host-side interface, as Cilium's API does: an
+#: endpoint without them would hold addresses no pod can use. PATCH takes any subset.
+ENDPOINT_CREATE_REQUEST: dict[str, Any] = {
+    **ENDPOINT_CHANGE_REQUEST,
+    "description": "Cilium's EndpointChangeRequest for a new endpoint: container-id and "
+                   "interface-name are required.",
+    "required": ["container-id", "interface-name"],
+}
+
 ENDPOINT: dict[str, Any] = {
     "type": "object",
     "required": ["id", "container-id", "interface-name", "interface-index", "addressing",

@@ -557,7 +557,7 @@ class EndpointsComponent(Component):
             Route("/endpoint/{id}", self._get, summary="one endpoint", params=ep,
                   response=sch.ENDPOINT, errors={**off, **bad, **missing}),
             Route("/endpoint/{id}", self._put, ("PUT",), summary="create an endpoint",
-                  params=ep, status=201, body=sch.ENDPOINT_CHANGE_REQUEST, response=sch.ENDPOINT,
+                  params=ep, status=201, body=sch.ENDPOINT_CREATE_REQUEST, response=sch.ENDPOINT,
                   errors={**off, **bad, 409: "the endpoint or an address exists already"}),
             Route("/endpoint/{id}", self._patch, ("PATCH",), summary="change an endpoint",
                   params=ep, body=sch.ENDPOINT_CHANGE_REQUEST, response=sch.ENDPOINT,
