@@ -6,7 +6,8 @@ entries).
 CLOCK_MONOTONIC, the clock of ``bpf_ktime_get_ns``) is in the past is deleted. It reads
 the maps in kernel batches and looks only at the lifetime word of each value, so a
 million entries cost a few batch syscalls and one pass over an array of integers, not a
-million decoded objects. Entries deleted by someone else meanwhile (LRU eviction, a
+million decoded objects; a worker thread deletes one batch's expired keys while the next
+batch is read. Entries deleted by someone else meanwhile (LRU eviction, a
 flush) are skipped.
 """
 
@@ -16,6 +17,7 @@ import errno
 import ipaddress
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -60,19 +62,30 @@ class CTMetrics:
         }
 
 
-def expired_keys(backend: MapBackend, ksize: int, now: int) -> tuple[list[bytes], int]:
-    """The keys (``ksize`` bytes each) of ``backend``, a CT map, whose lifetime is before
-    ``now``, and how many entries it holds."""
-    vwords = ct.CT_ENTRY.size // 4
-    out: list[bytes] = []
+def expired_in_chunk(kraw: bytes, vraw: bytes, ksize: int, now: int) -> list[bytes]:
+    """The keys (``ksize`` bytes each) of one batch of a CT map whose lifetime is before
+    ``now``; only the lifetime word of each value is read."""
+    lifetimes = memoryview(vraw).cast("I")[ct.LIFETIME_WORD :: ct.CT_ENTRY.size // 4]
+    return [kraw[i * ksize : (i + 1) * ksize]
+            for i, lifetime in enumerate(lifetimes) if lifetime < now]
+
+
+def collect(backend: MapBackend, ksize: int, now: int) -> tuple[int, int]:
+    """Delete the expired entries of ``backend``, a CT map; (entries read, removed).
+
+    Reading and deleting overlap: each batch's expired keys are deleted by a worker thread
+    while the next batch is read (both are syscalls, which release the GIL). Deleting an
+    entry of a batch already read does not disturb the kernel's batch iteration."""
     total = 0
-    for kraw, vraw in backend.dump_chunks(BATCH):
-        lifetimes = memoryview(vraw).cast("I")[ct.LIFETIME_WORD :: vwords]
-        total += len(lifetimes)
-        for i, lifetime in enumerate(lifetimes):
-            if lifetime < now:
-                out.append(kraw[i * ksize : (i + 1) * ksize])
-    return out, total
+    with ThreadPoolExecutor(1, thread_name_prefix="ct-gc") as pool:
+        pending = []
+        for kraw, vraw in backend.dump_chunks(BATCH):
+            total += len(kraw) // ksize
+            keys = expired_in_chunk(kraw, vraw, ksize, now)
+            if keys:
+                pending.append(pool.submit(delete_keys, backend, keys))
+        removed = sum(f.result() for f in pending)
+    return total, removed
 
 
 def delete_keys(backend: MapBackend, keys: list[bytes]) -> int:
@@ -117,8 +130,7 @@ class CTMaps:
         entries: dict[str, int] = {}
         try:
             for m in self.maps():
-                keys, total = expired_keys(m.backend, m.spec.key_size, now)
-                gone = delete_keys(m.backend, keys)
+                total, gone = collect(m.backend, m.spec.key_size, now)
                 removed += gone
                 entries[m.name] = total - gone
         except OSError as e:
