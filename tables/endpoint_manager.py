@@ -178,6 +178,10 @@ class EndpointManager:
             if t not in db.tables:
                 db.register(t)
         self._lock = threading.RLock()
+        #: More conditions an endpoint must meet before `mark_ready` moves it to ``ready``
+        #: (e.g. the tc programs attached to its veth); whoever adds one calls
+        #: `mark_ready` when it may have become true.
+        self.ready_checks: list[Callable[[Endpoint], bool]] = []
 
     # ----- lookups ------------------------------------------------------------------------------
     def _tables(self) -> tuple[Table[object], ...]:
@@ -493,7 +497,11 @@ class EndpointManager:
         txn = self.db.read_txn()
         ready: list[Endpoint] = []
         for ep in self.endpoints.all(txn):
-            if ep.state is EndpointState.REGENERATING and self._reconciled(txn, ep):
+            if (
+                ep.state is EndpointState.REGENERATING
+                and self._reconciled(txn, ep)
+                and all(check(ep) for check in self.ready_checks)
+            ):
                 ready.append(ep)
         if not ready:
             return []

@@ -16,8 +16,10 @@ then keeps, on every change of the ``endpoints`` or ``policy-endpoints`` table:
 * ``policy_endpoints``: endpoint id -> its enforced directions (the `PolicyEndpoint`
   rows), which tell the programs whether to check a new flow towards the pod.
 
-A failed attach (the veth is not there yet or has gone) is retried every
-`RETRY_INTERVAL` seconds and reported in the health until it succeeds.
+An endpoint becomes ``ready`` only once its veth carries both programs
+(`EndpointManager.ready_checks`). A failed attach (the veth is not there yet or has
+gone) is retried every `RETRY_INTERVAL` seconds and reported in the health until it
+succeeds; the endpoint stays ``regenerating`` meanwhile.
 """
 
 from __future__ import annotations
@@ -83,6 +85,8 @@ class EndpointDatapathComponent(Component):
         self.reason = "not started"
         self.errors: dict[int, str] = {}
         self.adopted = 0
+        #: The ifindexes carrying both programs (replaced whole after each sync).
+        self.attached: frozenset[int] = frozenset()
 
     async def start(self, hive: Hive) -> None:
         """Load the programs and start following the endpoints (module doc)."""
@@ -111,7 +115,12 @@ class EndpointDatapathComponent(Component):
             return
         self.programs = programs
         self.state, self.reason = OK, "programs loaded"
+        manager.ready_checks.append(self._carries_programs)
         await hive.spawn(self, self._follow(db, manager, modes), label="endpoint-datapath")
+
+    def _carries_programs(self, ep: Any) -> bool:
+        """An endpoint is ready only once its veth carries the programs (or it has none)."""
+        return ep.ifindex <= 0 or ep.ifindex in self.attached
 
     def _follow(self, db: DB, manager: EndpointManager, modes: Table[PolicyEndpoint]) -> Any:
         async def follow(*, task_status: Any = anyio.TASK_STATUS_IGNORED) -> None:
@@ -123,6 +132,7 @@ class EndpointDatapathComponent(Component):
                 want = {ep.ifindex for ep in eps if ep.ifindex > 0}
                 flags = enforcement_flags(list(rows))
                 await anyio.to_thread.run_sync(self._sync, want, flags, first)
+                await anyio.to_thread.run_sync(manager.mark_ready)  # writes state files
                 if first:
                     first = False
                     task_status.started()
@@ -157,6 +167,7 @@ class EndpointDatapathComponent(Component):
         for ifindex in list(self.errors):
             if ifindex not in want:
                 del self.errors[ifindex]
+        self.attached = frozenset(progs.attached())
 
     def _write_flags(self, flags: dict[int, int]) -> None:
         m = self.flags_map
