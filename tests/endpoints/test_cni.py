@@ -266,7 +266,7 @@ def test_delegated_ipam_with_host_local(netns_names: dict[str, str], agent: Agen
             pytest.fail(reason)
         pytest.skip(reason)
     data_dir = tempfile.mkdtemp(prefix=f"sw-hostlocal-{PID}-")
-    conf = {
+    conf: dict[str, Any] = {
         **CONF,
         "name": f"swnet{PID}",
         "agent-socket": agent.socket,
