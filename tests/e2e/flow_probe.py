@@ -4,6 +4,9 @@ established flows must survive a policy change and an agent restart.
 ``flow_probe.py serve HOST:PORT ...``: an echo server on each address (one thread per
 connection, every byte sent back); prints ``ready`` once listening.
 
+``flow_probe.py ping HOST``: one ICMP echo to an IPv4 address over a raw socket (there
+is no ping binary on every machine); exit code 0 when answered within `TIMEOUT` s.
+
 ``flow_probe.py client``: one JSON command per stdin line, one JSON answer per line:
 
 * ``{"op": "open", "id": N, "host": H, "port": P}``: connect and keep the socket;
@@ -15,9 +18,12 @@ connection, every byte sent back); prints ``ready`` once listening.
 from __future__ import annotations
 
 import json
+import os
 import socket
+import struct
 import sys
 import threading
+import time
 from typing import Any
 
 TIMEOUT = 3.0
@@ -83,7 +89,35 @@ def client() -> int:
     return 0
 
 
+def _checksum(data: bytes) -> int:
+    total = sum(int.from_bytes(data[i : i + 2], "big") for i in range(0, len(data), 2))
+    total = (total >> 16) + (total & 0xFFFF)
+    return ~(total + (total >> 16)) & 0xFFFF
+
+
+def ping(host: str) -> int:
+    ident = os.getpid() & 0xFFFF
+    # an even length: the checksum sums 16-bit words
+    body = struct.pack("!BBHHH", 8, 0, 0, ident, 1) + b"statewright!"
+    packet = body[:2] + _checksum(body).to_bytes(2, "big") + body[4:]
+    with socket.socket(socket.AF_INET, socket.SOCK_RAW, socket.IPPROTO_ICMP) as s:
+        s.settimeout(TIMEOUT)
+        s.sendto(packet, (host, 0))
+        deadline = time.monotonic() + TIMEOUT
+        while time.monotonic() < deadline:
+            try:
+                data, (src, _) = s.recvfrom(1500)
+            except TimeoutError:
+                return 1
+            icmp = data[(data[0] & 0x0F) * 4 :]
+            if src == host and icmp[0] == 0 and int.from_bytes(icmp[4:6], "big") == ident:
+                return 0
+    return 1
+
+
 if __name__ == "__main__":
     if sys.argv[1:2] == ["serve"]:
         sys.exit(serve(sys.argv[2:]))
+    if sys.argv[1:2] == ["ping"]:
+        sys.exit(ping(sys.argv[2]))
     sys.exit(client())

@@ -121,6 +121,12 @@ def _blocked(client: Client, host: str, port: int = BACKEND_PORT) -> bool:
     return "id" not in result and "timed out" in str(result.get("error", ""))
 
 
+def _ping(pod_netns: str, host: str) -> bool:
+    """One ICMP echo from a pod's namespace answered (flow_probe.py ping)."""
+    cmd = ["ip", "netns", "exec", pod_netns, sys.executable, PROBE, "ping", host]
+    return subprocess.run(cmd, capture_output=True, timeout=10).returncode == 0
+
+
 def _drops(env: NodeEnv) -> dict[tuple[int, str], int]:
     return {(d["reason"], d["direction"]): d["packets"]
             for d in env.api.get("/ct/stats")["drops"]}
@@ -138,6 +144,7 @@ def test_ingress_policy_ct_and_restart(node: NodeEnv) -> None:
     for c in (client, other, client2):
         _wait(node, "baseline", lambda c=c: _served(c, s4))
     _wait(node, "baseline v6", lambda: _served(client, s6))
+    _wait(node, "baseline ping", lambda: _ping(pods["client"].netns, s4))
     flows = Flows(node.run_in(pods["client"], sys.executable, PROBE, "client"))
     established = [flows.open(s4, ECHO_PORT), flows.open(s6, ECHO_PORT)]
     entries = node.api.get("/ct")["entries"]
@@ -152,6 +159,10 @@ def test_ingress_policy_ct_and_restart(node: NodeEnv) -> None:
     for conn in established:
         assert flows.ping(conn) == {"ok": True}
     assert _served(server_out, c4)
+    # ICMP (no socket program sees it): an echo into the server is a new flow, dropped;
+    # the server's own echo gets its reply back through its CT entry
+    assert not _ping(pods["client"].netns, s4)
+    assert _ping(pods["server"].netns, c4)
     assert _drops(node).get((133, "ingress"), 0) > 0
 
     # allow app=client of namespace web on BACKEND_PORT: exactly those peers get in
