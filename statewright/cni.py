@@ -25,7 +25,10 @@ ADD, as Cilium's plugin does it:
 
 A failure undoes what was done (veth deleted, addresses released). DEL deletes the
 endpoint (which releases its addresses) and the veth, and succeeds when they are already
-gone. CHECK verifies that the endpoint, both interfaces and the addresses are there.
+gone. While the agent is down DEL still succeeds: it deletes the veth (the node's routes to
+the pod go with it) and the agent's next start removes the endpoint, whose interface is
+gone, and releases its addresses. CHECK verifies that the endpoint, both interfaces and the
+addresses are there.
 
 Network configuration keys: ``cniVersion``, ``name``, ``type`` (required), ``mtu``
 (default 1500), ``agent-socket`` (default ``$STATEWRIGHT_SOCKET`` or
@@ -567,7 +570,21 @@ def cmd_del(inv: Invocation) -> None:
     ``POST /ipam`` and ``PUT /endpoint``); what is already gone is fine."""
     api = AgentAPI(inv.socket)
     ref = urllib.parse.quote(inv.attachment, safe=":")
-    api.request("DELETE", f"/endpoint/{ref}", not_found_ok=True)
+    try:
+        api.request("DELETE", f"/endpoint/{ref}", not_found_ok=True)
+    except CNIError as e:
+        if e.code != ERR_TRY_AGAIN:
+            raise
+        # The agent is down, and the runtime does not retry a DEL for ever: remove what
+        # the plugin created (the veth; the node's routes to the pod go with it). The
+        # agent's next start removes the endpoint, whose interface is gone, and releases
+        # its addresses (EndpointManager.restore).
+        delete_veth(inv)
+        if inv.delegated_ipam:
+            delegate_ipam(inv, "DEL")
+        print(f"statewright-cni: DEL {inv.attachment}: {e.msg}: removed the interface; the "
+              "agent removes the endpoint when it starts", file=sys.stderr)
+        return
     delete_veth(inv)
     if inv.delegated_ipam:
         delegate_ipam(inv, "DEL")

@@ -374,6 +374,46 @@ def test_agent_restart_keeps_pods_and_drops_vanished(netns_names: dict[str, str]
         shutil.rmtree(state, ignore_errors=True)
 
 
+def test_del_while_the_agent_is_down(netns_names: dict[str, str]) -> None:
+    """DEL while the agent is down succeeds (it was code 11, leaving the veth and the
+    node's routes): the plugin deletes the veth (the routes go with it), and the agent's
+    next start removes the endpoint and frees its addresses."""
+    state = tempfile.mkdtemp(prefix=f"sw-cni-down-{PID}-")
+    pin_dir = new_pin_dir("memory")
+    cfg = EndpointsConfig(("10.79.0.0/24",), state, "memory", pin_dir)
+    sock = os.path.join(state, "agent.sock")
+    node = netns_names["node"]
+    conf = {**CONF, "agent-socket": sock}
+    env = {"CNI_CONTAINERID": f"d1-{PID}", "CNI_IFNAME": "eth0",
+           "CNI_NETNS": f"/var/run/netns/{netns_names['pod1']}"}
+    first = AgentUnderTest(cfg, sock)
+    first.start()
+    try:
+        rc, res = run_plugin("ADD", conf, node, **env)
+        assert rc == 0, res
+        assert first.comp.manager is not None
+        (ep,) = first.comp.manager.all()
+    finally:
+        first.stop()
+    address = str(ep.addresses()[0])
+    assert ns_run(node, "ip", "route", "show", address).stdout.strip()
+    assert run_plugin("DEL", conf, node, **env) == (0, None)
+    assert ns_run(node, "ip", "link", "show", ep.interface_name).returncode != 0
+    assert ns_run(node, "ip", "route", "show", address).stdout.strip() == ""
+    second = AgentUnderTest(cfg, sock, link_exists=link_exists_in(f"/var/run/netns/{node}"))
+    second.start()
+    try:
+        mgr, ipam = second.comp.manager, second.comp.ipam
+        assert mgr is not None and ipam is not None
+        assert mgr.all() == []
+        assert not set(ep.addresses()) & {a.ip for a in ipam.allocations()}
+        assert run_plugin("DEL", conf, node, **env) == (0, None)  # again: still fine
+    finally:
+        second.stop()
+        remove_pins("memory", pin_dir)
+        shutil.rmtree(state, ignore_errors=True)
+
+
 def test_agent_answers_over_the_plugins_http(tmp_path: Any) -> None:
     """The plugin's own HTTP exchange: bodies by Content-Length, chunked or to EOF; an
     allowed 404; error statuses and malformed answers as CNI errors (5)."""
