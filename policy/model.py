@@ -25,7 +25,7 @@ matches and no deny rule does.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
 
@@ -115,6 +115,11 @@ class Policy:
     kind: str
     name: str
     rules: tuple[Rule, ...]
+    #: Where the object came from (``k8s``, ``manifests``) and which revision of it: the
+    #: API server's resourceVersion, or a digest of a manifest object's content. Not part
+    #: of equality: a new revision with the same rules changes no entry.
+    source: str = field(default="", compare=False)
+    source_revision: str = field(default="", compare=False)
 
     @property
     def key(self) -> str:
@@ -132,7 +137,13 @@ class Policy:
 
     def to_json(self) -> dict[str, Any]:
         """JSON form (``policy get``)."""
-        return {"kind": self.kind, "name": self.name, "rules": [r.to_json() for r in self.rules]}
+        return {
+            "kind": self.kind,
+            "name": self.name,
+            "source": self.source,
+            "source-revision": self.source_revision,
+            "rules": [r.to_json() for r in self.rules],
+        }
 
     @staticmethod
     def table_header() -> list[str]:

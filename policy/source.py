@@ -10,7 +10,10 @@ others. The policy computation (policy/writer.py) follows the table.
 
 from __future__ import annotations
 
+import hashlib
+import json
 from collections.abc import Iterable, Mapping
+from dataclasses import replace
 from typing import Any
 
 from policy.errors import PolicyError
@@ -39,13 +42,26 @@ def object_key(obj: Mapping[str, Any]) -> str:
     return f"{kind}/{ns}/{meta['name']}"
 
 
+def object_revision(obj: Mapping[str, Any]) -> str:
+    """The revision of a policy object: its ``metadata.resourceVersion`` (API server), else
+    ``sha256:`` and the first 12 hex digits of a digest of its content (manifests)."""
+    meta = obj.get("metadata")
+    rv = meta.get("resourceVersion") if isinstance(meta, Mapping) else None
+    if isinstance(rv, (str, int)) and str(rv):
+        return str(rv)
+    text = json.dumps(obj, sort_keys=True, separators=(",", ":"), default=str)
+    return "sha256:" + hashlib.sha256(text.encode()).hexdigest()[:12]
+
+
 class PolicyObjects:
     """NetworkPolicy and CiliumNetworkPolicy objects -> rows of the ``policies`` table."""
 
     kinds: tuple[str, ...] = POLICY_KINDS
 
-    def __init__(self, table: Table[Policy]) -> None:
+    def __init__(self, table: Table[Policy], source: str = "") -> None:
         self.table = table
+        #: Which source the objects come from (``k8s``, ``manifests``), kept in each row.
+        self.source = source
 
     @property
     def tables(self) -> tuple[Table[Any], ...]:
@@ -57,9 +73,12 @@ class PolicyObjects:
         parse_policy(obj)
 
     def upsert(self, txn: WriteTxn, obj: Mapping[str, Any]) -> None:
-        """Parse and write one policy object (unchanged: nothing written)."""
-        policy = parse_policy(obj)
-        if self.table.get(txn, policy_key_index.query(policy.key)) != policy:
+        """Parse and write one policy object with its source and revision (unchanged:
+        nothing written)."""
+        policy = replace(parse_policy(obj), source=self.source,
+                         source_revision=object_revision(obj))
+        old = self.table.get(txn, policy_key_index.query(policy.key))
+        if old != policy or old is None or old.source_revision != policy.source_revision:
             self.table.insert(txn, policy)
 
     def delete(self, txn: WriteTxn, obj: Mapping[str, Any]) -> None:

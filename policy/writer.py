@@ -92,6 +92,11 @@ class PolicyWriter:
         self._ep_names: dict[int, PortNames] = {}
         self._identity_eps: dict[int, set[int]] = {}
         self.steps = 0
+        #: The repository revision every row written so far reflects: set after each
+        #: step's write, so a reader that reads it before its snapshot of the output
+        #: tables knows the rows are current as of it (an endpoint row with an older
+        #: revision was not affected by the changes since).
+        self.synced_revision = 0
         self.last = StepResult()
         #: Called after each step that wrote rows (tests, metrics).
         self.on_step: Callable[[StepResult], None] | None = None
@@ -158,6 +163,7 @@ class PolicyWriter:
         if changes or done:
             result.written = self.write(changes, done)
             self._init_done = None if done else self._init_done
+        self.synced_revision = comp.repo.revision
         result.seconds = time.perf_counter() - t0
         self.steps += 1
         self.last = result

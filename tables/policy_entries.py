@@ -118,13 +118,15 @@ class PolicyEntry:
 
 @dataclass(frozen=True, slots=True)
 class PolicyEndpoint:
-    """Whether an endpoint's egress and ingress are enforced, and the policy revision."""
+    """Whether an endpoint's egress and ingress are enforced, and the policy revision its
+    entries were computed from. No reconciler writes these rows (the policy-netns table
+    and the endpoint datapath derive from them); whether the maps hold a revision is the
+    endpoint's *realized* revision, which the policy-maps component reports."""
 
     endpoint_id: int
     egress_enforced: bool = False
     ingress_enforced: bool = False
     revision: int = 0
-    status: Status = field(default_factory=status_pending, compare=False)
 
     def to_json(self) -> dict[str, Any]:
         """JSON form (``db show``, API)."""
@@ -133,13 +135,12 @@ class PolicyEndpoint:
             "egress_enforced": self.egress_enforced,
             "ingress_enforced": self.ingress_enforced,
             "revision": self.revision,
-            "status": str(self.status.kind),
         }
 
     @staticmethod
     def table_header() -> list[str]:
         """Columns of ``db show policy-endpoints``."""
-        return ["Endpoint", "Egress", "Ingress", "Revision", "Status"]
+        return ["Endpoint", "Egress", "Ingress", "Revision"]
 
     def table_row(self) -> list[str]:
         """Cells of ``db show policy-endpoints``."""
@@ -148,7 +149,6 @@ class PolicyEndpoint:
             "enforced" if self.egress_enforced else "allow-all",
             "enforced" if self.ingress_enforced else "allow-all",
             str(self.revision),
-            str(self.status.kind),
         ]
 
 

@@ -8,6 +8,12 @@
   policies. Labels are comma-separated ``[source:]key=value`` (``k8s`` when no source;
   namespace ``default`` unless ``io.kubernetes.pod.namespace`` is given; ``reserved:world``
   for addresses outside the cluster). Exit code 0 when allowed, 1 when denied.
+  ``--from-pod NS/NAME`` / ``--to-pod NS/NAME`` (or ``--from-endpoint ID`` /
+  ``--to-endpoint ID``) trace with a local endpoint's real identity and named ports, and
+  say whether this node's datapath enforces each direction.
+* ``policy wait REVISION [--endpoint ID] [--timeout S]``: wait until every endpoint (or
+  that one) has realized policy revision REVISION or a later one in its maps (Cilium's
+  ``policy wait``); exit code 0 when it has, 1 after the timeout.
 
 Socket, errors and exit codes as the other agent commands (endpoint_commands.py, common.py).
 """
@@ -17,6 +23,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import time
 import urllib.parse
 from typing import Any
 
@@ -35,12 +42,23 @@ def add_commands(subparsers: Any, commands: dict[str, argparse.ArgumentParser]) 
     get.set_defaults(func=cmd_policy_get)
     commands["policy get"] = get
     tr = sub.add_parser("trace", help="is traffic from LABELS to LABELS on a port allowed?")
-    tr.add_argument("--from", dest="src", required=True, help="source labels, comma-separated")
-    tr.add_argument("--to", dest="dst", required=True, help="destination labels")
+    tr.add_argument("--from", dest="src", help="source labels, comma-separated")
+    tr.add_argument("--to", dest="dst", help="destination labels")
+    for side in ("from", "to"):
+        tr.add_argument(f"--{side}-pod", metavar="NS/NAME", help=f"the {side} side: a pod")
+        tr.add_argument(f"--{side}-endpoint", metavar="ID", help=f"the {side} side: an "
+                        "endpoint id")
     tr.add_argument("--port", required=True, help="destination port, P or P/PROTO (TCP)")
     add_client_arguments(tr)
     tr.set_defaults(func=cmd_policy_trace)
     commands["policy trace"] = tr
+    wait = sub.add_parser("wait", help="wait until a policy revision is in the maps")
+    wait.add_argument("revision", type=int, help="the policy revision (GET /policy)")
+    wait.add_argument("--endpoint", type=int, default=None, help="only this endpoint")
+    wait.add_argument("--timeout", type=float, default=30.0, help="seconds (default 30)")
+    add_client_arguments(wait)
+    wait.set_defaults(func=cmd_policy_wait)
+    commands["policy wait"] = wait
 
 
 def _port_text(e: dict[str, Any]) -> str:
@@ -93,7 +111,10 @@ def cmd_policy_get(args: argparse.Namespace) -> int:
 
 def cmd_policy_trace(args: argparse.Namespace) -> int:
     """``statewright policy trace``: 0 when allowed, 1 when denied."""
-    q = urllib.parse.urlencode({"from": args.src, "to": args.dst, "port": args.port})
+    sides = {"from": args.src, "to": args.dst, "from-pod": args.from_pod,
+             "to-pod": args.to_pod, "from-endpoint": args.from_endpoint,
+             "to-endpoint": args.to_endpoint}
+    q = urllib.parse.urlencode({**{k: v for k, v in sides.items() if v}, "port": args.port})
     doc = agent_get(args, f"/policy/trace?{q}")
     if args.output == "json":
         print(json.dumps(doc, indent=2))
@@ -116,5 +137,30 @@ def cmd_policy_trace(args: argparse.Namespace) -> int:
             else:
                 why = f"denied by default (selected by {', '.join(v['selected-by'])})"
             print(f"{what}: {why}")
+        for side, what in (("egress", "egress"), ("ingress", "ingress")):
+            if doc.get("from-endpoint") or doc.get("to-endpoint"):
+                print(f"{what} datapath: {doc[side].get('datapath', '')}")
         print(f"verdict: {doc['verdict'].upper()}")
     return 0 if doc["verdict"] == "allowed" else 1
+
+
+def cmd_policy_wait(args: argparse.Namespace) -> int:
+    """``statewright policy wait REVISION``: 0 once realized, 1 after the timeout."""
+    deadline = time.monotonic() + args.timeout
+    while True:
+        doc = agent_get(args, "/policy/endpoints")
+        rows = [r for r in doc["endpoints"]
+                if args.endpoint is None or r["endpoint_id"] == args.endpoint]
+        behind = [r["endpoint_id"] for r in rows
+                  if (r.get("realized-revision") or 0) < args.revision]
+        if args.endpoint is not None and not rows:
+            behind = [args.endpoint]  # not known yet
+        if not behind:
+            print(f"policy revision {args.revision} realized"
+                  + (f" by endpoint {args.endpoint}" if args.endpoint is not None else ""))
+            return 0
+        if time.monotonic() >= deadline:
+            print(f"policy wait: revision {args.revision} not realized after {args.timeout:g} "
+                  f"s by endpoint(s) {', '.join(map(str, behind[:10]))}", file=sys.stderr)
+            return 1
+        time.sleep(0.1)

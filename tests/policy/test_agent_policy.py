@@ -134,3 +134,78 @@ def test_namespaces_from_manifests_and_selectors_that_fail_closed(
         api.request("DELETE", f"/endpoint/{ep['id']}")
     for name in ("ns.yaml", "ns-z.yaml", "not-y.yaml"):
         (agent.manifests / name).unlink()
+
+
+def _refused(capsys: pytest.CaptureFixture[str], *argv: str) -> str:
+    """Run a client command the agent refuses; its stderr (exit code 1)."""
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as exc:
+        run_cli(capsys, *argv)
+    assert exc.value.code == 1
+    return capsys.readouterr().err
+
+
+def test_trace_by_pod_realized_revision_and_policy_wait(
+    agent: AgentProc, capsys: pytest.CaptureFixture[str]
+) -> None:
+    sock = ["--socket", agent.socket]
+    api = AgentAPI(agent.socket)
+    web = api.request("PUT", "/endpoint/0", {"k8s-namespace": "default", "k8s-pod-name": "web",
+                                             "labels": ["k8s:app=web"]})
+    db = api.request("PUT", "/endpoint/0", {
+        "k8s-namespace": "default", "k8s-pod-name": "db", "labels": ["k8s:app=db"],
+        "named-ports": [{"name": "pg", "port": 5432}]})
+    try:
+        code, out, _ = run_cli(capsys, "policy", "trace", "--from-pod", "default/web",
+                               "--to-pod", "default/db", "--port", "5432/TCP", *sock)
+        assert code == 0 and "allowed by default/web-egress" in out, out
+        # memory maps, no network namespace: the datapath says what it does not enforce
+        assert "egress datapath: not enforced by this node" in out
+        doc = cli_json(capsys, "policy", "trace", "--from-endpoint", str(web["id"]),
+                       "--to-endpoint", str(db["id"]), "--port", "5433", *sock)
+        assert doc["verdict"] == "denied" and doc["from-endpoint"]["pod"] == "default/web"
+        assert doc["to-endpoint"]["identity"] == db["identity"]
+        assert doc["from"] == web["identity-labels"]
+        # raw labels still work; a side given twice is refused
+        err = _refused(capsys, "policy", "trace", "--from", "app=web", "--from-pod",
+                       "default/web", "--to", "app=db", "--port", "5432", *sock)
+        assert "give one of from, from-pod, from-endpoint" in err
+        err = _refused(capsys, "policy", "trace", "--from-pod", "default/nope",
+                       "--to", "app=db", "--port", "5432", *sock)
+        assert "no such endpoint" in err
+
+        # GET /policy names each policy's source object and revision
+        pol = cli_json(capsys, "policy", "get", *sock)
+        (p,) = [p for p in pol["policies"] if p["name"] == "default/web-egress"]
+        assert p["source"] == "manifests" and p["source-revision"].startswith("sha256:")
+
+        # every endpoint realizes the current revision; policy wait returns at once
+        revision = pol["revision"]
+
+        def realized() -> bool:
+            rows = api.request("GET", "/policy/endpoints")["endpoints"]
+            ids = {r["endpoint_id"]: r["realized-revision"] for r in rows}
+            return ids.get(web["id"]) == ids.get(db["id"]) == revision
+
+        wait_for(realized, what="realized revisions")
+        assert run_cli(capsys, "policy", "wait", str(revision), *sock)[0] == 0
+        assert run_cli(capsys, "policy", "wait", str(revision), "--endpoint",
+                       str(web["id"]), *sock)[0] == 0
+        code, _, err = run_cli(capsys, "policy", "wait", str(revision + 100), "--timeout",
+                               "0.3", *sock)
+        assert code == 1 and "not realized" in err
+        # a new policy revision: policy wait returns once the maps hold it
+        (agent.manifests / "more.yaml").write_text(yaml.safe_dump(
+            cnp("web-more", [{"toPorts": [{"ports": [{"port": "pg"}]}]}])))
+        wait_for(lambda: cli_json(capsys, "policy", "get", *sock)["revision"] > revision,
+                 what="the new policy")
+        new = cli_json(capsys, "policy", "get", *sock)["revision"]
+        assert run_cli(capsys, "policy", "wait", str(new), "--timeout", "10", *sock)[0] == 0
+        # the named port resolves on the db pod: 5432 is now allowed twice over
+        entries = cli_json(capsys, "policy", "get", "--endpoint", str(web["id"]), *sock)
+        rules = {tuple(e["rules"]) for e in entries["entries"] if e["dport"] == 5432}
+        assert ("default/web-egress", "default/web-more") in rules, entries
+    finally:
+        for ep in (web, db):
+            api.request("DELETE", f"/endpoint/{ep['id']}")
+        (agent.manifests / "more.yaml").unlink(missing_ok=True)

@@ -39,9 +39,10 @@ from policy.writer import PolicyWriter
 from statedb import DB, Table
 from statewright.agent.components.endpoints import ENDPOINTS
 from statewright.agent.components.kubernetes import K8S_CLIENT
+from statewright.agent.components.policy_trace import TraceSide, datapath_notes, endpoint_side
 from statewright.agent.components.sources import MANIFESTS
 from statewright.api_types import ApiError, QueryParam, Request, Route
-from statewright.component import DEGRADED, OK, Component, Health, Hive
+from statewright.component import DEGRADED, OK, Component, Health, Hive, Provided
 from tables.endpoints import MAX_ENDPOINT_ID, MIN_ENDPOINT_ID
 from tables.identities import POD_NAMESPACE_LABEL, Identity, normalize_labels
 from tables.policy_entries import (
@@ -96,16 +97,26 @@ def parse_trace_port(text: str) -> tuple[int, int]:
 
 
 def trace(
-    policies: Sequence[Policy], src: tuple[str, ...], dst: tuple[str, ...], protocol: int, port: int
+    policies: Sequence[Policy],
+    src: tuple[str, ...] | TraceSide,
+    dst: tuple[str, ...] | TraceSide,
+    protocol: int,
+    port: int,
 ) -> dict[str, Any]:
-    """The trace document: egress at the source, ingress at the destination, the verdict."""
+    """The trace document: egress at the source, ingress at the destination, the verdict
+    (named ports resolve through the sides' ports: the destination's, in both
+    directions)."""
+    s = src if isinstance(src, TraceSide) else TraceSide(src)
+    d = dst if isinstance(dst, TraceSide) else TraceSide(dst)
     rules = [r for p in policies for r in p.rules]
-    egress = evaluate_rules(rules, src, dst, egress=True, protocol=protocol, port=port)
-    ingress = evaluate_rules(rules, dst, src, egress=False, protocol=protocol, port=port)
+    egress = evaluate_rules(rules, s.labels, d.labels, egress=True, protocol=protocol,
+                            port=port, peer_ports=d.ports)
+    ingress = evaluate_rules(rules, d.labels, s.labels, egress=False, protocol=protocol,
+                             port=port, subject_ports=d.ports)
     allowed = egress.allowed and ingress.allowed
     return {
-        "from": list(src),
-        "to": list(dst),
+        "from": list(s.labels),
+        "to": list(d.labels),
         "protocol": protocol,
         "port": port,
         "verdict": "allowed" if allowed else "denied",
@@ -118,10 +129,14 @@ _OFF = {503: "the policy component has not started"}
 _ENDPOINT_PARAM = QueryParam("endpoint", {"type": "string", "pattern": "^[0-9]{1,9}$"},
                              "an endpoint id: its entries and enforcement instead")
 _TRACE_PARAMS = (
-    QueryParam("from", {"type": "string"}, "the source's labels, comma-separated",
-               required=True),
-    QueryParam("to", {"type": "string"}, "the destination's labels, comma-separated",
-               required=True),
+    QueryParam("from", {"type": "string"}, "the source's labels, comma-separated"),
+    QueryParam("to", {"type": "string"}, "the destination's labels, comma-separated"),
+    QueryParam("from-pod", {"type": "string"}, "the source pod, NAMESPACE/NAME"),
+    QueryParam("to-pod", {"type": "string"}, "the destination pod, NAMESPACE/NAME"),
+    QueryParam("from-endpoint", {"type": "string", "pattern": "^[0-9]{1,9}$"},
+               "the source endpoint's id"),
+    QueryParam("to-endpoint", {"type": "string", "pattern": "^[0-9]{1,9}$"},
+               "the destination endpoint's id"),
     QueryParam("port", {"type": "string"}, "PORT or PORT/PROTOCOL (TCP, UDP, SCTP, ANY)",
                required=True),
 )
@@ -154,11 +169,19 @@ _TRACE_SCHEMA = {
         "protocol": {"type": "integer"},
         "port": {"type": "integer"},
         "verdict": _VERDICT,
-        "egress": {"type": "object", "properties": {"verdict": _VERDICT}},
-        "ingress": {"type": "object", "properties": {"verdict": _VERDICT}},
+        "egress": {"type": "object", "properties": {"verdict": _VERDICT,
+                                                    "datapath": {"type": "string"}}},
+        "ingress": {"type": "object", "properties": {"verdict": _VERDICT,
+                                                     "datapath": {"type": "string"}}},
+        "from-endpoint": {"type": "object", "nullable": True},
+        "to-endpoint": {"type": "object", "nullable": True},
         "revision": {"type": "integer"},
     },
 }
+
+
+#: The policy writer (its `synced_revision`: the policy-maps component's realized revisions).
+POLICY: Provided[PolicyWriter] = Provided("policy", PolicyWriter)
 
 
 class PolicyComponent(Component):
@@ -178,6 +201,8 @@ class PolicyComponent(Component):
         self.handler: PolicyObjects | None = None
         self.k8s: Any = None  # policy.k8s.PolicyK8sSource when the agent reads Kubernetes
         self.identities: Table[Identity] | None = None
+        self.hive: Hive | None = None
+        self.manager: Any = None  # the EndpointManager (trace by pod or endpoint)
 
     async def start(self, hive: Hive) -> None:
         """Register the tables, hand the policy kinds to the manifest source, start the
@@ -185,6 +210,7 @@ class PolicyComponent(Component):
         db = hive.get("db", DB)
         manager = hive.get(ENDPOINTS)
         self.db = db
+        self.hive, self.manager = hive, manager
         self.identities = manager.identities.table
         self.policies = new_policies_table()
         self.entries = new_policy_entries_table()
@@ -198,7 +224,7 @@ class PolicyComponent(Component):
             entries=self.entries,
             policy_endpoints=self.policy_endpoints,
         )
-        handler = PolicyObjects(self.policies)
+        handler = PolicyObjects(self.policies, "manifests")
         self.handler = handler
         manifests = hive.find(self, MANIFESTS)
         if manifests is not None:
@@ -215,7 +241,7 @@ class PolicyComponent(Component):
         if client is not None:
             from policy.k8s import PolicyK8sSource
 
-            self.k8s = PolicyK8sSource(db, client, handler)
+            self.k8s = PolicyK8sSource(db, client, PolicyObjects(self.policies, "k8s"))
             with db.write_txn(self.policies) as txn:
                 self.k8s.register_initializer(txn)
             await hive.spawn(self, self.k8s.run)
@@ -321,19 +347,51 @@ class PolicyComponent(Component):
 
     async def _endpoints(self, req: Request) -> Any:
         db, _, _, endpoints = self._tables()
+        realized: dict[int, int] = getattr(self._component("policy-maps"), "realized", {})
         return {
             "revision": self._revision(),
-            "endpoints": [e.to_json() for e in endpoints.all(db.read_txn())],
+            "endpoints": [
+                {**e.to_json(), "realized-revision": realized.get(e.endpoint_id)}
+                for e in endpoints.all(db.read_txn())
+            ],
         }
+
+    def _component(self, name: str) -> Any:
+        """The agent's component ``name`` (None when it has none or is not started)."""
+        if self.hive is None:
+            return None
+        return next((c for c in self.hive.components if c.name == name), None)
+
+    def _side(self, req: Request, which: str) -> TraceSide:
+        """One side of a trace request: labels, a pod or an endpoint (exactly one)."""
+        given = [k for k in (which, f"{which}-pod", f"{which}-endpoint") if req.query.get(k)]
+        if len(given) != 1:
+            raise PolicyTraceError(
+                f"give one of {which}, {which}-pod, {which}-endpoint", obj="policy trace",
+                field=which,
+            )
+        if given[0] == which:
+            return TraceSide(parse_trace_labels(req.query[which], which))
+        if self.manager is None:
+            raise PolicyTraceError("no endpoints", obj="policy trace", field=given[0])
+        return endpoint_side(self.manager, req.query[given[0]], given[0])
 
     async def _trace(self, req: Request) -> Any:
         db, policies, _, _ = self._tables()
         try:
-            src = parse_trace_labels(req.query.get("from", ""), "from")
-            dst = parse_trace_labels(req.query.get("to", ""), "to")
+            src, dst = self._side(req, "from"), self._side(req, "to")
             protocol, port = parse_trace_port(req.query.get("port", ""))
         except PolicyTraceError as e:
             raise ApiError(400, str(e)) from None
         doc = trace(list(policies.all(db.read_txn())), src, dst, protocol, port)
         doc["revision"] = self._revision()
+        doc["from-endpoint"], doc["to-endpoint"] = src.describe(), dst.describe()
+        tc = self._component("endpoint-datapath")
+        tc_health = tc.health() if tc is not None else []
+        why_not = None if tc_health and all(h.state == OK for h in tc_health) else (
+            tc_health[0].message if tc_health else "no tc programs (endpoint-datapath)")
+        maps = self._component("policy-maps")
+        has_maps = maps is not None and getattr(maps, "policy_maps", None) is not None
+        doc["egress"]["datapath"], doc["ingress"]["datapath"] = datapath_notes(
+            src, dst, has_maps, why_not)
         return doc

@@ -15,6 +15,12 @@ endpoint's netns cookie). Provides ``policy-maps`` (this component).
   ``policy_netns``. Its initializer is completed after the first derivation, so a
   restarted agent never prunes a namespace's entry before it has read the endpoints.
 
+* Each endpoint's **realized** policy revision (`realized`): the policy revision of its
+  ``policy-endpoints`` row once every change of ``policy-entries`` up to the write of
+  that row has been attempted by the reconciler, every entry of the endpoint is Done and
+  no retry is pending: the maps hold that revision's entries (Cilium's realized policy
+  revision; ``statewright policy wait`` waits on it through ``GET /policy/endpoints``).
+
 List it after ``endpoints`` and before ``datapath``: the socket program reuses the pinned
 ``policy_maps``, ``policy_netns`` and ``ipcache`` when it is loaded (bpf/datapath.py).
 """
@@ -38,9 +44,11 @@ from bpf.typed_map import TypedMap
 from bpfops.policy_ops import PolicyMapSet, PolicyNetnsOps, PolicyOps
 from reconciler import Reconciler
 from reconciler.health import Level
+from reconciler.status import StatusKind
 from statedb import DB, Table, WatchSet
 from statewright.agent.components.endpoints import ENDPOINTS
 from statewright.agent.components.map_reconciler import map_reconciler
+from statewright.agent.components.policy import POLICY
 from statewright.agent.config import AgentConfig
 from statewright.component import DEGRADED, OK, Component, Health, Hive, MapView, typed_map_view
 from tables.endpoint_manager import EndpointManager
@@ -51,6 +59,7 @@ from tables.policy_entries import (
     PolicyEntry,
     new_policy_endpoints_table,
     new_policy_entries_table,
+    policy_endpoint_index,
 )
 from tables.policy_netns import (
     PolicyNetnsEntry,
@@ -62,6 +71,8 @@ from tables.policy_netns import (
 log = logging.getLogger("statewright.agent.policy_maps")
 
 NETNS_INITIALIZER = "policy-netns-derived"
+#: Pause between two realized-revision passes (status writes come in bursts).
+REALIZED_INTERVAL = 0.02
 #: How long start waits for the reconcilers' first rounds (then health tells).
 STARTUP_ROUND_TIMEOUT = 10.0
 
@@ -96,6 +107,7 @@ class PolicyMapsComponent(Component):
     name = "policy-maps"
     needs = ("db", "endpoints")
     provides = ("policy-maps",)
+    uses = ("policy",)
 
     def __init__(self, config: PolicyMapsConfig) -> None:
         self.config = config
@@ -110,6 +122,8 @@ class PolicyMapsComponent(Component):
         self.modes: Table[PolicyEndpoint] | None = None
         self.netns: Table[PolicyNetnsEntry] | None = None
         self.manager: EndpointManager | None = None
+        #: Endpoint id -> the policy revision its maps hold (see the module doc).
+        self.realized: dict[int, int] = {}
 
     async def start(self, hive: Hive) -> None:
         """Tables, maps, the two reconcilers and the netns follower (module doc)."""
@@ -144,6 +158,9 @@ class PolicyMapsComponent(Component):
             await hive.spawn(self, rec.run, label=f"{self.name}-{name}")
         await hive.spawn(self, self._follow(db, manager, modes, netns, netns_done),
                          label="policy-netns")
+        writer = hive.find(self, POLICY)
+        await hive.spawn(self, self._follow_realized(db, entries, modes, writer),
+                         label="policy-realized")
         # A reconciler reports Stopped until its first round: wait for those rounds (they
         # do not wait for initializers, only the prune does) so the agent starts healthy.
         with anyio.move_on_after(STARTUP_ROUND_TIMEOUT):
@@ -174,6 +191,32 @@ class PolicyMapsComponent(Component):
                     first = False
                     task_status.started()
                 await WatchSet((w1, w2)).wait_async()
+
+        return follow
+
+    def _follow_realized(
+        self, db: DB, entries: Table[PolicyEntry], modes: Table[PolicyEndpoint], writer: Any
+    ) -> Callable[..., Any]:
+        rec = self.reconcilers[POLICY_ENTRIES_TABLE]
+
+        async def follow(*, task_status: Any = anyio.TASK_STATUS_IGNORED) -> None:
+            task_status.started()
+            while True:
+                synced = getattr(writer, "synced_revision", 0)  # before the snapshot
+                txn = db.read_txn()
+                before = {m.endpoint_id: m for m in modes.all(txn)}
+                _, w1 = modes.all_watch(txn)
+                _, w2 = entries.all_watch(txn)
+                await rec.wait_until_reconciled(entries.revision(txn))
+                self.realized = realized_revisions(
+                    db.read_txn(), entries, modes, before, self.realized, bool(rec.retries),
+                    synced,
+                )
+                await anyio.sleep(REALIZED_INTERVAL)  # status writes come in bursts
+                # at least every second: a policy change that changed no row moves the
+                # writer's synced revision only
+                with anyio.move_on_after(1.0):
+                    await WatchSet([w1, w2]).wait_async()
 
         return follow
 
@@ -253,3 +296,36 @@ class PolicyMapsComponent(Component):
             ):
                 MemoryMap.remove_pin(path)
         return removed
+
+
+def realized_revisions(
+    txn: Any,
+    entries: Table[PolicyEntry],
+    modes: Table[PolicyEndpoint],
+    before: dict[int, PolicyEndpoint],
+    realized: dict[int, int],
+    retrying: bool,
+    synced: int = 0,
+) -> dict[int, int]:
+    """The realized revision of every endpoint, given ``before`` (the policy-endpoints
+    rows when the entries' revision the reconciler has now attempted was read) and
+    ``synced`` (the writer's `synced_revision` read before that): an endpoint whose row is
+    unchanged since, whose entries are all Done, realizes its row's revision, or
+    ``synced`` when later (the changes up to it did not touch the endpoint); none while a
+    retry is pending (a failed delete is not in the table). Otherwise it keeps what it had
+    realized."""
+    out: dict[int, int] = {}
+    for m in modes.all(txn):
+        old = realized.get(m.endpoint_id)
+        if (
+            not retrying
+            and before.get(m.endpoint_id) == m
+            and all(
+                e.status.kind is StatusKind.DONE
+                for e in entries.list(txn, policy_endpoint_index.query(m.endpoint_id))
+            )
+        ):
+            out[m.endpoint_id] = max(m.revision, synced)
+        elif old is not None:
+            out[m.endpoint_id] = old
+    return out
