@@ -56,7 +56,8 @@ def test_every_command_is_registered_with_its_path() -> None:
     assert set(commands) == {
         "run", "bpf maps", "bpf dump", "lb maps-dump", "lb list",
         "agent", "status", "db show", "db list", "db watch", "exec",
-        "endpoint list", "endpoint get", "ipam", "policy get", "policy trace", "api openapi",
+        "endpoint list", "endpoint get", "ipam", "policy get", "policy trace", "policy wait",
+        "api openapi",
         "ct list", "ct flush", "ct stats",
         "operator",
     }
