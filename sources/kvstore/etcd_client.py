@@ -285,7 +285,8 @@ class EtcdClient:
     # ----- watch ------------------------------------------------------------------------------
     async def watch(self, prefix: str, start_revision: int) -> AsyncIterator[list[WatchEvent]]:
         """The changes under ``prefix`` from ``start_revision`` on, one list per etcd
-        response, from the current endpoint, until the stream breaks
+        response (an empty one first, when etcd confirms the watch), from the current
+        endpoint, until the stream breaks
         (`KVStoreUnavailable`) or the revision is compacted (`CompactedError`)."""
         endpoint = self.endpoint
         body = {"create_request": {
@@ -325,5 +326,5 @@ class EtcdClient:
                 f"etcd watch at {endpoint}: canceled: {res.get('cancel_reason', '')}")
         evs = res.get("events")
         if not evs:
-            return None
+            return [] if res.get("created") else None  # [] : the stream is up
         return [WatchEvent(ev.get("type") == "DELETE", KeyValue.from_json(ev["kv"])) for ev in evs]

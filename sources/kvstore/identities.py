@@ -188,7 +188,7 @@ class KVStoreIdentities:
             f"{pending} to create",
             f"{self.created} created, {self.conflicts} taken meanwhile",
         ]
-        ok = h.synced and not self.last_error
+        ok = h.synced and h.connected and not self.last_error
         if self.last_error:
             parts.append(self.last_error)
         errors = self.allocator.errors

@@ -173,7 +173,7 @@ class KVStoreEndpoints:
         h = self.watcher.health()
         parts = [f"kvstore {h.message()}", f"{len(self.entries)} remote endpoints",
                  f"{len(self._published)} keys published"]
-        ok = h.synced and not self.entries.errors
+        ok = h.synced and h.connected and not self.entries.errors
         if self.entries.conflicts:
             parts.append(f"{len(self.entries.conflicts)} contested addresses")
         if self.entries.errors:

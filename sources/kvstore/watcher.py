@@ -114,9 +114,10 @@ class PrefixWatcher:
             try:
                 if not self._listed:
                     await self._relist()
-                self._connected(True)
                 async for events in self.client.watch(self.prefix, self._h.revision + 1):
-                    await self._apply(events)
+                    self._connected(True)
+                    if events:
+                        await self._apply(events)
             except CompactedError as e:
                 log.info("kvstore: %s: %s; listing again", self.prefix, e)
                 self._h.relists += 1

@@ -31,6 +31,11 @@ refused (a typo must not be silently ignored). Example::
     bpf-ct-global-max: 65536 # entries of each connection-tracking map (IPv4, IPv6)
     conntrack-gc-interval: 60  # seconds between two CT garbage collections
     endpoint-datapath: true  # tc programs on the pods' veths (ingress policy, CT)
+    identity-allocation-mode: crd    # crd | kvstore: where identities, remote endpoints
+    kvstore: ""                      #   (and nodes) live; kvstore needs kvstore: etcd and
+    kvstore-opt: {etcd.config: /var/lib/etcd-config/etcd.config}   # (docs/cluster.md)
+    kvstore-lease-ttl: 15    # seconds: this agent's keys outlive it by this much
+    cluster-name: default    # the <cluster> of ip/v1/<cluster>/ and nodes/v1/<cluster>/
 
 Why a frozen dataclass: the runtime and the API report it as-is (``to_json``) and
 nothing may change it behind the components' backs.
@@ -122,6 +127,13 @@ class AgentConfig:
     #: The per-endpoint tc programs (ingress policy, connection tracking; docs/datapath.md),
     #: attached with ``datapath`` on kernel maps.
     endpoint_datapath: bool = True
+    #: Where the cluster's identities, remote endpoints and nodes live: ``crd`` (the API
+    #: server's objects) or ``kvstore`` (etcd; docs/cluster.md). Cilium's flag names.
+    identity_allocation_mode: str = "crd"
+    kvstore: str = ""
+    kvstore_opt: Mapping[str, str] = field(default_factory=dict)
+    kvstore_lease_ttl: int = 15
+    cluster_name: str = "default"
 
     def __post_init__(self) -> None:
         if self.backend not in BACKENDS:
@@ -167,11 +179,34 @@ class AgentConfig:
         if not (math.isfinite(self.conntrack_gc_interval) and self.conntrack_gc_interval > 0):
             raise ConfigError(f"conntrack-gc-interval: must be a number of seconds > 0, "
                               f"got {self.conntrack_gc_interval}")
+        self._check_kvstore()
         if self.pod_cidrs:
             try:
                 IPAMConfig.parse(self.pod_cidrs)
             except IPAMRequestError as e:
                 raise ConfigError(f"pod-cidrs: {e}") from None
+
+    def _check_kvstore(self) -> None:
+        if self.identity_allocation_mode not in ("crd", "kvstore"):
+            raise ConfigError(f"identity-allocation-mode: {self.identity_allocation_mode!r} "
+                              "is not crd or kvstore")
+        if self.kvstore not in ("", "etcd"):
+            raise ConfigError(f"kvstore: {self.kvstore!r} is not etcd (the one kvstore)")
+        if not 1 <= self.kvstore_lease_ttl <= 3600:
+            raise ConfigError(f"kvstore-lease-ttl: must be 1 to 3600 seconds, "
+                              f"got {self.kvstore_lease_ttl}")
+        if not self.cluster_name or "/" in self.cluster_name:
+            raise ConfigError(f"cluster-name: {self.cluster_name!r} must be a name without /")
+        if self.identity_allocation_mode != "kvstore":
+            return
+        if self.kvstore != "etcd":
+            raise ConfigError("identity-allocation-mode kvstore needs kvstore: etcd")
+        from sources.kvstore.config import KVStoreConfigError, parse_kvstore_opts
+
+        try:
+            parse_kvstore_opts(self.kvstore_opt)
+        except KVStoreConfigError as e:
+            raise ConfigError(f"kvstore-opt: {e}") from None
 
     @property
     def k8s_enabled(self) -> bool:
@@ -222,7 +257,8 @@ _FIELDS = {f.name: f for f in dataclasses.fields(AgentConfig)}
 _TUPLES = {"manifests", "lb_flags", "pod_cidrs"}
 _BOOLS = {"allow_root_cgroup", "datapath", "netlink", "k8s_in_cluster",
           "auto_direct_node_routes", "endpoint_datapath"}
-_INTS = {"metrics_port", "api_socket_mode", "k8s_burst", "bpf_ct_global_max"}
+_INTS = {"metrics_port", "api_socket_mode", "k8s_burst", "bpf_ct_global_max",
+         "kvstore_lease_ttl"}
 _FLOATS = {"manifests_interval", "k8s_qps", "conntrack_gc_interval"}
 
 
@@ -236,7 +272,7 @@ def _convert(name: str, raw: Any, origin: str) -> Any:
             return NodeAddressConfig.from_dict(raw, where)
         except ValueError as e:
             raise ConfigError(str(e)) from None
-    if name == "node_labels":
+    if name in ("node_labels", "kvstore_opt"):
         return _labels(raw, where)
     if name in _TUPLES:
         if isinstance(raw, str):

@@ -50,6 +50,7 @@ from statewright.agent.components.conntrack import CTComponent, CTConfig
 from statewright.agent.components.endpoint_datapath import EndpointDatapathComponent
 from statewright.agent.components.endpoints import EndpointsComponent, EndpointsConfig
 from statewright.agent.components.kubernetes import KubernetesComponent
+from statewright.agent.components.kvstore import KVStoreComponent
 from statewright.agent.components.lb import LBMapsComponent, LoadBalancerComponent
 from statewright.agent.components.node import DatapathComponent, DemoComponent, MetricsComponent
 from statewright.agent.components.nodes import NodesComponent
@@ -78,6 +79,7 @@ def agent_components(config: AgentConfig, agent: Agent | None = None) -> list[Co
         ManifestsComponent(config),
         KubernetesComponent(config),
         NetlinkComponent(config),
+        KVStoreComponent(config),
         NodesComponent(config),
         LBMapsComponent(config),
         EndpointsComponent(EndpointsConfig.from_agent_config(config)),

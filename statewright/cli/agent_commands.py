@@ -92,6 +92,16 @@ def add_commands(subparsers: SubParsers, commands: Commands) -> None:
                     default=None,
                     help="routes to the other nodes' pod CIDRs via their InternalIPs "
                          "(native routing, docs/cluster.md; default off)")
+    ag.add_argument("--identity-allocation-mode", choices=("crd", "kvstore"),
+                    help="where identities, remote endpoints and nodes live: the API "
+                         "server's objects (crd, default) or etcd (kvstore; docs/cluster.md)")
+    ag.add_argument("--kvstore", choices=("etcd",), help="the kvstore of kvstore mode")
+    ag.add_argument("--kvstore-opt", dest="kvstore_opt", action="append", metavar="KEY=VALUE",
+                    help="a kvstore option: etcd.config=FILE (endpoints, TLS, auth)")
+    ag.add_argument("--kvstore-lease-ttl", type=int, metavar="SECONDS",
+                    help="TTL of this agent's etcd lease (default 15)")
+    ag.add_argument("--cluster-name", help="this cluster's name in the kvstore's keys "
+                    "(default: default)")
     ag.add_argument("--bpf-ct-global-max", type=int, metavar="N",
                     help="entries of each connection-tracking map (default 65536)")
     ag.add_argument("--conntrack-gc-interval", type=float, metavar="SECONDS",
@@ -166,7 +176,9 @@ def _overrides(args: argparse.Namespace) -> dict[str, Any]:
                      "api_socket", "metrics_port", "netlink", "demo_netns", "log_format",
                      "k8s_kubeconfig", "k8s_api_server", "k8s_in_cluster", "k8s_qps",
                      "k8s_burst", "state_dir", "pod_cidrs", "auto_direct_node_routes",
-                     "bpf_ct_global_max", "conntrack_gc_interval", "endpoint_datapath")
+                     "bpf_ct_global_max", "conntrack_gc_interval", "endpoint_datapath",
+                     "identity_allocation_mode", "kvstore", "kvstore_opt", "kvstore_lease_ttl",
+                     "cluster_name")
     }
     if args.manifests:
         out["manifests"] = [os.path.abspath(p) for p in args.manifests]

@@ -68,8 +68,11 @@ from sources.k8s_identities import ClusterIdentities
 from sources.k8s_namespaces import NamespaceSource
 from sources.k8s_node_cidrs import NodePodCIDRs, NodeSource
 from sources.k8s_source import SourceConfig
+from sources.kvstore.identities import KVStoreIdentities
+from sources.kvstore.ipcache import KVStoreEndpoints
 from statedb import DB, Table, WatchSet
 from statewright.agent.components.kubernetes import K8S_SOURCE
+from statewright.agent.components.kvstore import KVSTORE, KVStore
 from statewright.agent.components.map_reconciler import map_reconciler
 from statewright.agent.components.nodes import NODES
 from statewright.agent.config import DEFAULT_POD_CIDRS, DEFAULT_STATE_DIR, AgentConfig
@@ -160,7 +163,7 @@ class EndpointsComponent(Component):
     name = "endpoints"
     needs = ("db",)
     provides = ("endpoints",)
-    uses = ("k8s", "nodes")
+    uses = ("k8s", "nodes", "kvstore")
 
     def __init__(self, config: EndpointsConfig, link_exists: LinkCheck = host_link_exists) -> None:
         self.config = config
@@ -178,8 +181,11 @@ class EndpointsComponent(Component):
         self.namespaces: Table[Namespace] | None = None
         #: The Namespaces of the API server (with the ``k8s`` component).
         self.namespace_source: NamespaceSource | None = None
-        #: CiliumIdentities watched and created (with the ``k8s`` component).
-        self.cluster_identities: ClusterIdentities | None = None
+        #: CiliumIdentities watched and created (with the ``k8s`` component), or etcd's
+        #: identity keys (with the ``kvstore`` component).
+        self.cluster_identities: ClusterIdentities | KVStoreIdentities | None = None
+        #: Remote endpoints from etcd and local ones published there (``kvstore``).
+        self.kvstore_endpoints: KVStoreEndpoints | None = None
         #: The nodes table (with the ``nodes`` component), for node ipcache entries.
         self.nodes: Table[Node] | None = None
         self._nodes_done: Callable[[Any], None] | None = None
@@ -198,9 +204,11 @@ class EndpointsComponent(Component):
             configured = () if cfg.pod_cidrs_from_node else cfg.pod_cidrs
             self.node_cidrs = NodePodCIDRs(ipam, source, configured)
         pods = _pod_label_source(hive, self)
-        # With an API server the numbering is the cluster's (CiliumIdentity objects);
-        # without one (manifests only) it is this node's.
-        identities = ClusterIdentityAllocator(db) if pods is not None else IdentityAllocator(db)
+        kv = hive.find(self, KVSTORE)
+        # With an API server or a kvstore the numbering is the cluster's (CiliumIdentity
+        # objects, or etcd's keys); without either (manifests only) it is this node's.
+        cluster = pods is not None or kv is not None
+        identities = ClusterIdentityAllocator(db) if cluster else IdentityAllocator(db)
         entries = EntryTables()
         namespaces = self._namespaces(hive, db, pods)
         manager = EndpointManager(
@@ -224,7 +232,9 @@ class EndpointsComponent(Component):
                          for t in (entries.endpoint_map, entries.ipcache)]
         self._host_done = lambda wtxn: [done(wtxn) for done in host_done]
         self.ipam, self.manager = ipam, manager
-        if pods is not None:
+        if kv is not None:
+            self.kvstore_endpoints = self._kvstore_endpoints(db, kv, pods, manager)
+        elif pods is not None:
             self.cilium_endpoints = self._cilium_endpoints(db, pods, manager)
 
         factory = MapFactory(BackendConfig(backend=cfg.backend, pin_dir=cfg.pin_dir))  # type: ignore[arg-type]
@@ -284,7 +294,13 @@ class EndpointsComponent(Component):
             self.node_cidrs.on_change = lambda: self._sync_host(db, manager)
             await hive.spawn(self, self.node_cidrs.run, label="endpoints-pod-cidrs")
         pods = _pod_label_source(hive, self)
-        if pods is not None and isinstance(manager.identities, ClusterIdentityAllocator):
+        kv = hive.find(self, KVSTORE)
+        if kv is not None and isinstance(manager.identities, ClusterIdentityAllocator):
+            self.cluster_identities = KVStoreIdentities(
+                manager.identities, kv.session, manager.renumber_identities, kv.node_name,
+                kv.layout, grace=kv.grace)
+            await hive.spawn(self, self.cluster_identities.run, label="endpoints-identities")
+        elif pods is not None and isinstance(manager.identities, ClusterIdentityAllocator):
             self.cluster_identities = ClusterIdentities(
                 manager.identities, pods.client, manager.renumber_identities,
                 pods.config.reflector,
@@ -292,6 +308,8 @@ class EndpointsComponent(Component):
             await hive.spawn(self, self.cluster_identities.run, label="endpoints-identities")
         if self.cilium_endpoints is not None:
             await hive.spawn(self, self.cilium_endpoints.run, label="endpoints-cilium-endpoints")
+        if self.kvstore_endpoints is not None:
+            await hive.spawn(self, self.kvstore_endpoints.run, label="endpoints-kvstore-ipcache")
         if pods is not None:
             follow_pods = _follow_labels(pods.wait_pod_labels, manager)
             await hive.spawn(self, follow_pods, label="endpoints-pod-labels")
@@ -312,21 +330,37 @@ class EndpointsComponent(Component):
         def is_local(key: str) -> bool:
             return manager.resolve(f"pod-name:{key}") is not None
 
-        def node_ip() -> Any:
-            ip = node_internal_ip(getattr(pods, "node", None))
-            if ip is None:
-                ips = sorted(self._host_ips(db), key=lambda a: (a.version, int(a)))
-                ip = ips[0] if ips else None
-            return ip
-
         ceps = CiliumEndpoints(
             db, pods.client, endpoints=manager.endpoints, identities=manager.identities.table,
             entries=RemoteEndpointEntries(entries.ipcache, is_local),
-            pod_uid_of=pods.pod_uid_of, node_ip=node_ip, config=pods.config.reflector,
+            pod_uid_of=pods.pod_uid_of, node_ip=self._node_ip(db, pods),
+            config=pods.config.reflector,
         )
         with db.write_txn(entries.ipcache) as txn:
             ceps.register_initializer(txn)
         return ceps
+
+    def _kvstore_endpoints(
+        self, db: DB, kv: KVStore, pods: PodLabelSource | None, manager: EndpointManager
+    ) -> KVStoreEndpoints:
+        """The ipcache keys of etcd (sources/kvstore/ipcache.py), its initializer
+        registered on the ipcache table."""
+        keys = KVStoreEndpoints(db, kv.session, manager.entries.ipcache, manager.endpoints,
+                                self._node_ip(db, pods), kv.layout, grace=kv.grace)
+        with db.write_txn(manager.entries.ipcache) as txn:
+            keys.register_initializer(txn)
+        return keys
+
+    def _node_ip(self, db: DB, pods: PodLabelSource | None) -> Callable[[], Any]:
+        """This node's address as other nodes reach its pods: the Node's InternalIP,
+        else the lowest host address."""
+        def node_ip() -> Any:
+            ip = node_internal_ip(getattr(pods, "node", None)) if pods is not None else None
+            if ip is None:
+                ips = sorted(self._host_ips(db), key=lambda a: (a.version, int(a)))
+                ip = ips[0] if ips else None
+            return ip
+        return node_ip
 
     def _namespaces(self, hive: Hive, db: DB, pods: PodLabelSource | None) -> Table[Namespace]:
         """The namespaces table, registered, with its sources: the manifest source's
@@ -488,6 +522,9 @@ class EndpointsComponent(Component):
         if self.cilium_endpoints is not None:
             ok, message = self.cilium_endpoints.health()
             cidrs.append(Health(f"{self.name}/cilium-endpoints", OK if ok else DEGRADED, message))
+        if self.kvstore_endpoints is not None:
+            ok, message = self.kvstore_endpoints.health()
+            cidrs.append(Health(f"{self.name}/kvstore-ipcache", OK if ok else DEGRADED, message))
         if bad:
             return [Health(self.name, DEGRADED, "; ".join(bad)), *cidrs]
         return [Health(self.name, OK, f"{n} endpoint(s), {self.maps_kind} maps; {restored}"),

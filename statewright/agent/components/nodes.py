@@ -34,6 +34,7 @@ from reconciler import Config, Reconciler, status_field_accessors
 from reconciler.health import Level
 from statedb import DB, Table
 from statewright.agent.components.kubernetes import K8S_CLIENT, K8S_SOURCE
+from statewright.agent.components.kvstore import KVSTORE, KVStore
 from statewright.agent.components.sources import MANIFESTS
 from statewright.agent.config import AgentConfig
 from statewright.api_types import Request, Route
@@ -77,7 +78,7 @@ class NodesComponent(Component):
     name = "nodes"
     needs = ("db",)
     provides = ("nodes",)
-    uses = ("manifests", "k8s", "k8s-client")
+    uses = ("manifests", "k8s", "k8s-client", "kvstore")
 
     def __init__(self, config: AgentConfig) -> None:
         self.config = config
@@ -85,6 +86,7 @@ class NodesComponent(Component):
         self.table: Table[Node] | None = None
         self.routes_table: Table[NodeRoute] | None = None
         self.k8s: Any = None  # sources.k8s_nodes.NodesK8sSource with the k8s component
+        self.kvstore: Any = None  # sources.kvstore.nodes.KVStoreNodes in kvstore mode
         self.route_writer: NodeRoutes | None = None
         self.route_ops: Any = None  # statewright.node_routes.RouteOps
         self.reconciler: Reconciler[NodeRoute] | None = None
@@ -118,9 +120,22 @@ class NodesComponent(Component):
             with db.write_txn(table) as txn:
                 self.k8s.register_initializer(txn)
             await hive.spawn(self, self.k8s.run, label="nodes-k8s")
+        kv = hive.find(self, KVSTORE)
+        if kv is not None:
+            await self._start_kvstore(hive, db, table, kv)
         hive.provide(NODES.name, table)
         if self.config.auto_direct_node_routes:
             await self._start_routes(hive, db, table)
+
+    async def _start_kvstore(self, hive: Hive, db: DB, table: Table[Node], kv: KVStore) -> None:
+        """kvstore mode: the other nodes from etcd, this node's row published there."""
+        from sources.kvstore.nodes import KVStoreNodes
+
+        self.kvstore = KVStoreNodes(db, table, kv.session, kv.node_name, kv.layout,
+                                    grace=kv.grace)
+        with db.write_txn(table) as txn:
+            self.kvstore.register_initializer(txn)
+        await hive.spawn(self, self.kvstore.run, label="nodes-kvstore")
 
     async def _start_routes(self, hive: Hive, db: DB, table: Table[Node]) -> None:
         from statewright.node_routes import RouteOps
@@ -159,10 +174,13 @@ class NodesComponent(Component):
     def _nodes_health(self) -> Health:
         assert self.table is not None and self.db is not None
         message = f"{self.table.count(self.db.read_txn())} node(s)"
-        if self.k8s is None:
-            return Health(self.name, OK, message)
-        ok, why = self.k8s.health()
-        return Health(self.name, OK if ok else DEGRADED, f"{message}; k8s: {why}")
+        ok = True
+        for label, source in (("k8s", self.k8s), ("kvstore", self.kvstore)):
+            if source is not None:
+                good, why = source.health()
+                ok = ok and good
+                message += f"; {label}: {why}"
+        return Health(self.name, OK if ok else DEGRADED, message)
 
     def _routes_health(self) -> Health:
         name = f"{self.name}/routes"
