@@ -22,6 +22,7 @@ import urllib.request
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 ETCD = shutil.which("etcd") or "/usr/bin/etcd"
 
@@ -85,16 +86,31 @@ class EtcdCluster:
             "--logger", "zap", "--log-level", "error",
         ]
 
-    def start(self, timeout: float = 30.0) -> EtcdCluster:
+    def start(self, timeout: float = 30.0, attempts: int = 3) -> EtcdCluster:
+        """Start every member; ports another process took between `free_port` and etcd's
+        bind are picked again (fresh data dirs), up to ``attempts`` times."""
         self.base.mkdir(parents=True, exist_ok=True)
-        try:
-            for m in self.members:
-                self._spawn(m, "new")
-            self.wait_leader(timeout)
-        except BaseException:
-            self.stop()
-            raise
+        for attempt in range(attempts):
+            try:
+                for m in self.members:
+                    self._spawn(m, "new")
+                self.wait_leader(timeout)
+                return self
+            except RuntimeError as e:
+                self.stop()
+                if "address already in use" not in str(e) or attempt == attempts - 1:
+                    raise
+                self._new_ports()
+            except BaseException:
+                self.stop()
+                raise
         return self
+
+    def _new_ports(self) -> None:
+        self.token = f"sw-{uuid.uuid4().hex[:8]}"
+        for m in self.members:
+            shutil.rmtree(m.data_dir, ignore_errors=True)
+            m.client_port, m.peer_port = free_port(), free_port()
 
     def _spawn(self, m: Member, state: str) -> None:
         log = open(self.base / f"{m.name}.log", "ab")  # noqa: SIM115 - the child holds it
@@ -130,13 +146,13 @@ class EtcdCluster:
                 m.proc = None
 
     # ----- status -----------------------------------------------------------------------------
-    def status(self, m: Member) -> dict[str, object] | None:
+    def status(self, m: Member) -> dict[str, Any] | None:
         """The member's maintenance status (JSON gateway), None when it does not answer."""
         req = urllib.request.Request(m.client_url + "/v3/maintenance/status", data=b"{}",
                                      method="POST")
         try:
             with urllib.request.urlopen(req, timeout=1.0) as resp:
-                return json.loads(resp.read())  # type: ignore[no-any-return]
+                return json.loads(resp.read())
         except OSError:
             return None
 
@@ -146,9 +162,7 @@ class EtcdCluster:
             if m.proc is None:
                 continue
             st = self.status(m)
-            if st and st.get("leader") and st.get("leader") == st.get("header", {}).get(  # type: ignore[union-attr]
-                "member_id"
-            ):
+            if st and st.get("leader") and st["leader"] == st.get("header", {}).get("member_id"):
                 return m
         return None
 

@@ -12,6 +12,7 @@ import pytest
 
 from sources.kvstore.config import EtcdConfig
 from sources.kvstore.etcd_client import EtcdClient
+from sources.kvstore.gc import KVStoreIdentityGC
 from sources.kvstore.identities import collect_identities
 from tests.k8s.helpers import wait_for
 from tests.kvstore.backends import Agent, KVStoreBackend, manager, pod
@@ -159,6 +160,11 @@ async def test_operator_gc_deletes_unreferenced_identities(
         await c.put(lay.identity_ref(("k8s:app=moved",), "node-b"), "1002")
         assert await collect_identities(c, lay, since, grace=10.0, now=111.0) == [1001]
         assert since == {}
+        assert sorted(await kv.identities()) == [1000, 1002]
+        # The operator's loop (grace 0 here): the next orphan goes at the first pass.
+        await c.put(lay.identity_id(1004), "k8s:app=orphan2;")
+        gc = KVStoreIdentityGC(c, lay, grace=0.0)
+        assert await gc.collect() == [1004] and gc.last_error == ""
         assert sorted(await kv.identities()) == [1000, 1002]
     finally:
         await c.aclose()

@@ -64,3 +64,12 @@ def test_agent_flags(tmp_path: Path) -> None:
         load(None, {"identity_allocation_mode": "etcd"})
     with pytest.raises(ConfigError, match="kvstore-lease-ttl"):
         load(None, {"kvstore_lease_ttl": 0})
+
+
+def test_operator_kvstore_flags_are_checked(tmp_path: Path) -> None:
+    from statewright import cli
+
+    assert cli.main(["operator", "--identity-allocation-mode", "kvstore"]) == 2
+    assert cli.main(["operator", "--identity-allocation-mode", "kvstore", "--kvstore", "etcd",
+                     "--kvstore-opt", f"etcd.config={tmp_path}/missing"]) == 2
+    assert cli.main(["operator"]) == 2  # CRD mode needs an API server
