@@ -138,6 +138,7 @@ async def run(args: argparse.Namespace, etcd: EtcdCluster, tmp: Path) -> dict[st
 
         await kv.start_agent(tg, b)
         await wait(lambda: b.endpoints.synced and b.identities.synced, 600, 0.01)
+        await anyio.sleep(1.0)  # b's first list is applied; let its publishers settle
         agree: list[float] = []
         for n in range(args.races):
             labels = [f"k8s:race=r{n}"]

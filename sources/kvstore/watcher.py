@@ -155,9 +155,9 @@ class PrefixWatcher:
         self._h.revision = revision
         self._listed = True
         first = not self._h.synced
-        self._h.synced = True
         if upserts or first:
             await self.deliver(upserts, [], True)
+        self._h.synced = True  # once the consumer has the list
         for key in gone:
             await self._delete_later(key)
 
