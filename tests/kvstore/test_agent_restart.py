@@ -109,6 +109,7 @@ def test_sigkilled_agent_restart_without_flap_then_expiry(agents: list[AgentRun]
     api = a.api()
     ip = api.request("POST", "/ipam?owner=ctr1&family=ipv4")["address"]["ipv4"]
     ep = api.request("PUT", "/endpoint/cni-attachment-id:ctr1:eth0", {
+        "container-id": "ctr1", "interface-name": "eth0",
         "addressing": {"ipv4": ip}, "k8s-pod-name": "web", "k8s-namespace": "shop",
         "labels": ["k8s:app=web"]})
     prefix = f"{ip}/32"
