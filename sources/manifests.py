@@ -400,6 +400,12 @@ class ManifestSource:
         return list(self._missing)
 
     @property
+    def supported_kinds(self) -> list[str]:
+        """The kinds this source applies: the LB kinds, then those of the kind handlers
+        (NetworkPolicy, CiliumNetworkPolicy, Namespace... as the agent registers them)."""
+        return list(_KIND_ORDER) + sorted(k for k in self._handlers if k not in _KIND_ORDER)
+
+    @property
     def empty(self) -> list[str]:
         """Followed files that held no object at all when last parsed (empty, or only
         comments): easy to miss, since they apply nothing (or delete what they held)."""
@@ -542,7 +548,8 @@ class ManifestSource:
             if kind not in _KIND_ORDER and kind not in self._handlers:
                 out.errors[_error_key(path, okey)] = (
                     f"{path}: {ref}: kind: unknown kind {kind!r} "
-                    f"(supported: {', '.join(_KIND_ORDER)}; ignored: well-known kinds such as "
+                    f"(supported: {', '.join(self.supported_kinds)}; ignored: well-known kinds "
+                    "such as "
                     "Deployment or ConfigMap)"
                 )
                 continue

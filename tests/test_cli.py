@@ -107,3 +107,71 @@ def test_a_command_module_that_cannot_be_imported_fails_the_cli(tmp_path: Path) 
     assert res.returncode == 1, res
     assert "ModuleNotFoundError: import of statewright.cli.lb_commands" in res.stderr
     assert res.stdout == ""
+
+
+def test_status_help_states_its_exit_codes(capsys: pytest.CaptureFixture[str]) -> None:
+    from statewright.cli import main
+
+    with pytest.raises(SystemExit):
+        main(["status", "--help"])
+    out = " ".join(capsys.readouterr().out.split())
+    assert "exit codes: 0 the agent is OK, 1 it is Degraded" in out
+    assert "2 no agent answers" in out
+
+
+def test_lb_list_help_explains_non_routable_and_wildcards(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from statewright.cli import main
+
+    with pytest.raises(SystemExit):
+        main(["lb", "list", "--help"])
+    out = " ".join(capsys.readouterr().out.split())
+    assert "'non-routable':" in out and "id 0 is a wildcard entry" in out
+
+
+def test_the_agent_banner_names_a_command_that_works() -> None:
+    """``make run`` printed ``statewright status``, but only ``.venv/bin/statewright`` was
+    there: the banner names the script beside the interpreter unless PATH has it."""
+    import os
+    import shutil
+    import sys
+
+    from statewright.cli.agent_commands import cli_command
+
+    cmd = cli_command()
+    script = os.path.join(os.path.dirname(sys.executable), "statewright")
+    if cmd == "statewright":
+        found = shutil.which("statewright")
+        assert found is not None and os.path.samefile(found, script)
+    else:
+        assert os.path.samefile(cmd.split(" -m ")[0] if " -m " in cmd else cmd,
+                                sys.executable if " -m " in cmd else script)
+
+
+def test_exec_can_target_a_pods_namespace(monkeypatch: pytest.MonkeyPatch) -> None:
+    import argparse
+
+    from statewright.cli import agent_commands
+
+    def args(**kw: object) -> argparse.Namespace:
+        base: dict[str, object] = {"netns": None, "endpoint": None, "no_netns": False,
+                                   "socket": None}
+        return argparse.Namespace(**{**base, **kw})
+
+    demo = {"netns": "statewright-demo"}
+    wrap = agent_commands._in_netns
+    assert wrap(args(), demo, ["id"]) == ["ip", "netns", "exec", "statewright-demo", "id"]
+    assert wrap(args(no_netns=True), demo, ["id"]) == ["id"]
+    assert wrap(args(netns="pod1"), demo, ["id"]) == ["ip", "netns", "exec", "pod1", "id"]
+    assert wrap(args(netns="/var/run/netns/p"), {}, ["id"]) == [
+        "nsenter", "--net=/var/run/netns/p", "--", "id"]
+
+    class Client:
+        def get(self, path: str) -> dict[str, str]:
+            assert path == "/endpoint/7"
+            return {"netns-path": "/var/run/netns/cni-1234"}
+
+    monkeypatch.setattr(agent_commands, "client", lambda a: Client())
+    assert wrap(args(endpoint="7"), demo, ["id"]) == [
+        "nsenter", "--net=/var/run/netns/cni-1234", "--", "id"]

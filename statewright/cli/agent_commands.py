@@ -131,7 +131,13 @@ def add_commands(subparsers: SubParsers, commands: Commands) -> None:
     ag.add_argument("--status-line", action="store_true", help="print a live status line")
     ag.set_defaults(func=cmd_agent)
 
-    st = subparsers.add_parser("status", help="health of the running agent")
+    st = subparsers.add_parser(
+        "status", help="health of the running agent",
+        description="The running agent's health: overall state and each component's state "
+                    "and reason.",
+        epilog=f"exit codes: 0 the agent is OK, 1 it is Degraded (or the request failed), "
+               f"{EXIT_NO_AGENT} no agent answers on the socket",
+    )
     add_client_arguments(st)
     st.set_defaults(func=cmd_status)
 
@@ -154,6 +160,12 @@ def add_commands(subparsers: SubParsers, commands: Commands) -> None:
     )
     ex.add_argument("--socket", default=None, help="agent API socket")
     ex.add_argument("--no-netns", action="store_true", help="stay in this network namespace")
+    ex.add_argument("--netns", metavar="NAME|PATH",
+                    help="run in this network namespace instead of the demo one (a name of "
+                         "`ip netns`, or a path such as /var/run/netns/NAME)")
+    ex.add_argument("--endpoint", metavar="ID",
+                    help="run in the network namespace of this endpoint (a pod's: its "
+                         "netns-path)")
     ex.add_argument("cmd", nargs=argparse.REMAINDER, help="-- CMD [ARGS...]")
     ex.set_defaults(func=cmd_exec)
 
@@ -242,10 +254,11 @@ def cmd_agent(args: argparse.Namespace) -> int:
     if args.status_line:
         sock = cfg.api_socket
         env = "" if sock == agent_config.DEFAULT_SOCKET else f"STATEWRIGHT_SOCKET={sock} "
+        cli = cli_command()
         print(
             "statewright agent: in a second terminal try\n"
-            f"  {env}statewright status\n  {env}statewright lb list\n"
-            + (f"  {env}statewright exec -- curl -s http://10.96.10.10/\n"
+            f"  {env}{cli} status\n  {env}{cli} lb list\n"
+            + (f"  {env}{cli} exec -- curl -s http://10.96.10.10/\n"
                if cfg.demo_netns else ""),
             flush=True,
         )
@@ -262,6 +275,20 @@ def cmd_agent(args: argparse.Namespace) -> int:
     if args.status_line:
         print()
     return 0
+
+
+def cli_command() -> str:
+    """How to run this ``statewright`` from a shell: ``statewright`` when that name on PATH
+    is this installation's script, else the script's path beside this interpreter (a
+    virtualenv's ``.venv/bin/statewright``, as ``make run`` uses), else ``python -m``."""
+    script = os.path.join(os.path.dirname(sys.executable), "statewright")
+    on_path = shutil.which("statewright")
+    if on_path is not None and os.path.realpath(on_path) == os.path.realpath(script):
+        return "statewright"
+    if os.access(script, os.X_OK):
+        rel = os.path.relpath(script)  # .venv/bin/statewright from the repository
+        return script if rel.startswith("..") else rel
+    return f"{sys.executable} -m statewright"
 
 
 def cleanup(cfg: agent_config.AgentConfig) -> int:
@@ -402,8 +429,10 @@ def cmd_exec(args: argparse.Namespace) -> int:
         except OSError as e:
             print(f"statewright exec: cannot join cgroup {cgroup}: {e}", file=sys.stderr)
             return 1
-    netns = "" if args.no_netns else info.get("netns") or ""
-    argv = ["ip", "netns", "exec", netns, *cmd] if netns else cmd
+    try:
+        argv = _in_netns(args, info, cmd)
+    except (AgentUnavailable, AgentRequestError, ValueError) as e:
+        return _fail("exec", e)
     if shutil.which(argv[0]) is None:
         print(f"statewright exec: {argv[0]}: command not found", file=sys.stderr)
         return 127
@@ -415,6 +444,23 @@ def cmd_exec(args: argparse.Namespace) -> int:
         print(f"statewright exec: {argv[0]}: {e}", file=sys.stderr)
         return 126
     return 0  # not reached
+
+
+def _in_netns(args: argparse.Namespace, info: dict[str, Any], cmd: list[str]) -> list[str]:
+    """``cmd`` wrapped to run in the chosen network namespace: ``--endpoint``'s,
+    ``--netns``, the demo one, or none (``--no-netns``)."""
+    target = getattr(args, "netns", None) or ""
+    if getattr(args, "endpoint", None):
+        ep = client(args).get(f"/endpoint/{args.endpoint}")
+        target = ep.get("netns-path") or ""
+        if not target:
+            raise ValueError(f"endpoint {args.endpoint} has no netns-path")
+    if target:
+        if "/" in target:
+            return ["nsenter", f"--net={target}", "--", *cmd]
+        return ["ip", "netns", "exec", target, *cmd]
+    netns = "" if args.no_netns else info.get("netns") or ""
+    return ["ip", "netns", "exec", netns, *cmd] if netns else cmd
 
 
 # ----- lb list and bpf dump through the agent ---------------------------------------------

@@ -57,7 +57,18 @@ def add_commands(subparsers: SubParsers, commands: Commands) -> None:
     dump.set_defaults(func=cmd_maps_dump)
     commands["lb maps-dump"] = dump
 
-    lst = sub.add_parser("list", help="list frontends with their backends")
+    lst = sub.add_parser(
+        "list", help="list frontends with their backends",
+        description="Every frontend of the LB maps (pinned, or the running agent's) with its "
+                    "backends in slot order.",
+        epilog="legend: FLAGS are those of Cilium's dump. 'non-routable': a frontend that "
+               "is reached only from this node (a ClusterIP; traffic from elsewhere to it is "
+               "not load-balanced). 'Local' / 'InternalLocal': the external / internal "
+               "traffic policy Local (local backends only). A row with id 0 is a wildcard "
+               "entry <vip>:0/ANY of a ClusterIP or LoadBalancer address, shared by the "
+               "address's frontends: a connection to a port of that address that no "
+               "frontend serves is dropped instead of leaving the node.",
+    )
     lst.add_argument("--pin-dir", default=default_dir, help=f"default {default_dir}")
     lst.add_argument("-o", "--output", choices=("table", "json"), default="table")
     lst.set_defaults(func=cmd_list)

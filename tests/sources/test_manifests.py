@@ -476,3 +476,29 @@ def test_an_empty_file_is_named(tmp_path: Path) -> None:
                                             clusterIPs=["10.96.0.2"]))
     src.sync()
     assert src.empty == []
+
+
+class _PolicyKinds:
+    """A kind handler for the two policy kinds that applies nothing."""
+
+    kinds = ("NetworkPolicy", "CiliumNetworkPolicy")
+    tables: tuple[object, ...] = ()
+
+    def check(self, obj: object) -> None:
+        return None
+
+    def upsert(self, txn: object, obj: object) -> None:
+        return None
+
+    def delete(self, txn: object, obj: object) -> None:
+        return None
+
+
+def test_the_unknown_kind_error_lists_the_handlers_kinds(tmp_path: Path) -> None:
+    _, _, src = _new([tmp_path])
+    src.add_kind_handler(_PolicyKinds())  # type: ignore[arg-type]
+    _write(tmp_path / "x.yaml", {"apiVersion": "v1", "kind": "Servce",
+                                 "metadata": {"name": "echo", "namespace": "test"}})
+    (message,) = src.sync().failed.values()
+    supported = message.split("(supported: ")[1].split(";")[0].split(", ")
+    assert {"Service", "EndpointSlice", "NetworkPolicy", "CiliumNetworkPolicy"} <= set(supported)
