@@ -112,11 +112,13 @@ class NodeEnv(E2EEnv):
         return run_plugin(command, conf or self.conf, self.ns, **pod.env)
 
     def add_pod(
-        self, name: str, namespace: str = "e2e", labels: dict[str, str] | None = None
+        self, name: str, namespace: str = "e2e", labels: dict[str, str] | None = None,
+        ports: list[dict[str, Any]] | None = None,
     ) -> Pod:
         """A new pod namespace connected by CNI ADD (removed with the environment): the pod
-        ``namespace/name`` in ``CNI_ARGS`` and its ``labels`` in the configuration's
-        ``args.cni.labels``, as a runtime passes them."""
+        ``namespace/name`` in ``CNI_ARGS``, its ``labels`` in the configuration's
+        ``args.cni.labels`` and its container ``ports`` in ``args.cni.ports``, as a
+        runtime passes them."""
         netns = f"swnp-{name}-{self.tag}"
         _run("ip", "netns", "add", netns)
         self._stack.callback(_run_quiet, "ip", "netns", "del", netns)
@@ -128,9 +130,13 @@ class NodeEnv(E2EEnv):
         }
         pod = Pod(name, netns, env)
         conf = self.conf
+        cni_args: dict[str, Any] = {}
         if labels:
-            cni_labels = [{"key": k, "value": v} for k, v in sorted(labels.items())]
-            conf = {**conf, "args": {"cni": {"labels": cni_labels}}}
+            cni_args["labels"] = [{"key": k, "value": v} for k, v in sorted(labels.items())]
+        if ports:
+            cni_args["ports"] = ports
+        if cni_args:
+            conf = {**conf, "args": {"cni": cni_args}}
         rc, result = self.cni("ADD", pod, conf)
         if rc != 0:
             raise RuntimeError(f"CNI ADD {name}: {result}\n{self.agent.logs()[-3000:]}")

@@ -80,8 +80,9 @@ class ControlPlane:
                 PolicyObjects(self.policies).upsert(txn, o)
         self.writer.step()
 
-    def verdicts(self) -> dict[Cell, bool]:
-        """Every probe from the computed rows, both lookups agreeing."""
+    def verdicts(self, ingress: bool = True) -> dict[Cell, bool]:
+        """Every probe from the computed rows, both lookups agreeing (``ingress`` False:
+        the source's egress only, for a datapath that does not enforce ingress)."""
         txn = self.db.read_txn()
         rows: dict[int, Any] = {}
         for ep_id in self.ids.values():
@@ -92,7 +93,8 @@ class ControlPlane:
         out: dict[Cell, bool] = {}
         for src, dst, port, proto in cells():
             verdict = True
-            for ep_pod, peer_pod, egress in ((src, dst, True), (dst, src, False)):
+            sides = [(src, dst, True), (dst, src, False)] if ingress else [(src, dst, True)]
+            for ep_pod, peer_pod, egress in sides:
                 entries, mode = rows[self.ids[ep_pod]]
                 kw: dict[str, Any] = dict(endpoint_id=self.ids[ep_pod],
                                           identity=self.eps[peer_pod].identity, egress=egress,
