@@ -397,6 +397,7 @@ def create_veth(inv: Invocation, ips: list[tuple[str, str]]) -> dict[str, Any]:
                         cnl.add_neighbour(cidx, gw, host_link.mac)
                         cnl.add_route(gw, 32, cidx, scope=RT_SCOPE_LINK)
                         cnl.add_route("0.0.0.0", 0, cidx, gateway=gw)
+                host_ll = None
                 if v6:
                     # both ends are up now: the host side gets its link-local address
                     host_ll = _host_link_local(nl, host_link.index)
@@ -419,6 +420,8 @@ def create_veth(inv: Invocation, ips: list[tuple[str, str]]) -> dict[str, Any]:
         "host_index": host_link.index,
         "host_mac": host_link.mac,
         "mac": cpeer.mac,
+        # the gateway of the IPv6 default route: the host side's link-local address
+        "ipv6_gateway": host_ll,
     }
 
 
@@ -552,6 +555,8 @@ def cmd_add(inv: Invocation) -> dict[str, Any]:
     }
     for a, gw in ips:
         ip = ipaddress.ip_address(a)
+        if ip.version == 6 and created.get("ipv6_gateway"):
+            gw = created["ipv6_gateway"]  # what the route really uses, not the router address
         entry: dict[str, Any] = {
             "address": f"{a}/{32 if ip.version == 4 else 128}",
             "gateway": gw,

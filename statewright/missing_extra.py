@@ -13,7 +13,7 @@ from typing import NoReturn
 #: Top-level import names of the ``agent`` extra's distributions (pyproject.toml).
 AGENT_EXTRA_MODULES = frozenset({
     "yaml", "pyroute2", "kubernetes", "prometheus_client", "pyroaring", "starlette",
-    "uvicorn", "sniffio",
+    "uvicorn", "sniffio", "httpx",
 })
 
 #: The exit code of a command that cannot run for want of a dependency.

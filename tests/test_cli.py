@@ -175,3 +175,17 @@ def test_exec_can_target_a_pods_namespace(monkeypatch: pytest.MonkeyPatch) -> No
     monkeypatch.setattr(agent_commands, "client", lambda a: Client())
     assert wrap(args(endpoint="7"), demo, ["id"]) == [
         "nsenter", "--net=/var/run/netns/cni-1234", "--", "id"]
+
+
+def test_bpf_maps_lists_the_datapaths_own_maps(tmp_path: Path) -> None:
+    """``statewright bpf maps`` listed only the top of the pin directory and missed the
+    socket LB's rev-NAT maps pinned under ``sock_lb/``."""
+    from statewright.cli.bpf_commands import pinned_map_names
+
+    (tmp_path / "lb4_services").write_text("")
+    (tmp_path / "sock_lb" / "links" / "cg1").mkdir(parents=True)
+    (tmp_path / "sock_lb" / "links" / "cg1" / "connect4").write_text("")
+    for name in ("lb4_sock_revnat", "lb6_sock_revnat"):
+        (tmp_path / "sock_lb" / name).write_text("")
+    assert pinned_map_names(str(tmp_path)) == [
+        "lb4_services", "sock_lb/lb4_sock_revnat", "sock_lb/lb6_sock_revnat"]

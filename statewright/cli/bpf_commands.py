@@ -78,6 +78,18 @@ def _check_kernel(pin_dir: str) -> str | None:
     return None if support.ok else f"kernel BPF maps unavailable: {support.reason}"
 
 
+def pinned_map_names(pin_dir: str) -> list[str]:
+    """The pins under ``pin_dir``, relative to it: the maps at the top and those of the
+    datapath's subdirectories (``sock_lb/lb4_sock_revnat``...); ``links`` directories hold
+    link pins, not maps, and are left out."""
+    names: list[str] = []
+    for top, dirs, files in os.walk(pin_dir):
+        dirs[:] = sorted(d for d in dirs if d != "links")
+        rel = os.path.relpath(top, pin_dir)
+        names += [f if rel == "." else os.path.join(rel, f) for f in sorted(files)]
+    return names
+
+
 def cmd_maps(args: argparse.Namespace) -> int:
     """List every map pinned under the pin directory."""
     pin_dir: str = args.pin_dir
@@ -89,10 +101,8 @@ def cmd_maps(args: argparse.Namespace) -> int:
         print(f"statewright bpf maps: no pin directory {pin_dir}", file=sys.stderr)
         return 1
     rows = []
-    for name in sorted(os.listdir(pin_dir)):
+    for name in pinned_map_names(pin_dir):
         path = os.path.join(pin_dir, name)
-        if not os.path.isfile(path):
-            continue
         try:
             m = _open(path)
         except MapError as exc:

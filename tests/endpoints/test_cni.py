@@ -198,6 +198,13 @@ def test_add_check_del_in_network_namespaces(
         assert res["cniVersion"] == "1.0.0"
         assert [i["name"] for i in res["interfaces"]][1] == "eth0"
         assert {ipaddress.ip_interface(ip["address"]).version for ip in res["ips"]} == {4, 6}
+        # The gateways are those the pod's default routes use: the router address for
+        # IPv4, the host side's link-local address for IPv6 (not the router address).
+        gws = {ipaddress.ip_interface(ip["address"]).version: ip["gateway"] for ip in res["ips"]}
+        routes = ns_run(netns_names[pod], "ip", "-j", "-6", "route", "show", "default")
+        assert gws[6] == json.loads(routes.stdout)[0]["gateway"], routes.stdout
+        assert ipaddress.ip_address(gws[6]).is_link_local
+        assert gws[4] == "10.77.0.1"
         rc, out = run_plugin("CHECK", {**conf, "prevResult": res}, node, **env)
         assert (rc, out) == (0, None)
         wrong = {**res, "ips": [{"address": "10.77.0.250/32"}]}
