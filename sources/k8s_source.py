@@ -238,7 +238,8 @@ class K8sSource:
         #: Counts batches that changed `pod_labels` (and completed lists of Pods).
         self.pod_labels_generation = 0
         self._pods_event: anyio.Event | None = None
-        #: Per resource: the highest resourceVersion delivered to the applier so far.
+        #: Per resource: the highest resourceVersion delivered to the applier so far (of
+        #: watch events, and of completed lists).
         self.received_rv: dict[str, int] = {}
         self._received_event: anyio.Event | None = None
         # Set while `holding`: the applier waits for it before writing its batch.
@@ -325,7 +326,9 @@ class K8sSource:
         rv = reflector.health.resource_version if synced else ""
         list_rv = int(rv) if rv.isdigit() else 0
         await self._send.send(_Item(reflector, deltas, synced, time.monotonic(), list_rv))
-        top = max([list_rv, *(_version(d) for d in deltas)])
+        # A watch delivers in the server's order, so its last change has the highest
+        # version; a list's pages do not, but its last delivery carries the list's version.
+        top = max(list_rv, _version(deltas[-1])) if deltas else list_rv
         if top > self.received_rv.get(reflector.name, 0):
             self.received_rv[reflector.name] = top
             if self._received_event is not None:
@@ -677,10 +680,13 @@ def coalesce(
     Also returns, by position in the result, the deletion that preceded an upsert of the
     same object in the batch: when that upsert is refused the object is gone all the
     same (the API server deleted it), so the applier applies the deletion instead."""
+    pairs = list(deltas)
+    if len({(r.name, d.key) for r, d in pairs}) == len(pairs):
+        return pairs, {}  # the usual batch: one change per object already
     slots: dict[tuple[str, str], int] = {}
     out: list[tuple[Reflector, Delta]] = []
     deleted: dict[int, Delta] = {}
-    for r, d in deltas:
+    for r, d in pairs:
         key = (r.name, d.key)
         i = slots.get(key)
         if i is None:
