@@ -150,9 +150,11 @@ def test_trace_by_pod_realized_revision_and_policy_wait(
 ) -> None:
     sock = ["--socket", agent.socket]
     api = AgentAPI(agent.socket)
-    web = api.request("PUT", "/endpoint/0", {"k8s-namespace": "default", "k8s-pod-name": "web",
-                                             "labels": ["k8s:app=web"]})
+    web = api.request("PUT", "/endpoint/0", {
+        "container-id": "default-web", "interface-name": "lxc-default-web",
+        "k8s-namespace": "default", "k8s-pod-name": "web", "labels": ["k8s:app=web"]})
     db = api.request("PUT", "/endpoint/0", {
+        "container-id": "default-db", "interface-name": "lxc-default-db",
         "k8s-namespace": "default", "k8s-pod-name": "db", "labels": ["k8s:app=db"],
         "named-ports": [{"name": "pg", "port": 5432}]})
     try:
