@@ -21,7 +21,7 @@ from __future__ import annotations
 import base64
 import json
 import ssl
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncGenerator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -282,8 +282,25 @@ class EtcdClient:
         """The current endpoint's member status (``leader`` is 0 without a leader)."""
         return await self.call("maintenance/status", {})
 
+    async def probe(self, endpoint: str) -> None:
+        """Whether ``endpoint`` itself answers a status request within the request
+        timeout (no failover); `KVStoreUnavailable` when not, and requests then go to
+        the next endpoint. A watch stream on a member that went silent (a partition
+        that drops packets: no reset ever arrives) is found this way."""
+        try:
+            resp = await self._http.post(f"{endpoint}/v3/maintenance/status", json={},
+                                         headers=await self._headers(endpoint))
+        except httpx.HTTPError as e:
+            self._rotate(endpoint)
+            raise KVStoreUnavailable(f"etcd {endpoint}: {type(e).__name__}: {e}") from e
+        if resp.status_code != 200:
+            self._rotate(endpoint)
+            raise KVStoreUnavailable(f"etcd {endpoint}: status: HTTP {resp.status_code}")
+
     # ----- watch ------------------------------------------------------------------------------
-    async def watch(self, prefix: str, start_revision: int) -> AsyncIterator[list[WatchEvent]]:
+    async def watch(
+        self, prefix: str, start_revision: int
+    ) -> AsyncGenerator[list[WatchEvent], None]:
         """The changes under ``prefix`` from ``start_revision`` on, one list per etcd
         response (an empty one first, when etcd confirms the watch), from the current
         endpoint, until the stream breaks

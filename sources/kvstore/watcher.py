@@ -10,7 +10,9 @@
   delivered only after ``grace`` seconds; a put of the key within that time cancels it,
   and is delivered only if the value changed. An agent restarted within the grace period
   causes no delete-then-add flap.
-* **outages**: an unreachable etcd delivers nothing: what the consumer has stays.
+* **outages**: an unreachable etcd delivers nothing: what the consumer has stays. The
+  stream's member is probed every ``probe_interval`` seconds, so a member that went
+  silent without closing the connection (packets dropped) is left for another.
 
 The consumer is ``deliver(upserts, deletes, synced)`` (upserts: key -> `KeyValue`);
 ``synced`` is True from the first complete list on.
@@ -18,6 +20,7 @@ The consumer is ``deliver(upserts, deletes, synced)`` (upserts: key -> `KeyValue
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import time
@@ -79,8 +82,10 @@ class PrefixWatcher:
         *,
         grace: float = 0.0,
         retry_interval: float = 0.5,
+        probe_interval: float = 5.0,
     ) -> None:
         self.client = client
+        self.probe_interval = probe_interval
         self.prefix = prefix
         self.deliver = deliver
         self.grace = grace
@@ -114,10 +119,7 @@ class PrefixWatcher:
             try:
                 if not self._listed:
                     await self._relist()
-                async for events in self.client.watch(self.prefix, self._h.revision + 1):
-                    self._connected(True)
-                    if events:
-                        await self._apply(events)
+                await self._stream()
             except CompactedError as e:
                 log.info("kvstore: %s: %s; listing again", self.prefix, e)
                 self._h.relists += 1
@@ -127,6 +129,37 @@ class PrefixWatcher:
                 self._error(e)
             self._h.resumes += 1
             await anyio.sleep(self.retry_interval)
+
+    async def _stream(self) -> None:
+        """One watch stream, with its member probed every ``probe_interval`` seconds:
+        a member gone silent ends the stream (`KVStoreUnavailable`)."""
+        endpoint = self.client.endpoint
+        failed: list[KVStoreError] = []
+        async with anyio.create_task_group() as tg:
+
+            async def probe() -> None:
+                while True:
+                    await anyio.sleep(self.probe_interval)
+                    try:
+                        await self.client.probe(endpoint)
+                    except KVStoreError as e:
+                        failed.append(e)
+                        tg.cancel_scope.cancel()
+                        return
+
+            tg.start_soon(probe)
+            try:
+                watch = self.client.watch(self.prefix, self._h.revision + 1)
+                async with contextlib.aclosing(watch) as stream:
+                    async for events in stream:
+                        self._connected(True)
+                        if events:
+                            await self._apply(events)
+            except KVStoreError as e:
+                failed.append(e)
+            tg.cancel_scope.cancel()
+        if failed:
+            raise failed[0]
 
     def _connected(self, up: bool) -> None:
         if up != self._h.connected:

@@ -193,6 +193,7 @@ class TCPProxy:
         self._lock = threading.Lock()
         self._conns: list[socket.socket] = []
         self._cut = False
+        self._frozen = False
         self._closed = False
         threading.Thread(target=self._accept, daemon=True).start()
 
@@ -219,10 +220,13 @@ class TCPProxy:
             for a, b in ((client, upstream), (upstream, client)):
                 threading.Thread(target=self._pump, args=(a, b), daemon=True).start()
 
-    @staticmethod
-    def _pump(src: socket.socket, dst: socket.socket) -> None:
+    def _pump(self, src: socket.socket, dst: socket.socket) -> None:
         try:
             while data := src.recv(65536):
+                while self._frozen and not self._closed:
+                    time.sleep(0.05)  # a silent partition: bytes go nowhere
+                if self._frozen:
+                    break
                 dst.sendall(data)
         except OSError:
             pass
@@ -244,9 +248,14 @@ class TCPProxy:
                 pass
             s.close()
 
+    def freeze(self) -> None:
+        """Stop forwarding without closing anything (packets dropped, no reset)."""
+        self._frozen = True
+
     def heal(self) -> None:
         with self._lock:
             self._cut = False
+        self._frozen = False
 
     def close(self) -> None:
         self._closed = True

@@ -204,3 +204,29 @@ async def test_watcher_grace_period_hides_a_delete_then_add(etcd: EtcdCluster, p
             tg.cancel_scope.cancel()
     finally:
         await admin.aclose()
+
+
+async def test_watcher_leaves_a_member_gone_silent(etcd: EtcdCluster, prefix: str) -> None:
+    """A partition that drops packets (no reset): the probe finds the stream's member
+    silent and the watch resumes on another one, missing nothing."""
+    admin = client_of(etcd)
+    proxies = [TCPProxy(m.client_port) for m in etcd.members]
+    c = EtcdClient(EtcdConfig(tuple(p.url for p in proxies), request_timeout=1.0))
+    rec = Recorder()
+    w = PrefixWatcher(c, prefix, rec, retry_interval=0.1, probe_interval=0.3)
+    try:
+        async with anyio.create_task_group() as tg:
+            await tg.start(w.run)
+            await admin.put(prefix + "a", "1")
+            await wait_for(lambda: prefix + "a" in rec.state)
+            first = c.endpoint
+            next(p for p in proxies if p.url == first).freeze()
+            await admin.put(prefix + "b", "1")
+            await wait_for(lambda: prefix + "b" in rec.state, 15)
+            assert c.endpoint != first and w.health().resumes >= 1
+            tg.cancel_scope.cancel()
+    finally:
+        for p in proxies:
+            p.close()
+        await c.aclose()
+        await admin.aclose()
