@@ -40,8 +40,9 @@ Routes follow Cilium's API: ``PUT/GET/PATCH/DELETE /endpoint/{id}``, ``GET /endp
 
 ``DELETE /endpoint/{id}`` answers once both reconcilers have processed the removal of the
 endpoint's entries (normally: they are out of the maps): the endpoint is
-``disconnecting`` meanwhile, at most ``DISCONNECT_TIMEOUT`` seconds. A removal that failed
-is the reconcilers' to retry and shows in health; the deletion completes anyway.
+``disconnecting`` meanwhile, at most ``endpoint_api.DISCONNECT_TIMEOUT`` seconds. A removal
+that failed is the reconcilers' to retry and shows in health; the deletion completes
+anyway. The handlers are in endpoint_api.py.
 """
 
 from __future__ import annotations
@@ -76,7 +77,7 @@ from statewright.agent.components.kvstore import KVSTORE, KVStore
 from statewright.agent.components.map_reconciler import map_reconciler
 from statewright.agent.components.nodes import NODES
 from statewright.agent.config import DEFAULT_POD_CIDRS, DEFAULT_STATE_DIR, AgentConfig
-from statewright.api_types import ApiError, Request, Route
+from statewright.api_types import Route
 from statewright.component import (
     DEGRADED,
     OK,
@@ -97,21 +98,18 @@ from tables.endpoint_manager import (
     RestoreResult,
     host_link_exists,
 )
-from tables.endpoints import EndpointChange, EndpointError, NamedPort
-from tables.identities import IdentityAllocator, IdentityError
-from tables.ipam import IPAM, IPAMConfig, IPAMError, parse_address
+from tables.endpoints import NamedPort
+from tables.identities import IdentityAllocator
+from tables.ipam import IPAM, IPAMConfig
 from tables.namespaces import Namespace, NamespaceObjects, namespace_labels, new_namespaces_table
 from tables.nodes import Node, node_name_index
 from tables.remote_endpoints import RemoteEndpointEntries
-from tables.state_dir import StateDirError
 
 log = logging.getLogger("statewright.agent.endpoints")
 
 RESTORE_INITIALIZER = "endpoint-restore"
 HOST_INITIALIZER = "host-entries"
 NODES_INITIALIZER = "nodes"
-#: How long a deletion waits for the reconcilers to remove the endpoint's map entries.
-DISCONNECT_TIMEOUT = 10.0
 NODE_ADDRESSES_TABLE = "node-addresses"
 
 
@@ -137,20 +135,6 @@ class EndpointsConfig:
         return cls(pod_cidrs=tuple(cfg.pod_cidrs) or DEFAULT_POD_CIDRS, state_dir=cfg.state_dir,
                    backend=cfg.backend, pin_dir=cfg.pin_dir, pod_cidrs_from_node=from_node,
                    node_name=getattr(cfg, "node_name", ""))
-
-
-def _api_error(e: Exception) -> ApiError:
-    """The API's answer to a failure of IPAM, identities, endpoints or state files."""
-    status = getattr(e, "http_status", 500)
-    return ApiError(int(status), str(e))
-
-
-async def _call(fn: Callable[..., Any], *args: Any) -> Any:
-    """Run a manager call (it fsyncs state files) in a worker thread; errors -> ApiError."""
-    try:
-        return await anyio.to_thread.run_sync(fn, *args)
-    except (IPAMError, EndpointError, IdentityError, StateDirError) as e:
-        raise _api_error(e) from None
 
 
 #: The endpoint manager, for the components that follow the endpoints.
@@ -579,179 +563,12 @@ class EndpointsComponent(Component):
         return removed
 
     # ----- API ------------------------------------------------------------------------------
+
     def routes(self) -> Sequence[Route]:
-        """The endpoint and IPAM routes (module doc); schemas in endpoint_schemas.py."""
-        from statewright.agent.components import endpoint_schemas as sch
+        """The endpoint, ipcache and IPAM routes (statewright/agent/components/endpoint_api.py)."""
+        from statewright.agent.components.endpoint_api import EndpointAPI
 
-        ep = {"id": sch.ENDPOINT_ID}
-        off = {503: "the endpoints component is not started, or addresses or identities "
-                    "are exhausted"}
-        bad = {400: "a bad endpoint id or request (the message names the field)"}
-        missing = {404: "no such endpoint"}
-        return (
-            Route("/endpoint", self._list, summary="every endpoint",
-                  response=sch.ENDPOINT_LIST, errors=off),
-            Route("/endpoint/{id}", self._get, summary="one endpoint", params=ep,
-                  response=sch.ENDPOINT, errors={**off, **bad, **missing}),
-            Route("/endpoint/{id}", self._put, ("PUT",), summary="create an endpoint",
-                  params=ep, status=201, body=sch.ENDPOINT_CREATE_REQUEST, response=sch.ENDPOINT,
-                  errors={**off, **bad, 409: "the endpoint or an address exists already"}),
-            Route("/endpoint/{id}", self._patch, ("PATCH",), summary="change an endpoint",
-                  params=ep, body=sch.ENDPOINT_CHANGE_REQUEST, response=sch.ENDPOINT,
-                  errors={**off, **bad, **missing, 409: "an address is taken"}),
-            Route("/endpoint/{id}", self._delete, ("DELETE",), summary="delete an endpoint",
-                  params=ep, response=sch.ENDPOINT_DELETED, errors={**off, **bad, **missing}),
-            Route("/ipcache", self._ipcache, summary="the ipcache's desired entries, and the "
-                  "map writes of both reconcilers since start", response=sch.IPCACHE,
-                  errors=off),
-            Route("/ipam", self._ipam_status, summary="pools, router addresses, allocations",
-                  response=sch.IPAM_STATUS, errors=off),
-            Route("/ipam", self._ipam_next, ("POST",), summary="allocate the next address(es)",
-                  query=(sch.FAMILY, sch.OWNER), response=sch.IPAM_RESPONSE,
-                  errors={**off, 400: "a bad owner"}),
-            Route("/ipam/{ip}", self._ipam_ip, ("POST",), summary="allocate this address",
-                  params={"ip": "the address"}, query=(sch.OWNER,),
-                  response=sch.IPAM_RESPONSE,
-                  errors={**off, 400: "not an address of the pools, or a bad owner",
-                          409: "the address is allocated already"}),
-            Route("/ipam/{ip}", self._ipam_release, ("DELETE",), summary="release an address",
-                  params={"ip": "the address"}, query=(sch.OWNER_CHECK,),
-                  response=sch.ALLOCATION,
-                  errors={**off, 400: "not an address, or a router address",
-                          404: "the address is not allocated",
-                          409: "another owner holds the address"}),
-        )
-
-    def _mgr(self) -> EndpointManager:
-        if self.manager is None or self.ipam is None:
-            raise ApiError(503, "endpoints: not started")
-        return self.manager
-
-    async def _list(self, req: Request) -> Any:
-        return [ep.to_json() for ep in self._mgr().all()]
-
-    async def _get(self, req: Request) -> Any:
-        ep = await _call(self._mgr().get, req.params["id"])
-        return ep.to_json()
-
-    async def _put(self, req: Request) -> Any:
-        mgr = self._mgr()
-        change = _parse_change(req)
-        ep = await _call(mgr.create, req.params["id"], change)
-        return ep.to_json()
-
-    async def _patch(self, req: Request) -> Any:
-        mgr = self._mgr()
-        change = _parse_change(req)
-        ep = await _call(mgr.update, req.params["id"], change)
-        return ep.to_json()
-
-    async def _delete(self, req: Request) -> Any:
-        mgr = self._mgr()
-        ep, revisions = await _call(mgr.begin_delete, req.params["id"])
-        await self._wait_entries_removed(ep.id, revisions)
-        await _call(mgr.finish_delete, ep)
-        return {"deleted": ep.id}
-
-    async def _wait_entries_removed(self, ep_id: int, revisions: tuple[int, int]) -> None:
-        """Wait until both reconcilers attempted every change up to ``revisions`` (the
-        endpoint's entries deleted from the maps); bounded by DISCONNECT_TIMEOUT."""
-        pending = list(zip(("endpoint-map", "ipcache"), revisions, strict=True))
-        with anyio.move_on_after(DISCONNECT_TIMEOUT) as scope:
-            for name, revision in pending:
-                rec = self.reconcilers.get(name)
-                if rec is not None:
-                    await rec.wait_until_reconciled(revision)
-        if scope.cancelled_caught:
-            log.warning(
-                "endpoint %d: map entries not removed within %.0f s; deleting it anyway "
-                "(the reconcilers keep retrying)",
-                ep_id,
-                DISCONNECT_TIMEOUT,
-            )
-
-    async def _ipcache(self, req: Request) -> Any:
-        """The ipcache rows, and per map the entries written and found already right (a
-        restarted agent whose rows match the pinned maps writes none)."""
-        mgr = self._mgr()
-        txn = mgr.db.read_txn()
-        return {
-            "entries": [row.to_json() for row in mgr.entries.ipcache.all(txn)],
-            "writes": {name: {"writes": ops.writes, "skipped": ops.skipped}
-                       for name, ops in sorted(self.ops.items())},
-        }
-
-    async def _ipam_status(self, req: Request) -> Any:
-        self._mgr()
-        assert self.ipam is not None
-        return self.ipam.status()
-
-    async def _ipam_next(self, req: Request) -> Any:
-        self._mgr()
-        ipam = self.ipam
-        assert ipam is not None
-        owner = req.query.get("owner", "") or "api"
-        family = req.query.get("family", "")
-        if family not in ("", "ipv4", "ipv6"):
-            raise ApiError(400, f"ipam: family {family!r}: use ipv4 or ipv6")
-        try:
-            ipam.check_ready()
-        except IPAMError as e:
-            raise _api_error(e) from None
-        fams = [int(family[-1])] if family else ipam.families()
-        got: list[Any] = []
-        try:
-            for fam in fams:
-                got.append(await _call(ipam.allocate_next, fam, owner))
-        except ApiError:
-            for ip in got:  # all families or none
-                await _call(ipam.release, ip)
-            raise
-        return self._ipam_response(got)
-
-    async def _ipam_ip(self, req: Request) -> Any:
-        self._mgr()
-        ipam = self.ipam
-        assert ipam is not None
-        owner = req.query.get("owner", "") or "api"
-        try:
-            ip = parse_address(req.params["ip"])
-        except IPAMError as e:
-            raise _api_error(e) from None
-        await _call(ipam.allocate, ip, owner)
-        return self._ipam_response([ip])
-
-    async def _ipam_release(self, req: Request) -> Any:
-        self._mgr()
-        ipam = self.ipam
-        assert ipam is not None
-        owner = req.query.get("owner") or None
-        held = await _call(ipam.release, req.params["ip"], owner)
-        return held.to_json()
-
-    def _ipam_response(self, ips: list[Any]) -> dict[str, Any]:
-        """Cilium's IPAMResponse shape: ``address`` plus per family the address, the
-        gateway (the router address) and the pod CIDRs."""
-        assert self.ipam is not None
-        txn = self.ipam.db.read_txn()
-        out: dict[str, Any] = {"address": {}}
-        for ip in ips:
-            fam = f"ipv{ip.version}"
-            router = self.ipam.router(txn, ip.version)
-            out["address"][fam] = str(ip)
-            out[fam] = {
-                "ip": str(ip),
-                "gateway": str(router) if router else "",
-                "cidrs": [str(c) for c in self.ipam.cidrs(ip.version)],
-            }
-        return out
-
-
-def _parse_change(req: Request) -> EndpointChange:
-    try:
-        return EndpointChange.parse(req.json())
-    except EndpointError as e:
-        raise _api_error(e) from None
+        return EndpointAPI(self).routes()
 
 
 class PodLabelSource(Protocol):
