@@ -27,7 +27,11 @@ import time
 import urllib.parse
 from typing import Any
 
+from policy.model import PROTOCOLS
 from statewright.cli.common import add_client_arguments, agent_get, format_table
+
+#: IP protocol number -> the name a policy spells it with (trace prints ``8080/TCP``).
+PROTOCOL_NAMES = {number: name for name, number in PROTOCOLS.items()}
 
 ENTRY_COLUMNS = ["IDENTITY", "DIRECTION", "PROTO", "PORT", "ACTION", "RULES"]
 
@@ -101,6 +105,10 @@ def cmd_policy_get(args: argparse.Namespace) -> int:
     for p in doc["policies"]:
         print(f"\n{p['kind']} {p['name']}")
         for r in p["rules"]:
+            if r["action"] == "allow" and r["peers"] == []:
+                # An allow rule that names no peer only selects its subject: default deny.
+                print(f"  deny all {r['direction']}: subject {r['subject']}")
+                continue
             peers = "any" if r["peers"] is None else " | ".join(r["peers"]) or "nothing"
             ports = ", ".join(r["ports"]) or "any port"
             print(
@@ -121,7 +129,8 @@ def cmd_policy_trace(args: argparse.Namespace) -> int:
     else:
         print(f"from: {','.join(doc['from'])}")
         print(f"to:   {','.join(doc['to'])}")
-        print(f"port: {doc['port']}/{doc['protocol']}  (policy revision {doc['revision']})")
+        proto = PROTOCOL_NAMES.get(doc["protocol"], str(doc["protocol"]))
+        print(f"port: {doc['port']}/{proto}  (policy revision {doc['revision']})")
         for side, what in (
             ("egress", "egress of the source"),
             ("ingress", "ingress of the destination"),

@@ -95,6 +95,7 @@ def test_policy_get_trace_and_endpoint_list(agent: PolicyAgent) -> None:
     ok = cli("policy", "trace", "--from", "app=web", "--to", "app=db", "--port", "5432", *sock)
     assert ok.returncode == 0, ok.stdout + ok.stderr
     assert "allowed by default/web-egress" in ok.stdout and "verdict: ALLOWED" in ok.stdout
+    assert "port: 5432/TCP " in ok.stdout  # the protocol's name, not its number
     no = cli("policy", "trace", "--from", "app=web", "--to", "app=db", "--port", "5433/tcp", *sock)
     assert no.returncode == 1
     assert "denied by default (selected by default/web-egress)" in no.stdout
@@ -102,6 +103,7 @@ def test_policy_get_trace_and_endpoint_list(agent: PolicyAgent) -> None:
         "policy", "trace", "--from", "app=db", "--to", "reserved:world", "--port", "53/UDP", *sock
     )
     assert world.returncode == 0 and "no policy selects it" in world.stdout
+    assert "port: 53/UDP " in world.stdout
     bad = cli("policy", "trace", "--from", "app=web", "--to", "app=db", "--port", "x", *sock)
     assert bad.returncode == 1 and "is not a port" in bad.stderr
 
@@ -110,3 +112,19 @@ def test_policy_get_trace_and_endpoint_list(agent: PolicyAgent) -> None:
     assert lines[0].split()[6] == "POLICY"
     cells = {line.split()[0]: line.split()[-2] for line in lines[1:]}  # IPV6 is empty
     assert cells["1"] == "r2+egress" and cells["2"].startswith("r")
+
+
+def test_policy_get_prints_a_default_deny_as_deny_all(agent: PolicyAgent) -> None:
+    """A NetworkPolicy with policyTypes Egress and no egress rule reads "deny all egress"."""
+    _put(agent, "web", "web")
+    agent.apply({
+        "apiVersion": "networking.k8s.io/v1",
+        "kind": "NetworkPolicy",
+        "metadata": {"name": "deny-egress", "namespace": "default"},
+        "spec": {"podSelector": {"matchLabels": {"app": "web"}}, "policyTypes": ["Egress"]},
+    })
+    agent.wait_revision(1, 2)
+    out = cli("policy", "get", "--socket", agent.socket)
+    assert out.returncode == 0, out.stderr
+    assert "deny all egress: subject" in out.stdout, out.stdout
+    assert "peers nothing" not in out.stdout
