@@ -4,10 +4,13 @@ endpoints published through the fake API server and other nodes' read back."""
 from __future__ import annotations
 
 import ipaddress
+import json
 import random
 import shutil
+import subprocess
 import tempfile
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import anyio
@@ -15,6 +18,7 @@ import pytest
 
 from sources.k8s_client import ClientSettings, K8sClient
 from sources.k8s_endpoints import CiliumEndpoints
+from sources.k8s_identities import ClusterIdentities
 from statedb import DB
 from tables.cluster_identities import ClusterIdentityAllocator
 from tables.endpoint_entries import EntryTables, IPCacheEntry, endpoint_owner
@@ -26,6 +30,7 @@ from tables.remote_endpoints import RemoteEndpointEntries
 from .fake_apiserver import FakeAPIServer
 from .helpers import FAST, wait_for
 from .objects import pod
+from .test_fake_apiserver import _env, _kubectl, needs_kubectl
 
 NODE_IP = ipaddress.ip_address("192.0.2.1")
 
@@ -203,3 +208,63 @@ async def test_an_agent_publishes_its_endpoints_and_reads_the_others(
         client.close()
     writes = {r.verb for r in apiserver.requests if r.resource == "ciliumendpoints"}
     assert writes >= {"create", "update", "delete", "list", "watch"}
+
+
+@needs_kubectl
+@pytest.mark.anyio
+async def test_kubectl_lists_what_an_agent_wrote(
+    apiserver: FakeAPIServer, kubeconfig: str, state_dir: str, tmp_path: Path
+) -> None:
+    """kubectl, the independent client, sees the CiliumIdentity and the CiliumEndpoint an
+    agent's publishers created."""
+    db = DB()
+    ipam = IPAM(db, IPAMConfig.parse(("10.40.2.0/28",), state_dir))
+    ipam.restore(reserve_router=False)
+    ipam.reserve_routers()
+    alloc = ClusterIdentityAllocator(db, rng=random.Random(4))
+    mgr = EndpointManager(db, ipam, alloc, state_dir, entries=EntryTables())
+    uid = apiserver.upsert(pod("api", "node-a", "10.40.2.2", 0, ns="shop"))["metadata"]["uid"]
+    client = K8sClient(ClientSettings(kubeconfig=kubeconfig))
+    ids = ClusterIdentities(alloc, client, mgr.renumber_identities, FAST, retry_interval=0.2)
+    ceps = CiliumEndpoints(
+        db, client, endpoints=mgr.endpoints, identities=alloc.table,
+        entries=RemoteEndpointEntries(mgr.entries.ipcache), pod_uid_of=lambda _n, _p: uid,
+        node_ip=lambda: NODE_IP, config=FAST, resync_interval=0.2,
+    )
+    try:
+        async with anyio.create_task_group() as tg:
+            await tg.start(ids.run)
+            await tg.start(ceps.run)
+            ep = mgr.create("0", EndpointChange.parse(
+                {"k8s-pod-name": "api", "k8s-namespace": "shop", "labels": ["k8s:app=api"]}))
+
+            def written() -> bool:
+                names = {o["metadata"]["name"] for o in apiserver.objects("CiliumIdentity")}
+                return str(ep.identity) in names and any(
+                    o["metadata"]["name"] == "api" for o in apiserver.objects("CiliumEndpoint"))
+
+            await wait_for(written, "the agent's CiliumIdentity and CiliumEndpoint")
+            tg.cancel_scope.cancel()
+    finally:
+        client.close()
+
+    def kubectl(*args: str) -> Any:
+        out = subprocess.run(
+            _kubectl(kubeconfig, tmp_path, "get", *args, "-o", "json"),
+            capture_output=True, text=True, timeout=60, env=_env(tmp_path),
+        )
+        assert out.returncode == 0, out.stderr
+        return json.loads(out.stdout)["items"]
+
+    (ident,) = kubectl("ciliumidentities")
+    assert ident["metadata"]["name"] == str(ep.identity)
+    assert ident["security-labels"] == {  # no Namespace object: its labels unknown
+        "k8s:app": "api",
+        "k8s:io.cilium.k8s.namespace.labels.kubernetes.io/metadata.name": "shop",
+        "k8s:io.kubernetes.pod.namespace": "shop",
+        "statewright:namespace-labels": "unknown",
+    }
+    (cep_obj,) = kubectl("ciliumendpoints", "-A")
+    assert (cep_obj["metadata"]["namespace"], cep_obj["metadata"]["name"]) == ("shop", "api")
+    assert cep_obj["status"]["identity"]["id"] == ep.identity
+    assert cep_obj["status"]["networking"]["addressing"] == [{"ipv4": str(ep.ipv4)}]
