@@ -84,6 +84,13 @@ class _Lib:
                     errno.ENOENT, f"cannot load {LIBBPF_SONAME} (install libbpf1): {exc}"
                 ) from exc
         self.lib = lib
+        self._declare_map_calls(lib)
+        # Object/program/link API (bpf/datapath.py). Calls returning pointers report
+        # failures through errno, so they go through a handle that saves errno.
+        self._declare_object_calls(ctypes.CDLL(lib._name, use_errno=True))
+
+    def _declare_map_calls(self, lib: ctypes.CDLL) -> None:
+        """The map calls (bpf/kernel_map.py), with their prototypes."""
 
         def proto(name: str, restype: Any, *argtypes: Any) -> Any:
             fn = getattr(lib, name)
@@ -147,9 +154,10 @@ class _Lib:
         self.obj_get_info_by_fd = proto(
             "bpf_obj_get_info_by_fd", _c_int, _c_int, _c_void_p, ctypes.POINTER(_c_u32)
         )
-        # Object/program/link API (bpf/datapath.py). Calls returning pointers report
-        # failures through errno, so they go through a handle that saves errno.
-        elib = ctypes.CDLL(lib._name, use_errno=True)
+
+    def _declare_object_calls(self, elib: ctypes.CDLL) -> None:
+        """The object, program, link and BTF calls (bpf/datapath.py, bpf/btf.py), on a
+        handle that saves errno."""
 
         def eproto(name: str, restype: Any, *argtypes: Any) -> Any:
             fn = getattr(elib, name)

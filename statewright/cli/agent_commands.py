@@ -46,6 +46,55 @@ def add_commands(subparsers: SubParsers, commands: Commands) -> None:
         "agent", help="the main job: run the node agent in the foreground "
         "(--cleanup removes what it pinned)"
     )
+    add_agent_arguments(ag)
+    ag.set_defaults(func=cmd_agent)
+
+    st = subparsers.add_parser(
+        "status", help="health of the running agent",
+        description="The running agent's health: overall state and each component's state "
+                    "and reason.",
+        epilog=f"exit codes: 0 the agent is OK, 1 it is Degraded (or the request failed), "
+               f"{EXIT_NO_AGENT} no agent answers on the socket",
+    )
+    add_client_arguments(st)
+    st.set_defaults(func=cmd_status)
+
+    db = subparsers.add_parser("db", help="the running agent's statedb tables")
+    dbsub = db.add_subparsers(dest="db_command", required=True)
+    show = dbsub.add_parser("show", help="print a table")
+    show.add_argument("table")
+    add_client_arguments(show, formats=("table", "json", "yaml"))
+    show.set_defaults(func=cmd_db_show)
+    lst = dbsub.add_parser("list", help="list the tables")
+    add_client_arguments(lst)
+    lst.set_defaults(func=cmd_db_list)
+    watch = dbsub.add_parser("watch", help="follow a table's changes (newline-delimited JSON)")
+    watch.add_argument("table")
+    add_client_arguments(watch, formats=None)
+    watch.set_defaults(func=cmd_db_watch)
+
+    ex = subparsers.add_parser(
+        "exec", help="run a command in the agent's cgroup (and demo namespace)"
+    )
+    ex.add_argument("--socket", default=None, help="agent API socket")
+    ex.add_argument("--no-netns", action="store_true", help="stay in this network namespace")
+    ex.add_argument("--netns", metavar="NAME|PATH",
+                    help="run in this network namespace instead of the demo one (a name of "
+                         "`ip netns`, or a path such as /var/run/netns/NAME)")
+    ex.add_argument("--endpoint", metavar="ID",
+                    help="run in the network namespace of this endpoint (a pod's: its "
+                         "netns-path)")
+    ex.add_argument("cmd", nargs=argparse.REMAINDER, help="-- CMD [ARGS...]")
+    ex.set_defaults(func=cmd_exec)
+
+    commands.update({"agent": ag, "status": st, "db show": show, "db list": lst,
+                     "db watch": watch, "exec": ex})
+    _route_through_agent(commands)
+
+
+def add_agent_arguments(ag: argparse.ArgumentParser) -> None:
+    """The options of ``statewright agent``: each overrides its key of the configuration
+    file (statewright/agent/config.py)."""
     ag.add_argument("--config", metavar="FILE", help="YAML configuration file")
     ag.add_argument("--cleanup", action="store_true",
                     help="detach the datapath links, unpin the agent's maps and exit")
@@ -129,49 +178,6 @@ def add_commands(subparsers: SubParsers, commands: Commands) -> None:
     ag.add_argument("--log-format", choices=("text", "json"),
                     help="text (the default) or one JSON object per line")
     ag.add_argument("--status-line", action="store_true", help="print a live status line")
-    ag.set_defaults(func=cmd_agent)
-
-    st = subparsers.add_parser(
-        "status", help="health of the running agent",
-        description="The running agent's health: overall state and each component's state "
-                    "and reason.",
-        epilog=f"exit codes: 0 the agent is OK, 1 it is Degraded (or the request failed), "
-               f"{EXIT_NO_AGENT} no agent answers on the socket",
-    )
-    add_client_arguments(st)
-    st.set_defaults(func=cmd_status)
-
-    db = subparsers.add_parser("db", help="the running agent's statedb tables")
-    dbsub = db.add_subparsers(dest="db_command", required=True)
-    show = dbsub.add_parser("show", help="print a table")
-    show.add_argument("table")
-    add_client_arguments(show, formats=("table", "json", "yaml"))
-    show.set_defaults(func=cmd_db_show)
-    lst = dbsub.add_parser("list", help="list the tables")
-    add_client_arguments(lst)
-    lst.set_defaults(func=cmd_db_list)
-    watch = dbsub.add_parser("watch", help="follow a table's changes (newline-delimited JSON)")
-    watch.add_argument("table")
-    add_client_arguments(watch, formats=None)
-    watch.set_defaults(func=cmd_db_watch)
-
-    ex = subparsers.add_parser(
-        "exec", help="run a command in the agent's cgroup (and demo namespace)"
-    )
-    ex.add_argument("--socket", default=None, help="agent API socket")
-    ex.add_argument("--no-netns", action="store_true", help="stay in this network namespace")
-    ex.add_argument("--netns", metavar="NAME|PATH",
-                    help="run in this network namespace instead of the demo one (a name of "
-                         "`ip netns`, or a path such as /var/run/netns/NAME)")
-    ex.add_argument("--endpoint", metavar="ID",
-                    help="run in the network namespace of this endpoint (a pod's: its "
-                         "netns-path)")
-    ex.add_argument("cmd", nargs=argparse.REMAINDER, help="-- CMD [ARGS...]")
-    ex.set_defaults(func=cmd_exec)
-
-    commands.update({"agent": ag, "status": st, "db show": show, "db list": lst,
-                     "db watch": watch, "exec": ex})
-    _route_through_agent(commands)
 
 
 def _fail(cmd: str, err: Exception) -> int:
