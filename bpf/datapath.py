@@ -373,7 +373,7 @@ class SockLB:
                     stale = False
             if stale:
                 log.info("sock_lb: removing pinned links of a removed cgroup: %s", d)
-                _remove_links(d)
+                remove_pinned_links(d)
 
     # -- status and teardown ----------------------------------------------------------------
 
@@ -421,7 +421,7 @@ class SockLB:
                 errors.append(f"detach {name}: {errno.errorcode.get(-ret, -ret)}")
         self.close()
         if cg_id is not None:
-            errors += _remove_links(self.links_dir(cg_id))
+            errors += remove_pinned_links(self.links_dir(cg_id))
         self.attached.clear()
         if errors:
             raise DatapathError(
@@ -440,7 +440,7 @@ class SockLB:
             for sub in sorted(os.listdir(links)):
                 d = os.path.join(links, sub)
                 removed += [os.path.join(d, n) for n in sorted(os.listdir(d))]
-                errors = _remove_links(d)
+                errors = remove_pinned_links(d)
                 if errors:
                     raise DatapathError(errno.EIO, f"sock_lb: cleanup {d}: " + "; ".join(errors))
         if os.path.isdir(base):
@@ -451,8 +451,9 @@ class SockLB:
         return removed
 
 
-def _remove_links(links_dir: str) -> list[str]:
-    """Detach and unpin every link pinned in ``links_dir``, then remove the directory."""
+def remove_pinned_links(links_dir: str) -> list[str]:
+    """Detach and unpin every link pinned in ``links_dir``, then remove the directory; the
+    errors, one line each (a link already gone is no error)."""
     errors: list[str] = []
     if not os.path.isdir(links_dir):
         return errors

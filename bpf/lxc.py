@@ -28,7 +28,7 @@ import shutil
 from dataclasses import dataclass
 
 from bpf import libbpf
-from bpf.datapath import REPO_ROOT, DatapathError
+from bpf.datapath import REPO_ROOT, DatapathError, remove_pinned_links
 from bpf.probe import DEFAULT_PIN_DIR
 
 log = logging.getLogger("statewright.bpf.lxc")
@@ -177,7 +177,7 @@ class EndpointPrograms:
         """Detach and unpin both links of ``ifindex`` (nothing when there are none)."""
         for fd in self._links.pop(ifindex, {}).values():
             os.close(fd)
-        errors = _remove_links(os.path.join(self.links_dir, f"if{ifindex}"))
+        errors = remove_pinned_links(os.path.join(self.links_dir, f"if{ifindex}"))
         if errors:
             raise DatapathError(errno.EIO, f"lxc: detach ifindex {ifindex}: " + "; ".join(errors))
 
@@ -208,7 +208,7 @@ class EndpointPrograms:
             for sub in sorted(os.listdir(links)):
                 d = os.path.join(links, sub)
                 removed += [os.path.join(d, n) for n in sorted(os.listdir(d))]
-                errors = _remove_links(d)
+                errors = remove_pinned_links(d)
                 if errors:
                     raise DatapathError(errno.EIO, f"lxc: cleanup {d}: " + "; ".join(errors))
         if os.path.isdir(base):
@@ -224,29 +224,3 @@ def _tcx_target(fd: int) -> tuple[int, int] | None:
         return None
     word = info[3]  # the tcx part of bpf_link_info: ifindex, then attach_type
     return word & 0xFFFFFFFF, word >> 32
-
-
-def _remove_links(d: str) -> list[str]:
-    """Detach and unpin every link pinned in directory ``d``, then remove it."""
-    errors: list[str] = []
-    if not os.path.isdir(d):
-        return errors
-    for name in sorted(os.listdir(d)):
-        pin = os.path.join(d, name)
-        fd = libbpf.obj_get(pin)
-        if fd >= 0:
-            ret = libbpf.link_detach(fd)
-            os.close(fd)
-            if ret < 0 and ret != -errno.ENOLINK:
-                errors.append(f"detach {pin}: {errno.errorcode.get(-ret, -ret)}")
-        try:
-            os.unlink(pin)
-        except FileNotFoundError:
-            pass
-        except OSError as exc:
-            errors.append(f"unpin {pin}: {exc}")
-    try:
-        os.rmdir(d)
-    except OSError as exc:
-        errors.append(f"remove {d}: {exc}")
-    return errors
