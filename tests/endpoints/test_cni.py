@@ -387,6 +387,14 @@ def test_del_while_the_agent_is_down(netns_names: dict[str, str]) -> None:
     next start removes the endpoint and frees its addresses."""
     state = tempfile.mkdtemp(prefix=f"sw-cni-down-{PID}-")
     pin_dir = new_pin_dir("memory")
+    try:
+        _del_while_down(netns_names, state, pin_dir)
+    finally:
+        remove_pins("memory", pin_dir)
+        shutil.rmtree(state, ignore_errors=True)
+
+
+def _del_while_down(netns_names: dict[str, str], state: str, pin_dir: str) -> None:
     cfg = EndpointsConfig(("10.79.0.0/24",), state, "memory", pin_dir)
     sock = os.path.join(state, "agent.sock")
     node = netns_names["node"]
@@ -417,8 +425,6 @@ def test_del_while_the_agent_is_down(netns_names: dict[str, str]) -> None:
         assert run_plugin("DEL", conf, node, **env) == (0, None)  # again: still fine
     finally:
         second.stop()
-        remove_pins("memory", pin_dir)
-        shutil.rmtree(state, ignore_errors=True)
 
 
 def test_agent_answers_over_the_plugins_http(tmp_path: Any) -> None:
