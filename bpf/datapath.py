@@ -282,15 +282,7 @@ class SockLB:
         if not os.path.exists(pin):
             log.info("sock_lb: %s is not pinned at %s; egress policy is not enforced", name, pin)
             return
-        fd = libbpf.obj_get(pin)
-        if fd < 0:
-            raise DatapathError(-fd, f"sock_lb: open pinned map {name} at {pin}")
-        try:
-            ret = libbpf.map_reuse_fd(map_ptr, fd)
-            if ret < 0:
-                raise DatapathError(-ret, f"sock_lb: map {name}: reuse pinned {pin}")
-        finally:
-            os.close(fd)
+        reuse_pinned_map(map_ptr, pin, f"sock_lb: map {name}")
 
     def _attach_one(self, name: str, prog: int, cg: str, cg_id: int, cg_fd: int) -> None:
         hook = PROGRAMS.get(name, "?")
@@ -449,6 +441,20 @@ class SockLB:
                     removed.append(os.path.join(base, name))
             shutil.rmtree(base)
         return removed
+
+
+def reuse_pinned_map(map_ptr: int, pin: str, what: str) -> None:
+    """Make an object's map (``map_ptr``, before load) use the map pinned at ``pin``;
+    DatapathError naming ``what`` and the pin when it cannot be opened or reused."""
+    fd = libbpf.obj_get(pin)
+    if fd < 0:
+        raise DatapathError(-fd, f"{what}: open pinned map at {pin}")
+    try:
+        ret = libbpf.map_reuse_fd(map_ptr, fd)
+        if ret < 0:
+            raise DatapathError(-ret, f"{what}: reuse pinned {pin}")
+    finally:
+        os.close(fd)
 
 
 def remove_pinned_links(links_dir: str) -> list[str]:

@@ -28,7 +28,7 @@ import shutil
 from dataclasses import dataclass
 
 from bpf import libbpf
-from bpf.datapath import REPO_ROOT, DatapathError, remove_pinned_links
+from bpf.datapath import REPO_ROOT, DatapathError, remove_pinned_links, reuse_pinned_map
 from bpf.probe import DEFAULT_PIN_DIR
 
 log = logging.getLogger("statewright.bpf.lxc")
@@ -102,15 +102,7 @@ class EndpointPrograms:
         pin = os.path.join(self.config.pin_dir, name)
         if not os.path.exists(pin) and name in OPTIONAL_MAPS:
             return
-        fd = libbpf.obj_get(pin)
-        if fd < 0:
-            raise DatapathError(-fd, f"lxc: map {name} is not pinned at {pin}")
-        try:
-            ret = libbpf.map_reuse_fd(map_ptr, fd)
-            if ret < 0:
-                raise DatapathError(-ret, f"lxc: map {name}: reuse pinned {pin}")
-        finally:
-            os.close(fd)
+        reuse_pinned_map(map_ptr, pin, f"lxc: map {name}")
 
     def attach(self, ifindex: int) -> bool:
         """Attach both programs to device ``ifindex`` (of the agent's network namespace);
