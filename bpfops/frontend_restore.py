@@ -1,6 +1,8 @@
 """Restore and prune for FrontendOps: the two places its state meets maps it did not write.
 
-* `restore_ids` (at start, and on ``FrontendOps.reset_and_restore``): forget the state,
+Both work on the record of a ``bpfops.frontend_writer.FrontendWriter``.
+
+* `restore_ids` (at start, and on ``FrontendOps.reset_and_restore``): forget the record,
   then reserve every service and backend id found in the maps, so a restarted agent keeps
   them; entries written with protocol ANY reserve their id for TCP, UDP and SCTP
   (`aliases`). A backend in a frontend's inactive tail whose backends-map entry says
@@ -24,31 +26,31 @@ from bpfops.lb_maps import delete_quiet
 from bpfops.model import Addr, proto_name
 
 if TYPE_CHECKING:
-    from bpfops.frontend_ops import FrontendOps
+    from bpfops.frontend_writer import FrontendWriter
 
 BACKEND_ACTIVE = lb.BACKEND_ACTIVE
 
 
-def restore_ids(ops: FrontendOps[Any]) -> None:
-    """Forget the ops' state, then reserve the ids found in the maps, and take the
+def restore_ids(writer: FrontendWriter) -> None:
+    """Forget the writer's record, then reserve the ids found in the maps, and take the
     backends of inactive tails still active in the backends map for quarantined."""
-    ops.service_ids.reset()
-    ops.backend_ids.reset()
-    ops.frontends.clear()
-    ops.backend_states.reset()
-    ops.wildcard_refs.clear()
-    ops.expansions.clear()
-    ops.restored_quarantined.clear()
+    writer.service_ids.reset()
+    writer.backend_ids.reset()
+    writer.frontends.clear()
+    writer.backend_states.reset()
+    writer.wildcards.refs.clear()
+    writer.expansions.clear()
+    writer.restored_quarantined.clear()
     be_addr_by_id: dict[int, tuple[Addr, int]] = {}
     for v6 in (False, True):
-        for be_id, value in ops.maps.backends(v6).dump():
+        for be_id, value in writer.maps.backends(v6).dump():
             addr = Addr(ip_of(value.address), value.port, proto_name(value.proto))
             be_addr_by_id[be_id] = (addr, value.flags)
             for alias in aliases(addr):
-                ops.backend_ids.reserve(alias, be_id)
+                writer.backend_ids.reserve(alias, be_id)
     for v6 in (False, True):
         slots_by_addr: dict[Addr, dict[int, lb.ServiceValue]] = {}
-        for key, value in ops.maps.services(v6).dump():
+        for key, value in writer.maps.services(v6).dump():
             if key.dport == 0 and key.proto == 0:
                 continue  # wildcard entries carry no id
             addr = Addr(ip_of(key.address), key.dport, proto_name(key.proto), key.scope)
@@ -58,7 +60,7 @@ def restore_ids(ops: FrontendOps[Any]) -> None:
             if master is None or master.rev_nat_index == 0:
                 continue
             for alias in aliases(addr):
-                ops.service_ids.reserve(alias, master.rev_nat_index)
+                writer.service_ids.reserve(alias, master.rev_nat_index)
             # Backends in the inactive tail that are still active in the backends
             # map were quarantined (unhealthy) before the restart.
             first = 1 + master.count
@@ -68,7 +70,7 @@ def restore_ids(ops: FrontendOps[Any]) -> None:
                     continue
                 be_addr, state = be_addr_by_id[sv.backend_id]
                 if state == BACKEND_ACTIVE:
-                    ops.restored_quarantined.setdefault(addr, set()).add(be_addr)
+                    writer.restored_quarantined.setdefault(addr, set()).add(be_addr)
 
 
 def aliases(addr: Addr) -> list[Addr]:
@@ -78,31 +80,31 @@ def aliases(addr: Addr) -> list[Addr]:
     return [Addr(addr.ip, addr.port, p, addr.scope) for p in ("TCP", "UDP", "SCTP")]
 
 
-def prune_maps(ops: FrontendOps[Any], errs: list[str]) -> None:
-    """Delete map entries the ops' state does not explain, collecting failures in ``errs``;
+def prune_maps(writer: FrontendWriter, errs: list[str]) -> None:
+    """Delete map entries the writer's record does not explain, collecting failures in ``errs``;
     release unclaimed restored ids."""
-    ops.service_ids.release_unclaimed()
-    ops.backend_ids.release_unclaimed()
-    ops.restored_quarantined = {
-        a: s for a, s in ops.restored_quarantined.items() if a in ops.frontends
-    }
-    maps = ops.maps
-    states = ops.backend_states
+    writer.service_ids.release_unclaimed()
+    writer.backend_ids.release_unclaimed()
+    quarantined = writer.restored_quarantined
+    for addr in [a for a in quarantined if a not in writer.frontends]:
+        del quarantined[addr]
+    maps = writer.maps
+    states = writer.backend_states
     for be_addr, be_id in states.items():
         if states.refcount(be_addr) <= 0:  # allocated by an update that failed
             be_map_ = maps.backends(be_addr.is_v6)
             _prune_delete(errs, be_map_, be_id)
-            ops.backend_ids.release(be_addr)
+            writer.backend_ids.release(be_addr)
             states.remove(be_addr)
-    live_ids = {st.id: (a, st) for a, st in ops.frontends.items()}
+    live_ids = {st.id: (a, st) for a, st in writer.frontends.items()}
     for v6 in (False, True):
         svc_map = maps.services(v6)
         for key, _value in svc_map.dump():
             addr = Addr(ip_of(key.address), key.dport, proto_name(key.proto), key.scope)
             if key.dport == 0 and key.proto == 0:
-                keep = (addr.ip, key.scope) in ops.wildcard_refs
+                keep = (addr.ip, key.scope) in writer.wildcards.refs
             else:
-                st = ops.frontends.get(addr)
+                st = writer.frontends.get(addr)
                 keep = (
                     st is not None
                     and st.v6 == v6
@@ -114,7 +116,7 @@ def prune_maps(ops: FrontendOps[Any], errs: list[str]) -> None:
         be_map = maps.backends(v6)
         for be_id, value in be_map.dump():
             be_addr = Addr(ip_of(value.address), value.port, proto_name(value.proto))
-            if ops.backend_states.get(be_addr) != be_id:
+            if writer.backend_states.get(be_addr) != be_id:
                 _prune_delete(errs, be_map, be_id)
         rev_map = maps.revnat(v6)
         for rev_id, _ in rev_map.dump():

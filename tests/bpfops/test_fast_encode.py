@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from bpf import lb
 from bpf.codec import BE16, U32
-from bpfops.frontend_ops import FrontendOps
+from bpfops.frontend_plan import svc_key
 from bpfops.frontend_state import backend_bytes, want_of
 from bpfops.model import Addr, BackendSpec, fast_addr, fast_backend_spec, proto_number
 
@@ -106,7 +106,7 @@ def test_svc_key(ip, port: int, slot: int, proto: str, scope: int) -> None:  # t
         want = lb.SERVICE4_KEY.encode(
             lb.Service4Key(ip.packed, port, slot, proto_number(proto), scope)
         )
-    assert FrontendOps._svc_key(None, addr, slot) == want  # type: ignore[arg-type]
+    assert svc_key(addr, slot) == want
 
 
 @given(ips, u16, protos, st.integers(0, 1), u8, st.booleans(), st.booleans())

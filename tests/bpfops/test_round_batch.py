@@ -15,6 +15,7 @@ from bpf.backend import split_fixed
 from bpf.errors import BatchError
 from bpf.testing import FaultyMap
 from bpfops.frontend_ops import FrontendOps, LBOpsError
+from bpfops.frontend_plan import svc_key
 from bpfops.lb_maps import LBMaps
 from bpfops.maps_dump import dump_lines
 from bpfops.model import FrontendSpec
@@ -58,7 +59,7 @@ def _assert_no_dangling(ops: FrontendOps[Any], entries: list[BatchEntry[Any]]) -
         assert state.master is not None
         svc = maps.services(state.v6).backend
         for slot in range(1, len(state.slots) + 1):
-            raw = svc.lookup(ops._svc_key(e.obj.addr, slot))
+            raw = svc.lookup(svc_key(e.obj.addr, slot))
             assert raw is not None, (e.obj.addr, slot)
             be_id = int.from_bytes(raw[:4], "little")
             assert be_id in have, (e.obj.addr, slot, be_id)

@@ -1,0 +1,204 @@
+"""The per-frontend plan: which entries a frontend needs and how they are encoded.
+
+Functions of the ops' ``LBOpsConfig`` and a ``FrontendSpec`` alone (no recorded state, no
+map access), used by ``bpfops.frontend_writer`` to write a frontend:
+
+* whether the frontend is written at all (`enabled`, `is_candidate`) and whether it is
+  expanded over the node's addresses (`is_expansion`);
+* its master's flags (`master_flags`; the slots carry them without the source-range bits,
+  `slot_flags`), algorithm (`lb_algorithm`, `use_maglev`) and forwarding mode (`dsr`);
+* the order of its slots (`sorted_backends`: healthy before unhealthy, then active,
+  terminating serving, terminating not serving, quarantined, then by address);
+* the encoded services-map key of a slot (`svc_key`), its rev-NAT entry (`revnat_entry`)
+  and its master value (`master_value`), in bpf.lb's byte layouts.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from bpf import lb
+from bpfops import flags as svcflags
+from bpfops.frontend_state import PendingFrontend, swap16
+from bpfops.maps_dump import AFFINITY_TIMEOUT_MASK, LB_ALG_NUMBERS, LB_ALG_SHIFT
+from bpfops.model import (
+    CLUSTER_IP,
+    EXTERNAL_IPS,
+    HOST_PORT,
+    LOAD_BALANCER,
+    NODE_PORT,
+    Addr,
+    BackendSpec,
+    FrontendSpec,
+    LBOpsConfig,
+    proto_number,
+)
+
+BACKEND_ACTIVE = lb.BACKEND_ACTIVE
+
+#: The key and backend encoders of each family (v6 False/True), bpf.lb's byte layouts.
+PACKS = {
+    False: (lb.SERVICE4_KEY_STRUCT.pack, lb.BACKEND4_STRUCT.pack),
+    True: (lb.SERVICE6_KEY_STRUCT.pack, lb.BACKEND6_STRUCT.pack),
+}
+
+
+def enabled(cfg: LBOpsConfig, addr: Addr) -> bool:
+    """Whether the address family of ``addr`` is enabled."""
+    return cfg.enable_ipv6 if addr.is_v6 else cfg.enable_ipv4
+
+
+def is_candidate(cfg: LBOpsConfig, fe: FrontendSpec) -> bool:
+    """Whether the frontend belongs in the datapath (everything with kube-proxy
+    replacement; only ClusterIP, ExternalIPs and LocalRedirect without)."""
+    if cfg.kube_proxy_replacement:
+        return True
+    return fe.type in (CLUSTER_IP, EXTERNAL_IPS, "LocalRedirect")
+
+
+def is_expansion(fe: FrontendSpec) -> bool:
+    """Whether the frontend is expanded over the node's NodePort addresses (NodePort, and
+    HostPort without a host IP)."""
+    return fe.type == NODE_PORT or (fe.type == HOST_PORT and fe.addr.is_unspecified)
+
+
+def check_frontend(fe: FrontendSpec) -> None:
+    """Raise ValueError for a frontend the maps cannot hold."""
+    if fe.service.session_affinity and fe.service.l7_proxy_port:
+        raise ValueError("session affinity with an L7 proxy redirect is not supported")
+    if fe.addr.port == 0 and fe.addr.proto != "ANY":
+        raise ValueError("port 0")
+
+
+def lb_algorithm(cfg: LBOpsConfig, fe: FrontendSpec) -> int:
+    """The algorithm number of the service's annotation (0: the default), if honoured."""
+    if not cfg.algorithm_annotation:
+        return 0
+    return LB_ALG_NUMBERS.get(fe.service.lb_algorithm, 0)
+
+
+def use_maglev(cfg: LBOpsConfig, fe: FrontendSpec) -> bool:
+    """Whether the frontend gets a maglev table."""
+    if fe.addr.is_unspecified:
+        return False
+    alg = lb_algorithm(cfg, fe)
+    if alg != 0:
+        return alg == LB_ALG_NUMBERS["maglev"]
+    if cfg.algorithm != "maglev":
+        return False
+    if fe.type == CLUSTER_IP and not cfg.external_clusterip:
+        return False
+    return fe.type in (CLUSTER_IP, NODE_PORT, LOAD_BALANCER, HOST_PORT, EXTERNAL_IPS)
+
+
+def dsr(cfg: LBOpsConfig, fe: FrontendSpec) -> bool:
+    """Whether the frontend is forwarded in DSR mode (else SNAT)."""
+    mode = cfg.lb_mode
+    if mode == "hybrid":
+        mode = "dsr" if fe.addr.proto == "TCP" else "snat"
+    if cfg.mode_annotation and fe.service.forwarding_mode in ("dsr", "snat"):
+        mode = fe.service.forwarding_mode
+    return mode == "dsr"
+
+
+def master_flags(cfg: LBOpsConfig, fe: FrontendSpec) -> int:
+    """The service flags of the frontend's master entry."""
+    svc = fe.service
+    routable = not fe.addr.ip.is_unspecified and (
+        fe.type != CLUSTER_IP or cfg.external_clusterip
+    )
+    check_sr = bool(svc.source_ranges) and (
+        cfg.source_range_all_types or fe.type in (LOAD_BALANCER, EXTERNAL_IPS)
+    )
+    return svcflags.service_flags(
+        svcflags.FlagParams(
+            svc_type=fe.type,
+            ext_local=svc.ext_local,
+            int_local=svc.int_local,
+            session_affinity=svc.session_affinity,
+            routable=routable,
+            check_source_range=check_sr,
+            source_range_deny=check_sr and svc.source_ranges_deny,
+            dsr=dsr(cfg, fe),
+            l7_load_balancer=bool(svc.l7_proxy_port),
+            loopback=svc.loopback_hostport or svc.proxy_delegation,
+        )
+    )
+
+
+def slot_flags(master: int) -> int:
+    """The flags of the slots given the master's: source-range bits live on the master
+    only (the deny bit doubles as the slots' quarantine bit); quarantined slots carry the
+    same flags as the others."""
+    return master & ~(svcflags.SOURCE_RANGE | svcflags.SOURCE_RANGE_DENY)
+
+
+def sorted_backends(
+    fe: FrontendSpec, restored_quarantined: dict[Addr, set[Addr]]
+) -> list[BackendSpec]:
+    """The frontend's backends in slot order. A backend restored as quarantined (see
+    ``bpfops.frontend_restore``) counts as unhealthy; the quarantines a health report or
+    another listed state explains are dropped from ``restored_quarantined``."""
+    quarantined = restored_quarantined.get(fe.addr)
+    bes = list(fe.backends)
+    if quarantined:
+        # A restored quarantine stands in for the health of an active backend until a
+        # health check reports. A backend listed in another state (terminating, not
+        # serving, maintenance: the tail slot is explained by that, e.g. an entry
+        # several frontends share holds another frontend's "active") was not
+        # quarantined, and turning ready later makes it active, not quarantined.
+        for be in bes:
+            if be.health_known or be.state != BACKEND_ACTIVE or be.not_serving:
+                quarantined.discard(be.addr)
+        if not quarantined:
+            del restored_quarantined[fe.addr]
+        bes = [
+            replace(be, unhealthy=True) if be.addr in quarantined and not be.unhealthy else be
+            for be in bes
+        ]
+    # Then Addr.sort_key's order (family, address bytes, port). Serving terminating
+    # backends before those no longer serving: when no active backend is left the
+    # first ones are used.
+    bes.sort(key=lambda b: (b.unhealthy, b.state, b.not_serving, b.addr.sort_key()))
+    return bes
+
+
+def svc_key(addr: Addr, slot: int) -> bytes:
+    """The encoded services-map key of ``addr``'s slot ``slot``."""
+    st = lb.SERVICE6_KEY_STRUCT if addr.is_v6 else lb.SERVICE4_KEY_STRUCT
+    return st.pack(addr.packed, lb.swap16(addr.port), slot, proto_number(addr.proto), addr.scope)
+
+
+def revnat_entry(p: PendingFrontend) -> tuple[bytes, bytes]:
+    """The encoded rev-NAT entry of the frontend (key, value)."""
+    addr, v6 = p.fe.addr, p.state.v6
+    rev_pack = (lb.REVNAT6_STRUCT if v6 else lb.REVNAT4_STRUCT).pack
+    return lb.BE16_STRUCT.pack(p.state.id), rev_pack(addr.packed, lb.swap16(addr.port))
+
+
+def master_value(cfg: LBOpsConfig, p: PendingFrontend) -> bytes:
+    """The encoded master value (slot 0) of the frontend: the L7 proxy port, or the
+    algorithm and affinity timeout; the counts, the rev-NAT id and the flags."""
+    fe, state = p.fe, p.state
+    svc = fe.service
+    if svc.l7_proxy_port:
+        head = swap16(svc.l7_proxy_port)
+    else:
+        timeout = svc.affinity_timeout & AFFINITY_TIMEOUT_MASK if svc.session_affinity else 0
+        head = (lb_algorithm(cfg, fe) << LB_ALG_SHIFT) | timeout
+    f1, f2 = svcflags.split(p.master_flags)
+    return lb.SERVICE_VALUE_STRUCT.pack(head, p.active, lb.swap16(state.id), f1, f2, p.inactive)
+
+
+def with_addr(fe: FrontendSpec, addr: Addr) -> FrontendSpec:
+    """``fe`` at another address (a node-address expansion)."""
+    return FrontendSpec(addr, fe.type, fe.service, fe.backends, fe.service_port)
+
+
+def merge(a: list[Addr], b: list[Addr]) -> list[Addr]:
+    """``a`` followed by the addresses of ``b`` not in it."""
+    out = list(a)
+    for x in b:
+        if x not in out:
+            out.append(x)
+    return out

@@ -1,0 +1,245 @@
+"""RoundWriter: a reconciler round's frontends written map by map (FrontendOps.update_batch).
+
+The frontends of a round are prepared one by one (``FrontendWriter.prepare``: ids,
+dropped backends, collected backend entries and slots), then written with one batch call
+per map and family, in the order that keeps every master's references valid: every
+backend entry, every slot, then per frontend its maglev table and source ranges, every
+rev-NAT entry, and every master (each followed by its VIP's wildcard entry when the VIP
+has none yet). A batch that stops part way fails the frontends whose entries were not
+written, and puts their recorded state back so that the retry writes them again.
+Backends the round's frontends dropped that nobody references any more go last
+(`delete_orphans`): a backend entry never goes while a slot a master counts points at it.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from bpf import lb
+from bpf.errors import MapError
+from bpfops.errors import frontend_error
+from bpfops.frontend_plan import enabled, is_candidate, is_expansion, revnat_entry
+from bpfops.frontend_state import PendingFrontend, delete_counted, write_counted
+from bpfops.frontend_writer import FrontendWriter
+from bpfops.model import Addr, FrontendSpec, IPAddress
+from reconciler.operations import BatchEntry
+from statedb import ReadTxn
+
+log = logging.getLogger("statewright.bpfops")
+
+#: A round's frontend: its batch entry (whose ``result`` takes its error) and its writes.
+Live = list[tuple[BatchEntry[Any], PendingFrontend]]
+
+
+class RoundWriter:
+    """Writes prepared frontends of a round map by map through ``writer`` (see the module
+    doc), and tells which frontends a round may hold (`drops`, `backend_room`)."""
+
+    def __init__(self, writer: FrontendWriter) -> None:
+        self.writer = writer
+
+    def drops(self, fe: FrontendSpec) -> bool | None:
+        """None when the round cannot hold ``fe`` (it is written on its own, see
+        ``FrontendOps.update_batch``); else whether the frontend drops backends (each then
+        referenced by this frontend alone)."""
+        w = self.writer
+        if not enabled(w.config, fe.addr) or not is_candidate(w.config, fe) or is_expansion(fe):
+            return None
+        state = w.frontends.get(fe.addr)
+        if state is None or not state.backends:
+            return False
+        have = state.backends
+        if len(have) == len(fe.backends) and all(be.addr in have for be in fe.backends):
+            return False
+        wanted = {be.addr for be in fe.backends}
+        states = w.backend_states
+        drops = False
+        for a in have:
+            if a in wanted:
+                continue
+            drops = True
+            if a in states and (states.refcount(a) > 1 or states.is_shared(a)):
+                return None
+        return drops
+
+    def backend_room(self) -> int:
+        """Free backend entries in the fuller of the two backends maps, at least (entries
+        the state holds counted against each)."""
+        maps = self.writer.maps
+        capacity = min(
+            maps.backends(False).backend.spec.max_entries,
+            maps.backends(True).backend.spec.max_entries,
+        )
+        return capacity - len(self.writer.backend_states)
+
+    def write(self, txn: ReadTxn, round_: Live) -> None:
+        """Write prepared frontends map by map (see the module doc), then delete the
+        backends they orphaned; failures go to the entries' ``result``."""
+        for v6 in (False, True):
+            live = [(e, p) for e, p in round_ if p.state.v6 == v6 and e.result is None]
+            if not live:
+                continue
+            live = self._write_backends(live, v6)
+            live = self._write_slots(live, v6)
+            live = self._write_side_entries(live)
+            live = self._write_revnat(live, v6)
+            self._write_masters(live, v6)
+            # After the masters: a written master counts only its new slots (written before
+            # it), so no slot it counts points at its frontend's orphans. Orphans of
+            # frontends that failed go too, as `update_spec` deletes them before writing.
+            orphans = [
+                (p.fe.addr, a, i) for _, p in round_ if p.state.v6 == v6 for a, i in p.orphans
+            ]
+            if orphans:
+                self.delete_orphans(txn, orphans)
+
+    def _write_backends(self, live: Live, v6: bool) -> Live:
+        """The backend entries of every frontend; those a failure left unwritten fail every
+        frontend referencing them."""
+        keys: list[bytes] = []
+        values: list[bytes] = []
+        be_undo: list[tuple[Addr, int | None]] = []
+        for _, p in live:
+            keys += p.writes.be_keys
+            values += p.writes.be_values
+            be_undo += p.writes.be_undo
+        done, exc = write_counted(self.writer.maps.backends(v6).backend, keys, values)
+        if exc is None:
+            return live
+        lost: set[Addr] = set()
+        states = self.writer.backend_states
+        for be_addr, previous in reversed(be_undo[done:]):
+            if be_addr in states:
+                states.set_written(be_addr, previous)
+            lost.add(be_addr)
+        for e, p in live:
+            if not lost.isdisjoint(p.state.backends):
+                p.writes.undo(len(p.writes.be_undo), 0)
+                e.result = frontend_error(p.fe, exc)
+        return [(e, p) for e, p in live if e.result is None]
+
+    def _write_slots(self, live: Live, v6: bool) -> Live:
+        """The slots of every frontend; a frontend whose slots were not all written fails."""
+        keys: list[bytes] = []
+        values: list[bytes] = []
+        for _, p in live:
+            keys += p.writes.svc_keys
+            values += p.writes.svc_values
+        done, exc = write_counted(self.writer.maps.services(v6).backend, keys, values)
+        if exc is None:
+            return live
+        offset = 0
+        for e, p in live:
+            n = len(p.writes.svc_keys)
+            if offset + n > done:
+                p.writes.undo(len(p.writes.be_undo), max(0, done - offset))
+                e.result = frontend_error(p.fe, exc)
+            offset += n
+        return [(e, p) for e, p in live if e.result is None]
+
+    def _write_side_entries(self, live: Live) -> Live:
+        """Maglev tables and source ranges, per frontend."""
+        for e, p in live:
+            try:
+                self.writer.write_side_entries(p)
+            except (MapError, ValueError) as exc:
+                e.result = frontend_error(p.fe, exc)
+        return [(e, p) for e, p in live if e.result is None]
+
+    def _write_revnat(self, live: Live, v6: bool) -> Live:
+        """The rev-NAT entries of every frontend."""
+        entries = [revnat_entry(p) for _, p in live]
+        done, exc = write_counted(
+            self.writer.maps.revnat(v6).backend, [k for k, _ in entries], [v for _, v in entries]
+        )
+        for i, (e, p) in enumerate(live):
+            if i < done:
+                p.state.revnat = True
+            else:
+                e.result = frontend_error(p.fe, exc or MapError("revnat", "update", 0))
+        return live[:done]
+
+    def _write_masters(self, live: Live, v6: bool) -> None:
+        """The masters (a frontend without a master yet first loses stale slots), each
+        followed by the wildcard entry of a VIP that has none yet; then what follows each
+        master written."""
+        w = self.writer
+        keys: list[bytes] = []
+        values: list[bytes] = []
+        owners: list[int] = []  # keys[j] belongs to ready[owners[j]]
+        ready: Live = []
+        ready_masters: list[bytes] = []
+        new_wildcard: list[bool] = []
+        queued: set[tuple[IPAddress, int]] = set()
+        for e, p in live:
+            try:
+                key, master = w.master_entry(p)
+            except MapError as exc:
+                e.result = frontend_error(p.fe, exc)
+                continue
+            keys.append(key)
+            values.append(master)
+            owners.append(len(ready))
+            wildcard = w.wildcards.new_entry(p)
+            if wildcard is not None and wildcard[0] not in queued:
+                queued.add(wildcard[0])
+                keys.append(wildcard[1])
+                values.append(wildcard[2])
+                owners.append(len(ready))
+                new_wildcard.append(True)
+            else:
+                new_wildcard.append(False)
+            ready.append((e, p))
+            ready_masters.append(master)
+        done, exc2 = write_counted(w.maps.services(v6).backend, keys, values)
+        complete = owners[done] if done < len(owners) else len(ready)
+        for j in range(done):
+            if j == 0 or owners[j] != owners[j - 1]:  # the owner's master
+                ready[owners[j]][1].state.master = values[j]
+        for i, (e, p) in enumerate(ready):
+            if i >= complete:
+                e.result = frontend_error(p.fe, exc2 or MapError("services", "update", 0))
+                continue
+            try:
+                w.after_master(p, ready_masters[i], new_wildcard[i])
+            except MapError as exc:
+                e.result = frontend_error(p.fe, exc)
+
+    def delete_orphans(self, txn: ReadTxn, orphans: list[tuple[Addr, Addr, int]]) -> None:
+        """Delete the entries of backends the round's frontends dropped (after their masters)
+        that still have no reference, with one batch call per map, and release their ids.
+        One a frontend of the round took up again stays; one another frontend of the
+        snapshot selects stays unreferenced (see ``FrontendWriter.drop_reference``).
+        Orphans of frontends whose master was not written stay unreferenced too: prune
+        drops them.
+
+        A failed delete leaves the backend unreferenced (prune deletes it) and is logged:
+        the frontends it served are written, so their rows are Done.
+
+        Each orphan is (frontend address, backend address, the backend's id when it was
+        orphaned): an entry deleted and made again since, with another id, is not it."""
+        w = self.writer
+        states = w.backend_states
+        referenced = getattr(w.node, "backend_referenced", None)
+        gone: dict[bool, list[tuple[Addr, int]]] = {}
+        for fe_addr, be_addr, be_id in orphans:
+            if (
+                states.get(be_addr) != be_id
+                or states.refcount(be_addr) > 0
+                or states.has_wants(be_addr)
+            ):
+                continue
+            if referenced is not None and referenced(txn, be_addr, fe_addr):
+                continue
+            gone.setdefault(be_addr.is_v6, []).append((be_addr, be_id))
+        pack = lb.U32_STRUCT.pack
+        for v6, entries in gone.items():
+            done, exc = delete_counted(w.maps.backends(v6).backend, [pack(i) for _, i in entries])
+            for be_addr, _ in entries[:done]:
+                w.backend_ids.release(be_addr)
+                states.remove(be_addr)
+            if exc is not None:
+                log.warning(
+                    "bpfops: %d orphaned backend(s) left for prune: %s", len(entries) - done, exc
+                )
