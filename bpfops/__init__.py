@@ -9,9 +9,15 @@ Load balancing (the frontends reconciler):
   ``LBMaps.in_memory()``; ``unwrapped()``, ``snapshot()``/``restore(any_proto=)``,
   ``set_maglev``/``maglev_tables``, ``is_empty()``.
 * ``bpfops.frontend_ops``: ``FrontendOps(maps, LBOpsConfig, node=NodeView, to_spec=)`` with
-  ``update/delete/prune`` (reconciler Operations), ``reset_and_restore()``,
-  ``service_id(addr)``, ``backend_id(addr)``, ``state_is_empty()``, ``state_summary()``,
-  ``dump_lines()``; errors are ``LBOpsError`` naming the frontend.
+  ``update/delete/prune`` and ``update_batch/delete_batch`` (reconciler Operations),
+  ``reset_and_restore()``, ``service_id(addr)``, ``backend_id(addr)``,
+  ``state_is_empty()``, ``state_summary()``, ``dump_lines()``; errors are ``LBOpsError``
+  (``bpfops.errors``) naming the frontend. Its parts: ``bpfops.frontend_plan`` (what
+  entries a frontend needs), ``bpfops.frontend_writer`` (``FrontendWriter``: one
+  frontend's writes and the record of the maps), ``bpfops.frontend_round``
+  (``RoundWriter``: a round map by map), ``bpfops.frontend_state`` (per-frontend
+  records), ``bpfops.wildcards``, ``bpfops.frontend_restore`` (restore, prune),
+  ``bpfops.node_view`` (``NodeView``, ``StaticNodeView``).
 * ``bpfops.adapter``: the tables glue - ``frontend_ops_for(writer, maps, lb_config)``,
   ``reconciler_config(writer, ops, lb_config, **overrides)``, ``frontend_spec``,
   ``ops_config``, ``TablesNodeView``.

@@ -87,7 +87,8 @@ class RoundWriter:
             self._write_masters(live, v6)
             # After the masters: a written master counts only its new slots (written before
             # it), so no slot it counts points at its frontend's orphans. Orphans of
-            # frontends that failed go too, as `update_spec` deletes them before writing.
+            # frontends that failed go too, as ``FrontendOps.update_spec`` deletes them before
+            # writing.
             orphans = [
                 (p.fe.addr, a, i) for _, p in round_ if p.state.v6 == v6 for a, i in p.orphans
             ]

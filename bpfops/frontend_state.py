@@ -151,7 +151,7 @@ class PendingFrontend:
         self.master_flags = master_flags
         #: Backends the frontend dropped that no one else references (address and id),
         #: left in the backends map until its master no longer counts them (see
-        #: `FrontendOps._write_round`).
+        #: `RoundWriter.write`).
         self.orphans: list[tuple[Addr, int]] = []
 
 
