@@ -1,7 +1,9 @@
 """Every Node of the cluster from the API server, into the nodes table (tables/nodes.py).
 
-`NodesK8sSource` lists and watches all Nodes (`sources.k8s_reflector.Reflector`, resource
-`nodes_resource_spec`) and writes each delivery in one write transaction through
+`NodesK8sSource` lists and watches all Nodes (CRD mode's node registry,
+sources/node_registry.py; in kvstore mode only this node's, ``only=NAME``)
+(`sources.k8s_reflector.Reflector`, resource `nodes_resource_spec`) and writes each
+delivery in one write transaction through
 `tables.nodes.NodeObjects`. A Node that does not convert gets its own error in
 `NodesK8sSource.errors` (``Node name`` -> message) and changes nothing: its previous
 row, if any, stays until a valid version or its deletion arrives. The ``k8s``
@@ -33,21 +35,27 @@ log = logging.getLogger(__name__)
 INITIALIZER = "k8s"
 
 
-def nodes_resource_spec() -> ResourceSpec:
-    """All Nodes (cluster-scoped; the ClusterRole grants list and watch)."""
+def nodes_resource_spec(only: str = "") -> ResourceSpec:
+    """All Nodes (cluster-scoped; the ClusterRole grants list and watch), or only the Node
+    named ``only`` (``fieldSelector=metadata.name=<only>``)."""
+    if only:
+        return ResourceSpec("this-node", KIND_NODE, "v1", lambda c: c.core.list_node,
+                            field_selector=f"metadata.name={only}")
     return ResourceSpec("all-nodes", KIND_NODE, "v1", lambda c: c.core.list_node)
 
 
 class NodesK8sSource:
     """See the module doc."""
 
+    label = "k8s"
+
     def __init__(
         self, db: DB, table: Table[Node], client: K8sClient,
-        config: ReflectorConfig | None = None,
+        config: ReflectorConfig | None = None, *, only: str = "",
     ) -> None:
         self.db = db
         self.objects = NodeObjects(table, SOURCE_K8S)
-        self.reflector = Reflector(client, nodes_resource_spec(), self._deliver, config)
+        self.reflector = Reflector(client, nodes_resource_spec(only), self._deliver, config)
         #: Current error per refused Node (``Node name`` -> message).
         self.errors: dict[str, str] = {}
         self.synced = False

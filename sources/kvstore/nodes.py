@@ -3,12 +3,16 @@
 * **publish**: this node's row of the nodes table (from the API server's or the
   manifests' Node) is written as ``{"Name", "Cluster", "IPAddresses": [{"Type", "IP"}],
   "IPv4AllocCIDR", "IPv6AllocCIDR", "Labels"}`` under the agent's lease, again whenever
-  the row changes.
+  the row changes; deleted when the row goes (this node's Node deleted).
 * **watch**: every other node's key becomes a Node object for
   `tables.nodes.NodeObjects` (source ``kvstore``), so routes and node ipcache entries
   follow as in CRD mode. A delete waits out the grace period (a restarting agent does not
   make its node vanish); a value that is not such JSON gets its own error and changes
   nothing. The nodes table's initializer ``kvstore`` is done with the first list.
+
+`KVStoreNodeRegistry` is kvstore mode's node registry (sources/node_registry.py): these
+keys for the other nodes, and this node's own Node from the API server (a Node reflector
+restricted to it), when the agent has one.
 """
 
 from __future__ import annotations
@@ -16,17 +20,20 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import anyio
 import anyio.abc
 
 from sources.kvstore.etcd_client import KeyValue, KVStoreError
 from sources.kvstore.layout import KeyLayout
-from sources.kvstore.session import KVStoreSession
+from sources.kvstore.session import KVStore, KVStoreSession
 from sources.kvstore.watcher import PrefixWatcher
 from statedb import DB, Table, WriteTxn
 from tables.nodes import Node, NodeError, NodeObjects, node_name_index
+
+if TYPE_CHECKING:
+    from sources.k8s_nodes import NodesK8sSource
 
 log = logging.getLogger(__name__)
 
@@ -128,6 +135,8 @@ class KVStoreNodes:
             try:
                 if row is not None and row.source != SOURCE_KVSTORE:
                     await self.session.put(key, node_value(row, self.layout.cluster))
+                elif row is None and key in self.session.owned():
+                    await self.session.delete(key)  # this node's Node was deleted
                 self.last_error = ""
             except KVStoreError as e:
                 self.last_error = f"publishing node {self.node_name}: {e}"
@@ -136,7 +145,7 @@ class KVStoreNodes:
 
     def health(self) -> tuple[bool, str]:
         h = self.watcher.health()
-        parts = [f"kvstore {h.message()}"]
+        parts = [h.message()]
         ok = h.synced and h.connected and not self.errors and not self.last_error
         if self.errors:
             first = sorted(self.errors)[0]
@@ -144,3 +153,38 @@ class KVStoreNodes:
         if self.last_error:
             parts.append(self.last_error)
         return ok, "; ".join(parts)
+
+
+class KVStoreNodeRegistry:
+    """kvstore mode's node registry (module doc): `KVStoreNodes` and, with an API
+    server, ``local`` (a `NodesK8sSource` of this node's Node only)."""
+
+    label = "kvstore"
+
+    def __init__(self, db: DB, table: Table[Node], kv: KVStore,
+                 local: NodesK8sSource | None = None) -> None:
+        self.nodes = KVStoreNodes(db, table, kv.session, kv.node_name, kv.layout,
+                                  grace=kv.grace)
+        self.local = local
+
+    def register_initializer(self, txn: WriteTxn) -> None:
+        self.nodes.register_initializer(txn)
+        if self.local is not None:
+            self.local.register_initializer(txn)
+
+    async def run(
+        self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED
+    ) -> None:
+        async with anyio.create_task_group() as tg:
+            if self.local is not None:
+                await tg.start(self.local.run)
+            await tg.start(self.nodes.run)
+            task_status.started()
+
+    def health(self) -> tuple[bool, str]:
+        ok, message = self.nodes.health()
+        if self.local is not None:
+            local_ok, why = self.local.health()
+            ok = ok and local_ok
+            message += f"; this node from k8s: {why}"
+        return ok, message

@@ -24,6 +24,7 @@ import anyio
 import anyio.abc
 
 from sources.kvstore.etcd_client import EtcdClient, KVStoreError
+from sources.kvstore.layout import KeyLayout
 
 log = logging.getLogger(__name__)
 
@@ -180,3 +181,18 @@ class KVStoreSession:
             except (KVStoreError, TimeoutError):
                 pass
         self.lease = 0
+
+
+@dataclass
+class KVStore:
+    """What the cluster code of kvstore mode shares: the session (and its client), the
+    key layout, this node's name and the grace period watchers give deletes."""
+
+    session: KVStoreSession
+    layout: KeyLayout
+    node_name: str
+    grace: float
+
+    @property
+    def client(self) -> EtcdClient:
+        return self.session.client

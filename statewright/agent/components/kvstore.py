@@ -10,32 +10,16 @@ etcd outage changes no table. In CRD mode (the default) the component is disable
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import anyio
 
 from sources.kvstore.config import EtcdConfig, parse_kvstore_opts
 from sources.kvstore.etcd_client import EtcdClient
 from sources.kvstore.layout import KeyLayout
-from sources.kvstore.session import KVStoreSession
+from sources.kvstore.session import KVStore, KVStoreSession
 from statewright.agent.config import AgentConfig
 from statewright.component import DEGRADED, DISABLED, OK, Component, Health, Hive, Provided
 
-
-@dataclass
-class KVStore:
-    """What the cluster code of kvstore mode shares: the session (and its client), the
-    key layout, this node's name and the grace period watchers give deletes."""
-
-    session: KVStoreSession
-    layout: KeyLayout
-    node_name: str
-    grace: float
-
-    @property
-    def client(self) -> EtcdClient:
-        return self.session.client
-
+__all__ = ["KVSTORE", "KVStore", "KVStoreComponent"]
 
 KVSTORE: Provided[KVStore] = Provided("kvstore", KVStore)
 

@@ -32,9 +32,10 @@ from typing import Any
 
 from reconciler import Config, Reconciler, status_field_accessors
 from reconciler.health import Level
+from sources.node_registry import NodeRegistry
 from statedb import DB, Table
 from statewright.agent.components.kubernetes import K8S_CLIENT, K8S_SOURCE
-from statewright.agent.components.kvstore import KVSTORE, KVStore
+from statewright.agent.components.kvstore import KVSTORE
 from statewright.agent.components.sources import MANIFESTS
 from statewright.agent.config import AgentConfig
 from statewright.api_types import Request, Route
@@ -85,8 +86,8 @@ class NodesComponent(Component):
         self.db: DB | None = None
         self.table: Table[Node] | None = None
         self.routes_table: Table[NodeRoute] | None = None
-        self.k8s: Any = None  # sources.k8s_nodes.NodesK8sSource with the k8s component
-        self.kvstore: Any = None  # sources.kvstore.nodes.KVStoreNodes in kvstore mode
+        #: The node registry of the mode (CRD: the API server's Nodes; kvstore: etcd's).
+        self.registry: NodeRegistry | None = None
         self.route_writer: NodeRoutes | None = None
         self.route_ops: Any = None  # statewright.node_routes.RouteOps
         self.reconciler: Reconciler[NodeRoute] | None = None
@@ -110,32 +111,26 @@ class NodesComponent(Component):
 
             manifests.add_kind_handler(NodeObjects(table, SOURCE_MANIFESTS),
                                        on_synced=manifests_in)
-        client = hive.find(self, K8S_CLIENT)
-        if client is not None:
-            from sources.k8s_nodes import NodesK8sSource
-
-            k8s_source = hive.find(self, K8S_SOURCE)
-            reflector = k8s_source.config.reflector if k8s_source is not None else None
-            self.k8s = NodesK8sSource(db, table, client, reflector)
-            with db.write_txn(table) as txn:
-                self.k8s.register_initializer(txn)
-            await hive.spawn(self, self.k8s.run, label="nodes-k8s")
-        kv = hive.find(self, KVSTORE)
-        if kv is not None:
-            await self._start_kvstore(hive, db, table, kv)
+        await self._start_registry(hive, db, table)
         hive.provide(NODES.name, table)
         if self.config.auto_direct_node_routes:
             await self._start_routes(hive, db, table)
 
-    async def _start_kvstore(self, hive: Hive, db: DB, table: Table[Node], kv: KVStore) -> None:
-        """kvstore mode: the other nodes from etcd, this node's row published there."""
-        from sources.kvstore.nodes import KVStoreNodes
+    async def _start_registry(self, hive: Hive, db: DB, table: Table[Node]) -> None:
+        """The node registry of the mode (sources/node_registry.py): the API server's
+        Nodes (CRD mode) or etcd's node keys (kvstore mode); none with manifests only."""
+        from sources.node_registry import new_node_registry
 
-        self.kvstore = KVStoreNodes(db, table, kv.session, kv.node_name, kv.layout,
-                                    grace=kv.grace)
+        k8s_source = hive.find(self, K8S_SOURCE)
+        self.registry = new_node_registry(
+            db, table, self.config.node_name, client=hive.find(self, K8S_CLIENT),
+            reflector=k8s_source.config.reflector if k8s_source is not None else None,
+            kvstore=hive.find(self, KVSTORE))
+        if self.registry is None:
+            return
         with db.write_txn(table) as txn:
-            self.kvstore.register_initializer(txn)
-        await hive.spawn(self, self.kvstore.run, label="nodes-kvstore")
+            self.registry.register_initializer(txn)
+        await hive.spawn(self, self.registry.run, label=f"nodes-{self.registry.label}")
 
     async def _start_routes(self, hive: Hive, db: DB, table: Table[Node]) -> None:
         from statewright.node_routes import RouteOps
@@ -175,11 +170,9 @@ class NodesComponent(Component):
         assert self.table is not None and self.db is not None
         message = f"{self.table.count(self.db.read_txn())} node(s)"
         ok = True
-        for label, source in (("k8s", self.k8s), ("kvstore", self.kvstore)):
-            if source is not None:
-                good, why = source.health()
-                ok = ok and good
-                message += f"; {label}: {why}"
+        if self.registry is not None:
+            ok, why = self.registry.health()
+            message += f"; {self.registry.label}: {why}"
         return Health(self.name, OK if ok else DEGRADED, message)
 
     def _routes_health(self) -> Health:
