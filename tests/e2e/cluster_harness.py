@@ -15,6 +15,13 @@
   Services, EndpointSlices...) into the fake API server, and creates pods with
   ``statewright-cni`` on each node (tests/e2e/node_harness.py's `NodeEnv`).
 
+* kvstore mode (``cluster_env(kvstore=True)``): an etcd member runs in the underlay
+  namespace on the bridge's address (`API_HOST`, port 2379; data under the bed's
+  temporary directory; stopped by PID), and every agent runs with
+  ``identity-allocation-mode: kvstore`` and an etcd config file naming it: identities,
+  remote endpoints and the other nodes go through etcd, Services, Pods and policies
+  still come from the API server. `ClusterEnv.etcd_keys` reads etcd from the test.
+
 Nothing here touches the machine's own routes: every address and route lives in a
 namespace the bed created. Everything is removed when :func:`cluster_env` exits, also on
 failure: processes by PID, the agents' pins and links, cgroups, every namespace (the
@@ -38,12 +45,13 @@ import uuid
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from statewright.node_routes import RTPROT_STATEWRIGHT
 from tests.datapath.conftest import _run, _run_quiet
 from tests.datapath.conftest import _stop as _stop_proc
-from tests.e2e.harness import _cleanup_agent_state, _start_client, scratch
+from tests.e2e.harness import EnvUnavailable, _cleanup_agent_state, _start_client, scratch
 from tests.e2e.node_harness import (
     CNI_CONF,
     NodeAgent,
@@ -52,6 +60,7 @@ from tests.e2e.node_harness import (
     check_node_machine,
 )
 from tests.k8s.fake_apiserver import FakeAPIServer
+from tests.kvstore.etcd_cluster import EtcdCluster, etcd_available, in_netns
 
 NODES = 3
 API_HOST = "192.168.200.254"
@@ -130,6 +139,13 @@ class ClusterEnv:
     nodes: list[NodeEnv]
     kubeconfig: str
     _stack: ExitStack = field(repr=False)
+    #: The bed's etcd in kvstore mode, else None.
+    etcd: EtcdCluster | None = None
+
+    def etcd_keys(self, prefix: str) -> dict[str, str]:
+        """Every key under ``prefix`` in the bed's etcd and its value (kvstore mode)."""
+        assert self.etcd is not None, "not a kvstore-mode bed"
+        return etcd_range(self.etcd, prefix)
 
     def node(self, i: int) -> NodeEnv:
         """Node ``i`` (1-based)."""
@@ -251,12 +267,51 @@ def _start_node(stack: ExitStack, underlay: str, tag: str, i: int, kubeconfig: s
                    conf={**CNI_CONF, "agent-socket": sock}, tag=f"{i}{tag}")
 
 
+def etcd_range(etcd: EtcdCluster, prefix: str) -> dict[str, str]:
+    """Every key under ``prefix`` and its value, read over etcd's JSON gateway (from the
+    bed's underlay namespace when etcd runs there)."""
+    import base64
+    import urllib.request
+
+    def b64(raw: bytes) -> str:
+        return base64.b64encode(raw).decode()
+
+    end = bytearray(prefix.encode())
+    end[-1] += 1
+    body = json.dumps({"key": b64(prefix.encode()), "range_end": b64(bytes(end))}).encode()
+    req = urllib.request.Request(etcd.members[0].client_url + "/v3/kv/range", data=body,
+                                 method="POST")
+
+    def get() -> dict[str, str]:
+        with urllib.request.urlopen(req, timeout=5.0) as resp:
+            kvs = json.loads(resp.read()).get("kvs") or []
+        return {base64.b64decode(kv["key"]).decode(): base64.b64decode(kv.get("value", "")).decode()
+                for kv in kvs}
+
+    return in_netns(etcd.netns, get) if etcd.netns else get()
+
+
+def _start_etcd(stack: ExitStack, underlay: str, tmp: str) -> tuple[EtcdCluster, dict[str, Any]]:
+    """One etcd member in the underlay on the bridge's address; the agents' configuration
+    keys of kvstore mode."""
+    etcd = EtcdCluster(Path(tmp) / "etcd", size=1, host=API_HOST, netns=underlay)
+    stack.callback(etcd.stop)
+    etcd.start()
+    config = Path(tmp) / "etcd.config"
+    config.write_text(f"endpoints: [{etcd.members[0].client_url}]\n")
+    return etcd, {"identity-allocation-mode": "kvstore", "kvstore": "etcd",
+                  "kvstore-opt": {"etcd.config": str(config)}}
+
+
 @contextmanager
-def cluster_env(agent_config: dict[str, Any] | None = None) -> Iterator[ClusterEnv]:
+def cluster_env(agent_config: dict[str, Any] | None = None,
+                kvstore: bool = False) -> Iterator[ClusterEnv]:
     """Create the underlay, the API server (with the three Node objects) and the three
     nodes with their agents; remove everything after (module doc). ``agent_config``: more
-    configuration keys for every agent."""
+    configuration keys for every agent; ``kvstore``: the bed in kvstore mode."""
     check_node_machine()
+    if kvstore and not etcd_available():
+        raise EnvUnavailable("etcd not installed (make setup installs Debian's etcd-server)")
     with ExitStack() as stack:
         tag = f"{os.getpid() % 100000}-{uuid.uuid4().hex[:4]}"
         underlay = f"swul-{tag}"
@@ -269,9 +324,11 @@ def cluster_env(agent_config: dict[str, Any] | None = None) -> Iterator[ClusterE
             apiserver.upsert(node_object(i))
         tmp = scratch_dir(stack, tag)
         kubeconfig = apiserver.write_kubeconfig(os.path.join(tmp, "kubeconfig"))
-        nodes = [_start_node(stack, underlay, tag, i, kubeconfig, agent_config or {})
+        etcd, extra = _start_etcd(stack, underlay, tmp) if kvstore else (None, {})
+        extra.update(agent_config or {})
+        nodes = [_start_node(stack, underlay, tag, i, kubeconfig, extra)
                  for i in range(1, NODES + 1)]
-        yield ClusterEnv(underlay, apiserver, nodes, kubeconfig, stack)
+        yield ClusterEnv(underlay, apiserver, nodes, kubeconfig, stack, etcd)
 
 
 def scratch_dir(stack: ExitStack, tag: str) -> str:

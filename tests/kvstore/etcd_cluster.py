@@ -6,10 +6,17 @@ a directory the caller owns, each member a child process stopped by its PID.
 data (its ports stay reserved for it); `stop()` ends every member, also after a failure.
 `TCPProxy` sits between a client and one member so a test can cut (partition) and heal
 that path without touching the member.
+
+``host`` and ``netns``: the three-node bed (tests/e2e/cluster_harness.py) runs its etcd
+inside the bed's underlay namespace on the bridge's address, where the node agents reach
+it; the status requests of this module then go from a thread of their own that enters
+that namespace (`in_netns`), so the test process stays where it is. ``extra_args`` adds
+etcd flags (TLS: tests/kvstore/test_tls_auth.py).
 """
 
 from __future__ import annotations
 
+import ctypes
 import json
 import os
 import shutil
@@ -20,9 +27,12 @@ import threading
 import time
 import urllib.request
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
+
+T = TypeVar("T")
 
 ETCD = shutil.which("etcd") or "/usr/bin/etcd"
 
@@ -39,6 +49,33 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def in_netns(netns: str, fn: Callable[[], T]) -> T:
+    """``fn()`` called by a new thread that enters network namespace ``netns`` first (its
+    sockets live there) and ends after; no other thread changes namespace."""
+    out: list[Any] = []
+
+    def run() -> None:
+        try:
+            libc = ctypes.CDLL(None, use_errno=True)
+            fd = os.open(f"/var/run/netns/{netns}", os.O_RDONLY)
+            try:
+                if libc.setns(fd, 0x40000000) != 0:  # CLONE_NEWNET
+                    raise OSError(ctypes.get_errno(), f"setns {netns}")
+            finally:
+                os.close(fd)
+            out.append((True, fn()))
+        except BaseException as e:  # handed to the caller
+            out.append((False, e))
+
+    t = threading.Thread(target=run)
+    t.start()
+    t.join()
+    ok, value = out[0]
+    if not ok:
+        raise value
+    return value
+
+
 @dataclass
 class Member:
     name: str
@@ -46,14 +83,16 @@ class Member:
     peer_port: int
     data_dir: Path
     proc: subprocess.Popen[bytes] | None = None
+    host: str = "127.0.0.1"
+    scheme: str = "http"
 
     @property
     def client_url(self) -> str:
-        return f"http://127.0.0.1:{self.client_port}"
+        return f"{self.scheme}://{self.host}:{self.client_port}"
 
     @property
     def peer_url(self) -> str:
-        return f"http://127.0.0.1:{self.peer_port}"
+        return f"http://{self.host}:{self.peer_port}"
 
 
 @dataclass
@@ -61,14 +100,23 @@ class EtcdCluster:
     base: Path
     size: int = 3
     members: list[Member] = field(default_factory=list)
+    #: Where the members listen (and, with ``netns``, in which network namespace).
+    host: str = "127.0.0.1"
+    netns: str = ""
+    #: More etcd flags for every member (e.g. TLS); ``scheme`` of the client URLs.
+    extra_args: tuple[str, ...] = ()
+    scheme: str = "http"
+    #: An SSL context for the status requests (TLS members), else None.
+    ssl_context: Any = None
 
     def __post_init__(self) -> None:
         token = f"sw-{uuid.uuid4().hex[:8]}"
         self.token = token
         for i in range(self.size):
-            self.members.append(
-                Member(f"m{i}", free_port(), free_port(), self.base / f"m{i}.etcd")
-            )
+            # In a namespace of its own every port is free: fixed ones.
+            ports = (2379 + 2 * i, 2380 + 2 * i) if self.netns else (free_port(), free_port())
+            self.members.append(Member(f"m{i}", *ports, self.base / f"m{i}.etcd",
+                                       host=self.host, scheme=self.scheme))
 
     @property
     def endpoints(self) -> list[str]:
@@ -83,7 +131,7 @@ class EtcdCluster:
             "--initial-cluster", initial, "--initial-cluster-state", state,
             "--initial-cluster-token", self.token,
             "--heartbeat-interval", "50", "--election-timeout", "500",
-            "--logger", "zap", "--log-level", "error",
+            "--logger", "zap", "--log-level", "error", *self.extra_args,
         ]
 
     def start(self, timeout: float = 30.0, attempts: int = 3) -> EtcdCluster:
@@ -114,9 +162,11 @@ class EtcdCluster:
 
     def _spawn(self, m: Member, state: str) -> None:
         log = open(self.base / f"{m.name}.log", "ab")  # noqa: SIM115 - the child holds it
+        # `ip netns exec` execs etcd itself: the PID is etcd's.
+        prefix = ["ip", "netns", "exec", self.netns] if self.netns else []
         try:
             m.proc = subprocess.Popen(
-                self._argv(m, state), stdout=log, stderr=log, stdin=subprocess.DEVNULL
+                prefix + self._argv(m, state), stdout=log, stderr=log, stdin=subprocess.DEVNULL
             )
         finally:
             log.close()
@@ -150,11 +200,15 @@ class EtcdCluster:
         """The member's maintenance status (JSON gateway), None when it does not answer."""
         req = urllib.request.Request(m.client_url + "/v3/maintenance/status", data=b"{}",
                                      method="POST")
-        try:
-            with urllib.request.urlopen(req, timeout=1.0) as resp:
-                return json.loads(resp.read())
-        except OSError:
-            return None
+
+        def get() -> dict[str, Any] | None:
+            try:
+                with urllib.request.urlopen(req, timeout=1.0, context=self.ssl_context) as resp:
+                    return json.loads(resp.read())
+            except OSError:
+                return None
+
+        return in_netns(self.netns, get) if self.netns else get()
 
     def leader(self) -> Member | None:
         """The member that is leader now, as the running members agree."""
