@@ -339,7 +339,10 @@ def host_ifname(container_id: str, ifname: str) -> str:
 # ----- netlink ----------------------------------------------------------------------------------
 def _no_dad(ifname: str) -> None:
     """No duplicate address detection on the host-side veth (a setting of this interface
-    only): its link-local address is the pods' IPv6 gateway and must answer at once."""
+    only): its link-local address is the pods' IPv6 gateway and must answer at once.
+    Written here, before the interface comes up (DAD starts then, before the agent hears
+    of the interface); the agent's ``sysctls`` table holds the same setting for the
+    endpoint's interface (tables/sysctls.py) and shows it."""
     path = f"/proc/sys/net/ipv6/conf/{ifname}/accept_dad"
     if os.path.exists(path):
         with open(path, "w") as f:

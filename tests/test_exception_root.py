@@ -32,6 +32,7 @@ INPUT_ERRORS = {
     "tables.identities.LabelError",
     "tables.cluster_identities.IdentityObjectError",
     "tables.nodes.NodeError",
+    "tables.sysctls.SysctlNameError",
     "tables.remote_endpoints.EndpointObjectError",
     "tables.namespaces.NamespaceError",
     "sources.kvstore.config.KVStoreConfigError",

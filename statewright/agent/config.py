@@ -36,6 +36,10 @@ refused (a typo must not be silently ignored). Example::
     kvstore-opt: {etcd.config: /var/lib/etcd-config/etcd.config}   # (docs/cluster.md)
     kvstore-lease-ttl: 15    # seconds: this agent's keys outlive it by this much
     cluster-name: default    # the <cluster> of ip/v1/<cluster>/ and nodes/v1/<cluster>/
+    sysctl: true             # the kernel settings pods need (forwarding, rp_filter, ...),
+                             # recorded and restored at --cleanup (tables/sysctls.py);
+                             # default true unless $STATEWRIGHT_SYSCTL=off
+    sysctl-netns: ""         # write them in this network namespace instead (tests)
 
 Why a frozen dataclass: the runtime and the API report it as-is (``to_json``) and
 nothing may change it behind the components' backs.
@@ -73,6 +77,15 @@ DEFAULT_CGROUP_NAME = "statewright"
 #: The demo network namespace of ``statewright agent --demo``.
 DEMO_NETNS = "statewright-demo"
 BACKENDS = ("auto", "kernel", "memory")
+
+
+#: Environment variable giving the default of ``sysctl`` (off, false, no or 0: false).
+SYSCTL_ENV = "STATEWRIGHT_SYSCTL"
+
+
+def sysctl_default(env: Mapping[str, str]) -> bool:
+    """The default of ``sysctl``: true unless ``$STATEWRIGHT_SYSCTL`` says off."""
+    return env.get(SYSCTL_ENV, "").strip().lower() not in ("off", "false", "no", "0")
 
 
 class ConfigError(InputError):
@@ -134,6 +147,14 @@ class AgentConfig:
     kvstore_opt: Mapping[str, str] = field(default_factory=dict)
     kvstore_lease_ttl: int = 15
     cluster_name: str = "default"
+    #: The agent sets the kernel settings its datapath needs (forwarding, rp_filter, the
+    #: pods' interfaces; statewright/agent/components/sysctl.py). False: none. Default:
+    #: true, unless $STATEWRIGHT_SYSCTL is off (the test suite sets it: no test agent in
+    #: the machine's own namespace changes its settings).
+    sysctl: bool = field(default_factory=lambda: sysctl_default(os.environ))
+    #: Write the (per network namespace) ``net.*`` settings in this namespace, a name
+    #: under /var/run/netns or a path, instead of the agent's own ("").
+    sysctl_netns: str = ""
 
     def __post_init__(self) -> None:
         if self.backend not in BACKENDS:
@@ -256,7 +277,7 @@ class AgentConfig:
 _FIELDS = {f.name: f for f in dataclasses.fields(AgentConfig)}
 _TUPLES = {"manifests", "lb_flags", "pod_cidrs"}
 _BOOLS = {"allow_root_cgroup", "datapath", "netlink", "k8s_in_cluster",
-          "auto_direct_node_routes", "endpoint_datapath"}
+          "auto_direct_node_routes", "endpoint_datapath", "sysctl"}
 _INTS = {"metrics_port", "api_socket_mode", "k8s_burst", "bpf_ct_global_max",
          "kvstore_lease_ttl"}
 _FLOATS = {"manifests_interval", "k8s_qps", "conntrack_gc_interval"}

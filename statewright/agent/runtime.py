@@ -20,7 +20,10 @@ reverse order:
    computed per endpoint into ``policy-entries``; ``policy-maps``: those entries in the
    per-endpoint policy maps the socket program enforces egress with;
 8. ``demo`` (demo mode only), ``datapath`` (socket LB on the agent's cgroup, kernel maps
-   only), ``metrics`` (opt-in).
+   only), ``metrics`` (opt-in);
+9. ``sysctl``: the kernel settings the pods need (forwarding, rp_filter, the pods'
+   interfaces) as a table reconciled into /proc/sys; the originals are recorded in
+   ``state-dir`` and put back by ``--cleanup``.
 
 Stopping (SIGTERM/SIGINT or `Agent.request_stop`) never unpins anything: the maps keep
 their entries and the pinned datapath links keep load balancing while the agent is down;
@@ -58,6 +61,7 @@ from statewright.agent.components.policy import PolicyComponent
 from statewright.agent.components.policy_maps import PolicyMapsComponent, PolicyMapsConfig
 from statewright.agent.components.sources import ManifestsComponent, NetlinkComponent
 from statewright.agent.components.statedb import StateDBComponent
+from statewright.agent.components.sysctl import SysctlComponent, SysctlConfig
 from statewright.agent.config import AgentConfig
 from statewright.component import Component, ComponentError, Health, Hive
 from tables.state_dir import StateDirError, lock_state_dir
@@ -90,6 +94,7 @@ def agent_components(config: AgentConfig, agent: Agent | None = None) -> list[Co
         DemoComponent(config),
         DatapathComponent(config),
         MetricsComponent(config),
+        SysctlComponent(SysctlConfig.from_agent_config(config)),
     ]
 
 

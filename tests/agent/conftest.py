@@ -83,11 +83,16 @@ def state_dir_of(socket: str) -> str:
 def start_agent(args: list[str], socket: str, log: Path, timeout: float = 20.0,
                 prefix: Sequence[str] = ()) -> subprocess.Popen[str]:
     """Start ``statewright agent ARGS`` and wait until its API answers /health. Its endpoint
-    state goes beside its socket unless ARGS say where (never the machine's default).
+    state goes beside its socket unless ARGS say where (never the machine's default), and
+    without ``prefix`` (or ``--sysctl-netns``) it runs with ``--no-sysctl``.
     ``prefix`` runs the agent through a command that execs it (e.g. ``nsenter --net=..``:
     the PID is still the agent's)."""
     if "--state-dir" not in args:
         args = [*args, "--state-dir", state_dir_of(socket)]
+    if not prefix and not any(a.startswith("--sysctl-netns") for a in args):
+        # an agent in the machine's own network namespace never sets its kernel settings
+        # (tests/conftest.py checks); one run inside a test's namespace sets that one's
+        args = [*args, "--no-sysctl"]
     f = open(log, "a", encoding="utf-8")  # noqa: SIM115 - owned by the process below
     proc = subprocess.Popen(
         [*prefix, sys.executable, "-m", "statewright", "agent", "--api-socket", socket, *args],

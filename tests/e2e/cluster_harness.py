@@ -258,7 +258,7 @@ def _start_node(stack: ExitStack, underlay: str, tag: str, i: int, kubeconfig: s
         **extra,
     })
     agent = NodeAgent(["--config", str(cfg)], sock, sc.tmp / "agent.log", netns=sc.ns)
-    stack.callback(_cleanup_agent_state, sc.pin_dir, sock, sc.cgroup)
+    stack.callback(_cleanup_agent_state, sc.pin_dir, sock, sc.cgroup, sc.ns)
     stack.callback(agent.stop)
     agent.start()
     client = _start_client(sc.ns, sc.cgroup)

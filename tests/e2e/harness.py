@@ -250,13 +250,16 @@ def check_machine() -> None:
         raise EnvUnavailable(str(exc)) from None
 
 
-def _cleanup_agent_state(pin_dir: str, socket: str, cgroup: str) -> None:
-    """``statewright agent --cleanup`` on our pins, then remove whatever it left."""
+def _cleanup_agent_state(pin_dir: str, socket: str, cgroup: str, netns: str = "") -> None:
+    """``statewright agent --cleanup`` on our pins, then remove whatever it left. ``netns``:
+    the namespace the agent ran in (its kernel settings are restored there)."""
     from bpf.datapath import SockLB
 
+    where = ["--sysctl-netns", netns] if netns else []
     subprocess.run(
         [sys.executable, "-m", "statewright", "agent", "--cleanup", "--pin-dir", pin_dir,
-         "--api-socket", socket, "--cgroup", cgroup, "--state-dir", state_dir_of(socket)],
+         "--api-socket", socket, "--cgroup", cgroup, "--state-dir", state_dir_of(socket),
+         *where],
         capture_output=True, text=True, timeout=60, cwd=REPO,
     )
     if os.path.isdir(pin_dir):

@@ -2,7 +2,8 @@
 agent running in it, and pods made by calling ``statewright-cni`` as a container runtime
 does. Used by tests/e2e/test_node.py.
 
-* ``node``: a network namespace (loopback up, forwarding on) where the agent runs
+* ``node``: a network namespace (loopback up) where the agent runs, with ``--sysctl``
+  (it turns forwarding on there, as on a real node)
   (``nsenter --net``: only the network namespace changes, so bpffs and the cgroup2 mount
   stay visible; ``ip netns exec`` would remount /sys) with kernel maps pinned under a
   unique directory, its state directory and API socket in a temporary directory, its
@@ -88,7 +89,9 @@ class NodeAgent(Agent):
     def start(self) -> None:
         """Start the agent in the node namespace and wait until its API answers."""
         prefix = ["nsenter", f"--net=/var/run/netns/{self.netns}"]
-        self.proc = start_agent(self.args, self.socket, self.log, timeout=30, prefix=prefix)
+        # its kernel settings are the node namespace's: it sets them, as on a real node
+        args = [*self.args, "--sysctl"]
+        self.proc = start_agent(args, self.socket, self.log, timeout=30, prefix=prefix)
         self.started.append(self.proc)
 
 
@@ -197,10 +200,9 @@ class NodeEnv(E2EEnv):
 
 def _setup_node_netns(ns: str) -> None:
     """Loopback up (a namespace without local addresses resolves every neighbour as
-    broadcast) and forwarding on: the node routes between its pods' veths."""
+    broadcast). Forwarding stays off as a new namespace has it: the agent, run inside,
+    turns it on (its ``sysctl`` component), as it must on a real node."""
     _run("ip", "-n", ns, "link", "set", "lo", "up")
-    for key in ("net.ipv4.ip_forward=1", "net.ipv6.conf.all.forwarding=1"):
-        _run("ip", "netns", "exec", ns, "sysctl", "-qw", key)
 
 
 def check_node_machine() -> None:
@@ -223,7 +225,7 @@ def node_env() -> Iterator[NodeEnv]:
         socket = str(sc.tmp / "agent.sock")
         cfg_file = sc.agent_config_file(**{"pod-cidrs": list(POD_CIDRS)})
         agent = NodeAgent(["--config", str(cfg_file)], socket, sc.tmp / "agent.log", netns=sc.ns)
-        stack.callback(_cleanup_agent_state, sc.pin_dir, socket, sc.cgroup)
+        stack.callback(_cleanup_agent_state, sc.pin_dir, socket, sc.cgroup, sc.ns)
         stack.callback(agent.stop)
         agent.start()
         client = _start_client(sc.ns, sc.cgroup)  # a host-network process of the node

@@ -93,6 +93,18 @@ def test_pods_get_addresses_endpoints_and_map_entries(node: NodeEnv) -> None:
 
 
 def test_pods_reach_each_other(node: NodeEnv) -> None:
+    """Through the node's forwarding, which the agent turned on (a new namespace has it
+    off, and the harness leaves it so), recording the value it found."""
+    def all_done() -> dict[str, Any]:
+        rows = node.api.get("/tables/sysctls")
+        return {r["name"]: r for r in rows} if all(r["status"] == "Done" for r in rows) else {}
+
+    rows = _wait(all_done, "every sysctl Done", node)
+    assert rows["net.ipv4.ip_forward"]["value"] == "1"
+    assert rows["net.ipv4.ip_forward"]["original"] == "0"
+    assert rows["net.ipv6.conf.all.forwarding"]["original"] == "0"
+    for ep in node.endpoints().values():
+        assert rows[f"net.ipv4.conf.{ep['interface-name']}.rp_filter"]["value"] == "0"
     _pod_to_pods(node, node.pods["client"])
 
 

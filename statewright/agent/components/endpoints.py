@@ -89,6 +89,7 @@ from statewright.component import (
     typed_map_view,
 )
 from statewright.netns_cookie import netns_cookie
+from statewright.sysctl_ops import ORIGINALS_FILE
 from tables.cluster_identities import ClusterIdentityAllocator
 from tables.endpoint_entries import EntryTables
 from tables.endpoint_manager import (
@@ -556,8 +557,11 @@ class EndpointsComponent(Component):
                 removed.append(f"pin {path}")
         state = self.config.state_dir
         records = os.path.join(state, ENDPOINTS_DIR)
-        if os.path.isdir(state) and not (os.path.isdir(records) and any(
-                n.endswith(".json") for n in os.listdir(records))):
+        # (recorded sysctl originals not yet restored keep it too: the sysctl component,
+        # cleaned up first, removes their file once they are back)
+        sysctls = os.path.join(state, ORIGINALS_FILE)
+        if os.path.isdir(state) and not os.path.exists(sysctls) and not (
+                os.path.isdir(records) and any(n.endswith(".json") for n in os.listdir(records))):
             shutil.rmtree(state)
             removed.append(state)
         return removed
