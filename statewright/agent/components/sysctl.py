@@ -135,6 +135,13 @@ class SysctlComponent(Component):
         await hive.spawn(self, self.writer.run, label="sysctl/writer")
         await hive.spawn(self, self.reconciler.run)
 
+    async def stop(self) -> None:
+        """The writer and reconciler tasks are already cancelled: the settings stay as they
+        are (pods keep working while the agent restarts); ``--cleanup`` restores them."""
+        if self.ops is not None:
+            log.info("sysctl: stopped; %d recorded settings left as they are (restored by "
+                     "statewright agent --cleanup)", len(self.ops.originals.paths()))
+
     def health(self) -> list[Health]:
         if not self.config.enabled:
             return [Health(self.name, DISABLED,
