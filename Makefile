@@ -8,11 +8,12 @@ APT_PKGS := clang llvm libbpf-dev bpftool iproute2 containernetworking-plugins e
 BPF_OBJ  := build/sock_lb.o
 BTF_OBJ  := build/maps.o
 LXC_OBJ  := build/lxc.o
+NODEPORT_OBJ := build/nodeport.o
 MULTIARCH ?= $(shell python3 -c 'import sysconfig; print(sysconfig.get_config_var("MULTIARCH") or "")' 2>/dev/null)
 
 .PHONY: setup system-deps test lint pytest run bench conformance docs clean
 
-setup: system-deps $(STAMP) $(BPF_OBJ) $(BTF_OBJ) $(LXC_OBJ)
+setup: system-deps $(STAMP) $(BPF_OBJ) $(BTF_OBJ) $(LXC_OBJ) $(NODEPORT_OBJ)
 
 # The socket load balancer (bpf/sock_lb.c); without clang the datapath tests skip.
 $(BPF_OBJ): bpf/sock_lb.c $(wildcard bpf/include/*.h) | system-deps
@@ -27,6 +28,13 @@ $(LXC_OBJ): bpf/lxc.c $(wildcard bpf/include/*.h) | system-deps
 	@if command -v clang >/dev/null; then \
 	  clang -O2 -g -Wall -target bpf $(if $(MULTIARCH),-I/usr/include/$(MULTIARCH)) -c $< -o $@ && echo "setup: built $@"; \
 	else echo "setup: clang not installed, $@ not built (endpoint datapath tests will skip)"; fi
+
+# The north-south tc programs (bpf/nodeport.c); without clang NodePort from outside stays off.
+$(NODEPORT_OBJ): bpf/nodeport.c $(wildcard bpf/include/*.h) | system-deps
+	@mkdir -p $(dir $@)
+	@if command -v clang >/dev/null; then \
+	  clang -O2 -g -Wall -target bpf $(if $(MULTIARCH),-I/usr/include/$(MULTIARCH)) -c $< -o $@ && echo "setup: built $@"; \
+	else echo "setup: clang not installed, $@ not built (north-south services stay off)"; fi
 
 # Every map's key/value types as BTF (bpf/maps.c declares the maps; bpf/btf.py reads the BTF
 # when it creates maps); without clang maps are created without BTF (bpftool dumps hex).

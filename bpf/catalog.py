@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from bpf import ct, endpoints, ipcache, lb, policy
+from bpf import ct, endpoints, ipcache, lb, nat, policy
 from bpf.codec import BE16, U8, U32
 from bpf.spec import MapFlag, MapSpec, MapType
 
@@ -228,6 +228,26 @@ def metrics_spec() -> MapSpec[ct.MetricsKey, ct.MetricsValue]:
     )
 
 
+def nat_specs(max_entries: int = nat.NAT_MAP_MAX_ENTRIES) -> list[MapSpec[Any, Any]]:
+    """The north-south NAT maps (LRU hashes, ``max_entries`` each)."""
+    return [
+        MapSpec(nat.NAT4_MAP, MapType.LRU_HASH, ct.CT_TUPLE4, nat.NAT_ENTRY4, max_entries),
+        MapSpec(nat.NAT6_MAP, MapType.LRU_HASH, ct.CT_TUPLE6, nat.NAT_ENTRY6, max_entries),
+    ]
+
+
+def nodeport_devices_spec() -> MapSpec[int, nat.NodePortDevice]:
+    """External device ifindex -> its SNAT addresses (for bpf/nodeport.c)."""
+    return MapSpec(
+        nat.DEVICES_MAP,
+        MapType.HASH,
+        U32,
+        nat.NODEPORT_DEVICE,
+        nat.DEVICES_MAX_ENTRIES,
+        NO_PREALLOC,
+    )
+
+
 def policy_endpoints_spec(
     max_entries: int = ct.POLICY_EP_MAX_ENTRIES,
 ) -> MapSpec[int, policy.PolicyNetns]:
@@ -256,6 +276,8 @@ def all_specs() -> dict[str, MapSpec[Any, Any]]:
         *ct_specs(),
         metrics_spec(),
         policy_endpoints_spec(),
+        *nat_specs(),
+        nodeport_devices_spec(),
     ]
     return {s.name: s for s in specs}
 

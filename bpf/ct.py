@@ -27,11 +27,16 @@ POLICY_ENDPOINTS_MAP = "policy_endpoints"
 # tuple flags
 F_EGRESS = 0
 F_INGRESS = 1
+#: A client's flow to a service frontend on the node's device (bpf/nodeport.c): the entry
+#: holds the chosen backend and the rev-NAT id.
+F_SERVICE = 4
+DIRECTIONS = {F_EGRESS: "egress", F_INGRESS: "ingress", F_SERVICE: "service"}
 
 # ct_entry.flags bits
 RX_CLOSING = 1 << 0
 TX_CLOSING = 1 << 1
 SEEN_NON_SYN = 1 << 4
+NODE_PORT = 1 << 5
 
 #: Lifetimes in seconds (Cilium's defaults), as the tc program applies them.
 LIFETIME_TCP = 21600
@@ -44,7 +49,13 @@ DROP_REASONS = {
     133: "Policy denied",
     134: "Invalid packet",
     135: "CT: Truncated or invalid header",
+    141: "Error writing to packet",
+    153: "Error while correcting L3 checksum",
+    154: "Error while correcting L4 checksum",
     155: "CT: Map insertion failed",
+    158: "Service backend not found",
+    167: "No mapping for NAT masquerade",
+    177: "Denied by LB src range check",
     181: "Policy denied by denylist",
 }
 METRIC_DIRECTIONS = {1: "ingress", 2: "egress"}

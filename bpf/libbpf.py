@@ -65,6 +65,20 @@ _MAP_INFO = struct.Struct("<6I16sIIQQIII")
 _MAP_INFO_LEN = 80
 
 
+class _TcHook(ctypes.Structure):
+    """struct bpf_tc_hook."""
+
+    _fields_ = [("sz", ctypes.c_size_t), ("ifindex", ctypes.c_int),
+                ("attach_point", ctypes.c_int), ("parent", _c_u32)]
+
+
+class _TcOpts(ctypes.Structure):
+    """struct bpf_tc_opts."""
+
+    _fields_ = [("sz", ctypes.c_size_t), ("prog_fd", ctypes.c_int), ("flags", _c_u32),
+                ("prog_id", _c_u32), ("handle", _c_u32), ("priority", _c_u32)]
+
+
 class LibBpfUnavailable(StatewrightError, OSError):
     """libbpf.so.1 could not be loaded (package libbpf1 missing)."""
 
@@ -193,6 +207,17 @@ class _Lib:
         self.link_update = eproto("bpf_link_update", _c_int, _c_int, _c_int, _c_void_p)
         self.link_detach = eproto("bpf_link_detach", _c_int, _c_int)
         self.link_create = eproto("bpf_link_create", _c_int, _c_int, _c_int, _c_int, _c_void_p)
+        # clsact tc filters (bpf/tc_programs.py, kernels without tcx).
+        self.tc_hook_create = eproto("bpf_tc_hook_create", _c_int, ctypes.POINTER(_TcHook))
+        self.tc_attach = eproto(
+            "bpf_tc_attach", _c_int, ctypes.POINTER(_TcHook), ctypes.POINTER(_TcOpts)
+        )
+        self.tc_detach = eproto(
+            "bpf_tc_detach", _c_int, ctypes.POINTER(_TcHook), ctypes.POINTER(_TcOpts)
+        )
+        self.tc_query = eproto(
+            "bpf_tc_query", _c_int, ctypes.POINTER(_TcHook), ctypes.POINTER(_TcOpts)
+        )
         # BTF (bpf/btf.py): libbpf parses the compiled types and appends array types;
         # the kernel loads the raw blob.
         self.object_btf = eproto("bpf_object__btf", _c_void_p, _c_void_p)
@@ -535,3 +560,45 @@ def btf_load(data: bytes, log_size: int = 0) -> tuple[int, str]:
     fd: int = lib().btf_load(data, len(data), ctypes.byref(opts))
     text = log.value.decode(errors="replace").strip() if log is not None else ""
     return fd, text
+
+
+# -- clsact tc filters --------------------------------------------------------------------
+
+#: enum bpf_tc_attach_point.
+TC_INGRESS = 1
+TC_EGRESS = 2
+_TC_F_REPLACE = 1
+
+
+def _tc_hook(ifindex: int, point: int) -> _TcHook:
+    return _TcHook(ctypes.sizeof(_TcHook), ifindex, point, 0)
+
+
+def tc_attach(ifindex: int, point: int, prog_fd: int, handle: int, priority: int) -> int:
+    """Create the device's clsact qdisc when missing and attach (or replace) the
+    direct-action filter ``handle``/``priority`` at ``point`` (`TC_INGRESS` or
+    `TC_EGRESS`) running ``prog_fd``: 0 or -errno."""
+    hook = _tc_hook(ifindex, point)
+    ret: int = lib().tc_hook_create(ctypes.byref(hook))
+    if ret < 0 and ret != -errno.EEXIST:
+        return ret
+    opts = _TcOpts(ctypes.sizeof(_TcOpts), prog_fd, _TC_F_REPLACE, 0, handle, priority)
+    ret = lib().tc_attach(ctypes.byref(hook), ctypes.byref(opts))
+    return ret
+
+
+def tc_query(ifindex: int, point: int, handle: int, priority: int) -> int:
+    """The id of the program of filter ``handle``/``priority``, or -errno (-ENOENT:
+    no such filter)."""
+    hook = _tc_hook(ifindex, point)
+    opts = _TcOpts(ctypes.sizeof(_TcOpts), 0, 0, 0, handle, priority)
+    ret: int = lib().tc_query(ctypes.byref(hook), ctypes.byref(opts))
+    return ret if ret < 0 else int(opts.prog_id)
+
+
+def tc_detach(ifindex: int, point: int, handle: int, priority: int) -> int:
+    """Remove the filter ``handle``/``priority`` (the qdisc stays): 0 or -errno."""
+    hook = _tc_hook(ifindex, point)
+    opts = _TcOpts(ctypes.sizeof(_TcOpts), 0, 0, 0, handle, priority)
+    ret: int = lib().tc_detach(ctypes.byref(hook), ctypes.byref(opts))
+    return ret

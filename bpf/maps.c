@@ -10,5 +10,6 @@
 #include "include/ipcache.h"
 #include "include/policy.h"
 #include "include/ct.h"
+#include "include/nat.h"
 
 char LICENSE[] SEC("license") = "Dual BSD/GPL";

@@ -62,16 +62,21 @@ class CTMetrics:
         }
 
 
-def expired_in_chunk(kraw: bytes, vraw: bytes, ksize: int, now: int) -> list[bytes]:
+def expired_in_chunk(kraw: bytes, vraw: bytes, ksize: int, now: int,
+                     word: int = ct.LIFETIME_WORD,
+                     stride: int = ct.CT_ENTRY.size // 4) -> list[bytes]:
     """The keys (``ksize`` bytes each) of one batch of a CT map whose lifetime is before
-    ``now``; only the lifetime word of each value is read."""
-    lifetimes = memoryview(vraw).cast("I")[ct.LIFETIME_WORD :: ct.CT_ENTRY.size // 4]
+    ``now``; only the lifetime word of each value is read (32-bit word ``word`` of values
+    ``stride`` words long: a ct_entry unless told otherwise)."""
+    lifetimes = memoryview(vraw).cast("I")[word::stride]
     return [kraw[i * ksize : (i + 1) * ksize]
             for i, lifetime in enumerate(lifetimes) if lifetime < now]
 
 
-def collect(backend: MapBackend, ksize: int, now: int) -> tuple[int, int]:
-    """Delete the expired entries of ``backend``, a CT map; (entries read, removed).
+def collect(backend: MapBackend, ksize: int, now: int, word: int = ct.LIFETIME_WORD,
+            stride: int = ct.CT_ENTRY.size // 4) -> tuple[int, int]:
+    """Delete the expired entries of ``backend``, a CT map (or another map whose values
+    have a lifetime at ``word``, ``stride`` words each); (entries read, removed).
 
     Reading and deleting overlap: each batch's expired keys are deleted by a worker thread
     while the next batch is read (both are syscalls, which release the GIL). Deleting an
@@ -81,7 +86,7 @@ def collect(backend: MapBackend, ksize: int, now: int) -> tuple[int, int]:
         pending = []
         for kraw, vraw in backend.dump_chunks(BATCH):
             total += len(kraw) // ksize
-            keys = expired_in_chunk(kraw, vraw, ksize, now)
+            keys = expired_in_chunk(kraw, vraw, ksize, now, word, stride)
             if keys:
                 pending.append(pool.submit(delete_keys, backend, keys))
         removed = sum(f.result() for f in pending)
@@ -193,13 +198,14 @@ def _endpoint(raw: bytes, port: int) -> str:
 def entry_json(key: ct.CTTuple4 | ct.CTTuple6, value: ct.CTEntry, now: int) -> dict[str, Any]:
     """One entry: the flow as its first packet carried it, its state and counters."""
     flags = [name for bit, name in ((ct.RX_CLOSING, "rx_closing"), (ct.TX_CLOSING, "tx_closing"),
-                                    (ct.SEEN_NON_SYN, "seen_non_syn")) if value.flags & bit]
+                                    (ct.SEEN_NON_SYN, "seen_non_syn"),
+                                    (ct.NODE_PORT, "node_port")) if value.flags & bit]
     return {
         "family": 4 if isinstance(key, ct.CTTuple4) else 6,
         "protocol": ct.PROTOCOLS.get(key.nexthdr, str(key.nexthdr)),
         "source": _endpoint(key.saddr, key.sport),
         "destination": _endpoint(key.daddr, key.dport),
-        "direction": "ingress" if key.flags & ct.F_INGRESS else "egress",
+        "direction": ct.DIRECTIONS.get(key.flags, str(key.flags)),
         "expires_in": int(value.lifetime) - now,
         "packets": value.packets,
         "bytes": value.bytes,

@@ -28,11 +28,15 @@
  * (Cilium's TUPLE_F_OUT / TUPLE_F_IN). */
 #define SW_CT_F_EGRESS 0
 #define SW_CT_F_INGRESS 1
+/* A client's flow to a service frontend, seen on the node's device (Cilium's
+ * TUPLE_F_SERVICE): the entry holds the chosen backend and the rev-NAT id. */
+#define SW_CT_F_SERVICE 4
 
 /* ct_entry.flags bits, in Cilium's bit-field order. */
 #define SW_CT_RX_CLOSING (1 << 0)
 #define SW_CT_TX_CLOSING (1 << 1)
 #define SW_CT_SEEN_NON_SYN (1 << 4)
+#define SW_CT_NODE_PORT (1 << 5)
 
 /* Lifetimes in seconds: Cilium's defaults. */
 #define SW_CT_LIFETIME_TCP 21600
@@ -44,7 +48,13 @@
 #define SW_DROP_POLICY 133
 #define SW_DROP_INVALID 134
 #define SW_DROP_CT_INVALID_HDR 135
+#define SW_DROP_WRITE_ERROR 141
+#define SW_DROP_CSUM_L3 153
+#define SW_DROP_CSUM_L4 154
 #define SW_DROP_CT_CREATE_FAILED 155
+#define SW_DROP_NO_SERVICE 158
+#define SW_DROP_NAT_NO_MAPPING 167
+#define SW_DROP_NOT_IN_SRC_RANGE 177
 #define SW_DROP_POLICY_DENY 181
 
 /* metrics_key.dir: 1 ingress (to the endpoint), 2 egress (from it). */

