@@ -48,19 +48,39 @@ import anyio
 import anyio.abc
 
 from bpf.pinning import PinDirLockedError, PinDirLockError, lock_pin_dir
-from statewright.agent.components.api import ApiComponent
+from statewright.agent.components.api import ApiComponent, ApiConfig
 from statewright.agent.components.conntrack import CTComponent, CTConfig
-from statewright.agent.components.endpoint_datapath import EndpointDatapathComponent
+from statewright.agent.components.endpoint_datapath import (
+    EndpointDatapathComponent,
+    EndpointDatapathConfig,
+)
 from statewright.agent.components.endpoints import EndpointsComponent, EndpointsConfig
-from statewright.agent.components.kubernetes import KubernetesComponent
-from statewright.agent.components.kvstore import KVStoreComponent
-from statewright.agent.components.lb import LBMapsComponent, LoadBalancerComponent
-from statewright.agent.components.node import DatapathComponent, DemoComponent, MetricsComponent
+from statewright.agent.components.kubernetes import KubernetesComponent, KubernetesConfig
+from statewright.agent.components.kvstore import KVStoreComponent, KVStoreComponentConfig
+from statewright.agent.components.lb import (
+    LBComponentConfig,
+    LBMapsComponent,
+    LoadBalancerComponent,
+    maps_placement,
+)
+from statewright.agent.components.node import (
+    DatapathComponent,
+    DatapathComponentConfig,
+    DemoComponent,
+    DemoConfig,
+    MetricsComponent,
+    MetricsConfig,
+)
 from statewright.agent.components.nodeport import NodePortComponent, NodePortComponentConfig
-from statewright.agent.components.nodes import NodesComponent
+from statewright.agent.components.nodes import NodesComponent, NodesConfig
 from statewright.agent.components.policy import PolicyComponent
 from statewright.agent.components.policy_maps import PolicyMapsComponent, PolicyMapsConfig
-from statewright.agent.components.sources import ManifestsComponent, NetlinkComponent
+from statewright.agent.components.sources import (
+    ManifestsComponent,
+    ManifestsConfig,
+    NetlinkComponent,
+    NetlinkConfig,
+)
 from statewright.agent.components.statedb import StateDBComponent
 from statewright.agent.components.sysctl import SysctlComponent, SysctlConfig
 from statewright.agent.config import AgentConfig
@@ -75,27 +95,28 @@ class AgentError(ComponentError):
 
 
 def agent_components(config: AgentConfig, agent: Agent | None = None) -> list[Component]:
-    """The agent, component by component, in start order."""
+    """The agent, component by component, in start order. Each component takes its own
+    configuration, derived here from the agent's (``XConfig.from_agent_config``)."""
     info = agent.info if agent is not None else dict
     return [
-        ApiComponent(config, info),
+        ApiComponent(ApiConfig.from_agent_config(config), info),
         StateDBComponent(),
-        LoadBalancerComponent(config),
-        ManifestsComponent(config),
-        KubernetesComponent(config),
-        NetlinkComponent(config),
-        KVStoreComponent(config),
-        NodesComponent(config),
-        LBMapsComponent(config),
+        LoadBalancerComponent(LBComponentConfig.from_agent_config(config)),
+        ManifestsComponent(ManifestsConfig.from_agent_config(config)),
+        KubernetesComponent(KubernetesConfig.from_agent_config(config)),
+        NetlinkComponent(NetlinkConfig.from_agent_config(config)),
+        KVStoreComponent(KVStoreComponentConfig.from_agent_config(config)),
+        NodesComponent(NodesConfig.from_agent_config(config)),
+        LBMapsComponent(maps_placement(config)),
         EndpointsComponent(EndpointsConfig.from_agent_config(config)),
         PolicyComponent(),
         PolicyMapsComponent(PolicyMapsConfig.from_agent_config(config)),
         CTComponent(CTConfig.from_agent_config(config)),
-        EndpointDatapathComponent(config),
+        EndpointDatapathComponent(EndpointDatapathConfig.from_agent_config(config)),
         NodePortComponent(NodePortComponentConfig.from_agent_config(config)),
-        DemoComponent(config),
-        DatapathComponent(config),
-        MetricsComponent(config),
+        DemoComponent(DemoConfig.from_agent_config(config)),
+        DatapathComponent(DatapathComponentConfig.from_agent_config(config)),
+        MetricsComponent(MetricsConfig.from_agent_config(config)),
         SysctlComponent(SysctlConfig.from_agent_config(config)),
     ]
 

@@ -114,8 +114,7 @@ def test_a_new_endpoint_needs_its_container_and_interface() -> None:
     interface (and allocate addresses): refused, naming both fields; PATCH takes any
     subset."""
     from statewright.agent.components.endpoint_schemas import ENDPOINT_CREATE_REQUEST
-    from statewright.agent.components.endpoints import EndpointsComponent
-    from statewright.agent.config import AgentConfig
+    from statewright.agent.components.endpoints import EndpointsComponent, EndpointsConfig
 
     with pytest.raises(SchemaViolation,
                        match=r"missing \(required\): container-id, interface-name"):
@@ -124,7 +123,7 @@ def test_a_new_endpoint_needs_its_container_and_interface() -> None:
         validate({"container-id": "c0ffee"}, ENDPOINT_CREATE_REQUEST)
     validate({"container-id": "c0ffee", "interface-name": "lxc1"}, ENDPOINT_CREATE_REQUEST)
     validate({}, ENDPOINT_CHANGE_REQUEST)
-    routes = EndpointsComponent(AgentConfig()).routes()
+    routes = EndpointsComponent(EndpointsConfig()).routes()
     bodies = {m: r.body for r in routes if r.pattern == "/endpoint/{id}" for m in r.methods}
     assert bodies["PUT"] is ENDPOINT_CREATE_REQUEST
     assert bodies["PATCH"] is ENDPOINT_CHANGE_REQUEST

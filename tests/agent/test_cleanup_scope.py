@@ -76,14 +76,16 @@ def test_the_default_agents_cleanup_removes_them(
     netns, cgroup = default_things
     cfg = AgentConfig()  # the machine-wide default places
     assert node.is_default_instance(cfg)
-    assert node.DemoComponent(cfg).cleanup() == [f"netns {netns}"]
+    demo = node.DemoComponent(node.DemoConfig.from_agent_config(cfg))
+    assert demo.cleanup() == [f"netns {netns}"]
     assert not netns_exists(netns)
     # The datapath's cleanup would also detach the links pinned under the real default
     # pin directory (a default agent of someone else may run): only its cgroup part runs.
     pinned: list[str] = []
     monkeypatch.setattr(SockLB, "cleanup", staticmethod(lambda pin_dir: pinned.append(pin_dir)
                                                          or []))
-    assert node.DatapathComponent(cfg).cleanup() == [cgroup]
+    datapath = node.DatapathComponent(node.DatapathComponentConfig.from_agent_config(cfg))
+    assert datapath.cleanup() == [cgroup]
     assert not os.path.isdir(cgroup) and pinned == [cfg.pin_dir]
 
 
@@ -96,7 +98,8 @@ def test_a_named_demo_namespace_is_cleaned_up_by_its_configuration(
     try:
         cfg = AgentConfig(pin_dir=str(tmp_path / "pins"), state_dir=str(tmp_path / "state"),
                           demo_netns=own)
-        assert node.DemoComponent(cfg).cleanup() == [f"netns {own}"]
+        demo = node.DemoComponent(node.DemoConfig.from_agent_config(cfg))
+        assert demo.cleanup() == [f"netns {own}"]
         assert not netns_exists(own) and netns_exists(netns)
     finally:
         delete_netns(own)

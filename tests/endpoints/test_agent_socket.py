@@ -13,9 +13,9 @@ import anyio
 import anyio.to_thread
 import pytest
 
-from statewright.agent.components.api import ApiComponent
+from statewright.agent.components.api import ApiComponent, ApiConfig
 from statewright.agent.components.endpoints import EndpointsComponent, EndpointsConfig
-from statewright.agent.components.lb import LoadBalancerComponent
+from statewright.agent.components.lb import LBComponentConfig, LoadBalancerComponent
 from statewright.agent.components.statedb import StateDBComponent
 from statewright.agent.config import AgentConfig
 from statewright.cni import AgentAPI, CNIError, _http
@@ -34,9 +34,9 @@ def test_routes_through_the_agent_socket() -> None:
     )
     hive = Hive(
         [
-            ApiComponent(config, dict),
+            ApiComponent(ApiConfig.from_agent_config(config), dict),
             StateDBComponent(),
-            LoadBalancerComponent(config),
+            LoadBalancerComponent(LBComponentConfig.from_agent_config(config)),
             endpoints,
         ]
     )

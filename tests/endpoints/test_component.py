@@ -408,11 +408,8 @@ def test_config_from_agent_config_and_health(tmp_path: Any) -> None:
         EndpointsConfig().pod_cidrs,
     )
 
-    class WithCidrs:
-        backend, pin_dir = "memory", "/y"
-        pod_cidrs, state_dir = ("10.1.0.0/24",), str(tmp_path)
-
-    cfg = EndpointsConfig.from_agent_config(WithCidrs())
+    cfg = EndpointsConfig.from_agent_config(AgentConfig(
+        backend="memory", pin_dir="/y", pod_cidrs=("10.1.0.0/24",), state_dir=str(tmp_path)))
     assert (cfg.pod_cidrs, cfg.state_dir) == (("10.1.0.0/24",), str(tmp_path))
     (tmp_path / "endpoints").mkdir()
     (tmp_path / "endpoints" / "3.json").write_text("{broken")

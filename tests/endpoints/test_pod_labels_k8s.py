@@ -16,8 +16,17 @@ import anyio
 import pytest
 
 from statewright.agent.components.endpoints import EndpointsComponent, EndpointsConfig
-from statewright.agent.components.kubernetes import K8S_SOURCE, KubernetesComponent
-from statewright.agent.components.lb import LBMapsComponent, LoadBalancerComponent
+from statewright.agent.components.kubernetes import (
+    K8S_SOURCE,
+    KubernetesComponent,
+    KubernetesConfig,
+)
+from statewright.agent.components.lb import (
+    LBComponentConfig,
+    LBMapsComponent,
+    LoadBalancerComponent,
+    maps_placement,
+)
 from statewright.agent.components.policy import PolicyComponent
 from statewright.agent.components.statedb import StateDBComponent
 from statewright.agent.config import AgentConfig
@@ -86,9 +95,9 @@ async def agent(config: AgentConfig) -> AsyncIterator[tuple[Hive, PolicyComponen
     hive = Hive(
         [
             StateDBComponent(),
-            LoadBalancerComponent(config),
-            KubernetesComponent(config),
-            LBMapsComponent(config),
+            LoadBalancerComponent(LBComponentConfig.from_agent_config(config)),
+            KubernetesComponent(KubernetesConfig.from_agent_config(config)),
+            LBMapsComponent(maps_placement(config)),
             EndpointsComponent(
                 EndpointsConfig.from_agent_config(config), link_exists=lambda e: True
             ),

@@ -12,7 +12,7 @@ import kubernetes.client
 import pytest
 import yaml
 
-from statewright.agent.components.kubernetes import KubernetesComponent
+from statewright.agent.components.kubernetes import KubernetesComponent, KubernetesConfig
 from statewright.agent.config import load
 
 from .fake_apiserver import RequestRecord
@@ -69,7 +69,7 @@ def test_configmap_is_an_agent_config_enabling_kubernetes(tmp_path: Path) -> Non
     path.write_text(cm["data"]["config.yaml"])
     config = load(str(path))
     assert config.k8s_in_cluster and config.manifests == ()
-    assert KubernetesComponent(config).enabled
+    assert KubernetesComponent(KubernetesConfig.from_agent_config(config)).enabled
     # No pod-cidrs: the endpoints' IPAM takes the Node's spec.podCIDRs.
     assert config.pod_cidrs_from_node
 

@@ -116,7 +116,11 @@ def test_rate_limiter_token_bucket() -> None:
 
 
 def test_agent_config_keys(tmp_path: Path) -> None:
-    from statewright.agent.components.kubernetes import KubernetesComponent, client_settings
+    from statewright.agent.components.kubernetes import (
+        KubernetesComponent,
+        KubernetesConfig,
+        client_settings,
+    )
     from statewright.agent.config import ConfigError, load
 
     path = tmp_path / "agent.yaml"
@@ -132,8 +136,9 @@ def test_agent_config_keys(tmp_path: Path) -> None:
         5.0,
         7,
     )
-    assert KubernetesComponent(config).enabled
-    assert not KubernetesComponent(load(None)).enabled  # the default: manifests only
+    assert KubernetesComponent(KubernetesConfig.from_agent_config(config)).enabled
+    # the default: manifests only
+    assert not KubernetesComponent(KubernetesConfig.from_agent_config(load(None))).enabled
     for bad, why in [
         ("k8s-qps: 0", "k8s-qps"),
         ("k8s-burst: 0", "k8s-burst"),

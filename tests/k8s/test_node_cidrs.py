@@ -23,8 +23,13 @@ from sources.k8s_client import ClientSettings
 from sources.k8s_node_cidrs import NodePodCIDRs
 from statedb import DB
 from statewright.agent.components.endpoints import EndpointsComponent, EndpointsConfig
-from statewright.agent.components.kubernetes import KubernetesComponent
-from statewright.agent.components.lb import LBMapsComponent, LoadBalancerComponent
+from statewright.agent.components.kubernetes import KubernetesComponent, KubernetesConfig
+from statewright.agent.components.lb import (
+    LBComponentConfig,
+    LBMapsComponent,
+    LoadBalancerComponent,
+    maps_placement,
+)
 from statewright.agent.components.statedb import StateDBComponent
 from statewright.agent.config import DEFAULT_POD_CIDRS, AgentConfig
 from statewright.api_types import ApiError, Request
@@ -181,9 +186,9 @@ async def agent(config: AgentConfig) -> AsyncIterator[tuple[Hive, EndpointsCompo
     hive = Hive(
         [
             StateDBComponent(),
-            LoadBalancerComponent(config),
-            KubernetesComponent(config),
-            LBMapsComponent(config),
+            LoadBalancerComponent(LBComponentConfig.from_agent_config(config)),
+            KubernetesComponent(KubernetesConfig.from_agent_config(config)),
+            LBMapsComponent(maps_placement(config)),
             endpoints,
         ]
     )

@@ -17,9 +17,14 @@ import anyio
 import pytest
 
 from statewright.agent.components.endpoints import EndpointsComponent, EndpointsConfig
-from statewright.agent.components.kubernetes import KubernetesComponent
-from statewright.agent.components.lb import LBMapsComponent, LoadBalancerComponent
-from statewright.agent.components.nodes import NodesComponent
+from statewright.agent.components.kubernetes import KubernetesComponent, KubernetesConfig
+from statewright.agent.components.lb import (
+    LBComponentConfig,
+    LBMapsComponent,
+    LoadBalancerComponent,
+    maps_placement,
+)
+from statewright.agent.components.nodes import NodesComponent, NodesConfig
 from statewright.agent.components.statedb import StateDBComponent
 from statewright.agent.config import AgentConfig
 from statewright.component import DEGRADED, DISABLED, OK, Hive
@@ -71,17 +76,17 @@ def k8s_node(name: str, addresses: dict[str, list[str]], cidrs: list[str],
 
 @contextlib.asynccontextmanager
 async def agent(config: AgentConfig) -> AsyncIterator[tuple[Hive, NodesComponent]]:
-    nodes = NodesComponent(config)
-    k8s = KubernetesComponent(config)
+    nodes = NodesComponent(NodesConfig.from_agent_config(config))
+    k8s = KubernetesComponent(KubernetesConfig.from_agent_config(config))
     from sources.k8s_source import SourceConfig
 
     k8s.source_config = SourceConfig(reflector=FAST)
     hive = Hive([
         StateDBComponent(),
-        LoadBalancerComponent(config),
+        LoadBalancerComponent(LBComponentConfig.from_agent_config(config)),
         k8s,
         nodes,
-        LBMapsComponent(config),
+        LBMapsComponent(maps_placement(config)),
         EndpointsComponent(EndpointsConfig.from_agent_config(config),
                            link_exists=lambda ep: True),
     ])

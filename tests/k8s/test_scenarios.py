@@ -23,8 +23,17 @@ import trustme
 
 from reconciler.status import StatusKind
 from sources.k8s_source import SourceConfig
-from statewright.agent.components.kubernetes import K8S_SOURCE, KubernetesComponent
-from statewright.agent.components.lb import LBMapsComponent, LoadBalancerComponent
+from statewright.agent.components.kubernetes import (
+    K8S_SOURCE,
+    KubernetesComponent,
+    KubernetesConfig,
+)
+from statewright.agent.components.lb import (
+    LBComponentConfig,
+    LBMapsComponent,
+    LoadBalancerComponent,
+    maps_placement,
+)
 from statewright.agent.components.statedb import StateDBComponent
 from statewright.agent.config import AgentConfig
 from statewright.api_types import Request
@@ -83,9 +92,12 @@ async def agent(config: AgentConfig) -> AsyncIterator[Hive]:
     hive = Hive(
         [
             StateDBComponent(),
-            LoadBalancerComponent(config),
-            KubernetesComponent(config, SourceConfig(batch_delay=0.001, reflector=FAST)),
-            LBMapsComponent(config),
+            LoadBalancerComponent(LBComponentConfig.from_agent_config(config)),
+            KubernetesComponent(
+                KubernetesConfig.from_agent_config(config),
+                SourceConfig(batch_delay=0.001, reflector=FAST),
+            ),
+            LBMapsComponent(maps_placement(config)),
         ]
     )
     async with anyio.create_task_group() as tg:
@@ -335,7 +347,7 @@ async def test_api_server_unreachable_at_start(tmp_path: Path, memory_pins: str)
 
 async def test_component_disabled_without_configuration(memory_pins: str) -> None:
     config = AgentConfig(pin_dir=memory_pins, backend="memory", manifests=(), netlink=False)
-    comp = KubernetesComponent(config)
+    comp = KubernetesComponent(KubernetesConfig.from_agent_config(config))
     assert not comp.enabled
     assert [h.state for h in comp.health()] == ["Disabled"]
 

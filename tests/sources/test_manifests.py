@@ -410,11 +410,10 @@ def test_a_configured_path_that_does_not_exist_is_reported_until_it_does(
 
 
 def test_manifests_component_health_names_a_missing_path(tmp_path: Path) -> None:
-    from statewright.agent.components.sources import ManifestsComponent
-    from statewright.agent.config import AgentConfig
+    from statewright.agent.components.sources import ManifestsComponent, ManifestsConfig
 
     gone = str(tmp_path / "typo")
-    comp = ManifestsComponent(AgentConfig(manifests=(gone,), backend="memory"))
+    comp = ManifestsComponent(ManifestsConfig((gone,)))
     _db, _w, comp.source = _new([Path(gone)])
     comp.source.sync()
     (line,) = comp.health()

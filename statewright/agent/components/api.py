@@ -14,6 +14,7 @@ import contextlib
 import logging
 import os
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from statewright.agent import openapi
@@ -81,12 +82,25 @@ MAP_SCHEMA = {
 log = logging.getLogger("statewright.agent.api")
 
 
+@dataclass(frozen=True, slots=True)
+class ApiConfig:
+    """What the API component needs from the agent's configuration."""
+
+    socket: str = DEFAULT_SOCKET
+    socket_mode: int = 0o660
+
+    @classmethod
+    def from_agent_config(cls, cfg: AgentConfig) -> ApiConfig:
+        """The agent's ``api-socket`` and ``api-socket-mode``."""
+        return cls(cfg.api_socket, cfg.api_socket_mode)
+
+
 class ApiComponent(Component):
     """The HTTP API on ``api-socket``; ``info`` gives the ``/agent`` document."""
 
     name = "api"
 
-    def __init__(self, config: AgentConfig, info: Callable[[], dict[str, Any]]) -> None:
+    def __init__(self, config: ApiConfig, info: Callable[[], dict[str, Any]]) -> None:
         self.config = config
         self.info = info
         self.hive: Hive | None = None
@@ -95,18 +109,18 @@ class ApiComponent(Component):
     async def start(self, hive: Hive) -> None:
         """Bind the socket (refused when another agent listens on it)."""
         self.hive = hive
-        server = ApiServer(self.config.api_socket, self.config.api_socket_mode, hive.routes())
+        server = ApiServer(self.config.socket, self.config.socket_mode, hive.routes())
         try:
             server.bind()
         except OSError as e:
-            raise ComponentError(f"API socket {self.config.api_socket}: {e}") from e
+            raise ComponentError(f"API socket {self.config.socket}: {e}") from e
         self.server = server
 
     async def ready(self, hive: Hive) -> None:
         """Serve, now that every component has started."""
         assert self.server is not None
         await hive.spawn(self, self.server.serve)
-        log.info("agent: API on unix socket %s", self.config.api_socket)
+        log.info("agent: API on unix socket %s", self.config.socket)
 
     async def stop(self) -> None:
         """Close the listener and remove the socket file."""
@@ -118,7 +132,7 @@ class ApiComponent(Component):
         """Serving or not (a request answered proves more than this line)."""
         if self.server is None:
             return []
-        return [Health(self.name, OK, f"unix socket {self.config.api_socket}")]
+        return [Health(self.name, OK, f"unix socket {self.config.socket}")]
 
     def routes(self) -> Sequence[Route]:
         """``/health``, ``/agent``, ``/openapi.json``, ``/bpf/maps``, ``/bpf/maps/{name}``."""
@@ -171,7 +185,7 @@ class ApiComponent(Component):
         """Remove a socket left by a killed agent, and the default socket directory
         (``/run/statewright``, which the agent creates) when it is empty."""
         removed: list[str] = []
-        path = self.config.api_socket
+        path = self.config.socket
         if os.path.exists(path):
             os.unlink(path)
             removed.append(path)

@@ -25,7 +25,7 @@ import anyio
 
 from bpf import ct
 from bpf.catalog import ct_specs, metrics_spec
-from bpf.factory import BackendConfig, MapFactory
+from bpf.factory import BackendConfig, BackendKind, MapFactory
 from bpf.memory_map import MemoryMap
 from bpfops.conntrack import CTMaps
 from statewright.agent.config import AgentConfig
@@ -70,7 +70,7 @@ CT: Provided[CTMaps] = Provided("ct", CTMaps)
 class CTConfig:
     """What the component needs from the agent's configuration."""
 
-    backend: str = "auto"
+    backend: BackendKind = "auto"
     pin_dir: str = "/sys/fs/bpf/statewright"
     max_entries: int = ct.CT_MAP_MAX_ENTRIES
     gc_interval: float = 60.0
@@ -78,7 +78,8 @@ class CTConfig:
     @classmethod
     def from_agent_config(cls, cfg: AgentConfig) -> CTConfig:
         """The agent's backend, pin directory, ``bpf-ct-global-max`` and GC interval."""
-        return cls(cfg.backend, cfg.pin_dir, cfg.bpf_ct_global_max, cfg.conntrack_gc_interval)
+        maps = cfg.map_backend()
+        return cls(maps.backend, maps.pin_dir, cfg.bpf_ct_global_max, cfg.conntrack_gc_interval)
 
 
 class CTComponent(Component):
@@ -95,7 +96,7 @@ class CTComponent(Component):
     async def start(self, hive: Hive) -> None:
         """Open the maps and start the GC loop."""
         cfg = self.config
-        factory = MapFactory(BackendConfig(backend=cfg.backend, pin_dir=cfg.pin_dir))  # type: ignore[arg-type]
+        factory = MapFactory(BackendConfig(backend=cfg.backend, pin_dir=cfg.pin_dir))
         self.maps_kind = factory.kind
         opened: list[Any] = []
         try:

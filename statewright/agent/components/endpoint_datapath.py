@@ -27,6 +27,7 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 import anyio
@@ -71,13 +72,30 @@ def enforcement_flags(rows: Sequence[PolicyEndpoint]) -> dict[int, int]:
     return out
 
 
+@dataclass(frozen=True, slots=True)
+class EndpointDatapathConfig:
+    """What the endpoint datapath needs from the agent's configuration: whether it runs
+    (``datapath`` and ``endpoint-datapath``) and where the maps live (kernel maps only)."""
+
+    enabled: bool = True
+    maps: BackendConfig = field(default_factory=BackendConfig)
+    #: How the tc programs attach: auto, tcx or clsact (``tc-attach-mode``).
+    tc_attach_mode: str = "auto"
+
+    @classmethod
+    def from_agent_config(cls, cfg: AgentConfig) -> EndpointDatapathConfig:
+        """The agent's ``datapath``, ``endpoint-datapath``, ``backend``, ``pin-dir`` and
+        ``tc-attach-mode``."""
+        return cls(cfg.datapath and cfg.endpoint_datapath, cfg.map_backend(), cfg.tc_attach_mode)
+
+
 class EndpointDatapathComponent(Component):
     """See the module doc."""
 
     name = "endpoint-datapath"
     needs = ("db", "endpoints", "policy-maps", "ct")
 
-    def __init__(self, config: AgentConfig) -> None:
+    def __init__(self, config: EndpointDatapathConfig) -> None:
         self.config = config
         self.programs: Any = None
         self.flags_map: TypedMap[int, PolicyNetns] | None = None
@@ -91,10 +109,10 @@ class EndpointDatapathComponent(Component):
     async def start(self, hive: Hive) -> None:
         """Load the programs and start following the endpoints (module doc)."""
         cfg = self.config
-        if not (cfg.datapath and cfg.endpoint_datapath):
+        if not cfg.enabled:
             self.reason = "disabled by configuration"
             return
-        factory = MapFactory(BackendConfig(backend=cfg.backend, pin_dir=cfg.pin_dir))  # type: ignore[arg-type]
+        factory = MapFactory(cfg.maps)
         if factory.kind != "kernel":
             self.reason = f"needs kernel maps; using {factory.kind} ({factory.reason})"
             log.warning("agent: endpoint datapath off: %s", self.reason)
@@ -105,7 +123,9 @@ class EndpointDatapathComponent(Component):
         manager = hive.get("endpoints", EndpointManager)
         modes = table_of(db, POLICY_ENDPOINTS_TABLE, new_policy_endpoints_table)
         self.flags_map = factory.open_typed(policy_endpoints_spec())
-        programs = EndpointPrograms(LxcConfig(pin_dir=cfg.pin_dir, attach_mode=cfg.tc_attach_mode))
+        programs = EndpointPrograms(
+            LxcConfig(pin_dir=cfg.maps.pin_dir, attach_mode=cfg.tc_attach_mode)
+        )
         try:
             await anyio.to_thread.run_sync(programs.load)
         except OSError as e:
@@ -209,8 +229,8 @@ class EndpointDatapathComponent(Component):
         """Detach and unpin every link; unpin ``policy_endpoints``."""
         from bpf.lxc import EndpointPrograms
 
-        removed = EndpointPrograms.cleanup(self.config.pin_dir)
-        path = os.path.join(self.config.pin_dir, "policy_endpoints")
+        removed = EndpointPrograms.cleanup(self.config.maps.pin_dir)
+        path = os.path.join(self.config.maps.pin_dir, "policy_endpoints")
         if os.path.exists(path):
             os.unlink(path)
             removed.append(f"pin {path}")

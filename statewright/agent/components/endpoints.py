@@ -57,7 +57,7 @@ from typing import Any, Protocol
 import anyio
 
 from bpf.catalog import endpoints_spec, ipcache_spec
-from bpf.factory import BackendConfig, MapFactory
+from bpf.factory import BackendConfig, BackendKind, MapFactory
 from bpf.typed_map import TypedMap
 from bpfops.endpoint_ops import EndpointMapOps
 from bpfops.ipcache_ops import IPCacheOps
@@ -120,7 +120,7 @@ class EndpointsConfig:
 
     pod_cidrs: tuple[str, ...] = DEFAULT_POD_CIDRS
     state_dir: str = DEFAULT_STATE_DIR
-    backend: str = "auto"
+    backend: BackendKind = "auto"
     pin_dir: str = "/sys/fs/bpf/statewright"
     prune_interval: float | None = 300.0
     #: IPAM waits for the Node's spec.podCIDRs from the ``k8s`` component (no pod CIDRs
@@ -132,10 +132,10 @@ class EndpointsConfig:
     @classmethod
     def from_agent_config(cls, cfg: AgentConfig) -> EndpointsConfig:
         """The agent's ``pod-cidrs``, ``state-dir``, ``backend`` and ``pin-dir``."""
-        from_node = bool(getattr(cfg, "pod_cidrs_from_node", False))
+        maps = cfg.map_backend()
         return cls(pod_cidrs=tuple(cfg.pod_cidrs) or DEFAULT_POD_CIDRS, state_dir=cfg.state_dir,
-                   backend=cfg.backend, pin_dir=cfg.pin_dir, pod_cidrs_from_node=from_node,
-                   node_name=getattr(cfg, "node_name", ""))
+                   backend=maps.backend, pin_dir=maps.pin_dir,
+                   pod_cidrs_from_node=cfg.pod_cidrs_from_node, node_name=cfg.node_name)
 
 
 #: The endpoint manager, for the components that follow the endpoints.
@@ -222,7 +222,7 @@ class EndpointsComponent(Component):
         elif pods is not None:
             self.cilium_endpoints = self._cilium_endpoints(db, pods, manager)
 
-        factory = MapFactory(BackendConfig(backend=cfg.backend, pin_dir=cfg.pin_dir))  # type: ignore[arg-type]
+        factory = MapFactory(BackendConfig(backend=cfg.backend, pin_dir=cfg.pin_dir))
         self.maps_kind = factory.kind
         endpoint_map = factory.open_typed(endpoints_spec())
         try:

@@ -29,6 +29,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 import anyio
@@ -68,6 +69,20 @@ def client_settings(config: AgentConfig) -> ClientSettings:
     )
 
 
+@dataclass(frozen=True, slots=True)
+class KubernetesConfig:
+    """What the Kubernetes component needs from the agent's configuration: where the API
+    server is (no server configured: the component does nothing) and this node's name."""
+
+    client: ClientSettings = field(default_factory=ClientSettings)
+    node_name: str = ""
+
+    @classmethod
+    def from_agent_config(cls, cfg: AgentConfig) -> KubernetesConfig:
+        """The agent's ``k8s-*`` settings (`client_settings`) and ``node-name``."""
+        return cls(client_settings(cfg), cfg.node_name)
+
+
 K8S_SCHEMA = {
     "type": "object",
     "required": ["enabled", "resources", "errors"],
@@ -94,11 +109,13 @@ class KubernetesComponent(Component):
     needs = ("lb",)
     provides = ("k8s", "k8s-client")
 
-    def __init__(self, config: AgentConfig, source_config: SourceConfig | None = None) -> None:
+    def __init__(
+        self, config: KubernetesConfig, source_config: SourceConfig | None = None
+    ) -> None:
         self.config = config
         #: Batching and reflector timing (None: the defaults, made for a real cluster).
         self.source_config = source_config
-        self.settings = client_settings(config)
+        self.settings = config.client
         self.source: K8sSource | None = None
         self.client: K8sClient | None = None
 

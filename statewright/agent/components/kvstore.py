@@ -10,6 +10,9 @@ etcd outage changes no table. In CRD mode (the default) the component is disable
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
 import anyio
 
 from sources.kvstore.config import EtcdConfig, parse_kvstore_opts
@@ -24,31 +27,50 @@ __all__ = ["KVSTORE", "KVStore", "KVStoreComponent"]
 KVSTORE: Provided[KVStore] = Provided("kvstore", KVStore)
 
 
+@dataclass(frozen=True, slots=True)
+class KVStoreComponentConfig:
+    """What the kvstore component needs from the agent's configuration (it runs only
+    with identity-allocation-mode kvstore)."""
+
+    enabled: bool = False
+    kvstore_opt: Mapping[str, str] = field(default_factory=dict)
+    lease_ttl: int = 15
+    cluster_name: str = "default"
+    node_name: str = ""
+
+    @classmethod
+    def from_agent_config(cls, cfg: AgentConfig) -> KVStoreComponentConfig:
+        """The agent's ``identity-allocation-mode``, ``kvstore-opt``, ``kvstore-lease-ttl``,
+        ``cluster-name`` and ``node-name``."""
+        return cls(cfg.identity_allocation_mode == "kvstore", cfg.kvstore_opt,
+                   cfg.kvstore_lease_ttl, cfg.cluster_name, cfg.node_name)
+
+
 class KVStoreComponent(Component):
     """See the module doc."""
 
     name = "kvstore"
     provides = ("kvstore",)
 
-    def __init__(self, config: AgentConfig) -> None:
+    def __init__(self, config: KVStoreComponentConfig) -> None:
         self.config = config
         self.kvstore: KVStore | None = None
         self._etcd: EtcdConfig | None = None
 
     @property
     def enabled(self) -> bool:
-        return self.config.identity_allocation_mode == "kvstore"
+        return self.config.enabled
 
     async def start(self, hive: Hive) -> None:
         if not self.enabled:
             return
         cfg = self.config
         self._etcd = parse_kvstore_opts(cfg.kvstore_opt)
-        session = KVStoreSession(EtcdClient(self._etcd), ttl=cfg.kvstore_lease_ttl)
+        session = KVStoreSession(EtcdClient(self._etcd), ttl=cfg.lease_ttl)
         # A restarted agent's keys come back within one TTL: watchers wait that long
         # before acting on a delete.
         self.kvstore = KVStore(session, KeyLayout(cluster=cfg.cluster_name), cfg.node_name,
-                               grace=float(cfg.kvstore_lease_ttl))
+                               grace=float(cfg.lease_ttl))
         await hive.spawn(self, session.run, label="kvstore-session")
         hive.provide(KVSTORE.name, self.kvstore)
 

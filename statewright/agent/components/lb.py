@@ -17,7 +17,8 @@ from __future__ import annotations
 import logging
 import os
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 import anyio
@@ -66,6 +67,27 @@ def lb_config_of(config: AgentConfig) -> LBConfig:
     return cfg
 
 
+@dataclass(frozen=True, slots=True)
+class LBComponentConfig:
+    """What the ``lb`` component needs from the agent's configuration: the LB
+    configuration (`lb_config_of`), where the maps live, and this node's labels."""
+
+    lb: LBConfig = field(default_factory=LBConfig)
+    placement: MapsPlacement = field(default_factory=MapsPlacement)
+    node_labels: Mapping[str, str] = field(default_factory=dict)
+
+    @classmethod
+    def from_agent_config(cls, cfg: AgentConfig) -> LBComponentConfig:
+        """The agent's ``lb-flags`` and ``node-name`` (`lb_config_of`; a ComponentError
+        for flags it refuses), ``backend``, ``pin-dir`` and ``node-labels``."""
+        return cls(lb_config_of(cfg), maps_placement(cfg), cfg.node_labels)
+
+
+def maps_placement(cfg: AgentConfig) -> MapsPlacement:
+    """Where the agent's LB maps live (the ``maps`` component's configuration)."""
+    return MapsPlacement(backend=cfg.backend, pin_dir=cfg.pin_dir)
+
+
 SERVICES_SCHEMA = {
     "type": "array",
     "items": {
@@ -101,15 +123,14 @@ class LoadBalancerComponent(Component):
     needs = ("db",)
     provides = ("lb",)
 
-    def __init__(self, config: AgentConfig) -> None:
+    def __init__(self, config: LBComponentConfig) -> None:
         self.config = config
-        self.lb_config = lb_config_of(config)
+        self.lb_config = config.lb
         self.lb: LoadBalancer | None = None
 
     async def start(self, hive: Hive) -> None:
         """Create the LB tables in the agent's database and give the writer the node labels."""
-        placement = MapsPlacement(backend=self.config.backend, pin_dir=self.config.pin_dir)
-        lb = LoadBalancer(self.lb_config, placement, db=hive.get("db", DB))
+        lb = LoadBalancer(self.lb_config, self.config.placement, db=hive.get("db", DB))
         if self.config.node_labels:
             with lb.writer.write_txn() as txn:
                 lb.writer.set_node_labels(txn, dict(self.config.node_labels))
@@ -130,7 +151,7 @@ class LBMapsComponent(Component):
     needs = ("lb",)
     provides = ("lb-maps",)
 
-    def __init__(self, config: AgentConfig) -> None:
+    def __init__(self, config: MapsPlacement) -> None:
         self.config = config
         self.lb: LoadBalancer | None = None
         self.maps: LBMaps | None = None

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
+from dataclasses import dataclass
 from typing import Any
 
 import anyio
@@ -33,6 +34,53 @@ def is_default_instance(config: AgentConfig) -> bool:
     return config.pin_dir == DEFAULT_PIN_DIR and config.state_dir == DEFAULT_STATE_DIR
 
 
+@dataclass(frozen=True, slots=True)
+class DemoConfig:
+    """What the demo component needs from the agent's configuration: the demo namespace
+    ("": no demo), and whether this is the default agent (`is_default_instance`), whose
+    cleanup removes the default namespace."""
+
+    netns: str = ""
+    default_instance: bool = False
+
+    @classmethod
+    def from_agent_config(cls, cfg: AgentConfig) -> DemoConfig:
+        """The agent's ``demo-netns``; pin and state directories (`is_default_instance`)."""
+        return cls(cfg.demo_netns, is_default_instance(cfg))
+
+
+@dataclass(frozen=True, slots=True)
+class DatapathComponentConfig:
+    """What the socket-LB datapath component needs from the agent's configuration."""
+
+    enabled: bool = True
+    #: The cgroup to attach to ("": <cgroup2 mount>/statewright, created by the agent).
+    cgroup: str = ""
+    pin_dir: str = DEFAULT_PIN_DIR
+    allow_root_cgroup: bool = False
+    #: The default agent's (`is_default_instance`) cleanup removes the default cgroup.
+    default_instance: bool = False
+
+    @classmethod
+    def from_agent_config(cls, cfg: AgentConfig) -> DatapathComponentConfig:
+        """The agent's ``datapath``, ``cgroup``, ``pin-dir``, ``allow-root-cgroup``."""
+        return cls(cfg.datapath, cfg.cgroup, cfg.pin_dir, cfg.allow_root_cgroup,
+                   is_default_instance(cfg))
+
+
+@dataclass(frozen=True, slots=True)
+class MetricsConfig:
+    """What the metrics component needs from the agent's configuration (port 0: off)."""
+
+    port: int = 0
+    address: str = "127.0.0.1"
+
+    @classmethod
+    def from_agent_config(cls, cfg: AgentConfig) -> MetricsConfig:
+        """The agent's ``metrics-port`` and ``metrics-address``."""
+        return cls(cfg.metrics_port, cfg.metrics_address)
+
+
 class DemoComponent(Component):
     """A network namespace with an echo server for every backend in the tables (demo mode:
     ``demo-netns`` configured). Syncs run in a worker thread, never on the event loop."""
@@ -40,7 +88,7 @@ class DemoComponent(Component):
     name = "demo"
     needs = ("lb",)
 
-    def __init__(self, config: AgentConfig) -> None:
+    def __init__(self, config: DemoConfig) -> None:
         self.config = config
         self.demo: Any = None
         self.error = ""
@@ -49,16 +97,16 @@ class DemoComponent(Component):
 
     async def start(self, hive: Hive) -> None:
         """Create the namespace and follow the backends table."""
-        if not self.config.demo_netns:
+        if not self.config.netns:
             return
         from statewright.agent.demo_netns import DemoNetns
 
         lb = hive.get("lb", LoadBalancer)
-        demo = DemoNetns(self.config.demo_netns)
+        demo = DemoNetns(self.config.netns)
         try:
             await anyio.to_thread.run_sync(demo.start)
         except Exception as e:
-            self.error = f"demo namespace {self.config.demo_netns}: {e}"
+            self.error = f"demo namespace {self.config.netns}: {e}"
             log.error("agent: %s", self.error)
             await anyio.to_thread.run_sync(demo.stop)
             return
@@ -111,7 +159,7 @@ class DemoComponent(Component):
 
     def health(self) -> list[Health]:
         """Only in demo mode: the namespace and its servers."""
-        if not self.config.demo_netns:
+        if not self.config.netns:
             return []
         if self.demo is None or self.failing:
             return [Health(self.name, DEGRADED, self.error or "not running")]
@@ -125,7 +173,7 @@ class DemoComponent(Component):
         ``demo-netns``, or the default one for the default agent only."""
         from statewright.agent.demo_netns import delete_netns
 
-        name = self.config.demo_netns or (DEMO_NETNS if is_default_instance(self.config) else "")
+        name = self.config.netns or (DEMO_NETNS if self.config.default_instance else "")
         return [f"netns {name}"] if name and delete_netns(name) else []
 
 
@@ -136,7 +184,7 @@ class DatapathComponent(Component):
     name = "datapath"
     needs = ("lb-maps",)
 
-    def __init__(self, config: AgentConfig) -> None:
+    def __init__(self, config: DatapathComponentConfig) -> None:
         self.config = config
         self.datapath: Any = None
         self.cgroup = ""
@@ -146,7 +194,7 @@ class DatapathComponent(Component):
     async def start(self, hive: Hive) -> None:
         """Attach (or adopt the pinned links); a failure leaves the agent Degraded."""
         cfg = self.config
-        if not cfg.datapath:
+        if not cfg.enabled:
             self.reason = "disabled by configuration"
             return
         lb = hive.get("lb-maps", LoadBalancer)
@@ -192,7 +240,7 @@ class DatapathComponent(Component):
         from bpf.datapath import SockLB, cgroup2_mount
 
         removed = list(SockLB.cleanup(self.config.pin_dir))
-        if not self.config.cgroup and is_default_instance(self.config):
+        if not self.config.cgroup and self.config.default_instance:
             try:
                 cg = os.path.join(cgroup2_mount(), DEFAULT_CGROUP_NAME)
             except OSError:
@@ -215,7 +263,7 @@ class MetricsComponent(Component):
     needs = ("lb-maps",)
     uses = ("ct",)
 
-    def __init__(self, config: AgentConfig) -> None:
+    def __init__(self, config: MetricsConfig) -> None:
         self.config = config
         self.server: Any = None
         self.thread: Any = None
@@ -224,12 +272,12 @@ class MetricsComponent(Component):
     @property
     def url(self) -> str:
         """Where the metrics are served."""
-        return f"http://{self.config.metrics_address}:{self.config.metrics_port}/metrics"
+        return f"http://{self.config.address}:{self.config.port}/metrics"
 
     async def start(self, hive: Hive) -> None:
         """Serve the metrics (a busy port leaves the agent running, Degraded)."""
         cfg = self.config
-        if not cfg.metrics_port:
+        if not cfg.port:
             return
         from prometheus_client import CollectorRegistry, start_http_server
 
@@ -246,10 +294,10 @@ class MetricsComponent(Component):
             registry.register(CTCollector(ct))
         try:
             self.server, self.thread = start_http_server(
-                cfg.metrics_port, addr=cfg.metrics_address, registry=registry
+                cfg.port, addr=cfg.address, registry=registry
             )
         except OSError as e:
-            self.error = f"metrics server on {cfg.metrics_address}:{cfg.metrics_port}: {e}"
+            self.error = f"metrics server on {cfg.address}:{cfg.port}: {e}"
             log.error("agent: %s", self.error)
             return
         log.info("agent: metrics on %s", self.url)
@@ -264,7 +312,7 @@ class MetricsComponent(Component):
 
     def health(self) -> list[Health]:
         """Only when enabled: serving or why not."""
-        if not self.config.metrics_port:
+        if not self.config.port:
             return []
         if self.server is None:
             return [Health(self.name, DEGRADED, self.error or "not serving")]

@@ -28,6 +28,7 @@ from __future__ import annotations
 import logging
 import socket
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from reconciler import Config, Reconciler, status_field_accessors
@@ -69,6 +70,19 @@ def _table(db: DB, name: str) -> Table[Any] | None:
     return next((t for t in db.tables if t.name == name), None)
 
 
+@dataclass(frozen=True, slots=True)
+class NodesConfig:
+    """What the nodes component needs from the agent's configuration."""
+
+    node_name: str = ""
+    auto_direct_node_routes: bool = False
+
+    @classmethod
+    def from_agent_config(cls, cfg: AgentConfig) -> NodesConfig:
+        """The agent's ``node-name`` and ``auto-direct-node-routes``."""
+        return cls(cfg.node_name, cfg.auto_direct_node_routes)
+
+
 #: The nodes table, for the components that follow the cluster's nodes.
 NODES: Provided[Table[Node]] = Provided("nodes", Table)
 
@@ -81,7 +95,7 @@ class NodesComponent(Component):
     provides = ("nodes",)
     uses = ("manifests", "k8s", "k8s-client", "kvstore")
 
-    def __init__(self, config: AgentConfig) -> None:
+    def __init__(self, config: NodesConfig) -> None:
         self.config = config
         self.db: DB | None = None
         self.table: Table[Node] | None = None

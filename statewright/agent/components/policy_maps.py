@@ -37,7 +37,7 @@ from typing import Any
 import anyio
 
 from bpf.catalog import policy_maps_spec, policy_netns_spec
-from bpf.factory import BackendConfig, MapFactory
+from bpf.factory import BackendConfig, BackendKind, MapFactory
 from bpf.memory_map import MemoryMap
 from bpf.policy import POLICY_MAPS, POLICY_NETNS, endpoint_of_map
 from bpf.typed_map import TypedMap
@@ -81,14 +81,15 @@ STARTUP_ROUND_TIMEOUT = 10.0
 class PolicyMapsConfig:
     """What the component needs from the agent's configuration."""
 
-    backend: str = "auto"
+    backend: BackendKind = "auto"
     pin_dir: str = "/sys/fs/bpf/statewright"
     prune_interval: float | None = 300.0
 
     @classmethod
     def from_agent_config(cls, cfg: AgentConfig) -> PolicyMapsConfig:
         """The agent's ``backend`` and ``pin-dir``."""
-        return cls(backend=cfg.backend, pin_dir=cfg.pin_dir)
+        maps = cfg.map_backend()
+        return cls(backend=maps.backend, pin_dir=maps.pin_dir)
 
 
 def table_of(db: DB, name: str, new: Callable[[], Table[Any]]) -> Table[Any]:
@@ -138,7 +139,7 @@ class PolicyMapsComponent(Component):
             netns_done = netns.register_initializer(txn, NETNS_INITIALIZER)
         self.entries, self.modes, self.netns, self.manager = entries, modes, netns, manager
 
-        factory = MapFactory(BackendConfig(backend=cfg.backend, pin_dir=cfg.pin_dir))  # type: ignore[arg-type]
+        factory = MapFactory(BackendConfig(backend=cfg.backend, pin_dir=cfg.pin_dir))
         self.maps_kind = factory.kind
         self.outer = factory.open_typed(policy_maps_spec())
         try:

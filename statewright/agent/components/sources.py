@@ -8,8 +8,10 @@ started later, prunes nothing before their initial state is in.
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from sources.node_address_selection import NodeAddressConfig
 from statedb import DB
 from statewright.agent.config import AgentConfig
 from statewright.component import DEGRADED, DISABLED, OK, Component, Health, Hive, Provided
@@ -25,6 +27,32 @@ log = logging.getLogger("statewright.agent.sources")
 MANIFESTS: Provided[ManifestSource] = Provided("manifests")
 
 
+@dataclass(frozen=True, slots=True)
+class ManifestsConfig:
+    """What the manifests component needs from the agent's configuration."""
+
+    paths: tuple[str, ...] = ()
+    interval: float = 1.0
+
+    @classmethod
+    def from_agent_config(cls, cfg: AgentConfig) -> ManifestsConfig:
+        """The agent's ``manifests`` and ``manifests-interval``."""
+        return cls(cfg.manifests, cfg.manifests_interval)
+
+
+@dataclass(frozen=True, slots=True)
+class NetlinkConfig:
+    """What the netlink component needs from the agent's configuration."""
+
+    enabled: bool = True
+    node_addresses: NodeAddressConfig = field(default_factory=NodeAddressConfig)
+
+    @classmethod
+    def from_agent_config(cls, cfg: AgentConfig) -> NetlinkConfig:
+        """The agent's ``netlink`` and ``node-addresses``."""
+        return cls(cfg.netlink, cfg.node_addresses)
+
+
 class ManifestsComponent(Component):
     """Kubernetes objects from the manifest directories (sources/manifests.py), polled."""
 
@@ -32,7 +60,7 @@ class ManifestsComponent(Component):
     needs = ("lb",)
     provides = ("manifests",)
 
-    def __init__(self, config: AgentConfig) -> None:
+    def __init__(self, config: ManifestsConfig) -> None:
         self.config = config
         self.source: Any = None
 
@@ -41,15 +69,15 @@ class ManifestsComponent(Component):
         from sources.manifests import ManifestSource
 
         lb = hive.get("lb", LoadBalancer)
-        source = ManifestSource(lb.writer, self.config.manifests,
-                                interval=self.config.manifests_interval)
+        source = ManifestSource(lb.writer, self.config.paths,
+                                interval=self.config.interval)
         with lb.writer.write_txn() as txn:
             source.register_initializer(txn)
         self.source = source
         hive.provide(MANIFESTS.name, source)
         await hive.spawn(self, source.run)
         log.info("agent: manifest source on %s: %d file(s), %d error(s)",
-                 ", ".join(self.config.manifests), len(source.files), len(source.errors))
+                 ", ".join(self.config.paths), len(source.files), len(source.errors))
 
     def health(self) -> list[Health]:
         """Degraded with every configured path that does not exist and every rejected
@@ -63,7 +91,7 @@ class ManifestsComponent(Component):
         empty = src.empty
         note = f"; empty (no objects): {', '.join(empty)}" if empty else ""
         return [Health(self.name, OK, f"{len(src.files)} file(s) from "
-                       + ", ".join(self.config.manifests) + note)]
+                       + ", ".join(self.config.paths) + note)]
 
 
 class NetlinkComponent(Component):
@@ -72,7 +100,7 @@ class NetlinkComponent(Component):
     name = "netlink"
     needs = ("db", "lb")
 
-    def __init__(self, config: AgentConfig) -> None:
+    def __init__(self, config: NetlinkConfig) -> None:
         self.config = config
         self.source: Any = None
         self.error = ""
@@ -80,7 +108,7 @@ class NetlinkComponent(Component):
     async def start(self, hive: Hive) -> None:
         """Create the source (it registers its initializers) and start reading; a source
         that cannot be created leaves the agent running, Degraded."""
-        if not self.config.netlink:
+        if not self.config.enabled:
             return
         try:
             from sources.netlink import NetlinkSource
@@ -97,7 +125,7 @@ class NetlinkComponent(Component):
 
     def health(self) -> list[Health]:
         """Disabled by configuration, Degraded until the first dump, else OK."""
-        if not self.config.netlink:
+        if not self.config.enabled:
             return [Health(self.name, DISABLED, "disabled by configuration")]
         if self.source is None:
             return [Health(self.name, DEGRADED, self.error or "not started")]
