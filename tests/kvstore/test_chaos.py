@@ -6,6 +6,7 @@ from __future__ import annotations
 import ipaddress
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import anyio
 import pytest
@@ -14,6 +15,7 @@ from sources.kvstore.config import EtcdConfig
 from sources.kvstore.etcd_client import EtcdClient
 from sources.kvstore.gc import KVStoreIdentityGC
 from sources.kvstore.identities import collect_identities
+from tests.k8s.fake_apiserver import FakeAPIServer
 from tests.k8s.helpers import wait_for
 from tests.kvstore.backends import Agent, KVStoreBackend, manager, pod
 from tests.kvstore.etcd_cluster import EtcdCluster, TCPProxy
@@ -34,6 +36,11 @@ async def kv(etcd: EtcdCluster) -> AsyncIterator[KVStoreBackend]:
 def agent(tmp: Path, name: str, n: int) -> Agent:
     return Agent(name, manager(tmp / name, f"10.{50 + n}.0.0/24", seed=n),
                  ipaddress.IPv4Address(f"192.0.2.{n + 1}"))
+
+
+def node_object(name: str, ip: str, labels: dict[str, str]) -> dict[str, Any]:
+    return {"apiVersion": "v1", "kind": "Node", "metadata": {"name": name, "labels": labels},
+            "status": {"addresses": [{"type": "InternalIP", "address": ip}]}}
 
 
 def published(a: Agent) -> dict[str, tuple[int, str]]:
@@ -168,3 +175,82 @@ async def test_operator_gc_deletes_unreferenced_identities(
         assert sorted(await kv.identities()) == [1000, 1002]
     finally:
         await c.aclose()
+
+
+async def test_compaction_during_a_cut_relists_the_agent_and_applies_only_the_difference(
+    etcd: EtcdCluster, tmp_path: Path
+) -> None:
+    """Agent level: b is cut off from etcd while a deletes an endpoint, adds one with new
+    labels (a new identity) and its Node changes; etcd is compacted past b's revision.
+    Healed, b's three watches (identities, ipcache, nodes) find their revision gone, list
+    again and apply only what changed: b's tables then equal etcd's contents."""
+    srv = FakeAPIServer().start()
+    kv = KVStoreBackend(etcd.endpoints, apiserver=srv, tmp=tmp_path)
+    proxies = [TCPProxy(m.client_port) for m in etcd.members]
+    cut_off = EtcdConfig(tuple(p.url for p in proxies), request_timeout=2.0)
+    a, b = agent(tmp_path, "node-a", 0), agent(tmp_path, "node-b", 1)
+    for i, name in enumerate(("node-a", "node-b")):
+        srv.upsert(node_object(name, f"192.0.2.{i + 1}", {"zone": "z0"}))
+    try:
+        async with anyio.create_task_group() as tg:
+            await kv.start_agent(tg, a)
+            await kv.start_agent(tg, b, config=cut_off)
+            eps = [await anyio.to_thread.run_sync(a.mgr.create, "0", pod(f"p{i}", ["k8s:x=1"]))
+                   for i in range(3)]
+            await wait_for(lambda: b.remote() == published(a) != {}, "b has a's endpoints")
+            await wait_for(lambda: "node-a" in b.node_rows(), "b has node-a")
+            applied: list[tuple[list[str], list[str]]] = []
+            orig = b.endpoints.apply
+
+            def recording(ups: list[tuple[str, Any]], dels: list[str], synced: bool) -> int:
+                applied.append(([k for k, _ in ups], list(dels)))
+                return int(orig(ups, dels, synced))
+
+            b.endpoints.apply = recording
+            watchers = {"identities": b.identities.watcher, "ipcache": b.endpoints.watcher,
+                        "nodes": b.registry.nodes.watcher}  # type: ignore[union-attr]
+            for p in proxies:
+                p.cut()
+            await wait_for(lambda: not any(w.health().connected for w in watchers.values()),
+                           "b cut off")
+            before = b.remote()
+            await anyio.to_thread.run_sync(a.mgr.delete, str(eps[0].id))
+            new = await anyio.to_thread.run_sync(a.mgr.create, "0", pod("late", ["k8s:x=2"]))
+            srv.upsert(node_object("node-a", "192.0.2.1", {"zone": "z1"}))
+            await wait_for(lambda: f"{new.ipv4}/32" in published(a), "a's new endpoint")
+
+            async def node_a_changed() -> bool:
+                v = (await kv.admin.get(kv.layout.node("node-a")))
+                return v is not None and b'"z1"' in v.value
+
+            with anyio.fail_after(10):
+                while not await node_a_changed() or await etcd_ips(kv) != published(a) \
+                        or new.identity not in await kv.identities():
+                    await anyio.sleep(0.05)
+            assert b.remote() == before  # cut off: b keeps what it had
+            rev = await kv.admin.put(kv.layout.base + "bump", "1")
+            await kv.admin.compact(rev)
+            for p in proxies:
+                p.heal()
+            await wait_for(lambda: b.remote() == published(a), "b re-synced its ipcache")
+            await wait_for(lambda: dict(b.node_rows()["node-a"].labels).get("zone") == "z1",
+                           "b has node-a's new labels")
+            await wait_for(lambda: b.mgr.identities.lookup(b.mgr.db.read_txn(), new.identity)
+                           is not None, "b knows the new identity")
+            for name, w in watchers.items():
+                assert w.health().relists >= 1, (name, w.health())
+            # Only the difference: the new endpoint's address in, the deleted one's out.
+            ups = {k for u, _ in applied for k in u}
+            dels = {k for _, d in applied for k in d}
+            assert ups == {str(new.ipv4)} and dels == {str(eps[0].ipv4)}, applied
+            with anyio.fail_after(10):
+                while not all(ok for ok, _ in b.health()):
+                    await anyio.sleep(0.1)
+            tg.cancel_scope.cancel()
+    finally:
+        for p in proxies:
+            p.close()
+        for ag in (a, b):
+            await kv.stop_agent(ag)
+        await kv.close()
+        srv.stop()
