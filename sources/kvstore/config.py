@@ -11,13 +11,16 @@ The file is the etcd client YAML Cilium reads::
     username: cilium          # optional, with password: etcd's auth (a token per connection)
     password: secret
 
-Every error names the file and the field (`KVStoreConfigError`, an input error).
+Every error names the file and the field (`KVStoreConfigError`, an input error); the
+TLS files are read when the file is loaded, so a missing, unreadable or mismatched
+certificate or key stops the agent at start rather than at its first request.
 """
 
 from __future__ import annotations
 
+import ssl
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -43,10 +46,44 @@ class EtcdConfig:
     password: str = ""
     #: Seconds one request may take before the next endpoint is tried.
     request_timeout: float = 5.0
+    #: Where the configuration came from (the file), for errors.
+    source: str = field(default="etcd config", compare=False)
 
     @property
     def tls(self) -> bool:
         return any(urlsplit(e).scheme == "https" for e in self.endpoints)
+
+    def ssl_context(self) -> ssl.SSLContext:
+        """The TLS client context: ``trusted-ca-file`` (else the system's CAs) and the
+        client certificate; `KVStoreConfigError` naming the field and file when one
+        cannot be read or the key does not match the certificate."""
+        try:
+            ctx = ssl.create_default_context(cafile=self.trusted_ca_file or None)
+        except (OSError, ssl.SSLError) as e:
+            raise KVStoreConfigError(f"{self.trusted_ca_file}: {_reason(e)}", obj=self.source,
+                                     field="trusted-ca-file") from None
+        if self.cert_file:
+            for name, path in (("cert-file", self.cert_file), ("key-file", self.key_file)):
+                try:
+                    Path(path).read_bytes()
+                except OSError as e:
+                    raise KVStoreConfigError(f"{path}: {_reason(e)}", obj=self.source,
+                                             field=name) from None
+            try:
+                ctx.load_cert_chain(self.cert_file, self.key_file)
+            except (OSError, ssl.SSLError) as e:
+                raise KVStoreConfigError(
+                    f"{self.cert_file} with {self.key_file}: {_reason(e)}", obj=self.source,
+                    field="cert-file") from None
+        return ctx
+
+
+def _reason(e: BaseException) -> str:
+    if isinstance(e, ssl.SSLError):
+        return f"not a usable certificate or key ({e.reason or e})"
+    if isinstance(e, OSError) and e.strerror:
+        return e.strerror
+    return str(e)
 
 
 _FIELDS = {"endpoints", "trusted-ca-file", "cert-file", "key-file", "username", "password",
@@ -81,14 +118,18 @@ def parse_etcd_config(raw: Any, source: str = "etcd config") -> EtcdConfig:
         raise KVStoreConfigError("cert-file and key-file go together", obj=source)
     if bool(values["username"]) != bool(values["password"]):
         raise KVStoreConfigError("username and password go together", obj=source)
-    return EtcdConfig(
+    config = EtcdConfig(
         endpoints=tuple(e.rstrip("/") for e in eps),
         trusted_ca_file=values["trusted-ca-file"] or values["ca-file"],
         cert_file=values["cert-file"],
         key_file=values["key-file"],
         username=values["username"],
         password=values["password"],
+        source=source,
     )
+    if config.tls or config.cert_file or config.trusted_ca_file:
+        config.ssl_context()  # the files are read now: errors at start, not at first use
+    return config
 
 
 def load_etcd_config(path: str | Path) -> EtcdConfig:

@@ -147,12 +147,7 @@ class EtcdClient:
         self.config = config
         self._current = 0
         self._tokens: dict[str, str] = {}
-        verify: ssl.SSLContext | bool = True
-        if config.tls:
-            ctx = ssl.create_default_context(cafile=config.trusted_ca_file or None)
-            if config.cert_file:
-                ctx.load_cert_chain(config.cert_file, config.key_file)
-            verify = ctx
+        verify: ssl.SSLContext | bool = config.ssl_context() if config.tls else True
         timeout = httpx.Timeout(config.request_timeout, connect=min(2.0, config.request_timeout))
         self._http = httpx.AsyncClient(verify=verify, timeout=timeout)
 
@@ -178,9 +173,13 @@ class EtcdClient:
                 endpoint + "/v3/auth/authenticate",
                 json={"name": self.config.username, "password": self.config.password},
             )
-            body = resp.json()
+            try:
+                body = resp.json()
+            except ValueError:
+                body = {"error": self.http_error(resp)}
             if resp.status_code != 200 or "token" not in body:
-                raise KVStoreError(f"etcd {endpoint}: authenticate: {body.get('error', body)}")
+                raise KVStoreError(f"etcd {endpoint}: authenticate as user "
+                                   f"{self.config.username!r}: {body.get('error', body)}")
             token = str(body["token"])
             self._tokens[endpoint] = token
         return {"Authorization": token}
@@ -195,9 +194,14 @@ class EtcdClient:
                 resp = await self._http.post(
                     f"{endpoint}/v3/{path}", json=body, headers=await self._headers(endpoint)
                 )
+            except (httpx.HTTPError, OSError) as e:  # OSError: ssl.SSLError httpx passes on
+                errors.append(self.transport_error(endpoint, e))
+                self._rotate(endpoint)
+                continue
+            try:
                 out = resp.json()
-            except (httpx.HTTPError, ValueError) as e:
-                errors.append(f"{endpoint}: {type(e).__name__}: {e}".rstrip(": "))
+            except ValueError:
+                errors.append(f"{endpoint}: {self.http_error(resp)}")
                 self._rotate(endpoint)
                 continue
             if resp.status_code == 200 and "error" not in out:
@@ -212,6 +216,41 @@ class EtcdClient:
                 continue
             raise KVStoreError(f"etcd {path} at {endpoint}: {msg}")
         raise KVStoreUnavailable(f"etcd {path}: no endpoint answered ({'; '.join(errors)})")
+
+    def transport_error(self, endpoint: str, e: BaseException) -> str:
+        """What went wrong talking to ``endpoint``; a failed TLS handshake says so and
+        names the configuration's CA and certificate files."""
+        text = f"{type(e).__name__}: {e}".rstrip(": ")
+        cfg = self.config
+        files = ", ".join(f"{k} {v}" for k, v in (("trusted-ca-file", cfg.trusted_ca_file),
+                                                   ("cert-file", cfg.cert_file)) if v)
+        refused = ("etcd (with --client-cert-auth) refuses the client certificate "
+                   f"({'cert-file ' + cfg.cert_file if cfg.cert_file else 'no cert-file'}: "
+                   "none, or not signed by a CA etcd trusts)")
+        if "SSL" in text or "certificate" in text.lower():
+            if "ALERT" in text.upper():  # the server's alert: it refused our certificate
+                return f"{endpoint}: TLS handshake failed: {refused}: {e}"
+            return f"{endpoint}: TLS handshake failed: {e} ({files or 'system CAs, no cert-file'})"
+        if endpoint.startswith("https:") and not str(e) and isinstance(
+                e, httpx.ReadError | httpx.RemoteProtocolError | httpx.WriteError):
+            # TLS 1.3: the server checks the client certificate after the client's side of
+            # the handshake is done, and may refuse it by closing the connection.
+            return f"{endpoint}: TLS connection closed without an answer: {refused}"
+        if endpoint.startswith("http:") and isinstance(e, httpx.RemoteProtocolError):
+            text += f" (a TLS port? use {endpoint.replace('http:', 'https:', 1)})"
+        return f"{endpoint}: {text}"
+
+    def http_error(self, resp: httpx.Response) -> str:
+        """An answer that is not etcd's JSON (a proxy, plain HTTP to a TLS port, the
+        gateway refusing a client certificate), with what to do where it is known."""
+        text = f"HTTP {resp.status_code}: {resp.text[:160].strip()}"
+        if "HTTP request to an HTTPS server" in resp.text:
+            text += f" (use {str(resp.url).split('/v3/')[0].replace('http:', 'https:', 1)})"
+        if "CommonName of client" in resp.text:
+            text += (f" (cert-file {self.config.cert_file} has a CommonName: etcd's JSON "
+                     "gateway refuses such client certificates under --client-cert-auth; use "
+                     "one without a CommonName, and username/password for etcd's auth)")
+        return text
 
     # ----- key-values -------------------------------------------------------------------------
     async def get(self, key: str) -> KeyValue | None:
@@ -290,9 +329,9 @@ class EtcdClient:
         try:
             resp = await self._http.post(f"{endpoint}/v3/maintenance/status", json={},
                                          headers=await self._headers(endpoint))
-        except httpx.HTTPError as e:
+        except (httpx.HTTPError, OSError) as e:  # OSError: ssl.SSLError httpx passes on
             self._rotate(endpoint)
-            raise KVStoreUnavailable(f"etcd {endpoint}: {type(e).__name__}: {e}") from e
+            raise KVStoreUnavailable(f"etcd {self.transport_error(endpoint, e)}") from e
         if resp.status_code != 200:
             self._rotate(endpoint)
             raise KVStoreUnavailable(f"etcd {endpoint}: status: HTTP {resp.status_code}")
@@ -324,9 +363,9 @@ class EtcdClient:
                     events = self._watch_line(endpoint, json.loads(line))
                     if events is not None:
                         yield events
-        except (httpx.HTTPError, ValueError) as e:
+        except (httpx.HTTPError, OSError, ValueError) as e:
             self._rotate(endpoint)
-            raise KVStoreUnavailable(f"etcd watch at {endpoint}: {type(e).__name__}: {e}") from e
+            raise KVStoreUnavailable(f"etcd watch at {self.transport_error(endpoint, e)}") from e
         self._rotate(endpoint)
         raise KVStoreUnavailable(f"etcd watch at {endpoint}: stream ended")
 

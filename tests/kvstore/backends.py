@@ -216,17 +216,19 @@ class KVStoreBackend(Backend):
     name = "kvstore"
 
     def __init__(self, endpoints: list[str], grace: float = 0.0, ttl: int = 5,
-                 apiserver: FakeAPIServer | None = None, tmp: Path | None = None) -> None:
+                 apiserver: FakeAPIServer | None = None, tmp: Path | None = None,
+                 config: EtcdConfig | None = None, admin: EtcdConfig | None = None) -> None:
         """``apiserver`` (and ``tmp`` for its kubeconfig): where agents read their own
-        Node; without it they run no node registry."""
+        Node; without it they run no node registry. ``config``: the agents' etcd
+        configuration (TLS, auth), ``admin`` the test's own (default: ``config``)."""
         self.apiserver = apiserver
         self.kubeconfig = (apiserver.write_kubeconfig(tmp / f"kubeconfig-{uuid.uuid4().hex[:6]}")
                            if apiserver is not None and tmp is not None else "")
-        self.config = EtcdConfig(tuple(endpoints), request_timeout=3.0)
+        self.config = config or EtcdConfig(tuple(endpoints), request_timeout=3.0)
         self.layout = KeyLayout(base=f"t{uuid.uuid4().hex[:8]}/cilium/state/")
         self.grace = grace
         self.ttl = ttl
-        self.admin = EtcdClient(self.config)
+        self.admin = EtcdClient(admin or self.config)
 
     def session_for(self, agent: Agent, config: EtcdConfig | None = None) -> KVStoreSession:
         return KVStoreSession(EtcdClient(config or self.config), ttl=self.ttl,

@@ -10,16 +10,19 @@ import pytest
 
 from sources.kvstore.config import KVStoreConfigError, load_etcd_config, parse_kvstore_opts
 from statewright.agent.config import AgentConfig, ConfigError, load
+from tests.kvstore.tls_certs import make_tls_files
 
 
 def test_etcd_config_file(tmp_path: Path) -> None:
+    tls = make_tls_files(tmp_path / "pki")
     f = tmp_path / "etcd.config"
     f.write_text("endpoints:\n- https://10.0.0.1:2379\n- https://10.0.0.2:2379/\n"
-                 "trusted-ca-file: /ca.crt\ncert-file: /c.crt\nkey-file: /c.key\n"
-                 "username: cilium\npassword: pw\n")
+                 f"trusted-ca-file: {tls.ca}\ncert-file: {tls.client.cert}\n"
+                 f"key-file: {tls.client.key}\nusername: cilium\npassword: pw\n")
     cfg = load_etcd_config(f)
     assert cfg.endpoints == ("https://10.0.0.1:2379", "https://10.0.0.2:2379")
-    assert cfg.tls and cfg.trusted_ca_file == "/ca.crt" and cfg.username == "cilium"
+    assert cfg.tls and cfg.trusted_ca_file == str(tls.ca) and cfg.username == "cilium"
+    assert cfg.source == str(f)
 
 
 @pytest.mark.parametrize(("text", "message"), [
