@@ -176,7 +176,7 @@ def start_agent(tmp: str, services: int) -> tuple[subprocess.Popen[bytes], str]:
         [sys.executable, "-m", "statewright", "agent", "--api-socket", sock,
          "--backend", "memory", "--pin-dir", os.path.join(tmp, "pins"),
          "--state-dir", os.path.join(tmp, "state"), "--manifests", manifests,
-         "--no-netlink"],
+         "--no-netlink", "--no-sysctl"],  # a benchmark leaves the machine's settings alone
         stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=REPO,
     )
     log.close()

@@ -414,6 +414,8 @@ def restore_recorded(procfs: ProcSys, originals: OriginalValues) -> tuple[list[s
         name = path.replace("/", ".")
         if path in ops.left_alone:
             done.append(f"sysctl {name} left alone (changed since the agent set {rec.ours})")
+        elif normalized(rec.original) == normalized(rec.ours):
+            done.append(f"sysctl {name} = {rec.original} (as found: the agent changed nothing)")
         else:
             done.append(f"sysctl {name} = {rec.original} (restored)")
     return done, errors

@@ -56,9 +56,13 @@ def started_health(comp: SysctlComponent) -> list[tuple[str, str, str]]:
 
 
 def test_disabled_says_what_the_pods_need(tmp_path: Path) -> None:
-    health = started_health(SysctlComponent(SysctlConfig(False, "", str(tmp_path))))
+    comp = SysctlComponent(SysctlConfig(False, "", str(tmp_path)))
+    health = started_health(comp)
     assert health[0][:2] == ("sysctl", "Disabled")
     assert "net.ipv4.ip_forward=1" in health[0][2]
+    # the table is there (`db show sysctls` answers), empty
+    assert comp.table is not None and comp.db is not None
+    assert comp.table.count(comp.db.read_txn()) == 0
 
 
 def test_a_damaged_record_changes_nothing_and_says_so(tmp_path: Path) -> None:
@@ -68,7 +72,7 @@ def test_a_damaged_record_changes_nothing_and_says_so(tmp_path: Path) -> None:
     health = started_health(comp)
     assert health[0][1] == "Degraded"
     assert str(record) in health[0][2] and "no setting is changed" in health[0][2]
-    assert comp.table is None and comp.reconciler is None
+    assert comp.reconciler is None and comp.ops is None
     assert record.read_text() == "{\"settings\": "
     with pytest.raises(OSError, match="cannot read the recorded sysctl values"):
         comp.cleanup()

@@ -99,10 +99,13 @@ class SysctlComponent(Component):
         self.problem = ""
 
     async def start(self, hive: Hive) -> None:
-        if not self.config.enabled:
-            return
         db = hive.get("db", DB)
         self.db = db
+        # registered also when nothing is set: `db show sysctls` answers (empty)
+        self.table = new_sysctls_table()
+        db.register(self.table)
+        if not self.config.enabled:
+            return
         procfs = KernelProcSys(self.config.netns)
         try:
             originals = await anyio.to_thread.run_sync(
@@ -114,8 +117,6 @@ class SysctlComponent(Component):
             self.problem = f"{e}; no setting is changed until it is repaired or removed"
             log.error("sysctl: %s", self.problem)
             return
-        self.table = new_sysctls_table()
-        db.register(self.table)
         self.ops = ops
         manager = hive.find(self, ENDPOINTS)
         self.writer = SysctlWriter(db, self.table, self.config.families,
