@@ -63,7 +63,8 @@ class SysctlError(StatewrightError):
         else:
             self.errno = None
             why = err
-        super().__init__(f"{path.replace('/', '.')}: cannot {action} {value}: {why}")
+        super().__init__(
+            f"{path.replace('/', '.')} (/proc/sys/{path}): cannot {action} {value}: {why}")
 
 
 class SysctlStateError(StatewrightError):

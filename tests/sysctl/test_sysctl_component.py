@@ -77,3 +77,13 @@ def test_a_damaged_record_changes_nothing_and_says_so(tmp_path: Path) -> None:
     with pytest.raises(OSError, match="cannot read the recorded sysctl values"):
         comp.cleanup()
     assert record.exists()
+
+
+def test_not_root_is_disabled_and_tries_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr("statewright.agent.components.sysctl.running_as_root", lambda: False)
+    comp = SysctlComponent(SysctlConfig(True, "/nonexistent/netns", str(tmp_path)))
+    health = started_health(comp)
+    assert health[0][1] == "Disabled" and health[0][2].startswith("not root:")
+    assert comp.ops is None and not (tmp_path / ORIGINALS_FILE).exists()

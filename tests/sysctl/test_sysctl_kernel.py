@@ -141,7 +141,8 @@ async def run_agent_twice(state: str, pin_dir: str, netns: str) -> None:
             assert in_ns(netns, "net/ipv4/conf/lxcsw1/forwarding") == "1"
             await until(lambda: comp.health()[0].state == "Degraded", "health")
             msg = comp.health()[0].message
-            assert "net.ipv4.conf.lxcgone.forwarding: cannot set 1: ENOENT" in msg, msg
+            assert ("net.ipv4.conf.lxcgone.forwarding (/proc/sys/net/ipv4/conf/lxcgone/"
+                    "forwarding): cannot set 1: ENOENT") in msg, msg
             assert "lxcsw1" not in msg
         finally:
             await hive.stop()

@@ -66,7 +66,8 @@ def test_a_missing_setting_is_an_error_naming_it_and_records_nothing(tmp_path: P
 def test_a_refused_write_names_the_setting_value_and_errno(tmp_path: Path) -> None:
     procfs, ops = new_ops(tmp_path, {FWD: "0"})
     procfs.read_only.add(FWD)
-    with pytest.raises(SysctlError, match=r"net\.ipv4\.ip_forward: cannot set 1: EACCES"):
+    want = r"net\.ipv4\.ip_forward \(/proc/sys/net/ipv4/ip_forward\): cannot set 1: EACCES"
+    with pytest.raises(SysctlError, match=want):
         ops.apply(Sysctl(FWD, "1"))
     # the original is recorded (before the write); releasing it changes nothing
     ops.release(FWD)

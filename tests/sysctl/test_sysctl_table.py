@@ -110,7 +110,8 @@ def test_writer_and_reconciler_hold_the_settings(tmp_path: Path) -> None:
             assert rows["net/ipv4/ip_forward"].status.kind is StatusKind.DONE
             v6 = rows["net/ipv6/conf/all/forwarding"]
             assert v6.status.kind is StatusKind.ERROR
-            assert "net.ipv6.conf.all.forwarding: cannot set 1: ENOENT" in v6.status.error
+            assert ("net.ipv6.conf.all.forwarding (/proc/sys/net/ipv6/conf/all/forwarding): "
+                    "cannot set 1: ENOENT") in v6.status.error
             # the endpoint goes: its rows go (nothing to restore: its interface is ours)
             with db.write_txn(eps) as txn:
                 eps.delete(txn, ep(1, "lxc1", v6=False))

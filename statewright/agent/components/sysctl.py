@@ -58,6 +58,11 @@ REFRESH_INTERVAL = 60.0
 HEALTH_NAMES = 5
 
 
+def running_as_root() -> bool:
+    """Whether the agent may write /proc/sys (tests replace it)."""
+    return os.geteuid() == 0
+
+
 @dataclass(frozen=True, slots=True)
 class SysctlConfig:
     """What the component needs from the agent's configuration."""
@@ -97,6 +102,8 @@ class SysctlComponent(Component):
         self.db: DB | None = None
         #: Why the component could not start its work ("" when it did).
         self.problem = ""
+        #: Not root: the kernel settings cannot be changed (nothing is tried).
+        self.unprivileged = False
 
     async def start(self, hive: Hive) -> None:
         db = hive.get("db", DB)
@@ -105,6 +112,9 @@ class SysctlComponent(Component):
         self.table = new_sysctls_table()
         db.register(self.table)
         if not self.config.enabled:
+            return
+        if not running_as_root():
+            self.unprivileged = True
             return
         procfs = KernelProcSys(self.config.netns)
         try:
@@ -144,11 +154,14 @@ class SysctlComponent(Component):
                      "statewright agent --cleanup)", len(self.ops.originals.paths()))
 
     def health(self) -> list[Health]:
+        need = ("(its pods need net.ipv4.ip_forward=1, net.ipv6.conf.all.forwarding=1 and "
+                "no strict rp_filter: set them by hand)")
         if not self.config.enabled:
             return [Health(self.name, DISABLED,
-                           "sysctl: false: the agent sets no kernel settings (its pods need "
-                           "net.ipv4.ip_forward=1, net.ipv6.conf.all.forwarding=1 and no "
-                           "strict rp_filter: set them by hand)")]
+                           f"sysctl: false: the agent sets no kernel settings {need}")]
+        if self.unprivileged:
+            return [Health(self.name, DISABLED,
+                           f"not root: the agent cannot set kernel settings {need}")]
         if self.problem:
             return [Health(self.name, DEGRADED, self.problem)]
         if self.reconciler is None or self.table is None or self.db is None:
