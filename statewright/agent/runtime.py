@@ -50,6 +50,7 @@ import anyio.abc
 from bpf.pinning import PinDirLockedError, PinDirLockError, lock_pin_dir
 from statewright.agent.components.api import ApiComponent, ApiConfig
 from statewright.agent.components.conntrack import CTComponent, CTConfig
+from statewright.agent.components.debug import DebugComponent
 from statewright.agent.components.endpoint_datapath import (
     EndpointDatapathComponent,
     EndpointDatapathConfig,
@@ -118,6 +119,7 @@ def agent_components(config: AgentConfig, agent: Agent | None = None) -> list[Co
         DatapathComponent(DatapathComponentConfig.from_agent_config(config)),
         MetricsComponent(MetricsConfig.from_agent_config(config)),
         SysctlComponent(SysctlConfig.from_agent_config(config)),
+        DebugComponent(),
     ]
 
 
