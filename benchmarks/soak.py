@@ -27,12 +27,16 @@ Keys:
   the loop. stall_cpu_ms_max / stalls_over_50ms_cpu: the same by the CPU time the loop's
   thread ran during each stall (/proc/thread-self/schedstat): on a loaded machine a stall
   is mostly waiting for a CPU (run queue), which is the machine's, not the agent's work.
+- gc_passes_by_generation / gc_passes_longest: the agent's collector passes during the
+  timed minutes, and the longest (CPU ms, objects collected, ``at_s``).
 - rss_mb_after_sync, rss_mb_start (the churn's start), rss_mb_end,
   rss_mb_per_hour_after_warmup: the agent process' resident memory, sampled every 10 s;
   the slope is a least-squares fit after the first ``warmup_minutes`` (5; a third of the
   run when it is shorter than 10 minutes).
 - tracemalloc_top: the 5 source lines whose live memory grew most in the agent during the
-  traced window (after a baseline snapshot 20 s into it), from the agent's own snapshots.
+  second half of the traced window (the baseline snapshot is taken once every service was
+  churned under tracing, so replaced state does not count as growth), from the agent's
+  own snapshots (statewright/agent/loop_probe.py, MemoryTracer).
 - server_late_ms_max: how far the fake server fell behind its schedule (a late server
   emits a burst that the agent then works off: lateness there is not the agent's).
 - load_avg_1m_by_minute, load_avg_1m_at_start / _at_end: the shared machine's load.
@@ -465,11 +469,15 @@ class Probe:
         self.worst: list[dict[str, Any]] = []
         self.rss: list[tuple[float, float]] = []
         self.loads: list[float] = []
+        self.gc_base: list[int] = [0, 0, 0]
+        self.gc_passes: list[int] = [0, 0, 0]
+        self.gc_long: list[dict[str, Any]] = []
 
     def start(self) -> None:
         doc = api(self.run.sock, "/debug/probe")
         self.since = time.monotonic()
         self.base_counts = doc["loop"]["lag_counts"]
+        self.gc_base = doc["gc"]["passes"]
         self.buckets = doc["loop"]["lag_buckets_ms"]
 
     def sample(self) -> None:
@@ -482,6 +490,12 @@ class Probe:
         loop = doc["loop"]
         assert self.base_counts is not None
         self.counts = [a - b for a, b in zip(loop["lag_counts"], self.base_counts)]
+        self.gc_passes = [a - b for a, b in zip(doc["gc"]["passes"], self.gc_base)]
+        for p in doc["gc"]["long_passes"]:
+            if p["at"] > self.since:
+                p["at_s"] = round(p.pop("at") - self.t0, 1)
+                bisect.insort(self.gc_long, p, key=lambda x: -x["cpu_ms"])
+                del self.gc_long[self.KEEP_STALLS:]
         for s in loop["stalls"]:
             self.since = max(self.since, s["at"])
             ms = s["ms"]
@@ -516,6 +530,8 @@ def _figures(churn: Churn, probe: Probe, warmup_s: float) -> dict[str, Any]:
     out["loop_lag_buckets_ms"] = probe.buckets
     out["loop_lag_counts"] = probe.counts
     out["stalls_worst"] = probe.worst
+    out["gc_passes_by_generation"] = probe.gc_passes
+    out["gc_passes_longest"] = probe.gc_long
     out["rss_mb_start"] = round(probe.rss[0][1], 1) if probe.rss else 0.0
     out["rss_mb_end"] = round(probe.rss[-1][1], 1) if probe.rss else 0.0
     out["warmup_minutes"] = round(warmup_s / 60, 2)
@@ -533,12 +549,16 @@ def _figures(churn: Churn, probe: Probe, warmup_s: float) -> dict[str, Any]:
 def _tracemalloc(run: Run, churn: Churn, seconds: float) -> list[dict[str, Any]]:
     """tracemalloc in the agent for ``seconds`` (the churn running): its top growths."""
     api(run.sock, "/debug/tracemalloc", {"action": "start", "frames": 1})
-    settle = min(20.0, seconds / 3)
-    churn.run_for(settle, lambda: None)
-    api(run.sock, "/debug/tracemalloc", {"action": "snapshot"})
-    churn.run_for(seconds - settle, lambda: None)
-    doc = api(run.sock, "/debug/tracemalloc", {"action": "snapshot", "top": 5})
-    api(run.sock, "/debug/tracemalloc", {"action": "stop"})
+    try:
+        # The baseline once every service was churned under tracing (see MemoryTracer).
+        first = min(1.5 * run.args.services / run.args.rate + 5, seconds / 2)
+        churn.run_for(first, lambda: None)
+        api(run.sock, "/debug/tracemalloc", {"action": "snapshot"}, timeout=900)
+        churn.run_for(seconds - first, lambda: None)
+        doc = api(run.sock, "/debug/tracemalloc", {"action": "snapshot", "top": 5},
+                  timeout=900)
+    finally:
+        api(run.sock, "/debug/tracemalloc", {"action": "stop"})
     return list(doc["top"])
 
 
@@ -602,7 +622,11 @@ def _churn_phase(args: argparse.Namespace, run: Run, reader: MapReader,
     churn.recording = False
     if args.tracemalloc_seconds > 0:
         out["tracemalloc_seconds"] = args.tracemalloc_seconds
-        out["tracemalloc_top"] = _tracemalloc(run, churn, args.tracemalloc_seconds)
+        try:
+            out["tracemalloc_top"] = _tracemalloc(run, churn, args.tracemalloc_seconds)
+        except (OSError, RuntimeError) as e:  # the timed figures stand without it
+            out["tracemalloc_top"] = []
+            out["tracemalloc_error"] = str(e)
     conn.send(("stop",))
     churn.reader_thread.join(timeout=30)
     if churn.stopped is not None:

@@ -141,8 +141,10 @@ class Table(Generic[O, PK]):
         self.trimmed_revision = 0
         # (log list, position) where the last trim stopped: saves two binary searches.
         self.trim_mark: tuple[builtins.list[Any] | None, int] = (None, 0)
-        # Log length kept by the last compaction (see statedb.ordered.compact_log).
+        # Log length kept by the last compaction (see statedb.ordered.compact_log), and
+        # the compaction in progress (statedb.ordered.Compaction); writer-owned.
         self.log_floor = 0
+        self.compaction: Any = None
         # Per unique secondary index position: (revision, key) of each record written
         # under a key since the last trim, in revision order; writer-owned.
         self.index_logs: dict[int, builtins.list[tuple[int, bytes]]] = {

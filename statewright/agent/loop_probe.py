@@ -125,6 +125,57 @@ class LoopProbe:
         }
 
 
+class CollectorProbe:
+    """The cyclic collector's passes, from ``gc.callbacks``: per generation how many and the
+    longest (CPU ms, ``time.thread_time``), and the latest passes over ``long_ms``."""
+
+    def __init__(self, long_ms: float = 10.0) -> None:
+        self.long_ms = long_ms
+        self.count = [0, 0, 0]
+        self.max_ms = [0.0, 0.0, 0.0]
+        self.long: collections.deque[tuple[float, int, float, int]] = collections.deque(
+            maxlen=RECENT_STALLS
+        )
+        self._start = 0.0
+
+    def __call__(self, phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            self._start = time.thread_time()
+            return
+        ms = (time.thread_time() - self._start) * 1000
+        gen = info["generation"]
+        self.count[gen] += 1
+        self.max_ms[gen] = max(self.max_ms[gen], ms)
+        if ms > self.long_ms:
+            self.long.append((time.monotonic(), gen, ms, info.get("collected", 0)))
+
+    def install(self) -> None:
+        """Start counting."""
+        import gc
+
+        gc.callbacks.append(self)
+
+    def remove(self) -> None:
+        """Stop counting."""
+        import gc
+
+        if self in gc.callbacks:
+            gc.callbacks.remove(self)
+
+    def to_json(self, since: float = 0.0) -> dict[str, Any]:
+        """Counts, maxima and the long passes that ended after ``since``."""
+        return {
+            "passes": list(self.count),
+            "cpu_ms_max": [round(m, 2) for m in self.max_ms],
+            "long_ms": self.long_ms,
+            "long_passes": [
+                {"at": round(at, 3), "generation": g, "cpu_ms": round(ms, 2), "collected": c}
+                for at, g, ms, c in self.long
+                if at > since
+            ],
+        }
+
+
 class StallSampler:
     """A thread that, every millisecond while the loop has not woken for over
     ``threshold_ms``, records the loop thread's stack; `LoopProbe` takes the counts when
@@ -187,10 +238,15 @@ class StallSampler:
 class MemoryTracer:
     """tracemalloc, started and compared on request: ``start`` begins tracing, the first
     ``snapshot`` afterwards is the baseline, each later one answers the source lines whose
-    live memory grew most since the baseline."""
+    live memory grew most since the baseline.
+
+    The baseline keeps only its per-line totals (a snapshot of a large heap is hundreds of
+    megabytes of trace objects). Take it once everything the agent keeps replacing has
+    been replaced at least once under tracing: before that, state allocated before
+    tracing began and replaced since shows up as growth."""
 
     def __init__(self) -> None:
-        self.baseline: tracemalloc.Snapshot | None = None
+        self.baseline: dict[tuple[str, int], tuple[int, int]] | None = None
 
     def start(self, frames: int) -> dict[str, Any]:
         """Begin tracing with ``frames`` frames per allocation (a new baseline follows)."""
@@ -215,31 +271,45 @@ class MemoryTracer:
             "has_baseline": self.baseline is not None,
         }
 
+    @staticmethod
+    def _by_line() -> dict[tuple[str, int], tuple[int, int]]:
+        snap = tracemalloc.take_snapshot().filter_traces(
+            (tracemalloc.Filter(False, tracemalloc.__file__),)
+        )
+        out: dict[tuple[str, int], tuple[int, int]] = {}
+        for stat in snap.statistics("lineno"):
+            frame = stat.traceback[0]
+            out[(frame.filename, frame.lineno)] = (stat.size, stat.count)
+        return out
+
     def snapshot(self, top: int) -> dict[str, Any]:
         """Take a snapshot: the baseline if there is none, else the ``top`` growths since
         it (by source line: size and count differences). Slow on a big heap: run it in a
         worker thread."""
         if not tracemalloc.is_tracing():
             raise RuntimeError("tracemalloc is not tracing: start it first")
-        snap = tracemalloc.take_snapshot().filter_traces(
-            (tracemalloc.Filter(False, tracemalloc.__file__),)
-        )
+        now = self._by_line()
         out = self.state()
         if self.baseline is None:
-            self.baseline = snap
+            self.baseline = now
             out["has_baseline"] = True
             out["top"] = []
             return out
-        stats = snap.compare_to(self.baseline, "lineno")
-        stats.sort(key=lambda s: s.size_diff, reverse=True)
+        base = self.baseline
+        diffs = []
+        for where in now.keys() | base.keys():
+            size, count = now.get(where, (0, 0))
+            size0, count0 = base.get(where, (0, 0))
+            diffs.append((size - size0, count - count0, size, where))
+        diffs.sort(reverse=True)
         out["top"] = [
             {
-                "where": f"{s.traceback[0].filename}:{s.traceback[0].lineno}",
-                "size_kb_diff": round(s.size_diff / 1024, 1),
-                "count_diff": s.count_diff,
-                "size_kb": round(s.size / 1024, 1),
+                "where": f"{where[0]}:{where[1]}",
+                "size_kb_diff": round(d / 1024, 1),
+                "count_diff": c,
+                "size_kb": round(size / 1024, 1),
             }
-            for s in stats[:top]
+            for d, c, size, where in diffs[:top]
         ]
         return out
 

@@ -23,7 +23,7 @@ from typing import Any
 
 import anyio
 
-from statewright.agent.loop_probe import LoopProbe, MemoryTracer, rss_mb
+from statewright.agent.loop_probe import CollectorProbe, LoopProbe, MemoryTracer, rss_mb
 from statewright.api_types import ApiError, QueryParam, Request, Route
 from statewright.component import DISABLED, OK, Component, Health, Hive
 
@@ -77,16 +77,19 @@ class DebugComponent(Component):
     def __init__(self, enabled: bool | None = None) -> None:
         self.enabled = probe_enabled() if enabled is None else enabled
         self.loop: LoopProbe | None = None
+        self.collector = CollectorProbe()
         self.memory = MemoryTracer()
 
     async def start(self, hive: Hive) -> None:
         """Start the loop probe (when enabled)."""
         if self.enabled:
             self.loop = LoopProbe()
+            self.collector.install()
             await hive.spawn(self, self.loop.run)
 
     async def stop(self) -> None:
         """Stop a running memory trace (the probe's task is already cancelled)."""
+        self.collector.remove()
         if self.memory.state()["tracing"]:
             self.memory.stop()
 
@@ -112,6 +115,8 @@ class DebugComponent(Component):
         return self.loop
 
     async def _probe(self, req: Request) -> Any:
+        # Nothing here walks the heap: gc.get_freeze_count() counts the frozen objects one
+        # by one (60-70 ms on the loop for an agent with 10,000 services).
         loop = self._started()
         since = int(req.query.get("since_ms", "0") or 0) / 1000
         return {
@@ -121,8 +126,8 @@ class DebugComponent(Component):
             "gc": {
                 "counts": list(gc.get_count()),
                 "thresholds": list(gc.get_threshold()),
-                "frozen": gc.get_freeze_count(),
                 "collections": [s["collections"] for s in gc.get_stats()],
+                **self.collector.to_json(since),
             },
             "tracemalloc": self.memory.state(),
         }
