@@ -13,11 +13,17 @@ the application opts in with these helpers (the Statewright agent does):
 - `steady_gc` once the bulk load is done: thresholds for steady churn;
 - `collect_young_periodically` under steady churn: timed young collections (the young
   threshold does not bound the young generation when old objects are freed as fast as
-  new ones are made);
+  new ones are made), each followed by a freeze of its survivors, so no middle or full
+  pass ever traverses the churned state (benchmarks/soak.py: a middle pass every ~2
+  minutes held the event loop 230-370 ms at 10,000 services);
 - `collect_periodically` for the process's lifetime: objects frozen once stay out of
   every later collection, so a reference cycle among them would be kept forever;
-  every ``interval`` seconds it unfreezes, runs one full collection and freezes the
-  survivors again (`collect_frozen`).
+  every ``interval`` seconds a forked child counts the cyclic garbage among them
+  (`count_frozen_garbage`, off the event loop), and only when it has reached
+  ``reclaim_bytes`` does the process itself unfreeze, run one full collection and
+  freeze the survivors again (`collect_frozen`: about half a second holding the
+  interpreter at 10,000 services). The garbage kept is thus bounded by
+  ``reclaim_bytes``, and a process that makes no cycles never pays the full pass.
 
 `collector_tuned` tells whether the process has opted in (`tune_gc` was called), so a
 component can run the periodic collection only in a process that tuned its collector.
@@ -27,6 +33,10 @@ from __future__ import annotations
 
 import gc
 import logging
+import os
+import select
+import signal
+import sys
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -40,12 +50,20 @@ log = logging.getLogger(__name__)
 #: bulk load measures the effect: fewer, cheaper young passes and more objects per second).
 DEFAULT_GEN0_THRESHOLD = 200_000
 
-#: Seconds between two `collect_frozen` passes of `collect_periodically`. A full pass over
-#: a large LB state (benchmarks/lb.py's 10,000 services x 10 backends, about 900,000
-#: tracked objects) holds the interpreter, and so the event loop, for about half a second
-#: of CPU: once every ten minutes costs a small fraction of a core while bounding how long
-#: a frozen cycle is kept.
+#: Seconds between two checks of `collect_periodically` for cyclic garbage among frozen
+#: objects. A full pass over a large LB state (benchmarks/lb.py's 10,000 services x 10
+#: backends, about 900,000 tracked objects) holds the interpreter, and so the event loop,
+#: for about half a second of CPU, so it runs only when a check finds enough garbage
+#: (`DEFAULT_RECLAIM_BYTES`); a check is a fork (a few ms on the loop for the page
+#: tables) and a child doing that pass on its copy.
 DEFAULT_COLLECT_INTERVAL = 600.0
+
+#: Cyclic garbage among frozen objects (bytes, ``sys.getsizeof`` of each object found)
+#: from which `collect_periodically` reclaims it with a full pass.
+DEFAULT_RECLAIM_BYTES = 4 * 2**20
+
+#: Seconds a `count_frozen_garbage` child may take before it is killed.
+COUNT_TIMEOUT = 300.0
 
 #: The collector's thresholds for the steady state after a bulk load (`steady_gc`), chosen
 #: with benchmarks/k8s.py (10,000 services under EndpointSlice churn). Under churn each
@@ -154,32 +172,111 @@ async def collect_young_periodically(
     """Run a young collection (``gc.collect(0)``) every ``interval`` seconds until
     cancelled, while the process keeps a tuned collector (`collector_tuned`); see
     `YOUNG_COLLECT_INTERVAL` for why. Each pass costs what the young generation holds, so
-    a short interval keeps every pass short."""
+    a short interval keeps every pass short. The survivors of each pass are frozen
+    (``gc.freeze``): a cycle among them is left to `collect_periodically`."""
     if interval <= 0:
         raise ValueError(f"collect_young_periodically: interval must be > 0, got {interval}")
     task_status.started()
-    collect = gc.collect
+    collect, freeze = gc.collect, gc.freeze
     while True:
         await anyio.sleep(interval)
         if collector_tuned():
             collect(0)
+            # O(1): the survivors join the frozen heap instead of the middle generation,
+            # whose passes would traverse every churned object still alive.
+            freeze()
+
+
+@dataclass(frozen=True, slots=True)
+class GarbageCount:
+    """What a `count_frozen_garbage` child found: unreachable objects and their bytes."""
+
+    objects: int
+    bytes: int
+
+
+def count_frozen_garbage(timeout: float = COUNT_TIMEOUT) -> GarbageCount | None:
+    """Count the cyclic garbage of the whole heap, frozen objects included, without
+    collecting it: a forked child unfreezes, runs a full collection that saves what it
+    finds (``gc.DEBUG_SAVEALL``) and reports it. The caller's thread only forks (page
+    tables: a few ms for a large process) and waits for the child; call it from a worker
+    thread. None when the child could not tell (no fork, it failed or took longer than
+    ``timeout``: then it is killed)."""
+    if not hasattr(os, "fork"):
+        return None
+    r, w = os.pipe()
+    try:
+        pid = os.fork()
+    except OSError as e:
+        os.close(r)
+        os.close(w)
+        log.warning("gc: cannot fork to count cyclic garbage: %s", e)
+        return None
+    if pid == 0:  # the child: count, report, exit without running any cleanup
+        code = 1
+        try:
+            os.close(r)
+            gc.set_debug(gc.DEBUG_SAVEALL)
+            gc.unfreeze()
+            gc.collect()
+            found = gc.garbage
+            os.write(w, f"{len(found)} {sum(map(sys.getsizeof, found))}".encode())
+            code = 0
+        finally:
+            os._exit(code)
+    os.close(w)
+    return _child_count(pid, r, timeout)
+
+
+def _child_count(pid: int, r: int, timeout: float) -> GarbageCount | None:
+    """Read the child's report, reap it; kill it after ``timeout``."""
+    data = b""
+    deadline = time.monotonic() + timeout
+    try:
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0 or not select.select([r], [], [], left)[0]:
+                os.kill(pid, signal.SIGKILL)
+                log.warning("gc: the cyclic-garbage count took over %.0f s: killed", timeout)
+                data = b""
+                break
+            chunk = os.read(r, 4096)
+            if not chunk:
+                break
+            data += chunk
+    finally:
+        os.close(r)
+        os.waitpid(pid, 0)
+    parts = data.split()
+    if len(parts) != 2:
+        return None
+    return GarbageCount(int(parts[0]), int(parts[1]))
 
 
 async def collect_periodically(
     interval: float = DEFAULT_COLLECT_INTERVAL,
     *,
+    reclaim_bytes: int = DEFAULT_RECLAIM_BYTES,
     task_status: Any = anyio.TASK_STATUS_IGNORED,
 ) -> None:
-    """Run `collect_frozen` every ``interval`` seconds until cancelled.
+    """Every ``interval`` seconds until cancelled, count the cyclic garbage among frozen
+    objects in a forked child (`count_frozen_garbage`, waited for in a worker thread) and
+    reclaim it with `collect_frozen` once it reaches ``reclaim_bytes`` (0: whenever there
+    is any), or when it could not be counted.
 
-    Each pass is logged (at debug level, or info when it found cycles) with what it
-    collected and how long it took.
+    Each reclaiming pass is logged (at info level when it found cycles) with what it
+    collected and how long it took; a check that reclaims nothing at debug level.
     """
     if interval <= 0:
         raise ValueError(f"collect_periodically: interval must be > 0, got {interval}")
     task_status.started()
     while True:
         await anyio.sleep(interval)
+        found = await anyio.to_thread.run_sync(count_frozen_garbage)
+        if found is not None and (found.objects == 0 or found.bytes < reclaim_bytes):
+            log.debug("gc: %d objects (%d bytes) of cyclic garbage, under %d: left",
+                      found.objects, found.bytes, reclaim_bytes)
+            continue
         r = collect_frozen()
         level = logging.INFO if r.collected else logging.DEBUG
         log.log(level, "gc: full collection freed %d objects, %d frozen again, %.0f ms",

@@ -37,7 +37,7 @@ def test_with_an_interval_frozen_cycles_are_collected() -> None:
         ref = weakref.ref(obj)
         gc.freeze()
         del obj
-        hive = Hive([StateDBComponent(collect_interval=0.01)])
+        hive = Hive([StateDBComponent(collect_interval=0.01, reclaim_bytes=0)])
         async with anyio.create_task_group() as tg:
             await hive.start(tg)
             with anyio.fail_after(5):
@@ -75,7 +75,7 @@ def test_tuned_process_gets_the_default_interval(monkeypatch: pytest.MonkeyPatch
 
     seen: list[float] = []
 
-    async def fake(interval: float, *, task_status: Any) -> None:
+    async def fake(interval: float, *, task_status: Any, **_: Any) -> None:
         seen.append(interval)
         task_status.started()
         await anyio.sleep_forever()

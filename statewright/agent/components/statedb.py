@@ -10,7 +10,12 @@ import anyio
 import anyio.to_thread
 
 from statedb import DB, Table
-from statedb.gc_tuning import DEFAULT_COLLECT_INTERVAL, collect_periodically, collector_tuned
+from statedb.gc_tuning import (
+    DEFAULT_COLLECT_INTERVAL,
+    DEFAULT_RECLAIM_BYTES,
+    collect_periodically,
+    collector_tuned,
+)
 from statedb.show import FORMATS, show_table, to_plain
 from statewright.api_types import (
     JSON,
@@ -53,20 +58,25 @@ class StateDBComponent(Component):
 
     In a process that tuned its garbage collector (`statedb.gc_tuning.tune_gc`, which
     ``statewright agent`` calls at start), it also runs the periodic full collection
-    that frees reference cycles among frozen objects (`collect_periodically`), every
-    ``collect_interval`` seconds. In-process agents (tests, embedding) leave the
-    collector as they found it unless given an interval.
+    that frees reference cycles among frozen objects (`collect_periodically`): every
+    ``collect_interval`` seconds a forked child counts them, and once they reach
+    ``reclaim_bytes`` a full collection reclaims them. In-process agents (tests,
+    embedding) leave the collector as they found it unless given an interval.
     """
 
     name = "statedb"
     provides = ("db",)
 
-    def __init__(self, collect_interval: float | None = None) -> None:
+    def __init__(self, collect_interval: float | None = None,
+                 reclaim_bytes: int = DEFAULT_RECLAIM_BYTES) -> None:
         self.db = DB()
-        #: Seconds between two full collections of the frozen heap; None: the default
-        #: interval when the process tuned its collector by the time the component
-        #: starts, else none.
+        #: Seconds between two checks for cyclic garbage among frozen objects; None: the
+        #: default interval when the process tuned its collector by the time the
+        #: component starts, else none.
         self.collect_interval = collect_interval
+        #: Cyclic garbage (bytes) from which a check reclaims it with a full collection
+        #: (0: whenever there is any); see `statedb.gc_tuning.collect_periodically`.
+        self.reclaim_bytes = reclaim_bytes
 
     async def start(self, hive: Hive) -> None:
         """Publish the database; start the periodic collection when configured."""
@@ -77,7 +87,8 @@ class StateDBComponent(Component):
         if interval is not None:
 
             async def collect(*, task_status: Any) -> None:
-                await collect_periodically(interval, task_status=task_status)
+                await collect_periodically(interval, reclaim_bytes=self.reclaim_bytes,
+                                           task_status=task_status)
 
             await hive.spawn(self, collect, label="gc-collect")
 
