@@ -39,6 +39,9 @@ Keys:
   own snapshots (statewright/agent/loop_probe.py, MemoryTracer).
 - server_late_ms_max: how far the fake server fell behind its schedule (a late server
   emits a burst that the agent then works off: lateness there is not the agent's).
+- agent_cpu_us_per_event / agent_cpu_cores: the agent process' CPU time (all threads)
+  over the timed minutes per event, and as a share of one core: what the churn costs
+  whatever the machine's load.
 - load_avg_1m_by_minute, load_avg_1m_at_start / _at_end: the shared machine's load.
 
 ``--quick``: 3 minutes, 60 s of tracemalloc. ``--seconds S`` (with ``--services`` and
@@ -280,6 +283,13 @@ def api(sock: str, path: str, body: Any = None, timeout: float = 120.0) -> Any:
         return json.loads(data)
     finally:
         conn.close()
+
+
+def _agent_cpu_s(pid: int) -> float:
+    """CPU seconds (user + system, all threads) the agent process used so far."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def _agent_rss_mb(pid: int) -> float:
@@ -615,10 +625,17 @@ def _churn_phase(args: argparse.Namespace, run: Run, reader: MapReader,
     probe = Probe(run, t0)
     probe.start()
     probe.sample()
+    assert run.agent is not None
+    cpu0 = _agent_cpu_s(run.agent.pid)
     churn.run_for(args.seconds, probe.sample)
+    cpu = _agent_cpu_s(run.agent.pid) - cpu0
     probe.sample()
     warmup_s = 300.0 if args.seconds >= 600 else args.seconds / 3
     out = _figures(churn, probe, warmup_s)
+    # What the churn costs the agent, whatever the machine's load: CPU per event, and
+    # the share of one core it needs at this rate.
+    out["agent_cpu_us_per_event"] = round(cpu / (args.seconds * args.rate) * 1e6, 1)
+    out["agent_cpu_cores"] = round(cpu / args.seconds, 2)
     churn.recording = False
     if args.tracemalloc_seconds > 0:
         out["tracemalloc_seconds"] = args.tracemalloc_seconds

@@ -16,7 +16,6 @@ primary key for non-unique ones (see `nonunique_key`).
 from __future__ import annotations
 
 from collections.abc import Iterator
-from itertools import islice
 from operator import itemgetter
 from typing import TYPE_CHECKING, Any
 
@@ -298,7 +297,8 @@ class Compaction:
         untrimmed = table.trimmed_revision
         head = st.rows.get
         kept = self.kept
-        for e in islice(st.log, self.pos, end):
+        # A slice, not islice: islice would step through the first ``pos`` records.
+        for e in st.log[self.pos : end]:
             if type(e) is tuple:
                 if head(e[2]) is e or e[1] > untrimmed:
                     kept.append(e)

@@ -177,7 +177,7 @@ class CollectorProbe:
 
 
 class StallSampler:
-    """A thread that, every millisecond while the loop has not woken for over
+    """A thread that, every 2 ms while the loop has not woken for over
     ``threshold_ms``, records the loop thread's stack; `LoopProbe` takes the counts when
     the late wake-up comes. The thread needs the interpreter lock to sample, so samples
     land where the loop releases it (calls into C, the switch interval): they say which
@@ -217,7 +217,8 @@ class StallSampler:
                 self._counts = {}
 
     def _run(self) -> None:
-        while not self._stop.wait(0.001):
+        # Every 2 ms: each check takes the interpreter lock from the loop's thread.
+        while not self._stop.wait(0.002):
             if time.monotonic() - self.probe.last_wake < self.threshold_s:
                 continue
             frame = sys._current_frames().get(self._loop_ident)
