@@ -44,6 +44,8 @@ refused (a typo must not be silently ignored). Example::
                              # recorded and restored at --cleanup (tables/sysctls.py);
                              # default true unless $STATEWRIGHT_SYSCTL=off
     sysctl-netns: ""         # write them in this network namespace instead (tests)
+    procfs: /proc            # where /proc/sys is (a container mounts the host's
+                             # /proc/sys/net read-write, e.g. at /host/proc/sys/net)
 
 Why a frozen dataclass: the runtime and the API report it as-is (``to_json``) and
 nothing may change it behind the components' backs.
@@ -168,6 +170,10 @@ class AgentConfig:
     #: Write the (per network namespace) ``net.*`` settings in this namespace, a name
     #: under /var/run/netns or a path, instead of the agent's own ("").
     sysctl_netns: str = ""
+    #: The proc filesystem whose ``sys/`` the settings are written under (Cilium's
+    #: ``--procfs``): a container's own /proc/sys is read-only, the host's mounted
+    #: elsewhere is not (deploy/daemonset.yaml).
+    procfs: str = "/proc"
 
     def __post_init__(self) -> None:
         if self.backend not in BACKENDS:
@@ -194,6 +200,8 @@ class AgentConfig:
             raise ConfigError("api-socket: must not be empty")
         if not self.pin_dir:
             raise ConfigError("pin-dir: must not be empty")
+        if not os.path.isabs(self.procfs):
+            raise ConfigError(f"procfs: {self.procfs!r} is not an absolute path")
         if self.k8s_qps <= 0:
             raise ConfigError(f"k8s-qps: must be > 0, got {self.k8s_qps}")
         if self.k8s_burst < 1:

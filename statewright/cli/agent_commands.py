@@ -164,6 +164,8 @@ def add_agent_arguments(ag: argparse.ArgumentParser) -> None:
                          "default on; restored by --cleanup)")
     ag.add_argument("--sysctl-netns", metavar="NAME|PATH",
                     help="set them in this network namespace instead of the agent's own")
+    ag.add_argument("--procfs", metavar="PATH",
+                    help="the proc filesystem whose sys/ holds them (default /proc)")
     ag.add_argument("--lb-flag", dest="lb_flags", action="append", metavar="FLAG",
                     help="Cilium-style LB flag, e.g. --lb-flag=--bpf-lb-algorithm=maglev")
     ag.add_argument("--api-socket", metavar="PATH",
@@ -201,7 +203,7 @@ def _overrides(args: argparse.Namespace) -> dict[str, Any]:
                      "k8s_burst", "state_dir", "pod_cidrs", "auto_direct_node_routes",
                      "bpf_ct_global_max", "conntrack_gc_interval", "endpoint_datapath",
                      "identity_allocation_mode", "kvstore", "kvstore_opt", "kvstore_lease_ttl",
-                     "cluster_name", "sysctl", "sysctl_netns")
+                     "cluster_name", "sysctl", "sysctl_netns", "procfs")
     }
     if args.manifests:
         out["manifests"] = [os.path.abspath(p) for p in args.manifests]

@@ -72,6 +72,17 @@ def test_configmap_is_an_agent_config_enabling_kubernetes(tmp_path: Path) -> Non
     assert KubernetesComponent(KubernetesConfig.from_agent_config(config)).enabled
     # No pod-cidrs: the endpoints' IPAM takes the Node's spec.podCIDRs.
     assert config.pod_cidrs_from_node
+    # The kernel settings go under the host's /proc/sys/net, mounted read-write by the
+    # DaemonSet (the container's own is read-only), their originals to a host directory.
+    ds = yaml.safe_load((DEPLOY / "daemonset.yaml").read_text())
+    pod = ds["spec"]["template"]["spec"]
+    (agent,) = pod["containers"]
+    mounts = {m["mountPath"]: m for m in agent["volumeMounts"]}
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    net = mounts[f"{config.procfs}/sys/net"]
+    assert not net.get("readOnly") and volumes[net["name"]]["hostPath"]["path"] == "/proc/sys/net"
+    assert "sysctl: false" not in cm["data"]["config.yaml"]
+    assert config.state_dir.startswith(mounts["/var/run/statewright"]["mountPath"])
 
 
 def test_cluster_role_is_least_rights() -> None:

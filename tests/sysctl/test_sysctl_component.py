@@ -36,7 +36,12 @@ def test_configuration_keys_flags_and_the_environment_default(tmp_path: Path) ->
     args = build_parser().parse_args(["agent", "--sysctl"])
     assert load(None, _overrides(args)).sysctl is True
     conf = SysctlConfig.from_agent_config(AgentConfig(pod_cidrs=("10.1.0.0/24",)))
-    assert conf.families == (4,)
+    assert conf.families == (4,) and conf.procsys().root == "/proc/sys"
+    args = build_parser().parse_args(["agent", "--procfs", "/host/proc"])
+    conf = SysctlConfig.from_agent_config(load(None, _overrides(args)))
+    assert conf.procsys().root == "/host/proc/sys"
+    with pytest.raises(ConfigError, match="procfs: 'proc' is not an absolute path"):
+        AgentConfig(procfs="proc")
     assert SysctlConfig.from_agent_config(
         AgentConfig(k8s_api_server="https://127.0.0.1:6443")).families == (4, 6)
 

@@ -14,9 +14,11 @@ Stopping the agent leaves the settings as they are, as it leaves the maps: pods 
 working while it restarts.
 
 Configuration: ``sysctl: false`` sets nothing (health Disabled, saying what pods then
-need); ``sysctl-netns: NAME|PATH`` writes the settings of that network namespace
-instead of the agent's own (the ``net.*`` settings are per namespace; the test
-harnesses use it, or ``sysctl: false``, so that no test changes the machine's own).
+need); ``procfs`` (default /proc; a container's own /proc/sys is read-only, so the
+DaemonSet mounts the host's and names it); ``sysctl-netns: NAME|PATH`` writes the
+settings of that network namespace instead of the agent's own (the ``net.*`` settings
+are per namespace; the test harnesses use it, or ``sysctl: false``, so that no test
+changes the machine's own).
 
 Health: ``sysctl`` OK with the count; Degraded naming each required setting that
 could not be set (its name, the wanted value and the errno: a missing path, e.g. IPv6
@@ -73,13 +75,18 @@ class SysctlConfig:
     #: The pods' IP families (both while the pod CIDRs come from the Node object).
     families: tuple[int, ...] = (4, 6)
     refresh_interval: float | None = REFRESH_INTERVAL
+    procfs: str = "/proc"
 
     @classmethod
     def from_agent_config(cls, cfg: AgentConfig) -> SysctlConfig:
         cidrs = cfg.effective_pod_cidrs
         versions = {ipaddress.ip_network(c, strict=False).version for c in cidrs}
         fams = tuple(sorted(versions)) if cidrs else (4, 6)
-        return cls(cfg.sysctl, cfg.sysctl_netns, cfg.state_dir, fams)
+        return cls(cfg.sysctl, cfg.sysctl_netns, cfg.state_dir, fams, procfs=cfg.procfs)
+
+    def procsys(self) -> KernelProcSys:
+        """The target: ``<procfs>/sys`` of the configured namespace (or the agent's)."""
+        return KernelProcSys(self.netns, os.path.join(self.procfs, "sys"))
 
     @property
     def originals_file(self) -> str:
@@ -116,7 +123,7 @@ class SysctlComponent(Component):
         if not running_as_root():
             self.unprivileged = True
             return
-        procfs = KernelProcSys(self.config.netns)
+        procfs = self.config.procsys()
         try:
             originals = await anyio.to_thread.run_sync(
                 OriginalValues.load, self.config.originals_file)
@@ -192,7 +199,7 @@ class SysctlComponent(Component):
             return []
         try:
             originals = OriginalValues.load(path)
-            done, errors = restore_recorded(KernelProcSys(self.config.netns), originals)
+            done, errors = restore_recorded(self.config.procsys(), originals)
         except SysctlStateError as e:
             raise OSError(str(e)) from None
         if errors:
