@@ -172,6 +172,7 @@ import argparse
 import gc
 import ipaddress
 import json
+import os
 import resource
 import statistics
 import subprocess
@@ -194,6 +195,7 @@ from statedb import DB
 from statedb.gc_tuning import freeze_loaded, tune_gc
 from tables.lb_config import LBConfig
 from tables.lb_writer import LBWriter
+from tables.origins import SOURCE_K8S, OriginRecorder
 
 BACKENDS_PER_SERVICE = 10
 TXN_OBJECTS = 20
@@ -244,12 +246,14 @@ def slice_obj(i: int, generation: int = 0) -> dict[str, Any]:
 
 async def _run(
     backend: str, n: int, changes: int, agent_gc: bool, per_object: bool = False,
-    wrap: Any = None,
+    wrap: Any = None, origins: bool = False,
 ) -> dict[str, Any]:
     cfg = LBConfig()
     db = DB()
     writer = LBWriter.create(db, cfg)
     conv = K8sConverter(writer, cfg)
+    assert writer.origins is not None
+    recorder = OriginRecorder(writer.origins) if origins else None
     entries = max(65536, n * (BACKENDS_PER_SERVICE + 2) * 2)
     maps_cfg = LBMapsConfig(
         backend=backend,  # type: ignore[arg-type]
@@ -291,6 +295,8 @@ async def _run(
                 with writer.write_txn() as txn:
                     for obj in objs[start : start + TXN_OBJECTS]:
                         conv.upsert(txn, obj)
+                        if recorder is not None:
+                            recorder.record(txn, obj, SOURCE_K8S)
                     txn.commit()
                 await anyio.sleep(0)
             rev = writer.frontends.revision(db.read_txn())
@@ -394,7 +400,8 @@ def map_calls_per_service(n: int, per_object: bool) -> float:
 
 
 def _run_fresh(
-    backend: str, n: int, changes: int, agent_gc: bool, per_object: bool = False
+    backend: str, n: int, changes: int, agent_gc: bool, per_object: bool = False,
+    origins: bool = False,
 ) -> dict[str, Any]:
     """`_run` in a fresh interpreter, so that no earlier run's freed memory is reused
     (which would shrink bytes_per_service by however much the earlier run left behind)."""
@@ -404,6 +411,8 @@ def _run_fresh(
         cmd.append("--agent-gc")
     if per_object:
         cmd.append("--per-object")
+    if origins:
+        cmd.append("--origins")
     proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
     if proc.returncode != 0:
         raise RuntimeError(f"{' '.join(cmd)} failed:\n{proc.stderr}")
@@ -412,12 +421,13 @@ def _run_fresh(
 
 
 def _one(
-    backend: str, n: int, changes: int, agent_gc: bool, per_object: bool = False
+    backend: str, n: int, changes: int, agent_gc: bool, per_object: bool = False,
+    origins: bool = False,
 ) -> dict[str, Any]:
     """One end-to-end run plus the Ops-only rate, in this process."""
     if agent_gc:
         tune_gc()
-    result = anyio.run(_run, backend, n, changes, agent_gc, per_object)
+    result = anyio.run(_run, backend, n, changes, agent_gc, per_object, None, origins)
     result["ops_only"] = ops_only(backend, n)
     result["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     return result
@@ -460,6 +470,30 @@ def _measure(n: int, changes: int, agent_gc: bool, per_object: bool = False) -> 
     return out
 
 
+def origins_cost(n: int, rounds: int = 2) -> dict[str, Any]:
+    """What recording each object's origin (tables/origins.py, as the sources do) costs:
+    the same load into memory maps with and without it, alternating, each a fresh process
+    with the agent's collector; medians of ``rounds`` runs each."""
+    runs: dict[bool, list[dict[str, Any]]] = {False: [], True: []}
+    for _ in range(rounds):
+        for with_origins in (False, True):
+            runs[with_origins].append(
+                _run_fresh("memory", n, 0, True, origins=with_origins))
+
+    def med(flag: bool, key: str) -> float:
+        return float(statistics.median(r[key] for r in runs[flag]))
+
+    cpu_off, cpu_on = med(False, "cpu_s") * 1000 / n, med(True, "cpu_s") * 1000 / n
+    return {
+        "origins_services": n,
+        "origins_cpu_s_per_1k_services_off": round(cpu_off, 4),
+        "origins_cpu_s_per_1k_services_on": round(cpu_on, 4),
+        "origins_cpu_ratio": round(cpu_on / cpu_off, 3) if cpu_off else None,
+        "origins_bytes_per_service_off": round(med(False, "bytes_per_service")),
+        "origins_bytes_per_service_on": round(med(True, "bytes_per_service")),
+    }
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run the benchmark and print its JSON."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -476,13 +510,22 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="reconcile without FrontendOps' batch path (one frontend at a time)",
     )
+    parser.add_argument(
+        "--origins-only", action="store_true",
+        help="only the cost of recording origins (the origins_* keys)",
+    )
+    parser.add_argument("--origins", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--one", choices=("memory", "kernel"), help=argparse.SUPPRESS)
     parser.add_argument("--agent-gc", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     n = args.services or (2000 if args.quick else 10000)
     changes = args.changes or (200 if args.quick else 1000)
     if args.one:  # a child of _run_fresh
-        print(json.dumps(_one(args.one, n, changes, args.agent_gc, args.per_object)))
+        print(json.dumps(_one(args.one, n, changes, args.agent_gc, args.per_object,
+                              args.origins)))
+        return 0
+    if args.origins_only:
+        print(json.dumps({**origins_cost(n), "load_average": os.getloadavg()}))
         return 0
     out: dict[str, Any] = {
         "services": n,
@@ -497,6 +540,7 @@ def main(argv: list[str] | None = None) -> int:
     if not args.no_default_gc:
         for key, value in _measure(n, changes, False, args.per_object).items():
             out[key + "_default_gc"] = value
+    out.update(origins_cost(min(n, 2000)))
     print(json.dumps(out))
     return 0
 

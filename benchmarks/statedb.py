@@ -261,6 +261,41 @@ def bytes_per_row(n: int) -> dict[str, float]:
     return {"stored": stored / n, "with_views": with_views / n}
 
 
+def origin_bytes_per_object(n: int) -> float:
+    """tracemalloc bytes per source object of the agent's ``origins`` table
+    (tables/origins.py: one row per applied object, its index entry included), for a
+    Service and an EndpointSlice of ten endpoints per service as the LB benchmark builds
+    them; the input objects are built before the baseline and stay alive."""
+    from tables.origins import SOURCE_K8S, OriginRecorder, new_origins_table
+
+    objs: list[dict[str, object]] = []
+    for i in range(n // 2):
+        meta = {"name": f"svc-{i}", "namespace": "bench"}
+        objs.append({"kind": "Service", "metadata": meta})
+        objs.append({
+            "kind": "EndpointSlice",
+            "metadata": {"name": f"svc-{i}-abcde", "namespace": "bench",
+                         "labels": {"kubernetes.io/service-name": f"svc-{i}"}},
+            "endpoints": [{"addresses": [f"10.{i >> 8 & 255}.{i & 255}.{k}"]}
+                          for k in range(10)],
+        })
+    table = new_origins_table()
+    db = DB(table)
+    rec = OriginRecorder(table)
+    gc.collect()
+    tracemalloc.start()
+    base = tracemalloc.get_traced_memory()[0]
+    for s in range(0, len(objs), 20):
+        with db.write_txn(table) as txn:
+            for o in objs[s : s + 20]:
+                rec.record(txn, o, SOURCE_K8S)
+            txn.commit()
+    gc.collect()
+    stored = tracemalloc.get_traced_memory()[0] - base
+    tracemalloc.stop()
+    return stored / len(objs)
+
+
 @contextlib.contextmanager
 def agent_collector() -> Iterator[None]:
     """The agent's collector configuration (`tune_gc`) for the duration of the block; the
@@ -304,6 +339,7 @@ def measure(quick: bool) -> dict[str, float]:
     mem = bytes_per_row(mem_rows)
     out["bytes_per_row_overhead"] = mem["stored"]
     out["bytes_per_row_with_ordered_views"] = mem["with_views"]
+    out["origin_bytes_per_object"] = origin_bytes_per_object(20_000 if quick else 100_000)
     return out
 
 

@@ -21,6 +21,7 @@ from policy.model import Policy
 from policy.parse import POLICY_KINDS, parse_policy
 from statedb import Index, Table, WriteTxn
 from statedb import keys as keycodec
+from tables.origins import OriginRecorder
 
 POLICIES_TABLE = "policies"
 
@@ -58,14 +59,21 @@ class PolicyObjects:
 
     kinds: tuple[str, ...] = POLICY_KINDS
 
-    def __init__(self, table: Table[Policy], source: str = "") -> None:
+    def __init__(
+        self, table: Table[Policy], source: str = "", origins: OriginRecorder | None = None
+    ) -> None:
         self.table = table
         #: Which source the objects come from (``k8s``, ``manifests``), kept in each row.
         self.source = source
+        #: Records each object's origin (uid, resourceVersion) when the caller's source
+        #: does not (the manifest source records its objects' files and lines itself).
+        self.origins = origins
 
     @property
     def tables(self) -> tuple[Table[Any], ...]:
         """The tables a caller's write transaction must lock."""
+        if self.origins is not None:
+            return (self.table, self.origins.table)
         return (self.table,)
 
     def check(self, obj: Mapping[str, Any]) -> None:
@@ -80,12 +88,16 @@ class PolicyObjects:
         old = self.table.get(txn, policy_key_index.query(policy.key))
         if old != policy or old is None or old.source_revision != policy.source_revision:
             self.table.insert(txn, policy)
+        if self.origins is not None:
+            self.origins.record(txn, obj, self.source)
 
     def delete(self, txn: WriteTxn, obj: Mapping[str, Any]) -> None:
         """Remove a policy object (only its kind and name are needed)."""
         old = self.table.get(txn, policy_key_index.query(object_key(obj)))
         if old is not None:
             self.table.delete(txn, old)
+        if self.origins is not None:
+            self.origins.forget(txn, obj)
 
     def resync(self, txn: WriteTxn, kind: str, objs: Iterable[Mapping[str, Any]]) -> None:
         """Make ``objs`` the complete set of policies of ``kind``: upsert them, delete the
@@ -95,5 +107,7 @@ class PolicyObjects:
         for p in list(self.table.prefix(txn, policy_key_index.query(f"{kind}/"))):
             if p.key not in keep:
                 self.table.delete(txn, p)
+                if self.origins is not None:
+                    self.origins.forget_key(txn, p.key)
         for o in items:
             self.upsert(txn, o)

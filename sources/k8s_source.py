@@ -67,6 +67,7 @@ from statedb import WriteTxn
 from statedb.errors import InputError, StatewrightError
 from tables.endpoints import NamedPort, parse_named_ports
 from tables.lb_writer import FrontendConflictError, LBWriter
+from tables.origins import SOURCE_K8S, OriginRecorder
 
 log = logging.getLogger(__name__)
 
@@ -627,10 +628,15 @@ class K8sSource:
                 )
             self.writer.set_node_labels(txn, labels)
             return
+        origins = self.writer.origins
         if d.op == "upsert":
             self.converter.upsert(txn, d.obj)
+            if origins is not None:
+                OriginRecorder(origins).record(txn, d.obj, SOURCE_K8S)
         else:
             self.converter.delete(txn, d.obj)
+            if origins is not None:
+                OriginRecorder(origins).forget(txn, d.obj)
 
     def _record_error(self, r: Reflector, d: Delta, message: str) -> None:
         key = f"{r.spec.kind} {d.key}"

@@ -71,6 +71,7 @@ from sources.k8s_convert import (
 )
 from statedb import InputError, Table, WriteTxn
 from tables.lb_writer import LBWriter
+from tables.origins import SOURCE_MANIFESTS, OriginRecorder
 
 log = logging.getLogger(__name__)
 
@@ -321,6 +322,8 @@ class _Checked:
     invalid: set[ObjectKey] = field(default_factory=set)
     errors: dict[str, str] = field(default_factory=dict)
     ignored: list[str] = field(default_factory=list)
+    #: The line each object to apply starts on (0 when unknown: JSON).
+    lines: dict[ObjectKey, int] = field(default_factory=dict)
     #: Some error depends on another file (an object already defined there).
     retry: bool = False
 
@@ -369,6 +372,8 @@ class ManifestSource:
         #: Further kinds -> their handler (`add_kind_handler`).
         self._handlers: dict[str, KindHandler] = {}
         self._after_sync: list[Callable[[], None]] = []
+        #: The line each applied object's origin names (`_record_moved`).
+        self._lines: dict[ObjectKey, int] = {}
 
     def add_kind_handler(
         self, handler: KindHandler, on_synced: Callable[[], None] | None = None
@@ -569,6 +574,7 @@ class ManifestSource:
                 )
                 continue
             out.desired[okey] = value
+            out.lines[okey] = o.line
         return out
 
     def _apply_file(self, path: str, data: bytes, digest: str, result: SyncResult) -> None:
@@ -602,7 +608,8 @@ class ManifestSource:
         owned = self._owned.get(path, set())
         deletes = [k for k in owned if k not in desired and k not in checked.invalid]
         upserts = [k for k in desired if k not in owned or self._applied[k][1] != desired[k]]
-        failed = self._apply_objects(deletes, upserts, desired)
+        failed = self._apply_objects(deletes, upserts, desired, (path, checked.lines))
+        self._record_moved(path, checked.lines, upserts, failed)
 
         applied_any = False
         for okey in deletes:
@@ -654,11 +661,35 @@ class ManifestSource:
         if owned and not failed:
             result.removed.append(path)
 
+    def _record_moved(
+        self, path: str, lines: Mapping[ObjectKey, int], upserts: Sequence[ObjectKey],
+        failed: Mapping[ObjectKey, InputError],
+    ) -> None:
+        """Refresh the origins of applied objects that only moved within their file (the
+        lines above them changed): their rows are unchanged, their line is not."""
+        origins = self.writer.origins
+        changed = set(upserts)
+        moved = [
+            k for k, line in lines.items()
+            if k not in changed and k not in failed and self._lines.get(k, line) != line
+            and self._applied.get(k, ("",))[0] == path
+        ]
+        if origins is None or not moved:
+            return
+        recorder = OriginRecorder(origins)
+        with self.writer.db.write_txn(origins) as txn:
+            for k in moved:
+                recorder.record(txn, self._applied[k][1], SOURCE_MANIFESTS, file=path,
+                                line=lines[k])
+                self._lines[k] = lines[k]
+            txn.commit()
+
     def _apply_objects(
         self,
         deletes: Sequence[ObjectKey],
         upserts: Sequence[ObjectKey],
         desired: Mapping[ObjectKey, Mapping[str, Any]],
+        where: tuple[str, Mapping[ObjectKey, int]] = ("", {}),
     ) -> dict[ObjectKey, InputError]:
         """Delete and upsert objects in one write txn; return the objects that failed.
 
@@ -673,7 +704,7 @@ class ManifestSource:
             ups = _ordered([k for k in upserts if k not in failed])
             if not dels and not ups:
                 return failed
-            bad = self._try_apply(dels, ups, desired)
+            bad = self._try_apply(dels, ups, desired, where)
             if bad is None:
                 return failed
             failed[bad[0]] = bad[1]
@@ -695,12 +726,16 @@ class ManifestSource:
         deletes: Sequence[ObjectKey],
         upserts: Sequence[ObjectKey],
         desired: Mapping[ObjectKey, Mapping[str, Any]],
+        where: tuple[str, Mapping[ObjectKey, int]] = ("", {}),
     ) -> tuple[ObjectKey, InputError] | None:
-        """Apply all in one txn and commit; on an InputError roll back and return it."""
+        """Apply all in one txn and commit; on an InputError roll back and return it.
+        Each object's origin (``where``: its file and line) is written with it."""
         conv = self.converter
+        recorder = None if self.writer.origins is None else OriginRecorder(self.writer.origins)
+        path, lines = where
         checkpoint = conv.checkpoint()
         extra = {t for h in self._handlers.values() for t in h.tables}
-        txn = self.writer.db.write_txn(*self.writer.tables, *extra) if extra else (
+        txn = self.writer.db.write_txn(*self.writer.txn_tables, *extra) if extra else (
             self.writer.write_txn()
         )
         okey: ObjectKey | None = None
@@ -708,9 +743,14 @@ class ManifestSource:
             for okey in deletes:
                 handler = self._handlers.get(okey[0])
                 (handler or conv).delete(txn, self._applied[okey][1])
+                if recorder is not None:
+                    recorder.forget(txn, self._applied[okey][1])
             for okey in upserts:
                 handler = self._handlers.get(okey[0])
                 (handler or conv).upsert(txn, desired[okey])
+                if recorder is not None:
+                    recorder.record(txn, desired[okey], SOURCE_MANIFESTS, file=path,
+                                    line=lines.get(okey, 0))
         except InputError as e:
             txn.abort()
             conv.rollback(checkpoint)
@@ -721,6 +761,10 @@ class ManifestSource:
             conv.rollback(checkpoint)
             raise
         txn.commit()
+        for okey in deletes:
+            self._lines.pop(okey, None)
+        for okey in upserts:
+            self._lines[okey] = lines.get(okey, 0)
         return None
 
 

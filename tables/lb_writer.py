@@ -40,6 +40,7 @@ from tables.frontends import Frontend, FrontendParams, SVCType, new_frontend, ne
 from tables.l3n4 import SCOPE_INTERNAL, IPAddress, L3n4Addr
 from tables.lb_config import LBConfig
 from tables.node_addresses import NodeAddress, new_node_addresses_table
+from tables.origins import Origin, new_origins_table
 from tables.services import (
     PREFER_SAME_NODE,
     PREFER_SAME_ZONE,
@@ -102,8 +103,12 @@ class LBWriter:
         frontends: Table[Frontend],
         backends: Table[Backend],
         node_addresses: Table[NodeAddress],
+        origins: Table[Origin] | None = None,
     ) -> None:
         self.db = db
+        #: Where each applied source object came from (tables/origins.py); the sources
+        #: write it in the transactions of `write_txn`, which locks it when set.
+        self.origins = origins
         self.config = config if config is not None else LBConfig()
         self.services = services
         self.frontends = frontends
@@ -127,7 +132,8 @@ class LBWriter:
         frontends = new_frontends_table()
         backends = new_backends_table()
         node_addresses = new_node_addresses_table()
-        db.register(services, frontends, backends, node_addresses)
+        origins = new_origins_table()
+        db.register(services, frontends, backends, node_addresses, origins)
         return cls(
             db,
             config,
@@ -135,6 +141,7 @@ class LBWriter:
             frontends=frontends,
             backends=backends,
             node_addresses=node_addresses,
+            origins=origins,
         )
 
     @property
@@ -142,9 +149,17 @@ class LBWriter:
         """(services, frontends, backends, node_addresses)."""
         return (self.services, self.frontends, self.backends, self.node_addresses)
 
+    @property
+    def txn_tables(self) -> tuple[Table[Any], ...]:
+        """What `write_txn` locks: the LB tables and, when kept, the origins table."""
+        if self.origins is None:
+            return self.tables
+        return (*self.tables, self.origins)
+
     def write_txn(self) -> WriteTxn:
-        """Open a write transaction locking all LB tables (use as a context manager)."""
-        return self.db.write_txn(*self.tables)
+        """Open a write transaction locking all LB tables and the origins table (use as
+        a context manager)."""
+        return self.db.write_txn(*self.txn_tables)
 
     def register_initializer(self, txn: WriteTxn, name: str) -> Callable[[WriteTxn], None]:
         """Register initializer ``name`` on the services, frontends and backends tables; the

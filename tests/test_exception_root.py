@@ -40,6 +40,8 @@ INPUT_ERRORS = {
     "policy.errors.PolicyError",
     "policy.errors.PolicyTraceError",
     "statewright.agent.json_schema.SchemaViolation",
+    "statewright.observe.map_keys.KeyTextError",
+    "statewright.observe.provenance.ExplainError",
 }
 
 

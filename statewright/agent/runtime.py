@@ -56,6 +56,7 @@ from statewright.agent.components.endpoint_datapath import (
     EndpointDatapathConfig,
 )
 from statewright.agent.components.endpoints import EndpointsComponent, EndpointsConfig
+from statewright.agent.components.explain import ExplainComponent
 from statewright.agent.components.kubernetes import KubernetesComponent, KubernetesConfig
 from statewright.agent.components.kvstore import KVStoreComponent, KVStoreComponentConfig
 from statewright.agent.components.lb import (
@@ -120,6 +121,7 @@ def agent_components(config: AgentConfig, agent: Agent | None = None) -> list[Co
         MetricsComponent(MetricsConfig.from_agent_config(config)),
         SysctlComponent(SysctlConfig.from_agent_config(config)),
         DebugComponent(),
+        ExplainComponent(),
     ]
 
 

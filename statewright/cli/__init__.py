@@ -33,6 +33,7 @@ try:
         bpf_commands,
         ct_commands,
         endpoint_commands,
+        explain_commands,
         lb_commands,
         operator_commands,
         policy_commands,
@@ -72,6 +73,7 @@ COMMAND_MODULES: tuple[CommandModule, ...] = (
     endpoint_commands,
     policy_commands,
     ct_commands,
+    explain_commands,
     api_commands,
     operator_commands,
 )

@@ -197,7 +197,8 @@ class System:
     def reconcile(self) -> None:
         """Apply the frontends table's changes: deletions first, then updates."""
         txn = self.db.read_txn()
-        changes, _ = self.changes.next(txn)
+        found, _ = self.changes.next(txn)
+        changes = list(found)  # an iterator: read twice below
         for c in changes:
             if c.deleted:
                 self.ops.delete(txn, c.revision, c.obj)

@@ -45,6 +45,7 @@ from statewright.api_types import ApiError, QueryParam, Request, Route
 from statewright.component import DEGRADED, OK, Component, Health, Hive, Provided
 from tables.endpoints import MAX_ENDPOINT_ID, MIN_ENDPOINT_ID
 from tables.identities import POD_NAMESPACE_LABEL, Identity, normalize_labels
+from tables.origins import origin_recorder
 from tables.policy_entries import (
     PolicyEndpoint,
     PolicyEntry,
@@ -241,7 +242,8 @@ class PolicyComponent(Component):
         if client is not None:
             from policy.k8s import PolicyK8sSource
 
-            self.k8s = PolicyK8sSource(db, client, PolicyObjects(self.policies, "k8s"))
+            origins = origin_recorder(db)
+            self.k8s = PolicyK8sSource(db, client, PolicyObjects(self.policies, "k8s", origins))
             with db.write_txn(self.policies) as txn:
                 self.k8s.register_initializer(txn)
             await hive.spawn(self, self.k8s.run)
