@@ -327,6 +327,7 @@ class Run:
             "datapath": False,
             "endpoint-datapath": False,
             "netlink": False,
+            "sysctl": False,  # a benchmark leaves the machine's kernel settings alone
             "lb-flags": [f"--bpf-lb-map-max={entries}"],
         }
         self.config.write_text(json.dumps(cfg))
