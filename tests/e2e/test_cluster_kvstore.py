@@ -8,7 +8,9 @@ others from etcd) and derives the routes and remote-node entries from them; the 
 labels on two nodes give one identity key; the ipcache of the third node has both pods'
 addresses under it, via their nodes; no CiliumIdentity or CiliumEndpoint is written;
 pod-to-pod across nodes and an egress policy selecting pods on other nodes by label; an
-agent SIGKILLed and restarted writes nothing and the other nodes write nothing either.
+agent SIGKILLed and restarted writes nothing and the other nodes write nothing either;
+etcd SIGKILLed: the tables and traffic stay, a pod created meanwhile reaches the other
+nodes once etcd is back.
 
 The tests of this module run in order on one cluster; waits are bounded, nothing here
 measures time.
@@ -209,3 +211,40 @@ def test_agent_killed_and_restarted_rewrites_nothing(cluster: ClusterEnv) -> Non
     for i in (1, 3):
         assert cluster.writes(i) == others[i], f"node {i} wrote something"
         assert cluster.ipcache(i) == remote[i], f"node {i}'s ipcache changed"
+
+
+def test_etcd_down_keeps_the_datapath_and_catches_up(cluster: ClusterEnv) -> None:
+    """etcd SIGKILLed: every agent keeps its tables (nothing emptied, traffic and policy
+    go on), health says disconnected; a pod added meanwhile is numbered at once and
+    reaches the other nodes once etcd is back."""
+    etcd = cluster.etcd
+    assert etcd is not None
+    member = etcd.members[0]
+    before = {i: cluster.ipcache(i) for i in NODES}
+    n1 = cluster.node(1)
+    client = n1.client_in(n1.pods["pclient"])
+    allowed3 = cluster.node(3).pods["allowed3"].address(4)
+    etcd.stop_member(member)
+    try:
+        for i in NODES:
+            cluster.wait(lambda i=i: _health(cluster, i)["kvstore"]["state"] == "Degraded",
+                         f"node {i} sees etcd gone")
+        add_pod(cluster, 3, "late3", {"app": "allowed"}, serve=True)
+        assert _connect(client, allowed3).get("id") == ident(allowed3)
+        for i in NODES:
+            now = cluster.ipcache(i)
+            assert {p: e for p, e in now.items() if p in before[i]} == before[i], i
+        assert "disconnected" in _health(cluster, 1)["kvstore"]["message"]
+    finally:
+        etcd.start_member(member)
+        etcd.wait_leader()
+    late = cluster.node(3).pods["late3"].address(4)
+    entry = cluster.wait(lambda: cluster.ipcache(1).get(f"{late}/32"),
+                         "node 1 learns the pod added during the outage", bound=90)
+    assert int(entry["identity"]) == _identity(cluster, 3, "allowed3")
+    cluster.wait(lambda: _connect(client, late).get("id") == ident(late),
+                 "the policy allows the new app=allowed pod on node 3")
+    for i in NODES:
+        cluster.wait(lambda i=i: all(_health(cluster, i)[n]["state"] == "OK" for n in (
+            "kvstore", "nodes", "endpoints/identities", "endpoints/kvstore-ipcache")),
+                     f"node {i} healthy again")
