@@ -18,7 +18,8 @@ Keys:
   client then puts is in the agent's ipcache map (re-election, the watch resumed on
   another member, the put retried).
 
-CRD mode's figures would come from benchmarks/cluster.py (issue #25; not on main yet).
+CRD mode's figures come from benchmarks/cluster.py (the same scale through the fake API
+server); run both in one session to compare (docs/cluster.md has the figures).
 ``--quick``: 5,000 endpoints over 500 identities, 200 changes; the full run is 50,000
 over 5,000, 1,000 changes.
 """
