@@ -105,18 +105,24 @@ def _setns(fd: int) -> None:
 def run_in_netns(netns: str, func: Callable[[], T]) -> T:
     """``func()`` in a new thread that entered the network namespace at ``netns`` (a path,
     or a name under /var/run/netns) and then ends, so no thread ever returns to a pool in
-    another namespace. Exceptions are raised here."""
+    another namespace. Exceptions are raised here; SysctlStateError when the namespace
+    cannot be entered."""
     path = netns if "/" in netns else f"/var/run/netns/{netns}"
     result: list[T] = []
     failure: list[BaseException] = []
 
     def body() -> None:
         try:
-            fd = os.open(path, os.O_RDONLY)
             try:
-                _setns(fd)
-            finally:
-                os.close(fd)
+                fd = os.open(path, os.O_RDONLY)
+                try:
+                    _setns(fd)
+                finally:
+                    os.close(fd)
+            except OSError as e:
+                # not an OSError: a namespace not there is no setting gone (a record of
+                # it must not be forgotten)
+                raise SysctlStateError(f"network namespace {path}: cannot enter: {e}") from e
             result.append(func())
         except BaseException as e:  # handed to the caller
             failure.append(e)

@@ -31,7 +31,7 @@ from statewright.agent.components.sysctl import SysctlComponent, SysctlConfig
 from statewright.agent.config import AgentConfig
 from statewright.agent.runtime import cleanup
 from statewright.component import Hive
-from statewright.sysctl_ops import ORIGINALS_FILE, KernelProcSys
+from statewright.sysctl_ops import ORIGINALS_FILE, KernelProcSys, SysctlStateError
 from tables.endpoints import EndpointChange
 from tests.endpoints.helpers import new_pin_dir, remove_pins
 from tests.netlink.helpers import netns_names, unavailable
@@ -71,6 +71,9 @@ def test_kernel_procsys_writes_the_namespaces_settings_only(netns: str) -> None:
     assert procfs.netns_id() != KernelProcSys().netns_id()
     with pytest.raises(FileNotFoundError):
         procfs.read("net/ipv4/conf/nosuchif/rp_filter")
+    # a namespace that is not there is not a missing setting
+    with pytest.raises(SysctlStateError, match="network namespace /var/run/netns/nope-"):
+        KernelProcSys(f"nope-{netns}").read("net/ipv4/ip_forward")
 
 
 def hive_of(state: str, pin_dir: str, netns: str) -> tuple[Hive, SysctlComponent]:
