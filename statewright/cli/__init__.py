@@ -36,6 +36,7 @@ try:
         explain_commands,
         lb_commands,
         operator_commands,
+        plan_commands,
         policy_commands,
         run_commands,
     )
@@ -74,6 +75,7 @@ COMMAND_MODULES: tuple[CommandModule, ...] = (
     policy_commands,
     ct_commands,
     explain_commands,
+    plan_commands,
     api_commands,
     operator_commands,
 )

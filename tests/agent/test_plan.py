@@ -1,0 +1,129 @@
+"""`statewright plan` against maps pinned by a real agent (kernel maps): none while the
+agent runs (its maps equal what its own sources say), exactly one change after one
+manifest edit while it is stopped, none again once it restarted; the exit codes and the
+JSON document."""
+
+from __future__ import annotations
+
+import json
+import os
+import uuid
+from pathlib import Path
+
+import pytest
+
+from tests.agent.conftest import (
+    AgentProc,
+    cli_json,
+    run_cli,
+    running_agent,
+    start_agent,
+    stop_agent,
+    wait_for,
+)
+from tests.pins import remove_pin_dir
+
+SERVICE = """\
+apiVersion: v1
+kind: Service
+metadata: {{name: web, namespace: plan}}
+spec:
+  clusterIP: 10.96.210.1
+  sessionAffinity: ClientIP
+  sessionAffinityConfig: {{clientIP: {{timeoutSeconds: {timeout}}}}}
+  ports: [{{name: http, port: 80, protocol: TCP}}]
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata:
+  name: web-1
+  namespace: plan
+  labels: {{kubernetes.io/service-name: web}}
+addressType: IPv4
+endpoints:
+- addresses: [10.244.7.1]
+  conditions: {{ready: true}}
+- addresses: [10.244.7.2]
+  conditions: {{ready: true}}
+ports: [{{name: http, port: 80, protocol: TCP}}]
+"""
+
+
+def _plan(capsys: pytest.CaptureFixture[str], agent: AgentProc) -> tuple[int, dict[str, object]]:
+    code, out, err = run_cli(capsys, "plan", "--pin-dir", agent.pin_dir, "--manifests",
+                             str(agent.manifests), "--no-netlink", "-o", "json")
+    assert code in (0, 2), err
+    return code, json.loads(out)
+
+
+@pytest.mark.kernel
+def test_plan_against_a_running_stopped_and_restarted_agent(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    pin_dir = f"/sys/fs/bpf/swplan-{uuid.uuid4().hex[:8]}"
+    proc = None
+    try:
+        with running_agent(tmp_path, "--no-datapath", "--no-sysctl", backend="kernel",
+                           pin_dir=pin_dir) as agent:
+            path = agent.manifests / "web.yaml"
+            path.write_text(SERVICE.format(timeout=100))
+
+            def programmed() -> bool:
+                recs = cli_json(capsys, "lb", "list", "--socket", agent.socket)
+                return any(r["address"] == "10.96.210.1:80/TCP" and len(r["backends"]) == 2
+                           for r in recs)
+
+            wait_for(programmed, what="the service in the maps")
+            # The running agent's maps hold what its own sources say.
+            code, doc = _plan(capsys, agent)
+            assert (code, doc["changes"], doc["maps"]) == (0, 0, {}), doc
+
+            stop_agent(agent.proc)
+            path.write_text(SERVICE.format(timeout=200))
+            code, doc = _plan(capsys, agent)
+            assert code == 2 and doc["changes"] == 1, doc
+            (name, diff), = doc["maps"].items()
+            assert name == "lb4_services" and len(diff["changed"]) == 1
+            assert "AFFTimeout=200" in diff["changed"][0]["text"]
+            assert "AFFTimeout=100" in diff["changed"][0]["old_text"]
+            code, text, _ = run_cli(capsys, "plan", "--pin-dir", pin_dir, "--manifests",
+                                    str(agent.manifests), "--no-netlink")
+            assert code == 2 and "1 change(s)" in text and "~ SVC:" in text
+            # Nothing was written: the pinned maps still hold the old timeout.
+            assert _plan(capsys, agent)[1]["changes"] == 1
+
+            proc = start_agent(agent.args, agent.socket, agent.log)
+            wait_for(lambda: agent.client.get("/health")["pid"] == proc.pid, what="restart")
+            wait_for(lambda: _plan(capsys, agent)[0] == 0, what="no change after the restart")
+            stop_agent(proc)
+            proc = None
+            agent.proc = start_agent(agent.args, agent.socket, agent.log)  # stopped on exit
+    finally:
+        if proc is not None:
+            stop_agent(proc)
+        remove_pin_dir(pin_dir)
+
+
+def test_plan_errors(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("manifests: [1, 2\n")
+    code, _, err = run_cli(capsys, "plan", "--config", str(bad), "--pin-dir",
+                           str(tmp_path / "none"))
+    assert code == 1 and "statewright plan:" in err
+
+
+def test_plan_without_pinned_maps_adds_everything(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    manifests = tmp_path / "m"
+    manifests.mkdir()
+    (manifests / "web.yaml").write_text(SERVICE.format(timeout=100))
+    code, out, err = run_cli(capsys, "plan", "--pin-dir", str(tmp_path / "no-pins"),
+                             "--manifests", str(manifests), "--no-netlink", "-o", "json")
+    assert code == 2, err
+    doc = json.loads(out)
+    services = doc["maps"]["lb4_services"]
+    # master + two slots (+ the VIP's wildcard entry)
+    assert len(services["added"]) >= 3 and not services["removed"]
+    assert len(doc["maps"]["lb4_backends"]["added"]) == 2
+    assert os.path.isdir(tmp_path / "no-pins") is False
