@@ -44,6 +44,9 @@ Keys:
   whatever the machine's load.
 - load_avg_1m_by_minute, load_avg_1m_at_start / _at_end: the shared machine's load.
 
+``--agent-nice N`` runs the agent at nice value N (a node agent's CPU reservation on a
+machine others load: at a load average of 10 on 2 cores an agent at nice 0 gets a fraction
+of the core it needs at 1,000 events/s, falls behind, and its figures measure the backlog).
 ``--quick``: 3 minutes, 60 s of tracemalloc. ``--seconds S`` (with ``--services`` and
 ``--rate``) makes a tiny run for the tests. Needs root with bpffs (kernel maps): the pins
 and the agent's state are removed at the end, also on failure.
@@ -335,8 +338,9 @@ class Run:
     def start_agent(self) -> None:
         env = {**os.environ, "STATEWRIGHT_DEBUG_PROBE": "1"}
         log = open(self.tmp / "agent.log", "ab")  # noqa: SIM115 - handed to the process
+        nice = ["nice", "-n", str(self.args.agent_nice)] if self.args.agent_nice else []
         self.agent = subprocess.Popen(
-            [sys.executable, "-m", "statewright", "agent", "--config", str(self.config)],
+            [*nice, sys.executable, "-m", "statewright", "agent", "--config", str(self.config)],
             stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=REPO, env=env,
         )
         log.close()
@@ -581,7 +585,7 @@ def soak(args: argparse.Namespace) -> dict[str, Any]:
     if not support.ok:
         raise SystemExit(f"soak: needs kernel maps: {support.reason}")
     out: dict[str, Any] = {"services": args.services, "rate": args.rate,
-                           "seconds": args.seconds}
+                           "seconds": args.seconds, "agent_nice": args.agent_nice}
     ctx = multiprocessing.get_context("spawn")
     with tempfile.TemporaryDirectory(prefix=f"statewright-soak-{os.getpid()}-") as tmp_s:
         tmp = Path(tmp_s)
@@ -667,6 +671,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--tracemalloc-seconds", type=float, default=None,
                    help="tracemalloc window after the timed churn (default 120, --quick 60; "
                    "0: none)")
+    p.add_argument("--agent-nice", type=int, default=0,
+                   help="run the agent at this nice value (e.g. -10: the CPU share a node "
+                   "agent gets from its reservation on a machine loaded by others)")
     args = p.parse_args(argv)
     if args.quick:
         args.minutes = 3.0

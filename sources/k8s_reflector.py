@@ -64,6 +64,9 @@ from statedb.errors import StatewrightError
 
 log = logging.getLogger(__name__)
 
+#: Watch events decoded and delivered per loop turn (`Reflector._decode_and_deliver`).
+DECODE_BATCH = 128
+
 # Reflector states (health).
 LISTING = "listing"
 WATCHING = "watching"
@@ -410,12 +413,8 @@ class Reflector:
                 buf += data
                 if b"\n" in buf:
                     *lines, buf = buf.split(b"\n")
-                    deltas, bad = self._decode(lines)
-                    if deltas:
-                        await self.deliver(self, deltas, False)
+                    bad = await self._decode_and_deliver(lines)
                     if bad is not None:
-                        # Returned only now: what came before it is in the store, so it
-                        # must have been delivered, or a relist would think it applied.
                         return bad
             if error is not None:
                 if _is_read_timeout(error):
@@ -427,6 +426,22 @@ class Reflector:
                 return error
             if finished:
                 return None
+
+    async def _decode_and_deliver(self, lines: list[bytes]) -> Exception | None:
+        """Decode and deliver ``lines`` `DECODE_BATCH` at a time, yielding between batches
+        (a watch that fell behind hands over thousands of events at once: decoded in one
+        go they held the event loop for a second); the error at the first bad line."""
+        for start in range(0, len(lines), DECODE_BATCH):
+            if start:
+                await anyio.lowlevel.checkpoint()
+            deltas, bad = self._decode(lines[start : start + DECODE_BATCH])
+            if deltas:
+                await self.deliver(self, deltas, False)
+            if bad is not None:
+                # Returned only now: what came before it is in the store, so it must have
+                # been delivered, or a relist would think it applied.
+                return bad
+        return None
 
     def _decode(self, lines: list[bytes]) -> tuple[list[Delta], Exception | None]:
         """The deltas of complete event lines up to the first error, and that error

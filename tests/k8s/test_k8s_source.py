@@ -524,3 +524,48 @@ async def test_refused_upsert_after_a_delete_still_deletes(
         with anyio.fail_after(20):
             await r.source.wait_applied("services", stored["metadata"]["resourceVersion"])
         assert r.services() == ["default/a", "default/b"] and not r.source.errors
+
+
+def test_a_watch_backlog_is_decoded_and_delivered_in_bounded_batches() -> None:
+    """Thousands of events read at once (a watch that fell behind) are decoded and
+    delivered `DECODE_BATCH` at a time with the loop free in between, in order, and a bad
+    line still ends the stream after everything before it was delivered."""
+    import json as _json
+
+    from sources.k8s_namespaces import namespace_resource_spec
+    from sources.k8s_reflector import DECODE_BATCH, Reflector, StreamError
+
+    batches: list[list[str]] = []
+
+    async def deliver(_r: object, deltas: list, _synced: bool) -> None:
+        batches.append([d.key for d in deltas])
+
+    events = [
+        _json.dumps({"type": "ADDED", "object": {
+            "metadata": {"name": f"ns-{i}", "resourceVersion": str(i + 1)}}}).encode()
+        for i in range(5 * DECODE_BATCH + 3)
+    ]
+    ticks = 0
+
+    async def main() -> Exception | None:
+        nonlocal ticks
+        reflector = Reflector(None, namespace_resource_spec(), deliver)  # type: ignore[arg-type]
+
+        async def ticker() -> None:
+            nonlocal ticks
+            while True:
+                await anyio.lowlevel.checkpoint()
+                ticks += 1
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(ticker)
+            await anyio.lowlevel.checkpoint()
+            bad = await reflector._decode_and_deliver([*events, b"not json", events[0]])
+            tg.cancel_scope.cancel()
+        return bad
+
+    bad = anyio.run(main)
+    assert isinstance(bad, StreamError)
+    assert max(len(b) for b in batches) <= DECODE_BATCH
+    assert [k for b in batches for k in b] == [f"ns-{i}" for i in range(len(events))]
+    assert ticks >= 5  # the loop ran other tasks between the batches
