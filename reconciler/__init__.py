@@ -9,7 +9,9 @@ docs/reconciler.md; `reconciler.testing` is a kit for testing targets and
 controllers (fault injection, an in-memory target, convergence waits, a
 hypothesis state machine). `status_index` indexes a table's rows by status kind
 (query and watch the Pending or Error rows); `Reconciler.health_watch` closes when
-health or the retry queue changes.
+health or the retry queue changes. A target that runs out of a bounded resource raises
+`ResourceExhaustedError`: the object is parked until the resource has a unit free
+(reconciler/waiting.py), at no cost per round meanwhile.
 """
 
 from reconciler.clock import Clock, FakeClock, SystemClock
@@ -36,6 +38,7 @@ from reconciler.status_index import (
     status_index,
     wait_for_status,
 )
+from reconciler.waiting import Resource, ResourceExhaustedError, exhausted_resource
 
 __all__ = [
     "BatchEntry",
@@ -51,6 +54,8 @@ __all__ = [
     "RateLimit",
     "Reconciler",
     "ReconcilerMetrics",
+    "Resource",
+    "ResourceExhaustedError",
     "RetryItem",
     "RetryQueue",
     "Status",
@@ -59,6 +64,7 @@ __all__ = [
     "SystemClock",
     "UnknownStatusKindError",
     "backoff_delay",
+    "exhausted_resource",
     "rows_with_status",
     "status_done",
     "status_error",

@@ -7,6 +7,8 @@ import enum
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from reconciler.waiting import Resource, resource_name
+
 
 class Level(enum.Enum):
     """Health level."""
@@ -28,6 +30,10 @@ class Health:
     message: str
     error_count: int = 0
     errors: tuple[str, ...] = ()  # the first few error messages
+    #: Objects parked until a resource they need has a unit free (not in error_count).
+    waiting_count: int = 0
+    #: Per exhausted resource: how many wait for it and a few of them (`waiting_text`).
+    waiting: tuple[str, ...] = ()
 
     @property
     def ok(self) -> bool:
@@ -43,11 +49,36 @@ def health_ok(name: str, objects: int) -> Health:
     return Health(name, Level.OK, f"OK, {objects} object(s)")
 
 
-def health_degraded(name: str, count: int, first: Sequence[str]) -> Health:
-    """Degraded, with the number of errors and the first few messages (``first``)."""
-    more = count - len(first)
-    text = "; ".join(first) + (f"; and {more} more" if more > 0 else "")
-    return Health(name, Level.DEGRADED, f"{count} error(s): {text}", count, tuple(first))
+def health_degraded(
+    name: str,
+    count: int,
+    first: Sequence[str],
+    waiting: Sequence[str] = (),
+    waiting_count: int = 0,
+) -> Health:
+    """Degraded, with the number of errors and the first few messages (``first``), and
+    per exhausted resource what waits for it (``waiting``, `waiting_text`)."""
+    parts = list(waiting)
+    if count:
+        more = count - len(first)
+        text = "; ".join(first) + (f"; and {more} more" if more > 0 else "")
+        parts.append(f"{count} error(s): {text}")
+    return Health(
+        name,
+        Level.DEGRADED,
+        "; ".join(parts),
+        count,
+        tuple(first),
+        waiting_count,
+        tuple(waiting),
+    )
+
+
+def waiting_text(resource: Resource, count: int, examples: Sequence[str]) -> str:
+    """"<count> object(s) wait for a free <unit> (none left): <examples>, ..."."""
+    more = count - len(examples)
+    shown = ", ".join(examples) + (f" and {more} more" if more > 0 else "")
+    return f"{count} object(s) wait for a free {resource_name(resource)} (none left): {shown}"
 
 
 def health_stopped(name: str) -> Health:

@@ -28,6 +28,7 @@ from reconciler.metrics import ReconcilerMetrics
 from reconciler.operations import BatchEntry, settle
 from reconciler.retries import RetryItem, RetryQueue
 from reconciler.status import Status, StatusKind, status_done, status_error
+from reconciler.waiting import exhausted_resource
 from statedb import DB, Change, ChangeIterator, ReadTxn, Watch, WriteTxn
 
 O = TypeVar("O")
@@ -167,8 +168,14 @@ class Incremental(Generic[O]):
                 stream_revision = own
         if stream_revision >= 0:
             self.attempted_revision = stream_revision
-        self.metrics.current_errors = len(self.retries)
+        self.update_error_metrics()
         return watch
+
+    def update_error_metrics(self) -> None:
+        """Failures waiting for a retry, and objects parked for an exhausted resource."""
+        parked = self.retries.parked
+        self.metrics.current_errors = len(self.retries) - parked
+        self.metrics.waiting = parked
 
     async def _collect_changes(
         self,
@@ -233,6 +240,8 @@ class Incremental(Generic[O]):
     ) -> None:
         if not self.retries or budget <= 0:
             return
+        # Parked objects whose resource has units free again are due now.
+        self.retries.wake(self.config.clock.now())
         table = self.table
         get_status = self.config.get_object_status
         for item in list(self.retries.pop_due(self.config.clock.now(), budget)):
@@ -318,7 +327,10 @@ class Incremental(Generic[O]):
             for obj, rev, err in failed:
                 msg = self._context("delete", obj, err)
                 log.debug("%s", msg)
-                self.retries.add(self.table.primary_key_of(obj), obj, rev, True, msg, now)
+                self.retries.add(
+                    self.table.primary_key_of(obj), obj, rev, True, msg, now,
+                    exhausted_resource(err),
+                )
 
     # ----- updates ----------------------------------------------------------------
     async def _run_updates(
@@ -414,12 +426,12 @@ class Incremental(Generic[O]):
                     if exc is None:
                         exc = problem
                 outcome[i] = (exc, written)
-            failed: list[tuple[int, int, str]] = []
+            failed: list[tuple[int, int, BaseException]] = []
             for i, (exc, written) in outcome.items():
                 if exc is not None and written:
                     cur = table.get_revision(wtxn, table.primary.query_bytes(work[i].key))
                     rev = cur[1] if cur is not None else table.revision(wtxn)
-                    failed.append((i, rev, self._context("update", updates.target(i), exc)))
+                    failed.append((i, rev, exc))
             own_revision = table.revision(wtxn)
         # The status writes are ours: do not read them back through the change stream.
         if self._iter is not None:
@@ -432,9 +444,12 @@ class Incremental(Generic[O]):
         if failed:
             now = cfg.clock.now()
             self.metrics.update_errors_total += len(failed)
-            for i, rev, msg in failed:
+            for i, rev, exc in failed:
+                msg = self._context("update", updates.target(i), exc)
                 log.debug("%s", msg)
-                self.retries.add(work[i].key, updates.target(i), rev, False, msg, now)
+                self.retries.add(
+                    work[i].key, updates.target(i), rev, False, msg, now, exhausted_resource(exc)
+                )
         return base_revision, own_revision
 
     def _log_status_write_error(self, row: Any, exc: BaseException) -> None:

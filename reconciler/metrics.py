@@ -42,6 +42,8 @@ class ReconcilerMetrics:
     prune_errors_total: int = 0
     prune_current_errors: int = 0
     current_errors: int = 0
+    #: Objects parked until a resource they failed for (ids, say) has a unit free.
+    waiting: int = 0
     refreshes_total: int = 0
 
     @property
@@ -65,6 +67,7 @@ class ReconcilerMetrics:
         out["delete_errors_total"] = self.delete_errors_total
         out["errors_total"] = self.errors_total
         out["current_errors"] = self.current_errors
+        out["waiting_objects"] = self.waiting
         out["prune_errors_total"] = self.prune_errors_total
         out["prune_current_errors"] = self.prune_current_errors
         out["refreshes_total"] = self.refreshes_total
@@ -83,6 +86,7 @@ class ReconcilerMetrics:
             (f"{p}_duration_seconds", {**mod, "op": "delete"}, self.deletes.total_s),
             (f"{p}_errors_total", dict(mod), float(self.errors_total)),
             (f"{p}_errors_current", dict(mod), float(self.current_errors)),
+            (f"{p}_waiting_objects", dict(mod), float(self.waiting)),
             (f"{p}_prune_count", dict(mod), float(self.prunes.count)),
             (f"{p}_prune_errors_total", dict(mod), float(self.prune_errors_total)),
             (f"{p}_prune_duration_seconds", dict(mod), self.prunes.total_s),
@@ -124,6 +128,10 @@ class PrometheusCollector:
             "statewright_reconciler_current_errors",
             "Objects waiting for a retry plus a failed last prune", labels=["name"],
         )
+        waiting = GaugeMetricFamily(
+            "statewright_reconciler_waiting_objects",
+            "Objects parked until a resource they need (ids) has a unit free", labels=["name"],
+        )
         for m in ms:
             for op, d, e in (
                 ("round", m.rounds, 0),
@@ -135,7 +143,9 @@ class PrometheusCollector:
                 op_secs.add_metric([m.name, op], d.total_s)
                 errs.add_metric([m.name, op], e)
             current.add_metric([m.name], m.current_errors + m.prune_current_errors)
+            waiting.add_metric([m.name], m.waiting)
         yield ops
         yield op_secs
         yield errs
         yield current
+        yield waiting

@@ -18,7 +18,13 @@ import anyio
 import anyio.abc
 
 from reconciler.config import Config
-from reconciler.health import Health, health_degraded, health_ok, health_stopped
+from reconciler.health import (
+    Health,
+    health_degraded,
+    health_ok,
+    health_stopped,
+    waiting_text,
+)
 from reconciler.incremental import Incremental, error_text
 from reconciler.metrics import ReconcilerMetrics
 from reconciler.prune import Pruner
@@ -163,8 +169,11 @@ class Reconciler(Generic[O]):
                 for o in not_done[:limit]
             )
             out.append(f"{len(not_done)} row(s) not Done ({shown})")
-        if len(self.retries):
-            out.append(f"{len(self.retries)} retry(ies) pending")
+        parked = self.retries.parked
+        if len(self.retries) > parked:
+            out.append(f"{len(self.retries) - parked} retry(ies) pending")
+        if parked:
+            out.append(f"{parked} object(s) waiting for a free resource")
         if self._pruner.request_outstanding:
             out.append("a requested prune has not run yet")
         if not self._health.ok:
@@ -227,7 +236,8 @@ class Reconciler(Generic[O]):
         while True:
             if limiter is not None:
                 await limiter.wait()
-            if not self._incremental.backlog:
+            # Parked objects whose resource a round freed are retried in the next round.
+            if not self._incremental.backlog and not self.retries.wakeable():
                 watches = [table_watch, self._trigger]
                 if not initialized:
                     watches.append(init_watch)
@@ -278,11 +288,20 @@ class Reconciler(Generic[O]):
     def _publish(self, txn: ReadTxn) -> None:
         shown = self.config.health_max_messages
         others = [e for e in (self._round_error, self._pruner.error) if e is not None]
-        count = len(self.retries) + len(others)
-        self.metrics.current_errors = len(self.retries)
-        if count:
+        self._incremental.update_error_metrics()
+        waiting = [
+            waiting_text(resource, n, [self._incremental.key_text(i.obj) for i in first])
+            for resource, n, first in self.retries.parked_by_resource(3)
+        ]
+        failing = len(self.retries) - self.metrics.waiting
+        count = failing + len(others)
+        if count or waiting:
             first = others + [item.error for item in self.retries.first(shown)]
-            self._set_health(health_degraded(self.name, count, first[:shown]))
+            self._set_health(
+                health_degraded(
+                    self.name, count, first[:shown], waiting, self.metrics.waiting
+                )
+            )
         else:
             self._set_health(health_ok(self.name, self.config.table.count(txn)))
         old, self._progress = self._progress, Watch()
