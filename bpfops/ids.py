@@ -13,6 +13,14 @@ addresses that held them (``reserve``), so nobody else can take them, and the wa
 resumes after the highest one. The first frontend or backend with that address
 *claims* its old id (``claim_restored``); ``release_unclaimed`` drops the reservations
 nobody claimed (prune calls it once the tables are initialized).
+
+Exhaustion: once every id of the range is taken, ``acquire`` raises `IDExhaustedError`
+after one comparison (the number of taken ids is known), and the error names the
+allocator as the exhausted resource (``available``: how many ids are free), so a
+reconciler parks the object until an id is released instead of retrying it on a timer
+(reconciler/waiting.py). A walk over a nearly full range skips whole blocks of taken ids
+(a count per block of `BLOCK` ids), so finding the one free id costs at most about
+``span / BLOCK + 2 * BLOCK`` probes, not ``span``.
 """
 
 from __future__ import annotations
@@ -20,7 +28,7 @@ from __future__ import annotations
 from collections.abc import Hashable, Iterable
 from typing import Generic, Protocol, TypeVar
 
-from statedb.errors import StatewrightError
+from reconciler.waiting import ResourceExhaustedError
 
 A = TypeVar("A", bound=Hashable)
 
@@ -28,10 +36,13 @@ FIRST_SERVICE_ID = 1
 SERVICE_ID_LIMIT = 0xFFFF  # exclusive; rev-NAT ids are __be16 and 0 is invalid
 FIRST_BACKEND_ID = 1
 BACKEND_ID_LIMIT = 0xFFFFFFFF  # exclusive
+#: Ids per block of the walk's skip counts (a power of two).
+BLOCK_SHIFT = 8
+BLOCK = 1 << BLOCK_SHIFT
 
 
-class IDExhaustedError(StatewrightError, RuntimeError):
-    """No free id is left in the allocator's range."""
+class IDExhaustedError(ResourceExhaustedError, RuntimeError):
+    """No free id is left in the allocator's range; ``resource`` is the allocator."""
 
 
 class Holders(Protocol[A]):
@@ -87,16 +98,22 @@ class IDAllocator(Generic[A]):
     the allocator's own dict, saving a dict entry per address. The view reads each
     address's id from its record; the user then creates the record, with the id, for
     every id `acquire` returns, and drops it only after `release` (or `reset`).
+
+    Once indexed, ``block_taken`` counts the taken ids of each block of `BLOCK` ids (only
+    blocks with any), so the walk skips a full block at once; ``probes`` counts the ids
+    the walks examined (a measure of the work, for tests and benchmarks).
     """
 
     __slots__ = (
         "addr_to_id",
+        "block_taken",
         "first",
         "id_to_owners",
         "indexed",
         "limit",
         "name",
         "next_id",
+        "probes",
         "restored",
     )
 
@@ -118,6 +135,29 @@ class IDAllocator(Generic[A]):
         own: dict[A, int] = {}
         self.addr_to_id: Holders[A] = own if holders is None else holders
         self.restored: dict[A, int] = {}
+        self.block_taken: dict[int, int] = {}
+        self.probes = 0
+
+    @property
+    def unit(self) -> str:
+        """What one id is, for health ("service id"): the allocator is a
+        `reconciler.waiting.Resource`."""
+        return f"{self.name} id"
+
+    @property
+    def span(self) -> int:
+        """How many ids the range has."""
+        return self.limit - self.first
+
+    def available(self) -> int:
+        """How many ids `acquire` can hand out now: exact once the walk has reached the
+        end of the range (only then can it run out; the index is completed here if it
+        just did); before, the ids the walk has not reached yet (a lower bound)."""
+        if not self.indexed and self.next_id >= self.limit:
+            self._index_all()
+        if self.indexed:
+            return self.span - len(self.id_to_owners)
+        return self.limit - self.next_id
 
     def __len__(self) -> int:
         return len(self.addr_to_id)
@@ -164,10 +204,39 @@ class IDAllocator(Generic[A]):
         for addr, id_ in list(self.addr_to_id.items()):
             self._own(addr, id_)
         self.indexed = True
+        counts: dict[int, int] = {}
+        for id_ in self.id_to_owners:
+            b = id_ >> BLOCK_SHIFT
+            counts[b] = counts.get(b, 0) + 1
+        self.block_taken = counts
+
+    def _block_capacity(self, block: int) -> int:
+        """How many ids of the range block ``block`` holds (the first and last may be
+        partial)."""
+        lo = max(self.first, block << BLOCK_SHIFT)
+        hi = min(self.limit, (block + 1) << BLOCK_SHIFT)
+        return hi - lo
+
+    def _taken(self, id_: int) -> None:
+        """``id_`` just got its first owner: count it in its block (once indexed)."""
+        if self.indexed:
+            b = id_ >> BLOCK_SHIFT
+            self.block_taken[b] = self.block_taken.get(b, 0) + 1
+
+    def _freed(self, id_: int) -> None:
+        """``id_`` just lost its last owner: uncount it (once indexed)."""
+        if self.indexed:
+            b = id_ >> BLOCK_SHIFT
+            left = self.block_taken[b] - 1
+            if left:
+                self.block_taken[b] = left
+            else:
+                del self.block_taken[b]
 
     def _own(self, addr: A, id_: int) -> None:
         if id_ not in self.id_to_owners:
             self.id_to_owners[id_] = addr if type(addr) is not tuple else (addr,)
+            self._taken(id_)
             return
         owners = self._owners(id_)
         if addr not in owners:
@@ -184,11 +253,13 @@ class IDAllocator(Generic[A]):
             self.id_to_owners[id_] = rest[0] if type(rest[0]) is not tuple else rest
         else:
             del self.id_to_owners[id_]
+            self._freed(id_)
 
     def acquire(self, addr: A) -> int:
         """The id of ``addr``: its current one, its restored one, or the next free one.
 
-        Raises IDExhaustedError naming the allocator when the range is full.
+        Raises IDExhaustedError naming the allocator when the range is full, at the cost
+        of one comparison.
         """
         current = self.addr_to_id.get(addr)
         if current is not None:
@@ -201,23 +272,43 @@ class IDAllocator(Generic[A]):
         owners = self.id_to_owners
         if not self.indexed and candidate < self.limit and candidate not in owners:
             # Free: nothing at or above next_id is taken before the first wrap-around.
+            self.probes += 1
             self.addr_to_id[addr] = candidate
             self.next_id = candidate + 1
             return candidate
         self._index_all()
-        span = self.limit - self.first
-        for _ in range(span):
-            if candidate >= self.limit:
-                candidate = self.first
+        if len(owners) >= self.span:
+            self.probes += 1
+            raise IDExhaustedError(
+                f"no free {self.name} id: all {self.span} ids in [{self.first}, "
+                f"{self.limit}) are in use",
+                self,
+            )
+        candidate = self._walk(candidate)
+        owners[candidate] = addr if type(addr) is not tuple else (addr,)
+        self._taken(candidate)
+        self.addr_to_id[addr] = candidate
+        self.next_id = candidate + 1
+        return candidate
+
+    def _walk(self, candidate: int) -> int:
+        """The first free id from ``candidate`` on, wrapping around; one must be free.
+        A block whose ids are all taken is skipped at once."""
+        owners, blocks = self.id_to_owners, self.block_taken
+        first, limit = self.first, self.limit
+        probes = 0
+        while True:
+            if candidate >= limit:
+                candidate = first
+            probes += 1
             if candidate not in owners:
-                owners[candidate] = addr if type(addr) is not tuple else (addr,)
-                self.addr_to_id[addr] = candidate
-                self.next_id = candidate + 1
+                self.probes += probes
                 return candidate
-            candidate += 1
-        raise IDExhaustedError(
-            f"no free {self.name} id: all {span} ids in [{self.first}, {self.limit}) are in use"
-        )
+            b = candidate >> BLOCK_SHIFT
+            if blocks.get(b, 0) >= self._block_capacity(b):
+                candidate = (b + 1) << BLOCK_SHIFT
+            else:
+                candidate += 1
 
     def release(self, addr: A) -> int | None:
         """Give up the id ``addr`` holds (it becomes free once no one else owns it)."""
@@ -270,6 +361,7 @@ class IDAllocator(Generic[A]):
         """Forget everything (used before restoring from the maps again)."""
         self.next_id = self.first
         self.id_to_owners.clear()
+        self.block_taken = {}
         self.indexed = False
         self.addr_to_id.clear()
         self.restored.clear()

@@ -6,7 +6,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from bpfops.ids import IDAllocator, IDExhaustedError
+from bpfops.ids import BLOCK, IDAllocator, IDExhaustedError
+from reconciler.waiting import exhausted_resource
 
 
 def alloc(first: int = 1, limit: int = 6) -> IDAllocator[str]:
@@ -198,7 +199,13 @@ class _ReferenceIDs:
                 self.next_id = candidate + 1
                 return candidate
             candidate += 1
-        raise IDExhaustedError("full")
+        raise IDExhaustedError("full", self)
+
+    # A reconciler.waiting.Resource, as the allocator is.
+    unit = "reference id"
+
+    def available(self) -> int:
+        return self.limit - self.first - len(self.owners)
 
     def release(self, addr: str) -> int | None:
         id_ = self.held.pop(addr, None)
@@ -271,3 +278,85 @@ def test_the_allocator_follows_the_reference_across_wrap_arounds(
         for i in range(0, 9):
             assert a.is_taken(i) == (i in ref.owners), i
             assert a.owner_of(i) == ref.holder(i), i
+
+
+def test_exhaustion_costs_one_probe_per_attempt_and_names_the_allocator() -> None:
+    """A full range refuses at once, however large it is: one probe per attempt, and the
+    error names the allocator as the exhausted resource (a reconciler parks on it)."""
+    a = alloc(first=1, limit=3 * BLOCK + 7)
+    for i in range(a.span):
+        a.acquire(f"a{i}")
+    assert a.available() == 0
+    before = a.probes
+    for i in range(1000):
+        with pytest.raises(IDExhaustedError) as info:
+            a.acquire(f"waiting-{i}")
+        assert exhausted_resource(info.value) is a
+    assert a.probes - before == 1000
+    assert a.unit == "test id"
+    a.release("a5")
+    assert a.available() == 1
+    assert a.acquire("waiting-0") == 6
+
+
+def test_a_walk_over_a_nearly_full_range_skips_full_blocks() -> None:
+    """The one free id far behind the walk is found in about span / BLOCK + 2 * BLOCK
+    probes, not span."""
+    span = 40 * BLOCK
+    a = alloc(first=1, limit=1 + span)
+    for i in range(span):
+        a.acquire(f"a{i}")
+    a.release("a5")
+    assert a.acquire("b") == 6  # the walk wrapped and found it right away
+    a.release(f"a{span - 100}")  # id span - 99: the walk is at 7, far before it
+    before = a.probes
+    assert a.acquire("c") == span - 99
+    assert a.probes - before <= span // BLOCK + 2 * BLOCK
+
+
+@settings(max_examples=100, deadline=None, derandomize=True)
+@given(
+    st.lists(
+        st.tuples(
+            st.sampled_from(["acquire", "acquire", "acquire", "release", "reserve"]),
+            st.integers(0, 700),
+            st.integers(BLOCK - 10, 3 * BLOCK + 40),
+        ),
+        max_size=150,
+    ),
+    st.integers(0, 600),
+)
+def test_the_block_skipping_walk_follows_the_reference(
+    ops: list[tuple[str, int, int]], prefill: int
+) -> None:
+    """Over several blocks (the first and last partial), with most ids taken: the same ids
+    as the plain next-fit walk, and ``available`` exact once the walk has wrapped."""
+    first, limit = BLOCK - 10, 3 * BLOCK + 30
+    a: IDAllocator[str] = IDAllocator("test", first, limit)
+    ref = _ReferenceIDs(first, limit)
+    for i in range(prefill):
+        try:
+            want = ref.acquire(f"p{i}")
+        except IDExhaustedError:
+            with pytest.raises(IDExhaustedError):
+                a.acquire(f"p{i}")
+            continue
+        assert a.acquire(f"p{i}") == want
+    for op, n, id_ in ops:
+        addr = f"p{n}"
+        if op == "acquire":
+            try:
+                want = ref.acquire(addr)
+            except IDExhaustedError:
+                with pytest.raises(IDExhaustedError):
+                    a.acquire(addr)
+                continue
+            assert a.acquire(addr) == want
+        elif op == "release":
+            assert a.release(addr) == ref.release(addr)
+        else:
+            a.reserve(addr, id_)
+            ref.reserve(addr, id_)
+        if a.indexed:
+            assert a.available() == ref.available()
+            assert sum(a.block_taken.values()) == len(ref.owners)
