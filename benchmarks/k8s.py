@@ -103,6 +103,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import anyio
+import anyio.abc
 
 from benchmarks.lb import BACKENDS_PER_SERVICE, service_obj, slice_obj
 from bpf.probe import kernel_support
@@ -123,6 +124,15 @@ from tables.lb_config import LBConfig
 NODE = "bench-node"
 #: A loop lag above this (ms) is a stall: the churn_stall_* keys list them.
 STALL_MS = 20.0
+#: ``--scale``: services of 10 backends each, on one agent.
+SCALE_SERVICES = 60_000
+#: ``--scale``'s targets: each figure at most this (the churn also kept up).
+SCALE_TARGETS = {
+    "initial_sync_s": 12.0,
+    "rss_mb_after_sync": 450.0,
+    "churn_event_to_map_p99_ms": 50.0,
+    "churn_stall_ms_max": 50.0,
+}
 
 
 def churn_ip(gen: int) -> str:
@@ -131,9 +141,10 @@ def churn_ip(gen: int) -> str:
     return str(ipaddress.ip_address(int(ipaddress.ip_address("10.200.0.0")) + gen))
 
 
-def churn_service(k: int, n: int) -> int:
-    """The service churn event ``k`` (0-based) changes."""
-    return (k * 7919) % n
+def churn_service(k: int, served: list[int]) -> int:
+    """The service churn event ``k`` (0-based) changes, among the ``served`` ones (their
+    indexes: every service's, unless some wait for an id)."""
+    return served[(k * 7919) % len(served)]
 
 
 # ----- the server process -----------------------------------------------------------------
@@ -159,7 +170,7 @@ def _server(conn: multiprocessing.connection.Connection, kubeconfig: str) -> Non
                 gc.freeze()
                 conn.send(("ok",))
             elif cmd[0] == "churn":
-                _, n, rate, seconds = cmd
+                _, served, rate, seconds = cmd
                 total = int(rate * seconds)
                 times: list[float] = []
                 # No collections in this process during the churn either: after the
@@ -176,7 +187,7 @@ def _server(conn: multiprocessing.connection.Connection, kubeconfig: str) -> Non
                     if delay > 0:
                         time.sleep(delay)
                     times.append(time.monotonic())
-                    srv.upsert(slice_obj(churn_service(k, n), k + 1))
+                    srv.upsert(slice_obj(churn_service(k, served), k + 1))
                 gc.enable()
                 conn.send(("done", times))
             else:
@@ -323,22 +334,7 @@ async def _agent(
     try:
         async with anyio.create_task_group() as tg:
             await tg.start(lb.run)
-            gc.collect()
-            t0 = time.perf_counter()
-            await tg.start(source.run)
-            while not source.synced:
-                await anyio.sleep(0.005)
-            assert lb.reconciler is not None
-            rev = lb.frontends.revision(lb.db.read_txn())
-            await lb.reconciler.wait_until_reconciled(rev)
-            elapsed = time.perf_counter() - t0
-            done = sum(
-                1 for f in lb.frontends.all(lb.db.read_txn()) if f.status.kind is StatusKind.DONE
-            )
-            if done != n:
-                raise RuntimeError(f"only {done} of {n} frontends Done after the sync")
-            out["initial_sync_s"] = round(elapsed, 3)
-            out["initial_sync_services_per_s"] = round(n / elapsed)
+            out.update(await _initial_sync(tg, lb, source, n))
             gc.collect()
             out["rss_mb_after_sync"] = round(_rss_mb(), 1)
             # As the agent does once the initial state is in the maps (components/lb.py,
@@ -351,14 +347,94 @@ async def _agent(
             out["gc_thresholds_churn"] = list(gc.get_threshold())
             out["gc_young_interval_s"] = young_interval if gc_steady else 0
             if churn_seconds > 0:
+                # Only services whose frontend is in the maps churn (beyond the id space
+                # the others wait for an id).
+                served = _served_services(lb)
                 async with profile.measuring(lb):
-                    out.update(await _churn(conn, lb, n, churn_rate, churn_seconds, profile))
+                    out.update(
+                        await _churn(conn, lb, served, churn_rate, churn_seconds, profile)
+                    )
                 out.update(profile.figures())
             tg.cancel_scope.cancel()
     finally:
         client.close()
         lb.close_maps()
     return out
+
+
+async def _initial_sync(
+    tg: anyio.abc.TaskGroup, lb: LoadBalancer, source: K8sSource, n: int
+) -> dict[str, Any]:
+    """Start the source and wait until every frontend was attempted (Done, or waiting
+    for a service id beyond the id space); the initial_sync_* figures."""
+    out: dict[str, Any] = {}
+    gc.collect()
+    t0 = time.perf_counter()
+    cpu0 = time.process_time()
+    with _GCTimer() as collector:
+        await tg.start(source.run)
+        while not source.synced:
+            await anyio.sleep(0.005)
+        assert lb.reconciler is not None
+        rev = lb.frontends.revision(lb.db.read_txn())
+        await lb.reconciler.wait_until_reconciled(rev)
+    elapsed = time.perf_counter() - t0
+    out["initial_sync_s"] = round(elapsed, 3)
+    out["initial_sync_cpu_s"] = round(time.process_time() - cpu0, 3)
+    done = sum(1 for f in lb.frontends.all(lb.db.read_txn()) if f.status.kind is StatusKind.DONE)
+    waiting = lb.reconciler.metrics.waiting
+    out["frontends_done"] = done
+    out["frontends_waiting_for_id"] = waiting
+    out["service_ids_in_use"] = len(lb.ops.service_ids)
+    if done + waiting != n or (waiting and done != lb.ops.service_ids.span):
+        problems = "; ".join(lb.reconciler.problems())
+        raise RuntimeError(
+            f"{done} of {n} frontends Done and {waiting} waiting after the sync: {problems}"
+        )
+    out["initial_sync_services_per_s"] = round(done / elapsed)
+    out.update(collector.figures("initial_sync_gc_"))
+    return out
+
+
+def _served_services(lb: LoadBalancer) -> list[int]:
+    """The indexes of the services whose frontend is Done (in the maps)."""
+    return sorted(
+        int(f.service_name.rsplit("-", 1)[1])
+        for f in lb.frontends.all(lb.db.read_txn())
+        if f.status.kind is StatusKind.DONE
+    )
+
+
+class _GCTimer:
+    """The collector's passes per generation and their CPU time while entered
+    (``gc.callbacks``; ``time.thread_time``, so a loaded machine does not inflate it)."""
+
+    def __init__(self) -> None:
+        self.count = [0, 0, 0]
+        self.cpu_s = [0.0, 0.0, 0.0]
+        self._start = 0.0
+
+    def __call__(self, phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            self._start = time.thread_time()
+        else:
+            gen = info["generation"]
+            self.count[gen] += 1
+            self.cpu_s[gen] += time.thread_time() - self._start
+
+    def __enter__(self) -> _GCTimer:
+        gc.callbacks.append(self)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        gc.callbacks.remove(self)
+
+    def figures(self, prefix: str) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for gen in range(3):
+            out[f"{prefix}{gen}_count"] = self.count[gen]
+            out[f"{prefix}{gen}_cpu_s"] = round(self.cpu_s[gen], 3)
+        return out
 
 
 _CHURN_BASE = int(ipaddress.ip_address("10.200.0.0"))
@@ -594,7 +670,7 @@ class _StallSampler:
 async def _churn(
     conn: multiprocessing.connection.Connection,
     lb: LoadBalancer,
-    n: int,
+    served: list[int],
     rate: float,
     seconds: float,
     profile: _Profile,
@@ -602,7 +678,7 @@ async def _churn(
     # No snapshot kept for the churn: it would hold every row version written meanwhile.
     addr_of = {f.service_name: f.address for f in lb.frontends.all(lb.db.read_txn())}
     total = int(rate * seconds)
-    conn.send(("churn", n, rate, seconds))
+    conn.send(("churn", served, rate, seconds))
     msg = await anyio.to_thread.run_sync(conn.recv)
     assert msg[0] == "started"
     t0 = msg[1]
@@ -617,7 +693,7 @@ async def _churn(
         snap = lb.db.read_txn()
         while len(confirmed) < emitted:
             k = len(confirmed)
-            svc = f"bench/svc-{churn_service(k, n)}"
+            svc = f"bench/svc-{churn_service(k, served)}"
             if not _frontend_ok(lb, snap, addr_of[svc], ipaddress.ip_address(churn_ip(k + 1))):
                 break
             confirmed.append(now)
@@ -685,10 +761,26 @@ def _time_series(
     return out
 
 
+def scale_verdict(result: dict[str, Any]) -> dict[str, Any]:
+    """Each `SCALE_TARGETS` figure: its value, its bound and whether it is met."""
+    out: dict[str, Any] = {}
+    for key, bound in SCALE_TARGETS.items():
+        value = result.get(key)
+        out[key] = {"value": value, "max": bound, "met": value is not None and value <= bound}
+    out["all_met"] = all(v["met"] for v in out.values()) and bool(result.get("churn_kept_up"))
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run and print the JSON figures."""
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--quick", action="store_true", help="2,000 services, 10 s of churn")
+    p.add_argument(
+        "--scale",
+        action="store_true",
+        help=f"{SCALE_SERVICES:,} services, 30 s of churn, the scale targets checked "
+        "(scale_targets)",
+    )
     p.add_argument("--services", type=int, default=0)
     p.add_argument("--churn-rate", type=float, default=1000.0)
     p.add_argument("--churn-seconds", type=float, default=0.0)
@@ -720,7 +812,7 @@ def main(argv: list[str] | None = None) -> int:
         help="write the event loop's stacks sampled during its stalls to FILE (JSON)",
     )
     args = p.parse_args(argv)
-    n = args.services or (2000 if args.quick else 10_000)
+    n = args.services or (SCALE_SERVICES if args.scale else 2000 if args.quick else 10_000)
     seconds = args.churn_seconds or (10.0 if args.quick else 30.0)
     # The machine is shared: its load says how far the figures are from an idle run.
     result: dict[str, Any] = {"load_avg_1m_at_start": round(os.getloadavg()[0], 2)}
@@ -740,6 +832,8 @@ def main(argv: list[str] | None = None) -> int:
             )
         )
     result["load_avg_1m_at_end"] = round(os.getloadavg()[0], 2)
+    if args.scale and not args.decode_only:
+        result["scale_targets"] = scale_verdict(result)
     print(json.dumps(result))
     return 0
 
