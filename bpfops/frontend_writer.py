@@ -108,7 +108,7 @@ class FrontendWriter:
                 f"{maps.maglev_table_size}"
             )
         self.service_ids: IDAllocator[Addr] = IDAllocator(
-            "service", FIRST_SERVICE_ID, SERVICE_ID_LIMIT
+            "service", FIRST_SERVICE_ID, min(config.service_id_limit, SERVICE_ID_LIMIT)
         )
         self.frontends: dict[Addr, FrontendState] = {}
         self.backend_states = BackendStates()

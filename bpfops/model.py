@@ -134,6 +134,9 @@ class LBOpsConfig:
     default_lb_class_is_lbipam: bool = True
     #: --enable-scale-to-zero: track opted-in frontends' ids in the scale-to-zero map.
     scale_to_zero: bool = False
+    #: The end (exclusive) of the service id range [1, limit): rev-NAT ids are 16 bits.
+    #: Smaller only in tests, to run out of ids with a few frontends.
+    service_id_limit: int = 0xFFFF
     managed_lb_classes: tuple[str, ...] = field(
         default=("io.cilium/bgp-control-plane", "io.cilium/l2-announcer")
     )
