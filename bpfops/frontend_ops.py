@@ -72,7 +72,7 @@ from bpfops.frontend_plan import (
     merge,
     with_addr,
 )
-from bpfops.frontend_restore import prune_maps, restore_ids
+from bpfops.frontend_restore import maps_are_empty, prune_maps, prune_recorded, restore_ids
 from bpfops.frontend_round import RoundWriter
 from bpfops.frontend_state import PendingFrontend
 from bpfops.frontend_writer import FrontendWriter
@@ -83,6 +83,7 @@ from bpfops.maps_dump import dump_lines
 from bpfops.model import CLUSTER_IP, LOAD_BALANCER, Addr, FrontendSpec, LBOpsConfig
 from bpfops.node_view import NodeView, StaticNodeView
 from reconciler.operations import BatchEntry
+from reconciler.waiting import exhausted_resource
 from statedb import ReadTxn
 
 __all__ = ["FrontendOps", "LBOpsError", "NodeView", "StaticNodeView"]
@@ -132,6 +133,11 @@ class FrontendOps(Generic[R]):
         self.expansions = w.expansions
         self.restored_quarantined = w.restored_quarantined
         self.prune_count = 0
+        #: True while the maps hold only entries this Ops wrote and recorded: they were
+        #: empty at the restore and no update, delete or prune has failed since (a failure
+        #: may leave an entry the record does not explain). The first prune then has
+        #: nothing to look for in the maps and skips dumping them (`prune`).
+        self.maps_explained = False
         if restore:
             self.reset_and_restore()
 
@@ -145,6 +151,7 @@ class FrontendOps(Generic[R]):
         for attempt in range(attempts):
             try:
                 restore_ids(self.writer)
+                self.maps_explained = maps_are_empty(self.maps)
                 return
             except MapError:
                 if attempt == attempts - 1:
@@ -164,7 +171,17 @@ class FrontendOps(Generic[R]):
     def update(self, txn: ReadTxn, revision: int, obj: R) -> None:
         """Write the frontend (and its NodePort expansion) into the maps."""
         fe = self.spec_of(txn, obj)
-        self.update_spec(txn, fe)
+        try:
+            self.update_spec(txn, fe)
+        except Exception as exc:
+            self._failed(exc)
+            raise
+
+    def _failed(self, exc: BaseException) -> None:
+        """An update or delete failed: the maps may now hold an entry the record does not
+        explain (unless it failed for want of an id, before writing anything)."""
+        if exhausted_resource(exc) is None:
+            self.maps_explained = False
 
     def delete(self, txn: ReadTxn, revision: int, obj: R) -> None:
         """Remove the frontend (and its expansion) from the maps, unless the snapshot holds
@@ -172,10 +189,14 @@ class FrontendOps(Generic[R]):
         fe = self.spec_of(txn, obj)
         lookup = getattr(self.node, "frontend_type", None)
         new_type = lookup(txn, fe.addr) if lookup is not None else None
-        if new_type is None:
-            self.delete_spec(txn, fe)
-        else:
-            self.delete_replaced(txn, fe, new_type)
+        try:
+            if new_type is None:
+                self.delete_spec(txn, fe)
+            else:
+                self.delete_replaced(txn, fe, new_type)
+        except Exception as exc:
+            self._failed(exc)
+            raise
 
     def delete_replaced(self, txn: ReadTxn, fe: FrontendSpec, new_type: str) -> None:
         """``fe`` was deleted and its address inserted again (another service took it over,
@@ -275,6 +296,9 @@ class FrontendOps(Generic[R]):
             round_.append((entry, pending))
         if round_:
             rounds.write(txn, round_)
+        for entry in batch:
+            if entry.result is not None:
+                self._failed(entry.result)
 
     def delete_batch(self, txn: ReadTxn, batch: list[BatchEntry[R]]) -> None:
         """Delete each entry's frontend as `delete` does, one after the other (deletions are
@@ -304,7 +328,14 @@ class FrontendOps(Generic[R]):
                 errors.append(f"{addr}: {exc}")
         for parent in [p for p in self.expansions if p not in wanted]:
             del self.expansions[parent]
-        self.prune_maps(errors)
+        if self.maps_explained and not errors:
+            # Maps created empty, nothing failed: every entry is one the record explains
+            # (the initial sync's first prune, on a node's first start, costs no dump).
+            prune_recorded(self.writer, errors)
+        else:
+            self.prune_maps(errors)
+        # Later prunes look at the maps (entries written behind the agent's back).
+        self.maps_explained = False
         self.prune_count += 1
         if errors:
             raise LBOpsError("prune: " + "; ".join(errors[:5]))

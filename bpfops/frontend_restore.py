@@ -7,6 +7,8 @@ Both work on the record of a ``bpfops.frontend_writer.FrontendWriter``.
   them; entries written with protocol ANY reserve their id for TCP, UDP and SCTP
   (`aliases`). A backend in a frontend's inactive tail whose backends-map entry says
   active was quarantined before the restart (``restored_quarantined``).
+* `maps_are_empty`: whether the maps hold nothing (then the first prune needs no dump:
+  ``FrontendOps.maps_explained``); `prune_recorded`: the prune's part that needs no dump.
 * `prune_maps`: delete every entry of every LB map that the state does not explain
   (unknown service keys and slots, backends, rev-NAT, affinity, source-range, maglev and
   scale-to-zero entries, wildcard entries without a frontend), release restored ids
@@ -22,7 +24,7 @@ from bpf import lb
 from bpf.errors import MapError
 from bpf.typed_map import TypedMap
 from bpfops.frontend_state import ip_of
-from bpfops.lb_maps import delete_quiet
+from bpfops.lb_maps import LBMaps, delete_quiet
 from bpfops.model import Addr, proto_name
 
 if TYPE_CHECKING:
@@ -73,6 +75,12 @@ def restore_ids(writer: FrontendWriter) -> None:
                     writer.restored_quarantined.setdefault(addr, set()).add(be_addr)
 
 
+def maps_are_empty(maps: LBMaps) -> bool:
+    """Whether no LB map holds an entry (a node's first start, or maps not pinned): one
+    key lookup per map."""
+    return all(next(iter(m.backend.keys()), None) is None for m in maps.maps.values())
+
+
 def aliases(addr: Addr) -> list[Addr]:
     """Entries written with protocol ANY by older versions map to TCP, UDP and SCTP."""
     if addr.proto != "ANY":
@@ -83,6 +91,14 @@ def aliases(addr: Addr) -> list[Addr]:
 def prune_maps(writer: FrontendWriter, errs: list[str]) -> None:
     """Delete map entries the writer's record does not explain, collecting failures in ``errs``;
     release unclaimed restored ids."""
+    prune_recorded(writer, errs)
+    _prune_unrecorded(writer, errs)
+
+
+def prune_recorded(writer: FrontendWriter, errs: list[str]) -> None:
+    """The part of a prune the record alone says: release unclaimed restored ids, and
+    delete the backend entries no frontend references any more (kept for a frontend of
+    the snapshot that did not take them, or allocated by an update that failed)."""
     writer.service_ids.release_unclaimed()
     writer.backend_ids.release_unclaimed()
     quarantined = writer.restored_quarantined
@@ -96,6 +112,11 @@ def prune_maps(writer: FrontendWriter, errs: list[str]) -> None:
             _prune_delete(errs, be_map_, be_id)
             writer.backend_ids.release(be_addr)
             states.remove(be_addr)
+
+
+def _prune_unrecorded(writer: FrontendWriter, errs: list[str]) -> None:
+    """Dump every LB map and delete the entries the record does not explain."""
+    maps = writer.maps
     live_ids = {st.id: (a, st) for a, st in writer.frontends.items()}
     for v6 in (False, True):
         svc_map = maps.services(v6)
