@@ -105,6 +105,9 @@ class Served:
 class CiliumEndpoints:
     """See the module doc."""
 
+    #: The health line under the endpoints component (sources/cluster_state.py).
+    health_name = "cilium-endpoints"
+
     def __init__(
         self,
         db: DB,

@@ -68,6 +68,9 @@ def identity_resource_spec() -> ResourceSpec:
 class ClusterIdentities:
     """See the module doc."""
 
+    #: The health line under the endpoints component (sources/cluster_state.py).
+    health_name = "identities"
+
     def __init__(
         self,
         allocator: ClusterIdentityAllocator,

@@ -69,6 +69,9 @@ def local_identities(allocator: ClusterIdentityAllocator, txn: ReadTxn) -> list[
 class KVStoreIdentities:
     """See the module doc. ``run`` needs the session running."""
 
+    #: The health line under the endpoints component (sources/cluster_state.py).
+    health_name = "identities"
+
     def __init__(
         self,
         allocator: ClusterIdentityAllocator,

@@ -72,6 +72,9 @@ def endpoint_object_of(kv: KeyValue) -> dict[str, Any]:
 class KVStoreEndpoints:
     """See the module doc."""
 
+    #: The health line under the endpoints component (sources/cluster_state.py).
+    health_name = "kvstore-ipcache"
+
     def __init__(
         self,
         db: DB,

@@ -21,13 +21,15 @@ Start-up order, so nothing is pruned or served too early:
    (`EndpointManager.sync_pod_labels`), so a label change on the Pod moves the endpoint
    to another identity; and the labels of the Namespaces (sources/k8s_namespaces.py,
    health ``endpoints/namespaces``), copied into the identities of their pods as
-   ``k8s:io.cilium.k8s.namespace.labels.<key>``. With the ``k8s`` component identities
-   are the cluster's (tables/cluster_identities.py, sources/k8s_identities.py: the
-   CiliumIdentity objects, health ``endpoints/identities``); without it, this node's.
-   With it too, the CiliumEndpoints (sources/k8s_endpoints.py, health
-   ``endpoints/cilium-endpoints``): one published per local pod endpoint, and those of
-   the other nodes' pods as ipcache entries (an initializer ``ciliumendpoints`` on the
-   ipcache table until their initial list is in);
+   ``k8s:io.cilium.k8s.namespace.labels.<key>``. With the ``k8s`` or ``kvstore``
+   component identities are the cluster's (tables/cluster_identities.py); without
+   either, this node's. The cluster's state comes from the backend of the mode, behind
+   one interface (sources/cluster_state.py): the identity numbering (health
+   ``endpoints/identities``) and the remote endpoints, one published per local pod
+   endpoint and those of the other nodes' pods as ipcache entries (an initializer on the
+   ipcache table until their initial list is in): CiliumIdentity and CiliumEndpoint
+   objects (health ``endpoints/cilium-endpoints``) in CRD mode, etcd's keys (health
+   ``endpoints/kvstore-ipcache``) in kvstore mode;
 6. with the ``nodes`` component: follow the nodes table (tables/nodes.py): every address
    of the other nodes gets a remote-node ipcache entry (`EntryTables.set_nodes`), and this
    node's own Node addresses join the host entries. An initializer ``nodes`` on the
@@ -63,17 +65,20 @@ from bpfops.endpoint_ops import EndpointMapOps
 from bpfops.ipcache_ops import IPCacheOps
 from reconciler import Reconciler
 from reconciler.health import Level
+from sources.cluster_state import (
+    ClusterSync,
+    RemoteEndpointsSync,
+    new_identity_sync,
+    new_remote_endpoints,
+)
 from sources.k8s_client import K8sClient
-from sources.k8s_endpoints import CiliumEndpoints, node_internal_ip
-from sources.k8s_identities import ClusterIdentities
+from sources.k8s_endpoints import node_internal_ip
 from sources.k8s_namespaces import NamespaceSource
 from sources.k8s_node_cidrs import NodePodCIDRs, NodeSource
 from sources.k8s_source import SourceConfig
-from sources.kvstore.identities import KVStoreIdentities
-from sources.kvstore.ipcache import KVStoreEndpoints
 from statedb import DB, Table, WatchSet
 from statewright.agent.components.kubernetes import K8S_SOURCE
-from statewright.agent.components.kvstore import KVSTORE, KVStore
+from statewright.agent.components.kvstore import KVSTORE
 from statewright.agent.components.map_reconciler import map_reconciler
 from statewright.agent.components.nodes import NODES
 from statewright.agent.config import DEFAULT_POD_CIDRS, DEFAULT_STATE_DIR, AgentConfig
@@ -104,7 +109,6 @@ from tables.identities import IdentityAllocator
 from tables.ipam import IPAM, IPAMConfig
 from tables.namespaces import Namespace, NamespaceObjects, namespace_labels, new_namespaces_table
 from tables.nodes import Node, node_name_index
-from tables.remote_endpoints import RemoteEndpointEntries
 
 log = logging.getLogger("statewright.agent.endpoints")
 
@@ -166,17 +170,16 @@ class EndpointsComponent(Component):
         self.namespaces: Table[Namespace] | None = None
         #: The Namespaces of the API server (with the ``k8s`` component).
         self.namespace_source: NamespaceSource | None = None
-        #: CiliumIdentities watched and created (with the ``k8s`` component), or etcd's
-        #: identity keys (with the ``kvstore`` component).
-        self.cluster_identities: ClusterIdentities | KVStoreIdentities | None = None
-        #: Remote endpoints from etcd and local ones published there (``kvstore``).
-        self.kvstore_endpoints: KVStoreEndpoints | None = None
+        #: The cluster's identity numbering, of the mode (sources/cluster_state.py:
+        #: CiliumIdentities with the ``k8s`` component, etcd's keys with ``kvstore``).
+        self.identity_sync: ClusterSync | None = None
+        #: The remote endpoints and this node's published, of the mode (CiliumEndpoints,
+        #: or etcd's ipcache keys).
+        self.remote_endpoints: RemoteEndpointsSync | None = None
         #: The nodes table (with the ``nodes`` component), for node ipcache entries.
         self.nodes: Table[Node] | None = None
         self._nodes_done: Callable[[Any], None] | None = None
         self._host_done: Callable[[Any], object] | None = None
-        #: CiliumEndpoints watched and published (with the ``k8s`` component).
-        self.cilium_endpoints: CiliumEndpoints | None = None
 
     # ----- lifecycle ----------------------------------------------------------------------------
     async def start(self, hive: Hive) -> None:
@@ -217,10 +220,8 @@ class EndpointsComponent(Component):
                          for t in (entries.endpoint_map, entries.ipcache)]
         self._host_done = lambda wtxn: [done(wtxn) for done in host_done]
         self.ipam, self.manager = ipam, manager
-        if kv is not None:
-            self.kvstore_endpoints = self._kvstore_endpoints(db, kv, pods, manager)
-        elif pods is not None:
-            self.cilium_endpoints = self._cilium_endpoints(db, pods, manager)
+        self.remote_endpoints = new_remote_endpoints(db, manager, self._node_ip(db, pods),
+                                                     k8s=pods, kvstore=kv)
 
         factory = MapFactory(BackendConfig(backend=cfg.backend, pin_dir=cfg.pin_dir))
         self.maps_kind = factory.kind
@@ -279,22 +280,11 @@ class EndpointsComponent(Component):
             self.node_cidrs.on_change = lambda: self._sync_host(db, manager)
             await hive.spawn(self, self.node_cidrs.run, label="endpoints-pod-cidrs")
         pods = _pod_label_source(hive, self)
-        kv = hive.find(self, KVSTORE)
-        if kv is not None and isinstance(manager.identities, ClusterIdentityAllocator):
-            self.cluster_identities = KVStoreIdentities(
-                manager.identities, kv.session, manager.renumber_identities, kv.node_name,
-                kv.layout, grace=kv.grace)
-            await hive.spawn(self, self.cluster_identities.run, label="endpoints-identities")
-        elif pods is not None and isinstance(manager.identities, ClusterIdentityAllocator):
-            self.cluster_identities = ClusterIdentities(
-                manager.identities, pods.client, manager.renumber_identities,
-                pods.config.reflector,
-            )
-            await hive.spawn(self, self.cluster_identities.run, label="endpoints-identities")
-        if self.cilium_endpoints is not None:
-            await hive.spawn(self, self.cilium_endpoints.run, label="endpoints-cilium-endpoints")
-        if self.kvstore_endpoints is not None:
-            await hive.spawn(self, self.kvstore_endpoints.run, label="endpoints-kvstore-ipcache")
+        self.identity_sync = new_identity_sync(manager, k8s=pods,
+                                               kvstore=hive.find(self, KVSTORE))
+        for sync in (self.identity_sync, self.remote_endpoints):
+            if sync is not None:
+                await hive.spawn(self, sync.run, label=f"endpoints-{sync.health_name}")
         if pods is not None:
             follow_pods = _follow_labels(pods.wait_pod_labels, manager)
             await hive.spawn(self, follow_pods, label="endpoints-pod-labels")
@@ -304,37 +294,6 @@ class EndpointsComponent(Component):
         await hive.spawn(self, _follow_namespaces(db, self.namespaces, manager),
                          label="endpoints-namespace-labels")
         hive.provide(ENDPOINTS.name, manager)
-
-    def _cilium_endpoints(
-        self, db: DB, pods: PodLabelSource, manager: EndpointManager
-    ) -> CiliumEndpoints:
-        """The CiliumEndpoint watch and publisher (sources/k8s_endpoints.py), its
-        initializer registered on the ipcache table."""
-        entries = manager.entries
-
-        def is_local(key: str) -> bool:
-            return manager.resolve(f"pod-name:{key}") is not None
-
-        ceps = CiliumEndpoints(
-            db, pods.client, endpoints=manager.endpoints, identities=manager.identities.table,
-            entries=RemoteEndpointEntries(entries.ipcache, is_local),
-            pod_uid_of=pods.pod_uid_of, node_ip=self._node_ip(db, pods),
-            config=pods.config.reflector,
-        )
-        with db.write_txn(entries.ipcache) as txn:
-            ceps.register_initializer(txn)
-        return ceps
-
-    def _kvstore_endpoints(
-        self, db: DB, kv: KVStore, pods: PodLabelSource | None, manager: EndpointManager
-    ) -> KVStoreEndpoints:
-        """The ipcache keys of etcd (sources/kvstore/ipcache.py), its initializer
-        registered on the ipcache table."""
-        keys = KVStoreEndpoints(db, kv.session, manager.entries.ipcache, manager.endpoints,
-                                self._node_ip(db, pods), kv.layout, grace=kv.grace)
-        with db.write_txn(manager.entries.ipcache) as txn:
-            keys.register_initializer(txn)
-        return keys
 
     def _node_ip(self, db: DB, pods: PodLabelSource | None) -> Callable[[], Any]:
         """This node's address as other nodes reach its pods: the Node's InternalIP,
@@ -501,15 +460,11 @@ class EndpointsComponent(Component):
         if self.namespace_source is not None:
             ok, message = self.namespace_source.health()
             cidrs.append(Health(f"{self.name}/namespaces", OK if ok else DEGRADED, message))
-        if self.cluster_identities is not None:
-            ok, message = self.cluster_identities.health()
-            cidrs.append(Health(f"{self.name}/identities", OK if ok else DEGRADED, message))
-        if self.cilium_endpoints is not None:
-            ok, message = self.cilium_endpoints.health()
-            cidrs.append(Health(f"{self.name}/cilium-endpoints", OK if ok else DEGRADED, message))
-        if self.kvstore_endpoints is not None:
-            ok, message = self.kvstore_endpoints.health()
-            cidrs.append(Health(f"{self.name}/kvstore-ipcache", OK if ok else DEGRADED, message))
+        for sync in (self.identity_sync, self.remote_endpoints):
+            if sync is not None:
+                ok, message = sync.health()
+                cidrs.append(Health(f"{self.name}/{sync.health_name}", OK if ok else DEGRADED,
+                                    message))
         if bad:
             return [Health(self.name, DEGRADED, "; ".join(bad)), *cidrs]
         return [Health(self.name, OK, f"{n} endpoint(s), {self.maps_kind} maps; {restored}"),
