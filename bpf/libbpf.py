@@ -12,6 +12,7 @@ import ctypes.util
 import errno
 import os
 import struct
+import sys
 from functools import cache
 from typing import Any
 
@@ -564,6 +565,8 @@ def btf_load(data: bytes, log_size: int = 0) -> tuple[int, str]:
 
 # -- clsact tc filters --------------------------------------------------------------------
 
+#: Enough of struct bpf_prog_info for its type and id.
+_PROG_INFO_LEN = 16
 #: enum bpf_tc_attach_point.
 TC_INGRESS = 1
 TC_EGRESS = 2
@@ -594,6 +597,16 @@ def tc_query(ifindex: int, point: int, handle: int, priority: int) -> int:
     opts = _TcOpts(ctypes.sizeof(_TcOpts), 0, 0, 0, handle, priority)
     ret: int = lib().tc_query(ctypes.byref(hook), ctypes.byref(opts))
     return ret if ret < 0 else int(opts.prog_id)
+
+
+def prog_id(fd: int) -> int:
+    """The kernel id of the program ``fd`` refers to, or -errno."""
+    buf = ctypes.create_string_buffer(_PROG_INFO_LEN)
+    length = _c_u32(_PROG_INFO_LEN)
+    ret: int = lib().obj_get_info_by_fd(fd, buf, ctypes.byref(length))
+    if ret < 0:
+        return ret
+    return int.from_bytes(buf.raw[4:8], sys.byteorder)
 
 
 def tc_detach(ifindex: int, point: int, handle: int, priority: int) -> int:

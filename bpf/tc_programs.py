@@ -14,7 +14,7 @@ Attach modes: ``tcx`` (a tcx link per program, pinned at
 ``<pin_dir>/<name>/links/if<ifindex>/<pin>``; adopted by a restarted agent by swapping
 its program with ``bpf_link_update``: no gap), ``clsact`` (a direct-action filter of the
 device's clsact qdisc, handle `TC_HANDLE` and priority `TC_PRIORITY`, replaced in place
-on restart; the program is pinned at ``.../<pin>.tc`` so a later agent knows the filter
+on restart; the program is pinned at ``.../<pin>-clsact-<hook>`` so a later agent knows the filter
 is ours), ``auto`` (tcx, and clsact when the kernel refuses tcx links). A pinned tcx
 link whose device is gone (the kernel reports ifindex 0) is removed.
 """
@@ -40,8 +40,9 @@ ATTACH_MODES = ("auto", "tcx", "clsact")
 #: The clsact filter's handle and priority (one filter per hook and device).
 TC_HANDLE = 0x5357
 TC_PRIORITY = 0x5357
-#: The pin suffixes of a program attached as a clsact filter, by hook.
-CLSACT_SUFFIXES = {BPF_TCX_INGRESS: ".clsact-ingress", BPF_TCX_EGRESS: ".clsact-egress"}
+#: The pin suffixes of a program attached as a clsact filter, by hook (bpffs refuses names
+#: with a dot).
+CLSACT_SUFFIXES = {BPF_TCX_INGRESS: "-clsact-ingress", BPF_TCX_EGRESS: "-clsact-egress"}
 #: errnos of a kernel that does not know tcx links (524: ENOTSUPP, the kernel's own).
 _NO_TCX = (errno.EINVAL, errno.EOPNOTSUPP, 524)
 #: The object's section holding the maglev table size (set before loading when asked).
@@ -140,28 +141,41 @@ class TcPrograms:
             raise DatapathError(errno.EINVAL, f"{self.obj.name}: attach before load")
         d = os.path.join(self.links_dir, f"if{ifindex}")
         os.makedirs(d, exist_ok=True)
-        held = self._links.setdefault(ifindex, {})
+        held = self._links.get(ifindex, {})
         adopted = 0
         for prog, (pin_name, attach_type) in self.obj.programs.items():
             pin = os.path.join(d, pin_name)
-            prog_fd = self._prog_fds[prog]
-            fd = -1
-            if self.mode != "clsact" and not os.path.exists(_marker(pin, attach_type)):
-                fd = self._adopt(pin, ifindex, attach_type, prog_fd)
-                if fd < 0:
-                    fd = self._tcx_attach(prog, pin, ifindex, attach_type, prog_fd)
-                else:
-                    adopted += 1
-            if fd < 0:  # clsact: forced, fallen back to, or what an earlier agent used
-                adopted += self._clsact_attach(prog, pin, ifindex, attach_type, prog_fd)
-                self.modes[ifindex] = "clsact"
-            else:
-                self.modes[ifindex] = "tcx"
+            fd, was_there = self._attach_one(prog, pin, ifindex, attach_type)
+            self._links[ifindex] = held
+            adopted += was_there
+            self.modes[ifindex] = "tcx" if fd >= 0 else "clsact"
             old = held.pop(pin_name, None)
             if old is not None and old >= 0:
                 os.close(old)
             held[pin_name] = fd
         return adopted == len(self.obj.programs)
+
+    def _attach_one(self, prog: str, pin: str, ifindex: int, attach_type: int) -> tuple[int, int]:
+        """(tcx link fd, or -1 for a clsact filter; 1 when adopted). ``auto`` keeps the
+        clsact filter an earlier agent had to use; a mode switch attaches the new way
+        first, then removes the old one (the programs are idempotent: a packet seen by
+        both is translated once)."""
+        prog_fd = self._prog_fds[prog]
+        marker = _marker(pin, attach_type)
+        had_filter = os.path.exists(marker)
+        if self.mode == "tcx" or (self.mode == "auto" and not had_filter):
+            fd = self._adopt(pin, ifindex, attach_type, prog_fd)
+            if fd >= 0:
+                return fd, 1
+            fd = self._tcx_attach(prog, pin, ifindex, attach_type, prog_fd)
+            if fd >= 0:
+                if had_filter:
+                    _remove_filter(marker, ifindex, attach_type)
+                return fd, 0
+        adopted = self._clsact_attach(prog, pin, ifindex, attach_type, prog_fd)
+        if os.path.exists(pin):  # a tcx link of an earlier agent: the filter replaces it
+            remove_pinned_link(pin)
+        return -1, adopted
 
     def _tcx_attach(self, prog: str, pin: str, ifindex: int, attach_type: int,
                     prog_fd: int) -> int:
@@ -282,6 +296,34 @@ class TcPrograms:
         return removed
 
 
+def _remove_filter(marker: str, ifindex: int, attach_type: int) -> str:
+    """Remove the clsact filter whose program is pinned at ``marker`` and the pin; an
+    error line, or "" (a filter or device already gone is no error). Only a filter
+    running that very program is removed: run from another network namespace (where the
+    ifindex is another device), nothing but the pin goes."""
+    ret = 0
+    fd = libbpf.obj_get(marker)
+    ours = libbpf.prog_id(fd) if fd >= 0 else -1
+    if fd >= 0:
+        os.close(fd)
+    point = _tc_point(attach_type)
+    if ifindex and ours > 0 and libbpf.tc_query(ifindex, point, TC_HANDLE, TC_PRIORITY) == ours:
+        ret = libbpf.tc_detach(ifindex, point, TC_HANDLE, TC_PRIORITY)
+    os.unlink(marker)
+    if ret < 0 and -ret not in (errno.ENOENT, errno.ENODEV, errno.EINVAL):
+        return f"detach the clsact filter of {marker}: {errno.errorcode.get(-ret, -ret)}"
+    return ""
+
+
+def remove_pinned_link(pin: str) -> None:
+    """Detach the link pinned at ``pin`` and unpin it."""
+    fd = libbpf.obj_get(pin)
+    if fd >= 0:
+        libbpf.link_detach(fd)
+        os.close(fd)
+    os.unlink(pin)
+
+
 def _remove_device(d: str, ifindex: int) -> list[str]:
     """Remove the clsact filters pinned in ``d`` (a filter or device already gone is no
     error), then detach and unpin its tcx links and remove ``d``."""
@@ -290,14 +332,10 @@ def _remove_device(d: str, ifindex: int) -> list[str]:
         return errors
     for name in sorted(os.listdir(d)):
         types = [t for t, suffix in CLSACT_SUFFIXES.items() if name.endswith(suffix)]
-        if not types:
-            continue
-        point = _tc_point(types[0])
-        ret = libbpf.tc_detach(ifindex, point, TC_HANDLE, TC_PRIORITY) if ifindex else 0
-        if ret < 0 and -ret not in (errno.ENOENT, errno.ENODEV, errno.EINVAL):
-            errors.append(f"detach the clsact filter of {name}: "
-                          f"{errno.errorcode.get(-ret, -ret)}")
-        os.unlink(os.path.join(d, name))
+        if types:
+            error = _remove_filter(os.path.join(d, name), ifindex, types[0])
+            if error:
+                errors.append(error)
     return errors + remove_pinned_links(d)
 
 

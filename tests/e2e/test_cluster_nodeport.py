@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
 from collections.abc import Iterator
 from contextlib import ExitStack
 from typing import Any
@@ -79,10 +80,6 @@ def service_objects(name: str, n: int, backends: list[tuple[str, str, int]],
             "ports": [{"name": p.lower(), "port": PORT, "protocol": p} for p in ("TCP", "UDP")],
         })
     return [svc, *slices]
-
-
-def _host(addr: str, port: int) -> tuple[str, int]:
-    return addr, port
 
 
 class Bed:
@@ -207,3 +204,98 @@ def test_nat_and_ct_entries(bed: Bed) -> None:
     ct = bed.env.node(1).api.get("/ct")["entries"]
     assert any(e["direction"] == "service" and "node_port" in e["flags"] for e in ct), ct[:5]
     print(json.dumps({"cluster_nodeport": "ok"}))
+
+
+def _deny_policy() -> dict[str, Any]:
+    return {"apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy",
+            "metadata": {"name": "deny-web", "namespace": NAMESPACE},
+            "spec": {"podSelector": {"matchLabels": {"app": "web"}},
+                     "policyTypes": ["Ingress"]}}
+
+
+def _policy_drops(env: ClusterEnv, node: int) -> int:
+    drops = env.node(node).api.get("/ct/stats")["drops"]
+    return sum(d["packets"] for d in drops if d["reason"] == 133 and d["direction"] == "ingress")
+
+
+def test_default_deny_blocks_outside(bed: Bed) -> None:
+    """A default-deny ingress policy on the backends: new connections from outside are
+    dropped at the pod's veth (133), on node 1 (client address) and on node 2 (node 1's
+    address, masqueraded); removed, they are served again."""
+    env = bed.env
+    before = (_policy_drops(env, 1), _policy_drops(env, 2))
+    env.apiserver.upsert(_deny_policy())
+
+    def blocked(name: str) -> bool:
+        got = bed.ask("TCP", NODE_SIDE[0], NODE_PORTS[name])
+        return "timed out" in got.get("error", "")
+
+    env.wait(lambda: blocked("np-local") and blocked("np-remote"), "default deny from outside")
+    assert _policy_drops(env, 1) > before[0]
+    assert _policy_drops(env, 2) > before[1]
+    env.apiserver.delete("NetworkPolicy", NAMESPACE, "deny-web")
+    env.wait(lambda: not blocked("np-local") and not blocked("np-remote"), "policy removed")
+
+
+def _restart(env: ClusterEnv, node: int, **config: Any) -> None:
+    """SIGKILL node ``node``'s agent and start it again (with ``config`` changed)."""
+    agent = env.node(node).agent
+    agent.kill()
+    if config:
+        path = agent.args[agent.args.index("--config") + 1]
+        with open(path, encoding="utf-8") as f:
+            doc = json.load(f)
+        doc.update(config)
+        with open(path, "w", encoding="utf-8") as f:
+            json.dump(doc, f)
+    agent.start()
+
+
+def test_restart_keeps_connections(bed: Bed) -> None:
+    """Established connections from outside (local and masqueraded backends, both
+    families) survive node 1's agent SIGKILLed (served meanwhile by the pinned programs)
+    and restarted (links adopted, CT and NAT maps adopted); new ones work at each step.
+    A restart in the clsact attach mode replaces the tcx links by clsact filters with the
+    same connections still up."""
+    env = bed.env
+    conns = {1: ("np-local", NODE_SIDE[0]), 2: ("np-remote", NODE_SIDE[0]),
+             3: ("np-remote", NODE_SIDE[1]), 4: ("np-local", NODE_SIDE[1])}
+    holder = bed.outside.client()
+    for cid, (name, host) in conns.items():
+        got = holder.call(op="open", id=cid, host=host, port=NODE_PORTS[name])
+        assert "id" in got, (cid, got)
+
+    def all_alive() -> bool:
+        for cid in conns:
+            got = holder.call(op="ping", id=cid)
+            assert got.get("ok"), (cid, got)
+        return True
+
+    def new_ones(fam: int) -> bool:
+        for proto in ("TCP", "UDP"):
+            got = bed.ask(proto, NODE_SIDE[fam // 6], NODE_PORTS["np-remote"])
+            assert got.get("id") == bed.ident(bed.remote, fam), (proto, got)
+        return True
+
+    env.node(1).agent.kill()
+    assert all_alive() and new_ones(4)  # the pinned programs serve while the agent is down
+    _restart(env, 1)
+    env.wait(lambda: env.node(1).api.get("/nodeport")["adopted"] >= 2, "links adopted")
+    assert all_alive() and new_ones(4) and new_ones(6)
+
+    _restart(env, 1, **{"tc-attach-mode": "clsact"})
+    def clsact() -> bool:
+        doc = env.node(1).api.get("/nodeport")
+        assert {d["mode"] for d in doc["devices"]} == {"clsact"}, (doc["devices"], [
+            ln for ln in env.node(1).agent.logs().splitlines() if "nodeport" in ln][-3:])
+        return True
+
+    env.wait(clsact, "clsact filters on node 1's devices")
+    tc = subprocess.run(["ip", "-n", env.node(1).ns, "-j", "link", "show", "ext0"],
+                        capture_output=True, text=True, check=True)
+    assert json.loads(tc.stdout)[0]["ifname"] == "ext0"
+    links = os.path.join(env.node(1).pin_dir, "nodeport", "links")
+    pins = {n for d in os.listdir(links) for n in os.listdir(os.path.join(links, d))}
+    assert pins == {"in-clsact-ingress", "out-clsact-egress"}, pins
+    assert all_alive() and new_ones(4) and new_ones(6)
+    print(json.dumps({"cluster_nodeport_restart": "ok"}))

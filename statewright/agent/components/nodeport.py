@@ -59,6 +59,7 @@ log = logging.getLogger("statewright.agent.nodeport")
 RETRY_INTERVAL = 2.0
 _SCHEMA = {"type": "object", "required": ["enabled", "reason", "devices", "nat"], "properties": {
     "enabled": {"type": "boolean"}, "reason": {"type": "string"},
+    "adopted": {"type": "integer"},
     "devices": {"type": "array", "items": {"type": "object"}},
     "nat": {"type": "array", "items": {"type": "object"}},
     "gc": {"type": "object"}}}
@@ -252,6 +253,7 @@ class NodePortComponent(Component):
         return {
             "enabled": True,
             "reason": self.reason,
+            "adopted": self.adopted,
             "devices": [{"ifindex": i, "name": n, "mode": modes.get(i, "")}
                         for i, n in sorted(self.devices.items())],
             "nat": entries,
