@@ -2,13 +2,16 @@
 
 In the spirit of Cilium's hive cells, but with nothing a reader cannot follow:
 
-* a `Component` declares by name what it ``needs`` and what it ``provides``; the `Hive`
-  starts components in list order and refuses a list in which a component needs
-  something no earlier component provides (checked before anything starts);
-* ``start`` gets the `Hive`: it looks up what it needs (`Hive.get`), publishes what it
-  provides (`Hive.provide`), registers its table initializers in the write transactions
-  it opens, and runs background work with `Hive.spawn` (a task that fails is recorded
-  as the component's health, it does not bring the agent down);
+* a `Component` declares by typed key (`Provided`) what it ``needs``, what it ``uses``
+  when the agent has it, and what it ``provides``; the `Hive` starts components in list
+  order and refuses a list in which a component needs something no earlier component
+  provides (checked before anything starts);
+* ``start`` gets the `Hive`: it looks up what it needs (`Hive.get`) and uses
+  (`Hive.find`), publishes what it provides (`Hive.provide`) - each refused for a key the
+  component did not declare, so `Hive.check` sees every dependency -, registers its
+  table initializers in the write transactions it opens, and runs background work with
+  `Hive.spawn` (a task that fails is recorded as the component's health, it does not
+  bring the agent down);
 * components stop in reverse order of start; a failing stop is logged and the rest
   still stop;
 * each component reports its own health (`Component.health`), may serve API routes
@@ -25,7 +28,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Generic, TypeVar, overload
+from typing import Any, Generic, TypeVar, cast
 
 import anyio
 import anyio.abc
@@ -64,9 +67,10 @@ class Health:
 @dataclass(frozen=True, slots=True)
 class Provided(Generic[T]):
     """What a component provides under ``name`` for later ones, with the type of its value:
-    ``hive.get(DB_KEY)`` is a `DB` for the type checker, and checked against ``kind`` at
-    run time (None: a type only the checker knows, e.g. one imported lazily). The
-    provider's module defines it; its users import it from there."""
+    ``hive.get(self, DATABASE)`` is a `DB` for the type checker, and checked against
+    ``kind`` at run time (None: a type only the checker knows, e.g. one imported lazily).
+    The provider's module defines it; its users import it from there and declare it in
+    their ``needs`` or ``uses``."""
 
     name: str
     kind: type[T] | None = None
@@ -108,13 +112,13 @@ class Component:
 
     #: Unique name: health lines, logs and failures are keyed by it.
     name: str = "component"
-    #: Names of things earlier components provide that this one uses.
-    needs: tuple[str, ...] = ()
-    #: Names of things this component provides (`Hive.provide` in ``start``).
-    provides: tuple[str, ...] = ()
-    #: Names of things it uses when an earlier component provides them, and does without
-    #: otherwise (`Hive.find`): the optional needs, visible to `Hive.check`.
-    uses: tuple[str, ...] = ()
+    #: What earlier components provide that this one needs (`Hive.get`).
+    needs: tuple[Provided[Any], ...] = ()
+    #: What this component provides (`Hive.provide` in ``start``).
+    provides: tuple[Provided[Any], ...] = ()
+    #: What it uses when an earlier component provides it, and does without otherwise
+    #: (`Hive.find`): the optional needs, visible to `Hive.check`.
+    uses: tuple[Provided[Any], ...] = ()
 
     async def start(self, hive: Hive) -> None:
         """Start: take what it needs, provide what it provides, spawn its tasks."""
@@ -145,6 +149,15 @@ class Component:
         return []
 
 
+def _declared(key: Provided[Any], keys: tuple[Provided[Any], ...]) -> bool:
+    return any(k.name == key.name for k in keys)
+
+
+def _check_kind(key: Provided[Any], value: object) -> None:
+    if key.kind is not None and not isinstance(value, key.kind):
+        raise ComponentError(f"{key.name!r} is a {type(value).__name__}, not {key.kind.__name__}")
+
+
 @dataclass
 class _Running:
     component: Component
@@ -168,9 +181,9 @@ class Hive:
         something only a later component provides (it would never be found)."""
         names: set[str] = set()
         available: set[str] = set()
-        provider = {n: c.name for c in self.components for n in c.provides}
+        provider = {k.name: c.name for c in self.components for k in c.provides}
         for comp in self.components:
-            late = [n for n in comp.uses if n in provider and n not in available]
+            late = [k.name for k in comp.uses if k.name in provider and k.name not in available]
             if late:
                 raise ComponentError(
                     f"component {comp.name!r} uses {', '.join(late)}, which only a later "
@@ -179,13 +192,13 @@ class Hive:
             if comp.name in names:
                 raise ComponentError(f"component {comp.name!r} is listed twice")
             names.add(comp.name)
-            missing = [n for n in comp.needs if n not in available]
+            missing = [k.name for k in comp.needs if k.name not in available]
             if missing:
                 raise ComponentError(
                     f"component {comp.name!r} needs {', '.join(missing)}, which no earlier "
                     "component provides"
                 )
-            available.update(comp.provides)
+            available.update(k.name for k in comp.provides)
 
     def component(self, name: str) -> Component:
         """The component called ``name``."""
@@ -195,41 +208,47 @@ class Hive:
         raise ComponentError(f"no component {name!r}")
 
     # ----- what components share ------------------------------------------------------------
-    def provide(self, name: str, value: Any) -> None:
-        """Publish ``value`` under ``name`` for later components."""
-        self._provided[name] = value
+    def provide(self, user: Component, key: Provided[T], value: T) -> None:
+        """Publish ``value`` under ``key`` for later components; ``user`` must declare the
+        key in ``provides`` (so `check` knows who provides it)."""
+        if not _declared(key, user.provides):
+            raise ComponentError(
+                f"component {user.name!r} provides {key.name!r} without declaring it in provides"
+            )
+        _check_kind(key, value)
+        self._provided[key.name] = value
 
-    @overload
-    def get(self, key: Provided[T]) -> T: ...
-
-    @overload
-    def get(self, key: str, kind: type[T]) -> T: ...
-
-    def get(self, key: Provided[T] | str, kind: type[T] | None = None) -> T:
-        """What an earlier component provided under the key (or the name, of type
-        ``kind``), checked against its type; ComponentError when nothing was."""
-        if isinstance(key, Provided):
-            name, kind = key.name, key.kind
-        else:
-            name = key
-        try:
-            value = self._provided[name]
-        except KeyError:
-            raise ComponentError(f"nothing provides {name!r} (yet)") from None
-        if kind is not None and not isinstance(value, kind):
-            raise ComponentError(f"{name!r} is a {type(value).__name__}, not {kind.__name__}")
-        return value
+    def get(self, user: Component, key: Provided[T]) -> T:
+        """A need of ``user``: what an earlier component provided under the key, checked
+        against its type. ``user`` must declare it in ``needs``; ComponentError when it did
+        not or when nothing was provided."""
+        if not _declared(key, user.needs):
+            raise ComponentError(
+                f"component {user.name!r} looks up {key.name!r} without declaring it in needs"
+            )
+        return self.lookup(key)
 
     def find(self, user: Component, key: Provided[T]) -> T | None:
         """An optional need of ``user``: what an earlier component provided under the key,
         or None when the agent runs without it. ``user`` must declare it in ``uses``."""
-        if key.name not in user.uses:
+        if not _declared(key, user.uses):
             raise ComponentError(
                 f"component {user.name!r} looks up {key.name!r} without declaring it in uses"
             )
         if key.name not in self._provided:
             return None
-        return self.get(key)
+        return self.lookup(key)
+
+    def lookup(self, key: Provided[T]) -> T:
+        """What was provided under the key, for code around the component list (the
+        runtime, tools, tests); components use `get` and `find`, which `check` sees.
+        ComponentError when nothing was provided (yet) or the value is of another type."""
+        try:
+            value = self._provided[key.name]
+        except KeyError:
+            raise ComponentError(f"nothing provides {key.name!r} (yet)") from None
+        _check_kind(key, value)
+        return cast(T, value)
 
     # ----- lifecycle ----------------------------------------------------------------------
     async def start(self, tg: anyio.abc.TaskGroup) -> None:

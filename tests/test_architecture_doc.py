@@ -32,5 +32,5 @@ def test_component_table_matches_the_agent() -> None:
         assert int(num) == i, name
         source = Path(inspect.getfile(type(comp))).as_posix()
         assert source.endswith("statewright/" + module.strip()), (name, source)
-        assert _names(needs) == tuple(comp.needs), name
-        assert _names(provides) == tuple(comp.provides), name
+        assert _names(needs) == tuple(k.name for k in comp.needs), name
+        assert _names(provides) == tuple(k.name for k in comp.provides), name

@@ -151,8 +151,8 @@ async def make_plan(cfg: agent_config.AgentConfig, timeout: float) -> tuple[dict
     """(the JSON document, the text) of the plan for configuration ``cfg``."""
     import anyio
 
+    from statewright.agent.components.lb import LB
     from statewright.component import ComponentError, Hive
-    from statewright.loadbalancer import LoadBalancer
 
     current, _table_size = _pinned_snapshot(cfg.pin_dir)
     hive = Hive(_components(cfg))
@@ -163,7 +163,7 @@ async def make_plan(cfg: agent_config.AgentConfig, timeout: float) -> tuple[dict
         except ComponentError as e:
             raise PlanError(str(e)) from e
         try:
-            lb = hive.get("lb", LoadBalancer)
+            lb = hive.lookup(LB)
             await _wait_initialized(lb, timeout)
             wanted = _apply(lb, current, errors)
         finally:

@@ -22,8 +22,8 @@ from statewright.component import (
 class Recorder(Component):
     """A component that records its calls in a shared log."""
 
-    def __init__(self, name: str, log: list[str], needs: tuple[str, ...] = (),
-                 provides: tuple[str, ...] = (), fail_start: bool = False) -> None:
+    def __init__(self, name: str, log: list[str], needs: tuple[Provided[Any], ...] = (),
+                 provides: tuple[Provided[Any], ...] = (), fail_start: bool = False) -> None:
         self.name = name
         self.needs = needs
         self.provides = provides
@@ -33,11 +33,11 @@ class Recorder(Component):
 
     async def start(self, hive: Hive) -> None:
         for n in self.needs:
-            self.seen[n] = hive.get(n, str)
+            self.seen[n.name] = hive.get(self, n)
         if self.fail_start:
             raise OSError("no such device")
         for p in self.provides:
-            hive.provide(p, f"{self.name}:{p}")
+            hive.provide(self, p, f"{self.name}:{p.name}")
         self.log.append(f"start {self.name}")
 
     async def ready(self, hive: Hive) -> None:
@@ -54,7 +54,7 @@ class Recorder(Component):
 def test_needs_must_be_provided_by_an_earlier_component() -> None:
     log: list[str] = []
     with pytest.raises(ComponentError, match="'b' needs x, which no earlier component"):
-        Hive([Recorder("b", log, needs=("x",)), Recorder("a", log, provides=("x",))])
+        Hive([Recorder("b", log, needs=(X,)), Recorder("a", log, provides=(X,))])
     with pytest.raises(ComponentError, match="listed twice"):
         Hive([Recorder("a", log), Recorder("a", log)])
     assert log == []  # nothing started
@@ -67,7 +67,7 @@ class User(Component):
     """Uses ``x`` when an earlier component provides it."""
 
     name = "user"
-    uses = ("x",)
+    uses = (X,)
 
     def __init__(self) -> None:
         self.found: str | None = "not started"
@@ -80,7 +80,7 @@ def test_optional_needs_are_declared_and_checked() -> None:
     log: list[str] = []
     # Provided only later: it would never be found, so the list is refused.
     with pytest.raises(ComponentError, match="'user' uses x, which only a later component"):
-        Hive([User(), Recorder("a", log, provides=("x",))])
+        Hive([User(), Recorder("a", log, provides=(X,))])
     with_x, without_x = User(), User()
 
     async def run(hive: Hive) -> None:
@@ -88,7 +88,7 @@ def test_optional_needs_are_declared_and_checked() -> None:
             await hive.start(tg)
             await hive.stop()
 
-    anyio.run(run, Hive([Recorder("a", log, provides=("x",)), with_x]))
+    anyio.run(run, Hive([Recorder("a", log, provides=(X,)), with_x]))
     anyio.run(run, Hive([without_x]))
     assert (with_x.found, without_x.found) == ("a:x", None)
 
@@ -97,17 +97,37 @@ def test_optional_needs_are_declared_and_checked() -> None:
         uses = ()
 
     hive = Hive([])
-    hive.provide("x", 1)
+    provider = Recorder("p", log, provides=(Provided("x"),))
+    hive.provide(provider, Provided("x"), 1)
     with pytest.raises(ComponentError, match="without declaring it in uses"):
         hive.find(Undeclared(), X)
     with pytest.raises(ComponentError, match="'x' is a int, not str"):
-        hive.get(X)
+        hive.lookup(X)
+
+
+def test_needs_and_provides_are_declared_and_checked() -> None:
+    """`Hive.get` and `Hive.provide` refuse a key the component did not declare, so the
+    list `Hive.check` sees is every dependency; a provided value is checked against the
+    key's type."""
+    hive = Hive([])
+    quiet = Recorder("quiet", [])
+    with pytest.raises(ComponentError, match="'quiet' provides 'x' without declaring it"):
+        hive.provide(quiet, X, "value")
+    provider = Recorder("p", [], provides=(X,))
+    with pytest.raises(ComponentError, match="'x' is a int, not str"):
+        hive.provide(provider, X, 1)  # type: ignore[arg-type]
+    hive.provide(provider, X, "value")
+    with pytest.raises(ComponentError, match="'quiet' looks up 'x' without declaring it in needs"):
+        hive.get(quiet, X)
+    assert hive.get(Recorder("user", [], needs=(X,)), X) == "value"
+    with pytest.raises(ComponentError, match="nothing provides 'y'"):
+        hive.get(Recorder("user", [], needs=(Provided("y"),)), Provided("y"))
 
 
 def test_start_in_order_ready_after_all_stop_in_reverse() -> None:
     log: list[str] = []
-    a = Recorder("a", log, provides=("x",))
-    b = Recorder("b", log, needs=("x",))
+    a = Recorder("a", log, provides=(X,))
+    b = Recorder("b", log, needs=(X,))
     hive = Hive([a, b])
 
     async def main() -> None:

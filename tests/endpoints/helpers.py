@@ -14,6 +14,7 @@ import anyio
 
 from statedb import DB
 from statewright.agent.components.endpoints import EndpointsComponent, EndpointsConfig
+from statewright.agent.components.statedb import DATABASE
 from statewright.api_types import ApiError, Request
 from statewright.component import Component, Hive
 from tables.endpoints import Endpoint
@@ -24,13 +25,13 @@ class DBComponent(Component):
     """Provides ``db`` (what the lead's statedb component does)."""
 
     name = "statedb"
-    provides = ("db",)
+    provides = (DATABASE,)
 
     def __init__(self, db: DB | None = None) -> None:
         self.db = db or DB()
 
     async def start(self, hive: Hive) -> None:
-        hive.provide("db", self.db)
+        hive.provide(self, DATABASE, self.db)
 
 
 def new_pin_dir(backend: str) -> str:

@@ -15,7 +15,11 @@ from typing import Any
 import anyio
 import pytest
 
-from statewright.agent.components.endpoints import EndpointsComponent, EndpointsConfig
+from statewright.agent.components.endpoints import (
+    ENDPOINTS,
+    EndpointsComponent,
+    EndpointsConfig,
+)
 from statewright.agent.components.kubernetes import (
     K8S_SOURCE,
     KubernetesComponent,
@@ -31,7 +35,6 @@ from statewright.agent.components.policy import PolicyComponent
 from statewright.agent.components.statedb import StateDBComponent
 from statewright.agent.config import AgentConfig
 from statewright.component import Hive
-from tables.endpoint_manager import EndpointManager
 from tables.endpoints import EndpointChange
 from tests.endpoints.helpers import new_pin_dir, remove_pins
 from tests.endpoints.test_pod_labels import _in
@@ -139,8 +142,8 @@ async def test_pod_labels_follow_the_pod_and_change_policy(
     apiserver.upsert(pod("server", {"app": "other"}))
     apiserver.upsert(allow_client_to_server())
     async with agent(_config(apiserver, dirs, tmp_path, "10.34.0.0/24")) as (hive, policy):
-        manager = hive.get("endpoints", EndpointManager)
-        k8s: Any = hive.get(K8S_SOURCE)
+        manager = hive.lookup(ENDPOINTS)
+        k8s: Any = hive.lookup(K8S_SOURCE)
         await wait_for(lambda: len(k8s.pod_labels) == 2, "the Pods listed")
 
         def create(name: str) -> int:
@@ -224,8 +227,8 @@ async def test_namespace_labels_go_into_pod_identities(
     apiserver.upsert(pod("pg", {"app": "pg"}, ns="db"))
     apiserver.upsert(namespace_selector_policy())
     async with agent(_config(apiserver, dirs, tmp_path, "10.35.0.0/24")) as (hive, policy):
-        manager = hive.get("endpoints", EndpointManager)
-        k8s: Any = hive.get(K8S_SOURCE)
+        manager = hive.lookup(ENDPOINTS)
+        k8s: Any = hive.lookup(K8S_SOURCE)
         component: Any = hive.component("endpoints")
         await wait_for(
             lambda: len(k8s.pod_labels) == 2 and component.namespace_source.synced,

@@ -22,7 +22,11 @@ import pytest
 from sources.k8s_client import ClientSettings
 from sources.k8s_node_cidrs import NodePodCIDRs
 from statedb import DB
-from statewright.agent.components.endpoints import EndpointsComponent, EndpointsConfig
+from statewright.agent.components.endpoints import (
+    ENDPOINTS,
+    EndpointsComponent,
+    EndpointsConfig,
+)
 from statewright.agent.components.kubernetes import KubernetesComponent, KubernetesConfig
 from statewright.agent.components.lb import (
     LBComponentConfig,
@@ -34,7 +38,6 @@ from statewright.agent.components.statedb import StateDBComponent
 from statewright.agent.config import DEFAULT_POD_CIDRS, AgentConfig
 from statewright.api_types import ApiError, Request
 from statewright.component import DEGRADED, OK, Hive
-from tables.endpoint_manager import EndpointManager
 from tables.endpoints import EndpointChange
 from tables.ipam import IPAM, IPAMConfig, IPAMNotReadyError
 from tables.lb_writer import LBWriter
@@ -248,7 +251,7 @@ async def test_agent_ipam_follows_the_node(
         with pytest.raises(ApiError) as err:
             await post.handler(Request(params={}, query={}))
         assert err.value.status == 503
-        manager = hive.get("endpoints", EndpointManager)
+        manager = hive.lookup(ENDPOINTS)
         with pytest.raises(IPAMNotReadyError):
             manager.create("1", EndpointChange.parse({"interface-name": "lxc1"}))
         apiserver.upsert(node_with_cidrs("10.30.0.0/24"))

@@ -16,7 +16,11 @@ from typing import Any
 import anyio
 import pytest
 
-from statewright.agent.components.endpoints import EndpointsComponent, EndpointsConfig
+from statewright.agent.components.endpoints import (
+    ENDPOINTS,
+    EndpointsComponent,
+    EndpointsConfig,
+)
 from statewright.agent.components.kubernetes import KubernetesComponent, KubernetesConfig
 from statewright.agent.components.lb import (
     LBComponentConfig,
@@ -28,7 +32,6 @@ from statewright.agent.components.nodes import NodesComponent, NodesConfig
 from statewright.agent.components.statedb import StateDBComponent
 from statewright.agent.config import AgentConfig
 from statewright.component import DEGRADED, DISABLED, OK, Hive
-from tables.endpoint_manager import EndpointManager
 from tables.identities import IDENTITY_HOST, IDENTITY_REMOTE_NODE
 from tests.endpoints.helpers import new_pin_dir, remove_pins
 
@@ -100,7 +103,7 @@ async def agent(config: AgentConfig) -> AsyncIterator[tuple[Hive, NodesComponent
 
 
 def ipcache(hive: Hive) -> dict[str, tuple[int, str, str]]:
-    manager = hive.get("endpoints", EndpointManager)
+    manager = hive.lookup(ENDPOINTS)
     rows = manager.entries.ipcache.all(manager.db.read_txn())
     return {str(r.prefix): (r.identity, r.owner, str(r.tunnel_endpoint or "")) for r in rows}
 

@@ -29,6 +29,7 @@ from statewright.agent.components.kubernetes import (
     KubernetesConfig,
 )
 from statewright.agent.components.lb import (
+    LB,
     LBComponentConfig,
     LBMapsComponent,
     LoadBalancerComponent,
@@ -110,7 +111,7 @@ async def agent(config: AgentConfig) -> AsyncIterator[Hive]:
 
 
 def _lb(hive: Hive) -> LoadBalancer:
-    return hive.get("lb", LoadBalancer)
+    return hive.lookup(LB)
 
 
 def _all_done(lb: LoadBalancer) -> bool:
@@ -162,7 +163,7 @@ async def test_initial_sync_and_live_changes_reach_the_maps(
         assert health["k8s/services"].state == OK
         # /k8s on the agent's API: each reflector's state (watching once the watch that
         # follows its list is open).
-        src = hive.get(K8S_SOURCE)
+        src = hive.lookup(K8S_SOURCE)
         await wait_for(lambda: all(r.health.state == "watching" for r in src.reflectors), "watch")
         (route,) = hive.component("k8s").routes()
         doc = await route.handler(Request(params={}, query={}))
@@ -212,7 +213,7 @@ async def test_relist_after_410_keeps_unchanged_entries(
         apiserver.expire()
         apiserver.clear_faults()
         await wait_for(lambda: not _map_entries(lb, "10.96.0.2") and _all_done(lb), "relist")
-        src = hive.get(K8S_SOURCE)
+        src = hive.lookup(K8S_SOURCE)
         assert next(r for r in src.reflectors if r.name == "services").health.lists == 2
         # Unchanged services: same ids, same map entries, frontend rows never rewritten.
         after = _ids(lb)
@@ -298,7 +299,7 @@ async def test_stalled_watch_is_restarted_and_changes_reach_the_maps(
     async with agent(_config(kubeconfig, memory_pins)) as hive:
         lb = _lb(hive)
         await wait_for(lambda: _all_done(lb) and lb.frontends.count(lb.db.read_txn()) == 2, "sync")
-        src = hive.get(K8S_SOURCE)
+        src = hive.lookup(K8S_SOURCE)
         slices = next(r for r in src.reflectors if r.name == "endpointslices")
         await wait_for(lambda: slices.health.state == "watching", "watching")
         watches, lists = slices.health.watches, slices.health.lists

@@ -136,7 +136,7 @@ async def run_agent_twice(state: str, pin_dir: str, netns: str) -> None:
             assert in_ns(netns, "net/ipv4/ip_forward") == "1"
             assert in_ns(netns, "net/ipv4/conf/all/rp_filter") == "0"
             assert in_ns(netns, "net/ipv6/conf/all/forwarding") == "1"
-            manager = hive.get(ENDPOINTS)
+            manager = hive.lookup(ENDPOINTS)
             for ctr, iface in (("c1", "lxcsw1"), ("c2", "lxcgone")):
                 change = EndpointChange.parse({"container-id": ctr, "interface-name": iface})
                 await anyio.to_thread.run_sync(manager.create, "0", change)

@@ -86,7 +86,7 @@ class CTComponent(Component):
     """See the module doc."""
 
     name = "ct"
-    provides = ("ct",)
+    provides = (CT,)
 
     def __init__(self, config: CTConfig) -> None:
         self.config = config
@@ -108,7 +108,7 @@ class CTComponent(Component):
             raise
         self.maps = CTMaps(*opened)
         await hive.spawn(self, self._gc_loop, label="ct-gc")
-        hive.provide(CT.name, self.maps)
+        hive.provide(self, CT, self.maps)
 
     async def _gc_loop(self, *, task_status: Any = anyio.TASK_STATUS_IGNORED) -> None:
         task_status.started()

@@ -37,7 +37,10 @@ from bpf.factory import BackendConfig, MapFactory
 from bpf.policy import NETNS_F_EGRESS, NETNS_F_INGRESS, PolicyNetns
 from bpf.typed_map import TypedMap
 from statedb import DB, Table, WatchSet
-from statewright.agent.components.policy_maps import table_of
+from statewright.agent.components.conntrack import CT
+from statewright.agent.components.endpoints import ENDPOINTS
+from statewright.agent.components.policy_maps import POLICY_MAPS_COMPONENT, table_of
+from statewright.agent.components.statedb import DATABASE
 from statewright.agent.config import AgentConfig
 from statewright.component import (
     DEGRADED,
@@ -93,7 +96,7 @@ class EndpointDatapathComponent(Component):
     """See the module doc."""
 
     name = "endpoint-datapath"
-    needs = ("db", "endpoints", "policy-maps", "ct")
+    needs = (DATABASE, ENDPOINTS, POLICY_MAPS_COMPONENT, CT)
 
     def __init__(self, config: EndpointDatapathConfig) -> None:
         self.config = config
@@ -119,8 +122,8 @@ class EndpointDatapathComponent(Component):
             return
         from bpf.lxc import EndpointPrograms, LxcConfig
 
-        db = hive.get("db", DB)
-        manager = hive.get("endpoints", EndpointManager)
+        db = hive.get(self, DATABASE)
+        manager = hive.get(self, ENDPOINTS)
         modes = table_of(db, POLICY_ENDPOINTS_TABLE, new_policy_endpoints_table)
         self.flags_map = factory.open_typed(policy_endpoints_spec())
         programs = EndpointPrograms(

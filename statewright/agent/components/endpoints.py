@@ -81,6 +81,7 @@ from statewright.agent.components.kubernetes import K8S_SOURCE
 from statewright.agent.components.kvstore import KVSTORE
 from statewright.agent.components.map_reconciler import map_reconciler
 from statewright.agent.components.nodes import NODES
+from statewright.agent.components.statedb import DATABASE
 from statewright.agent.config import DEFAULT_POD_CIDRS, DEFAULT_STATE_DIR, AgentConfig
 from statewright.api_types import Route
 from statewright.component import (
@@ -150,9 +151,9 @@ class EndpointsComponent(Component):
     """See the module doc."""
 
     name = "endpoints"
-    needs = ("db",)
-    provides = ("endpoints",)
-    uses = ("k8s", "nodes", "kvstore")
+    needs = (DATABASE,)
+    provides = (ENDPOINTS,)
+    uses = (K8S_SOURCE, NODES, KVSTORE)
 
     def __init__(self, config: EndpointsConfig, link_exists: LinkCheck = host_link_exists) -> None:
         self.config = config
@@ -184,7 +185,7 @@ class EndpointsComponent(Component):
     # ----- lifecycle ----------------------------------------------------------------------------
     async def start(self, hive: Hive) -> None:
         """Steps 1-5 of the module doc."""
-        db = hive.get("db", DB)
+        db = hive.get(self, DATABASE)
         cfg = self.config
         ipam_config, source = self._ipam_config(hive)
         ipam = IPAM(db, ipam_config)
@@ -293,7 +294,7 @@ class EndpointsComponent(Component):
         assert self.namespaces is not None
         await hive.spawn(self, _follow_namespaces(db, self.namespaces, manager),
                          label="endpoints-namespace-labels")
-        hive.provide(ENDPOINTS.name, manager)
+        hive.provide(self, ENDPOINTS, manager)
 
     def _node_ip(self, db: DB, pods: PodLabelSource | None) -> Callable[[], Any]:
         """This node's address as other nodes reach its pods: the Node's InternalIP,

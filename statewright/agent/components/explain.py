@@ -14,13 +14,13 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from statedb import DB
 from statedb.errors import InputError
 from statewright.agent.components.endpoints import ENDPOINTS
-from statewright.agent.components.policy_maps import PolicyMapsComponent
+from statewright.agent.components.lb import LB_MAPS
+from statewright.agent.components.policy_maps import POLICY_MAPS_COMPONENT
+from statewright.agent.components.statedb import DATABASE
 from statewright.api_types import ApiError, QueryParam, Request, Route
-from statewright.component import OK, Component, Health, Hive, Provided
-from statewright.loadbalancer import LoadBalancer
+from statewright.component import OK, Component, Health, Hive
 from statewright.observe.provenance import (
     OBJECT_KINDS,
     EndpointView,
@@ -57,9 +57,6 @@ _MAP = QueryParam("map", {"type": "string", "minLength": 1, "maxLength": 256},
 _KEY = QueryParam("key", {"type": "string", "minLength": 1, "maxLength": 1024},
                   "key: bpftool's hex bytes, `bpf dump`'s field=value pairs, or a frontend "
                   "address / id / IP as `lb list` and the tables print them", required=True)
-_LB_MAPS: Provided[LoadBalancer] = Provided("lb-maps", LoadBalancer)
-_POLICY_MAPS: Provided[PolicyMapsComponent] = Provided("policy-maps", PolicyMapsComponent)
-_ENDPOINTS = ENDPOINTS
 _ERRORS = {400: "map, key or kind not understood", 503: "the agent has not started"}
 
 
@@ -67,25 +64,25 @@ class ExplainComponent(Component):
     """See the module doc."""
 
     name = "explain"
-    needs = ("db",)
-    uses = ("lb-maps", "endpoints", "policy-maps")
+    needs = (DATABASE,)
+    uses = (LB_MAPS, ENDPOINTS, POLICY_MAPS_COMPONENT)
 
     def __init__(self) -> None:
         self.provenance: Provenance | None = None
 
     async def start(self, hive: Hive) -> None:
-        db = hive.get("db", DB)
-        lb = hive.find(self, _LB_MAPS)
+        db = hive.get(self, DATABASE)
+        lb = hive.find(self, LB_MAPS)
         lb_view = None
         if lb is not None and lb.plain_maps is not None:
             lb_view = LBView(lb.services, lb.frontends, lb.backends, lb.node_addresses,
                              lb.plain_maps, getattr(lb.ops, "backend_id", None))
         policy = None
-        pm = hive.find(self, _POLICY_MAPS)
+        pm = hive.find(self, POLICY_MAPS_COMPONENT)
         if pm is not None and pm.policy_maps is not None and pm.entries is not None:
             policy = PolicyView(pm.entries, db.table("policies"), pm.policy_maps)
         endpoints = None
-        manager = hive.find(self, _ENDPOINTS)
+        manager = hive.find(self, ENDPOINTS)
         if manager is not None:
             comp = hive.component("endpoints")
             endpoint_map = getattr(comp, "maps", {}).get("endpoints")

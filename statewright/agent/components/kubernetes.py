@@ -37,6 +37,7 @@ import anyio
 from sources.k8s_client import ClientSettings, K8sClient, K8sConfigError
 from sources.k8s_source import K8sSource, SourceConfig
 from statedb.gc_tuning import STEADY_GC_THRESHOLDS, collect_young_periodically, steady_gc
+from statewright.agent.components.lb import LB
 from statewright.agent.config import AgentConfig
 from statewright.api_types import Request, Route
 from statewright.component import (
@@ -106,8 +107,8 @@ class KubernetesComponent(Component):
     """Services, EndpointSlices, this node's Pods and this Node from the API server."""
 
     name = "k8s"
-    needs = ("lb",)
-    provides = ("k8s", "k8s-client")
+    needs = (LB,)
+    provides = (K8S_SOURCE, K8S_CLIENT)
 
     def __init__(
         self, config: KubernetesConfig, source_config: SourceConfig | None = None
@@ -130,7 +131,7 @@ class KubernetesComponent(Component):
         cluster mode) stops the agent's start with the reason."""
         if not self.enabled:
             return
-        lb = hive.get("lb", LoadBalancer)
+        lb = hive.get(self, LB)
         try:
             client = K8sClient(self.settings)
         except K8sConfigError as e:
@@ -146,8 +147,8 @@ class KubernetesComponent(Component):
         with lb.writer.write_txn() as txn:
             source.register_initializer(txn)
         self.source = source
-        hive.provide(K8S_SOURCE.name, source)
-        hive.provide(K8S_CLIENT.name, client)
+        hive.provide(self, K8S_SOURCE, source)
+        hive.provide(self, K8S_CLIENT, client)
         await hive.spawn(self, source.run)
         await hive.spawn(self, self._steady_gc_after_sync(lb, source), label="k8s-steady-gc")
         log.info(

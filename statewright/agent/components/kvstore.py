@@ -50,7 +50,7 @@ class KVStoreComponent(Component):
     """See the module doc."""
 
     name = "kvstore"
-    provides = ("kvstore",)
+    provides = (KVSTORE,)
 
     def __init__(self, config: KVStoreComponentConfig) -> None:
         self.config = config
@@ -72,7 +72,7 @@ class KVStoreComponent(Component):
         self.kvstore = KVStore(session, KeyLayout(cluster=cfg.cluster_name), cfg.node_name,
                                grace=float(cfg.lease_ttl))
         await hive.spawn(self, session.run, label="kvstore-session")
-        hive.provide(KVSTORE.name, self.kvstore)
+        hive.provide(self, KVSTORE, self.kvstore)
 
     async def stop(self) -> None:
         kv, self.kvstore = self.kvstore, None

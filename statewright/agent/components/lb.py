@@ -24,7 +24,7 @@ from typing import Any
 import anyio
 
 from bpfops.lb_maps import LB_MAP_NAMES, LBMaps
-from statedb import DB
+from statewright.agent.components.statedb import DATABASE
 from statewright.agent.config import AgentConfig
 from statewright.api_types import ApiError, Request, Route
 from statewright.component import (
@@ -36,6 +36,7 @@ from statewright.component import (
     Health,
     Hive,
     MapView,
+    Provided,
     typed_map_view,
 )
 from statewright.loadbalancer import LoadBalancer, MapsPlacement
@@ -116,12 +117,19 @@ SERVICES_SCHEMA = {
 }
 
 
+#: The load balancer (tables, writer, converter), for the sources that feed it.
+LB: Provided[LoadBalancer] = Provided("lb", LoadBalancer)
+#: The same load balancer once its maps are open and its reconciler runs, for the
+#: components that need the maps (the datapath, metrics).
+LB_MAPS: Provided[LoadBalancer] = Provided("lb-maps", LoadBalancer)
+
+
 class LoadBalancerComponent(Component):
     """Provides ``lb``: the LB tables, writer and converter, with the node's identity."""
 
     name = "lb"
-    needs = ("db",)
-    provides = ("lb",)
+    needs = (DATABASE,)
+    provides = (LB,)
 
     def __init__(self, config: LBComponentConfig) -> None:
         self.config = config
@@ -130,12 +138,12 @@ class LoadBalancerComponent(Component):
 
     async def start(self, hive: Hive) -> None:
         """Create the LB tables in the agent's database and give the writer the node labels."""
-        lb = LoadBalancer(self.lb_config, self.config.placement, db=hive.get("db", DB))
+        lb = LoadBalancer(self.lb_config, self.config.placement, db=hive.get(self, DATABASE))
         if self.config.node_labels:
             with lb.writer.write_txn() as txn:
                 lb.writer.set_node_labels(txn, dict(self.config.node_labels))
         self.lb = lb
-        hive.provide("lb", lb)
+        hive.provide(self, LB, lb)
         log.info("agent: load balancer for node %s (labels %s)", self.lb_config.node_name,
                  dict(self.config.node_labels) or "none")
 
@@ -148,8 +156,8 @@ class LBMapsComponent(Component):
     """Opens the LB maps and runs the reconciler; provides ``lb-maps``."""
 
     name = "maps"
-    needs = ("lb",)
-    provides = ("lb-maps",)
+    needs = (LB,)
+    provides = (LB_MAPS,)
 
     def __init__(self, config: MapsPlacement) -> None:
         self.config = config
@@ -158,7 +166,7 @@ class LBMapsComponent(Component):
 
     async def start(self, hive: Hive) -> None:
         """Open the maps (start-up fails without them), restore ids, run the reconciler."""
-        lb = hive.get("lb", LoadBalancer)
+        lb = hive.get(self, LB)
         self.lb = lb
         try:
             self.maps = lb.open_maps()
@@ -179,7 +187,7 @@ class LBMapsComponent(Component):
         await hive.spawn(self, self._freeze_initial_state, wait_started=False, label="gc")
         if lb.state_file is not None:
             log.info("agent: LB state file source on %s", lb.config.state_file)
-        hive.provide("lb-maps", lb)
+        hive.provide(self, LB_MAPS, lb)
 
     async def _hold_for_node_addresses(self, hive: Hive, lb: LoadBalancer) -> None:
         """While the node addresses wait for their source, hold the frontends too."""

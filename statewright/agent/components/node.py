@@ -11,6 +11,8 @@ import anyio
 
 from bpf.probe import DEFAULT_PIN_DIR
 from statedb import WatchSet
+from statewright.agent.components.conntrack import CT
+from statewright.agent.components.lb import LB, LB_MAPS
 from statewright.agent.config import (
     DEFAULT_CGROUP_NAME,
     DEFAULT_STATE_DIR,
@@ -18,7 +20,6 @@ from statewright.agent.config import (
     AgentConfig,
 )
 from statewright.component import DEGRADED, DISABLED, OK, Component, Health, Hive
-from statewright.loadbalancer import LoadBalancer
 
 log = logging.getLogger("statewright.agent.node")
 
@@ -86,7 +87,7 @@ class DemoComponent(Component):
     ``demo-netns`` configured). Syncs run in a worker thread, never on the event loop."""
 
     name = "demo"
-    needs = ("lb",)
+    needs = (LB,)
 
     def __init__(self, config: DemoConfig) -> None:
         self.config = config
@@ -101,7 +102,7 @@ class DemoComponent(Component):
             return
         from statewright.agent.demo_netns import DemoNetns
 
-        lb = hive.get("lb", LoadBalancer)
+        lb = hive.get(self, LB)
         demo = DemoNetns(self.config.netns)
         try:
             await anyio.to_thread.run_sync(demo.start)
@@ -182,7 +183,7 @@ class DatapathComponent(Component):
     kernel maps. Its pinned links keep load balancing while the agent is down."""
 
     name = "datapath"
-    needs = ("lb-maps",)
+    needs = (LB_MAPS,)
 
     def __init__(self, config: DatapathComponentConfig) -> None:
         self.config = config
@@ -197,7 +198,7 @@ class DatapathComponent(Component):
         if not cfg.enabled:
             self.reason = "disabled by configuration"
             return
-        lb = hive.get("lb-maps", LoadBalancer)
+        lb = hive.get(self, LB_MAPS)
         if lb.maps_kind != "kernel":
             self.reason = f"needs kernel maps; using {lb.maps_kind} ({lb.maps_reason})"
             log.warning("agent: datapath not attached: %s", self.reason)
@@ -260,8 +261,8 @@ class MetricsComponent(Component):
     component) on ``metrics-address:metrics-port`` (opt-in)."""
 
     name = "metrics"
-    needs = ("lb-maps",)
-    uses = ("ct",)
+    needs = (LB_MAPS,)
+    uses = (CT,)
 
     def __init__(self, config: MetricsConfig) -> None:
         self.config = config
@@ -283,11 +284,11 @@ class MetricsComponent(Component):
 
         from reconciler.metrics import PrometheusCollector
 
-        lb = hive.get("lb-maps", LoadBalancer)
+        lb = hive.get(self, LB_MAPS)
         assert lb.reconciler is not None
         registry = CollectorRegistry()
         registry.register(PrometheusCollector([lb.reconciler.metrics]))
-        from statewright.agent.components.conntrack import CT, CTCollector
+        from statewright.agent.components.conntrack import CTCollector
 
         ct = hive.find(self, CT)
         if ct is not None:

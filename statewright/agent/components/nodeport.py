@@ -40,6 +40,10 @@ from bpf.factory import BackendConfig, MapFactory
 from bpfops.nat import NATMaps, device_entry
 from sources.node_address_selection import is_global_address
 from statedb import DB, Table, WatchSet
+from statewright.agent.components.conntrack import CT
+from statewright.agent.components.endpoints import ENDPOINTS
+from statewright.agent.components.lb import LB_MAPS
+from statewright.agent.components.statedb import DATABASE
 from statewright.agent.config import AgentConfig
 from statewright.api_types import Request, Route
 from statewright.component import (
@@ -109,7 +113,7 @@ class NodePortComponent(Component):
     """See the module doc."""
 
     name = "nodeport"
-    needs = ("db", "lb-maps", "endpoints", "ct")
+    needs = (DATABASE, LB_MAPS, ENDPOINTS, CT)
 
     def __init__(self, config: NodePortComponentConfig) -> None:
         self.config = config
@@ -133,8 +137,7 @@ class NodePortComponent(Component):
             return
         from bpf.nodeport import NodePortConfig, NodePortPrograms
 
-        lb = hive.get("lb-maps", object)
-        maglev = int(getattr(getattr(lb, "config", None), "maglev_table_size", 16381))
+        maglev = hive.get(self, LB_MAPS).config.maglev_table_size
         opened: list[Any] = []
         try:
             for spec in (*nat_specs(cfg.nat_max_entries), nodeport_devices_spec()):
@@ -155,7 +158,7 @@ class NodePortComponent(Component):
             return
         self.programs = programs
         self.state, self.reason = OK, "programs loaded"
-        db = hive.get("db", DB)
+        db = hive.get(self, DATABASE)
         await hive.spawn(self, self._follow(db, _devices_table(db)), label="nodeport")
         await hive.spawn(self, self._gc_loop, label="nat-gc")
 

@@ -38,6 +38,7 @@ from statedb import DB, Table
 from statewright.agent.components.kubernetes import K8S_CLIENT, K8S_SOURCE
 from statewright.agent.components.kvstore import KVSTORE
 from statewright.agent.components.sources import MANIFESTS
+from statewright.agent.components.statedb import DATABASE
 from statewright.agent.config import AgentConfig
 from statewright.api_types import Request, Route
 from statewright.component import DEGRADED, DISABLED, OK, Component, Health, Hive, Provided
@@ -91,9 +92,9 @@ class NodesComponent(Component):
     """See the module doc."""
 
     name = "nodes"
-    needs = ("db",)
-    provides = ("nodes",)
-    uses = ("manifests", "k8s", "k8s-client", "kvstore")
+    needs = (DATABASE,)
+    provides = (NODES,)
+    uses = (MANIFESTS, K8S_SOURCE, K8S_CLIENT, KVSTORE)
 
     def __init__(self, config: NodesConfig) -> None:
         self.config = config
@@ -109,7 +110,7 @@ class NodesComponent(Component):
     async def start(self, hive: Hive) -> None:
         """Register the tables, hand kind Node to the manifest source, start the Node
         reflector, and (with auto-direct-node-routes) the routes and their reconciler."""
-        db = hive.get("db", DB)
+        db = hive.get(self, DATABASE)
         self.db = db
         table = new_nodes_table()
         db.register(table)
@@ -126,7 +127,7 @@ class NodesComponent(Component):
             manifests.add_kind_handler(NodeObjects(table, SOURCE_MANIFESTS),
                                        on_synced=manifests_in)
         await self._start_registry(hive, db, table)
-        hive.provide(NODES.name, table)
+        hive.provide(self, NODES, table)
         if self.config.auto_direct_node_routes:
             await self._start_routes(hive, db, table)
 

@@ -41,6 +41,7 @@ from statewright.agent.components.endpoints import ENDPOINTS
 from statewright.agent.components.kubernetes import K8S_CLIENT
 from statewright.agent.components.policy_trace import TraceSide, datapath_notes, endpoint_side
 from statewright.agent.components.sources import MANIFESTS
+from statewright.agent.components.statedb import DATABASE
 from statewright.api_types import ApiError, QueryParam, Request, Route
 from statewright.component import DEGRADED, OK, Component, Health, Hive, Provided
 from tables.endpoints import MAX_ENDPOINT_ID, MIN_ENDPOINT_ID
@@ -189,9 +190,9 @@ class PolicyComponent(Component):
     """See the module doc."""
 
     name = "policy"
-    needs = ("db", "endpoints")
-    provides = ("policy",)
-    uses = ("manifests", "k8s-client")
+    needs = (DATABASE, ENDPOINTS)
+    provides = (POLICY,)
+    uses = (MANIFESTS, K8S_CLIENT)
 
     def __init__(self) -> None:
         self.db: DB | None = None
@@ -208,8 +209,8 @@ class PolicyComponent(Component):
     async def start(self, hive: Hive) -> None:
         """Register the tables, hand the policy kinds to the manifest source, start the
         writer (its first step computes everything already in the tables)."""
-        db = hive.get("db", DB)
-        manager = hive.get(ENDPOINTS)
+        db = hive.get(self, DATABASE)
+        manager = hive.get(self, ENDPOINTS)
         self.db = db
         self.hive, self.manager = hive, manager
         self.identities = manager.identities.table
@@ -248,7 +249,7 @@ class PolicyComponent(Component):
                 self.k8s.register_initializer(txn)
             await hive.spawn(self, self.k8s.run)
         await hive.spawn(self, self.writer.run)
-        hive.provide("policy", self.writer)
+        hive.provide(self, POLICY, self.writer)
         # Like the sources of the LB tables, start returns once the initial state is in:
         # the manifest source's next poll (at most its interval) and the writer's step.
         # Bounded: an API server that does not answer leaves the tables waiting, reported
@@ -358,8 +359,9 @@ class PolicyComponent(Component):
             ],
         }
 
-    def _component(self, name: str) -> Any:
-        """The agent's component ``name`` (None when it has none or is not started)."""
+    def _component(self, name: str) -> Component | None:
+        """The agent's later component ``name`` (None when it has none or this one is not
+        started), read at request time: it starts after this one, so it cannot be a need."""
         if self.hive is None:
             return None
         return next((c for c in self.hive.components if c.name == name), None)

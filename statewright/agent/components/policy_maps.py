@@ -49,8 +49,18 @@ from statedb import DB, Table, WatchSet
 from statewright.agent.components.endpoints import ENDPOINTS
 from statewright.agent.components.map_reconciler import map_reconciler
 from statewright.agent.components.policy import POLICY
+from statewright.agent.components.statedb import DATABASE
 from statewright.agent.config import AgentConfig
-from statewright.component import DEGRADED, OK, Component, Health, Hive, MapView, typed_map_view
+from statewright.component import (
+    DEGRADED,
+    OK,
+    Component,
+    Health,
+    Hive,
+    MapView,
+    Provided,
+    typed_map_view,
+)
 from tables.endpoint_manager import EndpointManager
 from tables.policy_entries import (
     POLICY_ENDPOINTS_TABLE,
@@ -102,13 +112,18 @@ def table_of(db: DB, name: str, new: Callable[[], Table[Any]]) -> Table[Any]:
     return table
 
 
+#: The policy-maps component itself (its per-endpoint realized revisions), for the
+#: components that must start after the policy maps exist.
+POLICY_MAPS_COMPONENT: Provided[PolicyMapsComponent] = Provided("policy-maps")
+
+
 class PolicyMapsComponent(Component):
     """See the module doc."""
 
     name = "policy-maps"
-    needs = ("db", "endpoints")
-    provides = ("policy-maps",)
-    uses = ("policy",)
+    needs = (DATABASE, ENDPOINTS)
+    provides = (POLICY_MAPS_COMPONENT,)
+    uses = (POLICY,)
 
     def __init__(self, config: PolicyMapsConfig) -> None:
         self.config = config
@@ -128,8 +143,8 @@ class PolicyMapsComponent(Component):
 
     async def start(self, hive: Hive) -> None:
         """Tables, maps, the two reconcilers and the netns follower (module doc)."""
-        db = hive.get("db", DB)
-        manager = hive.get(ENDPOINTS)
+        db = hive.get(self, DATABASE)
+        manager = hive.get(self, ENDPOINTS)
         cfg = self.config
         entries = table_of(db, POLICY_ENTRIES_TABLE, new_policy_entries_table)
         modes = table_of(db, POLICY_ENDPOINTS_TABLE, new_policy_endpoints_table)
@@ -167,7 +182,7 @@ class PolicyMapsComponent(Component):
         with anyio.move_on_after(STARTUP_ROUND_TIMEOUT):
             while any(r.health.level is Level.STOPPED for r in self.reconcilers.values()):
                 await anyio.sleep(0.005)
-        hive.provide("policy-maps", self)
+        hive.provide(self, POLICY_MAPS_COMPONENT, self)
 
     def _follow(
         self,

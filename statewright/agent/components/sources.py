@@ -12,10 +12,10 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from sources.node_address_selection import NodeAddressConfig
-from statedb import DB
+from statewright.agent.components.lb import LB
+from statewright.agent.components.statedb import DATABASE
 from statewright.agent.config import AgentConfig
 from statewright.component import DEGRADED, DISABLED, OK, Component, Health, Hive, Provided
-from statewright.loadbalancer import LoadBalancer
 
 if TYPE_CHECKING:
     from sources.manifests import ManifestSource
@@ -57,8 +57,8 @@ class ManifestsComponent(Component):
     """Kubernetes objects from the manifest directories (sources/manifests.py), polled."""
 
     name = "manifests"
-    needs = ("lb",)
-    provides = ("manifests",)
+    needs = (LB,)
+    provides = (MANIFESTS,)
 
     def __init__(self, config: ManifestsConfig) -> None:
         self.config = config
@@ -68,13 +68,13 @@ class ManifestsComponent(Component):
         """Register the ``manifests`` initializer and run the first poll before going on."""
         from sources.manifests import ManifestSource
 
-        lb = hive.get("lb", LoadBalancer)
+        lb = hive.get(self, LB)
         source = ManifestSource(lb.writer, self.config.paths,
                                 interval=self.config.interval)
         with lb.writer.write_txn() as txn:
             source.register_initializer(txn)
         self.source = source
-        hive.provide(MANIFESTS.name, source)
+        hive.provide(self, MANIFESTS, source)
         await hive.spawn(self, source.run)
         log.info("agent: manifest source on %s: %d file(s), %d error(s)",
                  ", ".join(self.config.paths), len(source.files), len(source.errors))
@@ -98,7 +98,7 @@ class NetlinkComponent(Component):
     """Devices and node addresses from the kernel (sources/netlink.py, pyroute2)."""
 
     name = "netlink"
-    needs = ("db", "lb")
+    needs = (DATABASE, LB)
 
     def __init__(self, config: NetlinkConfig) -> None:
         self.config = config
@@ -114,7 +114,7 @@ class NetlinkComponent(Component):
             from sources.netlink import NetlinkSource
 
             self.source = NetlinkSource.create(
-                hive.get("db", DB), hive.get("lb", LoadBalancer).writer,
+                hive.get(self, DATABASE), hive.get(self, LB).writer,
                 self.config.node_addresses,
             )
         except (ImportError, OSError) as e:

@@ -28,7 +28,7 @@ from statewright.api_types import (
     Route,
     TextBody,
 )
-from statewright.component import DEGRADED, OK, Component, Health, Hive
+from statewright.component import DEGRADED, OK, Component, Health, Hive, Provided
 
 
 def row_document(row: Any) -> Any:
@@ -53,6 +53,10 @@ TABLES_SCHEMA = {
 }
 
 
+#: The agent's database, for every component that registers or reads tables.
+DATABASE: Provided[DB] = Provided("db", DB)
+
+
 class StateDBComponent(Component):
     """Provides ``db``; healthy when every table's initializers are done.
 
@@ -65,7 +69,7 @@ class StateDBComponent(Component):
     """
 
     name = "statedb"
-    provides = ("db",)
+    provides = (DATABASE,)
 
     def __init__(self, collect_interval: float | None = None,
                  reclaim_bytes: int = DEFAULT_RECLAIM_BYTES) -> None:
@@ -80,7 +84,7 @@ class StateDBComponent(Component):
 
     async def start(self, hive: Hive) -> None:
         """Publish the database; start the periodic collection when configured."""
-        hive.provide("db", self.db)
+        hive.provide(self, DATABASE, self.db)
         interval = self.collect_interval
         if interval is None and collector_tuned():
             interval = DEFAULT_COLLECT_INTERVAL

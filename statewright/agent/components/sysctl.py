@@ -40,6 +40,7 @@ from reconciler import Config, Reconciler, Status, StatusKind
 from reconciler.health import Level
 from statedb import DB, Table
 from statewright.agent.components.endpoints import ENDPOINTS
+from statewright.agent.components.statedb import DATABASE
 from statewright.agent.config import AgentConfig
 from statewright.component import DEGRADED, DISABLED, OK, Component, Health, Hive
 from statewright.sysctl_ops import (
@@ -97,8 +98,8 @@ class SysctlComponent(Component):
     """Registers the table, keeps it derived, runs the reconciler (module doc)."""
 
     name = "sysctl"
-    needs = ("db",)
-    uses = ("endpoints",)
+    needs = (DATABASE,)
+    uses = (ENDPOINTS,)
 
     def __init__(self, config: SysctlConfig) -> None:
         self.config = config
@@ -113,7 +114,7 @@ class SysctlComponent(Component):
         self.unprivileged = False
 
     async def start(self, hive: Hive) -> None:
-        db = hive.get("db", DB)
+        db = hive.get(self, DATABASE)
         self.db = db
         # registered also when nothing is set: `db show sysctls` answers (empty)
         self.table = new_sysctls_table()
