@@ -5,7 +5,8 @@ Each row is one address: key ``endpoint_key`` (IP, family), value ``endpoint_inf
 (ifindex, lxc_id, flags, MACs, identity). `KeyedMapOps` writes only entries that differ and
 prunes every key of the map that no row explains (leftovers of endpoints removed while the
 agent was down).
-Errors are `EndpointMapError` naming the map, the operation, the address and the errno.
+Errors are ``bpfops.errors.KeyedMapError`` naming the map, the operation, the address,
+the key and the errno.
 """
 
 from __future__ import annotations

@@ -4,7 +4,8 @@ differs (so a restarted agent whose rows still match the pinned map rewrites not
 ``writes``/``skipped`` count both); deletes that tolerate an absent entry; a prune that
 deletes every key no row explains. Subclasses say how a row becomes a key (``key_of``) and a
 value (``value_of``) and how it is named in errors (``describe``); one whose map cannot
-always tell its stored entry by a lookup overrides ``stored``.
+always tell its stored entry by a lookup overrides ``stored``. A map error is raised as
+``bpfops.errors.KeyedMapError`` naming the map, the operation, the row and the key.
 """
 
 from __future__ import annotations
@@ -15,20 +16,10 @@ from typing import Any, Generic, TypeVar
 
 from bpf.errors import MapError
 from bpf.typed_map import TypedMap
+from bpfops.errors import KeyedMapError
 from statedb import ReadTxn
-from statedb.errors import StatewrightError
 
 R = TypeVar("R")
-
-
-class EndpointMapError(StatewrightError):
-    """A failed write of the endpoints or ipcache map: map, operation, object, errno."""
-
-    def __init__(self, map_name: str, op: str, obj: str, err: MapError) -> None:
-        what = f"{op} {obj}" if obj else op
-        super().__init__(f"map {map_name}: {what}: {err}")
-        self.map_name = map_name
-        self.errno = err.errno
 
 
 class KeyedMapOps(Generic[R]):
@@ -65,17 +56,18 @@ class KeyedMapOps(Generic[R]):
                 return
             self.map.update(key, value)
         except MapError as e:
-            raise EndpointMapError(self.map.name, "update", self.describe(obj), e) from e
+            raise KeyedMapError(self.map.name, "update", self.describe(obj), key, e) from e
         self.writes += 1
 
     def delete(self, txn: ReadTxn, revision: int, obj: R) -> None:
         """Delete the entry of ``obj``; an absent entry is fine."""
+        key = self.key_of(obj)
         try:
-            self.map.delete(self.key_of(obj))
+            self.map.delete(key)
         except MapError as e:
             if e.errno == errno_mod.ENOENT:
                 return
-            raise EndpointMapError(self.map.name, "delete", self.describe(obj), e) from e
+            raise KeyedMapError(self.map.name, "delete", self.describe(obj), key, e) from e
         self.deletes += 1
 
     def prune(self, txn: ReadTxn, objects: Iterator[R]) -> None:
@@ -84,11 +76,11 @@ class KeyedMapOps(Generic[R]):
         try:
             stray = [k for k in self.map if k not in want]
         except MapError as e:
-            raise EndpointMapError(self.map.name, "prune (iterate)", "", e) from e
+            raise KeyedMapError(self.map.name, "prune (iterate)", "", None, e) from e
         for key in stray:
             try:
                 self.map.delete(key)
                 self.deletes += 1
             except MapError as e:
                 if e.errno != errno_mod.ENOENT:
-                    raise EndpointMapError(self.map.name, "prune", repr(key), e) from e
+                    raise KeyedMapError(self.map.name, "prune", repr(key), key, e) from e

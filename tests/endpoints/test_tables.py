@@ -20,8 +20,8 @@ from bpf.memory_map import MemoryMap
 from bpf.testing import FaultyMap
 from bpf.typed_map import TypedMap
 from bpfops.endpoint_ops import EndpointMapOps, endpoint_info, endpoint_key
+from bpfops.errors import KeyedMapError
 from bpfops.ipcache_ops import IPCacheOps, ipcache_key, ipcache_value
-from bpfops.keyed_map_ops import EndpointMapError
 from reconciler import Config, Reconciler
 from reconciler.status import StatusKind
 from statedb import DB
@@ -223,12 +223,15 @@ def test_ops_errors_name_map_and_object() -> None:
     spec = catalog.endpoints_spec(4)
     m = TypedMap(spec, FaultyMap(MemoryMap.create(spec), 1.0, errno.EPERM))
     row = EndpointMapEntry(ipaddress.ip_address("10.0.0.1"), "endpoint:1")
-    with pytest.raises(EndpointMapError, match=r"map endpoints: update 10\.0\.0\.1 \(endpoint:1\)"):
+    endpoint_error = r"map endpoints: update 10\.0\.0\.1 \(endpoint:1\)"
+    with pytest.raises(KeyedMapError, match=endpoint_error) as ei:
         EndpointMapOps(m).update(DB().read_txn(), 1, row)
+    assert ei.value.key == endpoint_key(row.ip) and ei.value.errno == errno.EPERM
+    assert ei.value.map_name == "endpoints" and ei.value.op == "update"
     ipc = catalog.ipcache_spec(4)
     im = TypedMap(ipc, FaultyMap(MemoryMap.create(ipc), 1.0, errno.ENOSPC))
     entry = IPCacheEntry(ipaddress.ip_network("10.0.0.1/32"), 300, "endpoint:1")
-    with pytest.raises(EndpointMapError, match=r"ipcache: update 10\.0\.0\.1/32") as ei:
+    with pytest.raises(KeyedMapError, match=r"ipcache: update 10\.0\.0\.1/32") as ei:
         IPCacheOps(im).update(DB().read_txn(), 1, entry)
     assert ei.value.errno == errno.ENOSPC
 
