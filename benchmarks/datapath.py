@@ -11,10 +11,15 @@ prints one JSON object.
   map of 1,000,000 entries of which half are expired, against its baseline measured in
   the same run, ``ct_dump_1m_entries_s``: one batch read of the same map, the floor of
   any collection that reads the map from user space.
-- nodeport_ratio_vs_direct: null: the north-south program is not built yet
-  (docs/datapath.md, "What is left to do").
+- nodeport_ratio_vs_direct: TCP connections/s (connect, read the server's greeting,
+  close) from clients outside the node (a namespace on the node's external device
+  ``ext0``, tests/e2e/outside.py) to a pod's server reached directly (routed by the
+  node), divided by the rate through a NodePort on the node's ``ext0`` address (DNAT by
+  bpf/nodeport.c): what the north-south translation costs (1.0: nothing). Both go
+  through the same devices and programs; rounds alternate, medians of the rounds.
 
-Needs root (CAP_BPF, CAP_NET_ADMIN), iproute2 and build/lxc.o, build/sock_lb.o;
+Needs root (CAP_BPF, CAP_NET_ADMIN), iproute2 and build/lxc.o, build/nodeport.o,
+build/sock_lb.o;
 everything it creates (namespaces, cgroup, pins, maps, processes) is removed at the end,
 also on failure. ``--quick`` takes well under a minute.
 
@@ -26,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import struct
 import sys
@@ -42,8 +48,9 @@ from bpf.kernel_map import KernelMap
 from bpf.typed_map import TypedMap
 from bpfops.conntrack import CTMaps
 from tests.datapath.conftest import Client
-from tests.e2e.harness import BACKEND_PORT, EnvUnavailable, ident
+from tests.e2e.harness import BACKEND_PORT, EnvUnavailable, ident, service_manifest
 from tests.e2e.node_harness import NodeEnv, node_env
+from tests.e2e.outside import NODE_SIDE, ProbeClient, plug_outside, serve_probe
 
 NAMESPACE = "bench"
 POLICY = json.dumps({
@@ -110,6 +117,49 @@ def policy_rates(env: NodeEnv, clients: int, rounds: int, count: int) -> dict[st
             "policy_ratio": round(f / p, 3), "drops_during_run": drops}
 
 
+NODE_PORT = 30080
+
+
+def _probe_rate(pool: list[ProbeClient], host: str, port: int, seconds: float) -> float:
+    """Connections/s of all probe clients together for ``seconds``."""
+    results: list[dict[str, Any]] = []
+
+    def run(c: ProbeClient) -> None:
+        results.append(c.call(timeout=seconds + 30, op="rate", host=host, port=port,
+                              seconds=seconds))
+
+    threads = [threading.Thread(target=run, args=(c,)) for c in pool]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    bad = [r for r in results if "count" not in r]
+    if bad or len(results) != len(pool):
+        raise RuntimeError(f"connections to {host}:{port} failed: {bad[:3]}")
+    return sum(r["count"] / r["seconds"] for r in results)
+
+
+def nodeport_rates(env: NodeEnv, clients: int, rounds: int, seconds: float) -> dict[str, Any]:
+    """Median connections/s from outside to a pod directly and through a NodePort."""
+    outside = plug_outside(env._stack, env.ns, env.tag)
+    pod = env.add_pod("np-server", NAMESPACE, {"app": "np"})
+    serve_probe(env._stack, pod.netns, [pod.address(4)])
+    direct = pod.address(4)
+    env.write("np", service_manifest("np", "10.96.0.80", [direct], node_port=NODE_PORT))
+    pool = [outside.client() for _ in range(clients)]
+    _wait(lambda: pool[0].call(op="tcp", host=NODE_SIDE[0], port=NODE_PORT).get("id")
+          == ident(direct), "the NodePort served from outside", 60.0)
+    _probe_rate(pool, direct, BACKEND_PORT, seconds / 3)  # warm-up
+    _probe_rate(pool, NODE_SIDE[0], NODE_PORT, seconds / 3)
+    plain, translated = [], []
+    for _ in range(rounds):
+        plain.append(_probe_rate(pool, direct, BACKEND_PORT, seconds))
+        translated.append(_probe_rate(pool, NODE_SIDE[0], NODE_PORT, seconds))
+    d, n = statistics.median(plain), statistics.median(translated)
+    return {"conns_per_s_direct": round(d), "conns_per_s_nodeport": round(n),
+            "nodeport_ratio_vs_direct": round(d / n, 3)}
+
+
 def ct_gc(entries: int) -> dict[str, Any]:
     """One GC of a CT map of ``entries`` entries, half expired, and one batch read of it."""
     spec4, spec6 = ct_specs(entries + 1024)
@@ -145,18 +195,19 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--clients", type=int, default=2, help="client processes for the rates")
     args = ap.parse_args(argv)
     rounds, count = (3, 300) if args.quick else (7, 1500)
+    seconds = 1.0 if args.quick else 3.0
     t0 = time.monotonic()
     try:
-        with node_env() as env:
+        with node_env({"netlink": True}) as env:
             rates = policy_rates(env, args.clients, rounds, count)
+            rates.update(nodeport_rates(env, args.clients, rounds, seconds))
     except EnvUnavailable as exc:
         print(json.dumps({"error": str(exc)}))
         return 2
     out = {
         **rates,
         **ct_gc(1_000_000),
-        "nodeport_ratio_vs_direct": None,
-        "nodeport": "not built: no north-south program yet (docs/datapath.md)",
+        "load_average": [round(x, 2) for x in os.getloadavg()],
         "clients": args.clients,
         "connections_per_round_per_client": count,
         "rounds": rounds,

@@ -31,8 +31,11 @@
  *  1. a client's packet to a remote backend (an SNAT entry, or a first packet
  *     whose REV_DNAT entry needs SNAT: a NAT port is allocated on the device's
  *     address from nodeport_devices): the source becomes this node;
- *  2. a backend's reply to a client (REV_DNAT entry): the source becomes the
- *     frontend, and the service flow's CT entry is renewed as a reply.
+ *  2. a backend's reply to a client (REV_DNAT entry, while the service flow's
+ *     CT entry lives; a stale entry is removed): the source becomes the
+ *     frontend, and the CT entry is renewed as a reply.
+ * A TCP SYN straight to a backend address (no frontend) removes the REV_DNAT
+ * entry an earlier service flow of the same client port left for that tuple.
  *
  * Everything else (other protocols, IPv4 later fragments, addresses that are no
  * frontend) passes untouched; the socket program keeps serving east-west
@@ -198,6 +201,14 @@ static __always_inline long sw_nat_put(const struct sw_flow *f, union sw_ct_key 
 	e6.lifetime = sw_nat_lifetime(f, now);
 	e6.flags = v->flags;
 	return bpf_map_update_elem(&nodeport_nat6, &k->v6, &e6, mode);
+}
+
+static __always_inline void sw_nat_del(const struct sw_flow *f, union sw_ct_key *k)
+{
+	if (f->family == 4)
+		bpf_map_delete_elem(&nodeport_nat4, &k->v4);
+	else
+		bpf_map_delete_elem(&nodeport_nat6, &k->v6);
 }
 
 /* ------------------------------------------------------------ services */
@@ -539,9 +550,15 @@ int sw_nodeport_in(struct __sk_buff *skb)
 		return ret ? sw_drop(&f, ret, SW_METRIC_INGRESS) : TC_ACT_OK;
 	}
 	svc = sw_frontend(&f, &k);
-	if (!svc || !(svc->flags & SW_SVC_F_NORTH_SOUTH))
-		return TC_ACT_OK;
-	return sw_serve(skb, &f, &k, svc, now);
+	if (svc && (svc->flags & SW_SVC_F_NORTH_SOUTH))
+		return sw_serve(skb, &f, &k, svc, now);
+	if (sw_tcp_syn(&f)) {
+		/* A new connection straight to an address and port an earlier service
+		 * flow of this client used: that flow's replies are no longer ours. */
+		sw_ct_key(&nk, &f, true, SW_NAT_F_REV_DNAT);
+		sw_nat_del(&f, &nk);
+	}
+	return TC_ACT_OK;
 }
 
 /* ------------------------------------------------------------ egress */
@@ -593,10 +610,7 @@ static __always_inline int sw_snat_new(struct __sk_buff *skb, struct sw_flow *f,
 	fwd.port = bpf_htons(port);
 	sw_ct_key(&fk, f, false, SW_NAT_F_SNAT);
 	if (sw_nat_put(f, &fk, &fwd, now, BPF_ANY)) {
-		if (f->family == 4)
-			bpf_map_delete_elem(&nodeport_nat4, &rk.v4);
-		else
-			bpf_map_delete_elem(&nodeport_nat6, &rk.v6);
+		sw_nat_del(&r, &rk);
 		return sw_drop(f, SW_DROP_NAT_NO_MAPPING, SW_METRIC_EGRESS);
 	}
 	ret = sw_rewrite(skb, f, true, &fwd.addr, fwd.port);
@@ -604,8 +618,9 @@ static __always_inline int sw_snat_new(struct __sk_buff *skb, struct sw_flow *f,
 }
 
 /* Renew the service flow's CT entry with a reply (the packet backend -> client,
- * `fe` the frontend the client talks to). */
-static __always_inline void sw_service_reply(const struct sw_flow *f, const struct sw_nat *fe,
+ * `fe` the frontend the client talks to); false when there is no such live flow
+ * (the REV_DNAT entry outlived it). */
+static __always_inline bool sw_service_reply(const struct sw_flow *f, const struct sw_nat *fe,
 					     __u32 now)
 {
 	struct sw_flow orig = *f;
@@ -618,8 +633,10 @@ static __always_inline void sw_service_reply(const struct sw_flow *f, const stru
 	orig.dport = fe->port;
 	sw_ct_key(&ck, &orig, false, SW_CT_F_SERVICE);
 	e = sw_ct_lookup(&orig, &ck);
-	if (e && e->lifetime >= now)
-		sw_ct_update(e, f, true, now);
+	if (!e || e->lifetime < now)
+		return false;
+	sw_ct_update(e, f, true, now);
+	return true;
 }
 
 SEC("tc")
@@ -641,7 +658,10 @@ int sw_nodeport_out(struct __sk_buff *skb)
 	}
 	sw_ct_key(&k, &f, false, SW_NAT_F_REV_DNAT);
 	if (sw_nat_get(&f, &k, &nat, now)) {
-		sw_service_reply(&f, &nat, now);
+		if (!sw_service_reply(&f, &nat, now)) {
+			sw_nat_del(&f, &k);
+			return TC_ACT_OK;
+		}
 		ret = sw_rewrite(skb, &f, true, &nat.addr, nat.port);
 		return ret ? sw_drop(&f, ret, SW_METRIC_EGRESS) : TC_ACT_OK;
 	}

@@ -215,15 +215,16 @@ def check_node_machine() -> None:
 
 
 @contextmanager
-def node_env() -> Iterator[NodeEnv]:
+def node_env(extra_config: dict[str, Any] | None = None) -> Iterator[NodeEnv]:
     """Create the node namespace, cgroup and agent; remove everything after (module doc).
-    Pods are added by the caller (`NodeEnv.add_pod`)."""
+    Pods are added by the caller (`NodeEnv.add_pod`); ``extra_config``: more configuration
+    keys for the agent."""
     check_node_machine()
     with ExitStack() as stack:
         tag = f"{os.getpid() % 100000}-{uuid.uuid4().hex[:4]}"
         sc = scratch(stack, "node", tag, _setup_node_netns)
         socket = str(sc.tmp / "agent.sock")
-        cfg_file = sc.agent_config_file(**{"pod-cidrs": list(POD_CIDRS)})
+        cfg_file = sc.agent_config_file(**{"pod-cidrs": list(POD_CIDRS), **(extra_config or {})})
         agent = NodeAgent(["--config", str(cfg_file)], socket, sc.tmp / "agent.log", netns=sc.ns)
         stack.callback(_cleanup_agent_state, sc.pin_dir, socket, sc.cgroup, sc.ns)
         stack.callback(agent.stop)
