@@ -3,8 +3,9 @@
 The C headers in ``bpf/include`` define every key and value layout, and ``bpf/maps.c``
 declares every map of the catalogue with them (``tests/bpf/test_layout_btf.py`` checks
 that it declares exactly the catalogue's maps). clang compiles it with ``-g -target bpf``
-into ``build/maps.o`` (``make setup``, or here on first use when the object is missing or
-older than its sources). libbpf opens the object (``bpf_object__open``, which also gives
+into ``maps.o`` of the objects directory (``bpf.objects``: the checkout's ``build/``;
+``make setup``, or here on first use when the object is missing or older than its
+sources). libbpf opens the object (``bpf_object__open``, which also gives
 its data sections the sizes the kernel requires; nothing is loaded or created), its BTF
 is copied out, loaded into the kernel once per process (``bpf_btf_load``), and
 ``KernelMap.create`` passes the BTF fd with the ids of the spec's key and value types,
@@ -34,18 +35,20 @@ from typing import Any
 
 from bpf import libbpf
 from bpf.errors import errno_name
+from bpf.objects import object_path
 from bpf.spec import MAP_OF_MAPS, MapSpec
 from statedb.errors import StatewrightError
 
 log = logging.getLogger("statewright.bpf")
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
-#: The C file declaring every map (and so using every key and value type).
-SOURCE = REPO_ROOT / "bpf" / "maps.c"
-#: The headers it includes (their changes make a compiled object stale).
-INCLUDE_DIR = REPO_ROOT / "bpf" / "include"
-#: Where ``make setup`` (or the first use) puts the compiled object.
-DEFAULT_OBJECT = REPO_ROOT / "build" / "maps.o"
+#: The C file declaring every map (and so using every key and value type; package data).
+SOURCE = Path(__file__).resolve().parent / "maps.c"
+#: The headers it includes (their changes make a compiled object stale; package data).
+INCLUDE_DIR = Path(__file__).resolve().parent / "include"
+#: Where ``make setup`` (or the first use) puts the compiled object: the objects directory
+#: (bpf.objects; the checkout's build/ unless $STATEWRIGHT_BPF_OBJECTS names another).
+DEFAULT_OBJECT = Path(object_path("maps.o"))
 #: Environment variable naming another object, or "off" to create maps without BTF.
 OBJECT_ENV = "STATEWRIGHT_BTF_OBJECT"
 
@@ -328,7 +331,8 @@ class BtfTypes:
 class BtfRegistry:
     """Where the types come from, opened once on first use; remembers why not.
 
-    ``object_path`` None means ``$STATEWRIGHT_BTF_OBJECT`` or ``build/maps.o``;
+    ``object_path`` None means ``$STATEWRIGHT_BTF_OBJECT`` or ``maps.o`` in the objects
+    directory (`bpf.objects`);
     ``build`` allows compiling it (when missing or stale and clang is installed).
     """
 
@@ -441,7 +445,8 @@ _registry: BtfRegistry | None = None
 
 
 def registry() -> BtfRegistry:
-    """The process-wide registry (``build/maps.o`` unless configured otherwise)."""
+    """The process-wide registry (``maps.o`` of the objects directory unless configured
+    otherwise)."""
     global _registry
     with _registry_lock:
         if _registry is None:

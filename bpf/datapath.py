@@ -34,18 +34,18 @@ import os
 import shutil
 import sys
 from dataclasses import dataclass, field
-from pathlib import Path
 
 from bpf import lb, libbpf
 from bpf.catalog import lb_specs
+from bpf.objects import missing_object_message, object_path
 from bpf.probe import DEFAULT_PIN_DIR
 from statedb.errors import StatewrightError
 
 log = logging.getLogger("statewright.bpf.datapath")
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
-#: Where `make` builds the object (``make setup`` does it on a fresh machine).
-DEFAULT_OBJECT = str(REPO_ROOT / "build" / "sock_lb.o")
+#: The compiled socket load balancer, in the objects directory (bpf.objects: ``make setup``
+#: builds it into the checkout's build/; $STATEWRIGHT_BPF_OBJECTS points elsewhere).
+DEFAULT_OBJECT = object_path("sock_lb.o")
 #: The datapath's directory under the pin directory (links and its own maps).
 SUBDIR = "sock_lb"
 #: The maps of sock_lb.c that are the datapath's own (pinned under SUBDIR).
@@ -194,8 +194,7 @@ class SockLB:
         cg, cg_id = self._check_cgroup()
         if not os.path.exists(self.config.object_path):
             raise DatapathError(
-                errno.ENOENT,
-                f"sock_lb: object {self.config.object_path} not built (run `make setup`)",
+                errno.ENOENT, f"sock_lb: {missing_object_message(self.config.object_path)}"
             )
         os.makedirs(self.base_dir, exist_ok=True)  # libbpf pins the own maps there
         self._prune_stale_links()

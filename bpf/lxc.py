@@ -20,11 +20,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from bpf.datapath import REPO_ROOT
+from bpf.objects import object_path
 from bpf.probe import DEFAULT_PIN_DIR
 from bpf.tc_programs import BPF_TCX_EGRESS, BPF_TCX_INGRESS, TcObject, TcPrograms
 
-DEFAULT_OBJECT = str(REPO_ROOT / "build" / "lxc.o")
+#: The compiled endpoint programs, in the objects directory (bpf.objects).
+DEFAULT_OBJECT = object_path("lxc.o")
 SUBDIR = "lxc"
 #: The maps of lxc.c reused from their pins (policy_netns when pinned).
 MAPS = ("endpoints", "ipcache", "policy_maps", "policy_endpoints",

@@ -23,11 +23,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from bpf import lb
-from bpf.datapath import REPO_ROOT
+from bpf.objects import object_path
 from bpf.probe import DEFAULT_PIN_DIR
 from bpf.tc_programs import BPF_TCX_EGRESS, BPF_TCX_INGRESS, TcObject, TcPrograms
 
-DEFAULT_OBJECT = str(REPO_ROOT / "build" / "nodeport.o")
+#: The compiled north-south programs, in the objects directory (bpf.objects).
+DEFAULT_OBJECT = object_path("nodeport.o")
 SUBDIR = "nodeport"
 #: The maps of nodeport.c that must be pinned.
 MAPS = (

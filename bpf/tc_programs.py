@@ -30,6 +30,7 @@ from dataclasses import dataclass
 
 from bpf import libbpf
 from bpf.datapath import DatapathError, remove_pinned_links, reuse_pinned_map
+from bpf.objects import missing_object_message
 
 log = logging.getLogger("statewright.bpf.tc")
 
@@ -99,7 +100,7 @@ class TcPrograms:
         """Open the object, reuse the pinned maps, load it and keep the program fds."""
         name, path = self.obj.name, self.obj.object_path
         if not os.path.exists(path):
-            raise DatapathError(errno.ENOENT, f"{name}: object {path} not built (run `make setup`)")
+            raise DatapathError(errno.ENOENT, f"{name}: {missing_object_message(path)}")
         obj = libbpf.object_open(path)
         if obj < 0:
             raise DatapathError(-obj, f"{name}: open {path}")

@@ -4,7 +4,9 @@
   reconciler import without any agent dependency, mypy sees the installed packages as
   typed (py.typed), and the DNS controller example runs against the installed packages;
 * ``pip install '.[agent]'`` then brings the agent's dependencies, ``statewright --help``
-  works and every module of every package imports.
+  works and every module of every package imports; the compiled BPF objects are found
+  through ``$STATEWRIGHT_BPF_OBJECTS``, and a missing one is an error naming where it was
+  looked for.
 
 The sources are copied to a temporary directory first, so the build never writes into the
 work tree (other tests run meanwhile). pip resolves with constraints.txt from the
@@ -15,6 +17,7 @@ configured index, with its cache; the project's own wheel is built with build is
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -159,3 +162,46 @@ def test_fresh_install_core_then_agent(tmp_path: Path) -> None:
     assert files == sorted(p.name for p in (ROOT / "examples" / "manifests").glob("*.yaml"))
     # Every module of every package imports with the agent's extra: no dependency missing.
     assert "statewright.agent.runtime" in _import_all(python, PACKAGES, tmp_path)
+    _check_bpf_objects(python, env_dir, tmp_path)
+
+
+def _check_bpf_objects(python: Path, env_dir: Path, cwd: Path) -> None:
+    """The installed package finds the compiled BPF objects through one setting,
+    $STATEWRIGHT_BPF_OBJECTS (it has no build/ of its own); unset, loading names where it
+    looked and what to set. Loading is refused before any kernel call."""
+    probe = (
+        "import json, sys, tempfile\n"
+        "from bpf import btf, datapath, lxc, nodeport, objects\n"
+        "from bpf.lxc import EndpointPrograms, LxcConfig\n"
+        "try:\n"
+        "    EndpointPrograms(LxcConfig(pin_dir=tempfile.mkdtemp())).load()\n"
+        "    error = ''\n"
+        "except datapath.DatapathError as e:\n"
+        "    error = str(e)\n"
+        "print(json.dumps({'paths': [datapath.DEFAULT_OBJECT, lxc.DEFAULT_OBJECT,\n"
+        "    nodeport.DEFAULT_OBJECT, str(btf.DEFAULT_OBJECT)], 'error': error,\n"
+        "    'checkout': objects.in_checkout()}))\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "STATEWRIGHT_BPF_OBJECTS"}
+    unset = json.loads(_run_env([str(python), "-c", probe], cwd, env).stdout)
+    assert not unset["checkout"]
+    assert all(p.startswith(str(env_dir)) for p in unset["paths"]), unset
+    assert "not found (looked in" in unset["error"], unset
+    assert "set $STATEWRIGHT_BPF_OBJECTS to the directory holding" in unset["error"], unset
+    objects_dir = cwd / "bpf-objects"
+    objects_dir.mkdir()
+    configured = json.loads(_run_env(
+        [str(python), "-c", probe], cwd, {**env, "STATEWRIGHT_BPF_OBJECTS": str(objects_dir)}
+    ).stdout)
+    assert configured["paths"] == [
+        str(objects_dir / name) for name in ("sock_lb.o", "lxc.o", "nodeport.o", "maps.o")
+    ]
+    assert f"looked in {objects_dir}: $STATEWRIGHT_BPF_OBJECTS=" in configured["error"]
+
+
+def _run_env(
+    args: list[str], cwd: Path, env: dict[str, str]
+) -> subprocess.CompletedProcess[str]:
+    proc = subprocess.run(args, cwd=cwd, env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, f"{args} failed:\n{proc.stdout}\n{proc.stderr}"
+    return proc
