@@ -59,21 +59,30 @@ def endpoint_row(ep: dict[str, Any], policy: dict[int, dict[str, Any]] | None = 
     ]
 
 
+#: Marks, in the POLICY column, ingress rules this node computes but does not enforce.
+UNENFORCED = "*"
+
+
 def _policy_cell(pol: dict[str, Any] | None) -> str:
-    """``r<revision>`` plus ``+egress``/``+ingress`` for the enforced directions; ``-``."""
+    """``r<revision>`` plus ``+egress``/``+ingress`` for the directions policies select
+    (``+ingress*`` when the node's datapath does not enforce ingress); ``-``."""
     if pol is None:
         return "-"
     dirs = [d for d in ("egress", "ingress") if pol.get(f"{d}_enforced")]
-    return f"r{pol['revision']}" + "".join(f"+{d}" for d in dirs)
+    cell = f"r{pol['revision']}" + "".join(f"+{d}" for d in dirs)
+    return cell + UNENFORCED if "ingress" in dirs and pol.get("ingress-datapath") else cell
 
 
 def _policy_rows(args: argparse.Namespace) -> dict[int, dict[str, Any]]:
-    """The endpoints' policy rows by id; empty when the agent has no policy component."""
+    """The endpoints' policy rows by id, each with the node's ``ingress-datapath`` (why
+    ingress is not enforced, or None); empty when the agent has no policy component."""
     try:
         doc = client(args).get("/policy/endpoints")
     except (AgentUnavailable, AgentRequestError):
         return {}
-    return {int(r["endpoint_id"]): r for r in doc.get("endpoints", [])}
+    why = doc.get("ingress-datapath")
+    return {int(r["endpoint_id"]): {**r, "ingress-datapath": why}
+            for r in doc.get("endpoints", [])}
 
 
 def cmd_endpoint_list(args: argparse.Namespace) -> int:
@@ -83,7 +92,12 @@ def cmd_endpoint_list(args: argparse.Namespace) -> int:
         print(json.dumps(eps, indent=2))
     else:
         pol = _policy_rows(args)
-        sys.stdout.write(format_table(ENDPOINT_COLUMNS, [endpoint_row(e, pol) for e in eps]))
+        rows = [endpoint_row(e, pol) for e in eps]
+        sys.stdout.write(format_table(ENDPOINT_COLUMNS, rows))
+        unenforced = [p for p in pol.values() if _policy_cell(p).endswith(UNENFORCED)]
+        if unenforced:
+            print(f"{UNENFORCED} ingress rules computed but not enforced on this node: "
+                  f"{unenforced[0]['ingress-datapath']}")
     return 0
 
 

@@ -211,3 +211,45 @@ def test_trace_by_pod_realized_revision_and_policy_wait(
         for ep in (web, db):
             api.request("DELETE", f"/endpoint/{ep['id']}")
         (agent.manifests / "more.yaml").unlink(missing_ok=True)
+
+
+def test_ingress_rules_this_node_does_not_enforce_are_said_so(
+    agent: AgentProc, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Memory maps: no tc programs, so a policy selecting a pod's ingress is computed but
+    not enforced; health, ``endpoint list`` and ``/policy/endpoints`` say so (issue #27),
+    and nothing is said once no policy selects any ingress."""
+    sock = ["--socket", agent.socket]
+    api = AgentAPI(agent.socket)
+    ingress = {"apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy",
+               "metadata": {"name": "db-in", "namespace": "default"},
+               "spec": {"podSelector": {"matchLabels": {"app": "db"}},
+                        "policyTypes": ["Ingress"],
+                        "ingress": [{"ports": [{"port": 5432}]}]}}
+    db = api.request("PUT", "/endpoint/0", {
+        "container-id": "default-db2", "interface-name": "lxc-default-db2",
+        "k8s-namespace": "default", "k8s-pod-name": "db2", "labels": ["k8s:app=db"]})
+    (agent.manifests / "ingress.yaml").write_text(yaml.safe_dump(ingress))
+
+    def ingress_line() -> str:
+        comps = cli_json(capsys, "status", *sock)["health"]["components"]
+        return next((f"{c['state']}: {c['message']}" for c in comps
+                     if c["name"] == "policy/ingress"), "")
+
+    try:
+        wait_for(lambda: bool(ingress_line()), what="the policy/ingress health line")
+        line = ingress_line()
+        assert line.startswith(f"Degraded: ingress rules of endpoint(s) {db['id']} are "
+                               "computed but not enforced on this node: "), line
+        assert "kernel maps" in line
+        doc = api.request("GET", "/policy/endpoints")
+        assert doc["ingress-datapath"] and "kernel maps" in doc["ingress-datapath"]
+        code, out, _ = run_cli(capsys, "endpoint", "list", *sock)
+        assert code == 0
+        (row,) = [r for r in out.splitlines() if "default/db2" in r]
+        assert "+ingress*" in row, out
+        assert "* ingress rules computed but not enforced on this node:" in out
+    finally:
+        (agent.manifests / "ingress.yaml").unlink(missing_ok=True)
+        api.request("DELETE", f"/endpoint/{db['id']}")
+    wait_for(lambda: not ingress_line(), what="the line gone with the policy")

@@ -155,10 +155,12 @@ _POLICY_SCHEMA = {
 }
 _ENDPOINTS_SCHEMA = {
     "type": "object",
-    "required": ["revision", "endpoints"],
+    "required": ["revision", "endpoints", "ingress-datapath"],
     "properties": {
         "revision": {"type": "integer"},
         "endpoints": {"type": "array", "items": {"type": "object"}},
+        # why this node's datapath does not enforce ingress rules (null: it does)
+        "ingress-datapath": {"type": "string", "nullable": True},
     },
 }
 _VERDICT = {"type": "string", "enum": ["allowed", "denied"]}
@@ -281,7 +283,38 @@ class PolicyComponent(Component):
         fail_closed = self._fail_closed_health(txn)
         if fail_closed is not None:
             out.append(fail_closed)
+        unenforced = self._unenforced_ingress_health(txn)
+        if unenforced is not None:
+            out.append(unenforced)
         return out
+
+    def ingress_datapath(self) -> str | None:
+        """None when this node's tc programs enforce the endpoints' ingress rules (the
+        ``endpoint-datapath`` component runs and is OK), else why they do not."""
+        tc = self._component("endpoint-datapath")
+        tc_health = tc.health() if tc is not None else []
+        if tc_health and all(h.state == OK for h in tc_health):
+            return None
+        return tc_health[0].message if tc_health else "no tc programs (endpoint-datapath)"
+
+    def _unenforced_ingress_health(self, txn: Any) -> Health | None:
+        """``policy/ingress`` Degraded while policies select local endpoints for ingress
+        that this node's datapath does not enforce: the rules are computed, the traffic
+        is not filtered."""
+        assert self.policy_endpoints is not None
+        selected = sorted(e.endpoint_id for e in self.policy_endpoints.all(txn)
+                          if e.ingress_enforced)
+        if not selected:
+            return None
+        why = self.ingress_datapath()
+        if why is None:
+            return None
+        more = f" and {len(selected) - 5} more" if len(selected) > 5 else ""
+        return Health(
+            f"{self.name}/ingress", DEGRADED,
+            f"ingress rules of endpoint(s) {', '.join(map(str, selected[:5]))}{more} are "
+            f"computed but not enforced on this node: {why}",
+        )
 
     def _fail_closed_health(self, txn: Any) -> Health | None:
         """``policy/namespace-labels`` Degraded while a policy selects on namespace labels
@@ -357,6 +390,7 @@ class PolicyComponent(Component):
                 {**e.to_json(), "realized-revision": realized.get(e.endpoint_id)}
                 for e in endpoints.all(db.read_txn())
             ],
+            "ingress-datapath": self.ingress_datapath(),
         }
 
     def _component(self, name: str) -> Component | None:
@@ -390,10 +424,7 @@ class PolicyComponent(Component):
         doc = trace(list(policies.all(db.read_txn())), src, dst, protocol, port)
         doc["revision"] = self._revision()
         doc["from-endpoint"], doc["to-endpoint"] = src.describe(), dst.describe()
-        tc = self._component("endpoint-datapath")
-        tc_health = tc.health() if tc is not None else []
-        why_not = None if tc_health and all(h.state == OK for h in tc_health) else (
-            tc_health[0].message if tc_health else "no tc programs (endpoint-datapath)")
+        why_not = self.ingress_datapath()
         maps = self._component("policy-maps")
         has_maps = maps is not None and getattr(maps, "policy_maps", None) is not None
         doc["egress"]["datapath"], doc["ingress"]["datapath"] = datapath_notes(
