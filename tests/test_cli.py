@@ -58,7 +58,7 @@ def test_every_command_is_registered_with_its_path() -> None:
         "agent", "status", "db show", "db list", "db watch", "exec",
         "endpoint list", "endpoint get", "ipam", "policy get", "policy trace", "policy wait",
         "api openapi",
-        "ct list", "ct flush", "ct stats",
+        "ct list", "ct flush", "ct stats", "nodeport",
         "explain", "plan",
         "operator",
     }

@@ -5,7 +5,7 @@ to a backend chosen from the LB maps; a backend on node 2 is reached masqueraded
 1's address (SNAT, NAT map) and its replies translated back. The servers
 (nodeport_probe.py) name the client address they saw.
 
-Proved here: NodePort and LoadBalancer reached from outside with a backend on the same
+Proved here: NodePort, LoadBalancer and externalIPs reached from outside with a backend on the same
 node and on another node, replies from the right address (UDP on connected sockets),
 IPv4 and IPv6, TCP and UDP; externalTrafficPolicy Local keeps the client's address and
 drops without a local backend (158); source ranges (177); a default-deny ingress policy
@@ -19,6 +19,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import sys
 from collections.abc import Iterator
 from contextlib import ExitStack
 from typing import Any
@@ -35,6 +36,8 @@ NAMESPACE = "ns"
 PORT = 8080
 NODE_PORTS = {"np-local": 30081, "np-remote": 30082, "lb-remote": 30083, "lb-local": 30084,
               "np-local-none": 30085, "lb-ranges": 30086}
+#: A ClusterIP service with external IPs (no node port).
+EXTERNAL_IPS = {"ext-remote": ("192.168.210.20", "fd20:210::20")}
 LB_IPS = {"lb-remote": ("192.168.210.10", "fd20:210::10"),
           "lb-local": ("192.168.210.11", "fd20:210::11"),
           "lb-ranges": ("192.168.210.12", "fd20:210::12")}
@@ -55,13 +58,19 @@ def service_objects(name: str, n: int, backends: list[tuple[str, str, int]],
     ports and one EndpointSlice per family: ``backends`` are (IPv4, IPv6, node)."""
     lb = LB_IPS.get(name)
     ports = [{"name": p.lower(), "port": 80, "protocol": p, "targetPort": PORT,
-              "nodePort": NODE_PORTS[name]} for p in ("TCP", "UDP")]
+              **({"nodePort": NODE_PORTS[name]} if name in NODE_PORTS else {})}
+             for p in ("TCP", "UDP")]
+    kind = "LoadBalancer" if lb else "NodePort" if name in NODE_PORTS else "ClusterIP"
     spec: dict[str, Any] = {
-        "type": "LoadBalancer" if lb else "NodePort",
+        "type": kind,
         "clusterIP": f"10.96.29.{n}", "clusterIPs": [f"10.96.29.{n}", f"fd00:96:29::{n}"],
         "ipFamilies": ["IPv4", "IPv6"], "ipFamilyPolicy": "RequireDualStack",
-        "externalTrafficPolicy": etp, "ports": ports,
+        "ports": ports,
     }
+    if kind != "ClusterIP":
+        spec["externalTrafficPolicy"] = etp
+    if name in EXTERNAL_IPS:
+        spec["externalIPs"] = list(EXTERNAL_IPS[name])
     if ranges:
         spec["loadBalancerSourceRanges"] = ranges
     svc: dict[str, Any] = {"apiVersion": "v1", "kind": "Service",
@@ -113,7 +122,8 @@ def _setup(env: ClusterEnv, stack: ExitStack) -> Outside:
             *service_objects("lb-remote", 3, [re]),
             *service_objects("lb-local", 4, [lo, re], etp="Local"),
             *service_objects("np-local-none", 5, [re], etp="Local"),
-            *service_objects("lb-ranges", 6, [lo], ranges=["10.0.0.0/8", "fd00:1::/32"])]
+            *service_objects("lb-ranges", 6, [lo], ranges=["10.0.0.0/8", "fd00:1::/32"]),
+            *service_objects("ext-remote", 7, [re])]
     env.apiserver.upsert_many(objs)
     tag = env.underlay.removeprefix("swul-")
     return plug_outside(stack, env.node(1).ns, tag)
@@ -139,11 +149,12 @@ def _nodeport_ready(env: ClusterEnv) -> bool:
 
 
 def _frontends(name: str, fam: int) -> list[str]:
-    """Where the client reaches service ``name``: node 1's address on ext0 (NodePort)
-    and the LoadBalancer IP (on its node port: the service port is 80)."""
-    out = [NODE_SIDE[fam // 6]]
-    if name in LB_IPS:
-        out.append(LB_IPS[name][fam // 6])
+    """Where the client reaches service ``name``: node 1's address on ext0 (NodePort,
+    on the node port), the LoadBalancer IP and the external IPs (on the service port)."""
+    out = [NODE_SIDE[fam // 6]] if name in NODE_PORTS else []
+    for extra in (LB_IPS, EXTERNAL_IPS):
+        if name in extra:
+            out.append(extra[name][fam // 6])
     return out
 
 
@@ -167,7 +178,8 @@ def test_served_from_outside(bed: Bed, fam: int, proto: str) -> None:
         for name, pod, peer in (("np-local", bed.local, client),
                                 ("np-remote", bed.remote, node1),
                                 ("lb-remote", bed.remote, node1),
-                                ("lb-local", bed.local, client)):
+                                ("lb-local", bed.local, client),
+                                ("ext-remote", bed.remote, node1)):
             for what, got in _answers(bed, name, fam, proto):
                 assert got.get("id") == bed.ident(pod, fam), (name, what, got)
                 assert got.get("peer") == peer, (name, what, got)
@@ -201,6 +213,11 @@ def test_nat_and_ct_entries(bed: Bed) -> None:
                  "np-remote answers")
     kinds = {e["kind"] for e in bed.env.node(1).api.get("/nodeport")["nat"]}
     assert kinds >= {"snat", "rev-snat", "rev-dnat"}, kinds
+    cli = subprocess.run([sys.executable, "-m", "statewright", "nodeport", "--socket",
+                          bed.env.node(1).agent.socket], capture_output=True, text=True,
+                         check=True)
+    assert cli.stdout.startswith("devices: eth0 (tcx), ext0 (tcx)"), cli.stdout
+    assert "rev-snat" in cli.stdout and f"{NODE_SIDE[0]}" in cli.stdout, cli.stdout
     ct = bed.env.node(1).api.get("/ct")["entries"]
     assert any(e["direction"] == "service" and "node_port" in e["flags"] for e in ct), ct[:5]
     print(json.dumps({"cluster_nodeport": "ok"}))
