@@ -37,6 +37,7 @@ from dataclasses import dataclass, field
 
 from bpf import lb, libbpf
 from bpf.catalog import lb_specs
+from bpf.events import EVENT_MAPS
 from bpf.objects import missing_object_message, object_path
 from bpf.probe import DEFAULT_PIN_DIR
 from statedb.errors import StatewrightError
@@ -244,6 +245,8 @@ class SockLB:
                     self._reuse_lb_map(name, map_ptr)
                 elif name in POLICY_MAPS:
                     self._reuse_if_pinned(name, map_ptr)
+                elif name in EVENT_MAPS:
+                    self._reuse_events_if_pinned(name, map_ptr)
                 elif name == MAGLEV_SIZE_SECTION:
                     size = self.config.maglev_table_size.to_bytes(4, sys.byteorder)
                     ret = libbpf.map_set_initial_value(map_ptr, size)
@@ -275,6 +278,13 @@ class SockLB:
                 raise DatapathError(-ret, f"sock_lb: map {name}: reuse pinned {pin}")
         finally:
             os.close(fd)  # libbpf keeps its own duplicate
+
+    def _reuse_events_if_pinned(self, name: str, map_ptr: int) -> None:
+        """The monitor's event maps (bpf/events.py), when pinned; else the object's own,
+        whose configuration keeps events off."""
+        pin = os.path.join(self.config.pin_dir, name)
+        if os.path.exists(pin):
+            reuse_pinned_map(map_ptr, pin, f"sock_lb: map {name}")
 
     def _reuse_if_pinned(self, name: str, map_ptr: int) -> None:
         pin = os.path.join(self.config.pin_dir, name)

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from bpf.events import EVENT_MAPS
 from bpf.objects import object_path
 from bpf.probe import DEFAULT_PIN_DIR
 from bpf.tc_programs import BPF_TCX_EGRESS, BPF_TCX_INGRESS, TcObject, TcPrograms
@@ -30,7 +31,8 @@ SUBDIR = "lxc"
 #: The maps of lxc.c reused from their pins (policy_netns when pinned).
 MAPS = ("endpoints", "ipcache", "policy_maps", "policy_endpoints",
         "ct4_global", "ct6_global", "metrics")
-OPTIONAL_MAPS = ("policy_netns",)
+#: Reused when pinned: the event maps (bpf/events.py) when the monitor pinned them.
+OPTIONAL_MAPS = ("policy_netns", *EVENT_MAPS)
 #: program name -> (link pin name, tcx attach type).
 PROGRAMS = {
     "sw_lxc_to": ("to", BPF_TCX_EGRESS),

@@ -68,6 +68,7 @@
 #include "include/sock_lb.h"
 #include "include/ipcache.h"
 #include "include/policy.h"
+#include "include/events.h"
 
 #define SW_IPPROTO_TCP 6
 #define SW_IPPROTO_UDP 17
@@ -124,7 +125,8 @@ static __always_inline __u32 sw_policy_egress_endpoint(struct bpf_sock_addr *ctx
  * proto/dport: Cilium's lookups, the identity's entry first, then the entry
  * for any identity; a deny in either wins, no entry at all denies. An
  * endpoint without a policy map allows nothing. */
-static __always_inline bool sw_policy_allows(__u32 ep, __u32 remote, __u8 proto, __be16 dport)
+static __always_inline bool sw_policy_allows(__u32 ep, __u32 remote, __u8 proto, __be16 dport,
+					     __u8 *lpm)
 {
 	struct policy_key key = {
 		.prefixlen = SW_POLICY_FULL_PREFIX,
@@ -136,16 +138,23 @@ static __always_inline bool sw_policy_allows(__u32 ep, __u32 remote, __u8 proto,
 	struct policy_entry *l3, *l4;
 	void *map;
 
+	*lpm = SW_EVENT_NO_LPM;
 	map = bpf_map_lookup_elem(&policy_maps, &ep);
 	if (!map)
 		return false;
 	l3 = bpf_map_lookup_elem(map, &key);
-	if (l3 && (l3->flags & SW_POLICY_F_DENY))
+	if (l3 && (l3->flags & SW_POLICY_F_DENY)) {
+		*lpm = l3->flags >> SW_POLICY_LPM_SHIFT;
 		return false;
+	}
 	key.sec_label = 0;
 	l4 = bpf_map_lookup_elem(map, &key);
-	if (l4)
+	if (l4) {
+		*lpm = l4->flags >> SW_POLICY_LPM_SHIFT;
 		return !(l4->flags & SW_POLICY_F_DENY);
+	}
+	if (l3)
+		*lpm = l3->flags >> SW_POLICY_LPM_SHIFT;
 	return l3 != NULL;
 }
 
@@ -175,12 +184,49 @@ static __always_inline __u32 sw_identity6(const union sw_v6addr *addr)
 	return info ? info->sec_identity : SW_IDENTITY_WORLD;
 }
 
+/* A connect's event: the socket's endpoint (its identity the reader looks up),
+ * the destination after translation and, for a translation, the frontend. */
+static __always_inline void sw_sock_event4(struct bpf_sock_addr *ctx, __u8 type, int reason,
+					   __u32 ep, __u32 dst_id, __u8 lpm, __be32 fe_addr,
+					   __be16 fe_port)
+{
+	struct sw_event ev = {};
+	__be32 daddr = ctx->user_ip4;
+
+	ev.type = type;
+	ev.verdict = reason ? SW_EVENT_VERDICT_DROPPED : SW_EVENT_VERDICT_FORWARDED;
+	ev.reason = (__u8)reason;
+	ev.dir = 2;  /* egress: the socket's endpoint connects out */
+	ev.family = 4;
+	ev.proto = (__u8)ctx->protocol;
+	ev.lpm = lpm;
+	ev.source = SW_EVENT_SRC_SOCK;
+	ev.dst_identity = dst_id;
+	ev.endpoint_id = (__u16)ep;
+	ev.dport = (__be16)ctx->user_port;
+	ev.orig_dport = fe_port;
+	__builtin_memcpy(ev.daddr, &daddr, 4);
+	__builtin_memcpy(ev.orig_daddr, &fe_addr, 4);
+	sw_event_emit(&ev);
+}
+
+/* The endpoint of ctx's namespace (0: none): reported with a translation. */
+static __always_inline __u32 sw_sock_endpoint(struct bpf_sock_addr *ctx)
+{
+	__u64 cookie = bpf_get_netns_cookie(ctx);
+	struct policy_netns *pn = bpf_map_lookup_elem(&policy_netns, &cookie);
+
+	return pn ? pn->endpoint_id : 0;
+}
+
 /* Whether the egress policy of ctx's endpoint allows its (translated) IPv4
- * destination. */
-static __always_inline bool sw_policy_egress4(struct bpf_sock_addr *ctx, __u32 proto)
+ * destination; `report` emits the verdict (a connect: a new flow). */
+static __always_inline bool sw_policy_egress4(struct bpf_sock_addr *ctx, __u32 proto, bool report)
 {
 	__be32 daddr;
-	__u32 ep;
+	__u32 ep, dst;
+	__u8 lpm;
+	bool ok;
 
 	if (!sw_policy_proto(proto))
 		return true;
@@ -190,7 +236,15 @@ static __always_inline bool sw_policy_egress4(struct bpf_sock_addr *ctx, __u32 p
 	daddr = ctx->user_ip4;
 	if ((bpf_ntohl(daddr) >> 24) == 127)
 		return true;
-	return sw_policy_allows(ep, sw_identity4(daddr), proto, (__be16)ctx->user_port);
+	dst = sw_identity4(daddr);
+	ok = sw_policy_allows(ep, dst, proto, (__be16)ctx->user_port, &lpm);
+	if (report)
+		/* Denied by a deny entry (POLICY_DENY), or by no entry (POLICY_DENIED). */
+		sw_sock_event4(ctx, ok ? SW_EVENT_POLICY : SW_EVENT_DROP,
+			       ok ? 0 : (lpm == SW_EVENT_NO_LPM ? SW_DROP_POLICY_DENIED
+							 : SW_DROP_POLICY_DENY),
+			       ep, dst, lpm, 0, 0);
+	return ok;
 }
 
 /* ------------------------------------------------------------------ IPv4 */
@@ -333,8 +387,8 @@ static __always_inline int sw_fwd4(struct bpf_sock_addr *ctx, __u8 proto, __be32
 	return 1;
 }
 
-/* Translate the destination of ctx if it is a service: 0 when done or not a
- * service, -ECONNREFUSED when the service has no backend to offer. */
+/* Translate the destination of ctx if it is a service: 1 when translated, 0
+ * when not a service, -ECONNREFUSED when the service has no backend to offer. */
 static __always_inline int sw_xlate4(struct bpf_sock_addr *ctx, __u8 proto)
 {
 	__be32 daddr = ctx->user_ip4;
@@ -359,7 +413,7 @@ static __always_inline int sw_xlate4(struct bpf_sock_addr *ctx, __u8 proto)
 
 	ctx->user_ip4 = be.address;
 	ctx->user_port = be.port;
-	return 0;
+	return 1;
 }
 
 /* Show the service address instead of the backend a translated socket talks to. */
@@ -389,12 +443,19 @@ SEC("cgroup/connect4")
 int sw_sock4_connect(struct bpf_sock_addr *ctx)
 {
 	__u32 proto = ctx->protocol;
+	__be32 fe_addr = ctx->user_ip4;
+	__be16 fe_port = (__be16)ctx->user_port;
+	int ret;
 
 	if (proto == SW_IPPROTO_TCP || proto == SW_IPPROTO_UDP) {
-		if (sw_xlate4(ctx, proto) < 0)
+		ret = sw_xlate4(ctx, proto);
+		if (ret < 0)
 			return sw_refuse();
+		if (ret > 0)
+			sw_sock_event4(ctx, SW_EVENT_TRACE, 0, sw_sock_endpoint(ctx), 0,
+				       SW_EVENT_NO_LPM, fe_addr, fe_port);
 	}
-	if (!sw_policy_egress4(ctx, proto))
+	if (!sw_policy_egress4(ctx, proto, true))
 		return SW_SYS_REJECT;
 	return SW_SYS_PROCEED;
 }
@@ -408,7 +469,7 @@ int sw_sock4_sendmsg(struct bpf_sock_addr *ctx)
 		if (sw_xlate4(ctx, SW_IPPROTO_UDP) < 0)
 			return sw_refuse();
 	}
-	if (!sw_policy_egress4(ctx, proto))
+	if (!sw_policy_egress4(ctx, proto, false))
 		return SW_SYS_REJECT;
 	return SW_SYS_PROCEED;
 }
@@ -703,6 +764,7 @@ static __always_inline bool sw_policy_egress6(struct bpf_sock_addr *ctx, __u32 p
 {
 	union sw_v6addr daddr;
 	__u32 ep, remote;
+	__u8 lpm;
 
 	if (!sw_policy_proto(proto))
 		return true;
@@ -719,7 +781,7 @@ static __always_inline bool sw_policy_egress6(struct bpf_sock_addr *ctx, __u32 p
 	} else {
 		remote = sw_identity6(&daddr);
 	}
-	return sw_policy_allows(ep, remote, proto, (__be16)ctx->user_port);
+	return sw_policy_allows(ep, remote, proto, (__be16)ctx->user_port, &lpm);
 }
 
 SEC("cgroup/connect6")

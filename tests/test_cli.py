@@ -59,7 +59,7 @@ def test_every_command_is_registered_with_its_path() -> None:
         "endpoint list", "endpoint get", "ipam", "policy get", "policy trace", "policy wait",
         "api openapi",
         "ct list", "ct flush", "ct stats", "nodeport",
-        "explain", "plan",
+        "explain", "plan", "monitor",
         "operator",
     }
     assert commands["run"].get_default("func") is run_commands.cmd_run

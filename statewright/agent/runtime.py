@@ -65,6 +65,7 @@ from statewright.agent.components.lb import (
     LoadBalancerComponent,
     maps_placement,
 )
+from statewright.agent.components.monitor import MonitorComponent, MonitorConfig
 from statewright.agent.components.node import (
     DatapathComponent,
     DatapathComponentConfig,
@@ -114,6 +115,7 @@ def agent_components(config: AgentConfig, agent: Agent | None = None) -> list[Co
         PolicyComponent(),
         PolicyMapsComponent(PolicyMapsConfig.from_agent_config(config)),
         CTComponent(CTConfig.from_agent_config(config)),
+        MonitorComponent(MonitorConfig.from_agent_config(config)),
         EndpointDatapathComponent(EndpointDatapathConfig.from_agent_config(config)),
         NodePortComponent(NodePortComponentConfig.from_agent_config(config)),
         DemoComponent(DemoConfig.from_agent_config(config)),

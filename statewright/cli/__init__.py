@@ -35,6 +35,7 @@ try:
         endpoint_commands,
         explain_commands,
         lb_commands,
+        monitor_commands,
         nodeport_commands,
         operator_commands,
         plan_commands,
@@ -78,6 +79,7 @@ COMMAND_MODULES: tuple[CommandModule, ...] = (
     nodeport_commands,
     explain_commands,
     plan_commands,
+    monitor_commands,
     api_commands,
     operator_commands,
 )

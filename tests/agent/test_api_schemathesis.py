@@ -7,8 +7,9 @@ be accepted): the handlers check what a schema cannot say (an address inside the
 CIDRs and free, an endpoint id in 1..4095 or a known prefix, a label with a key) and answer
 400 with the reason, which is the API's contract.
 
-The change feed is fuzzed with ``follow=0`` (with ``follow=1`` it streams until the client
-leaves; tests/agent/test_agent_api.py::test_change_feed_streams_new_rows follows one).
+The change feed and the monitor stream are fuzzed with ``follow=0`` (with ``follow=1``
+they stream until the client leaves; tests/agent/test_agent_api.py::
+test_change_feed_streams_new_rows follows one).
 """
 
 from __future__ import annotations
@@ -51,6 +52,8 @@ def agent_session(fuzzed_agent: AgentProc) -> Iterator[requests.Session]:
 
 #: The change feed streams until the client leaves unless ``follow=0``: fuzzed with it.
 FEED = "/tables/{name}/changes"
+#: So does the monitor's stream of flows.
+MONITOR = "/monitor"
 
 
 def _operations(agent: AgentProc) -> list[schemathesis.APIOperation]:
@@ -63,7 +66,7 @@ def _operations(agent: AgentProc) -> list[schemathesis.APIOperation]:
 def _fuzz(op: schemathesis.APIOperation, mode: GenerationMode,
           session: requests.Session) -> None:
     """``MAX_EXAMPLES`` cases of ``op`` in ``mode``, each sent and checked."""
-    fixed = {"query": {"follow": "0"}} if op.path == FEED else {}
+    fixed = {"query": {"follow": "0"}} if op.path in (FEED, MONITOR) else {}
 
     @given(case=op.as_strategy(generation_mode=mode, **fixed))
     # The generation filters negative cases and the shared machine is slow: the health

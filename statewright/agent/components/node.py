@@ -13,6 +13,7 @@ from bpf.probe import DEFAULT_PIN_DIR
 from statedb import WatchSet
 from statewright.agent.components.conntrack import CT
 from statewright.agent.components.lb import LB, LB_MAPS
+from statewright.agent.components.monitor import MONITOR
 from statewright.agent.config import (
     DEFAULT_CGROUP_NAME,
     DEFAULT_STATE_DIR,
@@ -262,7 +263,7 @@ class MetricsComponent(Component):
 
     name = "metrics"
     needs = (LB_MAPS,)
-    uses = (CT,)
+    uses = (CT, MONITOR)
 
     def __init__(self, config: MetricsConfig) -> None:
         self.config = config
@@ -289,10 +290,14 @@ class MetricsComponent(Component):
         registry = CollectorRegistry()
         registry.register(PrometheusCollector([lb.reconciler.metrics]))
         from statewright.agent.components.conntrack import CTCollector
+        from statewright.observe.monitor import MonitorCollector
 
         ct = hive.find(self, CT)
         if ct is not None:
             registry.register(CTCollector(ct))
+        monitor = hive.find(self, MONITOR)
+        if monitor is not None:
+            registry.register(MonitorCollector(monitor.log, monitor.lost))
         try:
             self.server, self.thread = start_http_server(
                 cfg.port, addr=cfg.address, registry=registry

@@ -1,0 +1,157 @@
+"""`statewright monitor` end to end on the node in namespaces (node_harness.py): pods from
+statewright-cni, policies and a ClusterIP service from manifests, real connections from
+the pods, and the flows the datapath reports through the agent (issue #31):
+
+* a connection the client pod's egress policy denies appears in ``monitor -o json`` as
+  DROPPED with both pods, their identities and the reason, and in the drop counter;
+* one its policy allows appears as a policy verdict (FORWARDED, with the lpm prefix
+  length of the entry that allowed it);
+* a connection to the ClusterIP appears as a translation naming the service and the
+  chosen backend;
+* a connection the server's ingress policy denies (from the decoy pod) is dropped by the
+  tc program and reported with the decoy's identity, direction ingress.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+
+from tests.e2e.conftest import need_machine
+from tests.e2e.harness import BACKEND_PORT, service_manifest
+from tests.e2e.node_harness import NodeEnv, node_env
+
+pytestmark = pytest.mark.kernel
+
+NS = "web"
+VIP = "10.96.247.31"
+BOUND_S = 30.0
+
+
+def _policy(name: str, spec: dict[str, Any]) -> str:
+    return json.dumps({"apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy",
+                       "metadata": {"name": name, "namespace": NS}, "spec": spec})
+
+
+CLIENT_EGRESS = _policy("client-egress", {
+    "podSelector": {"matchLabels": {"app": "client"}}, "policyTypes": ["Egress"],
+    "egress": [{"to": [{"podSelector": {"matchLabels": {"app": "server"}}}],
+                "ports": [{"protocol": "TCP", "port": BACKEND_PORT}]}],
+})
+SERVER_INGRESS = _policy("server-ingress", {
+    "podSelector": {"matchLabels": {"app": "server"}}, "policyTypes": ["Ingress"],
+    "ingress": [{"from": [{"podSelector": {"matchLabels": {"app": "client"}}}]}],
+})
+
+
+@pytest.fixture(scope="module")
+def node() -> Iterator[NodeEnv]:
+    need_machine()
+    with node_env() as env:
+        env.add_pod("client", NS, {"app": "client"})
+        env.serve(env.add_pod("server", NS, {"app": "server"}))
+        env.add_pod("decoy", "e2e", {"app": "decoy"})
+        yield env
+
+
+def _flows(node: NodeEnv, **query: str) -> list[dict[str, Any]]:
+    q = "&".join(f"{k}={v}" for k, v in {**query, "follow": "0"}.items())
+    text = node.api.get_text(f"/monitor?{q}")
+    return [json.loads(line)["flow"] for line in text.splitlines() if line.strip()]
+
+
+def _wait_flow(node: NodeEnv, probe: Callable[[], object], want: Callable[[dict[str, Any]], bool],
+               what: str, **query: str) -> dict[str, Any]:
+    deadline = time.monotonic() + BOUND_S
+    while time.monotonic() < deadline:
+        probe()
+        for flow in _flows(node, **query):
+            if want(flow):
+                return flow
+        time.sleep(0.2)
+    raise AssertionError(f"{what}: no such flow in {_flows(node, **query)[-5:]}\n"
+                         f"{node.agent.logs()[-2000:]}")
+
+
+def _identity(node: NodeEnv, pod: str) -> int:
+    ident: int = node.endpoints()[pod]["identity"]
+    return ident
+
+
+def test_monitor_reports_denied_allowed_and_translated_connections(node: NodeEnv) -> None:
+    server_ip = node.pods["server"].address(4)
+    client = node.client_in(node.pods["client"])
+    node.write("svc", service_manifest("web", VIP, [server_ip]))
+    node.write("policies", CLIENT_EGRESS + "\n---\n" + SERVER_INGRESS)
+    # policy in force: the client may reach the server on BACKEND_PORT only
+    deadline = time.monotonic() + BOUND_S
+    while client.tcp(server_ip, BACKEND_PORT + 1)[0].get("errno") is None:
+        assert time.monotonic() < deadline, "the egress policy never took effect"
+        time.sleep(0.1)
+    c_id, s_id = _identity(node, "client"), _identity(node, "server")
+
+    denied = _wait_flow(
+        node, lambda: client.tcp(server_ip, BACKEND_PORT + 1),
+        lambda f: f["verdict"] == "DROPPED" and f["l4"]["TCP"]["destination_port"]
+        == BACKEND_PORT + 1, "denied egress", pod="web/client", type="drop")
+    assert denied["drop_reason_desc"] in ("POLICY_DENIED", "POLICY_DENY")
+    assert denied["traffic_direction"] == "EGRESS"
+    assert denied["source"]["pod_name"] == "client" and denied["source"]["namespace"] == NS
+    assert denied["source"]["identity"] == c_id
+    assert denied["destination"]["pod_name"] == "server"
+    assert denied["destination"]["identity"] == s_id
+    assert any(lbl.endswith("app=client") for lbl in denied["source"]["labels"])
+    assert denied["IP"]["destination"] == server_ip and denied["Type"] == "SOCK"
+
+    allowed = _wait_flow(
+        node, lambda: client.tcp(server_ip, BACKEND_PORT),
+        lambda f: f["verdict"] == "FORWARDED"
+        and f["l4"]["TCP"]["destination_port"] == BACKEND_PORT,
+        "allowed egress", pod="client", type="policy")
+    assert allowed["source"]["identity"] == c_id and allowed["destination"]["identity"] == s_id
+    assert allowed["policy_lpm_prefix_length"] == 24  # protocol and the full port matched
+
+    trace = _wait_flow(
+        node, lambda: client.tcp(VIP, 80),
+        lambda f: f.get("service_frontend") == f"{VIP}:80", "translation", type="trace")
+    assert trace["destination_service"] == {"name": "web", "namespace": "e2e"}
+    assert trace["IP"]["destination"] == server_ip
+    assert trace["l4"]["TCP"]["destination_port"] == BACKEND_PORT
+    assert trace["source"]["pod_name"] == "client"
+
+    decoy = node.client_in(node.pods["decoy"])
+    ingress = _wait_flow(
+        node, lambda: decoy.tcp(server_ip, BACKEND_PORT),
+        lambda f: f["verdict"] == "DROPPED" and f["traffic_direction"] == "INGRESS",
+        "denied ingress", pod="server")
+    assert ingress["source"]["identity"] == _identity(node, "decoy")
+    assert ingress["destination"]["pod_name"] == "server"
+    assert ingress["Type"] == "L3_L4" and ingress["drop_reason_desc"] == "POLICY_DENIED"
+
+    stats = node.api.get("/monitor/stats")
+    drops = {(d["reason"], d["direction"]): d["count"] for d in stats["drops"]}
+    assert drops.get(("POLICY_DENIED", "egress"), 0) + drops.get(("POLICY_DENY", "egress"),
+                                                                 0) >= 1
+    assert drops.get(("POLICY_DENIED", "ingress"), 0) >= 1
+    assert any(v["action"] == "allowed" for v in stats["policy_verdicts"])
+
+    # The CLI: human lines and Hubble JSON, filtered.
+    out = subprocess.run(
+        [sys.executable, "-m", "statewright", "monitor", "--socket", node.agent.socket,
+         "--no-follow", "--type", "drop", "-o", "json"],
+        capture_output=True, text=True, timeout=30)
+    assert out.returncode == 0, out.stderr
+    docs = [json.loads(line) for line in out.stdout.splitlines()]
+    assert docs and all(d["flow"]["verdict"] == "DROPPED" for d in docs)
+    assert all({"flow", "node_name", "time"} <= set(d) for d in docs)
+    out = subprocess.run(
+        [sys.executable, "-m", "statewright", "monitor", "--socket", node.agent.socket,
+         "--no-follow", "--pod", "web/client", "--verdict", "TRANSLATED"],
+        capture_output=True, text=True, timeout=30)
+    assert out.returncode == 0 and f"TRANSLATED {VIP}:80 (service e2e/web)" in out.stdout
