@@ -146,7 +146,7 @@ def running_agent(tmp: Path, *extra: str, backend: str = "memory",
     try:
         yield agent
     finally:
-        stop_agent(proc)
+        stop_agent(agent.proc)  # a test may have restarted it: stop the one running now
 
 
 def run_cli(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
