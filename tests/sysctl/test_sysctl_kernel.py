@@ -97,11 +97,11 @@ async def until(check: Any, what: str, timeout: float = 10.0) -> None:
 def test_agent_sets_restores_and_reports(netns: str) -> None:
     state = tempfile.mkdtemp(prefix=f"sw-sysctl-{os.getpid()}-")
     pin_dir = new_pin_dir("memory")
-    subprocess.run(["ip", "-n", netns, "link", "add", "lxcsw1", "type", "veth", "peer", "name",
-                    "lxcsw1p"], check=True)
-    subprocess.run(["ip", "netns", "exec", netns, "sysctl", "-qw",
-                    "net.ipv4.conf.all.rp_filter=1"], check=True)
     try:
+        subprocess.run(["ip", "-n", netns, "link", "add", "lxcsw1", "type", "veth", "peer",
+                        "name", "lxcsw1p"], check=True)
+        subprocess.run(["ip", "netns", "exec", netns, "sysctl", "-qw",
+                        "net.ipv4.conf.all.rp_filter=1"], check=True)
         anyio.run(run_agent_twice, state, pin_dir, netns)
         record = json.loads((Path(state) / ORIGINALS_FILE).read_text())
         assert record["settings"]["net/ipv4/ip_forward"] == {"original": "0", "ours": "1"}
