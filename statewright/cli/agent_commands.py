@@ -159,6 +159,11 @@ def add_agent_arguments(ag: argparse.ArgumentParser) -> None:
                     default=None,
                     help="tc programs on the pods' veths: ingress policy, connection "
                          "tracking (default on, with the datapath on kernel maps)")
+    ag.add_argument("--nodeport-datapath", action=argparse.BooleanOptionalAction,
+                    default=None,
+                    help="tc programs on the node's external devices: NodePort, LoadBalancer "
+                         "and externalIPs for clients outside the node (default on, with the "
+                         "datapath on kernel maps)")
     ag.add_argument("--sysctl", action=argparse.BooleanOptionalAction, default=None,
                     help="set the kernel settings the pods need (forwarding, rp_filter; "
                          "default on; restored by --cleanup)")
@@ -203,7 +208,8 @@ def _overrides(args: argparse.Namespace) -> dict[str, Any]:
                      "k8s_burst", "state_dir", "pod_cidrs", "auto_direct_node_routes",
                      "bpf_ct_global_max", "conntrack_gc_interval", "endpoint_datapath",
                      "identity_allocation_mode", "kvstore", "kvstore_opt", "kvstore_lease_ttl",
-                     "cluster_name", "sysctl", "sysctl_netns", "procfs")
+                     "cluster_name", "sysctl", "sysctl_netns", "procfs",
+                     "nodeport_datapath")
     }
     if args.manifests:
         out["manifests"] = [os.path.abspath(p) for p in args.manifests]

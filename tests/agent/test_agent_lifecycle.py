@@ -82,6 +82,18 @@ def test_config_errors_name_the_file_and_field(tmp_path: Path, text: str, needle
     assert needle in str(exc.value) and "bad.yaml" in str(exc.value)
 
 
+def test_nodeport_datapath_flag_overrides_the_file(tmp_path: Path) -> None:
+    from statewright.cli import build_parser
+    from statewright.cli.agent_commands import _overrides
+
+    f = tmp_path / "a.yaml"
+    f.write_text("nodeport-datapath: true\n")
+    args = build_parser().parse_args(["agent", "--no-nodeport-datapath"])
+    assert config.load(str(f), _overrides(args)).nodeport_datapath is False
+    args = build_parser().parse_args(["agent"])
+    assert config.load(str(f), _overrides(args)).nodeport_datapath is True
+
+
 def test_agent_refuses_a_bad_config(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     f = tmp_path / "bad.yaml"
     f.write_text("backend: fast\n")
@@ -322,7 +334,9 @@ def test_restart_keeps_ids_prunes_stale_entries_and_cleanup_removes_everything(
     cgroup = os.path.join(cgroup2_mount(), f"swagent-test-{tag}")
     netns = f"swagent-{tag}"
     os.makedirs(cgroup)
-    extra = ("--cgroup", cgroup, "--demo-netns", netns, "--netlink")
+    # The agent runs in the machine's own network namespace: its devices (eth0) are not the
+    # test's, so the north-south programs stay off them.
+    extra = ("--cgroup", cgroup, "--demo-netns", netns, "--netlink", "--no-nodeport-datapath")
     proc = None
     try:
         with running_agent(tmp_path, *extra, backend="kernel", pin_dir=pin_dir) as agent:
@@ -356,6 +370,8 @@ def test_restart_keeps_ids_prunes_stale_entries_and_cleanup_removes_everything(
             maps_after = {m["name"]: m["id"] for m in agent.client.get("/bpf/maps")}
             assert maps_after == maps_before  # the pinned maps were adopted
             status = cli_json(capsys, "status", "--socket", sock)
+            nodeport = [c for c in status["health"]["components"] if c["name"] == "nodeport"]
+            assert [c["state"] for c in nodeport] == ["Disabled"], nodeport
             if datapath:
                 assert "8 adopted links" in status["agent"]["datapath"]["reason"]
                 res = wait_for(lambda: (r := _connect_via_exec(sock, "10.96.210.1")
