@@ -68,3 +68,24 @@ def test_explain_errors(agent: AgentProc, capsys: pytest.CaptureFixture[str]) ->
     assert code == 1 and "no map entries" in out
     code, _, err = run_cli(capsys, "explain", "service", "nonamespace", "--socket", agent.socket)
     assert code == 1 and "NAMESPACE/NAME" in err
+
+
+def test_explain_follows_a_nodeport_entry_to_its_service_line(
+    agent: AgentProc, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = agent.manifests / "svc-np.yaml"
+    path.write_text(
+        "apiVersion: v1\nkind: Service\nmetadata: {name: np, namespace: test}\n"
+        "spec:\n  type: NodePort\n  clusterIP: 10.96.202.1\n"
+        "  ports: [{name: http, port: 80, protocol: TCP, nodePort: 30999}]\n")
+
+    def present() -> dict[str, object] | None:
+        out = cli_json(capsys, "explain", "lb4_services", "0.0.0.0:30999/TCP",
+                       "--socket", agent.socket)
+        return out if out["present"] else None
+
+    out = wait_for(present, what="the NodePort entry")
+    svc = next(o for o in out["objects"] if o["kind"] == "Service")
+    assert (svc["name"], svc["file"], svc["line"]) == ("np", str(path), 1)
+    assert out["rows"][0]["type"] == "NodePort"
+    path.unlink()

@@ -112,3 +112,19 @@ def test_the_log_keeps_the_last_n_and_counts_what_a_slow_subscriber_misses() -> 
         assert flog.subscribers == 0
 
     anyio.run(main)
+
+
+def test_the_prometheus_collector_names_the_counters() -> None:
+    from statewright.observe.monitor import MonitorCollector
+
+    flog = FlowLog()
+    flog.add([_enricher().flow(_raw())])
+    families = {f.name: f for f in MonitorCollector(
+        flog, lambda: {"rate_limit": 3, "ring_full": 0}).collect()}
+    drops = families["statewright_drop_count"].samples
+    assert drops[0].labels == {"reason": "POLICY_DENIED", "direction": "ingress"}
+    assert drops[0].value == 1
+    lost = {s.labels["cause"]: s.value for s in families["statewright_monitor_lost_events"].samples
+            if s.name.endswith("_total")}
+    assert lost == {"rate_limit": 3, "ring_full": 0, "subscriber_overflow": 0}
+    assert families["statewright_policy_verdicts"].samples[0].labels["action"] == "denied"
