@@ -28,6 +28,7 @@ from bpf.catalog import ct_specs, metrics_spec
 from bpf.factory import BackendConfig, BackendKind, MapFactory
 from bpf.memory_map import MemoryMap
 from bpfops.conntrack import CTMaps
+from statewright.agent.components.periodic_gc import gc_every
 from statewright.agent.config import AgentConfig
 from statewright.api_types import ApiError, QueryParam, Request, Route
 from statewright.component import (
@@ -111,19 +112,8 @@ class CTComponent(Component):
         hive.provide(self, CT, self.maps)
 
     async def _gc_loop(self, *, task_status: Any = anyio.TASK_STATUS_IGNORED) -> None:
-        task_status.started()
-        while True:
-            await anyio.sleep(self.config.gc_interval)
-            maps = self.maps
-            if maps is None:
-                return
-            try:
-                removed = await anyio.to_thread.run_sync(maps.gc)
-            except OSError as e:
-                log.error("ct: garbage collection: %s", e)
-                continue
-            if removed:
-                log.info("ct: garbage collection removed %d expired entries", removed)
+        await gc_every(self.config.gc_interval, lambda: self.maps, "ct:", log,
+                       task_status=task_status)
 
     async def stop(self) -> None:
         """Close the maps (their pins stay: the next start adopts them)."""

@@ -43,6 +43,7 @@ from statedb import DB, Table, WatchSet
 from statewright.agent.components.conntrack import CT
 from statewright.agent.components.endpoints import ENDPOINTS
 from statewright.agent.components.lb import LB_MAPS
+from statewright.agent.components.periodic_gc import gc_every
 from statewright.agent.components.statedb import DATABASE
 from statewright.agent.config import AgentConfig
 from statewright.api_types import Request, Route
@@ -205,19 +206,8 @@ class NodePortComponent(Component):
         self.devices = {i: d.name for i, d in want.items() if i in progs.attached()}
 
     async def _gc_loop(self, *, task_status: Any = anyio.TASK_STATUS_IGNORED) -> None:
-        task_status.started()
-        while True:
-            await anyio.sleep(self.config.gc_interval)
-            maps = self.maps
-            if maps is None:
-                return
-            try:
-                removed = await anyio.to_thread.run_sync(maps.gc)
-            except OSError as e:
-                log.error("nodeport: NAT garbage collection: %s", e)
-                continue
-            if removed:
-                log.info("nodeport: NAT garbage collection removed %d entries", removed)
+        await gc_every(self.config.gc_interval, lambda: self.maps, "nodeport: NAT", log,
+                       task_status=task_status)
 
     async def stop(self) -> None:
         """Release the handles; the pinned links (or clsact filters) keep serving."""
