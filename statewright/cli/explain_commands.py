@@ -9,7 +9,11 @@ asked of the running agent (``GET /explain/...``, statewright/agent/components/e
   produced it (revision, reconciler status), the source objects (manifest file and line,
   or kind/namespace/name with uid and resourceVersion) and, for a policy entry, the
   policies and rules;
-* ``explain service|pod|policy NAMESPACE/NAME``: every map entry the object produced.
+* ``explain service|pod|policy|ciliumendpoint NAMESPACE/NAME``, ``explain node NAME``:
+  every map entry the object produced.
+
+A map of runtime state (connection tracking, NAT, the affinity LRU maps, counters,
+events) has no row behind its entries: explain says what the map holds instead.
 
 ``-o json`` prints the agent's answer. Exit codes as the other agent commands; 1 also for
 an entry that is not in the map, or an object that produced none.
@@ -32,19 +36,20 @@ from statewright.cli.common import (
     format_table,
 )
 
-OBJECT_KINDS = ("service", "pod", "policy")
+OBJECT_KINDS = ("service", "pod", "policy", "node", "ciliumendpoint")
 
 
 def add_commands(subparsers: Any, commands: dict[str, argparse.ArgumentParser]) -> None:
     """Register ``explain`` (statewright/cli/__init__.py: the protocol)."""
     p = subparsers.add_parser(
         "explain", help="which rows and objects produced a map entry, or an object's entries",
-        description="statewright explain MAP KEY | explain service|pod|policy NAMESPACE/NAME",
+        description="statewright explain MAP KEY | explain "
+                    "service|pod|policy|ciliumendpoint NAMESPACE/NAME | explain node NAME",
         epilog="KEY forms: bpftool's hex bytes ('0a 60 00 0a 00 50 ...'), bpf dump's "
                "'field=value ...', a frontend '10.96.0.10:80/TCP [SLOT=1]', a backend or "
                "service id, an endpoint IP, a policy key 'IDENTITY/ingress/TCP/80/16'.",
     )
-    p.add_argument("target", help="a map name, or service, pod or policy")
+    p.add_argument("target", help="a map name, or service, pod, policy, ciliumendpoint, node")
     p.add_argument("what", nargs="+", help="the key (several words are joined), or NS/NAME")
     add_client_arguments(p)
     p.set_defaults(func=cmd_explain)
@@ -67,13 +72,12 @@ def cmd_explain(args: argparse.Namespace) -> int:
     """Ask the agent and print its answer."""
     what = " ".join(args.what)
     if args.target in OBJECT_KINDS:
-        ns, sep, name = what.partition("/")
-        if not sep or not ns or not name or "/" in name:
-            print(f"statewright explain: {args.target} {what!r}: expected NAMESPACE/NAME",
+        path = _object_path(args.target, what)
+        if path is None:
+            form = "NAME" if args.target == "node" else "NAMESPACE/NAME"
+            print(f"statewright explain: {args.target} {what!r}: expected {form}",
                   file=sys.stderr)
             return 1
-        path = "/explain/" + "/".join(urllib.parse.quote(x, safe="")
-                                      for x in (args.target, ns, name))
         code, answer = _get(path, args)
         if code:
             return code
@@ -90,7 +94,20 @@ def cmd_explain(args: argparse.Namespace) -> int:
         print(json.dumps(answer, indent=2))
     else:
         sys.stdout.write(format_entry(answer))
-    return 0 if answer["present"] else 1
+    return 0 if answer["present"] or answer.get("runtime") else 1
+
+
+def _object_path(kind: str, what: str) -> str | None:
+    """The API path of ``explain KIND WHAT``; None when WHAT is not the kind's form."""
+    if kind == "node":
+        name = what.strip().removeprefix("/")
+        if not name or "/" in name:
+            return None
+        return "/explain/node/" + urllib.parse.quote(name, safe="")
+    ns, sep, name = what.partition("/")
+    if not sep or not ns or not name or "/" in name:
+        return None
+    return "/explain/" + "/".join(urllib.parse.quote(x, safe="") for x in (kind, ns, name))
 
 
 def _origin_text(o: dict[str, Any]) -> str:
@@ -101,12 +118,16 @@ def _origin_text(o: dict[str, Any]) -> str:
         where = f"uid {o.get('uid') or '?'} resourceVersion {o.get('resourceVersion') or '?'}"
     elif o.get("container_id"):
         where = f"container {o['container_id']}"
-    return f"{o['kind']} {o['namespace']}/{o['name']}  ({o.get('source', '?')}) {where}".rstrip()
+    name = f"{o['namespace']}/{o['name']}" if o["namespace"] else o["name"]
+    return f"{o['kind']} {name}  ({o.get('source', '?')}) {where}".rstrip()
 
 
 def format_entry(a: dict[str, Any]) -> str:
     """The human form of ``GET /explain/entry``."""
     lines = [f"{a['map']} {flat(a['key'])}"]
+    if a.get("runtime"):
+        lines.append(f"  runtime state, not derived from statedb rows: {a['runtime']}")
+        return "\n".join(lines) + "\n"
     if not a["present"]:
         lines.append("  not in the map")
         return "\n".join(lines) + "\n"
@@ -124,6 +145,7 @@ def format_entry(a: dict[str, Any]) -> str:
         lines.append("  (none: the entry has no row; the next prune removes it)")
     lines.append("objects:")
     lines += [f"  {_origin_text(o)}" for o in a["objects"]] or ["  (none)"]
+    lines += [f"note: {n}" for n in a.get("notes") or []]
     for r in a.get("rules") or []:
         lines.append(f"policy {r['policy']} (revision {r['revision']}):")
         for rule in r["rules"]:

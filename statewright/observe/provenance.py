@@ -28,14 +28,31 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from bpf import lb
-from bpf.policy import STATIC_PREFIX, PolicyMapKey, endpoint_of_map, policy_map_name
+from bpf.ct import POLICY_ENDPOINTS_MAP
+from bpf.endpoints import FAMILY_IPV4
+from bpf.policy import (
+    POLICY_MAPS,
+    POLICY_NETNS,
+    STATIC_PREFIX,
+    PolicyMapKey,
+    endpoint_of_map,
+    policy_map_name,
+)
+from bpfops.endpoint_ops import endpoint_key
+from bpfops.ipcache_ops import ipcache_key
 from bpfops.lb_maps import (
+    AFFINITY_MATCH,
     BACKENDS4,
     BACKENDS6,
+    MAGLEV4,
+    MAGLEV6,
     REVNAT4,
     REVNAT6,
+    SCALE_TO_ZERO,
     SERVICES4,
     SERVICES6,
+    SRCRANGE4,
+    SRCRANGE6,
     LBMaps,
 )
 from bpfops.model import PROTO_NUMBERS, proto_name
@@ -44,16 +61,37 @@ from policy.source import policy_key_index as policy_object_index
 from statedb import DB, ReadTxn, Table
 from statedb.errors import InputError
 from statewright.observe.map_keys import KeyTextError, numeric_id, parse_key
+from statewright.observe.map_kinds import (
+    RUNTIME_MAPS,
+    affinity_match_text,
+    exact_lookup,
+    inner_table,
+    ipcache_text,
+    keys_by_service,
+    maglev_summary,
+    runtime_answer,
+    scale_to_zero_text,
+    source_range_text,
+)
 from tables.backends import Backend, backend_address_index
 from tables.endpoint_entries import (
+    HOST_OWNER,
+    REMOTE_NODE_OWNER,
+    WORLD_OWNER,
     EndpointMapEntry,
+    IPCacheEntry,
     endpoint_map_ip_index,
     endpoint_map_owner_index,
+    endpoint_owner,
+    ipcache_owner_index,
+    ipcache_prefix_index,
+    remote_node_owner,
 )
 from tables.endpoints import Endpoint, endpoint_id_index, endpoint_pod_index
 from tables.frontends import Frontend, SVCType, frontend_address_index, frontend_service_index
 from tables.l3n4 import L3n4Addr
 from tables.node_addresses import NodeAddress
+from tables.nodes import Node, node_name_index
 from tables.origins import Origin, origin, slices_of
 from tables.policy_entries import (
     PolicyEntry,
@@ -61,13 +99,26 @@ from tables.policy_entries import (
     policy_endpoint_index,
     policy_key_index,
 )
+from tables.policy_netns import PolicyNetnsEntry, netns_cookie_index, netns_endpoint_index
+from tables.remote_endpoints import OWNER_PREFIX as CEP_OWNER
 from tables.services import Service, service_name_index
 
-#: Kinds `entries_of` answers for.
-OBJECT_KINDS = ("service", "pod", "policy")
+#: Kinds `entries_of` answers for (a node is cluster-scoped: namespace "").
+OBJECT_KINDS = ("service", "pod", "policy", "node", "ciliumendpoint")
 #: Policy kinds a rule name ``namespace/name`` may belong to.
 POLICY_KINDS = ("NetworkPolicy", "CiliumNetworkPolicy")
 ENDPOINT_MAP = "endpoints"
+IPCACHE_MAP = "ipcache"
+#: The LB maps keyed by (or holding) a service id, besides the services map itself.
+_LB_SIDE_MAPS = (AFFINITY_MATCH, SRCRANGE4, SRCRANGE6, MAGLEV4, MAGLEV6, SCALE_TO_ZERO)
+_LB_MAIN_MAPS = (SERVICES4, SERVICES6, BACKENDS4, BACKENDS6, REVNAT4, REVNAT6)
+#: What the ipcache's owners without a source object are.
+_OWNER_NOTES = {
+    HOST_OWNER: "one of this node's own addresses (host identity), from the node-addresses "
+                "table (netlink) and IPAM's router addresses: no source object",
+    WORLD_OWNER: "the world identity's catch-all prefix, written for every enabled family: "
+                 "no source object",
+}
 
 
 class ExplainError(InputError):
@@ -108,6 +159,7 @@ class Explanation:
     rows: list[dict[str, Any]] = field(default_factory=list)
     objects: list[ObjectRef] = field(default_factory=list)
     rules: list[dict[str, Any]] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
 
     def add_object(self, ref: ObjectRef) -> None:
         if ref not in self.objects:
@@ -135,6 +187,11 @@ class PolicyView:
     entries: Table[PolicyEntry]
     policies: Table[Any]
     maps: PolicyMapSet
+    #: The ``policy-netns`` table and the ``policy_netns`` map (socket program).
+    netns_rows: Table[PolicyNetnsEntry] | None = None
+    netns_map: Any = None
+    #: ``policy_endpoints`` (the tc programs' enforced directions per endpoint id).
+    flags_map: Any = None
 
 
 @dataclass(slots=True)
@@ -144,6 +201,11 @@ class EndpointView:
     endpoints: Table[Endpoint]
     map_rows: Table[EndpointMapEntry]
     map: Any = None
+    #: The ``ipcache`` table and map.
+    ipcache_rows: Table[IPCacheEntry] | None = None
+    ipcache_map: Any = None
+    #: The nodes table (remote-node ipcache entries name their Node), when there is one.
+    nodes: Table[Node] | None = None
 
 
 def _status(row: Any) -> str:
@@ -182,51 +244,68 @@ class Provenance:
         self.endpoints = endpoints
         #: Per family, backend address -> id, read from the map once per `entries_of`.
         self._backend_ids: dict[bool, dict[L3n4Addr, int]] = {}
+        #: Per side map, service id -> its keys, read once per `entries_of`.
+        self._side_keys: dict[str, dict[int, list[Any]]] = {}
 
     # ----- keys -----------------------------------------------------------------------
-    def map_names(self) -> list[str]:
-        """The maps `explain_entry` reads."""
-        names: list[str] = []
+    def _maps(self) -> dict[str, Any]:
+        """Every map `explain_entry` reads, by name (the per-endpoint policy maps apart)."""
+        out: dict[str, Any] = {}
         if self.lb is not None:
-            names += [SERVICES4, SERVICES6, BACKENDS4, BACKENDS6, REVNAT4, REVNAT6]
+            out.update({n: m for n, m in self.lb.maps.maps.items()
+                        if n in _LB_MAIN_MAPS or n in _LB_SIDE_MAPS})
+        if self.policy is not None:
+            for n, m in ((POLICY_MAPS, self.policy.maps.outer),
+                         (POLICY_NETNS, self.policy.netns_map),
+                         (POLICY_ENDPOINTS_MAP, self.policy.flags_map)):
+                if m is not None:
+                    out[n] = m
+        if self.endpoints is not None:
+            for n, m in ((ENDPOINT_MAP, self.endpoints.map),
+                         (IPCACHE_MAP, self.endpoints.ipcache_map)):
+                if m is not None:
+                    out[n] = m
+        return out
+
+    def map_names(self) -> list[str]:
+        """The maps `explain_entry` reads (the runtime maps it describes apart)."""
+        names = list(self._maps())
         if self.policy is not None:
             names += sorted(policy_map_name(i) for i in self.policy.maps.open_maps())
-        if self.endpoints is not None and self.endpoints.map is not None:
-            names.append(ENDPOINT_MAP)
         return names
 
     def _typed_map(self, name: str) -> Any:
         base = name.rsplit("/", 1)[-1]
         if base == "cilium_lxc":  # Cilium's name of the endpoint map
             base = ENDPOINT_MAP
-        lb_names = (SERVICES4, SERVICES6, BACKENDS4, BACKENDS6, REVNAT4, REVNAT6)
-        if self.lb is not None and base in lb_names:
-            return self.lb.maps.maps[base]
+        if base == "cilium_ipcache":
+            base = IPCACHE_MAP
+        maps = self._maps()
+        if base in maps:
+            return maps[base]
         ep = endpoint_of_map(base)
         if ep is not None and self.policy is not None:
             m = self.policy.maps.get(ep)
             if m is not None:
                 return m
             raise ExplainError(f"endpoint {ep} has no policy map", obj=base)
-        if base == ENDPOINT_MAP and self.endpoints is not None and self.endpoints.map is not None:
-            return self.endpoints.map
-        raise ExplainError(f"explain reads the maps {', '.join(self.map_names())}; not {name}",
-                           obj=name)
+        raise ExplainError(f"explain reads the maps {', '.join(self.map_names())} and "
+                           f"describes {', '.join(RUNTIME_MAPS)}; not {name}", obj=name)
 
     def parse_key(self, map_name: str, text: str) -> tuple[str, Any]:
         """(map name, key object) of ``text`` in ``map_name`` (see `map_keys`)."""
         m = self._typed_map(map_name)
         base = m.spec.name
-        if base in (SERVICES4, SERVICES6):
-            return base, parse_key(m.spec, text, _frontend_text(base == SERVICES6),
-                                   "ADDR:PORT/PROTO[/i] [SLOT=n], hex bytes or field=value")
-        if base in (BACKENDS4, BACKENDS6, REVNAT4, REVNAT6):
-            return base, parse_key(m.spec, text, numeric_id, "an id, hex bytes or field=value")
         if endpoint_of_map(base) is not None:
             return base, parse_key(m.spec, text, _policy_text,
                                    "IDENTITY/ingress|egress/PROTO/PORT/PREFIX, hex bytes or "
                                    "field=value")
-        return base, parse_key(m.spec, text, _endpoint_text, "an IP, hex bytes or field=value")
+        short, forms = _SHORT_FORMS.get(base, (_endpoint_text, "an IP"))
+        if base in (SERVICES4, SERVICES6):
+            short = _frontend_text(base == SERVICES6)
+        elif base in (SRCRANGE4, SRCRANGE6):
+            short = source_range_text(base == SRCRANGE6)
+        return base, parse_key(m.spec, text, short, f"{forms}, hex bytes or field=value")
 
     def key_json(self, map_name: str, key: Any) -> Any:
         """A key as ``bpf dump -o json`` shows it."""
@@ -234,32 +313,47 @@ class Provenance:
 
     # ----- entry -> rows ----------------------------------------------------------------
     def explain_entry(self, map_name: str, key_text: str) -> dict[str, Any]:
-        """The rows and objects behind one entry, as JSON."""
+        """The rows and objects behind one entry, as JSON (for a map of runtime state,
+        what the map holds)."""
+        base = map_name.rsplit("/", 1)[-1]
+        if base in RUNTIME_MAPS:
+            return runtime_answer(base, key_text)
         name, key = self.parse_key(map_name, key_text)
         return self.explain_key(name, key)
+
+    def _lookup(self, name: str, m: Any, key: Any) -> tuple[Any, Any]:
+        """(value as looked up, value as JSON) of an entry; (None, None) when absent."""
+        if name in (MAGLEV4, MAGLEV6):
+            table = inner_table(m, key)
+            return (None, None) if table is None else (table, maglev_summary(table))
+        value = exact_lookup(m, key)
+        return (None, None) if value is None else (value, m.spec.value.to_json(value))
 
     def explain_key(self, name: str, key: Any) -> dict[str, Any]:
         """`explain_entry` for a parsed key."""
         m = self._typed_map(name)
-        value = m.lookup(key)
+        value, value_json = self._lookup(name, m, key)
         out = Explanation(name, key, value)
         txn = self.db.read_txn()
         if value is not None:
             self._attribute(txn, name, key, value, out)
-        return {
+        answer = {
             "map": name,
             "key": m.spec.key.to_json(key),
             "present": value is not None,
-            "value": None if value is None else m.spec.value.to_json(value),
+            "value": value_json,
             "rows": out.rows,
             "objects": [self._object_json(txn, o) for o in out.objects],
             "rules": out.rules,
         }
+        if out.notes:
+            answer["notes"] = out.notes
+        return answer
 
     def objects_of_entry(self, name: str, key: Any) -> list[ObjectRef]:
         """The objects behind one entry (the property test's view of `explain_key`)."""
         m = self._typed_map(name)
-        value = m.lookup(key)
+        value, _ = self._lookup(name, m, key)
         out = Explanation(name, key, value)
         if value is not None:
             self._attribute(self.db.read_txn(), name, key, value, out)
@@ -272,10 +366,18 @@ class Provenance:
             self._explain_backend_entry(txn, name == BACKENDS6, key, value, out)
         elif name in (REVNAT4, REVNAT6):
             self._explain_revnat_entry(txn, name == REVNAT6, key, value, out)
+        elif name in _LB_SIDE_MAPS:
+            self._explain_side_entry(txn, name, key, value, out)
         elif endpoint_of_map(name) is not None:
             self._explain_policy_entry(txn, endpoint_of_map(name) or 0, key, out)
         elif name == ENDPOINT_MAP:
             self._explain_endpoint_entry(txn, key, out)
+        elif name == IPCACHE_MAP:
+            self._explain_ipcache_entry(txn, key, out)
+        elif name in (POLICY_MAPS, POLICY_ENDPOINTS_MAP):
+            self._add_endpoint(txn, int(key), out)
+        elif name == POLICY_NETNS:
+            self._explain_netns_entry(txn, int(key), out)
 
     def _row(self, txn: ReadTxn, table: Table[Any], q: Any, extra: dict[str, Any]) -> Any:
         found = table.get_revision(txn, q)
@@ -385,17 +487,65 @@ class Provenance:
     def _explain_revnat_entry(
         self, txn: ReadTxn, v6: bool, rev_id: int, value: Any, out: Explanation
     ) -> None:
+        for fe in self._frontends_of_id(txn, v6, rev_id, value):
+            self._add_frontend(txn, fe, out)
+
+    def _frontends_of_id(
+        self, txn: ReadTxn, v6: bool, svc_id: int, revnat: Any = None
+    ) -> list[Frontend]:
+        """The frontend rows whose services-map masters carry service id ``svc_id``:
+        found from the reverse-NAT entry of the id (its address and port), else from a
+        scan of the masters."""
         assert self.lb is not None
         svc_map = self.lb.maps.services(v6)
-        ip = _ip_of(value.address)
-        for proto in ("TCP", "UDP", "SCTP", "ANY"):
-            for scope in (0, 1):
-                addr = L3n4Addr.make(ip, value.port, proto, scope)
-                master = svc_map.lookup(_svc_key(v6, addr, 0))
-                if master is None or master.rev_nat_index != rev_id:
-                    continue
-                for fe in self._frontends_at(txn, v6, addr):
-                    self._add_frontend(txn, fe, out)
+        if revnat is None:
+            revnat = self.lb.maps.revnat(v6).lookup(svc_id)
+        addrs: list[L3n4Addr] = []
+        if revnat is not None:
+            ip = _ip_of(revnat.address)
+            for proto in ("TCP", "UDP", "SCTP", "ANY"):
+                for scope in (0, 1):
+                    addr = L3n4Addr.make(ip, revnat.port, proto, scope)
+                    master = svc_map.lookup(_svc_key(v6, addr, 0))
+                    if master is not None and master.rev_nat_index == svc_id:
+                        addrs.append(addr)
+        else:
+            addrs = [_svc_addr(k) for k, v in svc_map.dump()
+                     if k.backend_slot == 0 and v.rev_nat_index == svc_id]
+        found: list[Frontend] = []
+        for addr in addrs:
+            for fe in self._frontends_at(txn, v6, addr):
+                if fe not in found:
+                    found.append(fe)
+        return found
+
+    def _explain_side_entry(
+        self, txn: ReadTxn, name: str, key: Any, value: Any, out: Explanation
+    ) -> None:
+        """An entry of a map keyed by service id: maglev, source range, affinity match,
+        scale-to-zero. The affinity-match and scale-to-zero maps serve both families."""
+        if name in (MAGLEV4, MAGLEV6):
+            svc_id, families = int(key), [name == MAGLEV6]
+        elif name == SCALE_TO_ZERO:
+            svc_id, families = key.svc_id, [False, True]
+        else:
+            svc_id = key.rev_nat_id
+            families = [name == SRCRANGE6] if name != AFFINITY_MATCH else [False, True]
+        for v6 in families:
+            fes = self._frontends_of_id(txn, v6, svc_id)
+            for fe in fes:
+                self._add_frontend(txn, fe, out)
+            if name == AFFINITY_MATCH and fes:
+                addr = self._backend_addr(v6, key.backend_id)
+                if addr is not None:
+                    self._add_backend(txn, addr, {fe.service_name for fe in fes}, out)
+        if name in (SRCRANGE4, SRCRANGE6):
+            net = ipaddress.ip_network((_ip_of(key.address), key.prefixlen - 32))
+            out.notes.append(f"source range {net} of service id {svc_id} "
+                             "(the Service's loadBalancerSourceRanges)")
+        elif name == AFFINITY_MATCH:
+            out.notes.append(f"backend id {key.backend_id} is eligible for session affinity "
+                             f"of service id {svc_id} (the Service's sessionAffinity)")
 
     # policy -----------------------------------------------------------------------------
     def _explain_policy_entry(
@@ -446,7 +596,7 @@ class Provenance:
 
     def _explain_endpoint_entry(self, txn: ReadTxn, key: Any, out: Explanation) -> None:
         assert self.endpoints is not None
-        raw = key.ip[:4] if key.family == 2 else key.ip
+        raw = key.ip[:4] if key.family == FAMILY_IPV4 else key.ip
         ip = _ip_of(raw)
         found = self._row(txn, self.endpoints.map_rows, endpoint_map_ip_index.query(ip),
                           {"key": str(ip)})
@@ -455,14 +605,62 @@ class Provenance:
         row, rec = found
         rec["owner"] = row.owner
         out.rows.append(rec)
-        if row.owner.startswith("endpoint:"):
-            self._add_endpoint(txn, int(row.owner.split(":", 1)[1]), out)
+        self._add_owner(txn, row.owner, out)
+
+    def _add_owner(self, txn: ReadTxn, owner: str, out: Explanation) -> None:
+        """The object behind an endpoint-map or ipcache row's owner: a local endpoint's
+        Pod, a remote node's Node, a remote pod's CiliumEndpoint; for the host's and the
+        world's entries, a note (no source object)."""
+        kind, _, rest = owner.partition(":")
+        if kind == "endpoint" and rest.isdigit():
+            self._add_endpoint(txn, int(rest), out)
+        elif kind == REMOTE_NODE_OWNER:
+            nodes = None if self.endpoints is None else self.endpoints.nodes
+            found = None if nodes is None else self._row(
+                txn, nodes, node_name_index.query(rest), {"key": rest})
+            if found is not None:
+                out.rows.append(found[1])
+            out.add_object(ObjectRef("Node", "", rest))
+        elif owner.startswith(CEP_OWNER):
+            ns, _, name = owner[len(CEP_OWNER):].partition("/")
+            out.add_object(ObjectRef("CiliumEndpoint", ns, name))
+        elif owner in _OWNER_NOTES:
+            out.notes.append(_OWNER_NOTES[owner])
+
+    def _explain_ipcache_entry(self, txn: ReadTxn, key: Any, out: Explanation) -> None:
+        assert self.endpoints is not None and self.endpoints.ipcache_rows is not None
+        raw = key.ip[:4] if key.family == FAMILY_IPV4 else key.ip
+        net = ipaddress.ip_network((_ip_of(raw), key.prefixlen - 32))
+        found = self._row(txn, self.endpoints.ipcache_rows, ipcache_prefix_index.query(net),
+                          {"key": str(net)})
+        if found is None:
+            return
+        row, rec = found
+        rec["owner"] = row.owner
+        rec["identity"] = row.identity
+        out.rows.append(rec)
+        self._add_owner(txn, row.owner, out)
+
+    def _explain_netns_entry(self, txn: ReadTxn, cookie: int, out: Explanation) -> None:
+        assert self.policy is not None
+        if self.policy.netns_rows is None:
+            return
+        found = self._row(txn, self.policy.netns_rows, netns_cookie_index.query(cookie),
+                          {"key": str(cookie)})
+        if found is None:
+            return
+        row, rec = found
+        rec["endpoint"] = row.endpoint_id
+        out.rows.append(rec)
+        self._add_endpoint(txn, row.endpoint_id, out)
 
     # ----- object -> entries ---------------------------------------------------------------
     def entries_of(self, kind: str, namespace: str, name: str) -> list[EntryRef]:
-        """Every map entry present that object ``kind`` (service, pod, policy) produced."""
+        """Every map entry present that object ``kind`` (service, pod, policy, node,
+        ciliumendpoint) produced."""
         txn = self.db.read_txn()
         self._backend_ids = {}
+        self._side_keys = {}
         full = f"{namespace}/{name}"
         if kind == "service":
             return list(dict.fromkeys(self._service_entries(txn, full)))
@@ -470,6 +668,10 @@ class Provenance:
             return list(dict.fromkeys(self._pod_entries(txn, namespace, name)))
         if kind == "policy":
             return list(dict.fromkeys(self._policy_entries(txn, full)))
+        if kind == "node":
+            return list(self._owned_ipcache(txn, remote_node_owner(name)))
+        if kind == "ciliumendpoint":
+            return list(self._owned_ipcache(txn, f"{CEP_OWNER}{full}"))
         raise ExplainError(f"unknown kind {kind!r} (expected one of {', '.join(OBJECT_KINDS)})",
                            obj=kind)
 
@@ -523,10 +725,28 @@ class Provenance:
                 slot += 1
             if self.lb.maps.revnat(v6).lookup(master.rev_nat_index) is not None:
                 yield EntryRef(rev_name, master.rev_nat_index)
+            yield from self._side_entries(v6, master.rev_nat_index)
             if fe.type in (SVCType.CLUSTER_IP, SVCType.LOAD_BALANCER):
                 wild = _svc_key(v6, L3n4Addr(addr.address, 0, "ANY", addr.scope), 0)
                 if svc_map.lookup(wild) is not None:
                     yield EntryRef(svc_name, wild)
+
+    def _side_entries(self, v6: bool, svc_id: int) -> Iterator[EntryRef]:
+        """The entries of the maps keyed by service id ``svc_id`` (`_LB_SIDE_MAPS`)."""
+        assert self.lb is not None
+        maps = self.lb.maps
+        maglev = MAGLEV6 if v6 else MAGLEV4
+        if inner_table(maps.maglev(v6), svc_id) is not None:
+            yield EntryRef(maglev, svc_id)
+        for name in (SRCRANGE6 if v6 else SRCRANGE4, AFFINITY_MATCH):
+            by_id = self._side_keys.get(name)
+            if by_id is None:
+                by_id = self._side_keys[name] = keys_by_service(maps.maps[name])
+            for k in by_id.get(svc_id, ()):
+                yield EntryRef(name, k)
+        stz = maps.scale_to_zero
+        if stz is not None and stz.lookup(lb.ScaleToZeroKey(svc_id)) is not None:
+            yield EntryRef(SCALE_TO_ZERO, lb.ScaleToZeroKey(svc_id))
 
     def _backend_id(self, v6: bool, addr: L3n4Addr) -> int | None:
         assert self.lb is not None
@@ -556,21 +776,44 @@ class Provenance:
             assert self.endpoints is not None
             if self.endpoints.map is not None:
                 for row in self.endpoints.map_rows.list(
-                    txn, endpoint_map_owner_index.query(f"endpoint:{ep.id}")
+                    txn, endpoint_map_owner_index.query(endpoint_owner(ep.id))
                 ):
                     k = _endpoint_key(row.ip)
                     if self.endpoints.map.lookup(k) is not None:
                         yield EntryRef(ENDPOINT_MAP, k)
+            yield from self._owned_ipcache(txn, endpoint_owner(ep.id))
             if self.policy is not None:
-                m = self.policy.maps.get(ep.id)
-                if m is None:
-                    continue
-                for entry in self.policy.entries.list(
-                    txn, policy_endpoint_index.query(ep.id)
-                ):
-                    k = map_key(entry.key)
-                    if m.lookup(k) is not None:
-                        yield EntryRef(policy_map_name(ep.id), k)
+                yield from self._endpoint_policy_entries(txn, ep)
+
+    def _endpoint_policy_entries(self, txn: ReadTxn, ep: Endpoint) -> Iterator[EntryRef]:
+        """An endpoint's policy-map entries, its entry in ``policy_maps``, in
+        ``policy_endpoints`` and (its namespace's row names it) in ``policy_netns``."""
+        assert self.policy is not None
+        pol = self.policy
+        for name, m in ((POLICY_MAPS, pol.maps.outer), (POLICY_ENDPOINTS_MAP, pol.flags_map)):
+            if m is not None and m.lookup(ep.id) is not None:
+                yield EntryRef(name, ep.id)
+        if pol.netns_rows is not None and pol.netns_map is not None:
+            for row in pol.netns_rows.list(txn, netns_endpoint_index.query(ep.id)):
+                if pol.netns_map.lookup(row.netns_cookie) is not None:
+                    yield EntryRef(POLICY_NETNS, row.netns_cookie)
+        m = pol.maps.get(ep.id)
+        if m is None:
+            return
+        for entry in pol.entries.list(txn, policy_endpoint_index.query(ep.id)):
+            k = map_key(entry.key)
+            if exact_lookup(m, k) is not None:
+                yield EntryRef(policy_map_name(ep.id), k)
+
+    def _owned_ipcache(self, txn: ReadTxn, owner: str) -> Iterator[EntryRef]:
+        """The ipcache entries present of the rows ``owner`` owns."""
+        ep = self.endpoints
+        if ep is None or ep.ipcache_rows is None or ep.ipcache_map is None:
+            return
+        for row in ep.ipcache_rows.list(txn, ipcache_owner_index.query(owner)):
+            k = ipcache_key(row.prefix)
+            if exact_lookup(ep.ipcache_map, k) is not None:
+                yield EntryRef(IPCACHE_MAP, k)
 
     def _policy_entries(self, txn: ReadTxn, policy: str) -> Iterator[EntryRef]:
         if self.policy is None:
@@ -580,7 +823,7 @@ class Provenance:
                 continue
             m = self.policy.maps.get(row.key.endpoint_id)
             k = map_key(row.key)
-            if m is not None and m.lookup(k) is not None:
+            if m is not None and exact_lookup(m, k) is not None:
                 yield EntryRef(policy_map_name(row.key.endpoint_id), k)
 
     # ----- objects ------------------------------------------------------------------------
@@ -600,13 +843,20 @@ class Provenance:
             svc = self.lb.services.get(txn, service_name_index.query(f"{ref.namespace}/{ref.name}"))
             if svc is not None:
                 out["source"] = svc.source
+        nodes = None if self.endpoints is None else self.endpoints.nodes
+        if ref.kind == "Node" and nodes is not None:
+            node = nodes.get(txn, node_name_index.query(ref.name))
+            if node is not None:
+                out["source"] = node.source
+        if ref.kind == "CiliumEndpoint":
+            out["source"] = "k8s"  # the watch keeps no uid or resourceVersion of it
         out.setdefault("source", "unknown")
         return out
 
     def describe_object(self, kind: str, namespace: str, name: str) -> dict[str, Any]:
         """`entries_of` as JSON, with the object's origin."""
         entries = self.entries_of(kind, namespace, name)
-        ref = ObjectRef({"service": "Service", "pod": "Pod"}.get(kind, kind), namespace, name)
+        ref = ObjectRef(_KIND_NAMES.get(kind, kind), namespace, name)
         txn = self.db.read_txn()
         objects: list[dict[str, Any]] = []
         if kind == "policy" and self.policy is not None:
@@ -644,11 +894,7 @@ def _policy_key_text(k: PolicyKey) -> str:
 
 
 def _endpoint_key(ip: Any) -> Any:
-    from bpf.endpoints import EndpointKey
-
-    if ip.version == 4:
-        return EndpointKey.ipv4(ip.packed)
-    return EndpointKey(ip.packed, 10)
+    return endpoint_key(ip)
 
 
 def _frontend_text(v6: bool) -> Callable[[str], Any]:
@@ -691,6 +937,26 @@ def _endpoint_text(text: str) -> Any:
     except ValueError:
         return None
     return _endpoint_key(ip)
+
+
+#: The object kind of each `OBJECT_KINDS` word (policy: either of `POLICY_KINDS`).
+_KIND_NAMES = {"service": "Service", "pod": "Pod", "node": "Node",
+               "ciliumendpoint": "CiliumEndpoint"}
+
+#: Per map, its short key form (None: hex bytes and field=value only) and its words.
+_SHORT_FORMS: dict[str, tuple[Callable[[str], Any] | None, str]] = {
+    **{n: (numeric_id, "an id") for n in (BACKENDS4, BACKENDS6, REVNAT4, REVNAT6, MAGLEV4,
+                                           MAGLEV6, POLICY_MAPS, POLICY_ENDPOINTS_MAP)},
+    SERVICES4: (None, "ADDR:PORT/PROTO[/i] [SLOT=n]"),
+    SERVICES6: (None, "ADDR:PORT/PROTO[/i] [SLOT=n]"),
+    SRCRANGE4: (None, "SERVICE_ID CIDR"),
+    SRCRANGE6: (None, "SERVICE_ID CIDR"),
+    AFFINITY_MATCH: (affinity_match_text, "BACKEND_ID/SERVICE_ID"),
+    SCALE_TO_ZERO: (scale_to_zero_text, "a service id"),
+    POLICY_NETNS: (numeric_id, "a network-namespace cookie"),
+    IPCACHE_MAP: (ipcache_text, "a CIDR or an IP"),
+    ENDPOINT_MAP: (_endpoint_text, "an IP"),
+}
 
 
 __all__ = [

@@ -89,3 +89,24 @@ def test_explain_follows_a_nodeport_entry_to_its_service_line(
     assert (svc["name"], svc["file"], svc["line"]) == ("np", str(path), 1)
     assert out["rows"][0]["type"] == "NodePort"
     path.unlink()
+
+
+def test_explain_ipcache_and_runtime_maps(
+    agent: AgentProc, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The world's ipcache entry has no source object (a note says what it is); a NAT
+    map's entry is runtime state, said so with status 0; a node without entries is 1."""
+    def world() -> bool:
+        out = cli_json(capsys, "explain", "ipcache", "0.0.0.0/0", "--socket", agent.socket)
+        return bool(out["present"])
+
+    wait_for(world, what="the world's ipcache entry")
+    out = cli_json(capsys, "explain", "ipcache", "0.0.0.0/0", "--socket", agent.socket)
+    assert out["rows"][0]["table"] == "ipcache" and out["rows"][0]["owner"] == "world"
+    assert out["objects"] == [] and "world identity" in out["notes"][0]
+    code, text, _ = run_cli(capsys, "explain", "nodeport_nat4", "01 02", "--socket",
+                            agent.socket)
+    assert code == 0 and "runtime state" in text and "NAT" in text
+    code, text, _ = run_cli(capsys, "explain", "node", "no-such-node", "--socket",
+                            agent.socket)
+    assert code == 1 and "no map entries" in text

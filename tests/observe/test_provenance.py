@@ -8,8 +8,16 @@ import copy
 from typing import Any
 
 from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
-from bpfops.lb_maps import BACKENDS4, REVNAT4, SERVICES4
+from bpfops.lb_maps import (
+    AFFINITY_MATCH,
+    BACKENDS4,
+    MAGLEV4,
+    REVNAT4,
+    SERVICES4,
+    SRCRANGE4,
+)
 from statedb import InputError
 from statewright.observe.provenance import LBView, ObjectRef, Provenance
 from tables.origins import SOURCE_K8S, OriginRecorder
@@ -18,10 +26,36 @@ from tests.bpfops.test_lb_properties import SERVICES, System, batches
 KIND_WORD = {"Service": "service", "Pod": "pod"}
 
 
+#: Per service, whether it asks for ClientIP session affinity and its source ranges.
+Extras = dict[str, tuple[bool, tuple[str, ...]]]
+RANGES = ((), ("10.0.0.0/8",), ("192.168.0.0/16", "10.1.0.0/16"))
+extras = st.dictionaries(st.sampled_from(SERVICES),
+                         st.tuples(st.booleans(), st.sampled_from(RANGES)))
+
+
+def decorate(obj: dict[str, Any], ext: Extras) -> dict[str, Any]:
+    """``obj`` with its service's affinity and source ranges of ``ext`` (a Service)."""
+    name = obj.get("metadata", {}).get("name", "")
+    if obj.get("kind") != "Service" or name not in ext:
+        return obj
+    affinity, ranges = ext[name]
+    out = copy.deepcopy(obj)
+    if affinity:
+        out["spec"]["sessionAffinity"] = "ClientIP"
+    if ranges:
+        out["spec"]["loadBalancerSourceRanges"] = list(ranges)
+    return out
+
+
 class OriginSystem(System):
     """The LB property test's system, recording origins as the sources do."""
 
+    def __init__(self, ext: Extras | None = None) -> None:
+        super().__init__()
+        self.ext: Extras = ext or {}
+
     def apply(self, batch: list[tuple[str, Any]]) -> None:
+        batch = [(op, decorate(obj, self.ext) if op != "zone" else obj) for op, obj in batch]
         checkpoint = self.conv.checkpoint()
         assert self.writer.origins is not None
         rec = OriginRecorder(self.writer.origins)
@@ -53,6 +87,9 @@ def map_entries(sys: System) -> list[tuple[str, Any]]:
     out += [(SERVICES4, k) for k, _ in sys.maps.svc4.dump()]
     out += [(BACKENDS4, k) for k, _ in sys.maps.be4.dump()]
     out += [(REVNAT4, k) for k, _ in sys.maps.rev4.dump()]
+    out += [(AFFINITY_MATCH, k) for k, _ in sys.maps.aff_match.dump()]
+    out += [(SRCRANGE4, k) for k, _ in sys.maps.src4.dump()]
+    out += [(MAGLEV4, k) for k, _ in sys.maps.maglev_tables(False)]
     return out
 
 
@@ -83,9 +120,12 @@ def check_inverse(sys: OriginSystem) -> None:
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
 )
-@given(batches)
-def test_entry_to_rows_inverts_object_to_entries(batch_list: list[list[Any]]) -> None:
-    sys = OriginSystem()
+@given(batches, extras)
+def test_entry_to_rows_inverts_object_to_entries(batch_list: list[list[Any]],
+                                                 ext: Extras) -> None:
+    """Every map the LB writes: services, backends, reverse NAT, maglev, source ranges
+    and session-affinity matches."""
+    sys = OriginSystem(ext)
     for batch in batch_list:
         sys.apply(batch)
         sys.reconcile()
@@ -149,7 +189,8 @@ def test_explain_service_lists_every_entry() -> None:
     prov = _objects(sys, [("upsert", SVC), ("upsert", SLICE)])
     entries = prov.describe_object("service", "ns", "a")["entries"]
     maps = sorted({e["map"] for e in entries})
-    assert maps == [BACKENDS4, REVNAT4, SERVICES4]
+    # Maglev tables for the NodePort frontends (the System's algorithm is maglev).
+    assert maps == [BACKENDS4, MAGLEV4, REVNAT4, SERVICES4]
     # ClusterIP master + slot + wildcard, 0.0.0.0 and 1.1.1.1 NodePort master + slot.
     assert len([e for e in entries if e["map"] == SERVICES4]) == 7
 
@@ -164,3 +205,44 @@ def test_bad_keys_are_refused_with_the_accepted_forms() -> None:
             assert "expected" in str(e) or "explain reads" in str(e)
         else:
             raise AssertionError(f"{mapname} {text!r} accepted")
+
+
+def test_side_maps_explain_to_their_service_and_back() -> None:
+    """Source ranges, session-affinity matches and maglev tables, by their short key
+    forms, back to the Service (and a match's backend to its EndpointSlice)."""
+    sys = OriginSystem({"a": (True, ("10.0.0.0/8",))})
+    svc = copy.deepcopy(SVC)
+    svc["spec"]["type"] = "LoadBalancer"
+    svc["status"] = {"loadBalancer": {"ingress": [{"ip": "172.16.0.1"}]}}
+    prov = _objects(sys, [("upsert", svc), ("upsert", SLICE)])
+    lb_id = sys.maps.svc4.lookup(prov.parse_key(SERVICES4, "172.16.0.1:80/TCP")[1])
+    assert lb_id is not None
+    svc_id = lb_id.rev_nat_index
+    be_id = next(iter(k for k, _ in sys.maps.be4.dump()))
+    for mapname, text in ((SRCRANGE4, f"{svc_id} 10.0.0.0/8"),
+                          (AFFINITY_MATCH, f"{be_id}/{svc_id}"),
+                          (MAGLEV4, str(svc_id))):
+        out = prov.explain_entry(mapname, text)
+        assert out["present"], (mapname, text)
+        names = {(o["kind"], o["name"]) for o in out["objects"]}
+        assert ("Service", "a") in names, (mapname, names)
+        assert any(r["table"] == "frontends" and r["key"] == "172.16.0.1:80/TCP"
+                   for r in out["rows"]), out["rows"]
+        listed = prov.describe_object("service", "ns", "a")["entries"]
+        assert {"map": mapname, "key": out["key"]} in listed
+    match = prov.explain_entry(AFFINITY_MATCH, f"{be_id}/{svc_id}")
+    assert ("EndpointSlice", "a-1") in {(o["kind"], o["name"]) for o in match["objects"]}
+    maglev = prov.explain_entry(MAGLEV4, str(svc_id))
+    assert maglev["value"]["size"] == 251
+    assert maglev["value"]["backend_slots"] == {str(be_id): 251}
+    absent = prov.explain_entry(SRCRANGE4, f"{svc_id} 10.0.0.0/16")  # covered, not stored
+    assert not absent["present"]
+
+
+def test_runtime_maps_are_described_not_refused() -> None:
+    sys = OriginSystem()
+    prov = _objects(sys, [("upsert", SVC)])
+    for mapname in ("nodeport_nat4", "ct4_global", "lb4_affinity", "sw_events_lost"):
+        out = prov.explain_entry(mapname, "anything")
+        assert out["present"] is None and out["rows"] == [] and out["runtime"], mapname
+    assert "NAT" in prov.explain_entry("nodeport_nat6", "x")["runtime"]

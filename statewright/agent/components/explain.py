@@ -3,10 +3,11 @@
 ``GET /explain/entry?map=MAP&key=KEY`` answers which rows (with their revisions and the
 reconciler's status) and which source objects (manifest file and line, or the Kubernetes
 object's uid and resourceVersion; tables/origins.py) produced one map entry, and for a
-policy entry which policies and rules; ``GET /explain/{kind}/{namespace}/{name}`` (kind
-``service``, ``pod`` or ``policy``) lists every map entry the object produced
-(statewright/observe/provenance.py). It reads what the other components own and writes
-nothing.
+policy entry which policies and rules (for a map of runtime state: what it holds);
+``GET /explain/{kind}/{namespace}/{name}`` (kind ``service``, ``pod``, ``policy`` or
+``ciliumendpoint``) and ``GET /explain/node/{name}`` list every map entry the object
+produced (statewright/observe/provenance.py). It reads what the other components own and
+writes nothing.
 """
 
 from __future__ import annotations
@@ -17,10 +18,11 @@ from typing import Any
 from statedb.errors import InputError
 from statewright.agent.components.endpoints import ENDPOINTS
 from statewright.agent.components.lb import LB_MAPS
+from statewright.agent.components.nodes import NODES
 from statewright.agent.components.policy_maps import POLICY_MAPS_COMPONENT
 from statewright.agent.components.statedb import DATABASE
 from statewright.api_types import ApiError, QueryParam, Request, Route
-from statewright.component import OK, Component, Health, Hive
+from statewright.component import OK, Component, ComponentError, Health, Hive
 from statewright.observe.provenance import (
     OBJECT_KINDS,
     EndpointView,
@@ -37,7 +39,9 @@ _ENTRY_SCHEMA: dict[str, Any] = {
     "properties": {
         "map": {"type": "string"},
         "key": {},
-        "present": {"type": "boolean"},
+        "present": {"type": ["boolean", "null"]},
+        "notes": {"type": "array", "items": {"type": "string"}},
+        "runtime": {"type": "string"},
         "value": {},
         "rows": {"type": "array", "items": _OBJECT_SCHEMA},
         "objects": {"type": "array", "items": _OBJECT_SCHEMA},
@@ -65,7 +69,7 @@ class ExplainComponent(Component):
 
     name = "explain"
     needs = (DATABASE,)
-    uses = (LB_MAPS, ENDPOINTS, POLICY_MAPS_COMPONENT)
+    uses = (LB_MAPS, ENDPOINTS, POLICY_MAPS_COMPONENT, NODES)
 
     def __init__(self) -> None:
         self.provenance: Provenance | None = None
@@ -80,14 +84,17 @@ class ExplainComponent(Component):
         policy = None
         pm = hive.find(self, POLICY_MAPS_COMPONENT)
         if pm is not None and pm.policy_maps is not None and pm.entries is not None:
-            policy = PolicyView(pm.entries, db.table("policies"), pm.policy_maps)
+            policy = PolicyView(pm.entries, db.table("policies"), pm.policy_maps,
+                                netns_rows=pm.netns, netns_map=pm.netns_map,
+                                flags_map=_component_attr(hive, "endpoint-datapath",
+                                                          "flags_map"))
         endpoints = None
         manager = hive.find(self, ENDPOINTS)
         if manager is not None:
-            comp = hive.component("endpoints")
-            endpoint_map = getattr(comp, "maps", {}).get("endpoints")
+            maps = _component_attr(hive, "endpoints", "maps") or {}
             endpoints = EndpointView(manager.endpoints, manager.entries.endpoint_map,
-                                     endpoint_map)
+                                     maps.get("endpoints"), manager.entries.ipcache,
+                                     maps.get("ipcache"), hive.find(self, NODES))
         origins = None
         if ORIGINS_TABLE in {t.name for t in db.tables}:
             origins = db.table(ORIGINS_TABLE)
@@ -102,6 +109,9 @@ class ExplainComponent(Component):
         return (
             Route("/explain/entry", self._entry, query=(_MAP, _KEY), response=_ENTRY_SCHEMA,
                   errors=_ERRORS, summary="the rows and source objects behind one map entry"),
+            Route("/explain/node/{name}", self._node, response=_OBJECT_ENTRIES_SCHEMA,
+                  errors=_ERRORS, params={"name": "the Node's name"},
+                  summary="every map entry a Node (another node of the cluster) produced"),
             Route("/explain/{kind}/{namespace}/{name}", self._object,
                   response=_OBJECT_ENTRIES_SCHEMA, errors=_ERRORS,
                   params={"kind": f"one of {', '.join(OBJECT_KINDS)}",
@@ -121,12 +131,27 @@ class ExplainComponent(Component):
         except InputError as e:
             raise ApiError(400, str(e)) from None
 
+    async def _node(self, req: Request) -> Any:
+        try:
+            return self._prov().describe_object("node", "", req.params["name"])
+        except InputError as e:
+            raise ApiError(400, str(e)) from None
+
     async def _object(self, req: Request) -> Any:
         prov = self._prov()
         kind = req.params["kind"]
-        if kind not in OBJECT_KINDS:
+        if kind not in OBJECT_KINDS or kind == "node":
             raise ApiError(400, f"kind {kind!r}: expected one of {', '.join(OBJECT_KINDS)}")
         try:
             return prov.describe_object(kind, req.params["namespace"], req.params["name"])
         except InputError as e:
             raise ApiError(400, str(e)) from None
+
+
+def _component_attr(hive: Hive, name: str, attr: str) -> Any:
+    """Attribute ``attr`` of the component called ``name``, None when the agent runs
+    without it."""
+    try:
+        return getattr(hive.component(name), attr, None)
+    except ComponentError:
+        return None
