@@ -11,8 +11,10 @@ lists the entries that would be added, changed and removed per map.
 
 Exit status: 0 when nothing would change, 2 when something would, 1 when the plan cannot
 be made (bad configuration, sources that do not sync, maps that cannot be read).
-Endpoint, ipcache and policy maps follow the pods on the node (the CNI), which no
-manifest describes: plan covers the LB maps.
+Plan covers the LB maps, also from a kubeconfig: the endpoint, ipcache and policy maps
+also hold what the pods on this node (the CNI, the agent's state directory) and netlink
+say, which no manifest or API object describes, and the ipcache does not record which
+owner wrote an entry (docs/observability.md says why in full).
 """
 
 from __future__ import annotations
@@ -78,6 +80,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
     try:
         cfg = _config(args)
+        if cfg.k8s_kubeconfig and not os.path.isfile(cfg.k8s_kubeconfig):
+            raise PlanError(f"k8s-kubeconfig: {cfg.k8s_kubeconfig}: no such file")
         doc, text = anyio.run(make_plan, cfg, args.timeout)
     except (agent_config.ConfigError, PlanError) as e:
         print(f"statewright plan: {e}", file=sys.stderr)
@@ -117,8 +121,10 @@ def _components(cfg: agent_config.AgentConfig) -> list[Any]:
     ]
 
 
-async def _wait_initialized(lb: Any, timeout: float) -> None:
+async def _wait_initialized(lb: Any, hive: Any, timeout: float) -> None:
     import anyio
+
+    from statewright.component import DEGRADED
 
     tables = (lb.services, lb.frontends, lb.backends, lb.node_addresses)
     with anyio.move_on_after(timeout):
@@ -128,8 +134,13 @@ async def _wait_initialized(lb: Any, timeout: float) -> None:
             if not pending:
                 return
             await anyio.sleep(0.05)
+    # Why, as the sources' health says it (e.g. the API server refusing connections).
+    bad = [h for h in hive.health() if h.state == DEGRADED]
+    why = "; ".join(next((f"{h.name}: {h.message}" for h in bad
+                          if h.name.startswith(f"{name}/")), "") for name in sorted(pending))
+    why = why.strip("; ")
     raise PlanError(f"the sources did not sync within {timeout:g} s (waiting for: "
-                    f"{', '.join(sorted(pending))})")
+                    f"{', '.join(sorted(pending))})" + (f": {why}" if why else ""))
 
 
 def _pinned_snapshot(pin_dir: str) -> Any:
@@ -157,18 +168,26 @@ async def make_plan(cfg: agent_config.AgentConfig, timeout: float) -> tuple[dict
     current, _table_size = _pinned_snapshot(cfg.pin_dir)
     hive = Hive(_components(cfg))
     errors: list[str] = []
+    failed: list[PlanError] = []
+    wanted = None
+    # Failures are kept and raised after the task group, so that the caller gets the
+    # PlanError itself rather than an exception group around it.
     async with anyio.create_task_group() as tg:
         try:
             await hive.start(tg)
-        except ComponentError as e:
-            raise PlanError(str(e)) from e
-        try:
             lb = hive.lookup(LB)
-            await _wait_initialized(lb, timeout)
+            await _wait_initialized(lb, hive, timeout)
             wanted = _apply(lb, current, errors)
+        except ComponentError as e:
+            failed.append(PlanError(str(e)))
+        except PlanError as e:
+            failed.append(e)
         finally:
             await hive.stop()
             tg.cancel_scope.cancel()
+    if failed:
+        raise failed[0]
+    assert wanted is not None
     diffs = diff_snapshots(current, wanted)
     doc = plan_json(diffs, pin_dir=cfg.pin_dir, sources=_sources(cfg), errors=errors)
     text = plan_text(diffs)

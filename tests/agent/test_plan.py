@@ -9,8 +9,10 @@ import json
 import os
 import uuid
 from pathlib import Path
+from typing import Any
 
 import pytest
+import yaml
 
 from tests.agent.conftest import (
     AgentProc,
@@ -21,6 +23,7 @@ from tests.agent.conftest import (
     stop_agent,
     wait_for,
 )
+from tests.k8s.fake_apiserver import FakeAPIServer
 from tests.pins import remove_pin_dir
 
 SERVICE = """\
@@ -127,3 +130,86 @@ def test_plan_without_pinned_maps_adds_everything(
     assert len(services["added"]) >= 3 and not services["removed"]
     assert len(doc["maps"]["lb4_backends"]["added"]) == 2
     assert os.path.isdir(tmp_path / "no-pins") is False
+
+
+def _k8s_objects(timeout: int) -> list[dict[str, Any]]:
+    """The Service and EndpointSlice of `SERVICE`, as the API server holds them."""
+    docs = [d for d in yaml.safe_load_all(SERVICE.format(timeout=timeout)) if d]
+    for d in docs:
+        d["metadata"]["namespace"] = "plan"
+    return docs
+
+
+def _k8s_plan(capsys: pytest.CaptureFixture[str], pin_dir: str, kubeconfig: str,
+              manifests: str) -> tuple[int, dict[str, Any]]:
+    code, out, err = run_cli(capsys, "plan", "--pin-dir", pin_dir, "--k8s-kubeconfig",
+                             kubeconfig, "--manifests", manifests, "--no-netlink",
+                             "--timeout", "20", "-o", "json")
+    assert code in (0, 2), err
+    return code, json.loads(out)
+
+
+@pytest.mark.kernel
+def test_plan_from_a_kubeconfig(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], apiserver: FakeAPIServer
+) -> None:
+    """An agent on the fake API server: no change while it runs, exactly one after one
+    edit of the Service in the API server while it is stopped, none once it restarted."""
+    kubeconfig = apiserver.write_kubeconfig(tmp_path / "kubeconfig")
+    apiserver.upsert_many(_k8s_objects(100))
+    pin_dir = f"/sys/fs/bpf/swplan-{uuid.uuid4().hex[:8]}"
+    proc = None
+    try:
+        with running_agent(tmp_path, "--no-datapath", "--no-sysctl", "--k8s-kubeconfig",
+                           kubeconfig, backend="kernel", pin_dir=pin_dir) as agent:
+            manifests = str(agent.manifests)
+
+            def programmed() -> bool:
+                recs = cli_json(capsys, "lb", "list", "--socket", agent.socket)
+                return any(r["address"] == "10.96.210.1:80/TCP" and len(r["backends"]) == 2
+                           for r in recs)
+
+            wait_for(programmed, what="the API server's service in the maps")
+            code, doc = _k8s_plan(capsys, pin_dir, kubeconfig, manifests)
+            assert (code, doc["changes"], doc["maps"]) == (0, 0, {}), doc
+            assert doc["sources"]["kubeconfig"] == kubeconfig
+
+            stop_agent(agent.proc)
+            svc, _slice = _k8s_objects(200)
+            apiserver.upsert(svc)
+            code, doc = _k8s_plan(capsys, pin_dir, kubeconfig, manifests)
+            assert code == 2 and doc["changes"] == 1, doc
+            (name, diff), = doc["maps"].items()
+            assert name == "lb4_services" and len(diff["changed"]) == 1
+            assert "AFFTimeout=200" in diff["changed"][0]["text"]
+
+            proc = start_agent(agent.args, agent.socket, agent.log)
+            wait_for(lambda: agent.client.get("/health")["pid"] == proc.pid, what="restart")
+            wait_for(lambda: _k8s_plan(capsys, pin_dir, kubeconfig, manifests)[0] == 0,
+                     what="no change after the restart")
+            stop_agent(proc)
+            proc = None
+            agent.proc = start_agent(agent.args, agent.socket, agent.log)  # stopped on exit
+    finally:
+        if proc is not None:
+            stop_agent(proc)
+        remove_pin_dir(pin_dir)
+
+
+def test_plan_kubeconfig_errors(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A kubeconfig that is missing or not YAML, and an API server that does not answer:
+    status 1 and one clear line, no traceback."""
+    bad = tmp_path / "bad.kubeconfig"
+    bad.write_text("clusters: [\n")
+    srv = FakeAPIServer().start()
+    gone = srv.write_kubeconfig(tmp_path / "gone.kubeconfig")
+    srv.stop()
+    cases = ((str(tmp_path / "missing"), "missing: no such file"), (str(bad), "bad.kubeconfig"),
+             (gone, "cannot connect"))
+    for kubeconfig, needle in cases:
+        code, out, err = run_cli(capsys, "plan", "--pin-dir", str(tmp_path / "pins"),
+                                 "--k8s-kubeconfig", kubeconfig, "--manifests",
+                                 str(tmp_path / "m"), "--no-netlink", "--timeout", "3")
+        assert code == 1 and out == "", (kubeconfig, out, err)
+        assert err.startswith("statewright plan: ") and needle in err, err
+        assert "Traceback" not in err
