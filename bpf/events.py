@@ -43,7 +43,10 @@ EVENT_POLICY = 2
 EVENT_TRACE = 3
 VERDICT_FORWARDED = 1
 VERDICT_DROPPED = 2
-SOURCE_NAMES = {1: "lxc", 2: "socket", 3: "nodeport"}
+#: Where an event was seen (``source``): an endpoint's tc program, the socket program,
+#: the north-south program on an external device.
+SOURCE_LXC, SOURCE_SOCKET, SOURCE_NODEPORT = 1, 2, 3
+SOURCE_NAMES = {SOURCE_LXC: "lxc", SOURCE_SOCKET: "socket", SOURCE_NODEPORT: "nodeport"}
 NO_LPM = 0xFF
 
 # struct sw_event: u64 ts; u8 x8; u32 src, dst; u16 ep; be16 sport, dport, orig_dport;

@@ -41,7 +41,6 @@
 #include "include/events.h"
 
 #define SW_IDENTITY_HOST 1
-#define SW_IDENTITY_WORLD 2
 
 /* ------------------------------------------------------------ lookups */
 
@@ -62,20 +61,7 @@ static __always_inline struct endpoint_info *sw_endpoint(const struct sw_flow *f
 
 static __always_inline __u32 sw_identity(const struct sw_flow *f, const union sw_v6addr *addr)
 {
-	struct ipcache_key key = {};
-	struct remote_endpoint_info *info;
-
-	if (f->family == 4) {
-		key.prefixlen = 32 + 32;
-		key.family = SW_FAMILY_IPV4;
-		__builtin_memcpy(&key.ip4, addr, 4);
-	} else {
-		key.prefixlen = 32 + 128;
-		key.family = SW_FAMILY_IPV6;
-		key.ip6 = *addr;
-	}
-	info = bpf_map_lookup_elem(&ipcache, &key);
-	return info ? info->sec_identity : SW_IDENTITY_WORLD;
+	return sw_ipcache_identity(f->family, addr);
 }
 
 static __always_inline __u8 sw_enforced(__u32 ep)

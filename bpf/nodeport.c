@@ -37,6 +37,10 @@
  * A TCP SYN straight to a backend address (no frontend) removes the REV_DNAT
  * entry an earlier service flow of the same client port left for that tuple.
  *
+ * Events (include/events.h, when the agent's monitor turned them on): every
+ * drop, with its reason, and the translation of each new service flow from
+ * outside (frontend and chosen backend), both with the client's identity.
+ *
  * Everything else (other protocols, IPv4 later fragments, addresses that are no
  * frontend) passes untouched; the socket program keeps serving east-west
  * traffic from the node's own sockets. Policy stays with the endpoint programs:
@@ -58,6 +62,7 @@
 #include "include/ct.h"
 #include "include/nat.h"
 #include "include/flow.h"
+#include "include/events.h"
 
 #define SW_IDENTITY_HOST 1
 #define SW_NAT_PORT_MIN 32768
@@ -85,6 +90,48 @@ struct sw_nat {
 	__be16 rev_nat_index;
 	__u32 flags;
 };
+
+/* ------------------------------------------------------------ events */
+
+/* Report flow `f` (include/events.h): its addresses as the packet has them
+ * now, `fe` the frontend the client asked for (NULL: none), the identities
+ * from the ipcache. The event is reserved in the ring: the callers' stack has
+ * no room for one. */
+static __always_inline void sw_np_event(const struct sw_flow *f, __u8 type, int reason,
+					__u8 dir, const struct sw_nat *fe)
+{
+	struct sw_event *ev = sw_event_reserve();
+
+	if (!ev)
+		return;
+	ev->type = type;
+	ev->verdict = reason ? SW_EVENT_VERDICT_DROPPED : SW_EVENT_VERDICT_FORWARDED;
+	ev->reason = (__u8)reason;
+	ev->dir = dir;
+	ev->family = f->family;
+	ev->proto = f->proto;
+	ev->lpm = SW_EVENT_NO_LPM;
+	ev->source = SW_EVENT_SRC_NODEPORT;
+	ev->src_identity = sw_ipcache_identity(f->family, &f->saddr);
+	ev->dst_identity = sw_ipcache_identity(f->family, &f->daddr);
+	ev->sport = f->sport;
+	ev->dport = f->dport;
+	__builtin_memcpy(ev->saddr, &f->saddr, 16);
+	__builtin_memcpy(ev->daddr, &f->daddr, 16);
+	if (fe) {
+		ev->orig_dport = fe->port;
+		__builtin_memcpy(ev->orig_daddr, &fe->addr, 16);
+	}
+	sw_event_submit(ev);
+}
+
+/* Count and report a drop (of a packet to frontend `fe`, or NULL), then drop. */
+static __always_inline int sw_np_drop(const struct sw_flow *f, int reason, __u8 dir,
+				      const struct sw_nat *fe)
+{
+	sw_np_event(f, SW_EVENT_DROP, reason, dir, fe);
+	return sw_drop(f, reason, dir);
+}
 
 /* ------------------------------------------------------------ rewriting */
 
@@ -489,6 +536,7 @@ static __always_inline int sw_serve(struct __sk_buff *skb, struct sw_flow *f,
 	union sw_ct_key ck;
 	struct ct_entry *e, ne;
 	__u32 backend_id = 0;
+	bool fresh = false;
 	__be16 bport;
 	int ret;
 
@@ -499,29 +547,32 @@ static __always_inline int sw_serve(struct __sk_buff *skb, struct sw_flow *f,
 		fe.rev_nat_index = e->rev_nat_index;
 	} else {
 		if (svc.count == 0)
-			return sw_drop(f, SW_DROP_NO_SERVICE, SW_METRIC_INGRESS);
+			return sw_np_drop(f, SW_DROP_NO_SERVICE, SW_METRIC_INGRESS, &fe);
 		if (!sw_source_allowed(f, &svc))
-			return sw_drop(f, SW_DROP_NOT_IN_SRC_RANGE, SW_METRIC_INGRESS);
+			return sw_np_drop(f, SW_DROP_NOT_IN_SRC_RANGE, SW_METRIC_INGRESS, &fe);
 		backend_id = sw_select(f, k, &svc);
 		if (!backend_id || !sw_backend(f, backend_id, &baddr, &bport))
-			return sw_drop(f, SW_DROP_NO_SERVICE, SW_METRIC_INGRESS);
+			return sw_np_drop(f, SW_DROP_NO_SERVICE, SW_METRIC_INGRESS, &fe);
 		sw_ct_init(&ne, f, now);
 		ne.backend_id = backend_id;
 		ne.rev_nat_index = svc.rev_nat_index;
 		ne.flags |= SW_CT_NODE_PORT;
 		ne.ifindex = (__u16)skb->ifindex;
 		if (sw_ct_insert(f, &ck, &ne))
-			return sw_drop(f, SW_DROP_CT_CREATE_FAILED, SW_METRIC_INGRESS);
+			return sw_np_drop(f, SW_DROP_CT_CREATE_FAILED, SW_METRIC_INGRESS, &fe);
 		fe.rev_nat_index = svc.rev_nat_index;
+		fresh = true;
 	}
 	ret = sw_rewrite(skb, f, false, &baddr, bport);
 	if (ret)
-		return sw_drop(f, ret, SW_METRIC_INGRESS);
+		return sw_np_drop(f, ret, SW_METRIC_INGRESS, &fe);
 	if (!sw_backend_local(f, &baddr))
 		fe.flags = SW_NAT_E_NEEDS_SNAT;
 	ret = sw_rev_dnat_keep(f, &fe, now);
 	if (ret)
-		return sw_drop(f, ret, SW_METRIC_INGRESS);
+		return sw_np_drop(f, ret, SW_METRIC_INGRESS, &fe);
+	if (fresh)  /* a new flow's translation; its next packets report nothing */
+		sw_np_event(f, SW_EVENT_TRACE, 0, SW_METRIC_INGRESS, &fe);
 	return TC_ACT_OK;
 }
 
@@ -547,7 +598,7 @@ int sw_nodeport_in(struct __sk_buff *skb)
 	sw_ct_key(&nk, &f, false, SW_NAT_F_REV_SNAT);
 	if (sw_nat_get(&f, &nk, &nat, now)) {
 		ret = sw_rewrite(skb, &f, false, &nat.addr, nat.port);
-		return ret ? sw_drop(&f, ret, SW_METRIC_INGRESS) : TC_ACT_OK;
+		return ret ? sw_np_drop(&f, ret, SW_METRIC_INGRESS, NULL) : TC_ACT_OK;
 	}
 	svc = sw_frontend(&f, &k);
 	if (svc && (svc->flags & SW_SVC_F_NORTH_SOUTH))
@@ -580,14 +631,14 @@ static __always_inline int sw_snat_new(struct __sk_buff *skb, struct sw_flow *f,
 	int i, ret;
 
 	if (!dev)
-		return sw_drop(f, SW_DROP_NAT_NO_MAPPING, SW_METRIC_EGRESS);
+		return sw_np_drop(f, SW_DROP_NAT_NO_MAPPING, SW_METRIC_EGRESS, NULL);
 	if (f->family == 4) {
 		if (!(dev->flags & SW_NODEPORT_DEV_IPV4))
-			return sw_drop(f, SW_DROP_NAT_NO_MAPPING, SW_METRIC_EGRESS);
+			return sw_np_drop(f, SW_DROP_NAT_NO_MAPPING, SW_METRIC_EGRESS, NULL);
 		fwd.addr.p1 = dev->ip4;
 	} else {
 		if (!(dev->flags & SW_NODEPORT_DEV_IPV6))
-			return sw_drop(f, SW_DROP_NAT_NO_MAPPING, SW_METRIC_EGRESS);
+			return sw_np_drop(f, SW_DROP_NAT_NO_MAPPING, SW_METRIC_EGRESS, NULL);
 		fwd.addr = dev->ip6;
 	}
 	/* The reply's view: backend -> this node:port. */
@@ -606,15 +657,15 @@ static __always_inline int sw_snat_new(struct __sk_buff *skb, struct sw_flow *f,
 		port = SW_NAT_PORT_MIN + bpf_get_prandom_u32() % (SW_NAT_PORT_MAX - SW_NAT_PORT_MIN + 1);
 	}
 	if (i == SW_NAT_TRIES)
-		return sw_drop(f, SW_DROP_NAT_NO_MAPPING, SW_METRIC_EGRESS);
+		return sw_np_drop(f, SW_DROP_NAT_NO_MAPPING, SW_METRIC_EGRESS, NULL);
 	fwd.port = bpf_htons(port);
 	sw_ct_key(&fk, f, false, SW_NAT_F_SNAT);
 	if (sw_nat_put(f, &fk, &fwd, now, BPF_ANY)) {
 		sw_nat_del(&r, &rk);
-		return sw_drop(f, SW_DROP_NAT_NO_MAPPING, SW_METRIC_EGRESS);
+		return sw_np_drop(f, SW_DROP_NAT_NO_MAPPING, SW_METRIC_EGRESS, NULL);
 	}
 	ret = sw_rewrite(skb, f, true, &fwd.addr, fwd.port);
-	return ret ? sw_drop(f, ret, SW_METRIC_EGRESS) : TC_ACT_OK;
+	return ret ? sw_np_drop(f, ret, SW_METRIC_EGRESS, NULL) : TC_ACT_OK;
 }
 
 /* Renew the service flow's CT entry with a reply (the packet backend -> client,
@@ -654,7 +705,7 @@ int sw_nodeport_out(struct __sk_buff *skb)
 	sw_ct_key(&k, &f, false, SW_NAT_F_SNAT);
 	if (sw_nat_get(&f, &k, &nat, now)) {
 		ret = sw_rewrite(skb, &f, true, &nat.addr, nat.port);
-		return ret ? sw_drop(&f, ret, SW_METRIC_EGRESS) : TC_ACT_OK;
+		return ret ? sw_np_drop(&f, ret, SW_METRIC_EGRESS, NULL) : TC_ACT_OK;
 	}
 	sw_ct_key(&k, &f, false, SW_NAT_F_REV_DNAT);
 	if (sw_nat_get(&f, &k, &nat, now)) {
@@ -663,7 +714,7 @@ int sw_nodeport_out(struct __sk_buff *skb)
 			return TC_ACT_OK;
 		}
 		ret = sw_rewrite(skb, &f, true, &nat.addr, nat.port);
-		return ret ? sw_drop(&f, ret, SW_METRIC_EGRESS) : TC_ACT_OK;
+		return ret ? sw_np_drop(&f, ret, SW_METRIC_EGRESS, NULL) : TC_ACT_OK;
 	}
 	/* A client's packet to a backend: its reply's REV_DNAT entry says whether
 	 * the backend is on another node. */

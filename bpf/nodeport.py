@@ -23,6 +23,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from bpf import lb
+from bpf.events import EVENT_MAPS
 from bpf.objects import object_path
 from bpf.probe import DEFAULT_PIN_DIR
 from bpf.tc_programs import BPF_TCX_EGRESS, BPF_TCX_INGRESS, TcObject, TcPrograms
@@ -37,9 +38,10 @@ MAPS = (
     "lb6_maglev", "endpoints", "ipcache", "ct4_global", "ct6_global", "metrics",
     "nodeport_nat4", "nodeport_nat6", "nodeport_devices",
 )
-#: Maps the object declares but does not use: reused when pinned, else its own.
+#: Maps the object declares but does not use, and the event maps (bpf/events.py, when
+#: the monitor pinned them): reused when pinned, else its own (events then stay off).
 OPTIONAL_MAPS = ("lb4_reverse_nat", "lb6_reverse_nat", "lb_scale_to_zero", "policy_maps",
-                 "policy_netns", "policy_endpoints")
+                 "policy_netns", "policy_endpoints", *EVENT_MAPS)
 #: program name -> (link pin name, tcx attach type).
 PROGRAMS = {
     "sw_nodeport_in": ("in", BPF_TCX_INGRESS),

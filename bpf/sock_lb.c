@@ -219,9 +219,20 @@ static __always_inline __u32 sw_sock_endpoint(struct bpf_sock_addr *ctx)
 	return pn ? pn->endpoint_id : 0;
 }
 
+/* What a policy check reports: nothing, a denial only (a datagram of an
+ * unconnected socket: each one is checked, the allowed ones are not news), or
+ * the verdict either way (a connect: a new flow). */
+#define SW_REPORT_NONE 0
+#define SW_REPORT_DROPS 1
+#define SW_REPORT_ALL 2
+
+/* Cilium's drop reason for a service without a backend to offer (the
+ * connect or sendmsg is refused). */
+#define SW_DROP_SERVICE_BACKEND_NOT_FOUND 158
+
 /* Whether the egress policy of ctx's endpoint allows its (translated) IPv4
- * destination; `report` emits the verdict (a connect: a new flow). */
-static __always_inline bool sw_policy_egress4(struct bpf_sock_addr *ctx, __u32 proto, bool report)
+ * destination; `report` says which verdicts are emitted (SW_REPORT_*). */
+static __always_inline bool sw_policy_egress4(struct bpf_sock_addr *ctx, __u32 proto, __u8 report)
 {
 	__be32 daddr;
 	__u32 ep, dst;
@@ -238,7 +249,7 @@ static __always_inline bool sw_policy_egress4(struct bpf_sock_addr *ctx, __u32 p
 		return true;
 	dst = sw_identity4(daddr);
 	ok = sw_policy_allows(ep, dst, proto, (__be16)ctx->user_port, &lpm);
-	if (report)
+	if (report == SW_REPORT_ALL || (report == SW_REPORT_DROPS && !ok))
 		/* Denied by a deny entry (POLICY_DENY), or by no entry (POLICY_DENIED). */
 		sw_sock_event4(ctx, ok ? SW_EVENT_POLICY : SW_EVENT_DROP,
 			       ok ? 0 : (lpm == SW_EVENT_NO_LPM ? SW_DROP_POLICY_DENIED
@@ -387,8 +398,24 @@ static __always_inline int sw_fwd4(struct bpf_sock_addr *ctx, __u8 proto, __be32
 	return 1;
 }
 
-/* Translate the destination of ctx if it is a service: 1 when translated, 0
- * when not a service, -ECONNREFUSED when the service has no backend to offer. */
+/* Remember the service a translated socket asked for (its replies are shown
+ * from there): 2 when the entry is new or changed, 1 when it was there (the
+ * socket sent to that backend before: not news for the monitor). */
+static __always_inline int sw_sock_revnat4_put(struct sw_sock_revnat4_key *k,
+					       struct sw_sock_revnat4_val *v)
+{
+	struct sw_sock_revnat4_val *old = bpf_map_lookup_elem(&lb4_sock_revnat, k);
+
+	if (old && old->address == v->address && old->port == v->port &&
+	    old->rev_nat_index == v->rev_nat_index)
+		return 1;
+	bpf_map_update_elem(&lb4_sock_revnat, k, v, BPF_ANY);
+	return 2;
+}
+
+/* Translate the destination of ctx if it is a service: 2 when translated for
+ * a new (socket, backend) pair, 1 when translated as before, 0 when not a
+ * service, -ECONNREFUSED when the service has no backend to offer. */
 static __always_inline int sw_xlate4(struct bpf_sock_addr *ctx, __u8 proto)
 {
 	__be32 daddr = ctx->user_ip4;
@@ -409,11 +436,11 @@ static __always_inline int sw_xlate4(struct bpf_sock_addr *ctx, __u8 proto)
 	rval.address = daddr;
 	rval.port = dport;
 	rval.rev_nat_index = rev_nat_index;
-	bpf_map_update_elem(&lb4_sock_revnat, &rkey, &rval, BPF_ANY);
+	ret = sw_sock_revnat4_put(&rkey, &rval);
 
 	ctx->user_ip4 = be.address;
 	ctx->user_port = be.port;
-	return 1;
+	return ret;
 }
 
 /* Show the service address instead of the backend a translated socket talks to. */
@@ -449,13 +476,16 @@ int sw_sock4_connect(struct bpf_sock_addr *ctx)
 
 	if (proto == SW_IPPROTO_TCP || proto == SW_IPPROTO_UDP) {
 		ret = sw_xlate4(ctx, proto);
-		if (ret < 0)
+		if (ret < 0) {
+			sw_sock_event4(ctx, SW_EVENT_DROP, SW_DROP_SERVICE_BACKEND_NOT_FOUND,
+				       sw_sock_endpoint(ctx), 0, SW_EVENT_NO_LPM, fe_addr, fe_port);
 			return sw_refuse();
+		}
 		if (ret > 0)
 			sw_sock_event4(ctx, SW_EVENT_TRACE, 0, sw_sock_endpoint(ctx), 0,
 				       SW_EVENT_NO_LPM, fe_addr, fe_port);
 	}
-	if (!sw_policy_egress4(ctx, proto, true))
+	if (!sw_policy_egress4(ctx, proto, SW_REPORT_ALL))
 		return SW_SYS_REJECT;
 	return SW_SYS_PROCEED;
 }
@@ -464,12 +494,24 @@ SEC("cgroup/sendmsg4")
 int sw_sock4_sendmsg(struct bpf_sock_addr *ctx)
 {
 	__u32 proto = ctx->protocol;
+	__be32 fe_addr = ctx->user_ip4;
+	__be16 fe_port = (__be16)ctx->user_port;
+	int ret;
 
+	/* An unconnected socket's datagram: a translation is reported for the
+	 * first datagram to each backend, a refusal or a denial for each one. */
 	if (proto == SW_IPPROTO_UDP) {
-		if (sw_xlate4(ctx, SW_IPPROTO_UDP) < 0)
+		ret = sw_xlate4(ctx, SW_IPPROTO_UDP);
+		if (ret < 0) {
+			sw_sock_event4(ctx, SW_EVENT_DROP, SW_DROP_SERVICE_BACKEND_NOT_FOUND,
+				       sw_sock_endpoint(ctx), 0, SW_EVENT_NO_LPM, fe_addr, fe_port);
 			return sw_refuse();
+		}
+		if (ret == 2)
+			sw_sock_event4(ctx, SW_EVENT_TRACE, 0, sw_sock_endpoint(ctx), 0,
+				       SW_EVENT_NO_LPM, fe_addr, fe_port);
 	}
-	if (!sw_policy_egress4(ctx, proto, false))
+	if (!sw_policy_egress4(ctx, proto, SW_REPORT_DROPS))
 		return SW_SYS_REJECT;
 	return SW_SYS_PROCEED;
 }
@@ -653,7 +695,7 @@ static __always_inline int sw_xlate6_v4mapped(struct bpf_sock_addr *ctx, __u8 pr
 	rval.address = daddr->p4;
 	rval.port = dport;
 	rval.rev_nat_index = rev_nat_index;
-	bpf_map_update_elem(&lb4_sock_revnat, &rkey, &rval, BPF_ANY);
+	ret = sw_sock_revnat4_put(&rkey, &rval);
 
 	mapped.p1 = 0;
 	mapped.p2 = 0;
@@ -661,7 +703,7 @@ static __always_inline int sw_xlate6_v4mapped(struct bpf_sock_addr *ctx, __u8 pr
 	mapped.p4 = be.address;
 	sw_set_ctx_ip6(ctx, &mapped);
 	ctx->user_port = be.port;
-	return 0;
+	return ret;
 }
 
 /* Reverse translation of an IPv4-mapped peer through lb4_sock_revnat. */
@@ -692,6 +734,22 @@ static __always_inline void sw_rev_xlate6_v4mapped(struct bpf_sock_addr *ctx,
 	ctx->user_port = rval->port;
 }
 
+/* sw_sock_revnat4_put's IPv6 twin. */
+static __always_inline int sw_sock_revnat6_put(struct sw_sock_revnat6_key *k,
+					       struct sw_sock_revnat6_val *v)
+{
+	struct sw_sock_revnat6_val *old = bpf_map_lookup_elem(&lb6_sock_revnat, k);
+
+	if (old && old->address.p1 == v->address.p1 && old->address.p2 == v->address.p2 &&
+	    old->address.p3 == v->address.p3 && old->address.p4 == v->address.p4 &&
+	    old->port == v->port && old->rev_nat_index == v->rev_nat_index)
+		return 1;
+	bpf_map_update_elem(&lb6_sock_revnat, k, v, BPF_ANY);
+	return 2;
+}
+
+/* sw_xlate4 for an IPv6 socket (an IPv4-mapped destination: the IPv4
+ * service); the same return values. */
 static __always_inline int sw_xlate6(struct bpf_sock_addr *ctx, __u8 proto)
 {
 	__be16 dport = (__be16)ctx->user_port;
@@ -702,6 +760,7 @@ static __always_inline int sw_xlate6(struct bpf_sock_addr *ctx, __u8 proto)
 	struct lb6_backend *be;
 	union sw_v6addr daddr;
 	__u32 backend_id;
+	int ret;
 
 	sw_ctx_ip6(ctx, &daddr);
 	if (sw_is_v4mapped(&daddr))
@@ -726,11 +785,11 @@ static __always_inline int sw_xlate6(struct bpf_sock_addr *ctx, __u8 proto)
 	rval.address = daddr;
 	rval.port = dport;
 	rval.rev_nat_index = svc.rev_nat_index;
-	bpf_map_update_elem(&lb6_sock_revnat, &rkey, &rval, BPF_ANY);
+	ret = sw_sock_revnat6_put(&rkey, &rval);
 
 	sw_set_ctx_ip6(ctx, &be->address);
 	ctx->user_port = be->port;
-	return 0;
+	return ret;
 }
 
 static __always_inline void sw_rev_xlate6(struct bpf_sock_addr *ctx)
@@ -758,13 +817,50 @@ static __always_inline void sw_rev_xlate6(struct bpf_sock_addr *ctx)
 	ctx->user_port = rval->port;
 }
 
+/* sw_sock_event4 for an IPv6 socket; an IPv4-mapped destination is reported
+ * as the IPv4 address it is. `fe` is the frontend (NULL: none). */
+static __always_inline void sw_sock_event6(struct bpf_sock_addr *ctx, __u8 type, int reason,
+					   __u32 ep, __u32 dst_id, __u8 lpm,
+					   const union sw_v6addr *fe, __be16 fe_port)
+{
+	struct sw_event ev = {};
+	union sw_v6addr daddr;
+
+	sw_ctx_ip6(ctx, &daddr);
+	ev.type = type;
+	ev.verdict = reason ? SW_EVENT_VERDICT_DROPPED : SW_EVENT_VERDICT_FORWARDED;
+	ev.reason = (__u8)reason;
+	ev.dir = 2;  /* egress: the socket's endpoint connects out */
+	ev.proto = (__u8)ctx->protocol;
+	ev.lpm = lpm;
+	ev.source = SW_EVENT_SRC_SOCK;
+	ev.dst_identity = dst_id;
+	ev.endpoint_id = (__u16)ep;
+	ev.dport = (__be16)ctx->user_port;
+	ev.orig_dport = fe_port;
+	if (sw_is_v4mapped(&daddr)) {
+		ev.family = 4;
+		__builtin_memcpy(ev.daddr, &daddr.p4, 4);
+		if (fe)
+			__builtin_memcpy(ev.orig_daddr, &fe->p4, 4);
+	} else {
+		ev.family = 6;
+		__builtin_memcpy(ev.daddr, &daddr, 16);
+		if (fe)
+			__builtin_memcpy(ev.orig_daddr, fe, 16);
+	}
+	sw_event_emit(&ev);
+}
+
 /* Whether the egress policy of ctx's endpoint allows its (translated) IPv6
- * destination; an IPv4-mapped one is judged by its IPv4 address. */
-static __always_inline bool sw_policy_egress6(struct bpf_sock_addr *ctx, __u32 proto)
+ * destination; an IPv4-mapped one is judged by its IPv4 address. `report` as
+ * for sw_policy_egress4. */
+static __always_inline bool sw_policy_egress6(struct bpf_sock_addr *ctx, __u32 proto, __u8 report)
 {
 	union sw_v6addr daddr;
 	__u32 ep, remote;
 	__u8 lpm;
+	bool ok;
 
 	if (!sw_policy_proto(proto))
 		return true;
@@ -781,7 +877,36 @@ static __always_inline bool sw_policy_egress6(struct bpf_sock_addr *ctx, __u32 p
 	} else {
 		remote = sw_identity6(&daddr);
 	}
-	return sw_policy_allows(ep, remote, proto, (__be16)ctx->user_port, &lpm);
+	ok = sw_policy_allows(ep, remote, proto, (__be16)ctx->user_port, &lpm);
+	if (report == SW_REPORT_ALL || (report == SW_REPORT_DROPS && !ok))
+		sw_sock_event6(ctx, ok ? SW_EVENT_POLICY : SW_EVENT_DROP,
+			       ok ? 0 : (lpm == SW_EVENT_NO_LPM ? SW_DROP_POLICY_DENIED
+							 : SW_DROP_POLICY_DENY),
+			       ep, remote, lpm, NULL, 0);
+	return ok;
+}
+
+/* The events of an IPv6 socket's connect (`datagram` false) or unconnected
+ * datagram (true), as for IPv4: a refusal, a translation (for a datagram, the
+ * first one to each backend), the policy verdict. */
+static __always_inline int sw_sock6_xlate_report(struct bpf_sock_addr *ctx, __u32 proto,
+						 bool datagram)
+{
+	__be16 fe_port = (__be16)ctx->user_port;
+	union sw_v6addr fe;
+	int ret;
+
+	sw_ctx_ip6(ctx, &fe);
+	ret = sw_xlate6(ctx, proto);
+	if (ret < 0) {
+		sw_sock_event6(ctx, SW_EVENT_DROP, SW_DROP_SERVICE_BACKEND_NOT_FOUND,
+			       sw_sock_endpoint(ctx), 0, SW_EVENT_NO_LPM, &fe, fe_port);
+		return sw_refuse();
+	}
+	if (ret == 2 || (ret > 0 && !datagram))
+		sw_sock_event6(ctx, SW_EVENT_TRACE, 0, sw_sock_endpoint(ctx), 0,
+			       SW_EVENT_NO_LPM, &fe, fe_port);
+	return SW_SYS_PROCEED;
 }
 
 SEC("cgroup/connect6")
@@ -790,10 +915,10 @@ int sw_sock6_connect(struct bpf_sock_addr *ctx)
 	__u32 proto = ctx->protocol;
 
 	if (proto == SW_IPPROTO_TCP || proto == SW_IPPROTO_UDP) {
-		if (sw_xlate6(ctx, proto) < 0)
-			return sw_refuse();
+		if (sw_sock6_xlate_report(ctx, proto, false) != SW_SYS_PROCEED)
+			return SW_SYS_REJECT;
 	}
-	if (!sw_policy_egress6(ctx, proto))
+	if (!sw_policy_egress6(ctx, proto, SW_REPORT_ALL))
 		return SW_SYS_REJECT;
 	return SW_SYS_PROCEED;
 }
@@ -804,10 +929,10 @@ int sw_sock6_sendmsg(struct bpf_sock_addr *ctx)
 	__u32 proto = ctx->protocol;
 
 	if (proto == SW_IPPROTO_UDP) {
-		if (sw_xlate6(ctx, SW_IPPROTO_UDP) < 0)
-			return sw_refuse();
+		if (sw_sock6_xlate_report(ctx, SW_IPPROTO_UDP, true) != SW_SYS_PROCEED)
+			return SW_SYS_REJECT;
 	}
-	if (!sw_policy_egress6(ctx, proto))
+	if (!sw_policy_egress6(ctx, proto, SW_REPORT_DROPS))
 		return SW_SYS_REJECT;
 	return SW_SYS_PROCEED;
 }

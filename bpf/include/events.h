@@ -15,7 +15,8 @@
  * `sw_events_lost` (0: rate limit, 1: ring full).
  *
  * Emit only for what is new (a drop, a new flow's verdict, a connect's
- * translation): established flows cost nothing here. Include after defining
+ * translation): established flows cost nothing here. A program short of
+ * stack reserves the event in the ring instead (sw_event_reserve/submit). Include after defining
  * SW_DEFINE_MAPS in exactly the programs that own the maps' definitions. */
 #ifndef STATEWRIGHT_EVENTS_H
 #define STATEWRIGHT_EVENTS_H
@@ -161,6 +162,31 @@ static __always_inline void sw_event_emit(struct sw_event *ev)
 	ev->ts_ns = bpf_ktime_get_ns();
 	if (bpf_ringbuf_output(&sw_events, ev, sizeof(*ev), 0))
 		sw_events_count_lost(SW_EVENTS_LOST_FULL);
+}
+
+/* The ring's room for one event, zeroed, when the configuration and the rate
+ * limit allow (NULL otherwise): for programs whose stack has no room for a
+ * struct sw_event. Fill it, then sw_event_submit() it. */
+static __always_inline struct sw_event *sw_event_reserve(void)
+{
+	struct sw_event *ev;
+
+	if (!sw_events_allowed())
+		return NULL;
+	ev = bpf_ringbuf_reserve(&sw_events, sizeof(*ev), 0);
+	if (!ev) {
+		sw_events_count_lost(SW_EVENTS_LOST_FULL);
+		return NULL;
+	}
+	__builtin_memset(ev, 0, sizeof(*ev));
+	return ev;
+}
+
+/* Submit an event of sw_event_reserve() (ts_ns is set here). */
+static __always_inline void sw_event_submit(struct sw_event *ev)
+{
+	ev->ts_ns = bpf_ktime_get_ns();
+	bpf_ringbuf_submit(ev, 0);
 }
 
 #endif /* STATEWRIGHT_EVENTS_H */

@@ -55,6 +55,30 @@ struct {
 	__uint(max_entries, SW_IPCACHE_MAP_MAX_ENTRIES);
 	__uint(map_flags, SW_F_NO_PREALLOC);
 } ipcache SEC(".maps");
+
+#ifndef SW_IDENTITY_WORLD
+#define SW_IDENTITY_WORLD 2
+#endif
+
+/* The security identity of `addr` (family 4: its first four bytes) from its
+ * /32 or /128 entry; the world's when there is none. */
+static __always_inline __u32 sw_ipcache_identity(__u8 family, const union sw_v6addr *addr)
+{
+	struct ipcache_key key = {};
+	struct remote_endpoint_info *info;
+
+	if (family == 4) {
+		key.prefixlen = 32 + 32;
+		key.family = SW_FAMILY_IPV4;
+		__builtin_memcpy(&key.ip4, addr, 4);
+	} else {
+		key.prefixlen = 32 + 128;
+		key.family = SW_FAMILY_IPV6;
+		key.ip6 = *addr;
+	}
+	info = bpf_map_lookup_elem(&ipcache, &key);
+	return info ? info->sec_identity : SW_IDENTITY_WORLD;
+}
 #endif /* SW_DEFINE_MAPS */
 
 #endif /* STATEWRIGHT_IPCACHE_H */

@@ -131,14 +131,21 @@ class Enricher:
         return out
 
     def _service(self, txn: ReadTxn, raw: ev.RawEvent) -> dict[str, str] | None:
+        """The service of the event's frontend (a translation's, or a drop's when the
+        program named the frontend): its own row, else for a node address the NodePort
+        row it expands (``0.0.0.0:<port>``)."""
         t = self.tables.frontends
-        if t is None or raw.type != ev.EVENT_TRACE:
+        if t is None or (raw.type != ev.EVENT_TRACE and not raw.orig_dport):
             return None
         proto = PROTO_NAMES.get(raw.proto, "ANY")
         if proto not in ("TCP", "UDP", "SCTP"):
             proto = "ANY"
-        fe = t.get(txn, frontend_address_index.query(L3n4Addr(raw.orig_daddr, raw.orig_dport,
-                                                              proto)))
+        addr = raw.orig_daddr
+        fe = t.get(txn, frontend_address_index.query(L3n4Addr(addr, raw.orig_dport, proto)))
+        if fe is None and raw.source == ev.SOURCE_NODEPORT:
+            unspec = ipaddress.ip_address("::" if addr.version == 6 else "0.0.0.0")
+            fe = t.get(txn, frontend_address_index.query(
+                L3n4Addr(unspec, raw.orig_dport, proto)))
         if fe is None:
             return None
         ns, _, name = fe.service_name.rpartition("/")
@@ -186,9 +193,11 @@ class Enricher:
         if raw.lpm != ev.NO_LPM and raw.type != ev.EVENT_TRACE:
             flow["policy_lpm_prefix_length"] = raw.lpm
         svc = self._service(txn, raw)
-        if raw.type == ev.EVENT_TRACE:
+        if raw.type == ev.EVENT_TRACE or raw.orig_dport:
             flow["destination_service"] = svc or {}
-            flow["service_frontend"] = f"{raw.orig_daddr}:{raw.orig_dport}"
+            fe_addr = raw.orig_daddr
+            flow["service_frontend"] = (f"[{fe_addr}]:{raw.orig_dport}" if fe_addr.version == 6
+                                        else f"{fe_addr}:{raw.orig_dport}")
         flow["Summary"] = summary(flow)
         flow["statewright"] = {"type": TYPE_WORDS.get(raw.type, "unknown"),
                                "observed_by": ev.SOURCE_NAMES.get(raw.source, "?")}

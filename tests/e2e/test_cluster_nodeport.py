@@ -8,7 +8,9 @@ to a backend chosen from the LB maps; a backend on node 2 is reached masqueraded
 Proved here: NodePort, LoadBalancer and externalIPs reached from outside with a backend on the same
 node and on another node, replies from the right address (UDP on connected sockets),
 IPv4 and IPv6, TCP and UDP; externalTrafficPolicy Local keeps the client's address and
-drops without a local backend (158); source ranges (177); a default-deny ingress policy
+drops without a local backend (158), a drop ``statewright monitor -o json`` reports with
+the client, its identity and the service, as it reports each new flow's translation;
+source ranges (177); a default-deny ingress policy
 blocks new connections from outside to both backends (133, on each node); an agent
 SIGKILLed and restarted keeps established connections (CT, NAT and links pinned and
 adopted) and serves new ones; the clsact attach mode serves the same.
@@ -204,6 +206,86 @@ def test_source_ranges(bed: Bed) -> None:
         assert "timed out" in got.get("error", ""), got
     drops = bed.env.node(1).api.get("/ct/stats")["drops"]
     assert any(d["reason"] == 177 for d in drops), drops
+
+
+def _monitor(env: ClusterEnv, node: int, *args: str) -> list[dict[str, Any]]:
+    """The flows node ``node``'s agent kept, through ``statewright monitor -o json``."""
+    out = subprocess.run(
+        [sys.executable, "-m", "statewright", "monitor", "--socket", env.node(node).agent.socket,
+         "--no-follow", "-o", "json", *args], capture_output=True, text=True, timeout=30)
+    assert out.returncode == 0, out.stderr
+    return [json.loads(line)["flow"] for line in out.stdout.splitlines() if line.strip()]
+
+
+def _wait_flow(bed: Bed, probe: Any, want: Any, what: str, *args: str) -> dict[str, Any]:
+    found: list[dict[str, Any]] = []
+
+    def seen() -> bool:
+        probe()
+        found[:] = [f for f in _monitor(bed.env, 1, *args) if want(f)]
+        return bool(found)
+
+    bed.env.wait(seen, what)
+    return found[-1]
+
+
+#: The world's identity as a dual-stack node's ipcache has it (world-ipv4, world-ipv6).
+WORLD = {4: (2, 9), 6: (2, 10)}
+
+
+def test_monitor_reports_drops_from_outside(bed: Bed) -> None:
+    """externalTrafficPolicy Local without a local backend: node 1's north-south program
+    reports the drop in ``monitor -o json`` (158, ingress, the outside client with the
+    world's identity, the service it asked for)."""
+    port = NODE_PORTS["np-local-none"]
+    flow = _wait_flow(
+        bed, lambda: bed.ask("TCP", NODE_SIDE[0], port),
+        lambda f: f.get("drop_reason") == 158 and f["l4"]["TCP"]["destination_port"] == port,
+        "the eTP Local drop in monitor", "--type", "drop")
+    assert flow["verdict"] == "DROPPED"
+    assert flow["drop_reason_desc"] == "SERVICE_BACKEND_NOT_FOUND"
+    assert flow["traffic_direction"] == "INGRESS" and flow["Type"] == "L3_L4"
+    assert flow["IP"] == {"source": CLIENT_SIDE[0], "destination": NODE_SIDE[0],
+                          "ipVersion": "IPv4"}
+    assert flow["source"]["identity"] in WORLD[4] and "pod_name" not in flow["source"]
+    assert flow["destination_service"] == {"name": "np-local-none", "namespace": NAMESPACE}
+    assert flow["statewright"] == {"type": "drop", "observed_by": "nodeport"}
+    assert flow["node_name"] == "node-1"
+    stats = bed.env.node(1).api.get("/monitor/stats")
+    drops = {(d["reason"], d["direction"]) for d in stats["drops"]}
+    assert ("SERVICE_BACKEND_NOT_FOUND", "ingress") in drops, stats
+
+
+@pytest.mark.parametrize("fam", [4, 6])
+def test_monitor_reports_translations_from_outside(bed: Bed, fam: int) -> None:
+    """A new connection from outside to a NodePort: TRANSLATED, from the node's address
+    and node port to the local pod, with the service and both identities; the flow's
+    next packets report nothing more."""
+    port, host = NODE_PORTS["np-local"], NODE_SIDE[fam // 6]
+    frontend = f"[{host}]:{port}" if fam == 6 else f"{host}:{port}"
+    pod_ip = bed.local.address(fam)
+    flow = _wait_flow(
+        bed, lambda: bed.ask("TCP", host, port),
+        lambda f: f.get("service_frontend") == frontend
+        and f["statewright"]["observed_by"] == "nodeport",
+        f"the IPv{fam} NodePort translation in monitor", "--type", "trace")
+    assert flow["verdict"] == "TRANSLATED" and flow["traffic_direction"] == "INGRESS"
+    assert flow["destination_service"] == {"name": "np-local", "namespace": NAMESPACE}
+    assert flow["IP"]["source"] == CLIENT_SIDE[fam // 6]
+    assert flow["IP"]["destination"] == pod_ip
+    assert flow["l4"]["TCP"]["destination_port"] == PORT
+    assert flow["source"]["identity"] in WORLD[fam]
+    assert flow["destination"]["pod_name"] == "web-local"
+    assert flow["destination"]["identity"] == bed.env.node(1).endpoints()["web-local"]["identity"]
+
+    def traces() -> int:
+        return sum(f.get("service_frontend") == frontend
+                   for f in _monitor(bed.env, 1, "--type", "trace"))
+
+    before = traces()
+    for _ in range(3):  # three connections, each of several packets each way
+        assert "id" in bed.ask("TCP", host, port)
+    assert traces() - before == 3
 
 
 def test_nat_and_ct_entries(bed: Bed) -> None:

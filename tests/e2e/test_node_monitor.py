@@ -155,3 +155,101 @@ def test_monitor_reports_denied_allowed_and_translated_connections(node: NodeEnv
          "--no-follow", "--pod", "web/client", "--verdict", "TRANSLATED"],
         capture_output=True, text=True, timeout=30)
     assert out.returncode == 0 and f"TRANSLATED {VIP}:80 (service e2e/web)" in out.stdout
+
+
+VIP6 = "fd00:96::247:32"
+VIP_UDP = "10.96.247.33"
+
+
+def _service6(name: str, vip: str, backend: str) -> str:
+    """An IPv6 ClusterIP Service ``e2e/<name>`` (TCP, port 80) and its EndpointSlice."""
+    svc = {"apiVersion": "v1", "kind": "Service", "metadata": {"name": name, "namespace": "e2e"},
+           "spec": {"clusterIP": vip, "ipFamilies": ["IPv6"],
+                    "ports": [{"name": "p", "port": 80, "protocol": "TCP",
+                               "targetPort": BACKEND_PORT}]}}
+    eps = {"apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
+           "metadata": {"name": f"{name}-1", "namespace": "e2e",
+                        "labels": {"kubernetes.io/service-name": name}},
+           "addressType": "IPv6", "endpoints": [{"addresses": [backend],
+                                                 "conditions": {"ready": True}}],
+           "ports": [{"name": "p", "port": BACKEND_PORT, "protocol": "TCP"}]}
+    return f"{json.dumps(svc)}\n---\n{json.dumps(eps)}\n"
+
+
+#: Five datagrams from one unconnected UDP socket, once a line arrives on stdin.
+SENDER = """
+import socket, sys
+sys.stdin.readline()
+s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+for _ in range(5):
+    try:
+        s.sendto(b"x", (sys.argv[1], 53))
+    except OSError:
+        pass
+print("sent", flush=True)
+"""
+
+
+def test_monitor_reports_ipv6_connects(node: NodeEnv) -> None:
+    """connect6: a translation to the IPv6 ClusterIP, a denied and an allowed connection
+    of the client pod, as for IPv4 (the socket program, type SOCK, IPv6 addresses)."""
+    server6 = node.pods["server"].address(6)
+    client = node.client_in(node.pods["client"])
+    node.write("svc6", _service6("web6", VIP6, server6))
+    node.write("policies", CLIENT_EGRESS + "\n---\n" + SERVER_INGRESS)
+    c_id, s_id = _identity(node, "client"), _identity(node, "server")
+    trace = _wait_flow(
+        node, lambda: client.tcp(VIP6, 80),
+        lambda f: f.get("service_frontend") == f"[{VIP6}]:80", "IPv6 translation",
+        type="trace")
+    assert trace["destination_service"] == {"name": "web6", "namespace": "e2e"}
+    assert trace["IP"]["destination"] == server6 and trace["IP"]["ipVersion"] == "IPv6"
+    assert trace["l4"]["TCP"]["destination_port"] == BACKEND_PORT
+    assert trace["source"]["pod_name"] == "client" and trace["Type"] == "SOCK"
+    denied = _wait_flow(
+        node, lambda: client.tcp(server6, BACKEND_PORT + 1),
+        lambda f: f["verdict"] == "DROPPED" and f["IP"]["destination"] == server6,
+        "denied IPv6 egress", pod="web/client", type="drop")
+    assert denied["drop_reason_desc"] in ("POLICY_DENIED", "POLICY_DENY")
+    assert denied["source"]["identity"] == c_id and denied["destination"]["identity"] == s_id
+    assert denied["traffic_direction"] == "EGRESS"
+    allowed = _wait_flow(
+        node, lambda: client.tcp(server6, BACKEND_PORT),
+        lambda f: f["verdict"] == "FORWARDED" and f["IP"]["destination"] == server6,
+        "allowed IPv6 egress", pod="client", type="policy")
+    assert allowed["policy_lpm_prefix_length"] == 24
+    assert allowed["destination"]["pod_name"] == "server"
+
+
+def test_monitor_reports_unconnected_udp(node: NodeEnv) -> None:
+    """sendmsg4: an unconnected socket's datagrams to a UDP ClusterIP. The translation is
+    reported for its first datagram to the backend only, the egress denial (the client
+    may send TCP only) for every one."""
+    server_ip = node.pods["server"].address(4)
+    node.write("svc-udp", service_manifest("dns", VIP_UDP, [server_ip], port=53, proto="UDP"))
+    node.write("policies", CLIENT_EGRESS + "\n---\n" + SERVER_INGRESS)
+    client = node.client_in(node.pods["client"])
+    _wait_flow(node, lambda: client.udp(VIP_UDP, 53),
+               lambda f: f.get("service_frontend") == f"{VIP_UDP}:53", "UDP translation",
+               type="trace")
+
+    def count(kind: str) -> int:
+        return sum(1 for f in _flows(node, type=kind, pod="web/client")
+                   if "UDP" in f.get("l4", {}) and f["IP"]["destination"] == server_ip)
+
+    traces, drops = count("trace"), count("drop")
+    sender = node.run_in(node.pods["client"], sys.executable, "-c", SENDER, VIP_UDP)
+    with open(f"{node.cgroup}/cgroup.procs", "w", encoding="ascii") as f:
+        f.write(str(sender.pid))
+    assert sender.stdin is not None and sender.stdout is not None
+    sender.stdin.write("go\n")
+    sender.stdin.flush()
+    assert sender.stdout.readline().strip() == "sent"
+    deadline = time.monotonic() + BOUND_S
+    while count("drop") < drops + 5:
+        assert time.monotonic() < deadline, f"drops: {count('drop') - drops} of 5"
+        time.sleep(0.2)
+    assert count("trace") == traces + 1
+    drop = [f for f in _flows(node, type="drop", pod="web/client") if "UDP" in f["l4"]][-1]
+    assert drop["drop_reason_desc"] in ("POLICY_DENIED", "POLICY_DENY")
+    assert drop["l4"]["UDP"]["destination_port"] == BACKEND_PORT
