@@ -13,8 +13,10 @@
 - lost_events: with the rate limit at ``--flood-rate`` events/s per CPU (burst 20), the
   events refused by it (or by a full ring) while clients make connections as fast as
   they can; ``flood_loop_max_stall_ms``: the agent's longest event-loop stall during that
-  flood (its debug probe; 0 when none reached the 20 ms stall threshold) and
-  ``flood_loop_lag_ms_max`` its largest wake-up lateness since it started.
+  flood (its debug probe; 0 when none reached the 20 ms stall threshold), for the worst
+  one ``flood_loop_worst_stall`` (how much of it the loop's thread ran, ``cpu_ms``, and
+  waited for a CPU, ``runqueue_ms``, and its most sampled stack's last 400 characters),
+  and ``flood_loop_lag_ms_max`` its largest wake-up lateness since it started.
 
 The node, pods and agent come from tests/e2e/node_harness.py (kernel maps, the real
 tc and socket programs). Needs root (CAP_BPF, CAP_NET_ADMIN), iproute2, build/lxc.o and
@@ -253,6 +255,15 @@ def datapath(env: NodeEnv, clients: int, rounds: int, count: int, flood_rate: in
         time.sleep(0.3)
         probe = api.get(f"/debug/probe?since_ms={int(since_ms)}")
         stalls = [s["ms"] for s in probe["loop"]["stalls"]]
+        worst = max(probe["loop"]["stalls"], key=lambda s: s["ms"], default=None)
+        if worst is not None:
+            # Whether the loop's thread ran (its own work) or waited for a CPU (the
+            # machine's load), and the stack sampled most during it.
+            out["flood_loop_worst_stall"] = {
+                "ms": worst["ms"], "cpu_ms": worst["cpu_ms"],
+                "runqueue_ms": worst["runqueue_ms"],
+                "top_stack": worst["stacks"][0][0][-400:] if worst["stacks"] else "",
+            }
         out.update({
             "flood_conns_per_s": round(flood),
             "flood_rate_limit_per_cpu": flood_rate,

@@ -9,7 +9,11 @@ the pods, and the flows the datapath reports through the agent (issue #31):
 * a connection to the ClusterIP appears as a translation naming the service and the
   chosen backend;
 * a connection the server's ingress policy denies (from the decoy pod) is dropped by the
-  tc program and reported with the decoy's identity, direction ingress.
+  tc program and reported with the decoy's identity, direction ingress;
+* the same for IPv6 connects, and an unconnected UDP socket's datagrams (one translation,
+  a denial each);
+* ``statewright explain`` on these kernel maps: a pod's ipcache entry to its pod, the pod
+  to each of its entries and back.
 """
 
 from __future__ import annotations
@@ -253,3 +257,42 @@ def test_monitor_reports_unconnected_udp(node: NodeEnv) -> None:
     drop = [f for f in _flows(node, type="drop", pod="web/client") if "UDP" in f["l4"]][-1]
     assert drop["drop_reason_desc"] in ("POLICY_DENIED", "POLICY_DENY")
     assert drop["l4"]["UDP"]["destination_port"] == BACKEND_PORT
+
+
+def _explain(node: NodeEnv, *args: str) -> dict[str, Any]:
+    out = subprocess.run(
+        [sys.executable, "-m", "statewright", "explain", *args, "--socket", node.agent.socket,
+         "-o", "json"], capture_output=True, text=True, timeout=30)
+    assert out.returncode == 0, out.stdout + out.stderr
+    doc: dict[str, Any] = json.loads(out.stdout)
+    return doc
+
+
+def test_explain_on_kernel_maps(node: NodeEnv) -> None:
+    """`statewright explain` on the node's kernel maps: the client pod's ipcache entry
+    back to its pod, and the pod to every entry it produced (endpoint map, ipcache,
+    policy maps, ``policy_maps``, ``policy_netns``, ``policy_endpoints``), each of which
+    explains back to the pod."""
+    node.write("policies", CLIENT_EGRESS + "\n---\n" + SERVER_INGRESS)
+    client_ip = node.pods["client"].address(4)
+    entry = _explain(node, "ipcache", client_ip)
+    assert entry["present"] and entry["rows"][0]["owner"].startswith("endpoint:")
+    assert [(o["kind"], o["name"]) for o in entry["objects"]] == [("Pod", "client")]
+    assert entry["value"]["sec_identity"] == _identity(node, "client")
+
+    def maps() -> set[str]:
+        listed = _explain(node, "pod", f"{NS}/client")["entries"]
+        return {e["map"].rstrip("0123456789") for e in listed}
+
+    want = {"endpoints", "ipcache", "cilium_policy_v2_", "policy_maps", "policy_netns",
+            "policy_endpoints"}
+    deadline = time.monotonic() + BOUND_S
+    while maps() != want:
+        assert time.monotonic() < deadline, maps()
+        time.sleep(0.2)
+    for e in _explain(node, "pod", f"{NS}/client")["entries"]:
+        key = e["key"]
+        text = " ".join(f"{k}={v}" for k, v in key.items()) if isinstance(key, dict) else str(
+            key)
+        back = _explain(node, e["map"], text)
+        assert ("Pod", "client") in {(o["kind"], o["name"]) for o in back["objects"]}, (e, back)
