@@ -184,8 +184,28 @@ static __always_inline __u32 sw_identity6(const union sw_v6addr *addr)
 	return info ? info->sec_identity : SW_IDENTITY_WORLD;
 }
 
-/* A connect's event: the socket's endpoint (its identity the reader looks up),
- * the destination after translation and, for a translation, the frontend. */
+/* The fields of a socket event both families share: the socket's endpoint
+ * (its identity the reader looks up), the destination's identity and port
+ * after translation, the frontend's port. */
+static __always_inline void sw_sock_event_head(struct sw_event *ev, struct bpf_sock_addr *ctx,
+					       __u8 type, int reason, __u32 ep, __u32 dst_id,
+					       __u8 lpm, __be16 fe_port)
+{
+	ev->type = type;
+	ev->verdict = reason ? SW_EVENT_VERDICT_DROPPED : SW_EVENT_VERDICT_FORWARDED;
+	ev->reason = (__u8)reason;
+	ev->dir = 2;  /* egress: the socket's endpoint connects out */
+	ev->proto = (__u8)ctx->protocol;
+	ev->lpm = lpm;
+	ev->source = SW_EVENT_SRC_SOCK;
+	ev->dst_identity = dst_id;
+	ev->endpoint_id = (__u16)ep;
+	ev->dport = (__be16)ctx->user_port;
+	ev->orig_dport = fe_port;
+}
+
+/* A connect's or datagram's event: the destination after translation and, for
+ * a translation or a refusal, the frontend. */
 static __always_inline void sw_sock_event4(struct bpf_sock_addr *ctx, __u8 type, int reason,
 					   __u32 ep, __u32 dst_id, __u8 lpm, __be32 fe_addr,
 					   __be16 fe_port)
@@ -193,18 +213,8 @@ static __always_inline void sw_sock_event4(struct bpf_sock_addr *ctx, __u8 type,
 	struct sw_event ev = {};
 	__be32 daddr = ctx->user_ip4;
 
-	ev.type = type;
-	ev.verdict = reason ? SW_EVENT_VERDICT_DROPPED : SW_EVENT_VERDICT_FORWARDED;
-	ev.reason = (__u8)reason;
-	ev.dir = 2;  /* egress: the socket's endpoint connects out */
+	sw_sock_event_head(&ev, ctx, type, reason, ep, dst_id, lpm, fe_port);
 	ev.family = 4;
-	ev.proto = (__u8)ctx->protocol;
-	ev.lpm = lpm;
-	ev.source = SW_EVENT_SRC_SOCK;
-	ev.dst_identity = dst_id;
-	ev.endpoint_id = (__u16)ep;
-	ev.dport = (__be16)ctx->user_port;
-	ev.orig_dport = fe_port;
 	__builtin_memcpy(ev.daddr, &daddr, 4);
 	__builtin_memcpy(ev.orig_daddr, &fe_addr, 4);
 	sw_event_emit(&ev);
@@ -827,17 +837,7 @@ static __always_inline void sw_sock_event6(struct bpf_sock_addr *ctx, __u8 type,
 	union sw_v6addr daddr;
 
 	sw_ctx_ip6(ctx, &daddr);
-	ev.type = type;
-	ev.verdict = reason ? SW_EVENT_VERDICT_DROPPED : SW_EVENT_VERDICT_FORWARDED;
-	ev.reason = (__u8)reason;
-	ev.dir = 2;  /* egress: the socket's endpoint connects out */
-	ev.proto = (__u8)ctx->protocol;
-	ev.lpm = lpm;
-	ev.source = SW_EVENT_SRC_SOCK;
-	ev.dst_identity = dst_id;
-	ev.endpoint_id = (__u16)ep;
-	ev.dport = (__be16)ctx->user_port;
-	ev.orig_dport = fe_port;
+	sw_sock_event_head(&ev, ctx, type, reason, ep, dst_id, lpm, fe_port);
 	if (sw_is_v4mapped(&daddr)) {
 		ev.family = 4;
 		__builtin_memcpy(ev.daddr, &daddr.p4, 4);

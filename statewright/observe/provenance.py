@@ -596,14 +596,21 @@ class Provenance:
 
     def _explain_endpoint_entry(self, txn: ReadTxn, key: Any, out: Explanation) -> None:
         assert self.endpoints is not None
-        raw = key.ip[:4] if key.family == FAMILY_IPV4 else key.ip
-        ip = _ip_of(raw)
-        found = self._row(txn, self.endpoints.map_rows, endpoint_map_ip_index.query(ip),
-                          {"key": str(ip)})
+        ip = _key_ip(key)
+        self._add_owned_row(txn, self.endpoints.map_rows, endpoint_map_ip_index.query(ip),
+                            str(ip), out)
+
+    def _add_owned_row(self, txn: ReadTxn, table: Table[Any], q: Any, key_text: str,
+                       out: Explanation) -> None:
+        """An endpoint-map or ipcache row (with its owner, and an ipcache row's identity)
+        and the object behind its owner."""
+        found = self._row(txn, table, q, {"key": key_text})
         if found is None:
             return
         row, rec = found
         rec["owner"] = row.owner
+        if hasattr(row, "identity"):
+            rec["identity"] = row.identity
         out.rows.append(rec)
         self._add_owner(txn, row.owner, out)
 
@@ -629,17 +636,9 @@ class Provenance:
 
     def _explain_ipcache_entry(self, txn: ReadTxn, key: Any, out: Explanation) -> None:
         assert self.endpoints is not None and self.endpoints.ipcache_rows is not None
-        raw = key.ip[:4] if key.family == FAMILY_IPV4 else key.ip
-        net = ipaddress.ip_network((_ip_of(raw), key.prefixlen - 32))
-        found = self._row(txn, self.endpoints.ipcache_rows, ipcache_prefix_index.query(net),
-                          {"key": str(net)})
-        if found is None:
-            return
-        row, rec = found
-        rec["owner"] = row.owner
-        rec["identity"] = row.identity
-        out.rows.append(rec)
-        self._add_owner(txn, row.owner, out)
+        net = ipaddress.ip_network((_key_ip(key), key.prefixlen - 32))
+        self._add_owned_row(txn, self.endpoints.ipcache_rows, ipcache_prefix_index.query(net),
+                            str(net), out)
 
     def _explain_netns_entry(self, txn: ReadTxn, cookie: int, out: Explanation) -> None:
         assert self.policy is not None
@@ -891,6 +890,11 @@ def _service_ref(name: str) -> ObjectRef:
 def _policy_key_text(k: PolicyKey) -> str:
     return (f"{k.endpoint_id}/{k.identity}/{'egress' if k.egress else 'ingress'}/"
             f"{k.protocol}/{k.dport}/{k.port_prefix_len}")
+
+
+def _key_ip(key: Any) -> Any:
+    """The address of an endpoint-map or ipcache key (IPv4 in its first four bytes)."""
+    return _ip_of(key.ip[:4] if key.family == FAMILY_IPV4 else key.ip)
 
 
 def _endpoint_key(ip: Any) -> Any:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -59,12 +60,23 @@ def _plan(capsys: pytest.CaptureFixture[str], agent: AgentProc) -> tuple[int, di
     return code, json.loads(out)
 
 
+def _restart_shows_no_change(agent: AgentProc, no_change: Callable[[], bool]) -> None:
+    """Start the stopped agent again, wait until ``no_change`` (its plan is empty), stop
+    it, and start it once more as ``agent.proc`` (which the fixture stops on exit)."""
+    proc = start_agent(agent.args, agent.socket, agent.log)
+    try:
+        wait_for(lambda: agent.client.get("/health")["pid"] == proc.pid, what="restart")
+        wait_for(no_change, what="no change after the restart")
+    finally:
+        stop_agent(proc)
+    agent.proc = start_agent(agent.args, agent.socket, agent.log)
+
+
 @pytest.mark.kernel
 def test_plan_against_a_running_stopped_and_restarted_agent(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     pin_dir = f"/sys/fs/bpf/swplan-{uuid.uuid4().hex[:8]}"
-    proc = None
     try:
         with running_agent(tmp_path, "--no-datapath", "--no-sysctl", backend="kernel",
                            pin_dir=pin_dir) as agent:
@@ -95,15 +107,8 @@ def test_plan_against_a_running_stopped_and_restarted_agent(
             # Nothing was written: the pinned maps still hold the old timeout.
             assert _plan(capsys, agent)[1]["changes"] == 1
 
-            proc = start_agent(agent.args, agent.socket, agent.log)
-            wait_for(lambda: agent.client.get("/health")["pid"] == proc.pid, what="restart")
-            wait_for(lambda: _plan(capsys, agent)[0] == 0, what="no change after the restart")
-            stop_agent(proc)
-            proc = None
-            agent.proc = start_agent(agent.args, agent.socket, agent.log)  # stopped on exit
+            _restart_shows_no_change(agent, lambda: _plan(capsys, agent)[0] == 0)
     finally:
-        if proc is not None:
-            stop_agent(proc)
         remove_pin_dir(pin_dir)
 
 
@@ -158,7 +163,6 @@ def test_plan_from_a_kubeconfig(
     kubeconfig = apiserver.write_kubeconfig(tmp_path / "kubeconfig")
     apiserver.upsert_many(_k8s_objects(100))
     pin_dir = f"/sys/fs/bpf/swplan-{uuid.uuid4().hex[:8]}"
-    proc = None
     try:
         with running_agent(tmp_path, "--no-datapath", "--no-sysctl", "--k8s-kubeconfig",
                            kubeconfig, backend="kernel", pin_dir=pin_dir) as agent:
@@ -183,16 +187,9 @@ def test_plan_from_a_kubeconfig(
             assert name == "lb4_services" and len(diff["changed"]) == 1
             assert "AFFTimeout=200" in diff["changed"][0]["text"]
 
-            proc = start_agent(agent.args, agent.socket, agent.log)
-            wait_for(lambda: agent.client.get("/health")["pid"] == proc.pid, what="restart")
-            wait_for(lambda: _k8s_plan(capsys, pin_dir, kubeconfig, manifests)[0] == 0,
-                     what="no change after the restart")
-            stop_agent(proc)
-            proc = None
-            agent.proc = start_agent(agent.args, agent.socket, agent.log)  # stopped on exit
+            _restart_shows_no_change(
+                agent, lambda: _k8s_plan(capsys, pin_dir, kubeconfig, manifests)[0] == 0)
     finally:
-        if proc is not None:
-            stop_agent(proc)
         remove_pin_dir(pin_dir)
 
 
