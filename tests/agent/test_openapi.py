@@ -55,6 +55,7 @@ def test_every_route_of_every_component_is_in_the_document() -> None:
         "/ipcache": {"get"}, "/nodes": {"get"}, "/nodeport": {"get"},
         "/debug/probe": {"get"}, "/debug/tracemalloc": {"post"},
         "/explain/entry": {"get"}, "/explain/{kind}/{namespace}/{name}": {"get"},
+        "/explain/node/{name}": {"get"},
         "/monitor": {"get"}, "/monitor/stats": {"get"},
     }
     assert {p: set(ops) for p, ops in doc["paths"].items()} == expected
@@ -86,7 +87,7 @@ def test_every_schema_uses_only_keywords_the_server_checks() -> None:
 def test_schemathesis_reads_every_operation() -> None:
     schema = schemathesis.openapi.from_dict(_document())
     operations = [r.ok() for r in schema.get_all_operations()]  # ok() raises on a bad one
-    assert len(operations) == 34
+    assert len(operations) == 35
 
 
 def test_the_live_agent_serves_the_document(agent: AgentProc) -> None:
