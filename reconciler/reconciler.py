@@ -227,8 +227,10 @@ class Reconciler(Generic[O]):
             if cfg.rate_limit is not None
             else None
         )
-        txn = self.db.read_txn()
-        initialized, init_watch = table.initialized(txn)
+        # No ReadTxn may stay referenced while the loop sleeps: a transaction holds the
+        # snapshot of every table, and a held snapshot keeps every row version written
+        # since (no trim, no log compaction) for as long as this table stays quiet.
+        initialized, init_watch = table.initialized(self.db.read_txn())
         if initialized:
             self._pruner.on_initialized(clock.now())
         table_watch = closed_watch()  # the first round reads every row
@@ -259,6 +261,7 @@ class Reconciler(Generic[O]):
                 await self._incremental.resync()
                 table_watch = closed_watch()
                 self._publish(txn)
+                del txn
                 await clock.sleep(
                     backoff_delay(failed_rounds, cfg.retry_min_backoff, cfg.retry_max_backoff)
                 )
@@ -268,6 +271,7 @@ class Reconciler(Generic[O]):
             if watch is not None:
                 table_watch = watch
             self._publish(txn)
+            del txn
             await anyio.lowlevel.checkpoint()
 
     def _next_wake(self) -> float | None:

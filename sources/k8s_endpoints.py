@@ -203,6 +203,7 @@ class CiliumEndpoints:
             txn = self.db.read_txn()
             _, w1 = self.endpoints.all_watch(txn)
             _, w2 = self.identities.all_watch(txn)
+            del txn  # a held ReadTxn keeps old row versions (docs/statedb.md)
             if self.synced:
                 await anyio.to_thread.run_sync(self.publish)
             with anyio.move_on_after(self.resync_interval if self.synced else 0.05):

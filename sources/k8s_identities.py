@@ -127,8 +127,10 @@ class ClusterIdentities:
         while True:
             txn = db.read_txn()
             _, watch = table.all_watch(txn)
-            if self.synced:
-                await self._create_due(self.allocator.unpublished(txn))
+            rows = self.allocator.unpublished(txn) if self.synced else None
+            del txn  # a held ReadTxn keeps old row versions (docs/statedb.md)
+            if rows is not None:
+                await self._create_due(rows)
             with anyio.move_on_after(self.retry_interval):
                 await watch.wait_async()
 

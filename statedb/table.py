@@ -352,6 +352,40 @@ class Table(Generic[O, PK]):
         """Return how many deletion records the change log still holds."""
         return self.state(txn).tombstones
 
+    def retention(self, txn: ReadTxn) -> dict[str, int]:
+        """What this table keeps beyond its rows, for finding memory that does not go away:
+        the change log's length (``log_records``), the keys with older row versions kept
+        for snapshots (``older_versions``), how many committed states are still alive
+        (``live_snapshots``) and the oldest one's revision, against the table's revision
+        and the revision trimming has reached.
+
+        ``oldest_snapshot`` leaves out the states the table's own ordered-view cache keeps
+        (bounded: a view that falls too far behind is dropped at the next commit, see
+        `statedb.ordered.drop_stale_views`); ``oldest_cached_view`` is theirs. An
+        ``oldest_snapshot`` that stays behind while ``older_versions`` grows is a
+        transaction some code keeps referenced."""
+        st = self.state(txn)
+        cached = {id(c[0]) for c in self.ordered_cache if c is not None}
+        while True:
+            try:
+                live = [(ref(), rev) for ref, rev in list(self.snapshots.live.items())]
+                break
+            except RuntimeError:  # a snapshot was freed (its weakref callback) meanwhile
+                continue
+        held = [rev for s, rev in live if s is not None and id(s) not in cached]
+        views = [rev for s, rev in live if s is not None and id(s) in cached]
+        return {
+            "rows": st.count,
+            "revision": st.revision,
+            "log_records": st.log_len,
+            "older_versions": len(st.store.older),
+            "live_snapshots": len(held),
+            "oldest_snapshot": min(held, default=st.revision),
+            "oldest_cached_view": min(views, default=st.revision),
+            "trimmed_revision": self.trimmed_revision,
+            "graveyard": st.tombstones,
+        }
+
     # ----- watches -----------------------------------------------------
     def _key_watch(self, pos: int, key: bytes) -> Watch:
         return _registered(self.key_watches[pos], key)

@@ -251,6 +251,7 @@ class HealthServer:
                     # The revisions this pass read; its own writes (the :healthserver
                     # services) close the watches, so the next pass confirms them.
                     self._synced = self._revisions(txn)
+                    del txn, changed  # a held ReadTxn keeps old row versions (docs/statedb.md)
                     await WatchSet([fe_watch, na_watch]).wait_async()
             finally:
                 changes.close()

@@ -292,6 +292,7 @@ class NodeRoutes:
                 done, init_watch = t.initialized(txn)
                 if not done:  # (an initialized table's watch is closed already)
                     watches.append(init_watch)
+            del txn  # a held ReadTxn keeps old row versions (docs/statedb.md)
             self.sync()
             async with anyio.create_task_group() as tg:
 

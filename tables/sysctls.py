@@ -235,6 +235,7 @@ class SysctlWriter:
                 done, init_watch = self.endpoints.initialized(txn)
                 if not done:
                     watches.append(init_watch)
+                del txn  # a held ReadTxn keeps old row versions (docs/statedb.md)
             await anyio.to_thread.run_sync(self.sync)
             if not watches:
                 await anyio.sleep_forever()

@@ -136,6 +136,7 @@ class KVStoreIdentities:
                     await self.publish(txn)
                 except KVStoreError as e:
                     self._failed(e)
+            del txn  # a held ReadTxn keeps old row versions (docs/statedb.md)
             with anyio.move_on_after(self.retry_interval):
                 await watch.wait_async()
 

@@ -132,6 +132,7 @@ class KVStoreNodes:
         while True:
             txn = self.db.read_txn()
             row, watch = self.table.get_watch(txn, node_name_index.query(self.node_name))
+            del txn  # a held ReadTxn keeps old row versions (docs/statedb.md)
             try:
                 if row is not None and row.source != SOURCE_KVSTORE:
                     await self.session.put(key, node_value(row, self.layout.cluster))

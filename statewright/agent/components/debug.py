@@ -6,7 +6,8 @@ a node's configuration). When on, it measures how late the event loop wakes, sam
 loop's stack during each stall (statewright/agent/loop_probe.py) and serves:
 
 - ``GET /debug/probe``: the loop's lateness histogram and its latest stalls with their
-  stacks, resident memory and the collector's counters;
+  stacks, resident memory, the collector's counters and, per statedb table, what it keeps
+  beyond its rows (`statedb.table.Table.retention`: a held snapshot shows there);
 - ``POST /debug/tracemalloc``: ``{"action": "start", "frames": N}`` starts tracemalloc,
   ``{"action": "snapshot", "top": N}`` takes the baseline (first) or answers the N source
   lines whose memory grew most since it, ``{"action": "stop"}``.
@@ -23,6 +24,8 @@ from typing import Any
 
 import anyio
 
+from statedb import DB
+from statewright.agent.components.statedb import DATABASE
 from statewright.agent.loop_probe import CollectorProbe, LoopProbe, MemoryTracer, rss_mb
 from statewright.api_types import ApiError, QueryParam, Request, Route
 from statewright.component import DISABLED, OK, Component, Health, Hive
@@ -40,6 +43,7 @@ _PROBE_SCHEMA = {
         "loop": {"type": "object"},
         "gc": {"type": "object"},
         "tracemalloc": {"type": "object"},
+        "statedb": {"type": "object"},
     },
 }
 _TRACE_BODY = {
@@ -73,16 +77,19 @@ class DebugComponent(Component):
     """The loop probe and memory tracer, when `probe_enabled`."""
 
     name = "debug"
+    uses = (DATABASE,)
 
     def __init__(self, enabled: bool | None = None) -> None:
         self.enabled = probe_enabled() if enabled is None else enabled
         self.loop: LoopProbe | None = None
         self.collector = CollectorProbe()
         self.memory = MemoryTracer()
+        self.db: DB | None = None
 
     async def start(self, hive: Hive) -> None:
         """Start the loop probe (when enabled)."""
         if self.enabled:
+            self.db = hive.find(self, DATABASE)
             self.loop = LoopProbe()
             self.collector.install()
             await hive.spawn(self, self.loop.run)
@@ -130,7 +137,15 @@ class DebugComponent(Component):
                 **self.collector.to_json(since),
             },
             "tracemalloc": self.memory.state(),
+            "statedb": self._retention(),
         }
+
+    def _retention(self) -> dict[str, Any]:
+        """Per table, what statedb keeps beyond the rows (`statedb.table.Table.retention`)."""
+        if self.db is None:
+            return {}
+        txn = self.db.read_txn()
+        return {t.name: t.retention(txn) for t in self.db.tables}
 
     async def _trace(self, req: Request) -> Any:
         self._started()

@@ -154,6 +154,7 @@ class EndpointDatapathComponent(Component):
                 rows, w2 = modes.all_watch(txn)
                 want = {ep.ifindex for ep in eps if ep.ifindex > 0}
                 flags = enforcement_flags(list(rows))
+                del txn, eps, rows  # a held ReadTxn keeps old row versions (docs/statedb.md)
                 await anyio.to_thread.run_sync(self._sync, want, flags, first)
                 await anyio.to_thread.run_sync(manager.mark_ready)  # writes state files
                 if first:

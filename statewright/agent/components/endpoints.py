@@ -401,6 +401,7 @@ class EndpointsComponent(Component):
                     if ready and self._nodes_done is not None:
                         self._nodes_done(wtxn)
                         self._nodes_done = None
+                del txn, rows, wtxn  # a held ReadTxn keeps old row versions (docs/statedb.md)
                 self._sync_host(db, manager)
                 await (watch if ready else _Either(watch, init_watch)).wait_async()
 
@@ -418,6 +419,7 @@ class EndpointsComponent(Component):
                 txn = db.read_txn()
                 _, watch = table.all_watch(txn)
                 ready, init_watch = table.initialized(txn)
+                del txn  # a held ReadTxn keeps old row versions (docs/statedb.md)
                 self._sync_host(db, manager)
                 # also wake when the table becomes initialized
                 await (watch if ready else _Either(watch, init_watch)).wait_async()
@@ -434,6 +436,7 @@ class EndpointsComponent(Component):
                 _, w1 = entries.endpoint_map.all_watch(txn)
                 _, w2 = entries.ipcache.all_watch(txn)
                 _, w3 = manager.endpoints.all_watch(txn)
+                del txn  # a held ReadTxn keeps old row versions (docs/statedb.md)
                 await anyio.to_thread.run_sync(manager.mark_ready)  # writes state files
                 # The timeout is also a slow safety net if a watch is missed.
                 await WatchSet((w1, w2, w3)).wait_async(timeout=5.0)
@@ -601,6 +604,7 @@ def _follow_namespaces(
             txn = db.read_txn()
             _, watch = table.all_watch(txn)
             ready, init_watch = table.initialized(txn)
+            del txn  # a held ReadTxn keeps old row versions (docs/statedb.md)
             if not ready:
                 await init_watch.wait_async()
                 continue

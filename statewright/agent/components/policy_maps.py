@@ -203,6 +203,7 @@ class PolicyMapsComponent(Component):
                     sync_rows(wtxn, netns, want)
                     if first:
                         done(wtxn)
+                del txn, eps, rows, wtxn  # a held ReadTxn keeps old row versions (docs/statedb.md)
                 if first:
                     first = False
                     task_status.started()
@@ -223,7 +224,9 @@ class PolicyMapsComponent(Component):
                 before = {m.endpoint_id: m for m in modes.all(txn)}
                 _, w1 = modes.all_watch(txn)
                 _, w2 = entries.all_watch(txn)
-                await rec.wait_until_reconciled(entries.revision(txn))
+                revision = entries.revision(txn)
+                del txn  # a held ReadTxn keeps old row versions (docs/statedb.md)
+                await rec.wait_until_reconciled(revision)
                 self.realized = realized_revisions(
                     db.read_txn(), entries, modes, before, self.realized, bool(rec.retries),
                     synced,

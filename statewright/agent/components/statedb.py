@@ -9,7 +9,7 @@ from typing import Any
 import anyio
 import anyio.to_thread
 
-from statedb import DB, Table
+from statedb import DB, ReadTxn, Table
 from statedb.gc_tuning import (
     DEFAULT_COLLECT_INTERVAL,
     DEFAULT_RECLAIM_BYTES,
@@ -57,6 +57,32 @@ TABLES_SCHEMA = {
 DATABASE: Provided[DB] = Provided("db", DB)
 
 
+#: How far (in revisions) a table's oldest live snapshot may lag behind the table before
+#: health reports it: at least this many, and at least four times the rows (a reader that
+#: walks a large table while writers go on is not a leak).
+HELD_SNAPSHOT_LAG = 100_000
+
+
+def held_snapshots(db: DB, txn: ReadTxn) -> list[str]:
+    """One line per table whose oldest live snapshot lags far behind its revision.
+
+    Such a snapshot is a ReadTxn (or WriteTxn) some code keeps referenced, typically in a
+    coroutine's local variable across an await; it holds every table's state of that
+    moment, so statedb keeps the row versions written since (docs/statedb.md, "Holding a
+    transaction"). The line names the table, the lag and what it keeps."""
+    out = []
+    for table in db.tables:
+        r = table.retention(txn)
+        lag = r["revision"] - r["oldest_snapshot"]
+        if lag > max(HELD_SNAPSHOT_LAG, 4 * r["rows"]):
+            out.append(
+                f"table {table.name}: a snapshot at revision {r['oldest_snapshot']} is held "
+                f"{lag} revisions behind ({r['older_versions']} keys with older versions, "
+                f"{r['log_records']} log records for {r['rows']} rows)"
+            )
+    return out
+
+
 class StateDBComponent(Component):
     """Provides ``db``; healthy when every table's initializers are done.
 
@@ -97,12 +123,17 @@ class StateDBComponent(Component):
             await hive.spawn(self, collect, label="gc-collect")
 
     def health(self) -> list[Health]:
-        """Degraded while some table waits for an initializer (names them)."""
+        """Degraded while some table waits for an initializer (names them), and while some
+        table's oldest live snapshot is far behind it (`held_snapshots`)."""
         txn = self.db.read_txn()
         pending = {t.name: p for t in self.db.tables if (p := t.pending_initializers(txn))}
+        out = []
         if pending:
-            return [Health(self.name, DEGRADED, "tables waiting for " + json.dumps(pending))]
-        return [Health(self.name, OK, f"{len(self.db.tables)} tables initialized")]
+            out.append(Health(self.name, DEGRADED, "tables waiting for " + json.dumps(pending)))
+        held = held_snapshots(self.db, txn)
+        if held:
+            out.append(Health(f"{self.name}/snapshots", DEGRADED, "; ".join(held)))
+        return out or [Health(self.name, OK, f"{len(self.db.tables)} tables initialized")]
 
     def routes(self) -> Sequence[Route]:
         """``/tables``, ``/tables/{name}``, ``/tables/{name}/changes``."""
@@ -165,6 +196,9 @@ class StateDBComponent(Component):
         async def lines() -> AsyncIterator[str]:
             with db.write_txn(table) as wtxn:
                 it = table.changes(wtxn)
+            # A client may follow for days: a held transaction would keep every table's
+            # old row versions that long.
+            del wtxn
             try:
                 while True:
                     changes, watch = it.next(db.read_txn())
