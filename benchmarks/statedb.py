@@ -296,6 +296,42 @@ def origin_bytes_per_object(n: int) -> float:
     return stored / len(objs)
 
 
+def held_snapshot_memory(n_rows: int, updates: int, trace: bool, per_txn: int = 100) -> float:
+    """With ``trace``: tracemalloc bytes the table holds after ``updates`` updates of
+    ``n_rows`` rows (``per_txn`` per write transaction) while one snapshot taken after
+    loading them stays held, as a ReadTxn kept in a suspended coroutine would, beyond the
+    table before the updates. Without: the updates per second (tracemalloc slows them).
+
+    What the snapshot sees (one version per row) has to stay; every other version written
+    since need not."""
+    table = Table("h", BY_ID)
+    db = DB(table)
+    with db.write_txn(table) as txn:
+        for i in range(n_rows):
+            table.insert(txn, Row(i, "", ""))
+    gc.collect()
+    if trace:
+        tracemalloc.start()
+    base = tracemalloc.get_traced_memory()[0]
+    held = db.read_txn()
+    names = [f"v{v}" for v in range(per_txn)]
+    start = time.perf_counter()
+    k = 0
+    for _ in range(updates // per_txn):
+        with db.write_txn(table) as txn:
+            for name in names:
+                k += 1
+                table.insert(txn, Row(k % n_rows, name, ""))
+    elapsed = time.perf_counter() - start
+    if not trace:
+        return k / elapsed
+    gc.collect()
+    held_bytes = tracemalloc.get_traced_memory()[0] - base
+    tracemalloc.stop()
+    assert table.get(held, 0) == Row(0, "", "")
+    return float(held_bytes)
+
+
 @contextlib.contextmanager
 def agent_collector() -> Iterator[None]:
     """The agent's collector configuration (`tune_gc`) for the duration of the block; the
@@ -340,7 +376,19 @@ def measure(quick: bool) -> dict[str, float]:
     out["bytes_per_row_overhead"] = mem["stored"]
     out["bytes_per_row_with_ordered_views"] = mem["with_views"]
     out["origin_bytes_per_object"] = origin_bytes_per_object(20_000 if quick else 100_000)
+    n_held = held_updates(quick)
+    out["held_snapshot_updates_per_s"] = held_snapshot_memory(HELD_ROWS, n_held, False)
+    out["held_snapshot_bytes_after_updates"] = held_snapshot_memory(HELD_ROWS, n_held, True)
     return out
+
+
+#: Rows of `held_snapshot_memory`'s table; its updates by `held_updates`.
+HELD_ROWS = 10_000
+
+
+def held_updates(quick: bool) -> int:
+    """Updates `held_snapshot_memory` makes (the figure's N)."""
+    return 100_000 if quick else 500_000
 
 
 def main() -> None:
@@ -357,6 +405,8 @@ def main() -> None:
         out[key] = value
         out[f"{key}_default_gc"] = default[key]
     out["memory_rows"] = 100_000 if args.quick else 1_000_000
+    out["held_snapshot_rows"] = HELD_ROWS
+    out["held_snapshot_updates"] = held_updates(args.quick)
     out["machine"] = {
         "python": platform.python_version(),
         "cpus": os.cpu_count(),

@@ -147,6 +147,10 @@ def log_position(log: list[Entry], log_len: int, revision: int) -> int:
     return bisect_right(log, revision, 0, log_len, key=_rev)
 
 
+#: Keys of ``older`` the sweep checks at least per write transaction while a pass is
+#: under way (or twice what was written since the last one, whichever is more).
+SWEEP_CHUNK = 512
+
 # Fills the first slot of a log (nothing before it to take a revision from).
 _FIRST_GAP = _tuple_new(Gap, (None, 0, b""))
 
@@ -197,6 +201,18 @@ class SnapshotTracker:
         """Keep what ``st`` can see until ``st`` is freed."""
         live = self.live
         live[weakref.ref(st, live.pop)] = st.revision
+
+    def revisions(self, current: int) -> list[int]:
+        """The distinct revisions of the live snapshots and ``current`` (the committed
+        revision), ascending."""
+        while True:
+            try:
+                revs = set(self.live.values())
+            except RuntimeError:
+                # A snapshot was freed (its callback ran) during the scan: scan again.
+                continue
+            revs.add(current)
+            return sorted(revs)
 
     def oldest(self, default: int) -> int:
         """The lowest revision of a live snapshot (``default`` when none is live)."""
@@ -560,55 +576,71 @@ class TableTxn(TableState):
 
     # ----- trimming, commit and abort ----------------------------------
     def _trim(self) -> None:
-        """Drop the records no live snapshot needs (runs when the transaction starts).
+        """Drop the records no live snapshot sees (runs when the transaction starts).
 
-        Every record written at or below the oldest live snapshot's revision makes the
-        records of its key before it unreachable: the log and the index logs list what
-        was written since the last trim, in revision order.
+        Each key written since the last trim (the log and the index logs list them, in
+        revision order) keeps only the records a live snapshot sees (`VersionStore.retain`);
+        a snapshot that dies later makes the sweep (`VersionStore.sweep`) check every key
+        of ``older`` again, a slice per transaction. So a snapshot held for a long time
+        keeps at most one version per key it can see, and the upserts dropped leave the
+        log at once (as gaps, see `vacate`).
         """
         table = self.table
-        oldest = table.snapshots.oldest(self.base.revision)
+        base = self.base
+        revision = base.revision
+        live = table.snapshots.revisions(revision)
+        log, n = self.log, base.log_len
         done = table.trimmed_revision
-        if oldest <= done:
-            return
-        log, n = self.log, self.base.log_len
         # Where the last trim stopped, while the log is still the same list (compaction
-        # replaces it); the whole committed log when only the newest state is live.
+        # replaces it).
         mark = table.trim_mark
         start = mark[1] if mark[0] is log else log_position(log, n, done)
-        end = n if oldest >= self.base.revision else log_position(log, n, oldest)
         primary = self.store
-        trim = primary.trim
-        heads = primary.heads
-        older_get = primary.older.get
         dropped: list[Entry] = []
-        for e in log[start:end]:
-            pk = e[2]
-            if older_get(pk) is None:
-                # The common case: nothing older kept. Only a deletion can still leave
-                # something behind: its own record as the head.
-                if type(e) is Deletion:
-                    h = heads.get(pk)
-                    if h is not None and type(h) is Deletion and h[1] <= oldest:
-                        del heads[pk]
-                continue
-            if type(e) is Gap:
-                continue  # no key's record (its key b"" may be a real row's key)
-            trim(pk, e[1], oldest, dropped)
+        if start < n:
+            retain = primary.retain
+            heads = primary.heads
+            older_get = primary.older.get
+            for e in log[start:n]:
+                pk = e[2]
+                if older_get(pk) is None:
+                    # The common case: nothing older kept. Only a deletion can still leave
+                    # something behind: a deletion head, which with nothing older means
+                    # "absent" to every snapshot, as no record does.
+                    if type(e) is Deletion:
+                        h = heads.get(pk)
+                        if h is not None and type(h) is Deletion:
+                            del heads[pk]
+                    continue
+                if type(e) is Gap:
+                    continue  # no key's record (its key b"" may be a real row's key)
+                retain(pk, live, dropped)
+        stores: list[tuple[VersionStore, list[Entry] | None]] = [(primary, dropped)]
+        for i, written in table.index_logs.items():
+            store = self.secondary[i]
+            assert store is not None
+            stores.append((store, None))
+            if written:
+                retain = store.retain
+                for _, key in written:
+                    retain(key, live)
+                written.clear()
+        # Snapshots below the committed revision are the ones that may keep older records;
+        # when one of those seen at the last trim is gone, the sweep checks every key again.
+        below = frozenset(live[:-1])
+        budget = max(SWEEP_CHUNK, 2 * (revision - done))
+        for store, out in stores:
+            if not below >= store.kept_for:
+                store.stale = True
+            store.kept_for = below
+            if budget > 0 and (store.cursor or store.stale):
+                budget -= store.sweep(live, budget, out)
         if dropped:
             # No live snapshot sees these records, and no change iterator reports an
             # upsert that is not its key's row: free them now rather than at compaction.
             vacate(log, n, dropped)
-        for i, written in table.index_logs.items():
-            if written:
-                store = self.secondary[i]
-                assert store is not None
-                k = bisect_right(written, oldest, key=itemgetter(0))
-                for rev, key in written[:k]:
-                    store.trim(key, rev, oldest)
-                del written[:k]
-        table.trimmed_revision = oldest
-        table.trim_mark = (log, end)
+        table.trimmed_revision = revision
+        table.trim_mark = (log, n)
 
     def seal(self) -> TableState:
         """Return this transaction's contents as an immutable TableState (not yet tracked).

@@ -223,9 +223,7 @@ def _nonempty(reg: weakref.WeakValueDictionary[bytes, Watch]) -> bool:
     return bool(reg.data)  # type: ignore[attr-defined]
 
 
-def _changed_index_keys(
-    tt: TableTxn, st: TableState, pos: int, records: list[Any]
-) -> set[bytes]:
+def _changed_index_keys(tt: TableTxn, st: TableState, pos: int, records: list[Any]) -> set[bytes]:
     """Return the keys of index ``pos`` whose rows this transaction changed."""
     pks = {e[2] for e in records}
     if pos == 0:

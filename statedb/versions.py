@@ -16,9 +16,12 @@ the change log, see `statedb.table_state.live_entries`); they only call
 ``dict.get``, which is atomic under the GIL. Two writer operations replace
 what a reader may be looking at:
 
-- trimming (`trim`) drops records older than the newest one at or below the
-  oldest live snapshot's revision: no live reader needs them, and a record a
-  reader needs is never removed;
+- retention (`retain`, and `trim` for the oldest snapshot alone) drops the
+  records no live snapshot sees: a record is kept only while some live
+  snapshot's revision ``l`` has ``record.revision <= l < next.revision``
+  (``next``: the key's following record), so a snapshot held for a long time
+  keeps one version per key it can see, not every version written since. A
+  record a live reader needs is never removed;
 - abort (`restore`) puts the committed head back before removing it from
   ``older``; a reader that read the aborted head checks, after reading ``older``,
   that the head is still the one it read, and reads again when it is not
@@ -31,7 +34,7 @@ plain tuple ``(obj, revision, key)`` for an upsert, any other type (a
 
 from __future__ import annotations
 
-from bisect import bisect_right
+from bisect import bisect_left, bisect_right
 from operator import itemgetter
 from typing import Any
 
@@ -46,7 +49,7 @@ _rev = itemgetter(1)
 class VersionStore:
     """Key -> versions of one index of one table, shared by every snapshot of it."""
 
-    __slots__ = ("heads", "newest", "older")
+    __slots__ = ("cursor", "heads", "kept_for", "newest", "older", "stale")
 
     def __init__(self) -> None:
         # The newest record per key (committed or, during a write txn, the writer's own).
@@ -59,6 +62,14 @@ class VersionStore:
         # memory: one cache miss less per lookup). A writer raises it before it installs a
         # head, so a reader that got a newer head also sees the raised value.
         self.newest = 0
+        # The sweep (`sweep`): keys of ``older`` still to check against the live snapshots
+        # in the current pass, and whether a snapshot died since the pass began (the keys
+        # already checked may keep records only it saw: another pass is due).
+        self.cursor: list[bytes] = []
+        self.stale = False
+        # The live snapshot revisions below the committed one at the last trim: the ones
+        # ``older`` may keep records for.
+        self.kept_for: frozenset[int] = frozenset()
 
     def get(self, key: bytes, revision: int) -> Record | None:
         """The live (not deleted) record of ``key`` at ``revision``, or None."""
@@ -142,6 +153,76 @@ class VersionStore:
         else:
             heads[key] = o
             del older[key]
+
+    def retain(self, key: bytes, live: list[int], dropped: list[Record] | None = None) -> None:
+        """Keep of ``key`` only the head and the older records a snapshot in ``live`` sees.
+
+        ``live``: the revisions of the live snapshots, ascending, the committed revision
+        included (no head may be above it: the writer calls this before its own writes). An
+        older record is seen by snapshot ``l`` when ``record.revision <= l < next.revision``,
+        ``next`` being the key's following record. A deletion head with nothing older left
+        goes too: every snapshot reads the key as absent either way. The records taken out
+        are appended to ``dropped`` when given."""
+        heads = self.heads
+        h = heads.get(key)
+        older = self.older
+        o = older.get(key)
+        if o is None:
+            if h is not None and type(h) is not tuple:
+                del heads[key]
+            return
+        nxt = h[1] if h is not None else WRITING
+        n = len(live)
+        if type(o) is not list:
+            i = bisect_left(live, o[1])
+            if i < n and live[i] < nxt:
+                return
+            del older[key]
+            if dropped is not None:
+                dropped.append(o)
+        else:
+            keep: list[Record] = []
+            for v in reversed(o):  # newest first: each record's next is the one after it
+                i = bisect_left(live, v[1])
+                if i < n and live[i] < nxt:
+                    keep.append(v)
+                elif dropped is not None:
+                    dropped.append(v)
+                nxt = v[1]
+            if len(keep) == len(o):
+                return
+            if not keep:
+                del older[key]
+            elif len(keep) == 1:
+                older[key] = keep[0]
+            else:
+                keep.reverse()
+                older[key] = keep  # a new list: a reader may be searching the old one
+                return
+        if h is not None and type(h) is not tuple and key not in older:
+            del heads[key]
+
+    def sweep(self, live: list[int], budget: int, dropped: list[Record] | None = None) -> int:
+        """Check up to ``budget`` keys of ``older`` against ``live`` (see `retain`); return
+        how many were checked.
+
+        Writers check each key they wrote against the snapshots live at the next write
+        transaction; a record kept for a snapshot that dies later is found by this sweep,
+        a pass over every key of ``older`` that starts once a snapshot died (``stale``) and
+        goes on a slice per write transaction."""
+        cursor = self.cursor
+        if not cursor:
+            if not self.stale or not self.older:
+                self.stale = False
+                return 0
+            self.stale = False
+            cursor = self.cursor = list(self.older)
+        retain = self.retain
+        done = 0
+        while cursor and done < budget:
+            retain(cursor.pop(), live, dropped)
+            done += 1
+        return done
 
     def trim(
         self, key: bytes, revision: int, oldest: int, dropped: list[Record] | None = None

@@ -49,9 +49,7 @@ def test_compare_and_swap_many_writes_unchanged_rows_only() -> None:
     with db.write_txn(t1) as w:
         t1.insert(w, obj(2, None, "changed"))  # row 2 moves on
         t1.delete(w, obj(3))  # row 3 goes
-    items = [
-        (t1.primary_key_of(obj(i)), revs[i], obj(i, None, "swapped")) for i in range(1, 5)
-    ]
+    items = [(t1.primary_key_of(obj(i)), revs[i], obj(i, None, "swapped")) for i in range(1, 5)]
     with db.write_txn(t1) as w:
         skipped = t1.compare_and_swap_many(w, items)
     assert skipped == [(1, None), (2, None)]
@@ -81,7 +79,9 @@ def test_compare_and_swap_many_reports_errors_and_writes_the_rest() -> None:
     after = db.read_txn()
     assert t1.revision(after) == rev + 1
     assert {o.id: o.tags for o in t1.all(after)} == {
-        1: frozenset(), 2: frozenset(), 3: frozenset({"ok"})
+        1: frozenset(),
+        2: frozenset(),
+        3: frozenset({"ok"}),
     }
 
 
@@ -159,7 +159,6 @@ def test_compare_and_swap_many_equals_one_cas_per_item(
         rows = sorted((o.id, tuple(o.tags)) for o in t1.all(after))
         results.append((skipped, rows, t1.revision(after)))
     assert results[0] == results[1]
-
 
 
 @settings(max_examples=60, deadline=None)

@@ -23,12 +23,10 @@ class Row:
 
 
 BY_ID: Index[Row, int] = Index("id", key=lambda r: r.id, encode=keys.uint64)
-BY_GROUP: Index[Row, int] = Index("group", key=lambda r: r.group, encode=keys.uint64,
-                                  unique=False)
+BY_GROUP: Index[Row, int] = Index("group", key=lambda r: r.group, encode=keys.uint64, unique=False)
 
 
-def test_a_large_log_is_compacted_over_several_commits(monkeypatch: pytest.MonkeyPatch
-                                                       ) -> None:
+def test_a_large_log_is_compacted_over_several_commits(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(ordered, "COMPACT_CHUNK", 500)
     table: Table[Row] = Table("rows", BY_ID, BY_GROUP)
     db = DB(table)
@@ -59,11 +57,11 @@ def test_a_large_log_is_compacted_over_several_commits(monkeypatch: pytest.Monke
     got = {r.id: r for r in table.all(snap)}
     assert len(got) == rows
     assert [r.id for r in table.list(snap, BY_GROUP.query(3))] == sorted(
-        r.id for r in got.values() if r.group == 3)
+        r.id for r in got.values() if r.group == 3
+    )
 
 
-def test_readers_agree_with_a_model_while_compactions_run(monkeypatch: pytest.MonkeyPatch
-                                                          ) -> None:
+def test_readers_agree_with_a_model_while_compactions_run(monkeypatch: pytest.MonkeyPatch) -> None:
     """Random upserts and deletions (with a change iterator that lags, so deletions are
     held and released while a compaction runs) against a dict model."""
     monkeypatch.setattr(ordered, "COMPACT_CHUNK", 37)
@@ -106,7 +104,8 @@ def test_readers_agree_with_a_model_while_compactions_run(monkeypatch: pytest.Mo
         if step % 25 == 0:
             assert {r.id: r for r in table.all(snap)} == model
             assert [r.id for r in table.list(snap, BY_GROUP.query(2))] == sorted(
-                k for k, r in model.items() if r.group == 2)
+                k for k, r in model.items() if r.group == 2
+            )
     for snap, contents in old_snaps:
         assert {r.id: r for r in table.all(snap)} == contents  # type: ignore[arg-type]
     assert publications >= 5

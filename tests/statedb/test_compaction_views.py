@@ -26,9 +26,7 @@ class Row:
 
 
 BY_ID: Index[Row, int] = Index("id", key=lambda r: r.id, encode=keys.uint64)
-BY_GROUP: Index[Row, int] = Index(
-    "group", key=lambda r: r.group, encode=keys.uint64, unique=False
-)
+BY_GROUP: Index[Row, int] = Index("group", key=lambda r: r.group, encode=keys.uint64, unique=False)
 
 
 def new_db() -> tuple[DB, Table[Row]]:

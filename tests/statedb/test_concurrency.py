@@ -267,7 +267,6 @@ def test_concurrent_writers_and_readers(seed_offset: int) -> None:
             assert w_get.closed, f"get({row.id}) watch of b@{rev} still open; {context}"
 
 
-
 def _back_to_back_trial() -> list[int]:
     """One trial: return the revisions of all() watches left open by back-to-back commits."""
     t = Table("t", BY_ID, BY_GRP)

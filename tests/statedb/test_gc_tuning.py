@@ -141,8 +141,9 @@ def test_collect_periodically_leaves_garbage_under_the_threshold() -> None:
         gc.callbacks.append(note)
         try:
             async with anyio.create_task_group() as tg:
-                await tg.start(functools.partial(collect_periodically, 0.05,
-                                                 reclaim_bytes=reclaim_bytes))
+                await tg.start(
+                    functools.partial(collect_periodically, 0.05, reclaim_bytes=reclaim_bytes)
+                )
                 await anyio.sleep(1.0)
                 tg.cancel_scope.cancel()
         finally:

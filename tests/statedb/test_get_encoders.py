@@ -23,7 +23,10 @@ class Row:
 
 
 WIDTHS: list[tuple[Callable[[int], bytes], int]] = [
-    (keys.uint8, 8), (keys.uint16, 16), (keys.uint32, 32), (keys.uint64, 64),
+    (keys.uint8, 8),
+    (keys.uint16, 16),
+    (keys.uint32, 32),
+    (keys.uint64, 64),
 ]
 
 

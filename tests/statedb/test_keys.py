@@ -135,8 +135,15 @@ def test_int_key_with_the_default_encoder_is_a_clear_error() -> None:
 
 @pytest.mark.parametrize(
     ("encoder", "value"),
-    [(keys.uint8, "1"), (keys.uint16, 1.5), (keys.uint32, None), (keys.uint64, b"1"),
-     (keys.int64, "1"), (keys.string, 1), (keys.string, b"x")],
+    [
+        (keys.uint8, "1"),
+        (keys.uint16, 1.5),
+        (keys.uint32, None),
+        (keys.uint64, b"1"),
+        (keys.int64, "1"),
+        (keys.string, 1),
+        (keys.string, b"x"),
+    ],
 )
 def test_encoders_refuse_wrong_types(encoder: Any, value: Any) -> None:
     with pytest.raises(keys.KeyTypeError, match=type(value).__name__):

@@ -62,7 +62,9 @@ def test_a_replaced_version_is_freed_at_the_next_write() -> None:
     rtxn = db.read_txn()
     assert list(table.all(rtxn)) == [Row(1, 1), Row(2, 0), Row(3, 0)]
     assert [(c.obj, c.deleted) for c in table_changes(db, table)] == [
-        (Row(2, 0), False), (Row(1, 1), False), (Row(3, 0), False),
+        (Row(2, 0), False),
+        (Row(1, 1), False),
+        (Row(3, 0), False),
     ]
 
 
@@ -136,7 +138,11 @@ def test_gaps_after_a_compaction_are_found_by_search() -> None:
         assert gone() is None
         assert kept() is not None
         assert sorted((r.id, r.value) for r in table.all(db.read_txn())) == [
-            (0, 3), (1, 9), (2, 3), (3, 0), (8, 0),
+            (0, 3),
+            (1, 9),
+            (2, 3),
+            (3, 0),
+            (8, 0),
         ]
 
 

@@ -98,8 +98,16 @@ def check_held(table: Table[Row], held: list[tuple[ReadTxn, Model, int]]) -> Non
 @given(st.lists(OPS, max_size=60))
 # A deletion one revision above a held snapshot, trimmed once an older snapshot goes.
 @example(
-    [("snapshot",), ("insert", 1, 0), ("commit",), ("delete", 1), ("commit",),
-     ("drop", 0), ("insert", 2, 0), ("commit",)]
+    [
+        ("snapshot",),
+        ("insert", 1, 0),
+        ("commit",),
+        ("delete", 1),
+        ("commit",),
+        ("drop", 0),
+        ("insert", 2, 0),
+        ("commit",),
+    ]
 )
 @pytest.mark.parametrize("compact_slack", [ordered.COMPACT_SLACK, 0])
 def test_snapshots_read_their_revision_forever(compact_slack: int, ops: list[Op]) -> None:

@@ -20,7 +20,9 @@ OPS = st.lists(
         st.tuples(st.just("pop"), KEYS),
         st.tuples(st.just("pop_run"), KEYS, st.integers(1, 700)),
         st.tuples(st.just("freeze"), st.booleans()),
-        st.tuples(st.just("transient"),),
+        st.tuples(
+            st.just("transient"),
+        ),
     ),
     max_size=40,
 )

@@ -473,9 +473,7 @@ class StateDBMachine(RuleBasedStateMachine):
     def write_unlocked(self, data: st.DataObject) -> None:
         """Every kind of write to a table the transaction did not lock is refused."""
         assert self.txn is not None
-        name = data.draw(
-            st.sampled_from(sorted(set(SPEC) - set(self.pending))), label="unlocked"
-        )
+        name = data.draw(st.sampled_from(sorted(set(SPEC) - set(self.pending))), label="unlocked")
         spec, t, txn = SPEC[name], self.tables[name], self.txn
         row = self.draw_row(data, spec)
         write = data.draw(
@@ -560,9 +558,7 @@ class StateDBMachine(RuleBasedStateMachine):
         pk_value = data.draw(st.sampled_from(spec.pks), label="pk")
         pk = spec.primary.encode(pk_value)
         old = tm.rows.get(pk)
-        assert self.tables[spec.name].delete(self.txn, Row(pk_value)) is (
-            old[0] if old else None
-        )
+        assert self.tables[spec.name].delete(self.txn, Row(pk_value)) is (old[0] if old else None)
         if old is not None:
             self.remove(spec, tm, pk)
 
@@ -788,5 +784,3 @@ StateDBMachine.TestCase.settings = settings(
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
 )
 TestStateDB = StateDBMachine.TestCase
-
-
