@@ -148,8 +148,10 @@ def log_position(log: list[Entry], log_len: int, revision: int) -> int:
 
 
 #: Keys of ``older`` the sweep checks at least per write transaction while a pass is
-#: under way (or twice what was written since the last one, whichever is more).
+#: under way (or `SWEEP_PER_WRITE` per record written since the last one, whichever is
+#: more, so that a pass keeps up with the writes).
 SWEEP_CHUNK = 512
+SWEEP_PER_WRITE = 2
 
 # Fills the first slot of a log (nothing before it to take a revision from).
 _FIRST_GAP = _tuple_new(Gap, (None, 0, b""))
@@ -628,7 +630,7 @@ class TableTxn(TableState):
         # Snapshots below the committed revision are the ones that may keep older records;
         # when one of those seen at the last trim is gone, the sweep checks every key again.
         below = frozenset(live[:-1])
-        budget = max(SWEEP_CHUNK, 2 * (revision - done))
+        budget = max(SWEEP_CHUNK, SWEEP_PER_WRITE * (revision - done))
         for store, out in stores:
             if not below >= store.kept_for:
                 store.stale = True
