@@ -290,7 +290,10 @@ class Compaction:
         n = st.log_len
         end = min(n, self.pos + max(COMPACT_CHUNK, 2 * (n - self.seen_len)))
         self.seen_len = n
-        # Records not yet trimmed stay: the next trim reads them to find what it can drop.
+        # Records the trim has not checked yet (the last transaction's) stay: the next trim
+        # reads them to find what it can drop. The others it has checked against every live
+        # snapshot, and only states at or after this compaction read the new log: of a
+        # checked upsert they need it only while it is its row's latest record.
         # An upsert is its row's latest record when it is the head (the writer holds the
         # table lock, and st is its newest state: `TableState.entry` would return the head
         # too); a gap is no key's head.
@@ -347,8 +350,8 @@ def compact_log(table: Table[Any], st: TableState) -> TableState:
     if job is not None and job.log is not st.log:
         job = table.compaction = None  # the log was replaced: start again when due
     if job is None:
-        # The log cannot shrink below what the last compaction kept (records not yet
-        # trimmed stay, e.g. while an old snapshot is held): wait until it doubled again.
+        # The log cannot shrink below what the last compaction kept (the live rows and the
+        # deletions held for change iterators): wait until it doubled again.
         if st.log_len <= 2 * max(st.count, table.log_floor) + COMPACT_SLACK:
             return st
         job = table.compaction = Compaction(st.log, st.log_len)
@@ -384,8 +387,8 @@ def drop_stale_views(table: Table[Any], st: TableState) -> None:
     replaced by compaction. Runs at every commit (O(indexes)).
 
     Such a view is one no query has asked for since (e.g. built by ``all()`` at start);
-    its state, held by the cache, is a live snapshot, and would keep every row version
-    written since from being trimmed until the next compaction replayed it. Dropped, the
+    its state, held by the cache, is a live snapshot, and would keep a version of every
+    row written since until the next compaction replayed it. Dropped, the
     view is built anew if it is ever asked for again.
     """
     cache = table.ordered_cache

@@ -19,8 +19,10 @@ snapshot's revision:
 
 A committed `TableState` object is registered with its table's snapshot
 tracker (`SnapshotTracker`): while it is referenced, the records it can see
-are kept; once the oldest live snapshot moves on, the next write transaction
-trims what no live snapshot needs.
+are kept, and only those: each write transaction starts by dropping the
+records of the keys written since the last one that no live snapshot sees,
+and once a snapshot dies a sweep checks every key with older records again, a
+slice per transaction (`TableTxn._trim`, `VersionStore.retain`).
 
 Ordered views (sorted maps used by prefix, lower_bound and all) are not
 kept up to date by writers; `statedb.ordered` builds them on demand from
@@ -152,6 +154,7 @@ def log_position(log: list[Entry], log_len: int, revision: int) -> int:
 #: more, so that a pass keeps up with the writes).
 SWEEP_CHUNK = 512
 SWEEP_PER_WRITE = 2
+_NO_REVISIONS: frozenset[int] = frozenset()
 
 # Fills the first slot of a log (nothing before it to take a revision from).
 _FIRST_GAP = _tuple_new(Gap, (None, 0, b""))
@@ -209,6 +212,8 @@ class SnapshotTracker:
         revision), ascending."""
         while True:
             try:
+                if min(self.live.values(), default=current) >= current:
+                    return [current]  # the common case: only the committed state is live
                 revs = set(self.live.values())
             except RuntimeError:
                 # A snapshot was freed (its callback ran) during the scan: scan again.
@@ -601,6 +606,8 @@ class TableTxn(TableState):
         dropped: list[Entry] = []
         if start < n:
             retain = primary.retain
+            trim = primary.trim
+            single = len(live) == 1
             heads = primary.heads
             older_get = primary.older.get
             for e in log[start:n]:
@@ -616,33 +623,54 @@ class TableTxn(TableState):
                     continue
                 if type(e) is Gap:
                     continue  # no key's record (its key b"" may be a real row's key)
-                retain(pk, live, dropped)
-        stores: list[tuple[VersionStore, list[Entry] | None]] = [(primary, dropped)]
+                if single:
+                    # Only the committed state is live: drop whatever is older than e.
+                    trim(pk, e[1], revision, dropped)
+                else:
+                    retain(pk, live, dropped)
         for i, written in table.index_logs.items():
-            store = self.secondary[i]
-            assert store is not None
-            stores.append((store, None))
             if written:
-                retain = store.retain
-                for _, key in written:
-                    retain(key, live)
+                store = self.secondary[i]
+                assert store is not None
+                if len(live) == 1:
+                    trim = store.trim
+                    for rev, key in written:
+                        trim(key, rev, revision)
+                else:
+                    retain = store.retain
+                    for _, key in written:
+                        retain(key, live)
                 written.clear()
         # Snapshots below the committed revision are the ones that may keep older records;
         # when one of those seen at the last trim is gone, the sweep checks every key again.
-        below = frozenset(live[:-1])
-        budget = max(SWEEP_CHUNK, SWEEP_PER_WRITE * (revision - done))
-        for store, out in stores:
-            if not below >= store.kept_for:
-                store.stale = True
-            store.kept_for = below
-            if budget > 0 and (store.cursor or store.stale):
-                budget -= store.sweep(live, budget, out)
+        below = frozenset(live[:-1]) if len(live) > 1 else _NO_REVISIONS
+        if below or primary.kept_for or primary.sweeping:
+            self._sweep(live, below, SWEEP_PER_WRITE * (revision - done), dropped)
         if dropped:
             # No live snapshot sees these records, and no change iterator reports an
             # upsert that is not its key's row: free them now rather than at compaction.
             vacate(log, n, dropped)
         table.trimmed_revision = revision
         table.trim_mark = (log, n)
+
+    def _sweep(
+        self, live: list[int], below: frozenset[int], budget: int, dropped: list[Entry]
+    ) -> None:
+        """A slice of the sweep (`VersionStore.sweep`) over the table's version stores, at
+        least `SWEEP_CHUNK` keys; a pass starts once a snapshot in a store's ``kept_for``
+        (the live revisions below the committed one at the last trim) is gone."""
+        budget = max(SWEEP_CHUNK, budget)
+        primary = self.store
+        pending = False
+        for store in self._stores():
+            if store.kept_for and not below >= store.kept_for:
+                store.stale = True
+            store.kept_for = below
+            if budget > 0 and (store.cursor or store.stale):
+                budget -= store.sweep(live, budget, dropped if store is primary else None)
+            pending = pending or bool(store.cursor) or store.stale
+        # Whether the next trim must come back here even with no snapshot held.
+        primary.sweeping = pending
 
     def seal(self) -> TableState:
         """Return this transaction's contents as an immutable TableState (not yet tracked).

@@ -49,7 +49,7 @@ _rev = itemgetter(1)
 class VersionStore:
     """Key -> versions of one index of one table, shared by every snapshot of it."""
 
-    __slots__ = ("cursor", "heads", "kept_for", "newest", "older", "stale")
+    __slots__ = ("cursor", "heads", "kept_for", "newest", "older", "stale", "sweeping")
 
     def __init__(self) -> None:
         # The newest record per key (committed or, during a write txn, the writer's own).
@@ -70,6 +70,8 @@ class VersionStore:
         # The live snapshot revisions below the committed one at the last trim: the ones
         # ``older`` may keep records for.
         self.kept_for: frozenset[int] = frozenset()
+        # On a table's primary store: a sweep pass of one of its stores is under way or due.
+        self.sweeping = False
 
     def get(self, key: bytes, revision: int) -> Record | None:
         """The live (not deleted) record of ``key`` at ``revision``, or None."""
