@@ -80,6 +80,17 @@ def state_dir_of(socket: str) -> str:
     return os.path.join(os.path.dirname(os.path.abspath(socket)), "state")
 
 
+def _die_with_parent() -> None:
+    """In the agent's child before exec: SIGTERM it when the test process dies, so a test
+    run killed outright (SIGKILL, a timeout) leaves no agent behind. Tests start agents
+    from pytest's main thread, whose exit is the process's (the signal follows the thread
+    that forked)."""
+    import ctypes
+
+    pr_set_pdeathsig = 1
+    ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGTERM, 0, 0, 0)
+
+
 def start_agent(args: list[str], socket: str, log: Path, timeout: float = 20.0,
                 prefix: Sequence[str] = ()) -> subprocess.Popen[str]:
     """Start ``statewright agent ARGS`` and wait until its API answers /health. Its endpoint
@@ -97,6 +108,7 @@ def start_agent(args: list[str], socket: str, log: Path, timeout: float = 20.0,
     proc = subprocess.Popen(
         [*prefix, sys.executable, "-m", "statewright", "agent", "--api-socket", socket, *args],
         stdout=f, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, text=True, cwd=REPO,
+        preexec_fn=_die_with_parent,
     )
     f.close()
     deadline = time.monotonic() + timeout
