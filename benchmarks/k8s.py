@@ -21,7 +21,18 @@ Keys:
   service-id space (about 65,000 frontends, as Cilium's ``rev_nat_index``) the other
   frontends wait for an id (the reconciler parks them: reconciler/waiting.py); the sync
   then ends when every frontend was attempted, and the churn changes served services only.
-- rss_mb_after_sync: resident memory of the agent process after the sync.
+- rss_mb_after_sync: resident memory of the agent process after the sync;
+  rss_mb_peak_sync: its peak until then (``VmHWM``); rss_mb_before_agent: before the
+  load balancer and the source were made (the interpreter and its imports).
+  memory_pymalloc_arenas_mb / memory_pymalloc_live_mb: Python's small-object allocator
+  after the sync, its arenas and the bytes in live blocks;
+  memory_malloc_heap_in_use_mb / _free_mb / memory_malloc_mmapped_mb: glibc's malloc
+  (larger blocks: dict and list tables, buffers): `benchmarks.k8s_memory.allocator_figures`.
+- ``--memory-breakdown`` (slow: tracemalloc): where the bytes are after the sync, per
+  service: memory_by_file_ / memory_by_line_bytes_per_service (``[where, bytes per
+  service, live blocks]``), memory_holders_bytes_per_service (which object types hold
+  what the top lines allocated), memory_by_type_bytes_per_service (live container
+  objects, shallow sizes), memory_traced_mb / _peak_mb (`benchmarks.k8s_memory`).
 - churn_*: the server changes one EndpointSlice (one endpoint address replaced) at
   ``--churn-rate`` events/s for ``--churn-seconds``; latency from the server creating
   the event until the new backend is in the frontend's map entries (its frontend row
@@ -120,6 +131,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import anyio
 import anyio.abc
 
+from benchmarks.k8s_memory import MemoryBreakdown, allocator_figures
 from benchmarks.lb import BACKENDS_PER_SERVICE, service_obj, slice_obj
 from bpf.probe import kernel_support
 from reconciler.status import StatusKind
@@ -212,10 +224,11 @@ def _server(conn: multiprocessing.connection.Connection, kubeconfig: str) -> Non
         srv.stop()
 
 
-def _rss_mb() -> float:
+def _rss_mb(field: str = "VmRSS") -> float:
+    """The process' resident set (``VmHWM``: its peak) in MB, from /proc/self/status."""
     with open("/proc/self/status") as f:
         for line in f:
-            if line.startswith("VmRSS:"):
+            if line.startswith(field + ":"):
                 return int(line.split()[1]) / 1024
     return 0.0
 
@@ -287,6 +300,7 @@ async def run(
     steady_thresholds: tuple[int, int, int] = STEADY_GC_THRESHOLDS,
     stall_stacks: str = "",
     young_interval: float = YOUNG_COLLECT_INTERVAL,
+    memory_breakdown: bool = False,
 ) -> dict[str, Any]:
     """The benchmark; returns the figures."""
     tune_gc()
@@ -312,6 +326,7 @@ async def run(
                     steady_thresholds,
                     stall_stacks,
                     young_interval,
+                    memory_breakdown,
                 )
             )
         finally:
@@ -333,8 +348,13 @@ async def _agent(
     steady_thresholds: tuple[int, int, int],
     stall_stacks: str,
     young_interval: float,
+    memory_breakdown: bool = False,
 ) -> dict[str, Any]:
     out: dict[str, Any] = {}
+    out["rss_mb_before_agent"] = round(_rss_mb(), 1)
+    breakdown = MemoryBreakdown() if memory_breakdown else None
+    if breakdown is not None:
+        breakdown.start()
     backend = "kernel" if kernel_support().ok else "memory"
     entries = 1 << max(16, (n * (BACKENDS_PER_SERVICE + 1) * 2).bit_length())
     cfg = LBConfig.from_flags([f"--bpf-lb-map-max={entries}"], LBConfig(node_name=NODE))
@@ -362,6 +382,10 @@ async def _agent(
             out.update(await _initial_sync(tg, lb, source, n))
             gc.collect()
             out["rss_mb_after_sync"] = round(_rss_mb(), 1)
+            out["rss_mb_peak_sync"] = round(_rss_mb("VmHWM"), 1)
+            out.update({f"memory_{k}": v for k, v in allocator_figures().items()})
+            if breakdown is not None:
+                out.update(breakdown.figures(n))
             # As the agent does once the initial state is in the maps (components/lb.py,
             # and the k8s component's switch to steady-state collector thresholds).
             freeze_loaded()
@@ -843,6 +867,13 @@ def main(argv: list[str] | None = None) -> int:
         metavar="FILE",
         help="write the event loop's stacks sampled during its stalls to FILE (JSON)",
     )
+    p.add_argument(
+        "--memory-breakdown",
+        action="store_true",
+        help="trace the agent's allocations (tracemalloc) and report where the bytes are "
+        "after the sync, per service (memory_* keys; tracing slows the sync and adds to "
+        "the resident set)",
+    )
     args = p.parse_args(argv)
     n = args.services or (SCALE_SERVICES if args.scale else 2000 if args.quick else 10_000)
     seconds = args.churn_seconds or (10.0 if args.quick else 30.0)
@@ -861,6 +892,7 @@ def main(argv: list[str] | None = None) -> int:
                 steady,
                 args.stall_stacks,
                 args.young_interval,
+                args.memory_breakdown,
             )
         )
     result["load_avg_1m_at_end"] = round(os.getloadavg()[0], 2)

@@ -1,0 +1,194 @@
+"""Where the agent's bytes are after a Kubernetes initial sync; prints one JSON object.
+
+``python benchmarks/k8s_memory.py [--services N]`` is ``benchmarks/k8s.py --services N
+--memory-breakdown`` without the churn (the keys are described there).
+
+`MemoryBreakdown` starts tracemalloc before the load balancer and the source exist, and
+after the sync (and a full collection) reports the traced heap grouped by source file and
+by source line, and the live container objects grouped by type (``gc.get_objects``,
+shallow ``sys.getsizeof``), each per service. tracemalloc counts the bytes Python asked
+the allocator for; the resident set adds the allocator's slack, freed pages it keeps,
+and what was in memory before tracing started (the interpreter and its imports).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import gc
+import os
+import sys
+import tempfile
+import tracemalloc
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+#: The project's root: file names are shown relative to it.
+_ROOT = str(Path(__file__).resolve().parent.parent) + "/"
+
+
+def _short(filename: str) -> str:
+    if filename.startswith(_ROOT):
+        return filename[len(_ROOT):]
+    for marker in ("site-packages/", "lib/python3"):
+        at = filename.find(marker)
+        if at >= 0:
+            return filename[at:]
+    return filename
+
+
+class MemoryBreakdown:
+    """tracemalloc from `start` to `figures` (one frame per allocation: the line that
+    allocated)."""
+
+    def __init__(self, top: int = 40) -> None:
+        self.top = top
+        self._before = 0
+
+    def start(self) -> None:
+        """Start tracing (frames: 1)."""
+        gc.collect()
+        tracemalloc.start(1)
+        self._before = tracemalloc.get_traced_memory()[0]
+
+    def figures(self, services: int) -> dict[str, Any]:
+        """The breakdown, per service (bytes), and stop tracing."""
+        gc.collect()
+        snap = tracemalloc.take_snapshot()
+        snap = snap.filter_traces((tracemalloc.Filter(False, tracemalloc.__file__),))
+        traced = tracemalloc.get_traced_memory()[0] - self._before
+        per = max(1, services)
+        by_file = snap.statistics("filename")
+        by_line = snap.statistics("lineno")
+        out: dict[str, Any] = {
+            "memory_traced_mb": round(traced / 2**20, 1),
+            "memory_traced_bytes_per_service": round(traced / per),
+            "memory_by_file_bytes_per_service": [
+                [_short(s.traceback[0].filename), round(s.size / per), s.count]
+                for s in by_file[: self.top]
+            ],
+            "memory_by_line_bytes_per_service": [
+                [
+                    f"{_short(s.traceback[0].filename)}:{s.traceback[0].lineno}",
+                    round(s.size / per),
+                    s.count,
+                ]
+                for s in by_line[: self.top]
+            ],
+        }
+        lines = {
+            (s.traceback[0].filename, s.traceback[0].lineno): f"{_short(s.traceback[0].filename)}:"
+            f"{s.traceback[0].lineno}"
+            for s in by_line[: self.top // 2]
+        }
+        del snap, by_file, by_line
+        out["memory_holders_bytes_per_service"] = _holders(lines, per, self.top)
+        peak = tracemalloc.get_traced_memory()[1] - self._before
+        out["memory_traced_peak_mb"] = round(peak / 2**20, 1)
+        tracemalloc.stop()
+        out["memory_by_type_bytes_per_service"] = _types(per, self.top)
+        return out
+
+
+def _holders(lines: dict[tuple[str, int], str], per: int, top: int) -> list[list[Any]]:
+    """Which objects hold what the top lines allocated: [line, holder type, shallow bytes
+    of the held objects per service, references] (an object held twice counts twice)."""
+    size: Counter[tuple[str, str]] = Counter()
+    refs: Counter[tuple[str, str]] = Counter()
+    trace_of = tracemalloc.get_object_traceback
+    for o in gc.get_objects():
+        holder = type(o).__qualname__
+        for r in gc.get_referents(o):
+            tb = trace_of(r)
+            if tb is None:
+                continue
+            frame = tb[0]
+            line = lines.get((frame.filename, frame.lineno))
+            if line is None:
+                continue
+            key = (line, f"{holder} -> {type(r).__qualname__}")
+            size[key] += sys.getsizeof(r)
+            refs[key] += 1
+    return [[line, holder, round(b / per), refs[(line, holder)]]
+            for (line, holder), b in size.most_common(top)]
+
+
+def _types(per: int, top: int) -> list[list[Any]]:
+    """Live gc-tracked objects by type: [name, shallow bytes per service, count]."""
+    size: Counter[str] = Counter()
+    count: Counter[str] = Counter()
+    for o in gc.get_objects():
+        t = type(o)
+        name = f"{t.__module__}.{t.__qualname__}"
+        size[name] += sys.getsizeof(o)
+        count[name] += 1
+    return [[name, round(b / per), count[name]] for name, b in size.most_common(top)]
+
+
+class _MallInfo2(ctypes.Structure):
+    _fields_ = [
+        (name, ctypes.c_size_t)
+        for name in (
+            "arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks",
+            "uordblks", "fordblks", "keepcost",
+        )
+    ]
+
+
+def allocator_figures() -> dict[str, float]:
+    """Where the resident set is, by allocator (MB), without tracing: Python's small-object
+    allocator (its arenas, the bytes in live blocks) and glibc's malloc (heap in use and
+    free, mmapped blocks). What pymalloc's arenas hold beyond their live blocks, and
+    glibc's free heap, is memory freed but kept."""
+    out: dict[str, float] = {}
+    fd, path = tempfile.mkstemp(prefix="statewright-mallocstats-")
+    saved = os.dup(2)
+    try:
+        sys.stderr.flush()
+        os.dup2(fd, 2)
+        sys._debugmallocstats()
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+        os.close(fd)
+    text = Path(path).read_text()
+    os.unlink(path)
+    for line in text.splitlines():
+        name, _, value = line.partition("=")
+        value = value.strip().replace(",", "")
+        if not value.isdigit():
+            continue
+        if "bytes/arena" in name:
+            out["pymalloc_arenas_mb"] = round(int(value) / 2**20, 1)
+        elif name.startswith("# bytes in allocated blocks"):
+            out["pymalloc_live_mb"] = round(int(value) / 2**20, 1)
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+        libc.mallinfo2.restype = _MallInfo2
+        info = libc.mallinfo2()
+    except (OSError, AttributeError):
+        return out
+    out["malloc_heap_in_use_mb"] = round(info.uordblks / 2**20, 1)
+    out["malloc_heap_free_mb"] = round(info.fordblks / 2**20, 1)
+    out["malloc_mmapped_mb"] = round(info.hblkhd / 2**20, 1)
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the sync with the breakdown and print the JSON figures."""
+    import argparse
+
+    from benchmarks import k8s
+
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--services", type=int, default=10_000)
+    args = p.parse_args(argv)
+    return k8s.main(
+        ["--services", str(args.services), "--churn-seconds", "0.001", "--memory-breakdown"]
+    )
+
+
+if __name__ == "__main__":
+    sys.exit(main())
