@@ -42,11 +42,8 @@ class InputError(StatewrightError, ValueError):
 
     def __reduce__(self) -> tuple[Any, ...]:
         # Subclasses have their own __init__ signatures: rebuild through InputError's.
-        return (
-            _rebuild_input_error,
-            (type(self), self.message, self.obj, self.field),
-            self.__dict__,
-        )
+        return (_rebuild_input_error, (type(self), self.message, self.obj, self.field),
+                self.__dict__)
 
 
 def _rebuild_input_error(cls: type[InputError], message: str, obj: str, field: str) -> InputError:
@@ -157,7 +154,9 @@ class UnknownIndexError(StateDBError):
     """A query named an index the table does not have."""
 
     def __init__(self, table: str, index: str, known: list[str]) -> None:
-        super().__init__(f"table {table!r} has no index {index!r} (indexes: {', '.join(known)})")
+        super().__init__(
+            f"table {table!r} has no index {index!r} (indexes: {', '.join(known)})"
+        )
         self.table = table
         self.index = index
 

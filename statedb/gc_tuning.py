@@ -274,19 +274,10 @@ async def collect_periodically(
         await anyio.sleep(interval)
         found = await anyio.to_thread.run_sync(count_frozen_garbage)
         if found is not None and (found.objects == 0 or found.bytes < reclaim_bytes):
-            log.debug(
-                "gc: %d objects (%d bytes) of cyclic garbage, under %d: left",
-                found.objects,
-                found.bytes,
-                reclaim_bytes,
-            )
+            log.debug("gc: %d objects (%d bytes) of cyclic garbage, under %d: left",
+                      found.objects, found.bytes, reclaim_bytes)
             continue
         r = collect_frozen()
         level = logging.INFO if r.collected else logging.DEBUG
-        log.log(
-            level,
-            "gc: full collection freed %d objects, %d frozen again, %.0f ms",
-            r.collected,
-            r.frozen,
-            r.seconds * 1000,
-        )
+        log.log(level, "gc: full collection freed %d objects, %d frozen again, %.0f ms",
+                r.collected, r.frozen, r.seconds * 1000)

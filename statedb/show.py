@@ -203,7 +203,8 @@ def _document(row: Any, hook: str) -> Any:
 def format_json(rows: Iterable[Any]) -> str:
     """Render rows as indented JSON objects, one after another."""
     return "".join(
-        json.dumps(_document(row, "to_json"), indent=2, ensure_ascii=False) + "\n" for row in rows
+        json.dumps(_document(row, "to_json"), indent=2, ensure_ascii=False) + "\n"
+        for row in rows
     )
 
 
