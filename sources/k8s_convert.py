@@ -57,7 +57,8 @@ from tables.backends import (
     BackendParams,
     BackendState,
     backend_details,
-    new_backend_params_with,
+    backend_rest,
+    new_backend_params_from,
 )
 from tables.frontends import FrontendParams, SVCType, new_frontend_params
 from tables.l3n4 import (
@@ -836,10 +837,12 @@ def convert_endpoint_slice(
         for pname, port, proto in ports
     ]
     # The shared details tuple of the endpoint before (most endpoints of a slice have
-    # the same node, zone and hints, or a few distinct ones).
+    # the same node, zone and hints, or a few distinct ones), and the shared tuples of
+    # everything but the address made from it, by (port names, state).
     d_node = d_zone = None
     d_zones: tuple[str, ...] | None = None
     details = backend_details("", "", (), 0, source, False, 0.0)
+    rests: dict[tuple[tuple[str, ...], BackendState], Any] = {}
     for i, ep in enumerate(endpoints):
         # Well-formed endpoints take the fast path; anything unusual is validated (and
         # reported) field by field by _endpoint_checked.
@@ -857,6 +860,7 @@ def convert_endpoint_slice(
             # BackendParams' details: node_name, zone, for_zones, cluster_id, source,
             # unhealthy, unhealthy_updated_at.
             details = backend_details(node, zone, zones, 0, source, False, 0.0)
+            rests = {}
         for ip in ips:
             for pname, single, pre, suffix in port_keys:
                 a = addr_of_key(pre + ip + suffix)
@@ -868,7 +872,12 @@ def convert_endpoint_slice(
                     if pname:
                         names.add(pname)
                     port_names = tuple(sorted(names))
-                merged[a] = new_backend_params_with(a, port_names, weight, state, details)
+                rest = rests.get((port_names, state))
+                if rest is None:
+                    rest = rests[port_names, state] = backend_rest(
+                        details, port_names, weight, state
+                    )
+                merged[a] = new_backend_params_from(a, rest)
     return _new_converted_endpoints(slice_name, service_name, tuple(merged.values()))
 
 

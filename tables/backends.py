@@ -76,20 +76,32 @@ class _BackendParamsFields:
     unhealthy_updated_at: float = 0.0
 
 
-#: The details of a backend instance that most backends share, as one tuple:
+#: The seven details of a backend instance that the backends of one node share:
 #: (node_name, zone, for_zones, cluster_id, source, unhealthy, unhealthy_updated_at).
-_Rest = tuple[str, str, tuple[str, ...], int, str, bool, float]
-#: Shared detail tuples (a node's backends share one); cleared when it grows past
-#: _RESTS_MAX, which only costs the sharing of the tuples made before.
-_RESTS: dict[_Rest, _Rest] = {}
-_RESTS_MAX = 8192
+_Details = tuple[str, str, tuple[str, ...], int, str, bool, float]
+#: Everything of a backend instance but its address, as one tuple: the seven details, then
+#: (port_names, weight, state). The details come first, at the same positions as in
+#: `_Details`, so a reader indexing the details reads either tuple alike.
+_Rest = tuple[str, str, tuple[str, ...], int, str, bool, float, tuple[str, ...], int,
+              BackendState]
+#: Shared tuples (the backends of a node with the same port names, weight and state share
+#: one); cleared when it grows past _RESTS_MAX, which only costs the sharing of the
+#: tuples made before.
+_RESTS: dict[tuple[Any, ...], tuple[Any, ...]] = {}
+_RESTS_MAX = 16384
 
 
-def _shared_rest(rest: _Rest) -> _Rest:
-    """``rest``, or an equal tuple made before (one object for many backends)."""
+def _shared_rest(rest: tuple[Any, ...]) -> Any:
+    """``rest`` (a `_Details` or a `_Rest`), or an equal tuple made before (one object
+    for many backends)."""
     # Only values of the exact field types are shared: an equal tuple of other types
-    # (0 for False, 1 for 1.0) would change the type a field reads back as.
+    # (0 for False, 1 for 1.0, 0 for BackendState.ACTIVE) would change the type a field
+    # reads back as.
     if type(rest[3]) is not int or type(rest[5]) is not bool or type(rest[6]) is not float:
+        return rest
+    if len(rest) > 7 and (
+        type(rest[7]) is not tuple or type(rest[8]) is not int or type(rest[9]) is not BackendState
+    ):
         return rest
     shared = _RESTS.get(rest)
     if shared is not None:
@@ -104,14 +116,14 @@ class BackendParams:
     """One service's view of a backend address (a backend instance).
 
     Immutable, with the value semantics of a frozen dataclass of its eleven fields
-    (equality, hash, repr, ``dataclasses.fields``/``replace``/``asdict``). Five slots
-    hold them: the address, port names, weight and state, which every reader wants, and
-    one tuple of the other seven (node, zones, cluster, source, health), which is shared
-    by every backend with the same ones: 48 bytes fewer per backend than eleven slots,
-    and nearly all backends of a node share one tuple.
+    (equality, hash, repr, ``dataclasses.fields``/``replace``/``asdict``). Two slots hold
+    them: the address, and one tuple of the other ten (`_Rest`: node, zones, cluster,
+    source, health, then port names, weight and state), shared by every backend with
+    the same ones: the backends of one node and port share one tuple, so a backend costs
+    its address and a 48-byte object (five slots took 80 bytes, eleven 128).
     """
 
-    __slots__ = ("_rest", "address", "port_names", "state", "weight")
+    __slots__ = ("_rest", "address")
     __dataclass_fields__: ClassVar[dict[str, dataclasses.Field[Any]]]
     __match_args__ = (
         "address", "port_names", "weight", "node_name", "zone", "for_zones", "cluster_id",
@@ -119,9 +131,6 @@ class BackendParams:
     )
 
     address: L3n4Addr
-    port_names: tuple[str, ...]
-    weight: int
-    state: BackendState
     _rest: _Rest
 
     def __init__(
@@ -139,17 +148,29 @@ class BackendParams:
         unhealthy_updated_at: float = 0.0,
     ) -> None:
         _set_bp_address(self, address)
-        _set_bp_port_names(self, port_names)
-        _set_bp_weight(self, weight)
-        _set_bp_state(self, state)
         _set_bp_rest(
             self,
             _shared_rest(
-                (node_name, zone, for_zones, cluster_id, source, unhealthy, unhealthy_updated_at)
+                (node_name, zone, for_zones, cluster_id, source, unhealthy, unhealthy_updated_at,
+                 port_names, weight, state)
             ),
         )
 
-    # The seven shared details, read from the tuple.
+    @property
+    def port_names(self) -> tuple[str, ...]:
+        """The names of the ports this backend serves (() when the port has no name)."""
+        return self._rest[7]
+
+    @property
+    def weight(self) -> int:
+        """The backend's weight (Maglev honours it)."""
+        return self._rest[8]
+
+    @property
+    def state(self) -> BackendState:
+        """The instance's lifecycle state."""
+        return self._rest[9]
+
     @property
     def node_name(self) -> str:
         """The node the backend runs on ("" when unknown)."""
@@ -186,8 +207,8 @@ class BackendParams:
         return self._rest[6]
 
     def _fields(self) -> tuple[Any, ...]:
-        return (self.address, self.port_names, self.weight, *self._rest[:5], self.state,
-                *self._rest[5:])
+        r = self._rest
+        return (self.address, r[7], r[8], *r[:5], r[9], r[5], r[6])
 
     def __setattr__(self, name: str, value: Any) -> None:
         raise dataclasses.FrozenInstanceError(f"cannot assign to field {name!r}")
@@ -199,16 +220,10 @@ class BackendParams:
         if other.__class__ is not self.__class__:
             return NotImplemented
         assert isinstance(other, BackendParams)
-        return (
-            self.address == other.address
-            and self.port_names == other.port_names
-            and self.weight == other.weight
-            and self.state == other.state
-            and self._rest == other._rest
-        )
+        return self.address == other.address and self._rest == other._rest
 
     def __hash__(self) -> int:
-        return hash((self.address, self.port_names, self.weight, self.state, self._rest))
+        return hash((self.address, self._rest))
 
     def __repr__(self) -> str:
         parts = ", ".join(
@@ -258,9 +273,6 @@ class BackendParams:
 # dataclasses.fields/replace/asdict see BackendParams' eleven fields.
 BackendParams.__dataclass_fields__ = _BackendParamsFields.__dataclass_fields__
 _set_bp_address = BackendParams.__dict__["address"].__set__
-_set_bp_port_names = BackendParams.__dict__["port_names"].__set__
-_set_bp_weight = BackendParams.__dict__["weight"].__set__
-_set_bp_state = BackendParams.__dict__["state"].__set__
 _set_bp_rest = BackendParams.__dict__["_rest"].__set__
 
 
@@ -531,13 +543,10 @@ def new_backend_params(
     endpoint)."""
     o = _new(BackendParams)
     _set_bp_address(o, address)
-    _set_bp_port_names(o, port_names)
-    _set_bp_weight(o, weight)
-    _set_bp_state(o, state)
     _set_bp_rest(
         o,
         _shared_rest((node_name, zone, for_zones, cluster_id, source, unhealthy,
-                      unhealthy_updated_at)),
+                      unhealthy_updated_at, port_names, weight, state)),
     )
     return o
 
@@ -550,13 +559,31 @@ def backend_details(
     source: str,
     unhealthy: bool,
     unhealthy_updated_at: float,
-) -> _Rest:
+) -> _Details:
     """The shared tuple of a backend instance's seven details (node, zones, cluster,
-    source, health), for `new_backend_params_with`: one per distinct set of details,
-    reused by every instance that has them."""
-    return _shared_rest(
+    source, health), for `backend_rest`: one per distinct set of details."""
+    details: _Details = _shared_rest(
         (node_name, zone, for_zones, cluster_id, source, unhealthy, unhealthy_updated_at)
     )
+    return details
+
+
+def backend_rest(
+    details: _Details, port_names: tuple[str, ...], weight: int, state: BackendState
+) -> _Rest:
+    """The shared tuple of everything of an instance but its address (`_Rest`), from a
+    `backend_details` tuple: for `new_backend_params_from`, made once for the instances
+    that have the same ones."""
+    rest: _Rest = _shared_rest((*details, port_names, weight, state))
+    return rest
+
+
+def new_backend_params_from(address: L3n4Addr, rest: _Rest) -> BackendParams:
+    """``BackendParams`` from its address and a `backend_rest` tuple (two slots set)."""
+    o = _new(BackendParams)
+    _set_bp_address(o, address)
+    _set_bp_rest(o, rest)
+    return o
 
 
 def new_backend_params_with(
@@ -564,15 +591,8 @@ def new_backend_params_with(
     port_names: tuple[str, ...],
     weight: int,
     state: BackendState,
-    details: _Rest,
+    details: _Details,
 ) -> BackendParams:
     """``BackendParams`` from its four own fields and a `backend_details` tuple: what
-    `new_backend_params` builds, without making and looking up the details per instance
-    (a converter makes them once for the endpoints that share them)."""
-    o = _new(BackendParams)
-    _set_bp_address(o, address)
-    _set_bp_port_names(o, port_names)
-    _set_bp_weight(o, weight)
-    _set_bp_state(o, state)
-    _set_bp_rest(o, details)
-    return o
+    `new_backend_params` builds."""
+    return new_backend_params_from(address, backend_rest(details, port_names, weight, state))

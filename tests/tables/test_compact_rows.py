@@ -131,12 +131,19 @@ def test_backend_params_behave_as_the_dataclass(x: tuple[Any, ...], y: tuple[Any
 def test_backend_params_share_their_details_and_stay_frozen() -> None:
     a = L3n4Addr.parse("10.0.0.1:80")
     p = BackendParams(a, ("http",), node_name="n1", zone="z")
-    q = BackendParams(L3n4Addr.parse("10.0.0.2:80"), node_name="n1", zone="z")
+    q = BackendParams(L3n4Addr.parse("10.0.0.2:80"), ("http",), node_name="n1", zone="z")
     assert p._rest is q._rest
+    # Other port names, weight or state: another tuple, the same details in it.
+    o = BackendParams(a, ("dns",), 7, "n1", "z", state=BackendState.TERMINATING)
+    assert o._rest is not p._rest and o._rest[:7] == p._rest[:7]
+    assert (o.port_names, o.weight, o.state) == (("dns",), 7, BackendState.TERMINATING)
     # An equal tuple of other types is not shared: the fields read back as given.
     r = BackendParams(a, unhealthy=0, unhealthy_updated_at=0)  # type: ignore[arg-type]
     assert type(r.unhealthy) is int and type(r.unhealthy_updated_at) is int
     assert type(BackendParams(a).unhealthy) is bool
+    s = BackendParams(a, weight=True, state=0)  # type: ignore[arg-type]
+    assert type(s.weight) is bool and type(s.state) is int
+    assert type(BackendParams(a).state) is BackendState
     with pytest.raises(dataclasses.FrozenInstanceError):
         p.weight = 1  # type: ignore[misc]
     assert p.effective_state is BackendState.ACTIVE
