@@ -213,6 +213,24 @@ def _port(ref: str, path: str, value: Any, *, allow_zero: bool = False) -> int:
     return value
 
 
+#: Small immutable values many objects carry alike (port names, a service's port list, a
+#: slice's port-name tuple): one object each, shared by every row that holds an equal one.
+#: Cleared when it grows past _SHARED_MAX, which only costs the sharing of those before.
+_SHARED: dict[Any, Any] = {}
+_SHARED_MAX = 4096
+
+
+def _shared(value: Any) -> Any:
+    """``value`` (a string or a tuple of them, of ints...), or an equal one made before."""
+    kept = _SHARED.get(value)
+    if kept is not None and type(kept) is type(value):
+        return kept
+    if len(_SHARED) >= _SHARED_MAX:
+        _SHARED.clear()
+    _SHARED[value] = value
+    return value
+
+
 _AF_INET = socket.AF_INET
 _inet_pton = socket.inet_pton
 _IPv4Address = ipaddress.IPv4Address
@@ -358,7 +376,7 @@ def convert_service(
         False,  # loopback_host_port
         tuple(ranges),  # source_ranges
         ranges_policy,  # source_ranges_policy
-        tuple(sorted(port_names.items())),  # port_names
+        _shared(tuple(sorted(port_names.items()))),  # port_names
         traffic_dist,  # traffic_distribution
         algorithm,  # lb_algorithm
         scope_ann != "external-only",  # internal_scope_enabled
@@ -483,7 +501,9 @@ def _service_ports(
     for i, p in enumerate(_list(ref, "spec.ports", spec.get("ports"))):
         path = f"spec.ports[{i}]"
         pm = _mapping(ref, path, p)
-        pname = _str(ref, f"{path}.name", pm.get("name"))
+        # The port's name is carried by every frontend of the port: one string for all
+        # the services that name a port alike ("http").
+        pname = _shared(_str(ref, f"{path}.name", pm.get("name")))
         port = _port(ref, f"{path}.port", pm.get("port"))
         proto = _proto(ref, f"{path}.protocol", pm.get("protocol"))
         np = pm.get("nodePort")
@@ -785,7 +805,8 @@ def convert_endpoint_slice(
     """Convert a discovery.k8s.io/v1 EndpointSlice; raise ConversionError naming the field."""
     cfg = config if config is not None else LBConfig()
     ref = object_ref(obj)
-    slice_name = namespaced_name(obj)
+    # Interned: the reflector's key of the slice is the same string (one for both).
+    slice_name = sys.intern(namespaced_name(obj))
     meta = _mapping(ref, "metadata", obj.get("metadata"))
     labels = _str_map(ref, "metadata.labels", meta.get("labels"))
     svc = labels.get(SERVICE_NAME_LABEL, "")
@@ -819,7 +840,7 @@ def convert_endpoint_slice(
             continue
         ports.append(
             (
-                _str(ref, f"ports[{i}].name", pm.get("name")),
+                _shared(_str(ref, f"ports[{i}].name", pm.get("name"))),
                 _port(ref, f"ports[{i}].port", pm.get("port")),
                 _proto(ref, f"ports[{i}].protocol", pm.get("protocol")),
             )
@@ -833,7 +854,8 @@ def convert_endpoint_slice(
     # Per port: its name, the tuple of that one name (shared by every backend of the
     # slice) and its key suffix (port, protocol, family: validated once here).
     port_keys = [
-        (pname, (pname,) if pname else (), prefix, addr_key_suffix(port, proto, want_v6))
+        (pname, _shared((pname,)) if pname else (), prefix,
+         addr_key_suffix(port, proto, want_v6))
         for pname, port, proto in ports
     ]
     # The shared details tuple of the endpoint before (most endpoints of a slice have

@@ -47,6 +47,7 @@ import json
 import logging
 import random
 import socket
+import sys
 import threading
 import time
 from collections import deque
@@ -150,11 +151,15 @@ class ReflectorHealth:
 
 
 def object_key(obj: Mapping[str, Any]) -> str:
-    """``namespace/name`` (``name`` for cluster-scoped objects)."""
+    """``namespace/name`` (``name`` for cluster-scoped objects).
+
+    Interned: the reflectors keep the key of every object, and the converter keeps the
+    same ``namespace/name`` of each Service and EndpointSlice (interned too): one string
+    for both."""
     meta = obj.get("metadata") or {}
     ns = meta.get("namespace") or ""
     name = meta.get("name") or ""
-    return f"{ns}/{name}" if ns else str(name)
+    return sys.intern(f"{ns}/{name}" if ns else str(name))
 
 
 def _retry_after(e: ApiException) -> float | None:
