@@ -965,13 +965,18 @@ def convert_pod_host_ports(
 
 
 # ----- the stateful converter ------------------------------------------------------------
+#: A service's slices: (slice name, its backends) for the one slice nearly every service
+#: has (a pair, 56 bytes: a dict of one entry takes 200), else slice name -> backends.
+_Slices = tuple[str, tuple[BackendParams, ...]] | dict[str, tuple[BackendParams, ...]]
+
+
 @dataclass(slots=True)
 class _State:
     """What the converter has applied, to merge slices and undo deletions."""
 
     services: set[ServiceName] = field(default_factory=set)  # names of applied services
-    # service -> slice name -> backends of that slice
-    slices: dict[ServiceName, dict[str, tuple[BackendParams, ...]]] = field(default_factory=dict)
+    # service -> its slices (`_Slices`); a value is replaced, never changed in place
+    slices: dict[ServiceName, _Slices] = field(default_factory=dict)
     slice_service: dict[str, ServiceName] = field(default_factory=dict)
     pods: dict[str, list[ServiceName]] = field(default_factory=dict)
 
@@ -999,7 +1004,7 @@ class K8sConverter:
         st = self._st
         return _State(
             set(st.services),
-            {k: dict(v) for k, v in st.slices.items()},
+            dict(st.slices),  # its values are replaced, never changed in place
             dict(st.slice_service),
             {k: list(v) for k, v in st.pods.items()},
         )
@@ -1074,12 +1079,17 @@ class K8sConverter:
         slices."""
         conv = convert_endpoint_slice(obj, self.config, self.source)
         old_svc = self._st.slice_service.get(conv.slice_name)
-        if old_svc is not None and old_svc != conv.service_name:
+        moved = old_svc is not None and old_svc != conv.service_name
+        if old_svc is not None and moved:
             self._apply_slices(txn, old_svc, drop=conv.slice_name)
         self._apply_slices(txn, conv.service_name, put=(conv.slice_name, conv.backends))
-        if old_svc is not None and old_svc != conv.service_name:
-            self._st.slices.get(old_svc, {}).pop(conv.slice_name, None)
-        self._st.slices.setdefault(conv.service_name, {})[conv.slice_name] = conv.backends
+        if old_svc is not None and moved:
+            left = self._slices_of(old_svc)
+            left.pop(conv.slice_name, None)
+            self._keep_slices(old_svc, left)
+        slices = self._slices_of(conv.service_name)
+        slices[conv.slice_name] = conv.backends
+        self._keep_slices(conv.service_name, slices)
         self._st.slice_service[conv.slice_name] = conv.service_name
 
     def delete_endpoint_slice(self, txn: WriteTxn, slice_name: str) -> None:
@@ -1088,11 +1098,32 @@ class K8sConverter:
         if svc is None:
             return
         self._apply_slices(txn, svc, drop=slice_name)
-        slices = self._st.slices.get(svc, {})
+        slices = self._slices_of(svc)
         slices.pop(slice_name, None)
-        if not slices:
-            self._st.slices.pop(svc, None)
+        self._keep_slices(svc, slices)
         del self._st.slice_service[slice_name]
+
+    def _slices_of(self, service: ServiceName) -> dict[str, tuple[BackendParams, ...]]:
+        """The slices of ``service`` as a new dict (slice name -> backends)."""
+        kept = self._st.slices.get(service)
+        if kept is None:
+            return {}
+        if type(kept) is tuple:
+            return {kept[0]: kept[1]}
+        assert isinstance(kept, dict)
+        return dict(kept)
+
+    def _keep_slices(
+        self, service: ServiceName, slices: dict[str, tuple[BackendParams, ...]]
+    ) -> None:
+        """Remember ``slices`` as the slices of ``service`` (one slice as a pair)."""
+        if not slices:
+            self._st.slices.pop(service, None)
+        elif len(slices) == 1:
+            ((name, backends),) = slices.items()
+            self._st.slices[service] = (name, backends)
+        else:
+            self._st.slices[service] = slices
 
     def _apply_slices(
         self,
@@ -1101,7 +1132,7 @@ class K8sConverter:
         put: tuple[str, tuple[BackendParams, ...]] | None = None,
         drop: str | None = None,
     ) -> None:
-        slices = dict(self._st.slices.get(service, {}))
+        slices = self._slices_of(service)
         if put is not None:
             slices[put[0]] = put[1]
         if drop is not None:
