@@ -148,7 +148,8 @@ def origin_of(
     if kind == "EndpointSlice":
         labels = meta.get("labels")
         svc = labels.get("kubernetes.io/service-name") if isinstance(labels, Mapping) else None
-        owner = f"{ns}/{svc}" if isinstance(svc, str) and svc else ""
+        # Interned: the same string as the converter's (interned) name of the service.
+        owner = sys.intern(f"{ns}/{svc}") if isinstance(svc, str) and svc else ""
         addresses = _slice_addresses(obj)
     return Origin(
         kind, ns, name, source,
