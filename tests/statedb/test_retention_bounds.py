@@ -93,6 +93,14 @@ def test_one_held_snapshot_keeps_what_it_sees_through_100000_updates() -> None:
     assert worst["older_versions"] <= n_rows + per_txn
 
 
+def _rewrite_all(db: DB, table: Table[Row], versions: range, n: int) -> None:
+    """One transaction per version ``v`` rewriting rows 0..n-1, named a<i> or b<i> by turns."""
+    for v in versions:
+        with db.write_txn(table) as w:
+            for i in range(n):
+                table.insert(w, Row(i, f"{'ab'[v % 2]}{i}", v))
+
+
 def test_a_dropped_snapshot_frees_what_only_it_saw() -> None:
     """Two held snapshots; the older one dropped: the sweep frees its versions."""
     db, table = new_db(unique=True)
@@ -100,16 +108,10 @@ def test_a_dropped_snapshot_frees_what_only_it_saw() -> None:
         for i in range(300):
             table.insert(w, Row(i, f"a{i}", 0))
     first = db.read_txn()
-    for v in range(1, 4):
-        with db.write_txn(table) as w:
-            for i in range(300):
-                table.insert(w, Row(i, f"{'ab'[v % 2]}{i}", v))
+    _rewrite_all(db, table, range(1, 4), 300)
     second = db.read_txn()
     second_rows = {i: Row(i, f"b{i}", 3) for i in range(300)}
-    for v in range(4, 8):
-        with db.write_txn(table) as w:
-            for i in range(300):
-                table.insert(w, Row(i, f"{'ab'[v % 2]}{i}", v))
+    _rewrite_all(db, table, range(4, 8), 300)
     both = figures(table, db.read_txn())["older_versions"]
     check_snapshot(table, first, {i: Row(i, f"a{i}", 0) for i in range(300)})
     del first

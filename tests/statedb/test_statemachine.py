@@ -763,24 +763,25 @@ class StateDBMachine(RuleBasedStateMachine):
             rec.it.close()
 
 
-def _examples() -> int:
-    """Number of machine runs; STATEDB_HYPOTHESIS_EXAMPLES raises it for a long soak."""
-    return int(os.environ.get("STATEDB_HYPOTHESIS_EXAMPLES", "100"))
-
-
 SHRINK_ENV = "STATEDB_HYPOTHESIS_SHRINK"
 
-# The same runs every time by default, so a suite run cannot fail by luck; set
-# STATEDB_HYPOTHESIS_RANDOM=1 (with more examples) to explore new ones.
-StateDBMachine.TestCase.settings = settings(
-    max_examples=_examples(),
-    stateful_step_count=50,
-    deadline=None,
-    derandomize=not os.environ.get("STATEDB_HYPOTHESIS_RANDOM"),
-    # One failure is enough to report. Shrinking a failing run of this machine takes
-    # minutes, so it is off unless STATEDB_HYPOTHESIS_SHRINK=1 asks for a minimal one.
-    report_multiple_bugs=False,
-    phases=[p for p in Phase if p is not Phase.shrink or bool(os.environ.get(SHRINK_ENV))],
-    suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
-)
+
+def machine_settings(default_examples: int, steps: int) -> settings:
+    """The settings of statedb's state machines. The same runs every time by default, so a
+    suite run cannot fail by luck; STATEDB_HYPOTHESIS_RANDOM=1 (with more examples, from
+    STATEDB_HYPOTHESIS_EXAMPLES) explores new ones. One failure is enough to report, and
+    shrinking a failing run takes minutes, so it is off unless STATEDB_HYPOTHESIS_SHRINK=1
+    asks for a minimal one."""
+    return settings(
+        max_examples=int(os.environ.get("STATEDB_HYPOTHESIS_EXAMPLES", str(default_examples))),
+        stateful_step_count=steps,
+        deadline=None,
+        derandomize=not os.environ.get("STATEDB_HYPOTHESIS_RANDOM"),
+        report_multiple_bugs=False,
+        phases=[p for p in Phase if p is not Phase.shrink or bool(os.environ.get(SHRINK_ENV))],
+        suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
+    )
+
+
+StateDBMachine.TestCase.settings = machine_settings(100, steps=50)
 TestStateDB = StateDBMachine.TestCase

@@ -16,17 +16,14 @@ records and filters three per commit. Checked, besides everything the base machi
 from __future__ import annotations
 
 import gc
-import os
 
 import hypothesis.strategies as st
 import pytest
-from hypothesis import HealthCheck, Phase, settings
 from hypothesis.stateful import invariant, precondition, rule
 
 from statedb import ReadTxn, ordered, table_state
 from tests.statedb.test_statemachine import (
     QUERY_KINDS,
-    SHRINK_ENV,
     SPEC,
     SPECS,
     Model,
@@ -34,6 +31,7 @@ from tests.statedb.test_statemachine import (
     actual_query,
     copy_model,
     expected_query,
+    machine_settings,
 )
 
 #: Snapshots the machine holds at most beside the base machine's kept ones.
@@ -160,18 +158,5 @@ class HeldSnapshotMachine(StateDBMachine):
         self.check_table(self.db.read_txn(), SPEC[name], self.committed[name], "after teardown")
 
 
-def _examples() -> int:
-    """Number of machine runs; STATEDB_HYPOTHESIS_EXAMPLES raises it for a long soak."""
-    return int(os.environ.get("STATEDB_HYPOTHESIS_EXAMPLES", "60"))
-
-
-HeldSnapshotMachine.TestCase.settings = settings(
-    max_examples=_examples(),
-    stateful_step_count=80,
-    deadline=None,
-    derandomize=not os.environ.get("STATEDB_HYPOTHESIS_RANDOM"),
-    report_multiple_bugs=False,
-    phases=[p for p in Phase if p is not Phase.shrink or bool(os.environ.get(SHRINK_ENV))],
-    suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
-)
+HeldSnapshotMachine.TestCase.settings = machine_settings(60, steps=80)
 TestHeldSnapshots = HeldSnapshotMachine.TestCase
