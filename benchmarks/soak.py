@@ -137,8 +137,6 @@ def _churn(srv: Any, conn: multiprocessing.connection.Connection, n: int, rate: 
            every: int) -> None:
     t0 = time.monotonic()
     conn.send(("started", t0))
-    batch: list[tuple[int, float]] = []
-    sent = t0
     late_max = 0.0
     k = 0
     while True:
@@ -152,11 +150,11 @@ def _churn(srv: Any, conn: multiprocessing.connection.Connection, n: int, rate: 
             break
         emitted = time.monotonic()
         srv.upsert(slice_obj(churn_service(k, n), k + 1))
+        # Each timed event is announced as it is emitted: the reader checks the map only
+        # for events it knows of, so an announcement held back (batched) would add its
+        # delay to every latency measured.
         if k % every == 0:
-            batch.append((k, emitted))
-        if emitted - sent > 0.02 and batch:
-            conn.send(("emitted", batch))
-            batch, sent = [], emitted
+            conn.send(("emitted", [(k, emitted)]))
         k += 1
     with open("/proc/self/status") as f:
         rss = next((int(x.split()[1]) / 1024 for x in f if x.startswith("VmRSS:")), 0.0)
@@ -482,6 +480,8 @@ class Probe:
         self.cpu_max = 0.0
         self.cpu_over50 = 0
         self.worst: list[dict[str, Any]] = []
+        self.last_stall_at = 0.0
+        self.last_gc_at = 0.0
         self.rss: list[tuple[float, float]] = []
         self.loads: list[float] = []
         self.gc_base: list[int] = [0, 0, 0]
@@ -490,7 +490,7 @@ class Probe:
 
     def start(self) -> None:
         doc = api(self.run.sock, "/debug/probe")
-        self.since = time.monotonic()
+        self.since = self.last_stall_at = self.last_gc_at = time.monotonic()
         self.base_counts = doc["loop"]["lag_counts"]
         self.gc_base = doc["gc"]["passes"]
         self.buckets = doc["loop"]["lag_buckets_ms"]
@@ -506,12 +506,19 @@ class Probe:
         assert self.base_counts is not None
         self.counts = [a - b for a, b in zip(loop["lag_counts"], self.base_counts)]
         self.gc_passes = [a - b for a, b in zip(doc["gc"]["passes"], self.gc_base)]
+        # ``since_ms`` is whole milliseconds: what one sample returned last may come back
+        # in the next one, so each list is cut at the newest entry already counted.
+        gc_cut, stall_cut = self.last_gc_at, self.last_stall_at
         for p in doc["gc"]["long_passes"]:
-            if p["at"] > self.since:
+            if p["at"] > gc_cut:
+                self.last_gc_at = max(self.last_gc_at, p["at"])
                 p["at_s"] = round(p.pop("at") - self.t0, 1)
                 bisect.insort(self.gc_long, p, key=lambda x: -x["cpu_ms"])
                 del self.gc_long[self.KEEP_STALLS:]
         for s in loop["stalls"]:
+            if s["at"] <= stall_cut:
+                continue
+            self.last_stall_at = max(self.last_stall_at, s["at"])
             self.since = max(self.since, s["at"])
             ms = s["ms"]
             self.stall_max = max(self.stall_max, ms)
