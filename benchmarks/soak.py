@@ -37,8 +37,9 @@ Keys:
   second half of the traced window (the baseline snapshot is taken once every service was
   churned under tracing, so replaced state does not count as growth), from the agent's
   own snapshots (statewright/agent/loop_probe.py, MemoryTracer).
-- server_late_ms_max: how far the fake server fell behind its schedule (a late server
-  emits a burst that the agent then works off: lateness there is not the agent's).
+- server_late_ms_max / server_late_ms_by_minute: how far the fake server fell behind its
+  schedule (a late server emits a burst that the agent then works off: lateness there is
+  not the agent's, and a minute's p99 is to be read beside it).
 - agent_cpu_us_per_event / agent_cpu_cores: the agent process' CPU time (all threads)
   over the timed minutes per event, and as a share of one core: what the churn costs
   whatever the machine's load.
@@ -137,15 +138,18 @@ def _churn(srv: Any, conn: multiprocessing.connection.Connection, n: int, rate: 
            every: int) -> None:
     t0 = time.monotonic()
     conn.send(("started", t0))
-    late_max = 0.0
+    late_by_minute: list[float] = []
     k = 0
     while True:
         due = t0 + k / rate
         now = time.monotonic()
         if due > now:
             time.sleep(due - now)
-        elif now - due > late_max:
-            late_max = now - due
+        else:
+            minute = int((due - t0) // 60)
+            while len(late_by_minute) <= minute:
+                late_by_minute.append(0.0)
+            late_by_minute[minute] = max(late_by_minute[minute], now - due)
         if k % 50 == 0 and conn.poll():
             break
         emitted = time.monotonic()
@@ -158,7 +162,7 @@ def _churn(srv: Any, conn: multiprocessing.connection.Connection, n: int, rate: 
         k += 1
     with open("/proc/self/status") as f:
         rss = next((int(x.split()[1]) / 1024 for x in f if x.startswith("VmRSS:")), 0.0)
-    conn.send(("stopped", k, round(late_max * 1000, 1), round(rss, 1)))
+    conn.send(("stopped", k, [round(x * 1000, 1) for x in late_by_minute], round(rss, 1)))
 
 
 # ----- reading the agent's maps -----------------------------------------------------------
@@ -660,7 +664,8 @@ def _churn_phase(args: argparse.Namespace, run: Run, reader: MapReader,
     churn.reader_thread.join(timeout=30)
     if churn.stopped is not None:
         out["churn_events"] = churn.stopped[1]
-        out["server_late_ms_max"] = churn.stopped[2]
+        out["server_late_ms_max"] = max(churn.stopped[2], default=0.0)
+        out["server_late_ms_by_minute"] = churn.stopped[2]
         out["server_rss_mb_end"] = churn.stopped[3]
     return out
 

@@ -178,10 +178,11 @@ class CollectorProbe:
 
 class StallSampler:
     """A thread that, every 2 ms while the loop has not woken for over
-    ``threshold_ms``, records the loop thread's stack; `LoopProbe` takes the counts when
-    the late wake-up comes. The thread needs the interpreter lock to sample, so samples
-    land where the loop releases it (calls into C, the switch interval): they say which
-    code holds the loop, not exactly how its time splits."""
+    ``threshold_ms`` (and about once per threshold otherwise), records the loop thread's
+    stack; `LoopProbe` takes the counts when the late wake-up comes. The thread needs the
+    interpreter lock to sample, so samples land where the loop releases it (calls into C,
+    the switch interval): they say which code holds the loop, not exactly how its time
+    splits."""
 
     def __init__(self, probe: LoopProbe, threshold_ms: float = 15.0) -> None:
         self.probe = probe
@@ -217,10 +218,16 @@ class StallSampler:
                 self._counts = {}
 
     def _run(self) -> None:
-        # Every 2 ms: each check takes the interpreter lock from the loop's thread.
-        while not self._stop.wait(0.002):
-            if time.monotonic() - self.probe.last_wake < self.threshold_s:
+        # Each check takes the interpreter lock from the loop's thread, so the thread
+        # sleeps until the loop would be ``threshold_ms`` late (about one check per
+        # threshold while the loop keeps waking), then samples every 2 ms.
+        delay = self.threshold_s
+        while not self._stop.wait(delay):
+            late = time.monotonic() - self.probe.last_wake
+            if late < self.threshold_s:
+                delay = max(0.002, self.threshold_s - late)
                 continue
+            delay = 0.002
             frame = sys._current_frames().get(self._loop_ident)
             parts: list[str] = []
             while frame is not None and len(parts) < 40:

@@ -336,7 +336,7 @@ def test_dropped_and_stalled_watches(
 def test_history_limit_compacts_old_versions() -> None:
     with FakeAPIServer(history_limit=2) as srv:
         first = srv.resource_version
-        for i in range(5):  # more than 2 x the limit: compaction
+        for i in range(5):  # more than the limit: the oldest are compacted away
             srv.upsert(service(f"s{i}", f"10.96.0.{i + 1}"))
         w = srv.open_watch(srv_resource("services"), "", lambda o: True, str(first))
         assert w.events.get_nowait()["object"]["code"] == 410
