@@ -513,13 +513,15 @@ class _WatchPump:
     buffer goes from empty to non-empty, without the reader waiting for it (a blocking
     ``anyio.from_thread.run_sync`` would hold the reader until the busy loop got round
     to it: one event per loop turn under load), and the reader waits only when
-    ``max_pending`` chunks are not taken yet (back-pressure, not unbounded memory).
+    ``max_pending_bytes`` are not taken yet (back-pressure, not unbounded memory: the
+    socket's buffers then fill and the server holds the rest).
     Build it in the event loop's thread."""
 
-    def __init__(self, chunks: Iterator[bytes], max_pending: int = 1024) -> None:
+    def __init__(self, chunks: Iterator[bytes], max_pending_bytes: int = 8 << 20) -> None:
         self._chunks = chunks
-        self._max = max_pending
+        self._max = max_pending_bytes
         self._buf: deque[bytes] = deque()
+        self._pending = 0
         self._cond = threading.Condition()
         self._ready = anyio.Event()
         self._finished = False
@@ -550,12 +552,13 @@ class _WatchPump:
         try:
             for chunk in self._chunks:
                 with self._cond:
-                    while len(self._buf) >= self._max and not self._closed:
+                    while self._pending >= self._max and not self._closed:
                         self._cond.wait(0.1)
                     if self._closed:
                         return
                     was_empty = not self._buf
                     self._buf.append(chunk)
+                    self._pending += len(chunk)
                 if was_empty:
                     self._notify_loop()
         except BaseException as e:  # handed to the event loop, which raises it
@@ -571,6 +574,7 @@ class _WatchPump:
                 if self._buf or self._finished:
                     data = b"".join(self._buf)
                     self._buf.clear()
+                    self._pending = 0
                     self._cond.notify_all()
                     return data, self._finished and not data, self._error if not data else None
             await self._ready.wait()
