@@ -69,6 +69,14 @@ class TypedMap(Generic[K, V]):
             out.extend(zip(key_codec.decode_many(kraw), value_codec.decode_many(vraw)))
         return out
 
+    def chunks(self, batch_size: int = 4096) -> Iterator[list[tuple[K, V]]]:
+        """All entries in decoded chunks of up to ``batch_size``, read as they are asked
+        for (a hash map's batch lookup resumes by bucket, so entries written or deleted
+        between two chunks do not derail it)."""
+        key_codec, value_codec = self.spec.key, self.spec.value
+        for kraw, vraw in self._be.dump_chunks(batch_size):
+            yield list(zip(key_codec.decode_many(kraw), value_codec.decode_many(vraw)))
+
     def update_batch(self, keys: Iterable[K], values: Iterable[V], flags: int = 0) -> int:
         """Batch update (BatchError.done tells how many leading entries were applied)."""
         return self._be.update_batch(

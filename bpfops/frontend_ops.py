@@ -60,7 +60,7 @@ The parts, by file:
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from typing import Generic, TypeVar
 
 from bpf.errors import MapError
@@ -72,7 +72,14 @@ from bpfops.frontend_plan import (
     merge,
     with_addr,
 )
-from bpfops.frontend_restore import maps_are_empty, prune_maps, prune_recorded, restore_ids
+from bpfops.frontend_restore import (
+    audit_maps,
+    maps_are_empty,
+    prune_maps,
+    prune_recorded,
+    release_unclaimed,
+    restore_ids,
+)
 from bpfops.frontend_round import RoundWriter
 from bpfops.frontend_state import PendingFrontend
 from bpfops.frontend_writer import FrontendWriter
@@ -138,6 +145,11 @@ class FrontendOps(Generic[R]):
         #: may leave an entry the record does not explain). The first prune then has
         #: nothing to look for in the maps and skips dumping them (`prune`).
         self.maps_explained = False
+        #: When True, `prune` leaves the dump of the maps to an awaitable it returns
+        #: (`audit_maps`: steps of a few milliseconds), for a reconciler that runs it beside
+        #: its rounds (``Config.prune_beside_rounds``); when False the dump is done in the
+        #: call (about 0.18 ms per service, on the loop).
+        self.audit_in_steps = False
         if restore:
             self.reset_and_restore()
 
@@ -309,8 +321,9 @@ class FrontendOps(Generic[R]):
             except Exception as exc:
                 entry.result = exc
 
-    def prune(self, txn: ReadTxn, objects: Iterator[R]) -> None:
-        """Remove everything the given rows (all desired frontends) do not explain."""
+    def prune(self, txn: ReadTxn, objects: Iterator[R]) -> Awaitable[None] | None:
+        """Remove everything the given rows (all desired frontends) do not explain (the
+        look at the maps in the awaitable returned, with `audit_in_steps`)."""
         wanted: set[Addr] = set()
         for obj in objects:
             try:
@@ -328,15 +341,26 @@ class FrontendOps(Generic[R]):
                 errors.append(f"{addr}: {exc}")
         for parent in [p for p in self.expansions if p not in wanted]:
             del self.expansions[parent]
+        audit = False
         if self.maps_explained and not errors:
             # Maps created empty, nothing failed: every entry is one the record explains
             # (the initial sync's first prune, on a node's first start, costs no dump).
             prune_recorded(self.writer, errors)
+        elif self.audit_in_steps:
+            release_unclaimed(self.writer)
+            audit = True
         else:
             self.prune_maps(errors)
         # Later prunes look at the maps (entries written behind the agent's back).
         self.maps_explained = False
         self.prune_count += 1
+        if errors:
+            raise LBOpsError("prune: " + "; ".join(errors[:5]))
+        return self._audit() if audit else None
+
+    async def _audit(self) -> None:
+        errors: list[str] = []
+        await audit_maps(self.writer, errors)
         if errors:
             raise LBOpsError("prune: " + "; ".join(errors[:5]))
 

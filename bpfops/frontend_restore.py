@@ -12,22 +12,30 @@ Both work on the record of a ``bpfops.frontend_writer.FrontendWriter``.
 * `prune_maps`: delete every entry of every LB map that the state does not explain
   (unknown service keys and slots, backends, rev-NAT, affinity, source-range, maglev and
   scale-to-zero entries, wildcard entries without a frontend), release restored ids
-  nobody claimed. A failed delete is collected, not raised.
+  nobody claimed. A failed delete is collected, not raised. `audit_maps` does the dump's
+  part in steps of `AUDIT_STEP` entries with pauses between them, for a prune that runs
+  beside the reconciler's rounds (``FrontendOps.audit_in_steps``).
 """
 
 from __future__ import annotations
 
 import ipaddress
+import time
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
+
+import anyio
 
 from bpf import lb
 from bpf.errors import MapError
+from bpf.spec import MAP_OF_MAPS
 from bpf.typed_map import TypedMap
 from bpfops.frontend_state import ip_of
 from bpfops.lb_maps import LBMaps, delete_quiet
 from bpfops.model import Addr, proto_name
 
 if TYPE_CHECKING:
+    from bpfops.frontend_state import FrontendState
     from bpfops.frontend_writer import FrontendWriter
 
 BACKEND_ACTIVE = lb.BACKEND_ACTIVE
@@ -99,28 +107,66 @@ def prune_recorded(writer: FrontendWriter, errs: list[str]) -> None:
     """The part of a prune the record alone says: release unclaimed restored ids, and
     delete the backend entries no frontend references any more (kept for a frontend of
     the snapshot that did not take them, or allocated by an update that failed)."""
+    release_unclaimed(writer)
+    for be_addr in list(writer.backend_states):
+        _drop_if_unreferenced(writer, errs, be_addr)
+
+
+def release_unclaimed(writer: FrontendWriter) -> None:
+    """Release the restored ids nobody claimed; forget restored quarantines of frontends
+    that are gone."""
     writer.service_ids.release_unclaimed()
     writer.backend_ids.release_unclaimed()
     quarantined = writer.restored_quarantined
     for addr in [a for a in quarantined if a not in writer.frontends]:
         del quarantined[addr]
-    maps = writer.maps
+
+
+def _drop_if_unreferenced(writer: FrontendWriter, errs: list[str], be_addr: Addr) -> None:
     states = writer.backend_states
-    for be_addr, be_id in states.items():
-        if states.refcount(be_addr) <= 0:  # allocated by an update that failed
-            be_map_ = maps.backends(be_addr.is_v6)
-            _prune_delete(errs, be_map_, be_id)
-            writer.backend_ids.release(be_addr)
-            states.remove(be_addr)
+    be_id = states.get(be_addr)
+    if be_id is None or states.refcount(be_addr) > 0:
+        return
+    _prune_delete(errs, writer.maps.backends(be_addr.is_v6), be_id)
+    writer.backend_ids.release(be_addr)
+    states.remove(be_addr)
 
 
-def _prune_unrecorded(writer: FrontendWriter, errs: list[str]) -> None:
-    """Dump every LB map and delete the entries the record does not explain."""
+#: Entries an audit step looks at (decoding and checking one costs about 8 us): one step
+#: holds the event loop for a few milliseconds.
+AUDIT_STEP = 512
+
+Entry = tuple[Any, Any]
+LiveIds = dict[int, tuple[Addr, "FrontendState"]]
+#: Given a chunk of a map's entries and the live service ids, the entries to delete.
+Check = Callable[[list[Entry], LiveIds], list[Entry]]
+
+
+def _live_ids(writer: FrontendWriter) -> LiveIds:
+    return {st.id: (a, st) for a, st in writer.frontends.items()}
+
+
+def _audited(writer: FrontendWriter) -> list[tuple[TypedMap[Any, Any], Check, bool]]:
+    """Every LB map with the check of its entries, and whether the check reads the live
+    service ids (entries keyed by service id) rather than the record by address."""
     maps = writer.maps
-    live_ids = {st.id: (a, st) for a, st in writer.frontends.items()}
+    out: list[tuple[TypedMap[Any, Any], Check, bool]] = []
     for v6 in (False, True):
-        svc_map = maps.services(v6)
-        for key, _value in svc_map.dump():
+        out.append((maps.services(v6), _service_check(writer, v6), False))
+        out.append((maps.backends(v6), _backend_check(writer), False))
+        out.append((maps.revnat(v6), _by_id(v6, lambda st, key: st.revnat), True))
+        out.append((maps.source_ranges(v6), _source_range_check(v6), True))
+        out.append((maps.maglev(v6), _by_id(v6, lambda st, key: st.maglev), True))
+    out.append((maps.aff_match, _affinity_check(), True))
+    if maps.scale_to_zero is not None:
+        out.append((maps.scale_to_zero, _scale_to_zero_check(), True))
+    return out
+
+
+def _service_check(writer: FrontendWriter, v6: bool) -> Check:
+    def check(entries: list[Entry], live: LiveIds) -> list[Entry]:
+        doomed = []
+        for key, value in entries:
             addr = Addr(ip_of(key.address), key.dport, proto_name(key.proto), key.scope)
             if key.dport == 0 and key.proto == 0:
                 keep = (addr.ip, key.scope) in writer.wildcards.refs
@@ -133,20 +179,44 @@ def _prune_unrecorded(writer: FrontendWriter, errs: list[str]) -> None:
                     and (key.backend_slot > 0 or st.master is not None)
                 )
             if not keep:
-                _prune_delete(errs, svc_map, key)
-        be_map = maps.backends(v6)
-        for be_id, value in be_map.dump():
-            be_addr = Addr(ip_of(value.address), value.port, proto_name(value.proto))
-            if writer.backend_states.get(be_addr) != be_id:
-                _prune_delete(errs, be_map, be_id)
-        rev_map = maps.revnat(v6)
-        for rev_id, _ in rev_map.dump():
-            hit = live_ids.get(rev_id)
-            if hit is None or hit[1].v6 != v6 or not hit[1].revnat:
-                _prune_delete(errs, rev_map, rev_id)
-        src_map = maps.source_ranges(v6)
-        for key, _ in src_map.dump():
-            hit = live_ids.get(key.rev_nat_id)
+                doomed.append((key, value))
+        return doomed
+
+    return check
+
+
+def _backend_check(writer: FrontendWriter) -> Check:
+    def check(entries: list[Entry], live: LiveIds) -> list[Entry]:
+        states = writer.backend_states
+        return [
+            (be_id, value)
+            for be_id, value in entries
+            if states.get(Addr(ip_of(value.address), value.port, proto_name(value.proto)))
+            != be_id
+        ]
+
+    return check
+
+
+def _by_id(v6: bool, wants: Callable[[FrontendState, Any], Any]) -> Check:
+    """Entries keyed by a service id: kept while that id's frontend ``wants`` them."""
+
+    def check(entries: list[Entry], live: LiveIds) -> list[Entry]:
+        doomed = []
+        for rev_id, value in entries:
+            hit = live.get(rev_id)
+            if hit is None or hit[1].v6 != v6 or not wants(hit[1], rev_id):
+                doomed.append((rev_id, value))
+        return doomed
+
+    return check
+
+
+def _source_range_check(v6: bool) -> Check:
+    def check(entries: list[Entry], live: LiveIds) -> list[Entry]:
+        doomed = []
+        for key, value in entries:
+            hit = live.get(key.rev_nat_id)
             ok = False
             if hit is not None and hit[1].v6 == v6:
                 net = ipaddress.ip_network(
@@ -154,24 +224,86 @@ def _prune_unrecorded(writer: FrontendWriter, errs: list[str]) -> None:
                 )
                 ok = net in hit[1].source_ranges
             if not ok:
-                _prune_delete(errs, src_map, key)
-        mg_map = maps.maglev(v6)
-        for rev_id in list(mg_map.keys()):
-            hit = live_ids.get(rev_id)
-            if hit is None or hit[1].v6 != v6 or not hit[1].maglev:
-                _prune_delete(errs, mg_map, rev_id)
-    aff = maps.aff_match
-    for key, _ in aff.dump():
-        hit = live_ids.get(key.rev_nat_id)
-        if hit is None or key.backend_id not in hit[1].affinity:
-            _prune_delete(errs, aff, key)
-    stz = maps.scale_to_zero
-    if stz is not None:
-        # Entries of a previous run whose frontend is gone or no longer opted in.
-        for key, _ in stz.dump():
-            hit = live_ids.get(key.svc_id)
+                doomed.append((key, value))
+        return doomed
+
+    return check
+
+
+def _affinity_check() -> Check:
+    def check(entries: list[Entry], live: LiveIds) -> list[Entry]:
+        doomed = []
+        for key, value in entries:
+            hit = live.get(key.rev_nat_id)
+            if hit is None or key.backend_id not in hit[1].affinity:
+                doomed.append((key, value))
+        return doomed
+
+    return check
+
+
+def _scale_to_zero_check() -> Check:
+    # Entries of a previous run whose frontend is gone or no longer opted in.
+    def check(entries: list[Entry], live: LiveIds) -> list[Entry]:
+        doomed = []
+        for key, value in entries:
+            hit = live.get(key.svc_id)
             if hit is None or not hit[1].scale_to_zero:
-                _prune_delete(errs, stz, key)
+                doomed.append((key, value))
+        return doomed
+
+    return check
+
+
+def _entries(m: TypedMap[Any, Any], step: int) -> Iterator[list[Entry]]:
+    """A map's entries in chunks of about ``step``; a map of maps (maglev) by its keys,
+    all read at once (get-next-key cannot resume from a key deleted meanwhile)."""
+    if m.spec.type in MAP_OF_MAPS:
+        keys = [(k, None) for k in m]
+        for i in range(0, len(keys), step):
+            yield keys[i : i + step]
+        return
+    yield from m.chunks(step)
+
+
+def _prune_unrecorded(writer: FrontendWriter, errs: list[str]) -> None:
+    """Dump every LB map and delete the entries the record does not explain."""
+    live = _live_ids(writer)
+    for m, check, _ in _audited(writer):
+        for chunk in _entries(m, 4096):
+            for key, _value in check(chunk, live):
+                _prune_delete(errs, m, key)
+
+
+async def audit_maps(writer: FrontendWriter, errs: list[str], step: int | None = None) -> None:
+    """What `prune_maps` does after `release_unclaimed`, in steps of ``step`` entries
+    (default `AUDIT_STEP`), each followed by a pause as long as the step took: the event
+    loop is held a few milliseconds at a time, and changes reconciled between two steps
+    are seen by the next (each step checks its entries against the record as it is then;
+    entries keyed by service id that look unexplained are checked again against the ids
+    live at that moment before they are deleted)."""
+    step = step or AUDIT_STEP
+    addrs = list(writer.backend_states)
+    for i in range(0, len(addrs), step):
+        began = time.perf_counter()
+        for be_addr in addrs[i : i + step]:
+            _drop_if_unreferenced(writer, errs, be_addr)
+        await anyio.sleep(min(0.05, time.perf_counter() - began))
+    live = _live_ids(writer)
+    for m, check, by_id in _audited(writer):
+        chunks = _entries(m, step)
+        while True:
+            began = time.perf_counter()
+            chunk = next(chunks, None)
+            if chunk is None:
+                break
+            doomed = check(chunk, live)
+            if doomed and by_id:
+                live = _live_ids(writer)
+                doomed = check(doomed, live)
+            for key, _value in doomed:
+                _prune_delete(errs, m, key)
+            await anyio.sleep(min(0.05, time.perf_counter() - began))
 
 
 def _prune_delete(errs: list[str], m: TypedMap[Any, Any], key: Any) -> None:

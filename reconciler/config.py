@@ -48,6 +48,11 @@ class Config(Generic[O]):
     retry_min_backoff: float = 0.01
     retry_max_backoff: float = 30.0
     prune_interval: float | None = None
+    #: Run the awaitable part of ``Operations.prune`` in a task of its own while the rounds
+    #: go on, instead of in the round (which then waits for it): for a prune that takes
+    #: long enough to hold changes back. The operations must then tolerate updates and
+    #: deletes between the prune's awaits.
+    prune_beside_rounds: bool = False
     refresh_interval: float | None = None
     refresh_batch_size: int = 100
     health_max_messages: int = 3

@@ -5,14 +5,22 @@ It never runs before the table is initialized (an uninitialized table would make
 target drop everything). With ``prune_interval`` set it runs in the first round after
 initialization and then every ``prune_interval``; with ``None`` only on request
 (``Reconciler.prune``). A failure is reported in health and tried again at the next prune.
+
+A prune that returns an awaitable is awaited by the round that started it, so the rounds
+wait for it; with ``Config.prune_beside_rounds`` it runs in a task of its own while the
+rounds go on (an operation whose prune takes seconds, e.g. a dump of every map entry,
+then does not hold back the changes meanwhile; it must tolerate updates between its
+awaits). No second prune starts until it has finished.
 """
 
 from __future__ import annotations
 
+import inspect
 import logging
 import threading
 import time
-from typing import Generic, TypeVar
+from collections.abc import Callable, Coroutine
+from typing import Any, Generic, TypeVar
 
 from reconciler.config import Config
 from reconciler.incremental import error_text
@@ -41,6 +49,7 @@ class Pruner(Generic[O]):
         # for the next prune (the running one may have read the table before it).
         self._request_watch: Watch | None = None
         self._running: Watch | None = None
+        self._busy = False
 
     def on_initialized(self, now: float) -> None:
         """The table finished initializing: prune right away if pruning is enabled."""
@@ -64,8 +73,9 @@ class Pruner(Generic[O]):
             return self._request_watch is not None or self._running is not None
 
     def due(self, now: float) -> bool:
-        """True when the table is initialized and a prune is requested or scheduled."""
-        if not self.initialized:
+        """True when the table is initialized, no prune is running beside the rounds, and
+        a prune is requested or scheduled."""
+        if not self.initialized or self._busy:
             return False
         with self._lock:
             if self._requested:
@@ -76,35 +86,80 @@ class Pruner(Generic[O]):
         """When the next scheduled prune is due (None when none is, or not initialized)."""
         return self.next_at if self.initialized else None
 
+    @property
+    def busy(self) -> bool:
+        """True while a prune started by `start_beside` has not finished."""
+        return self._busy
+
     async def run(self, txn: ReadTxn) -> bool:
         """Prune against snapshot ``txn``; return True on success."""
+        start = self._begin()
+        ok = False
+        try:
+            await settle(self.config.operations.prune(txn, self.config.table.all(txn)))
+            ok = True
+        except Exception as exc:
+            self._failed(exc)
+        finally:
+            self._end(start, ok)
+        return ok
+
+    def start_beside(
+        self,
+        txn: ReadTxn,
+        spawn: Callable[[Callable[[], Coroutine[Any, Any, None]]], object],
+        on_done: Callable[[], None],
+    ) -> None:
+        """Begin a prune against ``txn`` whose awaitable part (if ``Operations.prune``
+        returns one) runs in a task of its own, started with ``spawn``, while the rounds go
+        on (``Config.prune_beside_rounds``); ``on_done`` is called when it has finished. The
+        synchronous part of ``prune`` runs here, in the round."""
+        start = self._begin()
+        try:
+            pending = self.config.operations.prune(txn, self.config.table.all(txn))
+        except Exception as exc:
+            self._failed(exc)
+            self._end(start, False)
+            return
+        if pending is None or not inspect.isawaitable(pending):
+            self._end(start, True)
+            return
+        self._busy = True
+
+        async def finish() -> None:
+            ok = False
+            try:
+                await pending
+                ok = True
+            except Exception as exc:
+                self._failed(exc)
+            finally:
+                self._busy = False
+                self._end(start, ok)
+                on_done()
+
+        spawn(finish)
+
+    def _begin(self) -> float:
         with self._lock:
             self._requested = False
             self._running, self._request_watch = self._request_watch, None
-        try:
-            return await self._run(txn)
-        finally:
-            with self._lock:
-                served, self._running = self._running, None
-            if served is not None:
-                served.close()
+        if self.config.prune_interval is not None:
+            self.next_at = self.config.clock.now() + self.config.prune_interval
+        return time.perf_counter()
 
-    async def _run(self, txn: ReadTxn) -> bool:
-        cfg = self.config
-        if cfg.prune_interval is not None:
-            self.next_at = cfg.clock.now() + cfg.prune_interval
-        start = time.perf_counter()
-        try:
-            await settle(cfg.operations.prune(txn, cfg.table.all(txn)))
-        except Exception as exc:
-            self.error = f"prune {cfg.table.name}: {error_text(exc)}"
-            log.warning("reconciler %s: %s", cfg.name, self.error)
-            self.metrics.prune_errors_total += 1
-            self.metrics.prune_current_errors = 1
-            ok = False
-        else:
+    def _failed(self, exc: Exception) -> None:
+        self.error = f"prune {self.config.table.name}: {error_text(exc)}"
+        log.warning("reconciler %s: %s", self.config.name, self.error)
+        self.metrics.prune_errors_total += 1
+        self.metrics.prune_current_errors = 1
+
+    def _end(self, start: float, ok: bool) -> None:
+        if ok:
             self.error = None
             self.metrics.prune_current_errors = 0
-            ok = True
         self.metrics.prunes.observe(time.perf_counter() - start)
-        return ok
+        with self._lock:
+            served, self._running = self._running, None
+        if served is not None:
+            served.close()

@@ -77,6 +77,7 @@ class Reconciler(Generic[O]):
         self._health_watch = Watch()
         self._health_seen = self.retries.changes
         self._running = False
+        self._task_group: anyio.abc.TaskGroup | None = None
 
     # ----- public API ------------------------------------------------------------
     @property
@@ -119,10 +120,14 @@ class Reconciler(Generic[O]):
         call from any thread.
         """
         watch = self._pruner.request()
+        self._wake()
+        return watch
+
+    def _wake(self) -> None:
+        """Have the loop run a round now (it may be asleep on its watches)."""
         with self._lock:
             trigger = self._trigger
         trigger.close()
-        return watch
 
     async def wait_until_reconciled(
         self, revision: int | None = None, timeout: float | None = None
@@ -208,11 +213,13 @@ class Reconciler(Generic[O]):
         try:
             await self._incremental.open()
             async with anyio.create_task_group() as tg:
+                self._task_group = tg
                 if self.config.refresh_interval is not None:
                     tg.start_soon(Refresher(self.db, self.config, self.metrics).run)
                 task_status.started()
                 await self._loop()
         finally:
+            self._task_group = None
             self._incremental.close()
             self._set_health(health_stopped(self.name))
             self._running = False
@@ -285,7 +292,11 @@ class Reconciler(Generic[O]):
         start = time.perf_counter()
         watch = await self._incremental.run_round(txn)
         if self._pruner.due(self.config.clock.now()):
-            await self._pruner.run(txn)
+            tg = self._task_group
+            if self.config.prune_beside_rounds and tg is not None:
+                self._pruner.start_beside(txn, tg.start_soon, self._wake)
+            else:
+                await self._pruner.run(txn)
         self.metrics.rounds.observe(time.perf_counter() - start)
         return watch
 

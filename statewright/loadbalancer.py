@@ -194,6 +194,9 @@ class LoadBalancer:
             raise LoadBalancerError("open the LB maps before building the reconciler")
         cfg = self.config
         self.ops = frontend_ops_for(self.writer, self.maps, cfg)
+        # The prune's look at every map entry (about 1.8 s of CPU at 10,000 services) runs
+        # in steps beside the rounds: changes keep reaching the maps meanwhile.
+        self.ops.audit_in_steps = True
         self.reconciler = Reconciler(
             self.db,
             reconciler_config(
@@ -204,6 +207,7 @@ class LoadBalancer:
                 retry_min_backoff=max(cfg.retry_backoff_min, 0.001),
                 retry_max_backoff=max(cfg.retry_backoff_max, cfg.retry_backoff_min, 0.001),
                 prune_interval=prune_interval,
+                prune_beside_rounds=True,
                 refresh_interval=REFRESH_INTERVAL,
                 # A round's frontends go into the maps with one batch call per map.
                 batch_operations=self.ops,
