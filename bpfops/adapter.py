@@ -103,20 +103,17 @@ def backend_spec(be: BackendParams) -> BackendSpec:
     """One backend instance as the ops see it."""
     a = be.address  # the table address is the ops' address (bpfops.model.Addr)
     state = be.state
-    # The instance's shared details in one read (BackendParams' (node_name, zone,
-    # for_zones, cluster_id, source, unhealthy, unhealthy_updated_at)).
-    rest = be._rest
     # fast_backend_spec's fields: addr, state, weight, unhealthy, cluster_id, zone,
     # revision, health_known, not_serving.
     return fast_backend_spec(
         a,
         _STATE.get(state, 0),
         be.weight,
-        rest[5],
-        rest[3],
+        be.unhealthy,
+        be.cluster_id,
         0,
         0,
-        bool(rest[6]),
+        bool(be.unhealthy_updated_at),
         state is _NOT_SERVING,
     )
 
@@ -132,19 +129,18 @@ def frontend_spec(fe: Frontend, cfg: LBConfig) -> FrontendSpec:
     state_of = _STATE.get
     # `backend_spec` inline (one call fewer per backend): fast_backend_spec's fields are
     # addr, state, weight, unhealthy, cluster_id, zone, revision, health_known,
-    # not_serving; BackendParams' ``_rest`` is (node_name, zone, for_zones, cluster_id,
-    # source, unhealthy, unhealthy_updated_at).
+    # not_serving.
     backends = tuple(
         [
             fast_backend_spec(
                 b.address,
                 state_of(b.state, 0),
                 b.weight,
-                b._rest[5],
-                b._rest[3],
+                b.unhealthy,
+                b.cluster_id,
                 0,
                 0,
-                bool(b._rest[6]),
+                bool(b.unhealthy_updated_at),
                 b.state is _NOT_SERVING,
             )
             for b in fe.backends

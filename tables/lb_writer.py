@@ -504,8 +504,7 @@ class LBWriter:
         """Compute the backends ``fe`` selects now (see the module docstring for the rules)."""
         name = fe.redirect_to or fe.service_name
         svc = fe.service if fe.redirect_to is None else self.services.get(txn, name)
-        # The family is the address's last byte (4 or 6); a row with one instance (nearly
-        # all) holds its key and parameters in ``_key``/``_val`` (see Backend).
+        # The family is the address's last byte (4 or 6).
         family = fe.address[20]
         port_name = fe.port_name
         candidates: list[BackendParams] = []
@@ -513,13 +512,7 @@ class LBWriter:
         for be in self._backends_of(txn, name):
             if be.address[20] != family:
                 continue
-            key = be._key
-            if key is not None:
-                if key[0] != name:
-                    continue
-                inst: BackendParams | None = be._val
-            else:
-                inst = be.instance(name)
+            inst = be.instance(name)
             if inst is None:
                 continue
             if port_name and port_name not in inst.port_names:
