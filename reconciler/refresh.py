@@ -8,10 +8,9 @@ when it becomes due. A due row that is still unchanged is marked Refreshing
 
 from __future__ import annotations
 
-import heapq
-import itertools
 import logging
-from typing import Any, Generic, TypeVar
+from collections import OrderedDict
+from typing import Generic, TypeVar
 
 import anyio
 
@@ -34,12 +33,12 @@ class Refresher(Generic[O]):
         self.config = config
         self.metrics = metrics
         self.interval = config.refresh_interval
-        # (due wall time, sequence, primary key, revision seen Done)
-        self._due: list[tuple[float, int, bytes, int]] = []
-        # Primary key -> the revision of its newest entry in _due: the older entries of a
-        # key are stale (their row changed since) and `_compact` drops them.
-        self._latest: dict[bytes, int] = {}
-        self._seq = itertools.count()
+        # Primary key -> (due wall time, revision seen Done), in the order the rows became
+        # Done: a row's due time is its status write's time plus the interval, so that is
+        # also the order they come due (a wall clock stepped back delays the rows behind
+        # it by that step at most). A row written again moves to the end; a row that is
+        # no longer Done, or deleted, leaves. O(1) per change, one entry per Done row.
+        self._due: OrderedDict[bytes, tuple[float, int]] = OrderedDict()
 
     async def run(self) -> None:
         """Loop until cancelled."""
@@ -72,38 +71,24 @@ class Refresher(Generic[O]):
         table = cfg.table
         txn = self.db.read_txn()
         changes, watch = it.next(txn)
+        del txn
+        due = self._due
         for n, ch in enumerate(changes, 1):
-            if ch.deleted:
-                self._latest.pop(table.primary_key_of(ch.obj), None)
+            key = table.primary_key_of(ch.obj)
+            status = cfg.get_object_status(ch.obj)
+            if ch.deleted or status.kind is not StatusKind.DONE:
+                due.pop(key, None)
             else:
-                self._track(ch.obj, ch.revision)
+                due[key] = (status.updated_at + self.interval, ch.revision)
+                due.move_to_end(key)
             if n % 4096 == 0:
                 await anyio.lowlevel.checkpoint()
-        if len(self._due) > 2 * len(self._latest) + 1024:
-            self._compact()
         if await self._mark_due():
             return 0.0, watch
-        if not self._due:
+        if not due:
             return None, watch
-        return max(0.0, self._due[0][0] - cfg.clock.wall()), watch
-
-    def _track(self, obj: Any, revision: int) -> None:
-        status = self.config.get_object_status(obj)
-        if status.kind is StatusKind.DONE:
-            key = self.config.table.primary_key_of(obj)
-            heapq.heappush(
-                self._due, (status.updated_at + self.interval, next(self._seq), key, revision)
-            )
-            self._latest[key] = revision
-
-    def _compact(self) -> None:
-        """Drop the stale entries (superseded by a newer revision of their row, or of a
-        deleted row) from the due heap. Works on the heap alone, not the table: a rescan
-        of every row held the event loop ~0.1 s per 10,000 rows, every few seconds under
-        churn."""
-        latest = self._latest
-        self._due = [e for e in self._due if latest.get(e[2]) == e[3]]
-        heapq.heapify(self._due)
+        first = next(iter(due.values()))
+        return max(0.0, first[0] - cfg.clock.wall()), watch
 
     async def _mark_due(self) -> int:
         """Mark up to refresh_batch_size due rows Refreshing in one write transaction (taken
@@ -112,10 +97,12 @@ class Refresher(Generic[O]):
         table = cfg.table
         now = cfg.clock.wall()
         due: list[tuple[bytes, int]] = []
-        while self._due and self._due[0][0] <= now and len(due) < cfg.refresh_batch_size:
-            _, _, key, rev = heapq.heappop(self._due)
-            if self._latest.get(key) == rev:
-                del self._latest[key]
+        entries = self._due
+        while entries and len(due) < cfg.refresh_batch_size:
+            key, (when, rev) = next(iter(entries.items()))
+            if when > now:
+                break
+            del entries[key]
             due.append((key, rev))
         if not due:
             return 0

@@ -1,5 +1,5 @@
-"""The refresher's due heap under churn: stale entries (superseded or deleted rows) are
-dropped from the heap alone, one entry per live Done row remains."""
+"""The refresher's due entries under churn: one per live Done row, its newest revision,
+in the order the rows became Done; deleted rows and rows no longer Done have none."""
 
 from __future__ import annotations
 
@@ -32,18 +32,23 @@ def test_churned_rows_keep_one_entry_each_and_deleted_rows_none() -> None:
                     for i in range(60):
                         table.insert(w, TestObject(i, value=str(gen), status=status_done()))
                 await refresher._step(it)
-                assert len(refresher._due) <= 2 * 60 + 1024 + 60  # compacted as it grows
+                assert len(refresher._due) == 60  # one entry per row, however often written
             with db.write_txn(table) as w:
                 for i in range(10):
                     table.delete(w, TestObject(i))
+                for i in (20, 11):  # written Done again, last: at the end, in that order
+                    table.insert(w, TestObject(i, value="again", status=status_done()))
+                table.insert(w, TestObject(12, value="pending"))  # no longer Done
             await refresher._step(it)
-            refresher._compact()
         finally:
             it.close()
 
     anyio.run(churn)
-    keys = sorted(e[2] for e in refresher._due)
-    live = sorted(table.primary_key_of(o) for o in table.all(db.read_txn()))
-    assert keys == live  # one entry per live row, none for the deleted ones
+    keys = list(refresher._due)
+    live = {table.primary_key_of(o) for o in table.all(db.read_txn()) if o.value != "pending"}
+    assert set(keys) == live  # one entry per live Done row, none for the others
+    assert keys[-2:] == [table.primary_key_of(TestObject(20)), table.primary_key_of(TestObject(11))]
     revisions = {table.primary_key_of(o): rev for o, rev in table.revisions(db.read_txn())}
-    assert all(e[3] == revisions[e[2]] for e in refresher._due)  # each its newest revision
+    assert all(rev == revisions[k] for k, (_, rev) in refresher._due.items())  # the newest
+    dues = [when for when, _ in refresher._due.values()]
+    assert dues == sorted(dues)  # the order they come due
