@@ -21,7 +21,9 @@ Keys:
   service-id space (about 65,000 frontends, as Cilium's ``rev_nat_index``) the other
   frontends wait for an id (the reconciler parks them: reconciler/waiting.py); the sync
   then ends when every frontend was attempted, and the churn changes served services only.
-- rss_mb_after_sync: resident memory of the agent process after the sync;
+- rss_mb_after_sync: resident memory of the agent process after the sync, once the C
+  heap's free pages are given back as the agent does (`statedb.heap_trim.trim_heap`:
+  heap_trim_ms; rss_mb_after_sync_untrimmed before it);
   rss_mb_peak_sync: its peak until then (``VmHWM``); rss_mb_before_agent: before the
   load balancer and the source were made (the interpreter and its imports).
   memory_pymalloc_arenas_mb / memory_pymalloc_live_mb: Python's small-object allocator
@@ -146,6 +148,7 @@ from statedb.gc_tuning import (
     steady_gc,
     tune_gc,
 )
+from statedb.heap_trim import trim_heap
 from statewright.loadbalancer import LoadBalancer, MapsPlacement
 from tables.lb_config import LBConfig
 
@@ -381,6 +384,11 @@ async def _agent(
             await tg.start(lb.run)
             out.update(await _initial_sync(tg, lb, source, n))
             gc.collect()
+            out["rss_mb_after_sync_untrimmed"] = round(_rss_mb(), 1)
+            # As the agent does once the initial state is in the maps (components/lb.py).
+            t_trim = time.perf_counter()
+            trim_heap()
+            out["heap_trim_ms"] = round((time.perf_counter() - t_trim) * 1000, 1)
             out["rss_mb_after_sync"] = round(_rss_mb(), 1)
             out["rss_mb_peak_sync"] = round(_rss_mb("VmHWM"), 1)
             out.update({f"memory_{k}": v for k, v in allocator_figures().items()})
