@@ -4,10 +4,11 @@ of its own pod endpoints.
 
 * **watch**: a `sources.k8s_reflector.Reflector` over every CiliumEndpoint; each delivery
   is applied in a worker thread, in one write transaction on the ``ipcache`` table
-  (`RemoteEndpointEntries.apply`). The objects' resourceVersions and statuses are kept
-  (`served`): what the publisher compares with and updates from. The ipcache table's
-  initializer ``ciliumendpoints`` is done with the initial list, so a restarted agent
-  prunes no remote entry before it has read them.
+  (`RemoteEndpointEntries.apply`, given each object's last change only: an object created
+  and deleted in one delivery must not stay, `sources.k8s_identities.net_changes`). The
+  objects' resourceVersions and statuses are kept (`served`): what the publisher compares
+  with and updates from. The ipcache table's initializer ``ciliumendpoints`` is done with
+  the initial list, so a restarted agent prunes no remote entry before it has read them.
 * **publish**: for each local endpoint of a pod (``pod_name`` and ``pod_namespace``) whose
   Pod's uid the Kubernetes source knows (the ownerReference that makes Kubernetes delete
   the object with its Pod), a CiliumEndpoint ``<namespace>/<pod>`` with ``status.id``,
@@ -39,7 +40,7 @@ import urllib3
 from kubernetes.client.exceptions import ApiException
 
 from sources.k8s_client import K8sClient
-from sources.k8s_identities import GROUP, VERSION, custom_list
+from sources.k8s_identities import GROUP, VERSION, custom_list, net_changes
 from sources.k8s_reflector import Delta, Reflector, ReflectorConfig, ResourceSpec, describe_error
 from statedb import DB, Table, WriteTxn
 from tables.endpoints import Endpoint, EndpointState
@@ -164,15 +165,13 @@ class CiliumEndpoints:
 
     def apply(self, deltas: list[Delta], synced: bool) -> int:
         """Apply one delivery; returns the ipcache rows written."""
-        ups: list[tuple[str, Mapping[str, Any]]] = []
-        dels: list[str] = []
         for d in deltas:
             if d.op == "upsert":
-                ups.append((d.key, d.obj))
                 self._serve(d.key, d.obj)
             else:
-                dels.append(d.key)
                 self.served.pop(d.key, None)
+        upserts, dels = net_changes(deltas)
+        ups = [(d.key, d.obj) for d in upserts]
         with self.db.write_txn(self.entries.ipcache) as txn:
             written = self.entries.apply(txn, ups, dels)
             if synced:

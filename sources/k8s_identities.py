@@ -5,7 +5,9 @@ identities local endpoints use.
 * **watch**: a `sources.k8s_reflector.Reflector` over every CiliumIdentity; each delivery
   is applied in a worker thread through ``apply_changes`` (the endpoint manager's
   `renumber_identities`): the allocator's `observe` and the endpoints it renumbers commit
-  in one write transaction.
+  in one write transaction. `observe` takes a delivery as two sets, deletions then
+  upserts, so each object's last change only is passed (`net_changes`): a watch that
+  resumes after a stall hands over an object's creation and deletion in one delivery.
 * **create**: once the initial list is in (before it an agent cannot know which numbers
   are taken), every identity a local endpoint uses without an object is created
   (`ClusterIdentityAllocator.unpublished`), in a worker thread, one request each; the
@@ -14,6 +16,10 @@ identities local endpoints use.
   meanwhile) or that failed (API server unreachable) is tried again after
   ``retry_interval`` if the identity still has no object; the watch delivering the object
   that took its number makes the allocator move the label set to another number first.
+  Each creation is decided under the lock deliveries are applied under: `observe` drops
+  an object from the allocator's cache before the endpoints it moves off that number are
+  committed, and a decision taken in between would create the object no endpoint uses
+  any more (in CRD mode it could even win the agreement and move every agent back).
   Nothing here runs in the CNI call: an endpoint has its number at once, its object
   follows.
 """
@@ -24,7 +30,7 @@ import functools
 import logging
 import math
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 import anyio
@@ -58,6 +64,18 @@ def custom_list(plural: str) -> Callable[[K8sClient], Callable[..., Any]]:
         VERSION,
         plural,
     )
+
+
+def net_changes(deltas: Iterable[Delta]) -> tuple[list[Delta], list[str]]:
+    """One delivery as (upserts, keys deleted) holding each object's last change only:
+    what consumers need that apply the two as sets, deletions first (the identity
+    allocator, the remote endpoints). Passed every change, they would keep an object
+    created and deleted in one delivery, as if its deletion had come first."""
+    last: dict[str, Delta] = {}
+    for d in deltas:
+        last[d.key] = d
+    upserts = [d for d in last.values() if d.op == "upsert"]
+    return upserts, [d.key for d in last.values() if d.op == "delete"]
 
 
 def identity_resource_spec() -> ResourceSpec:
@@ -95,6 +113,8 @@ class ClusterIdentities:
         self.last_error = ""
         self.moved = 0
         self._attempted: dict[int, float] = {}
+        #: Held while a delivery is applied (module doc: creations are decided under it).
+        self._applying = anyio.Lock()
 
     async def run(
         self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED
@@ -107,12 +127,13 @@ class ClusterIdentities:
 
     # ----- the watch ------------------------------------------------------------------------
     async def _deliver(self, _r: Reflector, deltas: list[Delta], synced: bool) -> None:
-        await anyio.to_thread.run_sync(self.apply, deltas, synced)
+        async with self._applying:
+            await anyio.to_thread.run_sync(self.apply, deltas, synced)
 
     def apply(self, deltas: list[Delta], synced: bool) -> list[int]:
         """Apply one delivery; returns the endpoints it moved to other numbers."""
-        upserts = [d.obj for d in deltas if d.op == "upsert"]
-        deletes = [d.key for d in deltas if d.op == "delete"]
+        ups, deletes = net_changes(deltas)
+        upserts = [d.obj for d in ups]
         moved = self.apply_changes(lambda txn: self.allocator.observe(txn, upserts, deletes))
         if moved:
             self.moved += len(moved)
@@ -142,6 +163,10 @@ class ClusterIdentities:
         for row in rows:
             if now - self._attempted.get(row.id, -math.inf) < self.retry_interval:
                 continue
+            async with self._applying:
+                # No delivery half-applied now; one applied since `rows` may have moved it.
+                if not self.allocator.still_unpublished(self.allocator.db.read_txn(), row):
+                    continue
             self._attempted[row.id] = now
             await anyio.to_thread.run_sync(self.create, row)
 

@@ -297,6 +297,19 @@ class ClusterIdentityAllocator(IdentityAllocator):
             if row.refcount > 0 and row.id not in objects
         ]
 
+    def still_unpublished(self, txn: ReadTxn, row: Identity) -> bool:
+        """Whether ``row`` (from `unpublished`) is, in ``txn``, still used by local
+        endpoints under its number without an object."""
+        current = self.lookup(txn, row.id)
+        with self._lock:
+            has_object = row.id in self._objects
+        return (
+            current is not None
+            and current.refcount > 0
+            and current.labels == row.labels
+            and not has_object
+        )
+
     # ----- numbers ------------------------------------------------------------------------------
     def _free(self, txn: ReadTxn, num: int) -> bool:
         return (

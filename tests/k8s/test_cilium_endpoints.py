@@ -19,11 +19,13 @@ import pytest
 from sources.k8s_client import ClientSettings, K8sClient
 from sources.k8s_endpoints import CiliumEndpoints
 from sources.k8s_identities import ClusterIdentities
+from sources.k8s_reflector import Delta
 from statedb import DB
 from tables.cluster_identities import ClusterIdentityAllocator
 from tables.endpoint_entries import EntryTables, IPCacheEntry, endpoint_owner
 from tables.endpoint_manager import EndpointManager
-from tables.endpoints import EndpointChange
+from tables.endpoints import EndpointChange, new_endpoints_table
+from tables.identities import new_identities_table
 from tables.ipam import IPAM, IPAMConfig
 from tables.remote_endpoints import RemoteEndpointEntries
 
@@ -119,6 +121,30 @@ def test_a_local_entry_wins_over_a_remote_claim() -> None:
     apply(db, rem, [cep("stale", ["10.1.0.5"])])
     assert ipcache(db, entries)["10.1.0.5/32"].owner == "endpoint:4"
     assert rem.conflicts[ipaddress.ip_address("10.1.0.5")] == ["endpoint:4", "shop/stale"]
+
+
+def test_an_object_created_and_deleted_in_one_delivery_leaves_no_entry(kubeconfig: str) -> None:
+    """A watch resuming after a stall hands over a CiliumEndpoint's creation and deletion
+    in one delivery: no ipcache entry may stay for it (applied as two sets, deletions
+    first, it stayed), and one deleted and created again in one delivery stays."""
+    db, entries = DB(), EntryTables()
+    db.register(entries.ipcache)
+    rem = RemoteEndpointEntries(entries.ipcache)
+    client = K8sClient(ClientSettings(kubeconfig=kubeconfig))
+    try:
+        ceps = CiliumEndpoints(
+            db, client, endpoints=new_endpoints_table(), identities=new_identities_table(),
+            entries=rem, pod_uid_of=lambda ns, n: None, node_ip=lambda: NODE_IP,
+        )
+        gone, back = cep("gone", ["10.1.0.5"]), cep("back", ["10.1.0.6"])
+        ceps.apply([Delta("upsert", "shop/back", back)], True)
+        ceps.apply([Delta("upsert", "shop/gone", gone), Delta("delete", "shop/gone", gone),
+                    Delta("delete", "shop/back", back), Delta("upsert", "shop/back", back)],
+                   False)
+        assert sorted(ipcache(db, entries)) == ["10.1.0.6/32"]
+        assert sorted(ceps.served) == ["shop/back"]
+    finally:
+        client.close()
 
 
 # ----- through the API server ---------------------------------------------------------------

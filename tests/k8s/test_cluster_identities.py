@@ -6,15 +6,17 @@ from __future__ import annotations
 import random
 import shutil
 import tempfile
-from collections.abc import Iterator
+import threading
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import anyio
 import pytest
 
 from sources.k8s_client import ClientSettings, K8sClient
-from sources.k8s_identities import ClusterIdentities
-from statedb import DB
+from sources.k8s_identities import ClusterIdentities, net_changes
+from sources.k8s_reflector import Delta
+from statedb import DB, WriteTxn
 from tables.cluster_identities import (
     ClusterIdentityAllocator,
     canonical,
@@ -197,6 +199,42 @@ def test_malformed_objects_get_their_own_error(state_dir: str) -> None:
     assert "600" not in alloc.errors
 
 
+def test_net_changes_keep_each_objects_last_change() -> None:
+    a, b, c = ({"metadata": {"name": n}} for n in ("a", "b", "c"))
+    ups, dels = net_changes([
+        Delta("upsert", "a", a), Delta("delete", "a", a),  # created and deleted
+        Delta("delete", "b", b), Delta("upsert", "b", b),  # deleted and created again
+        Delta("upsert", "c", c),
+    ])
+    assert [d.key for d in ups] == ["b", "c"] and dels == ["a"]
+
+
+def test_an_object_created_and_deleted_in_one_delivery_is_gone(
+    kubeconfig: str, state_dir: str
+) -> None:
+    """A watch resuming after a stall hands over, in one delivery, the creation and the
+    deletion of an unused object and then the deletion of the agreed one. The agent must
+    keep its number and create it again: applied as two sets, deletions first, the unused
+    object stayed in the cache though the server had none, the endpoint moved to it and
+    nothing was ever created (the racing test's second flake)."""
+    mgr = manager(state_dir)
+    client = K8sClient(ClientSettings(kubeconfig=kubeconfig))
+    try:
+        sync = ClusterIdentities(alloc_of(mgr), client, mgr.renumber_identities, FAST)
+        sync.apply([Delta("upsert", "900", obj(900, WEB))], True)
+        ep = mgr.create("0", pod("a", ["k8s:app=web"]))
+        assert ep.identity == 900
+        unused = obj(950, WEB, "2026-11-27T00:00:09Z")
+        moved = sync.apply([Delta("upsert", "950", unused), Delta("delete", "950", unused),
+                            Delta("delete", "900", obj(900, WEB))], False)
+        assert moved == []
+        assert alloc_of(mgr).object_count() == 0
+        assert mgr.get(str(ep.id)).identity == 900
+        assert [r.id for r in alloc_of(mgr).unpublished(mgr.db.read_txn())] == [900]
+    finally:
+        client.close()
+
+
 # ----- through the API server ---------------------------------------------------------------
 async def _agent(
     apiserver: FakeAPIServer, kubeconfig: str, mgr: EndpointManager, tg: Any
@@ -268,3 +306,50 @@ async def test_two_agents_racing_agree_through_the_api_server(
     assert creates and all(r.resource == "ciliumidentities" for r in creates)
     assert a.get(str(ea.id)).identity == int(winner["metadata"]["name"])
     assert b.get(str(eb.id)).identity == int(winner["metadata"]["name"])
+
+
+@pytest.mark.anyio
+async def test_no_creation_is_decided_while_a_delivery_is_half_applied(
+    apiserver: FakeAPIServer, kubeconfig: str, state_dir: str
+) -> None:
+    """`observe` drops a deleted object from the allocator's cache before the endpoints it
+    moves off that number are committed: a creation decided in between created the object
+    again though no endpoint would use it any more (the test above caught it now and
+    then). Here the commit of that delivery is held for a second, twenty retry
+    intervals: no creation may go out, then or after."""
+    apiserver.upsert(obj(900, WEB, "2026-11-27T00:00:00Z"))
+    apiserver.upsert(obj(950, WEB, "2026-11-27T00:00:05Z"))
+    mgr = manager(state_dir)
+    hold, reached, release = threading.Event(), threading.Event(), threading.Event()
+
+    def apply_changes(change: Callable[[WriteTxn], Mapping[int, int]]) -> list[int]:
+        def held(txn: WriteTxn) -> Mapping[int, int]:
+            moves = change(txn)
+            if hold.is_set():
+                reached.set()
+                release.wait(10)
+            return moves
+
+        return mgr.renumber_identities(held)
+
+    client = K8sClient(ClientSettings(kubeconfig=kubeconfig))
+    sync = ClusterIdentities(alloc_of(mgr), client, apply_changes, FAST, retry_interval=0.05)
+    try:
+        async with anyio.create_task_group() as tg:
+            await tg.start(sync.run)
+            await wait_for(lambda: sync.synced and alloc_of(mgr).object_count() == 2, "sync")
+            ep = mgr.create("0", pod("a", ["k8s:app=web"]))
+            assert ep.identity == 900
+            hold.set()
+            apiserver.delete("CiliumIdentity", "", "900")
+            await wait_for(reached.is_set, "the deletion half-applied")
+            await anyio.sleep(1.0)
+            release.set()
+            await wait_for(lambda: mgr.get(str(ep.id)).identity == 950, "the endpoint moving")
+            await anyio.sleep(0.3)  # twice the retry interval or more
+            tg.cancel_scope.cancel()
+    finally:
+        release.set()
+        client.close()
+    assert [r.path for r in apiserver.requests if r.verb == "create"] == []
+    assert [o["metadata"]["name"] for o in apiserver.objects("CiliumIdentity")] == ["950"]
