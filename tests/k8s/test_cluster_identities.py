@@ -247,65 +247,154 @@ async def _agent(
     return sync, client
 
 
+Agent = tuple[EndpointManager, int]  # an agent's endpoint manager and its endpoint's id
+
+
+def rule_winner(apiserver: FakeAPIServer) -> str | None:
+    """The name of the object every agent must use for WEB (the module's rule), None
+    without objects."""
+    objs = apiserver.objects("CiliumIdentity")
+    best = min(objs, key=lambda o: (o["metadata"]["creationTimestamp"],
+                                    int(o["metadata"]["name"])), default=None)
+    return None if best is None else str(best["metadata"]["name"])
+
+
+def agreed_on(apiserver: FakeAPIServer, *agents: Agent) -> str | None:
+    """The rule winner's name when every agent's endpoint uses it (so it exists), else None
+    (a moment where all use the first object they saw does not count)."""
+    w = rule_winner(apiserver)
+    if w is None or any(m.get(str(ep)).identity != int(w) for m, ep in agents):
+        return None
+    return w
+
+
+async def racing_agents(
+    apiserver: FakeAPIServer, kubeconfig: str, state_dir: str, tg: Any, clients: list[K8sClient],
+    syncs: list[ClusterIdentities] | None = None,
+) -> tuple[Agent, Agent]:
+    """Two agents that numbered the same new labels before either had an API server,
+    then started (their clients into ``clients``, their syncs into ``syncs``); returns
+    once they agree."""
+    a = manager(state_dir + "/a", seed=7)
+    b = manager(state_dir + "/b", seed=8, cidr="10.40.1.0/28")
+    ea = a.create("0", pod("a", ["k8s:app=web"]))
+    eb = b.create("0", pod("b", ["k8s:app=web"]))
+    assert ea.identity != eb.identity
+    for m in (a, b):
+        sync, client = await _agent(apiserver, kubeconfig, m, tg)
+        clients.append(client)
+        if syncs is not None:
+            syncs.append(sync)
+    agents = (a, ea.id), (b, eb.id)
+
+    def agreed() -> bool:
+        return agreed_on(apiserver, *agents) is not None
+
+    await wait_for(agreed, "both agents using one number")
+    await anyio.sleep(0.5)  # every creation in flight has landed and been seen
+    await wait_for(agreed, "both agents using one number")
+    names = {o["metadata"]["name"] for o in apiserver.objects("CiliumIdentity")}
+    assert {int(n) for n in names} <= {ea.identity, eb.identity}
+    return agents
+
+
+def object_names(apiserver: FakeAPIServer) -> list[str]:
+    """The names of the CiliumIdentities the server holds (`objects` returns copies: an
+    object is named, never compared by identity)."""
+    return sorted(o["metadata"]["name"] for o in apiserver.objects("CiliumIdentity"))
+
+
 @pytest.mark.anyio
 async def test_two_agents_racing_agree_through_the_api_server(
     apiserver: FakeAPIServer, kubeconfig: str, state_dir: str
 ) -> None:
-    a = manager(state_dir + "/a", seed=7)
-    b = manager(state_dir + "/b", seed=8, cidr="10.40.1.0/28")
-    clients = []
+    clients: list[K8sClient] = []
+    syncs: list[ClusterIdentities] = []
     async with anyio.create_task_group() as tg:
-        # Both number the same new labels before either has an API server.
-        ea = a.create("0", pod("a", ["k8s:app=web"]))
-        eb = b.create("0", pod("b", ["k8s:app=web"]))
-        assert ea.identity != eb.identity
-        for m in (a, b):
-            _sync, client = await _agent(apiserver, kubeconfig, m, tg)
-            clients.append(client)
-
-        def rule_winner() -> Any:
-            objs = apiserver.objects("CiliumIdentity")
-            return min(objs, key=lambda o: (o["metadata"]["creationTimestamp"],
-                                            int(o["metadata"]["name"])), default=None)
-
-        def agreed() -> bool:
-            # Both on one number, and it is the rule's winner over what exists (a moment
-            # where both use the first object they saw does not count).
-            w = rule_winner()
-            num = a.get(str(ea.id)).identity
-            return w is not None and num == b.get(str(eb.id)).identity == int(
-                w["metadata"]["name"]
-            )
-
-        await wait_for(agreed, "both agents using one number")
-        await anyio.sleep(0.5)  # every creation in flight has landed and been seen
-        await wait_for(agreed, "both agents using one number")
-        objs = apiserver.objects("CiliumIdentity")
-        assert {int(o["metadata"]["name"]) for o in objs} <= {ea.identity, eb.identity}
-        winner = rule_winner()
+        (a, ea), (b, eb) = await racing_agents(
+            apiserver, kubeconfig, state_dir, tg, clients, syncs
+        )
+        found = agreed_on(apiserver, (a, ea), (b, eb))
+        assert found is not None
+        agreed = found
         # A third endpoint with the same labels takes the agreed number at once.
         ec = a.create("0", pod("c", ["k8s:app=web"]))
-        assert ec.identity == int(winner["metadata"]["name"])
-        # The operator deletes the unused one; then the agreed one by mistake: it is
-        # created again under its number (while the unused one existed, deleting the
-        # agreed one would have moved every agent to the other, by the same rule).
-        for o in objs:
-            if o is not winner:
-                apiserver.delete("CiliumIdentity", "", o["metadata"]["name"])
-        await anyio.sleep(0.3)
-        apiserver.delete("CiliumIdentity", "", winner["metadata"]["name"])
+        assert ec.identity == int(agreed)
+        # The operator deletes the unused one (if both agents created one)...
+        rv = apiserver.resource_version
+        for name in set(object_names(apiserver)) - {agreed}:
+            rv = apiserver.delete("CiliumIdentity", "", name)
+        assert object_names(apiserver) == [agreed]
         await wait_for(
-            lambda: any(o["metadata"]["name"] == winner["metadata"]["name"]
-                        for o in apiserver.objects("CiliumIdentity")),
-            "the identity created again",
+            lambda: all(int(s.reflector.health.resource_version or 0) >= rv for s in syncs),
+            "both agents receiving that",
         )
+        # ... then the agreed one by mistake: it is created again under its number (the
+        # watch brings the deletions in order, in one delivery or more: no agent ever sees
+        # the agreed one deleted while the unused one exists, which would move it there).
+        apiserver.delete("CiliumIdentity", "", agreed)
+        await wait_for(lambda: agreed in object_names(apiserver), "the identity created again")
         tg.cancel_scope.cancel()
     for c in clients:
         c.close()
     creates = [r for r in apiserver.requests if r.verb == "create"]
     assert creates and all(r.resource == "ciliumidentities" for r in creates)
-    assert a.get(str(ea.id)).identity == int(winner["metadata"]["name"])
-    assert b.get(str(eb.id)).identity == int(winner["metadata"]["name"])
+    for m, ep in ((a, ea), (b, eb), (a, ec.id)):
+        assert m.get(str(ep)).identity == int(agreed)
+
+
+@pytest.mark.anyio
+async def test_deleting_the_agreed_object_moves_every_agent_to_the_other(
+    apiserver: FakeAPIServer, kubeconfig: str, state_dir: str
+) -> None:
+    clients: list[K8sClient] = []
+    async with anyio.create_task_group() as tg:
+        agents = await racing_agents(apiserver, kubeconfig, state_dir, tg, clients)
+        agreed = agreed_on(apiserver, *agents)
+        assert agreed is not None
+        others = set(object_names(apiserver)) - {agreed}
+        if not others:
+            # One agent saw the other's object before creating its own: add a losing one.
+            num = next(n for n in range(20000, 30000) if str(n) != agreed)
+            apiserver.upsert(obj(num, WEB, "2099-01-01T00:00:00Z"))
+            others = {str(num)}
+        (other,) = others
+        await wait_for(lambda: all(alloc_of(m).object_count() == 2 for m, _ep in agents),
+                       "both agents seeing both objects")
+        assert agreed_on(apiserver, *agents) == agreed
+        # While the unused object exists, deleting the agreed one moves every agent to it
+        # (the same rule), and nobody creates the deleted one again.
+        apiserver.delete("CiliumIdentity", "", agreed)
+        await wait_for(lambda: agreed_on(apiserver, *agents) == other, "both agents moving")
+        assert object_names(apiserver) == [other]
+        # Then that one deleted too: the agents that use it create it again.
+        apiserver.delete("CiliumIdentity", "", other)
+        await wait_for(lambda: other in object_names(apiserver), "the other created again")
+        await wait_for(lambda: agreed_on(apiserver, *agents) == other, "both agents staying")
+        assert object_names(apiserver) == [other]
+        tg.cancel_scope.cancel()
+    for c in clients:
+        c.close()
+
+
+@pytest.mark.anyio
+async def test_every_object_deleted_at_once_the_agents_agree_on_one_created_again(
+    apiserver: FakeAPIServer, kubeconfig: str, state_dir: str
+) -> None:
+    """Whether an agent sees both deletions in one delivery (it keeps its number and
+    creates it again) or one by one (it moves to the other first and creates that one),
+    the agents end on one number whose object exists."""
+    clients: list[K8sClient] = []
+    async with anyio.create_task_group() as tg:
+        agents = await racing_agents(apiserver, kubeconfig, state_dir, tg, clients)
+        for name in object_names(apiserver):
+            apiserver.delete("CiliumIdentity", "", name)
+        await wait_for(lambda: bool(object_names(apiserver)), "an identity created again")
+        await wait_for(lambda: agreed_on(apiserver, *agents) is not None,
+                       "both agents using one number that exists")
+        tg.cancel_scope.cancel()
+    for c in clients:
+        c.close()
 
 
 @pytest.mark.anyio
@@ -352,4 +441,4 @@ async def test_no_creation_is_decided_while_a_delivery_is_half_applied(
         release.set()
         client.close()
     assert [r.path for r in apiserver.requests if r.verb == "create"] == []
-    assert [o["metadata"]["name"] for o in apiserver.objects("CiliumIdentity")] == ["950"]
+    assert object_names(apiserver) == ["950"]
