@@ -20,6 +20,10 @@ Keys:
   event is timed (by the minute it was emitted in), into fixed-size histograms (0.1 ms
   buckets below 100 ms, 1 ms above). events_timed, events_unconfirmed (not in the map
   within 10 s).
+- apply_p50_ms / apply_p99_ms / apply_p99_ms_by_minute: the agent's own part of the
+  latency from a change's delivery by its watch to the commit of its batch to the tables
+  (``k8s.apply_latency`` of ``/debug/probe``, 0.5 ms buckets), over the timed minutes: the
+  rest of an event's latency is the server, the watch stream and the reconciler.
 - stall_ms_max / stalls_over_50ms / stalls_over_20ms / loop_lag_counts: the agent's own
   event-loop lateness (a 1 ms sleep, statewright/agent/loop_probe.py) over the timed
   minutes; stalls_worst: the longest stalls (``at_s`` from the churn's start, ms, CPU ms
@@ -67,6 +71,7 @@ import contextlib
 import gc
 import http.client
 import ipaddress
+import itertools
 import json
 import multiprocessing
 import multiprocessing.connection
@@ -82,6 +87,7 @@ from collections import Counter
 from typing import Any
 
 from benchmarks.lb import BACKENDS_PER_SERVICE, service_obj, slice_obj
+from sources.apply_latency import quantile_of
 
 NODE = "bench-node"
 REPO = Path(__file__).resolve().parent.parent
@@ -491,6 +497,10 @@ class Probe:
         self.gc_base: list[int] = [0, 0, 0]
         self.gc_passes: list[int] = [0, 0, 0]
         self.gc_long: list[dict[str, Any]] = []
+        # The agent's delivery-to-commit histogram: its reading at the churn's start and
+        # at the start of each minute since (bucket index -> count, cumulative).
+        self.apply_marks: list[dict[str, int]] = []
+        self.apply_now: dict[str, int] = {}
 
     def start(self) -> None:
         doc = api(self.run.sock, "/debug/probe")
@@ -498,6 +508,8 @@ class Probe:
         self.base_counts = doc["loop"]["lag_counts"]
         self.gc_base = doc["gc"]["passes"]
         self.buckets = doc["loop"]["lag_buckets_ms"]
+        self.apply_now = self._apply_buckets(doc)
+        self.apply_marks = [self.apply_now]
 
     def sample(self) -> None:
         assert self.run.agent is not None
@@ -507,6 +519,9 @@ class Probe:
             self.loads.append(round(os.getloadavg()[0], 2))
         doc = api(self.run.sock, f"/debug/probe?since_ms={int(self.since * 1000)}")
         loop = doc["loop"]
+        self.apply_now = self._apply_buckets(doc)
+        if int((now - self.t0) // 60) >= len(self.apply_marks):
+            self.apply_marks.append(self.apply_now)
         assert self.base_counts is not None
         self.counts = [a - b for a, b in zip(loop["lag_counts"], self.base_counts)]
         self.gc_passes = [a - b for a, b in zip(doc["gc"]["passes"], self.gc_base)]
@@ -536,6 +551,30 @@ class Probe:
             del self.worst[self.KEEP_STALLS:]
 
 
+    @staticmethod
+    def _apply_buckets(doc: dict[str, Any]) -> dict[str, int]:
+        return dict(doc.get("k8s", {}).get("apply_latency", {}).get("buckets", {}))
+
+    def apply_figures(self) -> dict[str, Any]:
+        """Delivery to commit in the agent over the timed minutes: p50, p99, p99 by minute."""
+        marks = [*self.apply_marks, self.apply_now]
+        if len(marks) > 2 and marks[-1] is marks[-2]:  # the last sample began a minute
+            marks.pop()
+
+        def p(a: dict[str, int], b: dict[str, int], q: float) -> float:
+            diff = [0] * (1 + max((int(k) for k in b), default=0))
+            for k, v in b.items():
+                diff[int(k)] = v - a.get(k, 0)
+            return quantile_of(diff, q)
+
+        first, last = marks[0], marks[-1]
+        return {
+            "apply_p50_ms": p(first, last, 0.5),
+            "apply_p99_ms": p(first, last, 0.99),
+            "apply_p99_ms_by_minute": [p(a, b, 0.99) for a, b in itertools.pairwise(marks)],
+        }
+
+
 def _figures(churn: Churn, probe: Probe, warmup_s: float) -> dict[str, Any]:
     out: dict[str, Any] = {}
     every = Histogram()
@@ -548,6 +587,7 @@ def _figures(churn: Churn, probe: Probe, warmup_s: float) -> dict[str, Any]:
     out["p99_ms"] = every.quantile(0.99)
     out["events_timed"] = every.total
     out["events_unconfirmed"] = churn.unconfirmed
+    out.update(probe.apply_figures())
     out["stall_ms_max"] = round(probe.stall_max, 1)
     out["stalls_over_50ms"] = probe.over50
     out["stalls_over_20ms"] = probe.over20

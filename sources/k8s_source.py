@@ -50,6 +50,7 @@ import anyio
 import anyio.abc
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
+from sources.apply_latency import LatencyHistogram
 from sources.k8s_client import K8sClient
 from sources.k8s_convert import ConversionError, K8sConverter
 from sources.k8s_reflector import (
@@ -198,6 +199,8 @@ class K8sSource:
         #: Called after each committed batch with its deltas and the time the oldest of
         #: them arrived (benchmarks measure event-to-table latency with it).
         self.on_applied = on_applied
+        #: From delivery to commit, per applied change (`sources.apply_latency`).
+        self.apply_latency = LatencyHistogram()
         self.reflectors = [
             Reflector(client, spec, self._deliver, self.config.reflector)
             for spec in resource_specs(node_name)
@@ -452,6 +455,9 @@ class K8sSource:
                 self._conflicts.pop(f"{r.spec.kind} {d.key}", None)
         self.batches += 1
         self.applied += len(written) - len(skip)
+        committed = time.monotonic()
+        for item in batch:
+            self.apply_latency.add((committed - item.received) * 1000, len(item.deltas))
         self._note_applied_versions(batch, received)
         self._note_node(batch, wanted)
         self._note_pod_labels(batch, wanted)

@@ -7,7 +7,9 @@ loop's stack during each stall (statewright/agent/loop_probe.py) and serves:
 
 - ``GET /debug/probe``: the loop's lateness histogram and its latest stalls with their
   stacks, resident memory, the collector's counters and, per statedb table, what it keeps
-  beyond its rows (`statedb.table.Table.retention`: a held snapshot shows there);
+  beyond its rows (`statedb.table.Table.retention`: a held snapshot shows there) and,
+  with a Kubernetes source, how long its changes waited from delivery to commit
+  (``k8s.apply_latency``, `sources.apply_latency`);
 - ``POST /debug/tracemalloc``: ``{"action": "start", "frames": N}`` starts tracemalloc,
   ``{"action": "snapshot", "top": N}`` takes the baseline (first) or answers the N source
   lines whose memory grew most since it, ``{"action": "stop"}``.
@@ -24,7 +26,9 @@ from typing import Any
 
 import anyio
 
+from sources.k8s_source import K8sSource
 from statedb import DB
+from statewright.agent.components.kubernetes import K8S_SOURCE
 from statewright.agent.components.statedb import DATABASE
 from statewright.agent.loop_probe import CollectorProbe, LoopProbe, MemoryTracer, rss_mb
 from statewright.api_types import ApiError, QueryParam, Request, Route
@@ -44,6 +48,7 @@ _PROBE_SCHEMA = {
         "gc": {"type": "object"},
         "tracemalloc": {"type": "object"},
         "statedb": {"type": "object"},
+        "k8s": {"type": "object"},
     },
 }
 _TRACE_BODY = {
@@ -77,7 +82,7 @@ class DebugComponent(Component):
     """The loop probe and memory tracer, when `probe_enabled`."""
 
     name = "debug"
-    uses = (DATABASE,)
+    uses = (DATABASE, K8S_SOURCE)
 
     def __init__(self, enabled: bool | None = None) -> None:
         self.enabled = probe_enabled() if enabled is None else enabled
@@ -85,11 +90,13 @@ class DebugComponent(Component):
         self.collector = CollectorProbe()
         self.memory = MemoryTracer()
         self.db: DB | None = None
+        self.source: K8sSource | None = None
 
     async def start(self, hive: Hive) -> None:
         """Start the loop probe (when enabled)."""
         if self.enabled:
             self.db = hive.find(self, DATABASE)
+            self.source = hive.find(self, K8S_SOURCE)
             self.loop = LoopProbe()
             self.collector.install()
             await hive.spawn(self, self.loop.run)
@@ -138,6 +145,9 @@ class DebugComponent(Component):
             },
             "tracemalloc": self.memory.state(),
             "statedb": self._retention(),
+            "k8s": {} if self.source is None else {
+                "apply_latency": self.source.apply_latency.to_json(),
+            },
         }
 
     def _retention(self) -> dict[str, Any]:
