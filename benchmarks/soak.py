@@ -32,7 +32,9 @@ Keys:
   thread ran during each stall (/proc/thread-self/schedstat): on a loaded machine a stall
   is mostly waiting for a CPU (run queue), which is the machine's, not the agent's work.
 - gc_passes_by_generation / gc_passes_longest: the agent's collector passes during the
-  timed minutes, and the longest (CPU ms, objects collected, ``at_s``).
+  timed minutes, and the longest (CPU ms, objects collected, ``at_s``);
+  gc_collected_by_generation / gc_cpu_ms_by_generation: the objects those passes found
+  unreachable (cyclic garbage) and their CPU in all.
 - rss_mb_after_sync, rss_mb_start (the churn's start), rss_mb_end,
   rss_mb_per_hour_after_warmup: the agent process' resident memory, sampled every 10 s;
   the slope is a least-squares fit after the first ``warmup_minutes`` (5; a third of the
@@ -496,6 +498,8 @@ class Probe:
         self.loads: list[float] = []
         self.gc_base: list[int] = [0, 0, 0]
         self.gc_passes: list[int] = [0, 0, 0]
+        self.gc_totals_base: dict[str, list[float]] = {}
+        self.gc_totals: dict[str, list[float]] = {}
         self.gc_long: list[dict[str, Any]] = []
         # The agent's delivery-to-commit histogram: its reading at the churn's start and
         # at the start of each minute since (bucket index -> count, cumulative).
@@ -507,6 +511,7 @@ class Probe:
         self.since = self.last_stall_at = self.last_gc_at = time.monotonic()
         self.base_counts = doc["loop"]["lag_counts"]
         self.gc_base = doc["gc"]["passes"]
+        self.gc_totals_base = self._gc_totals(doc)
         self.buckets = doc["loop"]["lag_buckets_ms"]
         self.apply_now = self._apply_buckets(doc)
         self.apply_marks = [self.apply_now]
@@ -525,6 +530,10 @@ class Probe:
         assert self.base_counts is not None
         self.counts = [a - b for a, b in zip(loop["lag_counts"], self.base_counts)]
         self.gc_passes = [a - b for a, b in zip(doc["gc"]["passes"], self.gc_base)]
+        self.gc_totals = {
+            k: [round(a - b, 1) for a, b in zip(v, self.gc_totals_base.get(k, [0, 0, 0]))]
+            for k, v in self._gc_totals(doc).items()
+        }
         # ``since_ms`` is whole milliseconds: what one sample returned last may come back
         # in the next one, so each list is cut at the newest entry already counted.
         gc_cut, stall_cut = self.last_gc_at, self.last_stall_at
@@ -550,6 +559,10 @@ class Probe:
             bisect.insort(self.worst, s, key=lambda x: -x["ms"])
             del self.worst[self.KEEP_STALLS:]
 
+
+    @staticmethod
+    def _gc_totals(doc: dict[str, Any]) -> dict[str, list[float]]:
+        return {k: doc["gc"][k] for k in ("collected", "cpu_ms_total") if k in doc["gc"]}
 
     @staticmethod
     def _apply_buckets(doc: dict[str, Any]) -> dict[str, int]:
@@ -597,6 +610,8 @@ def _figures(churn: Churn, probe: Probe, warmup_s: float) -> dict[str, Any]:
     out["loop_lag_counts"] = probe.counts
     out["stalls_worst"] = probe.worst
     out["gc_passes_by_generation"] = probe.gc_passes
+    out["gc_collected_by_generation"] = probe.gc_totals.get("collected", [])
+    out["gc_cpu_ms_by_generation"] = probe.gc_totals.get("cpu_ms_total", [])
     out["gc_passes_longest"] = probe.gc_long
     out["rss_mb_start"] = round(probe.rss[0][1], 1) if probe.rss else 0.0
     out["rss_mb_end"] = round(probe.rss[-1][1], 1) if probe.rss else 0.0

@@ -126,13 +126,16 @@ class LoopProbe:
 
 
 class CollectorProbe:
-    """The cyclic collector's passes, from ``gc.callbacks``: per generation how many and the
-    longest (CPU ms, ``time.thread_time``), and the latest passes over ``long_ms``."""
+    """The cyclic collector's passes, from ``gc.callbacks``: per generation how many, the
+    objects they found unreachable, their CPU in all and the longest (ms,
+    ``time.thread_time``), and the latest passes over ``long_ms``."""
 
     def __init__(self, long_ms: float = 10.0) -> None:
         self.long_ms = long_ms
         self.count = [0, 0, 0]
         self.max_ms = [0.0, 0.0, 0.0]
+        self.total_ms = [0.0, 0.0, 0.0]
+        self.collected = [0, 0, 0]
         self.long: collections.deque[tuple[float, int, float, int]] = collections.deque(
             maxlen=RECENT_STALLS
         )
@@ -144,10 +147,13 @@ class CollectorProbe:
             return
         ms = (time.thread_time() - self._start) * 1000
         gen = info["generation"]
+        collected = info.get("collected", 0)
         self.count[gen] += 1
+        self.collected[gen] += collected
+        self.total_ms[gen] += ms
         self.max_ms[gen] = max(self.max_ms[gen], ms)
         if ms > self.long_ms:
-            self.long.append((time.monotonic(), gen, ms, info.get("collected", 0)))
+            self.long.append((time.monotonic(), gen, ms, collected))
 
     def install(self) -> None:
         """Start counting."""
@@ -166,6 +172,8 @@ class CollectorProbe:
         """Counts, maxima and the long passes that ended after ``since``."""
         return {
             "passes": list(self.count),
+            "collected": list(self.collected),
+            "cpu_ms_total": [round(m, 1) for m in self.total_ms],
             "cpu_ms_max": [round(m, 2) for m in self.max_ms],
             "long_ms": self.long_ms,
             "long_passes": [
