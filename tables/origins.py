@@ -17,10 +17,11 @@ The sources write the row in the same write transaction as the object's other ro
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 from statedb import DB, Index, ReadTxn, Table, WriteTxn
 from statedb import keys as keycodec
@@ -36,10 +37,10 @@ SOURCE_MANIFESTS = "manifests"
 SOURCE_K8S = "k8s"
 
 
-@dataclass(frozen=True, slots=True)
-class Origin:
-    """One source object: kind, namespace, name; its manifest file and line, or its
-    Kubernetes uid and resourceVersion; for an EndpointSlice its service and addresses."""
+@dataclass(frozen=True)
+class _OriginFields:
+    """The fields of Origin, in order (the field list ``dataclasses.fields``, ``replace``
+    and ``asdict`` read from Origin)."""
 
     kind: str
     namespace: str
@@ -49,11 +50,175 @@ class Origin:
     resource_version: str = ""
     file: str = ""
     line: int = 0
-    #: The service (``namespace/name``) an EndpointSlice belongs to; "" otherwise.
     owner: str = ""
+    addresses: str = ""
+
+
+#: (kind, namespace, source) triples, shared by the origins that have the same ones.
+_KINDS: dict[tuple[str, str, str], tuple[str, str, str]] = {}
+_KINDS_MAX = 4096
+_NO_WHERE: tuple[str, int] = ("", 0)
+
+
+def _shared_kind(kind: str, namespace: str, source: str) -> tuple[str, str, str]:
+    triple = (kind, namespace, source)
+    shared = _KINDS.get(triple)
+    if shared is None:
+        if len(_KINDS) >= _KINDS_MAX:
+            _KINDS.clear()  # only costs the sharing of the triples made before
+        shared = _KINDS[triple] = (sys.intern(kind), sys.intern(namespace), sys.intern(source))
+    return shared
+
+
+def _pack_uid(uid: str) -> str | int:
+    """A canonical (lower-case, hyphenated) UUID as its 128-bit int (48 bytes instead of
+    96 for the string); any other uid as it is."""
+    if len(uid) == 36 and uid[8] == "-":
+        try:
+            value = int(uid.replace("-", ""), 16)
+        except ValueError:
+            return uid
+        if _unpack_uid(value) == uid:
+            return value
+    return uid
+
+
+def _unpack_uid(packed: str | int) -> str:
+    if isinstance(packed, str):
+        return packed
+    h = f"{packed:032x}"
+    return f"{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:]}"
+
+
+class Origin:
+    """One source object: kind, namespace, name; its manifest file and line, or its
+    Kubernetes uid and resourceVersion; for an EndpointSlice its service and addresses.
+
+    Immutable, with the value semantics of a frozen dataclass of its ten fields
+    (equality, hash, repr, ``dataclasses.fields``/``replace``/``asdict``). Held compactly,
+    one row per Kubernetes object at 60,000 services: the encoded ``Kind/namespace/name``
+    (`key_bytes`, which is also the row's primary key: no second bytes object in the
+    table), the name read back from it; kind, namespace and source in one shared tuple;
+    a canonical uid as its 128-bit int; file and line in one slot (shared when
+    empty). 96 bytes and two small objects less per row than before (112 bytes, and a
+    name and a uid string).
+    """
+
+    __slots__ = ("_kind", "_uid", "_where", "addresses", "key_bytes", "owner",
+                 "resource_version")
+    __dataclass_fields__: ClassVar[dict[str, dataclasses.Field[Any]]]
+    __match_args__ = ("kind", "namespace", "name", "source", "uid", "resource_version",
+                      "file", "line", "owner", "addresses")
+
+    #: ``Kind/namespace/name`` encoded (UTF-8): the row's primary key.
+    key_bytes: bytes
+    #: The service (``namespace/name``) an EndpointSlice belongs to; "" otherwise.
+    owner: str
+    #: The Kubernetes resourceVersion ("" for a manifest).
+    resource_version: str
     #: The endpoint addresses an EndpointSlice lists, comma-separated ("" otherwise): one
     #: string rather than a tuple of them, a few hundred bytes less per slice.
-    addresses: str = ""
+    addresses: str
+    _kind: tuple[str, str, str]
+    _uid: str | int
+    _where: tuple[str, int]
+
+    def __init__(
+        self,
+        kind: str,
+        namespace: str,
+        name: str,
+        source: str,
+        uid: str = "",
+        resource_version: str = "",
+        file: str = "",
+        line: int = 0,
+        owner: str = "",
+        addresses: str = "",
+    ) -> None:
+        _set_key(self, f"{kind}/{namespace}/{name}".encode())
+        _set_kind(self, _shared_kind(kind, namespace, source))
+        _set_uid(self, _pack_uid(uid))
+        _set_rv(self, resource_version)
+        _set_where(self, (file, line) if file or line else _NO_WHERE)
+        _set_owner(self, owner)
+        _set_addresses(self, addresses)
+
+    @property
+    def kind(self) -> str:
+        """The object's kind (``Service``, ``EndpointSlice``, ...)."""
+        return self._kind[0]
+
+    @property
+    def namespace(self) -> str:
+        """The object's namespace ("" for cluster-scoped kinds)."""
+        return self._kind[1]
+
+    @property
+    def source(self) -> str:
+        """Where the object came from (``k8s``, ``manifests``)."""
+        return self._kind[2]
+
+    @property
+    def name(self) -> str:
+        """The object's name (read from `key_bytes`, after its kind and namespace)."""
+        kind, ns, _ = self._kind
+        # Byte offsets: kind and namespace may hold non-ASCII characters.
+        skip = len(kind.encode()) + len(ns.encode()) + 2
+        return self.key_bytes[skip:].decode()
+
+    @property
+    def uid(self) -> str:
+        """The Kubernetes uid ("" for a manifest)."""
+        return _unpack_uid(self._uid)
+
+    @property
+    def file(self) -> str:
+        """The manifest file ("" for a Kubernetes object)."""
+        return self._where[0]
+
+    @property
+    def line(self) -> int:
+        """The line the object's document starts on in `file` (0: not known)."""
+        return self._where[1]
+
+    def _fields(self) -> tuple[Any, ...]:
+        return (self.kind, self.namespace, self.name, self.source, self.uid,
+                self.resource_version, self.file, self.line, self.owner, self.addresses)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        raise dataclasses.FrozenInstanceError(f"cannot assign to field {name!r}")
+
+    def __delattr__(self, name: str) -> None:
+        raise dataclasses.FrozenInstanceError(f"cannot delete field {name!r}")
+
+    def __eq__(self, other: object) -> bool:
+        if other.__class__ is not self.__class__:
+            return NotImplemented
+        assert isinstance(other, Origin)
+        # The stored forms are canonical: equal fields, equal slots.
+        return (
+            self.key_bytes == other.key_bytes
+            and self._kind == other._kind
+            and self._uid == other._uid
+            and self.resource_version == other.resource_version
+            and self._where == other._where
+            and self.owner == other.owner
+            and self.addresses == other.addresses
+        )
+
+    def __hash__(self) -> int:
+        return hash((self.key_bytes, self._kind, self._uid, self.resource_version,
+                     self._where, self.owner, self.addresses))
+
+    def __repr__(self) -> str:
+        parts = ", ".join(
+            f"{name}={value!r}" for name, value in zip(self.__match_args__, self._fields())
+        )
+        return f"Origin({parts})"
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (Origin, self._fields())
 
     def lists(self, address: str) -> bool:
         """Whether an EndpointSlice's endpoints list ``address``."""
@@ -62,7 +227,7 @@ class Origin:
     @property
     def key(self) -> str:
         """``Kind/namespace/name`` (``Kind//name`` for cluster-scoped kinds)."""
-        return f"{self.kind}/{self.namespace}/{self.name}"
+        return self.key_bytes.decode()
 
     def where(self) -> str:
         """``file:line``, or ``uid U resourceVersion R``: for people."""
@@ -96,7 +261,29 @@ class Origin:
         return [self.key, self.source, self.where()]
 
 
-origin_key_index: Index[Origin, str] = Index("key", key=lambda o: o.key, encode=keycodec.string)
+# Origin's fields for dataclasses.fields/replace/asdict; its slot setters.
+Origin.__dataclass_fields__ = _OriginFields.__dataclass_fields__
+_set_key = Origin.__dict__["key_bytes"].__set__
+_set_kind = Origin.__dict__["_kind"].__set__
+_set_uid = Origin.__dict__["_uid"].__set__
+_set_rv = Origin.__dict__["resource_version"].__set__
+_set_where = Origin.__dict__["_where"].__set__
+_set_owner = Origin.__dict__["owner"].__set__
+_set_addresses = Origin.__dict__["addresses"].__set__
+
+
+def _encode_key(key: str | bytes) -> bytes:
+    """The primary key of an origin: ``Kind/namespace/name`` encoded, or a row's own
+    `Origin.key_bytes` as it is (the table stores no second bytes object per row)."""
+    if type(key) is bytes:
+        return key
+    return keycodec.string(key)  # type: ignore[arg-type]
+
+
+#: Primary index: ``Kind/namespace/name``; queries take the str.
+origin_key_index: Index[Origin, Any] = Index(
+    "key", key=lambda o: o.key_bytes, encode=_encode_key, parse=str
+)
 
 
 def new_origins_table() -> Table[Origin]:
