@@ -54,9 +54,12 @@ class LocksBusy(StateDBError):
 
 
 class WriteTxn(ReadTxn):
-    """A transaction that may write the tables it locked; use as a context manager."""
+    """A transaction that may write the tables it locked; use as a context manager.
 
-    __slots__ = ("_done", "_locked", "_owner", "_started", "_tables", "_wait_s")
+    Weakly referenceable: a helper that keeps per-transaction state can tell its
+    transaction without keeping it, and so its tables' states, alive after it ended."""
+
+    __slots__ = ("__weakref__", "_done", "_locked", "_owner", "_started", "_tables", "_wait_s")
 
     def __init__(self, db: DB, tables: list[Table[Any]], *, blocking: bool = True) -> None:
         start = time.perf_counter()

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
+import weakref
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
@@ -590,7 +591,7 @@ class LBWriter:
     # that add LB rows must go through the writer for the hints to hold.
     def _touched(self, txn: WriteTxn) -> _Touched:
         t = self._touch
-        if t is None or t.txn is not txn:
+        if t is None or t.txn() is not txn:
             if self._fe_hint is None or self._be_hint is None:
                 self._build_hints()
             elif t is not None:
@@ -832,7 +833,9 @@ class _Touched:
     __slots__ = ("backends_gone", "backends_of", "frontends_gone", "frontends_of", "txn")
 
     def __init__(self, txn: WriteTxn) -> None:
-        self.txn = txn
+        # Weak: a finished transaction holds its tables' states, and so every row
+        # version written since (the reconciler's statuses), until the next one.
+        self.txn = weakref.ref(txn)
         # Per service, its rows by address as this txn sees them, once read (kept current
         # by the writer's _fe_*/_be_* helpers): later lookups in the txn need no re-read.
         self.frontends_of: dict[ServiceName, dict[L3n4Addr, Frontend]] = {}

@@ -128,3 +128,26 @@ def test_found_rows_are_the_indexed_rows(
             pass
         for name in NAMES:
             assert _found(w, name) == _indexed(db, w, name)
+
+
+def test_a_finished_transaction_is_not_kept_alive_by_the_writer() -> None:
+    """The writer remembers its last transaction's rows, not the transaction: a finished
+    one would hold its tables' states, and so every row version written after it."""
+    db, w = new_writer()
+    with w.write_txn() as t:
+        _service(w, t, 0, [1, 2])
+    del t
+    # Statuses written after the writer's transaction (as the reconciler does).
+    for _ in range(3):
+        with db.write_txn(w.frontends) as wt:
+            for f in list(w.frontends.all(wt)):
+                w.frontends.insert(wt, f.pending())
+        del wt
+    # Beside the table's own ordered-view cache, only the committed state is alive.
+    retention = w.frontends.retention(db.read_txn())
+    assert retention["oldest_snapshot"] == retention["revision"], retention
+    # The next transaction of the writer still finds the rows of the one before.
+    with w.write_txn() as t:
+        _service(w, t, 1, [3])
+    assert _found(w, NAMES[0]) == _indexed(db, w, NAMES[0])
+    assert _found(w, NAMES[1]) == _indexed(db, w, NAMES[1])
