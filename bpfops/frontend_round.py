@@ -149,17 +149,24 @@ class RoundWriter:
         return [(e, p) for e, p in live if e.result is None]
 
     def _write_revnat(self, live: Live, v6: bool) -> Live:
-        """The rev-NAT entries of every frontend."""
-        entries = [revnat_entry(p) for _, p in live]
+        """The rev-NAT entries of the frontends that have none written yet (an entry maps
+        the frontend's id to its address, neither of which changes while the frontend is
+        in the maps: a written one is not written again)."""
+        todo = [(e, p) for e, p in live if not p.state.revnat]
+        if not todo:
+            return live
+        entries = [revnat_entry(p) for _, p in todo]
         done, exc = write_counted(
             self.writer.maps.revnat(v6).backend, [k for k, _ in entries], [v for _, v in entries]
         )
-        for i, (e, p) in enumerate(live):
+        for i, (e, p) in enumerate(todo):
             if i < done:
                 p.state.revnat = True
             else:
                 e.result = frontend_error(p.fe, exc or MapError("revnat", "update", 0))
-        return live[:done]
+        if done == len(todo):
+            return live
+        return [(e, p) for e, p in live if e.result is None]
 
     def _write_masters(self, live: Live, v6: bool) -> None:
         """The masters (a frontend without a master yet first loses stale slots), each
@@ -169,6 +176,7 @@ class RoundWriter:
         keys: list[bytes] = []
         values: list[bytes] = []
         owners: list[int] = []  # keys[j] belongs to ready[owners[j]]
+        masters: list[bool] = []  # whether keys[j] is its owner's master (or a wildcard)
         ready: Live = []
         ready_masters: list[bytes] = []
         new_wildcard: list[bool] = []
@@ -179,15 +187,21 @@ class RoundWriter:
             except MapError as exc:
                 e.result = frontend_error(p.fe, exc)
                 continue
-            keys.append(key)
-            values.append(master)
-            owners.append(len(ready))
+            # A master the map holds already (same counts, flags and id: e.g. one
+            # backend replaced by another) is not written again; its slots, rewritten
+            # before, are what changed.
+            if master != p.state.master:
+                keys.append(key)
+                values.append(master)
+                owners.append(len(ready))
+                masters.append(True)
             wildcard = w.wildcards.new_entry(p)
             if wildcard is not None and wildcard[0] not in queued:
                 queued.add(wildcard[0])
                 keys.append(wildcard[1])
                 values.append(wildcard[2])
                 owners.append(len(ready))
+                masters.append(False)
                 new_wildcard.append(True)
             else:
                 new_wildcard.append(False)
@@ -196,7 +210,7 @@ class RoundWriter:
         done, exc2 = write_counted(w.maps.services(v6).backend, keys, values)
         complete = owners[done] if done < len(owners) else len(ready)
         for j in range(done):
-            if j == 0 or owners[j] != owners[j - 1]:  # the owner's master
+            if masters[j]:
                 ready[owners[j]][1].state.master = values[j]
         for i, (e, p) in enumerate(ready):
             if i >= complete:

@@ -133,10 +133,14 @@ class FrontendWriter:
         svc_raw = maps.services(v6).backend
         self.write_collected(maps.backends(v6).backend, svc_raw, p.writes)
         self.write_side_entries(p)
-        maps.revnat(v6).backend.update(*revnat_entry(p))
-        state.revnat = True
+        # The rev-NAT entry (id -> address) and a master equal to the one the map holds
+        # are not written again (`RoundWriter` skips them alike).
+        if not state.revnat:
+            maps.revnat(v6).backend.update(*revnat_entry(p))
+            state.revnat = True
         key, master = self.master_entry(p)
-        svc_raw.update(key, master)
+        if master != state.master:
+            svc_raw.update(key, master)
         self.after_master(p, master)
 
     def prepare(

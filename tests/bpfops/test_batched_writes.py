@@ -8,6 +8,7 @@ import random
 from collections.abc import Sequence
 from typing import Any
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -16,7 +17,8 @@ from bpf.errors import BatchError
 from bpf.testing import FaultyMap
 from bpfops.lb_maps import LBMaps
 from bpfops.maps_dump import dump_lines
-from tests.bpfops.helpers import NO_TXN, be, fe, new_ops
+from reconciler.operations import BatchEntry
+from tests.bpfops.helpers import NO_TXN, be, fe, new_ops, normalize_ids
 from tests.bpfops.test_faults import make_spec, new_system, step
 
 
@@ -128,3 +130,47 @@ def test_partial_batches_retried_at_once_give_identical_maps(
             except LBOpsError:
                 continue
     assert dump_lines(broken.unwrapped()) == dump_lines(clean)
+
+
+@pytest.mark.parametrize("batched", [False, True])
+def test_unchanged_master_and_revnat_entries_are_not_written_again(batched: bool) -> None:
+    """A backend replaced by another rewrites the slots and the backend entry, not the
+    master (same counts, flags, id) nor the rev-NAT entry (same id and address), in the
+    per-object and the batched path alike; a master whose count changes is written."""
+    wrappers: dict[str, CountingMap] = {}
+
+    def wrap(backend: Any) -> Any:
+        wrappers[backend.spec.name] = CountingMap(backend)
+        return wrappers[backend.spec.name]
+
+    maps = LBMaps.in_memory(max_entries=256, maglev_table_size=251, wrap=wrap)
+    ops = new_ops(maps)
+
+    def write(spec: Any) -> None:
+        if batched:
+            entries = [BatchEntry(spec, 0)]
+            ops.update_batch(NO_TXN, entries)
+            assert entries[0].result is None
+        else:
+            ops.update(NO_TXN, 0, spec)
+
+    bes = tuple(be(f"10.244.0.{i}:8080") for i in range(1, 4))
+    write(fe("10.96.0.1:80", "ClusterIP", bes))
+    for w in wrappers.values():
+        w.calls.clear()
+    replaced = (*bes[1:], be("10.244.0.99:8080"))
+    write(fe("10.96.0.1:80", "ClusterIP", replaced))
+    assert wrappers["lb4_reverse_nat"].calls == {}
+    # The three slots in one batch; no master.
+    assert wrappers["lb4_services"].calls == {"update_batch": 1}
+    for w in wrappers.values():
+        w.calls.clear()
+    write(fe("10.96.0.1:80", "ClusterIP", (*replaced, be("10.244.0.100:8080"))))
+    assert wrappers["lb4_reverse_nat"].calls == {}
+    # The new slot, then the master with its new count.
+    assert wrappers["lb4_services"].calls == {"update": 2}
+    clean = LBMaps.in_memory(max_entries=256, maglev_table_size=251)
+    fresh = new_ops(clean)
+    final = fe("10.96.0.1:80", "ClusterIP", (*replaced, be("10.244.0.100:8080")))
+    fresh.update(NO_TXN, 0, final)
+    assert normalize_ids(dump_lines(maps.unwrapped())) == normalize_ids(dump_lines(clean))
