@@ -800,9 +800,16 @@ def _slice_weight(annotations: Mapping[str, str]) -> int:
 
 
 def convert_endpoint_slice(
-    obj: Mapping[str, Any], config: LBConfig | None = None, source: str = "k8s"
+    obj: Mapping[str, Any],
+    config: LBConfig | None = None,
+    source: str = "k8s",
+    previous: Mapping[bytes, BackendParams] | None = None,
 ) -> ConvertedEndpoints:
-    """Convert a discovery.k8s.io/v1 EndpointSlice; raise ConversionError naming the field."""
+    """Convert a discovery.k8s.io/v1 EndpointSlice; raise ConversionError naming the field.
+
+    ``previous``: the backends an earlier version of the slice converted to, by address;
+    a backend equal to one of them is that object (an update that changed one endpoint
+    gives the others' objects back, which the writer recognizes at once)."""
     cfg = config if config is not None else LBConfig()
     ref = object_ref(obj)
     # Interned: the reflector's key of the slice is the same string (one for both).
@@ -885,8 +892,9 @@ def convert_endpoint_slice(
             rests = {}
         for ip in ips:
             for pname, single, pre, suffix in port_keys:
-                a = addr_of_key(pre + ip + suffix)
-                prev = merged.get(a)
+                # The address's key: an L3n4Addr equals (and hashes like) its bytes.
+                k = pre + ip + suffix
+                prev = merged.get(k)  # type: ignore[call-overload]
                 if prev is None:
                     port_names: tuple[str, ...] = single
                 else:
@@ -899,6 +907,11 @@ def convert_endpoint_slice(
                     rest = rests[port_names, state] = backend_rest(
                         details, port_names, weight, state
                     )
+                old = previous.get(k) if previous else None
+                if old is not None and (old._rest is rest or old._rest == rest):
+                    merged[old.address] = old
+                    continue
+                a = prev.address if prev is not None else addr_of_key(k)
                 merged[a] = new_backend_params_from(a, rest)
     return _new_converted_endpoints(slice_name, service_name, tuple(merged.values()))
 
@@ -1077,7 +1090,7 @@ class K8sConverter:
     def upsert_endpoint_slice(self, txn: WriteTxn, obj: Mapping[str, Any]) -> None:
         """Add or update an EndpointSlice; the service's backends become the union of its
         slices."""
-        conv = convert_endpoint_slice(obj, self.config, self.source)
+        conv = convert_endpoint_slice(obj, self.config, self.source, self._slice_backends(obj))
         old_svc = self._st.slice_service.get(conv.slice_name)
         moved = old_svc is not None and old_svc != conv.service_name
         if old_svc is not None and moved:
@@ -1102,6 +1115,30 @@ class K8sConverter:
         slices.pop(slice_name, None)
         self._keep_slices(svc, slices)
         del self._st.slice_service[slice_name]
+
+    def _slice_backends(self, obj: Mapping[str, Any]) -> dict[bytes, BackendParams] | None:
+        """The backends the slice ``obj`` (by its name) gave when last applied, by
+        address; None for a slice not applied before (or a malformed one)."""
+        st = self._st
+        if not st.slice_service:
+            return None
+        meta = obj.get("metadata")
+        if type(meta) is not dict:
+            return None
+        name, ns = meta.get("name"), meta.get("namespace") or "default"
+        if type(name) is not str or type(ns) is not str:
+            return None
+        slice_name = f"{ns}/{name}"
+        svc = st.slice_service.get(slice_name)
+        kept = st.slices.get(svc) if svc is not None else None
+        if kept is None:
+            return None
+        if type(kept) is tuple:
+            backends = kept[1] if kept[0] == slice_name else None
+        else:
+            assert isinstance(kept, dict)
+            backends = kept.get(slice_name)
+        return {b.address: b for b in backends} if backends else None
 
     def _slices_of(self, service: ServiceName) -> dict[str, tuple[BackendParams, ...]]:
         """The slices of ``service`` as a new dict (slice name -> backends)."""

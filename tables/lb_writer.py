@@ -336,26 +336,37 @@ class LBWriter:
             wanted[params.address] = params
         changed = False
         key = (service, prio)
-        for be in self._backends_of(txn, service):
-            if be.address not in wanted and any(k == key for k, _ in be.instances):
-                changed |= self._drop_instance(txn, be, key)
-        # The service's rows as this txn sees them (read by _backends_of just above).
-        rows = self._touched(txn).backends_of[service]
+        # The service's rows as this txn sees them (kept current by _be_put/_be_del).
+        t = self._touched(txn)
+        rows = t.backends_of.get(service)
+        if rows is None:
+            rows = self._load_backends_of(txn, t, service)
+        gone = [a for a in rows if a not in wanted]
+        for a in sorted(gone) if len(gone) > 1 else gone:
+            row = rows[a]
+            if row._key == key or any(k == key for k, _ in row.instances):
+                changed |= self._drop_instance(txn, row, key)
         get = self.backends.get
         # New backend rows, written with one insert_many per run of them (in the order
         # of ``wanted``, as one insert each would write them).
         new: list[Backend] = []
         for addr, params in wanted.items():
-            if get(txn, addr) is None:
+            # The row as the txn sees it: the service's own rows are at hand; an address
+            # the service has no instance at may still be another service's row.
+            be = rows.get(addr)
+            if be is None:
+                be = get(txn, addr)
+            # `_validate_backend`'s checks on their usual outcome first (the port is the
+            # address's bytes 16-17), the call (and its error) otherwise.
+            valid = (
+                (addr[16] or addr[17])
+                and type(params.state) is BackendState
+                and 0 <= params.weight <= 65535
+            )
+            if be is None:
                 # A new backend address (the usual case of a load): `_put_instance`
                 # inline, as `_be_put` writes a backend with this one instance.
-                # `_validate_backend`'s checks on their usual outcome first (the port is
-                # the address's bytes 16-17), the call (and its error) otherwise.
-                if not (
-                    (addr[16] or addr[17])
-                    and type(params.state) is BackendState
-                    and 0 <= params.weight <= 65535
-                ):
+                if not valid:
                     if new:  # written before the error, as one insert each would be
                         self.backends.insert_many(txn, new)
                         new = []
@@ -363,12 +374,16 @@ class LBWriter:
                 be = Backend.single(addr, key, params)
                 rows[addr] = be
                 new.append(be)
-            else:
-                if new:
-                    self.backends.insert_many(txn, new)
-                    new = []
-                    changed = True
-                changed |= self._put_instance(txn, service, params, key)
+                continue
+            if new:
+                self.backends.insert_many(txn, new)
+                new = []
+                changed = True
+            if valid and be._key == key and (be._val is params or be._val == params):
+                # The instance is there as given (what `_put_instance` finds unchanged):
+                # nothing to write, the usual case for most endpoints of a changed slice.
+                continue
+            changed |= self._put_instance(txn, service, params, key)
         if new:
             self.backends.insert_many(txn, new)
             changed = True
