@@ -252,6 +252,32 @@ def test_endpoint_slice_states_ports_and_zones() -> None:
     assert by["10.244.1.1:8080/TCP"].node_name == "n1"
 
 
+
+def test_endpoint_slice_update_gives_back_its_unchanged_backends() -> None:
+    """With the backends of the slice's last conversion, an equal backend is that very
+    object, a changed one is new; the result equals a conversion from scratch."""
+    ports = [{"name": "http", "port": 8080, "protocol": "TCP"},
+             {"name": "dns", "port": 53, "protocol": "UDP"}]
+    before = convert_endpoint_slice(eps(endpoints=[
+        endpoint("10.244.1.1", "n1"), endpoint("10.244.1.2", "n1"), endpoint("10.244.1.3", "n2"),
+    ], ports=ports))
+    after_obj = eps(endpoints=[
+        endpoint("10.244.1.9", "n1"),  # replaced
+        endpoint("10.244.1.2", "n1"),
+        endpoint("10.244.1.3", "n2", ready=False),  # changed state
+    ], ports=ports)
+    previous = {b.address: b for b in before.backends}
+    after = convert_endpoint_slice(after_obj, previous=previous)
+    assert after == convert_endpoint_slice(after_obj)
+    same = {str(b.address) for b in after.backends if previous.get(b.address) is b}
+    assert same == {"10.244.1.2:8080/TCP", "10.244.1.2:53/UDP"}
+    # A port renamed changes every backend.
+    renamed = eps(endpoints=[endpoint("10.244.1.2", "n1")],
+                  ports=[{"name": "web", "port": 8080, "protocol": "TCP"}])
+    c = convert_endpoint_slice(renamed, previous=previous)
+    assert c == convert_endpoint_slice(renamed)
+    assert not any(previous.get(b.address) is b for b in c.backends)
+
 @pytest.mark.parametrize(
     "cond, state",
     [
