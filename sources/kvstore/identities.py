@@ -14,7 +14,10 @@ backends apart.
   another agent took the number first, the watch brings its key and the allocator moves
   the label set; the creation is tried again under the new number. Two agents creating
   keys for one label set under different numbers both succeed; every agent then uses the
-  older key, and the other is left unreferenced for the operator's GC.
+  older key, and the other is left unreferenced for the operator's GC. Each creation is
+  decided under the lock deliveries are applied under (as in CRD mode,
+  sources/k8s_identities.py): decided while a delivery is half-applied, it created the
+  key of a number the endpoints were just moving off.
 * **references**: for each identity local endpoints use, this node owns
   ``identities/v1/value/<labels>/<node>`` -> id under its lease (sources/kvstore/
   session.py); it is deleted when the last local endpoint lets go, and expires with the
@@ -97,6 +100,8 @@ class KVStoreIdentities:
         self.moved = 0
         self.last_error = ""
         self._attempted: dict[int, float] = {}
+        #: Held while a delivery is applied (module doc: creations are decided under it).
+        self._applying = anyio.Lock()
 
     @property
     def synced(self) -> bool:
@@ -115,7 +120,8 @@ class KVStoreIdentities:
     async def _deliver(self, ups: Mapping[str, KeyValue], dels: list[str], synced: bool) -> None:
         upserts = [identity_object_of(self.layout, kv) for kv in ups.values()]
         names = [k[len(self.layout.identity_ids):] for k in dels]
-        await anyio.to_thread.run_sync(self.apply, upserts, names)
+        async with self._applying:
+            await anyio.to_thread.run_sync(self.apply, upserts, names)
 
     def apply(self, upserts: list[dict[str, Any]], deletes: list[str]) -> list[int]:
         """Apply one delivery; returns the endpoints moved to other numbers."""
@@ -151,8 +157,11 @@ class KVStoreIdentities:
         for row in local_identities(self.allocator, txn):
             if row.id in unpublished:
                 if now - self._attempted.get(row.id, -math.inf) >= self.retry_interval:
-                    self._attempted[row.id] = now
-                    await self._create(row)
+                    async with self._applying:
+                        due = self.allocator.still_unpublished(self.allocator.db.read_txn(), row)
+                    if due:
+                        self._attempted[row.id] = now
+                        await self._create(row)
                 continue
             obj = self.allocator.object_of(row.id)
             if obj is not None and obj.labels == row.labels:
