@@ -25,9 +25,9 @@ the real one does for what the agent reads:
   serves later pages from the snapshot of the first one (410 Gone once that
   revision has been compacted away, as the real server does);
 * watches are chunked streams of JSON events, one per line: ADDED, MODIFIED,
-  DELETED, BOOKMARK (with ``allowWatchBookmarks=true``, every
-  ``bookmark_interval`` seconds), and ERROR with a Status of code 410 when the
-  requested resourceVersion is older than the compaction point; a watch
+  DELETED, BOOKMARK (with ``allowWatchBookmarks=true``, every ``bookmark_interval``
+  seconds, never ahead of an event the stream has not sent yet), and ERROR with a Status
+  of code 410 when the requested resourceVersion is older than the compaction point; a watch
   without resourceVersion (or "0") starts with synthetic ADDED events for the
   current state; ``timeoutSeconds`` ends the stream cleanly;
 * ``fieldSelector`` on ``metadata.name``, ``metadata.namespace`` and (pods)
@@ -843,9 +843,14 @@ class FakeAPIServer:
         with self._lock:
             self._watchers.discard(w)
 
-    def bookmark(self, res: Resource) -> dict[str, Any]:
-        """A BOOKMARK event at the current revision."""
+    def bookmark(self, res: Resource, w: _Watcher) -> dict[str, Any] | None:
+        """A BOOKMARK event at the current revision for the stream of ``w``; None while
+        ``w`` has events queued that are not sent yet. A bookmark tells the client it has
+        every event up to its revision: sent ahead of them, a watch ending right after it
+        would resume past them and lose them. (Events are queued under the lock.)"""
         with self._lock:
+            if not w.events.empty():
+                return None
             rv = self._rv
         return {
             "type": "BOOKMARK",
@@ -1170,10 +1175,15 @@ class _Handler(http.server.BaseHTTPRequestHandler):
                     continue
                 etype = event["type"]
                 if etype in ("_IDLE", "_BOOKMARK_NOW"):
-                    if bookmarks and (
-                        etype == "_BOOKMARK_NOW" or time.monotonic() >= next_bookmark
-                    ):
-                        self._chunk(json.dumps(fake.bookmark(res)).encode() + b"\n")
+                    if etype == "_BOOKMARK_NOW":
+                        next_bookmark = 0.0  # now, or once the queued events are sent
+                    mark = (
+                        fake.bookmark(res, w)
+                        if bookmarks and time.monotonic() >= next_bookmark
+                        else None
+                    )
+                    if mark is not None:
+                        self._chunk(json.dumps(mark).encode() + b"\n")
                         next_bookmark = time.monotonic() + fake.bookmark_interval
                     elif etype == "_IDLE" and self._client_gone():
                         clean_end = False

@@ -24,7 +24,7 @@ import pytest
 import urllib3
 from kubernetes.client.exceptions import ApiException
 
-from .fake_apiserver import FakeAPIServer
+from .fake_apiserver import RESOURCES, FakeAPIServer
 from .objects import endpoint_slice, node, pod, service
 
 KUBECTL = shutil.which("kubectl")
@@ -225,6 +225,28 @@ def test_watch_streams_events_and_bookmarks(
         assert bookmarks >= 1
     finally:
         resp.close()
+
+
+def test_a_bookmark_never_runs_ahead_of_an_event_not_sent_yet(apiserver: FakeAPIServer) -> None:
+    """A bookmark tells the client it has every event up to its revision. While an event
+    is queued for a watch and not sent, the watch gets no bookmark: sent with the current
+    revision ahead of the event, a watch ending right after it would resume past the
+    event and lose it."""
+    res = next(r for r in RESOURCES if r.kind == "Service")
+    w = apiserver.open_watch(res, "", lambda _o: True, str(apiserver.resource_version))
+    try:
+        mark = apiserver.bookmark(res, w)
+        assert mark is not None
+        assert mark["object"]["metadata"]["resourceVersion"] == str(apiserver.resource_version)
+        apiserver.upsert(service("a", "10.96.0.1"))
+        assert apiserver.bookmark(res, w) is None
+        event = w.events.get_nowait()
+        assert event is not None and event["type"] == "ADDED"
+        mark = apiserver.bookmark(res, w)
+        assert mark is not None
+        assert mark["object"]["metadata"]["resourceVersion"] == str(apiserver.resource_version)
+    finally:
+        apiserver.close_watch(w)
 
 
 def test_watch_from_expired_version_gets_error_410(
