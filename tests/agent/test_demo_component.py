@@ -30,8 +30,16 @@ def _demo_health(agent: Any) -> dict[str, Any]:
     return next(c for c in health["components"] if c["name"] == "demo")
 
 
-def _inode(netns: str) -> int:
-    return os.stat(f"/var/run/netns/{netns}").st_ino
+def _mark(netns: str, name: str) -> None:
+    """Leave a veth pair in ``netns`` (both ends): it tells this namespace from a new one
+    (inode numbers do not: the kernel reuses a freed namespace's number)."""
+    subprocess.run(["ip", "-n", netns, "link", "add", name, "type", "veth", "peer", "name",
+                    f"{name}p"], check=True)
+
+
+def _marked(netns: str, name: str) -> bool:
+    return subprocess.run(["ip", "-n", netns, "link", "show", name],
+                          capture_output=True).returncode == 0
 
 
 def test_vanished_demo_namespace_is_recreated_and_a_restart_adopts_it(tmp_path: Path) -> None:
@@ -47,23 +55,23 @@ def test_vanished_demo_namespace_is_recreated_and_a_restart_adopts_it(tmp_path: 
                 service_yaml("a", "10.96.211.1", ["10.244.51.1"]))
             wait_for(lambda: "1 backend listener" in _demo_health(agent)["message"],
                      what="the demo backend served")
-            first = _inode(netns)
+            _mark(netns, "swmark0")
             subprocess.run(["ip", "netns", "delete", netns], check=True)
             back = wait_for(lambda: netns_exists(netns) and (
                 h := _demo_health(agent))["state"] == "OK" and "created again" in h["message"]
                 and "1 backend listener" in h["message"] and h, timeout=15,
                 what="the namespace created again")
             assert "created again 1 time(s)" in back["message"]
-            assert _inode(netns) != first
+            assert not _marked(netns, "swmark0"), "the namespace was not created anew"
             assert "vanished" in agent.logs()
             # A restart adopts the namespace: same namespace, backends served again.
-            second = _inode(netns)
+            _mark(netns, "swmark1")
             assert stop_agent(agent.proc, signal.SIGTERM) == 0
-            assert netns_exists(netns) and _inode(netns) == second  # kept at a stop
+            assert netns_exists(netns) and _marked(netns, "swmark1")  # kept at a stop
             proc = start_agent(agent.args, agent.socket, agent.log)
             wait_for(lambda: "1 backend listener" in _demo_health(agent)["message"],
                      what="the demo backend served after the restart")
-            assert _inode(netns) == second, "the restarted agent recreated the namespace"
+            assert _marked(netns, "swmark1"), "the restarted agent recreated the namespace"
             assert "adopted namespace" in agent.logs()
     finally:
         if proc is not None:
