@@ -16,6 +16,7 @@ map access), used by ``bpfops.frontend_writer`` to write a frontend:
 from __future__ import annotations
 
 from dataclasses import replace
+from typing import Any
 
 from bpf import lb
 from bpfops import flags as svcflags
@@ -101,6 +102,12 @@ def dsr(cfg: LBOpsConfig, fe: FrontendSpec) -> bool:
     return mode == "dsr"
 
 
+#: `master_flags`' results by their inputs (FlagParams' fields in order, the quarantine
+#: bit aside): a few dozen combinations in practice; cleared past _FLAGS_MAX.
+_FLAGS: dict[tuple[Any, ...], int] = {}
+_FLAGS_MAX = 4096
+
+
 def master_flags(cfg: LBOpsConfig, fe: FrontendSpec) -> int:
     """The service flags of the frontend's master entry."""
     svc = fe.service
@@ -110,20 +117,27 @@ def master_flags(cfg: LBOpsConfig, fe: FrontendSpec) -> int:
     check_sr = bool(svc.source_ranges) and (
         cfg.source_range_all_types or fe.type in (LOAD_BALANCER, EXTERNAL_IPS)
     )
-    return svcflags.service_flags(
-        svcflags.FlagParams(
-            svc_type=fe.type,
-            ext_local=svc.ext_local,
-            int_local=svc.int_local,
-            session_affinity=svc.session_affinity,
-            routable=routable,
-            check_source_range=check_sr,
-            source_range_deny=check_sr and svc.source_ranges_deny,
-            dsr=dsr(cfg, fe),
-            l7_load_balancer=bool(svc.l7_proxy_port),
-            loopback=svc.loopback_hostport or svc.proxy_delegation,
-        )
+    # FlagParams' fields: svc_type, ext_local, int_local, session_affinity, routable,
+    # check_source_range, source_range_deny, dsr, l7_load_balancer, loopback.
+    key = (
+        fe.type,
+        bool(svc.ext_local),
+        bool(svc.int_local),
+        bool(svc.session_affinity),
+        routable,
+        check_sr,
+        check_sr and bool(svc.source_ranges_deny),
+        dsr(cfg, fe),
+        bool(svc.l7_proxy_port),
+        bool(svc.loopback_hostport or svc.proxy_delegation),
     )
+    flags = _FLAGS.get(key)
+    if flags is None:
+        flags = svcflags.service_flags(svcflags.FlagParams(*key))
+        if len(_FLAGS) >= _FLAGS_MAX:
+            _FLAGS.clear()
+        _FLAGS[key] = flags
+    return flags
 
 
 def slot_flags(master: int) -> int:

@@ -45,10 +45,12 @@ class WildcardEntries:
         addr = fe.addr
         if not (self.config.wildcard_entries and self.applies(fe)):
             return None
-        if p.is_local is not None and p.is_local(addr.ip):
-            return None
         ref_key = (addr.ip, addr.scope)
+        # The VIP's entry exists (the usual case of an update): no need to ask whether
+        # the address is the node's (a table lookup).
         if self.refs.get(ref_key) is not None:
+            return None
+        if p.is_local is not None and p.is_local(addr.ip):
             return None
         key_struct = lb.SERVICE6_KEY_STRUCT if addr.is_v6 else lb.SERVICE4_KEY_STRUCT
         f1, f2 = svcflags.split(svcflags.service_flags(svcflags.FlagParams(fe.type)))

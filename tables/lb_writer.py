@@ -762,7 +762,14 @@ class LBWriter:
                 None, status_pending(),
             )
             bes = self.select_backends(txn, fe)
-            self._fe_put(txn, fe.pending_with(svc, bes) if bes else fe)
+            if bes:
+                # The row never written above, with its backends and its own Pending
+                # status (fresh: nothing has seen it).
+                fe = new_frontend(
+                    p.address, p.type, p.service_name, p.port_name, p.service_port, svc,
+                    bes, 0, None, fe.status,
+                )
+            self._fe_put(txn, fe)
             return
         fe = dataclasses.replace(
             old,
