@@ -154,12 +154,16 @@ def _audited(writer: FrontendWriter) -> list[tuple[TypedMap[Any, Any], Check, bo
     for v6 in (False, True):
         out.append((maps.services(v6), _service_check(writer, v6), False))
         out.append((maps.backends(v6), _backend_check(writer), False))
-        out.append((maps.revnat(v6), _by_id(v6, lambda st, key: st.revnat), True))
+        out.append((maps.revnat(v6), _by_id(lambda st, key: st.revnat, v6), True))
         out.append((maps.source_ranges(v6), _source_range_check(v6), True))
-        out.append((maps.maglev(v6), _by_id(v6, lambda st, key: st.maglev), True))
-    out.append((maps.aff_match, _affinity_check(), True))
+        out.append((maps.maglev(v6), _by_id(lambda st, key: st.maglev, v6), True))
+    affinity = _by_id(lambda st, key: key.backend_id in st.affinity,
+                      id_of=lambda key: key.rev_nat_id)
+    out.append((maps.aff_match, affinity, True))
     if maps.scale_to_zero is not None:
-        out.append((maps.scale_to_zero, _scale_to_zero_check(), True))
+        # Entries of a previous run whose frontend is gone or no longer opted in.
+        stz = _by_id(lambda st, key: st.scale_to_zero, id_of=lambda key: key.svc_id)
+        out.append((maps.scale_to_zero, stz, True))
     return out
 
 
@@ -198,15 +202,20 @@ def _backend_check(writer: FrontendWriter) -> Check:
     return check
 
 
-def _by_id(v6: bool, wants: Callable[[FrontendState, Any], Any]) -> Check:
-    """Entries keyed by a service id: kept while that id's frontend ``wants`` them."""
+def _by_id(
+    wants: Callable[[FrontendState, Any], Any],
+    v6: bool | None = None,
+    id_of: Callable[[Any], int] | None = None,
+) -> Check:
+    """Entries keyed by a service id (the key itself, or ``id_of(key)``): kept while that
+    id's frontend (of family ``v6``, when given) ``wants`` them."""
 
     def check(entries: list[Entry], live: LiveIds) -> list[Entry]:
         doomed = []
-        for rev_id, value in entries:
-            hit = live.get(rev_id)
-            if hit is None or hit[1].v6 != v6 or not wants(hit[1], rev_id):
-                doomed.append((rev_id, value))
+        for key, value in entries:
+            hit = live.get(key if id_of is None else id_of(key))
+            if hit is None or (v6 is not None and hit[1].v6 != v6) or not wants(hit[1], key):
+                doomed.append((key, value))
         return doomed
 
     return check
@@ -224,31 +233,6 @@ def _source_range_check(v6: bool) -> Check:
                 )
                 ok = net in hit[1].source_ranges
             if not ok:
-                doomed.append((key, value))
-        return doomed
-
-    return check
-
-
-def _affinity_check() -> Check:
-    def check(entries: list[Entry], live: LiveIds) -> list[Entry]:
-        doomed = []
-        for key, value in entries:
-            hit = live.get(key.rev_nat_id)
-            if hit is None or key.backend_id not in hit[1].affinity:
-                doomed.append((key, value))
-        return doomed
-
-    return check
-
-
-def _scale_to_zero_check() -> Check:
-    # Entries of a previous run whose frontend is gone or no longer opted in.
-    def check(entries: list[Entry], live: LiveIds) -> list[Entry]:
-        doomed = []
-        for key, value in entries:
-            hit = live.get(key.svc_id)
-            if hit is None or not hit[1].scale_to_zero:
                 doomed.append((key, value))
         return doomed
 
