@@ -50,6 +50,12 @@ class CompactedError(KVStoreError):
 #: gRPC codes that mean "another member (or a later try) may serve it".
 _RETRYABLE_CODES = {1, 4, 8, 10, 13, 14}
 
+#: Transport errors of a connection the server dropped before any HTTP answer: a closed
+#: connection (RemoteProtocolError), or a reset one while reading or writing. A TLS port
+#: drops a plain-HTTP client in each of these ways: it closes after reading the first
+#: bytes, which is a reset when more of the request arrived meanwhile (timing decides).
+_DROPPED = (httpx.RemoteProtocolError, httpx.ReadError, httpx.WriteError)
+
 
 def _b64(s: str | bytes) -> str:
     return base64.b64encode(s.encode() if isinstance(s, str) else s).decode()
@@ -231,13 +237,13 @@ class EtcdClient:
             if "ALERT" in text.upper():  # the server's alert: it refused our certificate
                 return f"{endpoint}: TLS handshake failed: {refused}: {e}"
             return f"{endpoint}: TLS handshake failed: {e} ({files or 'system CAs, no cert-file'})"
-        if endpoint.startswith("https:") and not str(e) and isinstance(
-                e, httpx.ReadError | httpx.RemoteProtocolError | httpx.WriteError):
+        if endpoint.startswith("https:") and not str(e) and isinstance(e, _DROPPED):
             # TLS 1.3: the server checks the client certificate after the client's side of
             # the handshake is done, and may refuse it by closing the connection.
             return f"{endpoint}: TLS connection closed without an answer: {refused}"
-        if endpoint.startswith("http:") and isinstance(e, httpx.RemoteProtocolError):
-            text += f" (a TLS port? use {endpoint.replace('http:', 'https:', 1)})"
+        if endpoint.startswith("http:") and isinstance(e, _DROPPED):
+            return (f"{endpoint}: connection dropped without an HTTP answer ({text}): "
+                    f"a TLS port? use {endpoint.replace('http:', 'https:', 1)}")
         return f"{endpoint}: {text}"
 
     def http_error(self, resp: httpx.Response) -> str:

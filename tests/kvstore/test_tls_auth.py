@@ -7,17 +7,23 @@ Shown: two agents over TLS with a password agree on an identity and follow each 
 endpoints (range, txn, lease and the watch stream all carry the token); every wrong
 setting fails with an error that names what is wrong: a wrong password or user, a user
 without permission, a server certificate the configured CA did not sign, a client
-certificate etcd does not trust, none at all, plain HTTP to the TLS port; unreadable or
-mismatched certificate files stop the agent at start, naming the field and the file.
+certificate etcd does not trust, none at all, plain HTTP to the TLS port (however the port
+drops the connection); unreadable or mismatched certificate files stop the agent at
+start, naming the field and the file.
 """
 
 from __future__ import annotations
 
 import base64
+import contextlib
 import ipaddress
 import re
+import socket
 import ssl
+import struct
+import threading
 from collections.abc import AsyncIterator, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -190,6 +196,62 @@ async def test_tls_failures_are_named(secure: SecureEtcd) -> None:
     e = await _error_of(EtcdConfig(plain, request_timeout=3.0))
     # (Go's TLS server answers plain HTTP with a 400, or closes the connection first)
     assert f"use {secure.etcd.endpoints[0]}" in str(e), e
+
+
+@contextmanager
+def _dropping_port(how: str) -> Iterator[str]:
+    """A loopback port that drops every HTTP client as a TLS port drops a plain-HTTP one
+    (Go's TLS server reads a record header, finds no TLS record and closes): after the
+    request is in, ``close`` closes the connection (the client reads an end of stream)
+    and ``reset`` resets it (what closing does when part of the request is still unread:
+    the client's read or write fails). Returns the port's ``http://`` URL."""
+    listener = socket.create_server(("127.0.0.1", 0))
+
+    def serve() -> None:
+        while True:
+            try:
+                conn, _ = listener.accept()
+            except OSError:
+                return  # the listener was closed
+            with conn:
+                conn.settimeout(5)
+                data = b""
+                with contextlib.suppress(OSError):
+                    while b"\r\n\r\n" not in data or len(data) < _request_length(data):
+                        chunk = conn.recv(65536)
+                        if not chunk:
+                            break
+                        data += chunk
+                if how == "reset":
+                    conn.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{listener.getsockname()[1]}"
+    finally:
+        listener.shutdown(socket.SHUT_RDWR)
+        listener.close()
+        thread.join(timeout=5)
+
+
+def _request_length(data: bytes) -> int:
+    """The length of the HTTP request whose start is ``data`` (headers + Content-Length)."""
+    head, _, _ = data.partition(b"\r\n\r\n")
+    m = re.search(rb"(?im)^content-length:\s*(\d+)", head)
+    return len(head) + 4 + (int(m[1]) if m else 0)
+
+
+@pytest.mark.parametrize("how", ["close", "reset"])
+async def test_plain_http_to_a_tls_port_is_named_however_it_is_dropped(how: str) -> None:
+    """Whichever way the TLS port drops the plain-HTTP client (an end of stream, or a reset
+    seen by the read or the write: timing decides which against etcd), the error says to
+    use https://; test_tls_failures_are_named shows it against etcd itself."""
+    with _dropping_port(how) as url:
+        e = await _error_of(EtcdConfig((url,), request_timeout=3.0))
+    assert isinstance(e, KVStoreUnavailable), e
+    assert f"use {url.replace('http:', 'https:', 1)}" in str(e), e
+    assert "connection dropped without an HTTP answer" in str(e), e
 
 
 def test_unusable_tls_files_stop_the_agent_at_start(secure: SecureEtcd, tmp_path: Path) -> None:
