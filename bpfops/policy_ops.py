@@ -26,6 +26,29 @@ entry into an open map stays on the loop (one or two syscalls).
 enforces. The socket program finds the connecting endpoint there; an endpoint that does
 not enforce egress is never looked up in its policy map.
 
+Enforcement order. The two reconcilers run independently, but an enforced direction
+with an incomplete allow-list refuses flows its policy allows, so each one waits for the
+other where it matters (given the tables; the policy-maps component always gives them):
+
+* switching a direction **on**: `PolicyNetnsOps` writes the flag only once every entry of
+  the endpoint and direction is Done in the round's snapshot (the map holds them: the
+  policy writer writes the entries and the ``policy-endpoints`` row in one transaction,
+  so the snapshot holds at least the entries of the decision) and that snapshot's
+  ``policy-endpoints`` row still enforces it. Otherwise it writes the entry without that
+  direction and raises `EnforcementHeldError` (the row goes to Error and is retried;
+  ``held`` keeps the reason per cookie). A direction already on stays on (a restarted
+  agent, or a policy change while enforced).
+* switching a direction **off**: `PolicyOps` deletes an entry of a direction its
+  endpoint's policy no longer enforces only once every ``policy-netns`` row of the
+  endpoint is Done without that direction; otherwise `EnforcementStillOnError` (retried).
+  The prune leaves such entries, and such an endpoint's map, to a later prune. Entries of
+  a direction still enforced (a narrower policy) are deleted at once.
+
+Both checks read the endpoint's own rows through an index: O(entries of the endpoint)
+and O(1). A failed entry write therefore keeps the direction as it was (off, for an
+endpoint the policy newly selects), and a failed ``policy_netns`` write keeps the old
+entries: the datapath holds the last state written completely (docs/policy.md says why).
+
 Errors are `PolicyMapError` naming the map, the operation, the entry and the errno.
 """
 
@@ -35,7 +58,8 @@ import errno as errno_mod
 import logging
 import os
 from collections import Counter
-from collections.abc import Awaitable, Iterator
+from collections.abc import Awaitable, Callable, Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import anyio
@@ -50,10 +74,81 @@ from bpf.typed_map import TypedMap
 from bpfops.keyed_map_ops import KeyedMapOps
 from statedb import ReadTxn, Table
 from statedb.errors import StatewrightError
-from tables.policy_entries import PolicyEntry, PolicyKey, policy_endpoint_index
-from tables.policy_netns import PolicyNetnsEntry
+from tables.policy_entries import (
+    DirectionBacklog,
+    PolicyEndpoint,
+    PolicyEntry,
+    PolicyKey,
+    direction_backlog,
+    endpoint_mode,
+    policy_endpoint_index,
+)
+from tables.policy_netns import (
+    PolicyNetnsEntry,
+    direction_flag,
+    enforcement_may_be_on,
+    mode_flags,
+)
 
 log = logging.getLogger("statewright.bpfops.policy")
+
+
+@dataclass(frozen=True, slots=True)
+class HeldDirection:
+    """A direction whose enforcement may not be switched on yet, and why."""
+
+    egress: bool
+    reason: str
+    #: The entries not written yet (None when the policy no longer enforces it).
+    backlog: DirectionBacklog | None = None
+
+    @property
+    def direction(self) -> str:
+        """``egress`` or ``ingress``."""
+        return "egress" if self.egress else "ingress"
+
+    @property
+    def failed(self) -> bool:
+        """Whether an entry of the direction failed (not merely not written yet)."""
+        return self.backlog is not None and self.backlog.errors > 0
+
+
+class EnforcementHeldError(StatewrightError):
+    """An endpoint's policy is not switched on in a direction because its map does not
+    hold every entry of it yet (Pending, or a write failed): the direction stays as it
+    was (not enforced) and the row is retried."""
+
+    def __init__(self, endpoint_id: int, cookie: int, held: list[HeldDirection]) -> None:
+        parts = [f"{h.direction} ({h.reason})" for h in held]
+        super().__init__(
+            f"policy of endpoint {endpoint_id} not enforced yet in "
+            + "; ".join(parts)
+            + ": enforcement waits until its policy map holds every entry"
+        )
+        self.endpoint_id = endpoint_id
+        self.cookie = cookie
+        self.held = tuple(held)
+
+    @property
+    def failed(self) -> bool:
+        """Whether an entry write failed (a lasting problem, not a moment's wait)."""
+        return any(h.failed for h in self.held)
+
+
+class EnforcementStillOnError(StatewrightError):
+    """An entry of a direction the endpoint's policy no longer enforces is not deleted
+    while ``policy_netns`` may still enforce that direction (it is retried once the
+    ``policy-netns`` row is written without it)."""
+
+    def __init__(self, obj: PolicyEntry) -> None:
+        k = obj.key
+        d = "egress" if k.egress else "ingress"
+        super().__init__(
+            f"{describe(obj)}: kept until the {d} enforcement of endpoint {k.endpoint_id} "
+            "is switched off (policy-netns row not written yet)"
+        )
+        self.endpoint_id = k.endpoint_id
+        self.egress = k.egress
 
 
 class PolicyMapError(StatewrightError):
@@ -264,11 +359,25 @@ class PolicyMapSet:
 
 
 class PolicyOps:
-    """Operations of the ``policy-entries`` reconciler (see the module doc)."""
+    """Operations of the ``policy-entries`` reconciler (see the module doc).
 
-    def __init__(self, table: Table[PolicyEntry], maps: PolicyMapSet) -> None:
+    Given the ``policy-endpoints`` and ``policy-netns`` tables, an entry of a direction
+    its endpoint's policy no longer enforces is deleted (by a delete or a prune) only once
+    ``policy_netns`` no longer enforces that direction for the endpoint; until then the
+    delete raises `EnforcementStillOnError` and is retried (module doc, "Enforcement
+    order")."""
+
+    def __init__(
+        self,
+        table: Table[PolicyEntry],
+        maps: PolicyMapSet,
+        modes: Table[PolicyEndpoint] | None = None,
+        netns: Table[PolicyNetnsEntry] | None = None,
+    ) -> None:
         self.table = table
         self.maps = maps
+        self.modes = modes
+        self.netns = netns
         self.writes = 0
         self.skipped = 0
         self.deletes = 0
@@ -308,6 +417,8 @@ class PolicyOps:
         """Delete the entry of ``obj`` (an absent one is fine); remove the endpoint's map
         once no row of the endpoint is left (then an awaitable: module doc)."""
         ep = obj.key.endpoint_id
+        if self._still_enforced(txn, ep, obj.key.egress):
+            raise EnforcementStillOnError(obj)
         if not self._has_rows(txn, ep):
             if not self.maps.exists(ep):
                 return None  # removed with an earlier row of the same endpoint
@@ -329,23 +440,46 @@ class PolicyOps:
             raise PolicyMapError(m.name, "delete", describe(obj), e) from e
         self.deletes += 1
 
+    def _still_enforced(self, txn: ReadTxn, endpoint_id: int, egress: bool) -> bool:
+        """Whether deleting an entry of the endpoint's direction must wait: its policy no
+        longer enforces the direction but ``policy_netns`` may still (class doc). An
+        entry of a direction still enforced goes at once (the policy narrowed)."""
+        if self.netns is None:
+            return False
+        flag = direction_flag(egress)
+        modes = self.modes
+        if modes is not None and mode_flags(endpoint_mode(txn, modes, endpoint_id)) & flag:
+            return False
+        return enforcement_may_be_on(txn, self.netns, endpoint_id, flag)
+
     async def prune(self, txn: ReadTxn, objects: Iterator[PolicyEntry]) -> None:
         """Delete every entry no row explains; remove the maps of endpoints without rows
-        (in a worker thread: module doc)."""
+        (in a worker thread: module doc). What a delete would wait for (class doc) is
+        left to a later prune."""
         want: dict[int, set[PolicyMapKey]] = {}
         for row in objects:
             want.setdefault(row.key.endpoint_id, set()).add(map_key(row.key))
-        await anyio.to_thread.run_sync(self._prune, want)
+        held: dict[tuple[int, bool], bool] = {}
 
-    def _prune(self, want: dict[int, set[PolicyMapKey]]) -> None:
+        def still_enforced(ep: int, egress: bool) -> bool:
+            if (ep, egress) not in held:
+                held[ep, egress] = self._still_enforced(txn, ep, egress)
+            return held[ep, egress]
+
+        await anyio.to_thread.run_sync(self._prune, want, still_enforced)
+
+    def _prune(
+        self, want: dict[int, set[PolicyMapKey]], held: Callable[[int, bool], bool]
+    ) -> None:
         for ep in sorted(self.maps.endpoint_ids()):
             keys = want.get(ep)
             if keys is None:
-                self.maps.remove(ep)
+                if not (held(ep, True) or held(ep, False)):
+                    self.maps.remove(ep)
                 continue
             m = self.maps.ensure(ep)
             try:
-                stray = [k for k in m if k not in keys]
+                stray = [k for k in m if k not in keys and not held(ep, bool(k.egress))]
             except MapError as e:
                 raise PolicyMapError(m.name, "prune (iterate)", "", e) from e
             for k in stray:
@@ -362,10 +496,26 @@ class PolicyOps:
 
 
 class PolicyNetnsOps(KeyedMapOps[PolicyNetnsEntry]):
-    """Operations of the ``policy-netns`` reconciler: one ``policy_netns`` entry per row."""
+    """Operations of the ``policy-netns`` reconciler: one ``policy_netns`` entry per row.
 
-    def __init__(self, netns_map: TypedMap[int, PolicyNetns]) -> None:
+    Given the ``policy-entries`` and ``policy-endpoints`` tables, a direction is switched
+    on only once the endpoint's entries of that direction are all Done in the round's
+    snapshot and its ``policy-endpoints`` row there still enforces it (module doc,
+    "Enforcement order"); until then the entry is written without that direction and the
+    update raises `EnforcementHeldError` (retried; `held` says which namespaces wait and
+    why). A direction already on stays on, and switching one off never waits."""
+
+    def __init__(
+        self,
+        netns_map: TypedMap[int, PolicyNetns],
+        entries: Table[PolicyEntry] | None = None,
+        modes: Table[PolicyEndpoint] | None = None,
+    ) -> None:
         super().__init__(netns_map)
+        self.entries = entries
+        self.modes = modes
+        #: Netns cookie -> why its endpoint's enforcement is held back (the latest update).
+        self.held: dict[int, EnforcementHeldError] = {}
 
     def key_of(self, obj: PolicyNetnsEntry) -> int:
         """The netns cookie."""
@@ -376,13 +526,63 @@ class PolicyNetnsOps(KeyedMapOps[PolicyNetnsEntry]):
         return f"netns {obj.netns_cookie} (endpoint {obj.endpoint_id})"
 
     def update(self, txn: ReadTxn, revision: int, obj: PolicyNetnsEntry) -> None:
-        """Write the entry of ``obj`` unless the map already holds exactly it."""
-        value = PolicyNetns(obj.endpoint_id, obj.flags)
+        """Write the entry of ``obj`` unless the map already holds exactly it; a direction
+        being switched on whose entries are not all written is left off (class doc)."""
+        cookie = obj.netns_cookie
         try:
-            if self.map.lookup(obj.netns_cookie) == value:
-                self.skipped += 1
-                return
-            self.map.update(obj.netns_cookie, value)
+            have = self.map.lookup(cookie)
         except MapError as e:
-            raise PolicyMapError(self.map.name, "update", self.describe(obj), e) from e
-        self.writes += 1
+            raise PolicyMapError(self.map.name, "lookup", self.describe(obj), e) from e
+        on = have.flags if have is not None and have.endpoint_id == obj.endpoint_id else 0
+        held = self._held_directions(txn, obj, obj.flags & ~on)
+        flags = obj.flags
+        for reason in held:
+            flags &= ~direction_flag(reason.egress)
+        value = PolicyNetns(obj.endpoint_id, flags)
+        if have == value:
+            self.skipped += 1
+        else:
+            try:
+                self.map.update(cookie, value)
+            except MapError as e:
+                raise PolicyMapError(self.map.name, "update", self.describe(obj), e) from e
+            self.writes += 1
+        if held:
+            err = EnforcementHeldError(obj.endpoint_id, cookie, held)
+            self.held[cookie] = err
+            raise err
+        self.held.pop(cookie, None)
+
+    def _held_directions(
+        self, txn: ReadTxn, obj: PolicyNetnsEntry, turning_on: int
+    ) -> list[HeldDirection]:
+        """The directions among ``turning_on`` that may not be switched on in ``txn``."""
+        out: list[HeldDirection] = []
+        if not turning_on or self.entries is None:
+            return out
+        mode = endpoint_mode(txn, self.modes, obj.endpoint_id) if self.modes else None
+        for egress in (True, False):
+            flag = direction_flag(egress)
+            if not turning_on & flag:
+                continue
+            if self.modes is not None and not mode_flags(mode) & flag:
+                # derived from an older policy-endpoints row: the follower rewrites it
+                out.append(HeldDirection(egress, "its policy no longer enforces it"))
+                continue
+            backlog = direction_backlog(txn, self.entries, obj.endpoint_id, egress)
+            if not backlog.written:
+                out.append(HeldDirection(egress, backlog.describe(), backlog))
+        return out
+
+    def delete(self, txn: ReadTxn, revision: int, obj: PolicyNetnsEntry) -> None:
+        """Delete the entry of ``obj``; an absent entry is fine."""
+        self.held.pop(obj.netns_cookie, None)
+        super().delete(txn, revision, obj)
+
+    def prune(self, txn: ReadTxn, objects: Iterator[PolicyNetnsEntry]) -> None:
+        """Delete every entry no row explains (and forget what held them)."""
+        rows = list(objects)
+        keep = {r.netns_cookie for r in rows}
+        for cookie in [c for c in self.held if c not in keep]:
+            del self.held[cookie]
+        super().prune(txn, iter(rows))

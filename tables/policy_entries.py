@@ -21,6 +21,10 @@ endpoint selected by at least one egress (ingress) rule is default-deny in that 
 and its entries are an allow-list with explicit denies; an endpoint selected by no rule of
 a direction allows all traffic in it (and has no entries for it). ``revision`` is the
 policy repository's revision the endpoint's entries were computed from.
+
+`direction_backlog` says which entries of one endpoint and direction are not Done yet
+(through the ``endpoint`` index): enforcement of a direction waits for it
+(bpfops/policy_ops.py, "Enforcement order").
 """
 
 from __future__ import annotations
@@ -29,8 +33,8 @@ import struct
 from dataclasses import dataclass, field
 from typing import Any
 
-from reconciler.status import Status, status_pending
-from statedb import Index, Table
+from reconciler.status import Status, StatusKind, status_pending
+from statedb import Index, ReadTxn, Table
 from statedb import keys as keycodec
 
 POLICY_ENTRIES_TABLE = "policy-entries"
@@ -173,3 +177,70 @@ def new_policy_entries_table() -> Table[PolicyEntry]:
 def new_policy_endpoints_table() -> Table[PolicyEndpoint]:
     """A new, unregistered ``policy-endpoints`` table."""
     return Table(POLICY_ENDPOINTS_TABLE, policy_endpoint_id_index, row_type=PolicyEndpoint)
+
+
+@dataclass(frozen=True, slots=True)
+class DirectionBacklog:
+    """The entries of one endpoint and direction that its policy map may not hold yet:
+    how many rows it has, how many are not Done (Pending, Refreshing or Error) and the
+    first few in Error (`direction_backlog`)."""
+
+    endpoint_id: int
+    egress: bool
+    total: int = 0
+    not_done: int = 0
+    errors: int = 0
+    failed: tuple[PolicyEntry, ...] = ()
+
+    @property
+    def direction(self) -> str:
+        """``egress`` or ``ingress``."""
+        return "egress" if self.egress else "ingress"
+
+    @property
+    def written(self) -> bool:
+        """Whether every entry of the direction is Done (the map holds them all)."""
+        return self.not_done == 0
+
+    def describe(self) -> str:
+        """What is missing, for errors and health: counts, and the first failure."""
+        text = f"{self.not_done} of {self.total} policy entries not written"
+        if self.failed:
+            e = self.failed[0]
+            text += f", {self.errors} failed ({_entry_text(e)}: {e.status.error})"
+        return text
+
+
+def _entry_text(e: PolicyEntry) -> str:
+    k = e.key
+    port = "any port" if k.port_prefix_len == 0 else f"port {k.dport}/{k.port_prefix_len}"
+    ident = f"identity {k.identity}" if k.identity else "any identity"
+    return f"{'deny' if e.deny else 'allow'} {ident} proto {k.protocol or 'any'} {port}"
+
+
+def direction_backlog(
+    txn: ReadTxn, table: Table[PolicyEntry], endpoint_id: int, egress: bool, keep: int = 3
+) -> DirectionBacklog:
+    """The endpoint's entries of one direction not Done in ``txn`` (O(entries of the
+    endpoint), through the ``endpoint`` index), with up to ``keep`` failed ones."""
+    total = not_done = errors = 0
+    failed: list[PolicyEntry] = []
+    for e in table.list(txn, policy_endpoint_index.query(endpoint_id)):
+        if e.key.egress != egress:
+            continue
+        total += 1
+        kind = e.status.kind
+        if kind is not StatusKind.DONE:
+            not_done += 1
+            if kind is StatusKind.ERROR:
+                errors += 1
+                if len(failed) < keep:
+                    failed.append(e)
+    return DirectionBacklog(endpoint_id, egress, total, not_done, errors, tuple(failed))
+
+
+def endpoint_mode(
+    txn: ReadTxn, modes: Table[PolicyEndpoint], endpoint_id: int
+) -> PolicyEndpoint | None:
+    """The endpoint's ``policy-endpoints`` row in ``txn``, if any."""
+    return modes.get(txn, policy_endpoint_id_index.query(endpoint_id))

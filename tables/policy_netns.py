@@ -4,6 +4,12 @@ netns cookie) and the ``policy-endpoints`` table (its enforcement mode). The rec
 writes it into the ``policy_netns`` BPF map (bpfops/policy_ops.PolicyNetnsOps), where the
 socket program looks the connecting socket's namespace up.
 
+A row's flags are what the endpoint's policy enforces; the reconciler switches a
+direction on only once the endpoint's entries of it are written, so a row held back is in
+Error saying so (bpfops/policy_ops.py, "Enforcement order"). `enforcement_may_be_on` and
+`enforcement_written` read the rows of one endpoint for the entries' reconciler and the
+realized revision.
+
 An endpoint without a netns cookie (its namespace could not be read) has no row: its
 sockets are not identified, so its policy is not enforced at the socket layer (the
 policy component reports such endpoints in its health). Two endpoints in one namespace
@@ -16,8 +22,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from reconciler.status import Status, status_pending
-from statedb import Index, Table, WriteTxn
+from reconciler.status import Status, StatusKind, status_pending
+from statedb import Index, ReadTxn, Table, WriteTxn
 from statedb import keys as keycodec
 from tables.endpoints import Endpoint
 from tables.policy_entries import PolicyEndpoint
@@ -84,15 +90,49 @@ def new_policy_netns_table() -> Table[PolicyNetnsEntry]:
     )
 
 
+def mode_flags(mode: PolicyEndpoint | None) -> int:
+    """The ``policy_netns`` flags of an enforcement mode (None: nothing enforced)."""
+    if mode is None:
+        return 0
+    return (F_EGRESS if mode.egress_enforced else 0) | (F_INGRESS if mode.ingress_enforced else 0)
+
+
+def direction_flag(egress: bool) -> int:
+    """The flag of one direction."""
+    return F_EGRESS if egress else F_INGRESS
+
+
+def enforcement_may_be_on(
+    txn: ReadTxn, table: Table[PolicyNetnsEntry], endpoint_id: int, flag: int
+) -> bool:
+    """Whether ``policy_netns`` may still enforce ``flag`` for the endpoint: true unless
+    every row of the endpoint in ``txn`` is Done without it (a Done row is exactly what
+    the map holds: the netns reconciler never reports a partial write Done). An endpoint
+    without a row has no namespace entry the socket program could find."""
+    for row in table.list(txn, netns_endpoint_index.query(endpoint_id)):
+        if row.flags & flag or row.status.kind is not StatusKind.DONE:
+            return True
+    return False
+
+
+def enforcement_written(
+    txn: ReadTxn, table: Table[PolicyNetnsEntry], mode: PolicyEndpoint
+) -> bool:
+    """Whether ``policy_netns`` enforces exactly what the endpoint's mode says: every row
+    of the endpoint in ``txn`` is Done with the mode's flags (an endpoint without a row,
+    no cookie or sharing a namespace with a lower id, has nothing to wait for)."""
+    flags = mode_flags(mode)
+    return all(
+        row.flags == flags and row.status.kind is StatusKind.DONE
+        for row in table.list(txn, netns_endpoint_index.query(mode.endpoint_id))
+    )
+
+
 def desired_rows(
     endpoints: Iterable[Endpoint], modes: Iterable[PolicyEndpoint]
 ) -> dict[int, PolicyNetnsEntry]:
     """The rows the endpoints and their enforcement modes call for, by cookie."""
-    flags = {
-        m.endpoint_id: (F_EGRESS if m.egress_enforced else 0)
-        | (F_INGRESS if m.ingress_enforced else 0)
-        for m in modes
-    }
+    flags = {m.endpoint_id: mode_flags(m) for m in modes}
     out: dict[int, PolicyNetnsEntry] = {}
     for ep in sorted(endpoints, key=lambda e: e.id):
         cookie = ep.netns_cookie

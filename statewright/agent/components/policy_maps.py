@@ -15,11 +15,19 @@ endpoint's netns cookie). Provides ``policy-maps`` (this component).
   ``policy_netns``. Its initializer is completed after the first derivation, so a
   restarted agent never prunes a namespace's entry before it has read the endpoints.
 
+* The two reconcilers wait for each other (bpfops/policy_ops.py, "Enforcement order"):
+  a direction is switched on in ``policy_netns`` only once the endpoint's entries of it
+  are written, and entries of a direction no longer enforced are deleted only once it is
+  switched off. A ``policy-netns`` row held back for entries that have all been written
+  since is marked Pending again by the realized-revision follower, so it goes on at once
+  rather than at its next retry; health names each endpoint whose enforcement is held
+  back and why (a failed entry first, with its error).
 * Each endpoint's **realized** policy revision (`realized`): the policy revision of its
   ``policy-endpoints`` row once every change of ``policy-entries`` up to the write of
-  that row has been attempted by the reconciler, every entry of the endpoint is Done and
-  no retry is pending: the maps hold that revision's entries (Cilium's realized policy
-  revision; ``statewright policy wait`` waits on it through ``GET /policy/endpoints``).
+  that row has been attempted by the reconciler, every entry of the endpoint is Done, no
+  retry is pending and ``policy_netns`` enforces exactly the row's directions: the maps
+  hold that revision's policy and enforce it (Cilium's realized policy revision;
+  ``statewright policy wait`` waits on it through ``GET /policy/endpoints``).
 
 List it after ``endpoints`` and before ``datapath``: the socket program reuses the pinned
 ``policy_maps``, ``policy_netns`` and ``ipcache`` when it is loaded (bpf/datapath.py).
@@ -31,7 +39,7 @@ import errno
 import logging
 import os
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import anyio
@@ -44,7 +52,7 @@ from bpf.typed_map import TypedMap
 from bpfops.policy_ops import PolicyMapSet, PolicyNetnsOps, PolicyOps
 from reconciler import Reconciler
 from reconciler.health import Level
-from reconciler.status import StatusKind
+from reconciler.status import StatusKind, status_pending
 from statedb import DB, Table, WatchSet
 from statewright.agent.components.endpoints import ENDPOINTS
 from statewright.agent.components.map_reconciler import map_reconciler
@@ -67,6 +75,7 @@ from tables.policy_entries import (
     POLICY_ENTRIES_TABLE,
     PolicyEndpoint,
     PolicyEntry,
+    direction_backlog,
     new_policy_endpoints_table,
     new_policy_entries_table,
     policy_endpoint_index,
@@ -74,6 +83,8 @@ from tables.policy_entries import (
 from tables.policy_netns import (
     PolicyNetnsEntry,
     desired_rows,
+    enforcement_written,
+    netns_cookie_index,
     new_policy_netns_table,
     sync_rows,
 )
@@ -164,8 +175,8 @@ class PolicyMapsComponent(Component):
             raise
         pin_dir = cfg.pin_dir if factory.config.pin else None
         self.policy_maps = PolicyMapSet(self.outer, factory.opener, pin_dir)
-        self.ops = PolicyOps(entries, self.policy_maps)
-        self.netns_ops = PolicyNetnsOps(self.netns_map)
+        self.ops = PolicyOps(entries, self.policy_maps, modes, netns)
+        self.netns_ops = PolicyNetnsOps(self.netns_map, entries, modes)
         self.reconcilers = {
             POLICY_ENTRIES_TABLE: map_reconciler(db, entries, self.ops, cfg.prune_interval),
             netns.name: map_reconciler(db, netns, self.netns_ops, cfg.prune_interval),
@@ -175,7 +186,7 @@ class PolicyMapsComponent(Component):
         await hive.spawn(self, self._follow(db, manager, modes, netns, netns_done),
                          label="policy-netns")
         writer = hive.find(self, POLICY)
-        await hive.spawn(self, self._follow_realized(db, entries, modes, writer),
+        await hive.spawn(self, self._follow_realized(db, entries, modes, netns, writer),
                          label="policy-realized")
         # A reconciler reports Stopped until its first round: wait for those rounds (they
         # do not wait for initializers, only the prune does) so the agent starts healthy.
@@ -212,7 +223,12 @@ class PolicyMapsComponent(Component):
         return follow
 
     def _follow_realized(
-        self, db: DB, entries: Table[PolicyEntry], modes: Table[PolicyEndpoint], writer: Any
+        self,
+        db: DB,
+        entries: Table[PolicyEntry],
+        modes: Table[PolicyEndpoint],
+        netns: Table[PolicyNetnsEntry],
+        writer: Any,
     ) -> Callable[..., Any]:
         rec = self.reconcilers[POLICY_ENTRIES_TABLE]
 
@@ -224,20 +240,52 @@ class PolicyMapsComponent(Component):
                 before = {m.endpoint_id: m for m in modes.all(txn)}
                 _, w1 = modes.all_watch(txn)
                 _, w2 = entries.all_watch(txn)
+                _, w3 = netns.all_watch(txn)
                 revision = entries.revision(txn)
                 del txn  # a held ReadTxn keeps old row versions (docs/statedb.md)
                 await rec.wait_until_reconciled(revision)
                 self.realized = realized_revisions(
                     db.read_txn(), entries, modes, before, self.realized, bool(rec.retries),
-                    synced,
+                    synced, netns,
                 )
+                self._release_held(db, entries, netns)
                 await anyio.sleep(REALIZED_INTERVAL)  # status writes come in bursts
                 # at least every second: a policy change that changed no row moves the
                 # writer's synced revision only
                 with anyio.move_on_after(1.0):
-                    await WatchSet([w1, w2]).wait_async()
+                    await WatchSet([w1, w2, w3]).wait_async()
 
         return follow
+
+    def _release_held(
+        self, db: DB, entries: Table[PolicyEntry], netns: Table[PolicyNetnsEntry]
+    ) -> None:
+        """Mark Pending again the ``policy-netns`` rows whose enforcement was held back
+        for entries that are all written now, so the reconciler switches it on at once
+        rather than at its next retry (which backs off to 30 s while a write fails)."""
+        ops = self.netns_ops
+        if ops is None or not ops.held:
+            return
+        txn = db.read_txn()
+        ready = []
+        for cookie, err in list(ops.held.items()):
+            row = netns.get(txn, netns_cookie_index.query(cookie))
+            if row is None or row.status.kind is not StatusKind.ERROR:
+                continue
+            if all(
+                direction_backlog(txn, entries, err.endpoint_id, h.egress).written
+                for h in err.held
+                if h.backlog is not None
+            ):
+                ready.append(row)
+        del txn
+        if not ready:
+            return
+        with db.write_txn(netns) as wtxn:
+            for row in ready:
+                cur = netns.get(wtxn, netns_cookie_index.query(row.netns_cookie))
+                if cur is not None and cur.status == row.status:
+                    netns.insert(wtxn, replace(cur, status=status_pending()))
 
     async def stop(self) -> None:
         """Close the maps (their pins stay: the next start adopts them)."""
@@ -265,11 +313,19 @@ class PolicyMapsComponent(Component):
         """One line: maps kind, policy maps, entries written; reconciler problems."""
         if self.ops is None or self.policy_maps is None:
             return [Health(self.name, DEGRADED, "not started")]
+        held = list(self.netns_ops.held.values()) if self.netns_ops is not None else []
         bad = [
             f"{n}: {r.health.message}"
             for n, r in self.reconcilers.items()
             if r.health.level is not Level.OK
+            # the netns reconciler's errors when all are enforcement held back: below
+            and not (r.config.table is self.netns and r.health.error_count == len(held))
         ]
+        # a failed entry first: the policy stays unenforced until it is written
+        for err in sorted(held, key=lambda e: (not e.failed, e.endpoint_id))[:3]:
+            bad.append(str(err))
+        if len(held) > 3:
+            bad.append(f"and {len(held) - 3} more endpoint(s) whose enforcement waits")
         missing = self.unidentified()
         if missing:
             bad.append(
@@ -325,20 +381,23 @@ def realized_revisions(
     realized: dict[int, int],
     retrying: bool,
     synced: int = 0,
+    netns: Table[PolicyNetnsEntry] | None = None,
 ) -> dict[int, int]:
     """The realized revision of every endpoint, given ``before`` (the policy-endpoints
     rows when the entries' revision the reconciler has now attempted was read) and
     ``synced`` (the writer's `synced_revision` read before that): an endpoint whose row is
-    unchanged since, whose entries are all Done, realizes its row's revision, or
-    ``synced`` when later (the changes up to it did not touch the endpoint); none while a
-    retry is pending (a failed delete is not in the table). Otherwise it keeps what it had
-    realized."""
+    unchanged since, whose entries are all Done and (given ``netns``) whose
+    ``policy_netns`` entry enforces exactly its row's directions, realizes its row's
+    revision, or ``synced`` when later (the changes up to it did not touch the endpoint);
+    none while a retry is pending (a failed delete is not in the table). Otherwise it
+    keeps what it had realized."""
     out: dict[int, int] = {}
     for m in modes.all(txn):
         old = realized.get(m.endpoint_id)
         if (
             not retrying
             and before.get(m.endpoint_id) == m
+            and (netns is None or enforcement_written(txn, netns, m))
             and all(
                 e.status.kind is StatusKind.DONE
                 for e in entries.list(txn, policy_endpoint_index.query(m.endpoint_id))
