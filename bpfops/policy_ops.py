@@ -42,7 +42,10 @@ other where it matters (given the tables; the policy-maps component always gives
   endpoint's policy no longer enforces only once every ``policy-netns`` row of the
   endpoint is Done without that direction; otherwise `EnforcementStillOnError` (retried).
   The prune leaves such entries, and such an endpoint's map, to a later prune. Entries of
-  a direction still enforced (a narrower policy) are deleted at once.
+  a direction still enforced (a narrower policy) are deleted at once. Other writers of
+  enforcement flags (the endpoint datapath's ``policy_endpoints``, for the tc programs)
+  join through ``PolicyOps.enforcers`` and switch a direction on by the same rule
+  (tables/policy_netns.writable_flags).
 
 Both checks read the endpoint's own rows through an index: O(entries of the endpoint)
 and O(1). A failed entry write therefore keeps the direction as it was (off, for an
@@ -378,6 +381,10 @@ class PolicyOps:
         self.maps = maps
         self.modes = modes
         self.netns = netns
+        #: Other writers of enforcement flags (the endpoint datapath's tc programs): each
+        #: says which directions it may enforce for an endpoint id now; entries of a
+        #: direction no longer enforced also wait for them.
+        self.enforcers: list[Callable[[int], int]] = []
         self.writes = 0
         self.skipped = 0
         self.deletes = 0
@@ -450,6 +457,8 @@ class PolicyOps:
         modes = self.modes
         if modes is not None and mode_flags(endpoint_mode(txn, modes, endpoint_id)) & flag:
             return False
+        if any(enforces(endpoint_id) & flag for enforces in self.enforcers):
+            return True
         return enforcement_may_be_on(txn, self.netns, endpoint_id, flag)
 
     async def prune(self, txn: ReadTxn, objects: Iterator[PolicyEntry]) -> None:

@@ -26,7 +26,7 @@ from reconciler.status import Status, StatusKind, status_pending
 from statedb import Index, ReadTxn, Table, WriteTxn
 from statedb import keys as keycodec
 from tables.endpoints import Endpoint
-from tables.policy_entries import PolicyEndpoint
+from tables.policy_entries import DirectionBacklog, PolicyEndpoint, PolicyEntry, direction_backlog
 
 POLICY_NETNS_TABLE = "policy-netns"
 
@@ -126,6 +126,30 @@ def enforcement_written(
         row.flags == flags and row.status.kind is StatusKind.DONE
         for row in table.list(txn, netns_endpoint_index.query(mode.endpoint_id))
     )
+
+
+def writable_flags(
+    txn: ReadTxn, entries: Table[PolicyEntry], want: dict[int, int], on: dict[int, int]
+) -> tuple[dict[int, int], list[DirectionBacklog]]:
+    """For a writer of per-endpoint enforcement flags (endpoint id -> flags, such as the
+    endpoint datapath's ``policy_endpoints``): ``want`` less every direction being
+    switched on (not in ``on``, what the map may hold now) whose entries are not all Done
+    in ``txn``, and those directions' backlogs. O(entries of the endpoints switching a
+    direction on)."""
+    out: dict[int, int] = {}
+    held: list[DirectionBacklog] = []
+    for ep, flags in want.items():
+        turning_on = flags & ~on.get(ep, 0)
+        for egress in (True, False):
+            flag = direction_flag(egress)
+            if turning_on & flag:
+                backlog = direction_backlog(txn, entries, ep, egress)
+                if not backlog.written:
+                    flags &= ~flag
+                    held.append(backlog)
+        if flags:
+            out[ep] = flags
+    return out, held
 
 
 def desired_rows(

@@ -10,7 +10,9 @@ independently on memory maps, one of them held back:
 * when a policy stops selecting an endpoint, its entries are deleted (and its map
   removed) only once ``policy_netns`` no longer enforces the direction, also by a prune;
   entries of a direction that stays enforced (a narrower policy) go at once;
-* a row derived from an older ``policy-endpoints`` row does not switch enforcement on.
+* a row derived from an older ``policy-endpoints`` row does not switch enforcement on;
+* another writer of enforcement flags (the endpoint datapath's ``policy_endpoints``)
+  follows the same order, and the realized revision waits for every writer.
 """
 
 from __future__ import annotations
@@ -40,6 +42,7 @@ from reconciler import Config, Reconciler
 from reconciler.status import StatusKind, status_done
 from reconciler.testing import wait_until_done
 from statedb import DB
+from statewright.agent.components.policy_maps import realized_revisions
 from tables.policy_entries import (
     PolicyEndpoint,
     PolicyEntry,
@@ -48,7 +51,13 @@ from tables.policy_entries import (
     new_policy_endpoints_table,
     new_policy_entries_table,
 )
-from tables.policy_netns import F_EGRESS, F_INGRESS, PolicyNetnsEntry, new_policy_netns_table
+from tables.policy_netns import (
+    F_EGRESS,
+    F_INGRESS,
+    PolicyNetnsEntry,
+    new_policy_netns_table,
+    writable_flags,
+)
 from tests.endpoints.helpers import new_pin_dir, remove_pins, wait_for
 
 EP = 7
@@ -380,3 +389,69 @@ def test_direction_backlog_counts_one_direction() -> None:
     b = direction_backlog(txn, entries, EP, True)
     assert (b.total, b.not_done, b.errors, b.written) == (1, 1, 0, False)
     assert direction_backlog(txn, entries, 99, True).written
+
+
+def test_other_enforcement_writers_follow_the_same_order(h: Harness) -> None:
+    """The endpoint datapath's ``policy_endpoints`` (ingress, tc programs): a direction
+    is switched on only once its entries are written (`writable_flags`), and the entries
+    of a direction no longer enforced wait until that writer has it off too."""
+    a, b = allow(100, 80, egress=False), allow(101, 443, egress=False)
+    h.apply(PolicyEndpoint(EP, ingress_enforced=True, revision=1), [a, b])
+    txn = h.db.read_txn()
+    flags, held = writable_flags(txn, h.entries, {EP: F_INGRESS}, {})
+    assert flags == {} and [(x.endpoint_id, x.direction, x.not_done) for x in held] == [
+        (EP, "ingress", 2)]
+    # already on: stays on whatever the entries say
+    assert writable_flags(txn, h.entries, {EP: F_INGRESS}, {EP: F_INGRESS}) == (
+        {EP: F_INGRESS}, [])
+    tc_flags = {EP: F_INGRESS}
+    h.ops.enforcers.append(lambda ep: tc_flags.get(ep, 0))
+
+    async def main() -> None:
+        entries_rec = h.reconciler("entries")
+        netns_rec = h.reconciler("netns")
+        async with anyio.create_task_group() as tg:
+            await tg.start(entries_rec.run)
+            await tg.start(netns_rec.run)
+            await wait_until_done(entries_rec, timeout=10)
+            done = h.db.read_txn()
+            assert writable_flags(done, h.entries, {EP: F_INGRESS}, {}) == ({EP: F_INGRESS}, [])
+            h.apply(PolicyEndpoint(EP, revision=2), [], gone=[a, b])
+            await wait_until_done(netns_rec, timeout=10)
+            await _attempted(entries_rec, h)
+            await anyio.sleep(0.1)
+            assert len(h.content()) == 2, "ingress entries deleted while the tc side enforces"
+            tc_flags.clear()
+            await wait_until_done(entries_rec, timeout=10)
+            assert h.maps.get(EP) is None
+            tg.cancel_scope.cancel()
+
+    anyio.run(main)
+
+
+def test_realized_needs_every_enforcement_writer() -> None:
+    """An endpoint realizes its revision only once policy_netns and every other
+    enforcement writer hold exactly its directions."""
+    db = DB()
+    entries, modes, netns = (
+        new_policy_entries_table(), new_policy_endpoints_table(), new_policy_netns_table())
+    for t in (entries, modes, netns):
+        db.register(t)
+    mode = PolicyEndpoint(EP, egress_enforced=True, ingress_enforced=True, revision=4)
+    with db.write_txn(modes, netns) as wtxn:
+        modes.insert(wtxn, mode)
+        netns.insert(wtxn, PolicyNetnsEntry(COOKIE, EP, F_EGRESS | F_INGRESS))
+    before = {EP: mode}
+    tc: dict[int, int] = {}
+
+    def realized() -> dict[int, int]:
+        return realized_revisions(db.read_txn(), entries, modes, before, {}, False, 0, netns,
+                                  [lambda ep: tc.get(ep, 0)])
+
+    assert realized() == {}  # netns row Pending
+    with db.write_txn(netns) as wtxn:
+        row = next(iter(netns.all(wtxn)))
+        netns.insert(wtxn, replace(row, status=status_done()))
+    assert realized() == {}  # tc side not written
+    tc[EP] = F_EGRESS | F_INGRESS
+    assert realized() == {EP: 4}

@@ -14,7 +14,12 @@ then keeps, on every change of the ``endpoints`` or ``policy-endpoints`` table:
   program swapped, so a restart leaves no gap), and detached from endpoints that are
   gone; the first pass also removes the links of veths no endpoint has any longer;
 * ``policy_endpoints``: endpoint id -> its enforced directions (the `PolicyEndpoint`
-  rows), which tell the programs whether to check a new flow towards the pod.
+  rows), which tell the programs whether to check a new flow towards the pod. A
+  direction is switched on only once the endpoint's entries of it are all written
+  (tables/policy_netns.writable_flags; the follower then also wakes on every change of
+  ``policy-entries``), and the policy-maps component keeps the entries of a direction
+  no longer enforced until it is off here (`PolicyMapsComponent.add_enforcer`): the
+  order of docs/policy.md, "Enforcement order".
 
 An endpoint becomes ``ready`` only once its veth carries both programs
 (`EndpointManager.ready_checks`). A failed attach (the veth is not there yet or has
@@ -55,9 +60,14 @@ from statewright.component import (
 from tables.endpoint_manager import EndpointManager
 from tables.policy_entries import (
     POLICY_ENDPOINTS_TABLE,
+    POLICY_ENTRIES_TABLE,
+    DirectionBacklog,
     PolicyEndpoint,
+    PolicyEntry,
     new_policy_endpoints_table,
+    new_policy_entries_table,
 )
+from tables.policy_netns import writable_flags
 
 log = logging.getLogger("statewright.agent.endpoint_datapath")
 
@@ -108,6 +118,14 @@ class EndpointDatapathComponent(Component):
         self.adopted = 0
         #: The ifindexes carrying both programs (replaced whole after each sync).
         self.attached: frozenset[int] = frozenset()
+        #: Endpoint id -> the flags ``policy_endpoints`` may hold (a superset while a
+        #: write is under way; the policy-maps component reads it: module doc).
+        self.written: dict[int, int] = {}
+        #: Endpoint id -> the flags ``policy_endpoints`` holds (after each write).
+        self.in_force: dict[int, int] = {}
+        #: Directions not switched on yet: their entries are not all written.
+        self.held: list[DirectionBacklog] = []
+        self.policy_maps: Any = None
 
     async def start(self, hive: Hive) -> None:
         """Load the programs and start following the endpoints (module doc)."""
@@ -125,7 +143,10 @@ class EndpointDatapathComponent(Component):
         db = hive.get(self, DATABASE)
         manager = hive.get(self, ENDPOINTS)
         modes = table_of(db, POLICY_ENDPOINTS_TABLE, new_policy_endpoints_table)
+        entries = table_of(db, POLICY_ENTRIES_TABLE, new_policy_entries_table)
         self.flags_map = factory.open_typed(policy_endpoints_spec())
+        self.written = {ep: v.flags for ep, v in self.flags_map.items()}
+        self.in_force = dict(self.written)
         programs = EndpointPrograms(
             LxcConfig(pin_dir=cfg.maps.pin_dir, attach_mode=cfg.tc_attach_mode)
         )
@@ -138,14 +159,24 @@ class EndpointDatapathComponent(Component):
             return
         self.programs = programs
         self.state, self.reason = OK, "programs loaded"
+        self.policy_maps = hive.get(self, POLICY_MAPS_COMPONENT)
+        self.policy_maps.add_enforcer(
+            lambda ep: self.written.get(ep, 0), lambda ep: self.in_force.get(ep, 0))
         manager.ready_checks.append(self._carries_programs)
-        await hive.spawn(self, self._follow(db, manager, modes), label="endpoint-datapath")
+        await hive.spawn(self, self._follow(db, manager, modes, entries),
+                         label="endpoint-datapath")
 
     def _carries_programs(self, ep: Any) -> bool:
         """An endpoint is ready only once its veth carries the programs (or it has none)."""
         return ep.ifindex <= 0 or ep.ifindex in self.attached
 
-    def _follow(self, db: DB, manager: EndpointManager, modes: Table[PolicyEndpoint]) -> Any:
+    def _follow(
+        self,
+        db: DB,
+        manager: EndpointManager,
+        modes: Table[PolicyEndpoint],
+        entries: Table[PolicyEntry],
+    ) -> Any:
         async def follow(*, task_status: Any = anyio.TASK_STATUS_IGNORED) -> None:
             first = True
             while True:
@@ -153,15 +184,20 @@ class EndpointDatapathComponent(Component):
                 eps, w1 = manager.endpoints.all_watch(txn)
                 rows, w2 = modes.all_watch(txn)
                 want = {ep.ifindex for ep in eps if ep.ifindex > 0}
-                flags = enforcement_flags(list(rows))
+                flags, self.held = writable_flags(
+                    txn, entries, enforcement_flags(list(rows)), self.in_force)
+                watches = [w1, w2]
+                if self.held:  # switched on once the entries are written
+                    watches.append(entries.all_watch(txn)[1])
                 del txn, eps, rows  # a held ReadTxn keeps old row versions (docs/statedb.md)
                 await anyio.to_thread.run_sync(self._sync, want, flags, first)
+                self.policy_maps.enforcement_changed()
                 await anyio.to_thread.run_sync(manager.mark_ready)  # writes state files
                 if first:
                     first = False
                     task_status.started()
                 with anyio.move_on_after(RETRY_INTERVAL if self.errors else None):
-                    await WatchSet((w1, w2)).wait_async()
+                    await WatchSet(watches).wait_async()
 
         return follow
 
@@ -197,13 +233,18 @@ class EndpointDatapathComponent(Component):
         m = self.flags_map
         assert m is not None
         have = dict(m.items())
+        written = self.written
         for ep, f in flags.items():
             value = PolicyNetns(ep, f)
             if have.get(ep) != value:
+                written[ep] = written.get(ep, 0) | f  # before: what the map may hold
                 m.update(ep, value)
+            written[ep] = self.in_force[ep] = f
         for ep in have:
             if ep not in flags:
                 m.delete(ep)
+                self.in_force.pop(ep, None)
+                written.pop(ep, None)
 
     async def stop(self) -> None:
         """Release the handles; the pinned links keep the programs attached."""
@@ -220,9 +261,16 @@ class EndpointDatapathComponent(Component):
             return [Health(self.name, self.state, self.reason)]
         n = len(self.programs.attached())
         text = f"tc programs on {n} endpoint veth(s) ({self.adopted} adopted)"
+        problems = []
+        held = [b for b in self.held if b.errors]
+        if held:
+            problems.append("policy not enforced yet, entries failed: " + "; ".join(
+                f"endpoint {b.endpoint_id} {b.direction}: {b.describe()}" for b in held[:3]))
         if self.errors:
             failed = "; ".join(f"ifindex {i}: {e}" for i, e in sorted(self.errors.items())[:3])
-            return [Health(self.name, DEGRADED, f"{text}; not attached: {failed}")]
+            problems.append(f"not attached: {failed}")
+        if problems:
+            return [Health(self.name, DEGRADED, "; ".join([text, *problems]))]
         return [Health(self.name, OK, text)]
 
     def bpf_maps(self) -> Sequence[MapView]:

@@ -53,7 +53,7 @@ from bpfops.policy_ops import PolicyMapSet, PolicyNetnsOps, PolicyOps
 from reconciler import Reconciler
 from reconciler.health import Level
 from reconciler.status import StatusKind, status_pending
-from statedb import DB, Table, WatchSet
+from statedb import DB, Table, Watch, WatchSet
 from statewright.agent.components.endpoints import ENDPOINTS
 from statewright.agent.components.map_reconciler import map_reconciler
 from statewright.agent.components.policy import POLICY
@@ -84,6 +84,7 @@ from tables.policy_netns import (
     PolicyNetnsEntry,
     desired_rows,
     enforcement_written,
+    mode_flags,
     netns_cookie_index,
     new_policy_netns_table,
     sync_rows,
@@ -151,6 +152,9 @@ class PolicyMapsComponent(Component):
         self.manager: EndpointManager | None = None
         #: Endpoint id -> the policy revision its maps hold (see the module doc).
         self.realized: dict[int, int] = {}
+        #: What the other writers of enforcement flags hold (`add_enforcer`).
+        self.in_force: list[Callable[[int], int]] = []
+        self._enforcement_watch = Watch()
 
     async def start(self, hive: Hive) -> None:
         """Tables, maps, the two reconcilers and the netns follower (module doc)."""
@@ -194,6 +198,25 @@ class PolicyMapsComponent(Component):
             while any(r.health.level is Level.STOPPED for r in self.reconcilers.values()):
                 await anyio.sleep(0.005)
         hive.provide(self, POLICY_MAPS_COMPONENT, self)
+
+    def add_enforcer(
+        self, may_enforce: Callable[[int], int], in_force: Callable[[int], int]
+    ) -> None:
+        """Another writer of enforcement flags (the endpoint datapath's
+        ``policy_endpoints``): the entries of a direction no longer enforced also wait
+        until ``may_enforce(endpoint_id)`` (the flags its map may hold) lacks it, and an
+        endpoint's revision is realized only once ``in_force(endpoint_id)`` (the flags its
+        map holds) are its ``policy-endpoints`` row's. Both are called on the event loop
+        and must not block; the writer calls `enforcement_changed` after each write."""
+        if self.ops is not None:
+            self.ops.enforcers.append(may_enforce)
+        self.in_force.append(in_force)
+
+    def enforcement_changed(self) -> None:
+        """Another writer of enforcement flags wrote some (see `add_enforcer`): the
+        realized revisions are computed again now (thread-safe)."""
+        old, self._enforcement_watch = self._enforcement_watch, Watch()
+        old.close()
 
     def _follow(
         self,
@@ -241,19 +264,20 @@ class PolicyMapsComponent(Component):
                 _, w1 = modes.all_watch(txn)
                 _, w2 = entries.all_watch(txn)
                 _, w3 = netns.all_watch(txn)
+                w4 = self._enforcement_watch
                 revision = entries.revision(txn)
                 del txn  # a held ReadTxn keeps old row versions (docs/statedb.md)
                 await rec.wait_until_reconciled(revision)
                 self.realized = realized_revisions(
                     db.read_txn(), entries, modes, before, self.realized, bool(rec.retries),
-                    synced, netns,
+                    synced, netns, self.in_force,
                 )
                 self._release_held(db, entries, netns)
                 await anyio.sleep(REALIZED_INTERVAL)  # status writes come in bursts
                 # at least every second: a policy change that changed no row moves the
                 # writer's synced revision only
                 with anyio.move_on_after(1.0):
-                    await WatchSet([w1, w2, w3]).wait_async()
+                    await WatchSet([w1, w2, w3, w4]).wait_async()
 
         return follow
 
@@ -382,12 +406,14 @@ def realized_revisions(
     retrying: bool,
     synced: int = 0,
     netns: Table[PolicyNetnsEntry] | None = None,
+    in_force: Sequence[Callable[[int], int]] = (),
 ) -> dict[int, int]:
     """The realized revision of every endpoint, given ``before`` (the policy-endpoints
     rows when the entries' revision the reconciler has now attempted was read) and
     ``synced`` (the writer's `synced_revision` read before that): an endpoint whose row is
-    unchanged since, whose entries are all Done and (given ``netns``) whose
-    ``policy_netns`` entry enforces exactly its row's directions, realizes its row's
+    unchanged since, whose entries are all Done and (given ``netns``, ``in_force``) whose
+    ``policy_netns`` entry and other enforcement flags hold exactly its row's directions,
+    realizes its row's
     revision, or ``synced`` when later (the changes up to it did not touch the endpoint);
     none while a retry is pending (a failed delete is not in the table). Otherwise it
     keeps what it had realized."""
@@ -398,6 +424,7 @@ def realized_revisions(
             not retrying
             and before.get(m.endpoint_id) == m
             and (netns is None or enforcement_written(txn, netns, m))
+            and all(flags(m.endpoint_id) == mode_flags(m) for flags in in_force)
             and all(
                 e.status.kind is StatusKind.DONE
                 for e in entries.list(txn, policy_endpoint_index.query(m.endpoint_id))
