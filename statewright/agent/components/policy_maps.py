@@ -296,10 +296,11 @@ class PolicyMapsComponent(Component):
             row = netns.get(txn, netns_cookie_index.query(cookie))
             if row is None or row.status.kind is not StatusKind.ERROR:
                 continue
+            # a row held for an older mode waits for the follower's rewrite instead
             if all(
-                direction_backlog(txn, entries, err.endpoint_id, h.egress).written
+                h.backlog is not None
+                and direction_backlog(txn, entries, err.endpoint_id, h.egress).written
                 for h in err.held
-                if h.backlog is not None
             ):
                 ready.append(row)
         del txn
