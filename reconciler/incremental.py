@@ -138,7 +138,9 @@ class Incremental(Generic[O]):
     async def run_round(self, txn: ReadTxn) -> Watch | None:
         """Process one bounded round against snapshot ``txn``.
 
-        Returns the change stream's watch when this round read new changes, else None.
+        Returns the change stream's watch when this round read new changes (or, when its
+        own status commit came right after the round's snapshot, the watch of the table as
+        that commit left it), else None.
         """
         assert self._iter is not None, "Incremental.open() was not called"
         watch: Watch | None = None
@@ -161,11 +163,18 @@ class Incremental(Generic[O]):
             await self._run_deletes(txn, deletes)
         if updates:
             errors = await self._run_updates(txn, updates)
-            base, own = self._commit_statuses(updates, errors, await self._status_txn())
+            base, own, after = self._commit_statuses(
+                updates, errors, await self._status_txn()
+            )
             if base == stream_revision:
                 # Nobody wrote between the round's snapshot and its status commit: the
                 # commit's own revisions need no attempt (the change stream skips them).
                 stream_revision = own
+                # The commit closed the watch the round got from the change stream; wait
+                # on the one that follows it instead, or the loop would wake for the
+                # status writes alone and run an empty round. (Taken against the commit's
+                # own snapshot: a write since then gives an already closed watch.)
+                watch = self.table.changed_watch(after)
         if stream_revision >= 0:
             self.attempted_revision = stream_revision
         self.update_error_metrics()
@@ -373,9 +382,10 @@ class Incremental(Generic[O]):
 
     def _commit_statuses(
         self, updates: Updates[O], errors: dict[int, BaseException], wtxn: WriteTxn
-    ) -> tuple[int, int]:
+    ) -> tuple[int, int, ReadTxn]:
         """Write Done/Error onto each row unless the row's own status changed meanwhile, in
-        ``wtxn`` (committed here); return the table's revision before and after it."""
+        ``wtxn`` (committed here); return the table's revision before and after it, and
+        the snapshot the commit made."""
         cfg = self.config
         table = self.table
         set_status = cfg.set_object_status
@@ -433,6 +443,7 @@ class Incremental(Generic[O]):
                     rev = cur[1] if cur is not None else table.revision(wtxn)
                     failed.append((i, rev, exc))
             own_revision = table.revision(wtxn)
+            after = wtxn.commit()
         # The status writes are ours: do not read them back through the change stream.
         if self._iter is not None:
             self._iter.mark_seen(base_revision, own_revision)
@@ -450,7 +461,7 @@ class Incremental(Generic[O]):
                 self.retries.add(
                     work[i].key, updates.target(i), rev, False, msg, now, exhausted_resource(exc)
                 )
-        return base_revision, own_revision
+        return base_revision, own_revision, after
 
     def _log_status_write_error(self, row: Any, exc: BaseException) -> None:
         log.error(
