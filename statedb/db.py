@@ -70,25 +70,28 @@ class DB:
 
     def write_txn(self, *tables: Table[Any]) -> WriteTxn:
         """Lock ``tables`` (in the global order) and return a write transaction over them."""
-        for t in tables:
-            if t.db is not self:
-                raise TableNotRegisteredError(t.name)
-        ordered = sorted(set(tables), key=lambda t: t.lock_order)
-        return WriteTxn(self, ordered)
+        return WriteTxn(self, self._lock_order(tables))
 
     def try_write_txn(self, *tables: Table[Any]) -> WriteTxn | None:
         """`write_txn` without waiting: None when another transaction holds one of
         ``tables`` (nothing is left locked then). An event loop uses it to write without
         blocking: on None it waits for the tables elsewhere (e.g. `wait_unlocked` in a
         worker thread) and tries again."""
-        for t in tables:
-            if t.db is not self:
-                raise TableNotRegisteredError(t.name)
-        ordered = sorted(set(tables), key=lambda t: t.lock_order)
+        ordered = self._lock_order(tables)
         try:
             return WriteTxn(self, ordered, blocking=False)
         except LocksBusy:
             return None
+
+    def _lock_order(self, tables: tuple[Table[Any], ...]) -> list[Table[Any]]:
+        """``tables`` without repeats, in the global lock order; raise for a table of
+        another DB."""
+        for t in tables:
+            if t.db is not self:
+                raise TableNotRegisteredError(t.name)
+        if len(tables) == 1:
+            return list(tables)  # the common case: one table, nothing to sort
+        return sorted(set(tables), key=_lock_order_of)
 
     async def write_txn_async(self, *tables: Table[Any]) -> WriteTxn:
         """`write_txn` for an event loop (anyio: asyncio or trio): while another thread
@@ -108,3 +111,7 @@ class DB:
         for t in tables:
             with t.lock:
                 pass
+
+
+def _lock_order_of(table: Table[Any]) -> int:
+    return table.lock_order

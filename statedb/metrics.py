@@ -47,18 +47,30 @@ class DBMetrics:
     def record_write_txn(
         self, tables: list[Table[Any]], wait_s: float, held_s: float, outcome: str
     ) -> None:
-        """Record one finished write transaction over ``tables``."""
-        with self._lock:
-            for t in tables:
-                m = self.tables.get(t.name)
-                if m is None:
-                    m = self.tables[t.name] = TableMetrics()
-                m.lock_wait.observe(wait_s)
-                m.txn_duration.observe(held_s)
-                if outcome == "committed":
-                    m.commits += 1
-                else:
-                    m.aborts += 1
+        """Record one finished write transaction over ``tables``; called while the
+        transaction still holds their locks, so no other writer updates the same figures
+        meanwhile (readers take them as they are)."""
+        committed = outcome == "committed"
+        for t in tables:
+            m = self.tables.get(t.name)
+            if m is None:
+                with self._lock:
+                    m = self.tables.setdefault(t.name, TableMetrics())
+            # Timing.observe, inlined: this runs at every commit.
+            w = m.lock_wait
+            w.count += 1
+            w.total_s += wait_s
+            if wait_s > w.max_s:
+                w.max_s = wait_s
+            d = m.txn_duration
+            d.count += 1
+            d.total_s += held_s
+            if held_s > d.max_s:
+                d.max_s = held_s
+            if committed:
+                m.commits += 1
+            else:
+                m.aborts += 1
 
     def snapshot(self, txn: ReadTxn) -> dict[str, dict[str, float]]:
         """Return every metric per table: objects, revision, graveyard size and the timings."""

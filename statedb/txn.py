@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import threading
 import time
-import weakref
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
@@ -122,14 +121,19 @@ class WriteTxn(ReadTxn):
                     tt.table.snapshots.track(st)
                     st = compact_log(tt.table, st)
                     sealed.append((tt, st))
-            with db.commit_lock:
-                root = dict(db.root)
-                for tt, st in sealed:
-                    root[tt.table.name] = st
-                db.root = root
+            if sealed:
+                with db.commit_lock:
+                    root = dict(db.root)
+                    for tt, st in sealed:
+                        root[tt.table.name] = st
+                    db.root = root
+            else:
+                # Nothing written: nothing to publish (the locked tables' states in the
+                # current root are the ones this transaction began with).
+                root = db.root
             # Published: no head is above the new committed revisions any more.
-            for tt in self._locked.values():
-                tt.settle(root[tt.table.name].revision)
+            for name, tt in self._locked.items():
+                tt.settle(root[name].revision)
             # Close watches while the tables are still locked: the next writer of a
             # table must not swap its watches concurrently with this one, or a watch
             # handed out in between is replaced without ever being closed.
@@ -159,11 +163,14 @@ class WriteTxn(ReadTxn):
         for name, tt in self._locked.items():
             self.states[name] = tt.base
         self._locked = {}
-        self.db.writers.pop(self._owner, None)
-        for t in reversed(self._tables):
-            t.lock.release()
+        # Recorded before the locks go: each table's figures have one writer at a time.
         held = time.perf_counter() - self._started
-        self.db.metrics.record_write_txn(self._tables, self._wait_s, held, state)
+        try:
+            self.db.metrics.record_write_txn(self._tables, self._wait_s, held, state)
+        finally:
+            self.db.writers.pop(self._owner, None)
+            for t in reversed(self._tables):
+                t.lock.release()
 
     def __enter__(self) -> WriteTxn:
         return self
@@ -190,20 +197,23 @@ class WriteTxn(ReadTxn):
 def _close_watches(tt: TableTxn, st: TableState) -> None:
     """Close the watches of every key, prefix and table query this commit changed."""
     table = tt.table
-    # This transaction's log records are still in the log list it appended to.
-    mine = tt.log[tt.base.log_len :]
-    for pos in range(len(table.key_watches)):
-        reg = table.key_watches[pos]
-        preg = table.prefix_watches[pos]
-        if not _nonempty(reg) and not _nonempty(preg):
+    mine: list[Any] | None = None
+    for pos, (reg, preg) in enumerate(zip(table.key_watches, table.prefix_watches)):
+        # A registry's dict is empty when nobody holds a watch of it (the common case).
+        key_regs = reg.data  # type: ignore[attr-defined]
+        prefix_regs = preg.data  # type: ignore[attr-defined]
+        if not key_regs and not prefix_regs:
             continue
+        if mine is None:
+            # This transaction's log records are still in the log list it appended to.
+            mine = tt.log[tt.base.log_len :]
         changed = _changed_index_keys(tt, st, pos, mine)
-        if _nonempty(reg):
+        if key_regs:
             for key in changed:
                 w = reg.pop(key, None)
                 if w is not None:
                     w.close()
-        if _nonempty(preg):
+        if prefix_regs:
             for key in changed:
                 for n in range(len(key) + 1):
                     w = preg.pop(key[:n], None)
@@ -219,11 +229,6 @@ def _close_watches(tt: TableTxn, st: TableState) -> None:
                 table.init_watch = Watch()
         else:
             table.init_watch.close()
-
-
-def _nonempty(reg: weakref.WeakValueDictionary[bytes, Watch]) -> bool:
-    """True when a watch registry may hold watches (cheaper than len() of a weak dict)."""
-    return bool(reg.data)  # type: ignore[attr-defined]
 
 
 def _changed_index_keys(tt: TableTxn, st: TableState, pos: int, records: list[Any]) -> set[bytes]:

@@ -135,21 +135,20 @@ class WatchSet:
 
     async def wait_async(self, timeout: float | None = None) -> list[Watch]:
         """Wait in an anyio task until any watch closes or ``timeout`` passes; return those."""
-        import anyio
-
         done = self._closed()
         if done or not self._watches:
             return done
-        if timeout is None:
-            await _wait_any_async(self._watches)
-        else:
-            with anyio.move_on_after(timeout):
-                await _wait_any_async(self._watches)
+        await _wait_any_async(self._watches, timeout)
         return self._closed()
 
 
-async def _wait_any_async(watches: list[Watch]) -> None:
-    """Suspend the current task until one of ``watches`` closes (cancellation-safe)."""
+async def _wait_any_async(watches: list[Watch], timeout: float | None = None) -> None:
+    """Suspend the current task until one of ``watches`` closes or ``timeout`` seconds
+    pass (cancellation-safe).
+
+    On asyncio the timeout is a timer that completes the task's future, as a close does:
+    a loop that waits with a timeout at every turn (a reconciler's next retry or prune)
+    pays for a timer handle, not for a cancel scope."""
     # imported here: a process that only imports statedb (statewright-cni, which needs
     # the exception root) does not pay for asyncio; under a running loop it is loaded
     import asyncio
@@ -177,7 +176,11 @@ async def _wait_any_async(watches: list[Watch]) -> None:
         registered = [w for w in watches if w.add_callback(wake)]
         try:
             if len(registered) == len(watches):
-                await event.wait()
+                if timeout is None:
+                    await event.wait()
+                else:
+                    with trio.move_on_after(timeout):
+                        await event.wait()
         finally:
             for w in registered:
                 w.remove_callback(wake)
@@ -197,9 +200,14 @@ async def _wait_any_async(watches: list[Watch]) -> None:
             loop.call_soon_threadsafe(set_done)
 
     registered = [w for w in watches if w.add_callback(wake_asyncio)]
+    timer = None
     try:
         if len(registered) == len(watches):
+            if timeout is not None:
+                timer = loop.call_later(timeout, set_done)
             await fut
     finally:
+        if timer is not None:
+            timer.cancel()
         for w in registered:
             w.remove_callback(wake_asyncio)
