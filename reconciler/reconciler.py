@@ -76,6 +76,8 @@ class Reconciler(Generic[O]):
         # _health_seen is the retry queue's change count it was published at.
         self._health_watch = Watch()
         self._health_seen = self.retries.changes
+        # The object count of the OK health last published (-1: none yet).
+        self._ok_objects = -1
         self._running = False
         self._task_group: anyio.abc.TaskGroup | None = None
 
@@ -318,7 +320,14 @@ class Reconciler(Generic[O]):
                 )
             )
         else:
-            self._set_health(health_ok(self.name, self.config.table.count(txn)))
+            objects = self.config.table.count(txn)
+            if objects != self._ok_objects or not self._health.ok:
+                # Built only when it differs from the published one (most rounds of a
+                # churn change rows, not their number).
+                self._set_health(health_ok(self.name, objects))
+                self._ok_objects = objects
+            elif self.retries.changes != self._health_seen:
+                self._set_health(self._health)
         old, self._progress = self._progress, Watch()
         old.close()
 

@@ -50,6 +50,8 @@ log = logging.getLogger("statewright.lb.healthserver")
 HEALTH_SUFFIX = ":healthserver"
 #: Source of the synthetic services and their backends.
 HEALTH_SOURCE = "local"
+#: The frontend types a health-check port applies to.
+_EXTERNAL_TYPES = (SVCType.LOAD_BALANCER, SVCType.NODE_PORT)
 #: Least time between two passes over the frontends table (Cilium rate-limits too).
 MIN_INTERVAL = 0.1
 #: Backoff of a listener that cannot bind.
@@ -265,10 +267,12 @@ class HealthServer:
     def _qualifies(fe: Any) -> tuple[str, int, L3n4Addr | None] | None:
         """What frontend ``fe`` asks of the health server: (its service, the health-check
         port, the VIP of a LoadBalancer frontend or None); None when it asks nothing."""
+        # The type first: most frontends are ClusterIPs, and this runs for every change of
+        # the frontends table (the reconciler's status writes included).
+        if fe.type not in _EXTERNAL_TYPES:
+            return None
         svc = fe.service
         if svc is None or svc.name.endswith(HEALTH_SUFFIX):
-            return None
-        if fe.type not in (SVCType.LOAD_BALANCER, SVCType.NODE_PORT):
             return None
         if fe.address.scope == SCOPE_INTERNAL:
             return None
