@@ -29,11 +29,9 @@ from sources.k8s_client import K8sClient
 from sources.k8s_endpoints import endpoint_resource_spec
 from sources.k8s_identities import GROUP, PLURAL, VERSION, identity_resource_spec
 from sources.k8s_reflector import Delta, Reflector, ReflectorConfig, describe_error
+from statewright.identity_gc_timing import DEFAULT_GRACE, DEFAULT_INTERVAL
 
 log = logging.getLogger("statewright.operator")
-
-DEFAULT_GRACE = 900.0
-DEFAULT_INTERVAL = 60.0
 
 
 class IdentityGC:

@@ -16,7 +16,9 @@ log = logging.getLogger("statewright.operator")
 
 def add_commands(subparsers: SubParsers, commands: Commands) -> None:
     """Register ``operator``."""
-    from statewright.operator import DEFAULT_GRACE, DEFAULT_INTERVAL
+    # not statewright.operator: it imports the Kubernetes client, which every command
+    # would then pay for when the parser is built
+    from statewright.identity_gc_timing import DEFAULT_GRACE, DEFAULT_INTERVAL
 
     op = subparsers.add_parser(
         "operator", help="delete CiliumIdentities no CiliumEndpoint used for a grace period"
