@@ -120,9 +120,23 @@ def start_agent(args: list[str], socket: str, log: Path, timeout: float = 20.0,
             client.get("/health")
             return proc
         if time.monotonic() > deadline:
+            cpu = cpu_seconds(proc.pid)
             stop_agent(proc)
-            raise RuntimeError(f"agent did not answer within {timeout} s:\n{log.read_text()}")
+            raise RuntimeError(
+                f"agent did not answer within {timeout} s, having used {cpu:.2f} s of CPU "
+                "(a start takes about 0.7 s of CPU: far less means the machine starved it, "
+                f"more that it is stuck; its log says how far it got):\n{log.read_text()}")
         time.sleep(0.05)
+
+
+def cpu_seconds(pid: int) -> float:
+    """The CPU time (user + system) process ``pid`` has used so far, from /proc; NaN when
+    it is gone."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return float("nan")
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def stop_agent(proc: subprocess.Popen[str], sig: int = signal.SIGTERM, timeout: float = 10.0
