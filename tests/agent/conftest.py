@@ -91,13 +91,25 @@ def _die_with_parent() -> None:
     ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGTERM, 0, 0, 0)
 
 
+#: However starved the agent, a start gives up after this many times its ``timeout`` of
+#: wall time (see `start_agent`).
+STARVED_WALL_FACTOR = 6
+
+
 def start_agent(args: list[str], socket: str, log: Path, timeout: float = 20.0,
                 prefix: Sequence[str] = ()) -> subprocess.Popen[str]:
     """Start ``statewright agent ARGS`` and wait until its API answers /health. Its endpoint
     state goes beside its socket unless ARGS say where (never the machine's default), and
     without ``prefix`` (or ``--sysctl-netns``) it runs with ``--no-sysctl``.
     ``prefix`` runs the agent through a command that execs it (e.g. ``nsenter --net=..``:
-    the PID is still the agent's)."""
+    the PID is still the agent's).
+
+    ``timeout`` counts the agent's own time: wall time less what the agent spent runnable
+    but waiting for a CPU (`runqueue_wait`). A start needs about 0.7 s of CPU; on a loaded
+    2-core machine it waited 10-20 times that for a CPU (9-20 s of wall time for 1-2 s of
+    its own), which a fixed wall-time deadline cannot tell from a hung agent. A start
+    that is slow by itself still fails after ``timeout``; a starved one after at most
+    `STARVED_WALL_FACTOR` times it."""
     if "--state-dir" not in args:
         args = [*args, "--state-dir", state_dir_of(socket)]
     if not prefix and not any(a.startswith("--sysctl-netns") for a in args):
@@ -105,13 +117,13 @@ def start_agent(args: list[str], socket: str, log: Path, timeout: float = 20.0,
         # (tests/conftest.py checks); one run inside a test's namespace sets that one's
         args = [*args, "--no-sysctl"]
     f = open(log, "a", encoding="utf-8")  # noqa: SIM115 - owned by the process below
+    began = time.monotonic()
     proc = subprocess.Popen(
         [*prefix, sys.executable, "-m", "statewright", "agent", "--api-socket", socket, *args],
         stdout=f, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, text=True, cwd=REPO,
         preexec_fn=_die_with_parent,
     )
     f.close()
-    deadline = time.monotonic() + timeout
     client = AgentClient(socket, timeout=5)
     while True:
         if proc.poll() is not None:
@@ -119,13 +131,16 @@ def start_agent(args: list[str], socket: str, log: Path, timeout: float = 20.0,
         with contextlib.suppress(AgentUnavailable):
             client.get("/health")
             return proc
-        if time.monotonic() > deadline:
+        waited = time.monotonic() - began
+        starved = runqueue_wait(proc.pid)
+        if waited - starved > timeout or waited > timeout * STARVED_WALL_FACTOR:
             cpu = cpu_seconds(proc.pid)
             stop_agent(proc)
             raise RuntimeError(
-                f"agent did not answer within {timeout} s, having used {cpu:.2f} s of CPU "
-                "(a start takes about 0.7 s of CPU: far less means the machine starved it, "
-                f"more that it is stuck; its log says how far it got):\n{log.read_text()}")
+                f"agent did not answer within {timeout} s of its own time: {waited:.1f} s "
+                f"of wall time, {starved:.1f} s of which it waited for a CPU, {cpu:.2f} s "
+                "of CPU used (a start takes about 0.7 s; its log says how far it got):\n"
+                + log.read_text())
         time.sleep(0.05)
 
 
@@ -137,6 +152,15 @@ def cpu_seconds(pid: int) -> float:
     except OSError:
         return float("nan")
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def runqueue_wait(pid: int) -> float:
+    """Seconds the main thread of process ``pid`` has spent runnable but waiting for a CPU
+    (the second field of /proc/PID/schedstat); 0 when the kernel does not say."""
+    try:
+        return int(Path(f"/proc/{pid}/schedstat").read_text().split()[1]) / 1e9
+    except (OSError, IndexError, ValueError):
+        return 0.0
 
 
 def stop_agent(proc: subprocess.Popen[str], sig: int = signal.SIGTERM, timeout: float = 10.0
