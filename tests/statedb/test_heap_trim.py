@@ -54,3 +54,27 @@ def test_without_a_c_library_nothing_is_done(monkeypatch: pytest.MonkeyPatch) ->
     monkeypatch.setattr(ctypes, "CDLL", missing)
     monkeypatch.setattr(ctypes.util, "find_library", lambda name: None)
     assert heap_trim.trim_heap() is False
+
+
+def test_fixed_mmap_threshold_on_glibc() -> None:
+    if not _glibc():
+        pytest.skip("the C library is not glibc: fix_mmap_threshold does nothing there")
+    assert heap_trim.fix_mmap_threshold() is True
+    # Still usable: a block above the threshold is made and freed.
+    block = bytearray(4 * heap_trim.MMAP_THRESHOLD_BYTES)
+    del block
+
+
+def test_mmap_threshold_must_be_positive() -> None:
+    with pytest.raises(ValueError, match="must be > 0"):
+        heap_trim.fix_mmap_threshold(0)
+
+
+def test_without_mallopt_nothing_is_set(monkeypatch: pytest.MonkeyPatch) -> None:
+    def missing(name: str | None) -> object:
+        raise OSError(f"{name}: cannot open shared object file")
+
+    monkeypatch.setattr(heap_trim, "_mallopt_looked_up", False)
+    monkeypatch.setattr(heap_trim, "_mallopt", None)
+    monkeypatch.setattr(ctypes, "CDLL", missing)
+    assert heap_trim.fix_mmap_threshold() is False

@@ -217,9 +217,11 @@ class LBMapsComponent(Component):
         """Once the initial state is in the maps, move it out of the garbage collector's
         reach (statedb.gc_tuning.freeze_loaded): later collections skip the loaded rows.
         Then give the C heap's free pages back (statedb.heap_trim): the sync's temporary
-        large blocks are freed by now (-21 MB resident at 60,000 services)."""
+        large blocks are freed by now (-21 MB resident at 60,000 services); and from then
+        on map blocks of 1 MiB and more on their own, so that the large hash tables a
+        churn rebuilds do not leave the heap larger each time."""
         from statedb.gc_tuning import freeze_loaded
-        from statedb.heap_trim import trim_heap
+        from statedb.heap_trim import fix_mmap_threshold, trim_heap
 
         task_status.started()
         lb = self.lb
@@ -246,6 +248,8 @@ class LBMapsComponent(Component):
         log.info("agent: free heap pages %s in %.0f ms",
                  "returned to the system" if released else "not trimmed (none, or not glibc)",
                  (time.perf_counter() - start) * 1000)
+        if not fix_mmap_threshold():
+            log.info("agent: malloc's mmap threshold left as it is (not glibc)")
 
     async def stop(self) -> None:
         """Close the maps' handles: pinned, their entries stay for the datapath and the next
