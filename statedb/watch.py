@@ -179,7 +179,8 @@ async def _wait_any_async(watches: list[Watch], timeout: float | None = None) ->
                 if timeout is None:
                     await event.wait()
                 else:
-                    with trio.move_on_after(timeout):
+                    # move_on_at: a negative timeout (already past) is no error.
+                    with trio.move_on_at(trio.current_time() + timeout):
                         await event.wait()
         finally:
             for w in registered:

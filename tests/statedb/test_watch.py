@@ -273,6 +273,22 @@ async def test_watch_set_async(db_t1: tuple[DB, Table[Obj]]) -> None:
 
 
 @pytest.mark.anyio
+async def test_watch_set_timeout_already_past_and_no_waiter_left() -> None:
+    """A zero or negative timeout returns [] at once (no error on either backend), and a
+    wait that timed out leaves no callback on the watch: a later close wakes only the
+    live waiter."""
+    w = Watch()
+    with anyio.fail_after(HANG_GUARD_S):
+        assert await WatchSet([w]).wait_async(-1.0) == []
+        assert await WatchSet([w]).wait_async(0) == []
+        assert await WatchSet([w]).wait_async(0.01) == []
+    calls: list[str] = []
+    w.add_callback(lambda: calls.append("live"))
+    w.close()
+    assert calls == ["live"]
+
+
+@pytest.mark.anyio
 async def test_cancelled_wait_leaves_no_waiter_behind(db_t1: tuple[DB, Table[Obj]]) -> None:
     """Cancelling a wait unregisters it: a later close (from a thread) wakes nobody stale."""
     db, t1 = db_t1
