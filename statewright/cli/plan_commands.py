@@ -177,7 +177,7 @@ async def make_plan(cfg: agent_config.AgentConfig, timeout: float) -> tuple[dict
             await hive.start(tg)
             lb = hive.lookup(LB)
             await _wait_initialized(lb, hive, timeout)
-            wanted = _apply(lb, current, errors)
+            wanted = await _apply(lb, current, errors)
         except ComponentError as e:
             failed.append(PlanError(str(e)))
         except PlanError as e:
@@ -196,9 +196,10 @@ async def make_plan(cfg: agent_config.AgentConfig, timeout: float) -> tuple[dict
     return doc, text
 
 
-def _apply(lb: Any, current: Any, errors: list[str]) -> Any:
+async def _apply(lb: Any, current: Any, errors: list[str]) -> Any:
     """Apply every frontend to a memory copy of ``current`` as the agent's reconciler
-    would (ids restored from the copy), prune, and return the copy's snapshot."""
+    would (ids restored from the copy), prune (with its look at every map entry, which
+    the agent's Ops return as an awaitable), and return the copy's snapshot."""
     maps = lb.open_maps()
     try:
         maps.restore(current)
@@ -210,7 +211,9 @@ def _apply(lb: Any, current: Any, errors: list[str]) -> Any:
                 ops.update(txn, 0, fe)
             except Exception as e:  # reported like the agent's reconciler would
                 errors.append(f"{fe.address} ({fe.service_name}): {e}")
-        ops.prune(txn, lb.frontends.all(txn))
+        audit = ops.prune(txn, lb.frontends.all(txn))
+        if audit is not None:
+            await audit
         return maps.snapshot()
     finally:
         lb.close_maps()

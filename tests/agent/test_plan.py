@@ -5,6 +5,7 @@ JSON document."""
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import os
 import uuid
@@ -15,6 +16,8 @@ from typing import Any
 import pytest
 import yaml
 
+from bpf import lb
+from statewright.cli.lb_commands import open_pinned_lb_maps
 from tests.agent.conftest import (
     AgentProc,
     cli_json,
@@ -58,6 +61,11 @@ def _plan(capsys: pytest.CaptureFixture[str], agent: AgentProc) -> tuple[int, di
                              str(agent.manifests), "--no-netlink", "-o", "json")
     assert code in (0, 2), err
     return code, json.loads(out)
+
+
+def _write_stray_backend(pin_dir: str) -> None:
+    with open_pinned_lb_maps(pin_dir) as maps:
+        maps.be4.update(4000, lb.Backend4(ipaddress.ip_address("10.9.9.9").packed, 80, 6))
 
 
 def _restart_shows_no_change(agent: AgentProc, no_change: Callable[[], bool]) -> None:
@@ -106,6 +114,13 @@ def test_plan_against_a_running_stopped_and_restarted_agent(
             assert code == 2 and "1 change(s)" in text and "~ SVC:" in text
             # Nothing was written: the pinned maps still hold the old timeout.
             assert _plan(capsys, agent)[1]["changes"] == 1
+            # An entry no source explains (written behind the agent's back) is one the
+            # plan removes, as the agent's prune would.
+            _write_stray_backend(pin_dir)
+            code, doc = _plan(capsys, agent)
+            assert code == 2 and doc["changes"] == 2, doc
+            assert len(doc["maps"]["lb4_backends"]["removed"]) == 1, doc
+            assert not doc["maps"]["lb4_backends"]["added"], doc
 
             _restart_shows_no_change(agent, lambda: _plan(capsys, agent)[0] == 0)
     finally:
