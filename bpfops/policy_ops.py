@@ -140,15 +140,15 @@ class EnforcementHeldError(StatewrightError):
 
 class EnforcementStillOnError(StatewrightError):
     """An entry of a direction the endpoint's policy no longer enforces is not deleted
-    while ``policy_netns`` may still enforce that direction (it is retried once the
-    ``policy-netns`` row is written without it)."""
+    while the datapath may still enforce that direction (``policy_netns``, or another
+    writer's flags: `PolicyOps.enforcers`); it is retried."""
 
     def __init__(self, obj: PolicyEntry) -> None:
         k = obj.key
         d = "egress" if k.egress else "ingress"
         super().__init__(
             f"{describe(obj)}: kept until the {d} enforcement of endpoint {k.endpoint_id} "
-            "is switched off (policy-netns row not written yet)"
+            "is switched off (policy_netns or policy_endpoints not written yet)"
         )
         self.endpoint_id = k.endpoint_id
         self.egress = k.egress
@@ -366,9 +366,9 @@ class PolicyOps:
 
     Given the ``policy-endpoints`` and ``policy-netns`` tables, an entry of a direction
     its endpoint's policy no longer enforces is deleted (by a delete or a prune) only once
-    ``policy_netns`` no longer enforces that direction for the endpoint; until then the
-    delete raises `EnforcementStillOnError` and is retried (module doc, "Enforcement
-    order")."""
+    neither ``policy_netns`` nor any of ``enforcers`` enforces that direction for the
+    endpoint; until then the delete raises `EnforcementStillOnError` and is retried
+    (module doc, "Enforcement order")."""
 
     def __init__(
         self,
