@@ -41,8 +41,12 @@ other where it matters (given the tables; the policy-maps component always gives
 * switching a direction **off**: `PolicyOps` deletes an entry of a direction its
   endpoint's policy no longer enforces only once every ``policy-netns`` row of the
   endpoint is Done without that direction; otherwise `EnforcementStillOnError` (retried).
-  The prune leaves such entries, and such an endpoint's map, to a later prune. Entries of
-  a direction still enforced (a narrower policy) are deleted at once. Other writers of
+  The prune leaves such entries, and such an endpoint's map, to a later prune.
+* **replacing** entries of a direction still enforced: `PolicyOps` deletes one only once
+  the endpoint's other entries of the direction are all Done (`NewEntriesPendingError`
+  otherwise; a failed write does not hold deletes, a full map needs the room): the
+  reconciler runs a round's deletes before its updates, which would refuse, between the
+  two, flows that both the old and the new policy allow. Other writers of
   enforcement flags (the endpoint datapath's ``policy_endpoints``, for the tc programs)
   join through ``PolicyOps.enforcers`` and switch a direction on by the same rule
   (tables/policy_netns.writable_flags).
@@ -152,6 +156,20 @@ class EnforcementStillOnError(StatewrightError):
         )
         self.endpoint_id = k.endpoint_id
         self.egress = k.egress
+
+
+class NewEntriesPendingError(StatewrightError):
+    """An entry of a direction the endpoint still enforces is not deleted while entries
+    of that direction are waiting to be written (those replacing it, perhaps): deleting
+    first would refuse, for a moment, flows both the old and the new policy allow. It is
+    retried; a failed write does not hold it (a full map needs the room)."""
+
+    def __init__(self, obj: PolicyEntry, backlog: DirectionBacklog) -> None:
+        super().__init__(
+            f"{describe(obj)}: kept until the endpoint's new {backlog.direction} entries are "
+            f"written ({backlog.not_done} of {backlog.total} not yet)"
+        )
+        self.endpoint_id = obj.key.endpoint_id
 
 
 class PolicyMapError(StatewrightError):
@@ -367,8 +385,11 @@ class PolicyOps:
     Given the ``policy-endpoints`` and ``policy-netns`` tables, an entry of a direction
     its endpoint's policy no longer enforces is deleted (by a delete or a prune) only once
     neither ``policy_netns`` nor any of ``enforcers`` enforces that direction for the
-    endpoint; until then the delete raises `EnforcementStillOnError` and is retried
-    (module doc, "Enforcement order")."""
+    endpoint; until then the delete raises `EnforcementStillOnError` and is retried. An
+    entry of a direction still enforced is deleted only once no other entry of it waits
+    to be written (unless one failed), else `NewEntriesPendingError`: a policy replaced
+    by another passes through the union of both, never through less than their common
+    part (module doc, "Enforcement order")."""
 
     def __init__(
         self,
@@ -385,6 +406,9 @@ class PolicyOps:
         #: says which directions it may enforce for an endpoint id now; entries of a
         #: direction no longer enforced also wait for them.
         self.enforcers: list[Callable[[int], int]] = []
+        #: direction_backlog by (endpoint, egress) at one revision of the table.
+        self._backlogs: dict[tuple[int, bool], DirectionBacklog] = {}
+        self._backlog_revision = -1
         self.writes = 0
         self.skipped = 0
         self.deletes = 0
@@ -426,6 +450,9 @@ class PolicyOps:
         ep = obj.key.endpoint_id
         if self._still_enforced(txn, ep, obj.key.egress):
             raise EnforcementStillOnError(obj)
+        pending = self._new_entries_pending(txn, ep, obj.key.egress)
+        if pending is not None:
+            raise NewEntriesPendingError(obj, pending)
         if not self._has_rows(txn, ep):
             if not self.maps.exists(ep):
                 return None  # removed with an earlier row of the same endpoint
@@ -460,6 +487,28 @@ class PolicyOps:
         if any(enforces(endpoint_id) & flag for enforces in self.enforcers):
             return True
         return enforcement_may_be_on(txn, self.netns, endpoint_id, flag)
+
+    def _new_entries_pending(
+        self, txn: ReadTxn, endpoint_id: int, egress: bool
+    ) -> DirectionBacklog | None:
+        """The backlog of a direction the endpoint still enforces when entries of it wait
+        to be written and none failed (then an entry's delete waits: class doc), else
+        None. Memoized per revision of the table: one count per endpoint and round, not
+        one per deleted entry."""
+        modes = self.modes
+        if modes is None:
+            return None
+        if not mode_flags(endpoint_mode(txn, modes, endpoint_id)) & direction_flag(egress):
+            return None
+        revision = self.table.revision(txn)
+        if revision != self._backlog_revision:
+            self._backlogs.clear()
+            self._backlog_revision = revision
+        backlog = self._backlogs.get((endpoint_id, egress))
+        if backlog is None:
+            backlog = direction_backlog(txn, self.table, endpoint_id, egress)
+            self._backlogs[endpoint_id, egress] = backlog
+        return backlog if backlog.not_done and not backlog.errors else None
 
     async def prune(self, txn: ReadTxn, objects: Iterator[PolicyEntry]) -> None:
         """Delete every entry no row explains; remove the maps of endpoints without rows

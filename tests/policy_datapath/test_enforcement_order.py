@@ -455,3 +455,51 @@ def test_realized_needs_every_enforcement_writer() -> None:
     assert realized() == {}  # tc side not written
     tc[EP] = F_EGRESS | F_INGRESS
     assert realized() == {EP: 4}
+
+
+def test_a_replaced_entry_goes_after_its_replacement(h: Harness) -> None:
+    """Egress stays enforced while its allow-list is replaced (any port to identity 100
+    becomes port 80 to identity 100, in one transaction): the new entry is written before
+    the old one is deleted, so port 80, allowed before and after, is never refused."""
+    old = PolicyEntry(PolicyKey(EP, 100, True, 6, 0, 0), rules=("default/r",))
+    new = allow(100, 80)
+    ops: list[str] = []
+    real_ensure = h.maps.ensure
+
+    class Recording:
+        """The endpoint's policy map, recording writes and deletes in order."""
+
+        def __init__(self, m: Any) -> None:
+            self.m = m
+
+        def __getattr__(self, name: str) -> Any:
+            return getattr(self.m, name)
+
+        def lookup(self, key: PolicyMapKey) -> Any:
+            return self.m.lookup(key)
+
+        def update(self, key: PolicyMapKey, value: Any, flags: int = 0) -> None:
+            ops.append(f"update {key.dport}/{key.prefixlen}")
+            self.m.update(key, value, flags)
+
+        def delete(self, key: PolicyMapKey) -> None:
+            ops.append(f"delete {key.dport}/{key.prefixlen}")
+            self.m.delete(key)
+
+    h.maps.ensure = lambda ep: Recording(real_ensure(ep))  # type: ignore[method-assign,assignment,return-value]
+    h.maps.get = lambda ep: Recording(real_ensure(ep))  # type: ignore[method-assign,assignment,return-value]
+
+    async def main() -> None:
+        entries_rec = h.reconciler("entries")
+        async with anyio.create_task_group() as tg:
+            await tg.start(entries_rec.run)
+            h.apply(PolicyEndpoint(EP, egress_enforced=True, revision=1), [old])
+            await wait_until_done(entries_rec, timeout=10)
+            ops.clear()
+            h.apply(PolicyEndpoint(EP, egress_enforced=True, revision=2), [new], gone=[old])
+            await wait_until_done(entries_rec, timeout=10)
+            tg.cancel_scope.cancel()
+
+    anyio.run(main)
+    assert ops == ["update 80/64", "delete 0/48"], ops
+    assert list(h.content()) == [map_key(new.key)]
