@@ -26,6 +26,7 @@ from typing import Any, ClassVar
 
 from statedb import Index, Table
 from statedb import keys as keycodec
+from statedb.rows import FrozenValue, slot_setters
 from tables.l3n4 import L3n4Addr, addr_json, encode_addr_key, parse_addr_key
 from tables.services import ServiceName
 
@@ -112,7 +113,7 @@ def _shared_rest(rest: tuple[Any, ...]) -> Any:
     return rest
 
 
-class BackendParams:
+class BackendParams(FrozenValue, fields=_BackendParamsFields):
     """One service's view of a backend address (a backend instance).
 
     Immutable, with the value semantics of a frozen dataclass of its eleven fields
@@ -125,10 +126,6 @@ class BackendParams:
 
     __slots__ = ("_rest", "address")
     __dataclass_fields__: ClassVar[dict[str, dataclasses.Field[Any]]]
-    __match_args__ = (
-        "address", "port_names", "weight", "node_name", "zone", "for_zones", "cluster_id",
-        "source", "state", "unhealthy", "unhealthy_updated_at",
-    )
 
     address: L3n4Addr
     _rest: _Rest
@@ -210,30 +207,6 @@ class BackendParams:
         r = self._rest
         return (self.address, r[7], r[8], *r[:5], r[9], r[5], r[6])
 
-    def __setattr__(self, name: str, value: Any) -> None:
-        raise dataclasses.FrozenInstanceError(f"cannot assign to field {name!r}")
-
-    def __delattr__(self, name: str) -> None:
-        raise dataclasses.FrozenInstanceError(f"cannot delete field {name!r}")
-
-    def __eq__(self, other: object) -> bool:
-        if other.__class__ is not self.__class__:
-            return NotImplemented
-        assert isinstance(other, BackendParams)
-        return self.address == other.address and self._rest == other._rest
-
-    def __hash__(self) -> int:
-        return hash((self.address, self._rest))
-
-    def __repr__(self) -> str:
-        parts = ", ".join(
-            f"{name}={value!r}" for name, value in zip(self.__match_args__, self._fields())
-        )
-        return f"BackendParams({parts})"
-
-    def __reduce__(self) -> tuple[Any, ...]:
-        return (BackendParams, self._fields())
-
     @property
     def effective_state(self) -> BackendState:
         """The state after health checks: an unhealthy backend counts as quarantined."""
@@ -270,10 +243,7 @@ class BackendParams:
         }
 
 
-# dataclasses.fields/replace/asdict see BackendParams' eleven fields.
-BackendParams.__dataclass_fields__ = _BackendParamsFields.__dataclass_fields__
-_set_bp_address = BackendParams.__dict__["address"].__set__
-_set_bp_rest = BackendParams.__dict__["_rest"].__set__
+_set_bp_address, _set_bp_rest = slot_setters(BackendParams, "address", "_rest")
 
 
 def _time_text(ts: float) -> str:
@@ -287,20 +257,21 @@ def _time_text(ts: float) -> str:
 InstanceKey = tuple[ServiceName, int]
 
 
-class Backend:
+class Backend(FrozenValue):
     """A backend address with its instances, sorted by (service name, source priority).
 
     Immutable, with the value semantics of a frozen dataclass of ``address`` and
-    ``instances`` (equality, hash, repr). A backend with one instance (nearly all of
-    them) keeps that instance's key and parameters in its own two slots instead of a
-    tuple holding a pair: two objects fewer per backend row, for memory and for the
-    garbage collector.
+    ``instances`` (equality, hash, repr). Two slots, 48 bytes a row: a backend with one
+    instance whose parameters carry the backend's address (nearly all of them) keeps that
+    instance's key and parameters, and reads its address from the parameters; any other
+    keeps its address and the tuple of (key, params) pairs. ``_key`` tells the two apart:
+    a key is a tuple, an address is not.
     """
 
-    __slots__ = ("_key", "_val", "address")
+    __slots__ = ("_key", "_val")
+    __match_args__ = ("address", "instances")
 
-    address: L3n4Addr
-    _key: InstanceKey | None  # the lone instance's key, or None
+    _key: InstanceKey | L3n4Addr  # the lone instance's key, or the address
     _val: Any  # the lone instance's parameters, or the tuple of (key, params) pairs
 
     def __init__(
@@ -308,29 +279,39 @@ class Backend:
         address: L3n4Addr,
         instances: tuple[tuple[InstanceKey, BackendParams], ...] = (),
     ) -> None:
-        _set_address(self, address)
         if len(instances) == 1:
             ((key, params),) = instances
-            _set_key(self, key)
-            _set_val(self, params)
-        else:
-            _set_key(self, None)
-            _set_val(self, tuple(instances))
+            if params.address is address or params.address == address:
+                _set_key(self, key)
+                _set_val(self, params)
+                return
+        _set_key(self, address)
+        _set_val(self, tuple(instances))
 
     @classmethod
     def single(cls, address: L3n4Addr, key: InstanceKey, params: BackendParams) -> Backend:
         """``Backend(address, ((key, params),))`` without building the pair."""
+        if params.address is not address and params.address != address:
+            return cls(address, ((key, params),))
         b = _new(cls)
-        _set_address(b, address)
         _set_key(b, key)
         _set_val(b, params)
         return b
 
     @property
+    def address(self) -> L3n4Addr:
+        """The backend's address (the primary key)."""
+        key = self._key
+        if type(key) is tuple:
+            address: L3n4Addr = self._val.address
+            return address
+        return key  # type: ignore[return-value]
+
+    @property
     def instances(self) -> tuple[tuple[InstanceKey, BackendParams], ...]:
         """The (key, params) pairs, sorted by key."""
         key = self._key
-        if key is not None:
+        if type(key) is tuple:
             return ((key, self._val),)
         pairs: tuple[tuple[InstanceKey, BackendParams], ...] = self._val
         return pairs
@@ -338,30 +319,23 @@ class Backend:
     def instance_keys(self) -> tuple[InstanceKey, ...]:
         """The keys of the instances, in order."""
         key = self._key
-        if key is not None:
+        if type(key) is tuple:
             return (key,)
         return tuple([k for k, _ in self._val])
 
-    def __setattr__(self, name: str, value: Any) -> None:
-        raise dataclasses.FrozenInstanceError(f"cannot assign to field {name!r}")
-
-    def __delattr__(self, name: str) -> None:
-        raise dataclasses.FrozenInstanceError(f"cannot delete field {name!r}")
+    def _fields(self) -> tuple[Any, ...]:
+        return (self.address, self.instances)
 
     def __eq__(self, other: object) -> bool:
         if other.__class__ is not self.__class__:
             return NotImplemented
         assert isinstance(other, Backend)
-        return (self.address, self.instances) == (other.address, other.instances)
+        # The stored form is canonical: equal backends, equal slots.
+        return self._key == other._key and self._val == other._val
 
     def __hash__(self) -> int:
+        # The hash of the frozen dataclass of (address, instances) the row was.
         return hash((self.address, self.instances))
-
-    def __repr__(self) -> str:
-        return f"Backend(address={self.address!r}, instances={self.instances!r})"
-
-    def __reduce__(self) -> tuple[Any, ...]:
-        return (Backend, (self.address, self.instances))
 
     # ----- instance access -------------------------------------------------
     def preferred_instances(self) -> Iterator[tuple[InstanceKey, BackendParams]]:
@@ -375,7 +349,7 @@ class Backend:
     def instance(self, service: ServiceName) -> BackendParams | None:
         """The preferred instance for ``service``, or None."""
         key = self._key
-        if key is not None:
+        if type(key) is tuple:
             inst: BackendParams | None = self._val if key[0] == service else None
             return inst
         for key, inst in self._val:
@@ -390,7 +364,7 @@ class Backend:
     def service_names(self) -> list[ServiceName]:
         """The services that have an instance of this backend, sorted."""
         key = self._key
-        if key is not None:
+        if type(key) is tuple:
             return [key[0]]
         return [k[0] for k, _ in self.preferred_instances()]
 
@@ -504,9 +478,7 @@ class Backend:
 
 
 _new = object.__new__
-_set_address = Backend.__dict__["address"].__set__
-_set_key = Backend.__dict__["_key"].__set__
-_set_val = Backend.__dict__["_val"].__set__
+_set_key, _set_val = slot_setters(Backend, "_key", "_val")
 
 
 #: Primary index: the backend address.

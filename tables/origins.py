@@ -26,6 +26,7 @@ from typing import Any, ClassVar
 from statedb import DB, Index, ReadTxn, Table, WriteTxn
 from statedb import keys as keycodec
 from statedb.errors import TableNotRegisteredError
+from statedb.rows import FrozenValue, slot_setters
 
 ORIGINS_TABLE = "origins"
 
@@ -90,7 +91,7 @@ def _unpack_uid(packed: str | int) -> str:
     return f"{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:]}"
 
 
-class Origin:
+class Origin(FrozenValue, fields=_OriginFields):
     """One source object: kind, namespace, name; its manifest file and line, or its
     Kubernetes uid and resourceVersion; for an EndpointSlice its service and addresses.
 
@@ -107,8 +108,6 @@ class Origin:
     __slots__ = ("_kind", "_uid", "_where", "addresses", "key_bytes", "owner",
                  "resource_version")
     __dataclass_fields__: ClassVar[dict[str, dataclasses.Field[Any]]]
-    __match_args__ = ("kind", "namespace", "name", "source", "uid", "resource_version",
-                      "file", "line", "owner", "addresses")
 
     #: ``Kind/namespace/name`` encoded (UTF-8): the row's primary key.
     key_bytes: bytes
@@ -186,40 +185,6 @@ class Origin:
         return (self.kind, self.namespace, self.name, self.source, self.uid,
                 self.resource_version, self.file, self.line, self.owner, self.addresses)
 
-    def __setattr__(self, name: str, value: Any) -> None:
-        raise dataclasses.FrozenInstanceError(f"cannot assign to field {name!r}")
-
-    def __delattr__(self, name: str) -> None:
-        raise dataclasses.FrozenInstanceError(f"cannot delete field {name!r}")
-
-    def __eq__(self, other: object) -> bool:
-        if other.__class__ is not self.__class__:
-            return NotImplemented
-        assert isinstance(other, Origin)
-        # The stored forms are canonical: equal fields, equal slots.
-        return (
-            self.key_bytes == other.key_bytes
-            and self._kind == other._kind
-            and self._uid == other._uid
-            and self.resource_version == other.resource_version
-            and self._where == other._where
-            and self.owner == other.owner
-            and self.addresses == other.addresses
-        )
-
-    def __hash__(self) -> int:
-        return hash((self.key_bytes, self._kind, self._uid, self.resource_version,
-                     self._where, self.owner, self.addresses))
-
-    def __repr__(self) -> str:
-        parts = ", ".join(
-            f"{name}={value!r}" for name, value in zip(self.__match_args__, self._fields())
-        )
-        return f"Origin({parts})"
-
-    def __reduce__(self) -> tuple[Any, ...]:
-        return (Origin, self._fields())
-
     def lists(self, address: str) -> bool:
         """Whether an EndpointSlice's endpoints list ``address``."""
         return address in self.addresses.split(",") if self.addresses else False
@@ -261,15 +226,9 @@ class Origin:
         return [self.key, self.source, self.where()]
 
 
-# Origin's fields for dataclasses.fields/replace/asdict; its slot setters.
-Origin.__dataclass_fields__ = _OriginFields.__dataclass_fields__
-_set_key = Origin.__dict__["key_bytes"].__set__
-_set_kind = Origin.__dict__["_kind"].__set__
-_set_uid = Origin.__dict__["_uid"].__set__
-_set_rv = Origin.__dict__["resource_version"].__set__
-_set_where = Origin.__dict__["_where"].__set__
-_set_owner = Origin.__dict__["owner"].__set__
-_set_addresses = Origin.__dict__["addresses"].__set__
+_set_key, _set_kind, _set_uid, _set_rv, _set_where, _set_owner, _set_addresses = slot_setters(
+    Origin, "key_bytes", "_kind", "_uid", "resource_version", "_where", "owner", "addresses"
+)
 
 
 def _encode_key(key: str | bytes) -> bytes:
