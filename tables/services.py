@@ -12,13 +12,14 @@ annotations that influence them. Frontends and backends refer to it by name;
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 import ipaddress
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from statedb import Index, Table
-from statedb.rows import slot_constructor
+from statedb.rows import FrozenValue, slot_setters
 from tables.l3n4 import IPNetwork
 
 #: A service name, ``namespace/name`` (``cluster/namespace/name`` for remote clusters).
@@ -130,13 +131,10 @@ class ProxyRedirect:
         return str(self.proxy_port)
 
 
-@dataclass(frozen=True, slots=True)
-class Service:
-    """A load-balanced service (row of the services table).
-
-    Mappings are stored as sorted tuples of pairs so rows stay hashable and
-    immutable; use the ``*_dict`` helpers to read them as dicts.
-    """
+@dataclass(frozen=True)
+class _ServiceFields:
+    """The fields of Service, in order (the field list ``dataclasses.fields``, ``replace``
+    and ``asdict`` read from Service)."""
 
     name: ServiceName
     source: str = "k8s"
@@ -168,12 +166,118 @@ class Service:
     #: service.cilium.io/scale-to-zero opt-in.
     scale_to_zero: bool = False
 
-    def __post_init__(self) -> None:
+
+#: The Service fields a row keeps in its own slots (set per service); every other field
+#: is in the row's shared tuple (`_SHARED_FIELDS`).
+_OWN_FIELDS = ("name", "labels", "annotations", "selector", "port_names")
+_SHARED_FIELDS = tuple(f.name for f in dataclasses.fields(_ServiceFields)
+                       if f.name not in _OWN_FIELDS)
+#: Shared tuples by the identities of their items (so an equal tuple of other types, such
+#: as a str for a TrafficPolicy, is never shared); cleared past `_RESTS_MAX`, which only
+#: costs the sharing of the tuples made before.
+_RESTS: dict[tuple[int, ...], tuple[Any, ...]] = {}
+_RESTS_MAX = 4096
+
+
+def _shared_rest(rest: tuple[Any, ...]) -> tuple[Any, ...]:
+    """``rest``, or the tuple of the very same objects made before."""
+    key = tuple(map(id, rest))
+    shared = _RESTS.get(key)
+    if shared is not None:
+        return shared
+    if len(_RESTS) >= _RESTS_MAX:
+        _RESTS.clear()
+    _RESTS[key] = rest  # it holds its items: their ids are not reused while it is kept
+    return rest
+
+
+class Service(FrozenValue, fields=_ServiceFields):
+    """A load-balanced service (row of the services table).
+
+    Mappings are stored as sorted tuples of pairs so rows stay hashable and
+    immutable; use the ``*_dict`` helpers to read them as dicts.
+
+    Immutable, with the value semantics of a frozen dataclass of its fields (equality,
+    hash, repr, ``dataclasses.fields``/``replace``/``asdict``). Held compactly, one row
+    per service: the fields set per service (`_OWN_FIELDS`: name, labels, annotations,
+    selector, port names) in slots of their own, the other eighteen (policies, flags,
+    source...) in one tuple shared by the services that have the same ones: 80 bytes a
+    row instead of 216.
+    """
+
+    __slots__ = ("_rest", "annotations", "labels", "name", "port_names", "selector")
+    __dataclass_fields__: ClassVar[dict[str, dataclasses.Field[Any]]]
+
+    name: ServiceName
+    labels: tuple[tuple[str, str], ...]
+    annotations: tuple[tuple[str, str], ...]
+    selector: tuple[tuple[str, str], ...]
+    #: Port name -> service port, sorted by name.
+    port_names: tuple[tuple[str, int], ...]
+    _rest: tuple[Any, ...]
+    if TYPE_CHECKING:
+        # Read from the shared tuple (properties made below the class).
+        source: str
+        nat_policy: str
+        ext_traffic_policy: TrafficPolicy
+        int_traffic_policy: TrafficPolicy
+        forwarding_mode: ForwardingMode
+        session_affinity: bool
+        session_affinity_timeout: int
+        load_balancer_class: str | None
+        proxy_redirect: ProxyRedirect | None
+        health_check_node_port: int
+        loopback_host_port: bool
+        source_ranges: tuple[IPNetwork, ...]
+        source_ranges_policy: SourceRangesPolicy
+        traffic_distribution: str
+        lb_algorithm: LBAlgorithm
+        internal_scope_enabled: bool
+        proxy_delegation: str
+        scale_to_zero: bool
+
+    def __init__(
+        self,
+        name: ServiceName,
+        source: str = "k8s",
+        labels: tuple[tuple[str, str], ...] = (),
+        annotations: tuple[tuple[str, str], ...] = (),
+        selector: tuple[tuple[str, str], ...] = (),
+        nat_policy: str = "",
+        ext_traffic_policy: TrafficPolicy = TrafficPolicy.CLUSTER,
+        int_traffic_policy: TrafficPolicy = TrafficPolicy.CLUSTER,
+        forwarding_mode: ForwardingMode = ForwardingMode.UNDEF,
+        session_affinity: bool = False,
+        session_affinity_timeout: int = 0,
+        load_balancer_class: str | None = None,
+        proxy_redirect: ProxyRedirect | None = None,
+        health_check_node_port: int = 0,
+        loopback_host_port: bool = False,
+        source_ranges: tuple[IPNetwork, ...] = (),
+        source_ranges_policy: SourceRangesPolicy = SourceRangesPolicy.ALLOW,
+        port_names: tuple[tuple[str, int], ...] = (),
+        traffic_distribution: str = "",
+        lb_algorithm: LBAlgorithm = LBAlgorithm.UNDEF,
+        internal_scope_enabled: bool = True,
+        proxy_delegation: str = "",
+        scale_to_zero: bool = False,
+    ) -> None:
         # Kubernetes 1.34 renamed PreferClose to PreferSameZone; the deprecated alias is
         # stored, shown and handled under the new name.
-        alias = TRAFFIC_DISTRIBUTION_ALIASES.get(self.traffic_distribution)
-        if alias is not None:
-            object.__setattr__(self, "traffic_distribution", alias)
+        traffic_distribution = TRAFFIC_DISTRIBUTION_ALIASES.get(
+            traffic_distribution, traffic_distribution
+        )
+        _fill(
+            self, name, source, labels, annotations, selector, nat_policy,
+            ext_traffic_policy, int_traffic_policy, forwarding_mode, session_affinity,
+            session_affinity_timeout, load_balancer_class, proxy_redirect,
+            health_check_node_port, loopback_host_port, source_ranges, source_ranges_policy,
+            port_names, traffic_distribution, lb_algorithm, internal_scope_enabled,
+            proxy_delegation, scale_to_zero,
+        )
+
+    def _fields(self) -> tuple[Any, ...]:
+        return tuple([getattr(self, n) for n in self.__match_args__])
 
     # ----- helpers ------------------------------------------------------------
     def annotations_dict(self) -> dict[str, str]:
@@ -310,7 +414,55 @@ def new_services_table() -> Table[Service]:
     return Table(SERVICES_TABLE, service_name_index, row_type=Service)
 
 
-#: ``Service(...)`` with every field positional, in declaration order, filling the slots
-#: directly (no frozen-dataclass ``__setattr__`` per field; the converter builds one per
-#: Service object).
-new_service: Any = slot_constructor(Service, "new_service")
+def _field_property(i: int, name: str) -> property:
+    def get(self: Service) -> Any:
+        return self._rest[i]
+
+    get.__name__ = name
+    return property(get, doc=f"The service's ``{name}`` (from its shared tuple).")
+
+
+for _i, _name in enumerate(_SHARED_FIELDS):
+    setattr(Service, _name, _field_property(_i, _name))
+
+_set_rest, _set_name, _set_labels, _set_annotations, _set_selector, _set_ports = slot_setters(
+    Service, "_rest", "name", "labels", "annotations", "selector", "port_names"
+)
+
+
+def _fill(
+    o: Service, name: ServiceName, source: str, labels: tuple[tuple[str, str], ...],
+    annotations: tuple[tuple[str, str], ...], selector: tuple[tuple[str, str], ...],
+    nat_policy: str, ext_traffic_policy: TrafficPolicy, int_traffic_policy: TrafficPolicy,
+    forwarding_mode: ForwardingMode, session_affinity: bool, session_affinity_timeout: int,
+    load_balancer_class: str | None, proxy_redirect: ProxyRedirect | None,
+    health_check_node_port: int, loopback_host_port: bool,
+    source_ranges: tuple[IPNetwork, ...], source_ranges_policy: SourceRangesPolicy,
+    port_names: tuple[tuple[str, int], ...], traffic_distribution: str,
+    lb_algorithm: LBAlgorithm, internal_scope_enabled: bool, proxy_delegation: str,
+    scale_to_zero: bool,
+) -> Service:
+    _set_name(o, name)
+    _set_labels(o, labels)
+    _set_annotations(o, annotations)
+    _set_selector(o, selector)
+    _set_ports(o, port_names)
+    # In `_SHARED_FIELDS` order: the fields in declaration order, less `_OWN_FIELDS`.
+    _set_rest(o, _shared_rest((
+        source, nat_policy, ext_traffic_policy, int_traffic_policy, forwarding_mode,
+        session_affinity, session_affinity_timeout, load_balancer_class, proxy_redirect,
+        health_check_node_port, loopback_host_port, source_ranges, source_ranges_policy,
+        traffic_distribution, lb_algorithm, internal_scope_enabled, proxy_delegation,
+        scale_to_zero,
+    )))
+    return o
+
+
+def new_service(*fields: Any) -> Service:
+    """``Service(...)`` with every field positional, in declaration order, and no alias
+    applied to ``traffic_distribution`` (the converter builds one per Service object and
+    gives the name already resolved)."""
+    return _fill(_new(Service), *fields)
+
+
+_new = object.__new__
