@@ -45,14 +45,21 @@ def test_without_malloc_trim_nothing_is_done(monkeypatch: pytest.MonkeyPatch) ->
     assert heap_trim.trim_heap() is False  # looked up once, remembered
 
 
-def test_without_a_c_library_nothing_is_done(monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.fixture
+def no_c_library(monkeypatch: pytest.MonkeyPatch) -> None:
+    """No C library to load, and neither function looked up yet."""
+
     def missing(name: str | None) -> object:
         raise OSError(f"{name}: cannot open shared object file")
 
-    monkeypatch.setattr(heap_trim, "_looked_up", False)
-    monkeypatch.setattr(heap_trim, "_trim", None)
+    for cached, value in (("_looked_up", False), ("_trim", None),
+                          ("_mallopt_looked_up", False), ("_mallopt", None)):
+        monkeypatch.setattr(heap_trim, cached, value)
     monkeypatch.setattr(ctypes, "CDLL", missing)
     monkeypatch.setattr(ctypes.util, "find_library", lambda name: None)
+
+
+def test_without_a_c_library_nothing_is_done(no_c_library: None) -> None:
     assert heap_trim.trim_heap() is False
 
 
@@ -70,11 +77,5 @@ def test_mmap_threshold_must_be_positive() -> None:
         heap_trim.fix_mmap_threshold(0)
 
 
-def test_without_mallopt_nothing_is_set(monkeypatch: pytest.MonkeyPatch) -> None:
-    def missing(name: str | None) -> object:
-        raise OSError(f"{name}: cannot open shared object file")
-
-    monkeypatch.setattr(heap_trim, "_mallopt_looked_up", False)
-    monkeypatch.setattr(heap_trim, "_mallopt", None)
-    monkeypatch.setattr(ctypes, "CDLL", missing)
+def test_without_mallopt_nothing_is_set(no_c_library: None) -> None:
     assert heap_trim.fix_mmap_threshold() is False
