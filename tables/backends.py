@@ -316,6 +316,19 @@ class Backend(FrozenValue):
         pairs: tuple[tuple[InstanceKey, BackendParams], ...] = self._val
         return pairs
 
+    def has_instance(self, key: InstanceKey) -> bool:
+        """True when the row holds an instance under ``key``."""
+        k = self._key
+        if type(k) is tuple:
+            return k == key
+        return any(ik == key for ik, _ in self._val)
+
+    def is_only_instance(self, key: InstanceKey, params: BackendParams) -> bool:
+        """True when the row's one instance is ``key`` with ``params`` (the same or equal
+        parameters): what writing that instance again would leave unchanged."""
+        k = self._key
+        return type(k) is tuple and k == key and (self._val is params or self._val == params)
+
     def instance_keys(self) -> tuple[InstanceKey, ...]:
         """The keys of the instances, in order."""
         key = self._key

@@ -344,7 +344,7 @@ class LBWriter:
         gone = [a for a in rows if a not in wanted]
         for a in sorted(gone) if len(gone) > 1 else gone:
             row = rows[a]
-            if row._key == key or any(k == key for k, _ in row.instances):
+            if row.has_instance(key):
                 changed |= self._drop_instance(txn, row, key)
         get = self.backends.get
         # New backend rows, written with one insert_many per run of them (in the order
@@ -379,7 +379,7 @@ class LBWriter:
                 self.backends.insert_many(txn, new)
                 new = []
                 changed = True
-            if valid and be._key == key and (be._val is params or be._val == params):
+            if valid and be.is_only_instance(key, params):
                 # The instance is there as given (what `_put_instance` finds unchanged):
                 # nothing to write, the usual case for most endpoints of a changed slice.
                 continue

@@ -7,7 +7,7 @@ import pickle
 from typing import Any
 
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tables.backends import Backend, BackendParams
@@ -62,3 +62,16 @@ def test_backend_is_immutable() -> None:
     with pytest.raises(dataclasses.FrozenInstanceError):
         del b.address
     assert b != RefBackend(ADDR) and b.instances == () and b.service_names() == []
+
+
+@settings(max_examples=100, deadline=None)
+@given(instance_lists, keys, params)
+def test_instance_queries_agree_with_the_instances(insts: Any, key: Any, p: Any) -> None:
+    """`has_instance` and `is_only_instance` read the stored form as the instances say."""
+    row = Backend(ADDR, insts)
+    assert row.has_instance(key) == any(k == key for k, _ in insts)
+    assert row.is_only_instance(key, p) == (insts == ((key, p),))
+    if len(insts) == 1:
+        (k, q), = insts
+        assert row.is_only_instance(k, q)
+        assert Backend.single(ADDR, k, q).is_only_instance(k, q)
