@@ -28,6 +28,7 @@ from tables.endpoints import EndpointChange
 from tables.policy_entries import PolicyEndpoint, PolicyEntry, PolicyKey
 from tables.policy_netns import F_EGRESS
 from tests.endpoints.helpers import DBComponent, new_pin_dir, remove_pins, wait_for
+from tests.policy_datapath.map_hooks import FailingWrites
 
 
 @pytest.mark.kernel  # reading a namespace's cookie needs CAP_SYS_ADMIN (setns)
@@ -111,25 +112,6 @@ def test_cleanup_unpins_every_policy_map() -> None:
         assert os.listdir(pin_dir) == []
     finally:
         remove_pins("kernel", pin_dir)
-
-
-class FailingWrites:
-    """A map whose updates fail while ``failing`` (the rest passes through)."""
-
-    def __init__(self, m: Any) -> None:
-        self.m = m
-        self.failing = True
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.m, name)
-
-    def lookup(self, key: Any) -> Any:
-        return self.m.lookup(key)
-
-    def update(self, key: Any, value: Any, flags: int = 0) -> None:
-        if self.failing:
-            raise MapError(self.m.name, "update", errno.EBUSY)
-        self.m.update(key, value, flags)
 
 
 @pytest.mark.kernel  # reading a namespace's cookie needs CAP_SYS_ADMIN (setns)

@@ -26,7 +26,6 @@ import anyio
 import pytest
 
 from bpf.catalog import policy_maps_spec, policy_netns_spec
-from bpf.errors import MapError
 from bpf.memory_map import MemoryMap
 from bpf.policy import PolicyMapEntry, PolicyMapKey, PolicyNetns
 from bpf.typed_map import TypedMap
@@ -59,6 +58,7 @@ from tables.policy_netns import (
     writable_flags,
 )
 from tests.endpoints.helpers import new_pin_dir, remove_pins, wait_for
+from tests.policy_datapath.map_hooks import FailingWrites, HookedMap
 
 EP = 7
 COOKIE = 7007
@@ -68,27 +68,19 @@ def allow(ident: int, port: int, egress: bool = True) -> PolicyEntry:
     return PolicyEntry(PolicyKey(EP, ident, egress, 6, port, 16), rules=("default/r",))
 
 
-class NetnsMapSpy:
+class NetnsMapSpy(FailingWrites):
     """``policy_netns`` that checks, at every write switching a direction on, that the
     endpoint's policy map holds every entry of that direction in the table, and can be
     made to fail its writes."""
 
     def __init__(self, m: TypedMap[int, PolicyNetns], h: Harness) -> None:
-        self.m = m
+        super().__init__(m, failing=False)
         self.h = h
-        self.failing = False
         self.early: list[str] = []
         self.enabled: list[int] = []
 
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.m, name)
-
-    def lookup(self, key: int) -> PolicyNetns | None:
-        return self.m.lookup(key)
-
-    def update(self, key: int, value: PolicyNetns, flags: int = 0) -> None:
-        if self.failing:
-            raise MapError(self.m.name, "update", errno.EBUSY)
+    def before_update(self, key: int, value: PolicyNetns) -> None:
+        super().before_update(key, value)
         old = self.m.lookup(key)
         on = value.flags & ~(old.flags if old is not None else 0)
         for flag, egress in ((F_EGRESS, True), (F_INGRESS, False)):
@@ -97,7 +89,6 @@ class NetnsMapSpy:
                 if missing:
                     self.early.append(f"flag {flag} on with {missing} entries missing")
                 self.enabled.append(flag)
-        self.m.update(key, value, flags)
 
 
 class Harness:
@@ -239,24 +230,12 @@ def test_a_failing_entry_keeps_the_direction_off_and_says_so(h: Harness) -> None
     failing = {"on": True}
     real_ensure = h.maps.ensure
 
-    class FailingKey:
+    def refusing_101(m: Any) -> FailingWrites:
         """The endpoint's policy map, refusing the entry of identity 101."""
+        return FailingWrites(m, err=errno.E2BIG,
+                             when=lambda key: failing["on"] and key.sec_label == 101)
 
-        def __init__(self, m: Any) -> None:
-            self.m = m
-
-        def __getattr__(self, name: str) -> Any:
-            return getattr(self.m, name)
-
-        def lookup(self, key: PolicyMapKey) -> Any:
-            return self.m.lookup(key)
-
-        def update(self, key: PolicyMapKey, value: Any, flags: int = 0) -> None:
-            if failing["on"] and key.sec_label == 101:
-                raise MapError(self.m.name, "update", errno.E2BIG)
-            self.m.update(key, value, flags)
-
-    h.maps.ensure = lambda ep: FailingKey(real_ensure(ep))  # type: ignore[method-assign,assignment,return-value]
+    h.maps.ensure = lambda ep: refusing_101(real_ensure(ep))  # type: ignore[method-assign,assignment,return-value]
 
     async def main() -> None:
         netns_rec = h.reconciler("netns")
@@ -466,25 +445,14 @@ def test_a_replaced_entry_goes_after_its_replacement(h: Harness) -> None:
     ops: list[str] = []
     real_ensure = h.maps.ensure
 
-    class Recording:
+    class Recording(HookedMap):
         """The endpoint's policy map, recording writes and deletes in order."""
 
-        def __init__(self, m: Any) -> None:
-            self.m = m
-
-        def __getattr__(self, name: str) -> Any:
-            return getattr(self.m, name)
-
-        def lookup(self, key: PolicyMapKey) -> Any:
-            return self.m.lookup(key)
-
-        def update(self, key: PolicyMapKey, value: Any, flags: int = 0) -> None:
+        def before_update(self, key: PolicyMapKey, value: Any) -> None:
             ops.append(f"update {key.dport}/{key.prefixlen}")
-            self.m.update(key, value, flags)
 
-        def delete(self, key: PolicyMapKey) -> None:
+        def before_delete(self, key: PolicyMapKey) -> None:
             ops.append(f"delete {key.dport}/{key.prefixlen}")
-            self.m.delete(key)
 
     h.maps.ensure = lambda ep: Recording(real_ensure(ep))  # type: ignore[method-assign,assignment,return-value]
     h.maps.get = lambda ep: Recording(real_ensure(ep))  # type: ignore[method-assign,assignment,return-value]
