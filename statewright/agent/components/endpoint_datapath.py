@@ -23,12 +23,19 @@ then keeps, on every change of the ``endpoints`` or ``policy-endpoints`` table:
 
 An endpoint becomes ``ready`` only once its veth carries both programs
 (`EndpointManager.ready_checks`). A failed attach (the veth is not there yet or has
-gone) is retried every `RETRY_INTERVAL` seconds and reported in the health until it
-succeeds; the endpoint stays ``regenerating`` meanwhile.
+gone) is retried and reported in the health until it succeeds; the endpoint stays
+``regenerating`` meanwhile. So is a failed write of ``policy_endpoints`` (map full,
+permission, a closed descriptor): its health line names the map, the endpoint and the
+errno, the other endpoints' flags are still written, and the component records only what
+the map really holds (a direction whose update failed is not in force, an entry whose
+delete failed still is). Retries follow a failed pass after ``retry_min_backoff``
+seconds, doubled per failed pass up to ``retry_max_backoff``; any change of the tables
+wakes the follower earlier.
 """
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 from collections.abc import Sequence
@@ -38,6 +45,7 @@ from typing import Any
 import anyio
 
 from bpf.catalog import policy_endpoints_spec
+from bpf.errors import MapError, errno_name
 from bpf.factory import BackendConfig, MapFactory
 from bpf.policy import NETNS_F_EGRESS, NETNS_F_INGRESS, PolicyNetns
 from bpf.typed_map import TypedMap
@@ -71,7 +79,9 @@ from tables.policy_netns import writable_flags
 
 log = logging.getLogger("statewright.agent.endpoint_datapath")
 
-RETRY_INTERVAL = 2.0
+#: The first and the longest wait before a failed pass is tried again (seconds).
+RETRY_MIN_BACKOFF = 0.1
+RETRY_MAX_BACKOFF = 2.0
 
 
 def enforcement_flags(rows: Sequence[PolicyEndpoint]) -> dict[int, int]:
@@ -94,6 +104,9 @@ class EndpointDatapathConfig:
     maps: BackendConfig = field(default_factory=BackendConfig)
     #: How the tc programs attach: auto, tcx or clsact (``tc-attach-mode``).
     tc_attach_mode: str = "auto"
+    #: Backoff of the retries after a failed attach or map write (module doc).
+    retry_min_backoff: float = RETRY_MIN_BACKOFF
+    retry_max_backoff: float = RETRY_MAX_BACKOFF
 
     @classmethod
     def from_agent_config(cls, cfg: AgentConfig) -> EndpointDatapathConfig:
@@ -114,7 +127,11 @@ class EndpointDatapathComponent(Component):
         self.flags_map: TypedMap[int, PolicyNetns] | None = None
         self.state = DISABLED
         self.reason = "not started"
+        #: Failed attaches: ifindex -> error.
         self.errors: dict[int, str] = {}
+        #: Failed ``policy_endpoints`` operations of the last pass: endpoint id (0: the
+        #: whole map) -> error naming the map, the endpoint and the errno.
+        self.map_errors: dict[int, str] = {}
         self.adopted = 0
         #: The ifindexes carrying both programs (replaced whole after each sync).
         self.attached: frozenset[int] = frozenset()
@@ -179,6 +196,7 @@ class EndpointDatapathComponent(Component):
     ) -> Any:
         async def follow(*, task_status: Any = anyio.TASK_STATUS_IGNORED) -> None:
             first = True
+            backoff = self.config.retry_min_backoff
             while True:
                 txn = db.read_txn()
                 eps, w1 = manager.endpoints.all_watch(txn)
@@ -196,7 +214,12 @@ class EndpointDatapathComponent(Component):
                 if first:
                     first = False
                     task_status.started()
-                with anyio.move_on_after(RETRY_INTERVAL if self.errors else None):
+                if self.errors or self.map_errors:
+                    with anyio.move_on_after(backoff):
+                        await WatchSet(watches).wait_async()
+                    backoff = min(backoff * 2, self.config.retry_max_backoff)
+                else:
+                    backoff = self.config.retry_min_backoff
                     await WatchSet(watches).wait_async()
 
         return follow
@@ -230,21 +253,55 @@ class EndpointDatapathComponent(Component):
         self.attached = frozenset(progs.attached())
 
     def _write_flags(self, flags: dict[int, int]) -> None:
+        """Make ``policy_endpoints`` hold ``flags``. A failed operation is recorded in
+        `map_errors` (and logged when new) and the others go on; `written` and `in_force`
+        then say what the map holds (module doc)."""
         m = self.flags_map
         assert m is not None
-        have = dict(m.items())
+        errors: dict[int, str] = {}
+        try:
+            have = dict(m.items())
+        except OSError as e:
+            errors[0] = _map_failure(m.spec.name, "read", None, e)
+            self._note_map_errors(errors)
+            return
         written = self.written
+        for ep in have:  # deletes first: they make room for new endpoints
+            if ep in flags:
+                continue
+            try:
+                m.delete(ep)
+            except OSError as e:
+                if e.errno != errno.ENOENT:
+                    errors[ep] = _map_failure(m.spec.name, "delete", ep, e)
+                    continue
+            self.in_force.pop(ep, None)
+            written.pop(ep, None)
         for ep, f in flags.items():
             value = PolicyNetns(ep, f)
-            if have.get(ep) != value:
+            old = have.get(ep)
+            if old != value:
                 written[ep] = written.get(ep, 0) | f  # before: what the map may hold
-                m.update(ep, value)
+                try:
+                    m.update(ep, value)
+                except OSError as e:
+                    errors[ep] = _map_failure(m.spec.name, "update", ep, e)
+                    if old is None:  # the map holds what it held before
+                        written.pop(ep, None)
+                    else:
+                        written[ep] = old.flags
+                    continue
             written[ep] = self.in_force[ep] = f
-        for ep in have:
-            if ep not in flags:
-                m.delete(ep)
-                self.in_force.pop(ep, None)
-                written.pop(ep, None)
+        self._note_map_errors(errors)
+
+    def _note_map_errors(self, errors: dict[int, str]) -> None:
+        """Keep the pass's map errors; log the new ones, and the recovery."""
+        for ep, msg in errors.items():
+            if self.map_errors.get(ep) != msg:
+                log.error("agent: endpoint datapath: %s; retrying", msg)
+        if self.map_errors and not errors:
+            log.info("agent: endpoint datapath: policy_endpoints written again")
+        self.map_errors = errors
 
     async def stop(self) -> None:
         """Release the handles; the pinned links keep the programs attached."""
@@ -269,6 +326,11 @@ class EndpointDatapathComponent(Component):
         if self.errors:
             failed = "; ".join(f"ifindex {i}: {e}" for i, e in sorted(self.errors.items())[:3])
             problems.append(f"not attached: {failed}")
+        if self.map_errors:
+            failed = "; ".join(e for _, e in sorted(self.map_errors.items())[:3])
+            more = len(self.map_errors) - 3
+            problems.append(f"policy_endpoints not written ({failed}"
+                            + (f"; {more} more" if more > 0 else "") + "), retrying")
         if problems:
             return [Health(self.name, DEGRADED, "; ".join([text, *problems]))]
         return [Health(self.name, OK, text)]
@@ -287,3 +349,12 @@ class EndpointDatapathComponent(Component):
             os.unlink(path)
             removed.append(f"pin {path}")
         return removed
+
+
+def _map_failure(map_name: str, op: str, endpoint: int | None, e: OSError) -> str:
+    """A failed map operation, naming the endpoint (when one), the map and the errno."""
+    if isinstance(e, MapError):
+        what = str(e)
+    else:
+        what = f"map {map_name}: {op}: {errno_name(e.errno or 0)} ({e.strerror or e})"
+    return what if endpoint is None else f"endpoint {endpoint}: {what}"
