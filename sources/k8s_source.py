@@ -7,8 +7,13 @@ reads — Services and EndpointSlices in every namespace, the Pods on this node
 `LBWriter.set_node_labels`) — and one applier task that writes what they
 deliver into the tables:
 
-* deliveries queue up (bounded: a slow writer holds the reflectors back) and
-  the applier writes them in batches, one write transaction per batch of at
+* deliveries queue up, bounded in events (`SourceConfig.queue_events`; a decoded
+  watch event is a few kilobytes of Python objects: a queue bounded only in deliveries
+  held ~90 MB under a backlog): a reflector whose delivery does not fit waits, so it
+  stops reading its watch and the socket's buffers hold the rest (the API server keeps
+  it, nothing is lost); deliveries are admitted in arrival order, and one larger than the
+  bound goes in alone once the queue is empty. The applier writes them in batches, one
+  write transaction per batch of at
   most ``batch_size`` changes (a larger delivery is split), started at the latest
   ``batch_delay`` seconds after the first change arrived, yielding to the event
   loop between batches;
@@ -42,6 +47,7 @@ import contextlib
 import logging
 import math
 import time
+from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -165,7 +171,61 @@ class SourceConfig:
     batch_delay: float = 0.001
     #: Deliveries that may wait for the applier before reflectors are held back.
     queue_depth: int = 64
+    #: Changes (events, list items) that may wait for the applier before reflectors are
+    #: held back (`EventBudget`): about 10 MB of decoded EndpointSlices, two list pages
+    #: of 500 plus change, enough to keep the applier busy while the next one is read.
+    queue_events: int = 1024
     reflector: ReflectorConfig = field(default_factory=ReflectorConfig)
+
+
+class EventBudget:
+    """How many changes wait in the applier's queue, and admission to it: `acquire`
+    waits until ``n`` more fit within ``limit`` (or the queue is empty: a delivery larger
+    than the limit goes in alone rather than never), in the order the callers came;
+    `release` when the applier takes them. Used in the event loop's thread only."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        #: Changes admitted and not taken by the applier yet.
+        self.queued = 0
+        #: The most that were queued at once.
+        self.peak = 0
+        self._waiters: deque[tuple[int, anyio.Event]] = deque()
+
+    async def acquire(self, n: int) -> None:
+        """Admit ``n`` changes, waiting for room (see the class doc)."""
+        if not self._waiters and self._fits(n):
+            self._admit(n)
+            return
+        entry = (n, anyio.Event())
+        self._waiters.append(entry)
+        try:
+            await entry[1].wait()
+        except BaseException:
+            if entry in self._waiters:
+                self._waiters.remove(entry)
+            else:  # admitted, but cancelled before it could use the room
+                self.queued -= n
+            self._wake()
+            raise
+
+    def release(self, n: int) -> None:
+        """``n`` admitted changes left the queue."""
+        self.queued -= n
+        self._wake()
+
+    def _fits(self, n: int) -> bool:
+        return self.queued == 0 or self.queued + n <= self.limit
+
+    def _admit(self, n: int) -> None:
+        self.queued += n
+        self.peak = max(self.peak, self.queued)
+
+    def _wake(self) -> None:
+        while self._waiters and self._fits(self._waiters[0][0]):
+            n, event = self._waiters.popleft()
+            self._admit(n)
+            event.set()
 
 
 @dataclass(slots=True)
@@ -212,6 +272,8 @@ class K8sSource:
         self._send: MemoryObjectSendStream[_Item]
         self._recv: MemoryObjectReceiveStream[_Item]
         self._send, self._recv = anyio.create_memory_object_stream[_Item](self.config.queue_depth)
+        #: The changes waiting in the applier's queue (module doc).
+        self.queue = EventBudget(self.config.queue_events)
         self._init_done: Callable[[WriteTxn], None] | None = None
         self._synced: set[str] = set()
         #: True once every initial list has been applied.
@@ -329,7 +391,13 @@ class K8sSource:
         # it before delivering): once applied, everything up to it has been processed.
         rv = reflector.health.resource_version if synced else ""
         list_rv = int(rv) if rv.isdigit() else 0
-        await self._send.send(_Item(reflector, deltas, synced, time.monotonic(), list_rv))
+        size = _size(deltas)
+        await self.queue.acquire(size)
+        try:
+            await self._send.send(_Item(reflector, deltas, synced, time.monotonic(), list_rv))
+        except BaseException:
+            self.queue.release(size)
+            raise
         # A watch delivers in the server's order, so its last change has the highest
         # version; a list's pages do not, but its last delivery carries the list's version.
         top = max(list_rv, _version(deltas[-1])) if deltas else list_rv
@@ -378,7 +446,7 @@ class K8sSource:
         carry: _Item | None = None
         while True:
             limit = cfg.batch_size if self.synced else cfg.sync_batch_size
-            first = carry if carry is not None else await self._recv.receive()
+            first = carry if carry is not None else self._taken(await self._recv.receive())
             batch: list[_Item] = []
             carry = await self._gather(batch, first, limit, anyio.current_time() + cfg.batch_delay)
             while carry is None and self._release is not None:
@@ -391,9 +459,14 @@ class K8sSource:
 
     def _take_nowait(self) -> _Item | None:
         try:
-            return self._recv.receive_nowait()
+            return self._taken(self._recv.receive_nowait())
         except anyio.WouldBlock:
             return None
+
+    def _taken(self, item: _Item) -> _Item:
+        """``item`` left the queue: its changes no longer count against the bound."""
+        self.queue.release(_size(item.deltas))
+        return item
 
     async def _gather(
         self, batch: list[_Item], item: _Item | None, limit: int, deadline: float
@@ -419,7 +492,7 @@ class K8sSource:
                 if remaining <= 0:
                     return None
                 with anyio.move_on_after(remaining):
-                    item = await self._recv.receive()
+                    item = self._taken(await self._recv.receive())
         return None
 
     def apply_batch(self, batch: list[_Item], *, retrying: bool = False) -> None:
@@ -733,6 +806,11 @@ def pod_named_ports(pod: Mapping[str, Any]) -> tuple[NamedPort, ...]:
     except ValueError as e:
         log.warning("Pod %s: named ports not used: %s", object_key(pod), e)
         return ()
+
+
+def _size(deltas: list[Delta]) -> int:
+    """What a delivery counts against the queue's bound (an empty one still takes a place)."""
+    return max(len(deltas), 1)
 
 
 def _split(item: _Item, n: int) -> tuple[_Item, _Item]:
