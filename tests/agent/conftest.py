@@ -124,18 +124,31 @@ def start_agent(args: list[str], socket: str, log: Path, timeout: float = 20.0,
         preexec_fn=_die_with_parent,
     )
     f.close()
+    try:
+        _wait_started(proc, socket, log, timeout, began)
+    except BaseException:
+        # also interrupted (Ctrl-C, a test timeout): an agent left running would go on
+        # pinning maps after the caller's clean-up, and outlive the test
+        stop_agent(proc)
+        raise
+    return proc
+
+
+def _wait_started(proc: subprocess.Popen[str], socket: str, log: Path, timeout: float,
+                  began: float) -> None:
+    """Wait until the agent answers /health (`start_agent`); RuntimeError when it exits
+    or does not answer in time."""
     client = AgentClient(socket, timeout=5)
     while True:
         if proc.poll() is not None:
             raise RuntimeError(f"agent exited with {proc.returncode}:\n{log.read_text()}")
         with contextlib.suppress(AgentUnavailable):
             client.get("/health")
-            return proc
+            return
         waited = time.monotonic() - began
         starved = runqueue_wait(proc.pid)
         if waited - starved > timeout or waited > timeout * STARVED_WALL_FACTOR:
             cpu = cpu_seconds(proc.pid)
-            stop_agent(proc)
             raise RuntimeError(
                 f"agent did not answer within {timeout} s of its own time: {waited:.1f} s "
                 f"of wall time, {starved:.1f} s of which it waited for a CPU, {cpu:.2f} s "

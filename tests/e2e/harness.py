@@ -43,6 +43,7 @@ from tests.datapath.conftest import (
     _start,
     _stop,
 )
+from tests.pins import remove_pin_dir
 
 BPFFS = "/sys/fs/bpf"
 BACKEND_PORT = 8080
@@ -251,20 +252,33 @@ def check_machine() -> None:
 
 
 def _cleanup_agent_state(pin_dir: str, socket: str, cgroup: str, netns: str = "") -> None:
-    """``statewright agent --cleanup`` on our pins, then remove whatever it left. ``netns``:
-    the namespace the agent ran in (its kernel settings are restored there)."""
+    """``statewright agent --cleanup`` on our pins, then remove whatever it left, also when
+    the command failed, timed out or was interrupted (`remove_agent_pins`). ``netns``: the
+    namespace the agent ran in (its kernel settings are restored there). Call it once the
+    agent is stopped: the command refuses to clean up after a running agent."""
+    where = ["--sysctl-netns", netns] if netns else []
+    try:
+        subprocess.run(
+            [sys.executable, "-m", "statewright", "agent", "--cleanup", "--pin-dir", pin_dir,
+             "--api-socket", socket, "--cgroup", cgroup, "--state-dir", state_dir_of(socket),
+             *where],
+            capture_output=True, text=True, timeout=120, cwd=REPO,
+        )
+    finally:
+        remove_agent_pins(pin_dir)
+
+
+def remove_agent_pins(pin_dir: str) -> None:
+    """Detach the socket LB's links pinned under ``pin_dir`` and remove every pin and the
+    directory; an error names what could not be removed (a leak is never silent)."""
     from bpf.datapath import SockLB
 
-    where = ["--sysctl-netns", netns] if netns else []
-    subprocess.run(
-        [sys.executable, "-m", "statewright", "agent", "--cleanup", "--pin-dir", pin_dir,
-         "--api-socket", socket, "--cgroup", cgroup, "--state-dir", state_dir_of(socket),
-         *where],
-        capture_output=True, text=True, timeout=60, cwd=REPO,
-    )
-    if os.path.isdir(pin_dir):
+    if not os.path.isdir(pin_dir):
+        return
+    try:
         SockLB.cleanup(pin_dir)
-        shutil.rmtree(pin_dir, ignore_errors=True)
+    finally:
+        remove_pin_dir(pin_dir)
 
 
 @dataclass
