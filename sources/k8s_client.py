@@ -30,14 +30,18 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import kubernetes.client
-import kubernetes.config
 import urllib3
 import yaml
 
 from statedb.errors import InputError
+
+if TYPE_CHECKING:
+    import kubernetes.client
+
+# The ``kubernetes`` package (0.2-0.3 s of CPU to import) is imported where a client is
+# built, not here: an agent without a Kubernetes source never imports it.
 
 SA_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"
 SA_TOKEN = f"{SA_DIR}/token"
@@ -170,6 +174,9 @@ def _kubeconfig_token_file(path: str) -> str:
 
 def build_configuration(s: ClientSettings) -> tuple[kubernetes.client.Configuration, str]:
     """A client configuration for ``s`` and a description of where it points."""
+    import kubernetes.client
+    import kubernetes.config
+
     cfg = kubernetes.client.Configuration()
     env = os.environ if s.environ is None else s.environ
     if s.kubeconfig:
@@ -211,6 +218,8 @@ class K8sClient:
     """The official client's API objects behind one rate limiter (blocking calls)."""
 
     def __init__(self, settings: ClientSettings) -> None:
+        import kubernetes.client
+
         self.settings = settings
         cfg, self.description = build_configuration(settings)
         # urllib3 may retry a request on a fresh connection (a pooled keep-alive connection

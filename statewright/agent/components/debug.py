@@ -22,17 +22,19 @@ from __future__ import annotations
 import gc
 import os
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import anyio
 
-from sources.k8s_source import K8sSource
 from statedb import DB
 from statewright.agent.components.kubernetes import K8S_SOURCE
 from statewright.agent.components.statedb import DATABASE
 from statewright.agent.loop_probe import CollectorProbe, LoopProbe, MemoryTracer, rss_mb
 from statewright.api_types import ApiError, QueryParam, Request, Route
 from statewright.component import DISABLED, OK, Component, Health, Hive
+
+if TYPE_CHECKING:
+    from sources.k8s_source import K8sSource  # imports kubernetes: the k8s component's
 
 #: The environment variable that switches the probe on (value ``1``).
 PROBE_ENV = "STATEWRIGHT_DEBUG_PROBE"

@@ -54,7 +54,7 @@ import os
 import shutil
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import anyio
 
@@ -72,10 +72,7 @@ from sources.cluster_state import (
     new_remote_endpoints,
 )
 from sources.k8s_client import K8sClient
-from sources.k8s_endpoints import node_internal_ip
-from sources.k8s_namespaces import NamespaceSource
 from sources.k8s_node_cidrs import NodePodCIDRs, NodeSource
-from sources.k8s_source import SourceConfig
 from statedb import DB, Table, WatchSet
 from statewright.agent.components.kubernetes import K8S_SOURCE
 from statewright.agent.components.kvstore import KVSTORE
@@ -110,6 +107,12 @@ from tables.identities import IdentityAllocator
 from tables.ipam import IPAM, IPAMConfig
 from tables.namespaces import Namespace, NamespaceObjects, namespace_labels, new_namespaces_table
 from tables.nodes import Node, node_name_index
+
+if TYPE_CHECKING:
+    # Imported where the ``k8s`` component runs: these modules import the ``kubernetes``
+    # package, which an agent without an API server never needs.
+    from sources.k8s_namespaces import NamespaceSource
+    from sources.k8s_source import SourceConfig
 
 log = logging.getLogger("statewright.agent.endpoints")
 
@@ -300,7 +303,11 @@ class EndpointsComponent(Component):
         """This node's address as other nodes reach its pods: the Node's InternalIP,
         else the lowest host address."""
         def node_ip() -> Any:
-            ip = node_internal_ip(getattr(pods, "node", None)) if pods is not None else None
+            ip = None
+            if pods is not None:  # the k8s component runs: its modules are imported
+                from sources.k8s_endpoints import node_internal_ip
+
+                ip = node_internal_ip(getattr(pods, "node", None))
             if ip is None:
                 ips = sorted(self._host_ips(db), key=lambda a: (a.version, int(a)))
                 ip = ips[0] if ips else None
@@ -327,6 +334,8 @@ class EndpointsComponent(Component):
 
             manifests.add_kind_handler(NamespaceObjects(table), on_synced=manifests_in)
         if pods is not None:
+            from sources.k8s_namespaces import NamespaceSource
+
             self.namespace_source = NamespaceSource(pods.client, db, table, pods.config.reflector)
             with db.write_txn(table) as txn:
                 self.namespace_source.register_initializer(txn)

@@ -30,12 +30,11 @@ import logging
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import anyio
 
-from sources.k8s_client import ClientSettings, K8sClient, K8sConfigError
-from sources.k8s_source import K8sSource, SourceConfig
+from sources.k8s_client import ClientSettings
 from statedb.gc_tuning import STEADY_GC_THRESHOLDS, collect_young_periodically, steady_gc
 from statewright.agent.components.lb import LB
 from statewright.agent.config import AgentConfig
@@ -51,6 +50,12 @@ from statewright.component import (
     Provided,
 )
 from statewright.loadbalancer import LoadBalancer
+
+if TYPE_CHECKING:
+    # Imported when the component starts: the source's modules import the ``kubernetes``
+    # package (0.2-0.3 s of CPU), which an agent without an API server never needs.
+    from sources.k8s_client import K8sClient
+    from sources.k8s_source import K8sSource, SourceConfig
 
 log = logging.getLogger("statewright.agent.kubernetes")
 
@@ -98,9 +103,10 @@ K8S_SCHEMA = {
 
 
 #: The Kubernetes source (Services, EndpointSlices, this node's Pods and Node), and its
-#: API client, for the components that read more kinds.
-K8S_SOURCE: Provided[K8sSource] = Provided("k8s", K8sSource)
-K8S_CLIENT: Provided[K8sClient] = Provided("k8s-client", K8sClient)
+#: API client, for the components that read more kinds (types for the checker only:
+#: their modules are imported once the component starts).
+K8S_SOURCE: Provided[K8sSource] = Provided("k8s")
+K8S_CLIENT: Provided[K8sClient] = Provided("k8s-client")
 
 
 class KubernetesComponent(Component):
@@ -131,6 +137,9 @@ class KubernetesComponent(Component):
         cluster mode) stops the agent's start with the reason."""
         if not self.enabled:
             return
+        from sources.k8s_client import K8sClient, K8sConfigError
+        from sources.k8s_source import K8sSource
+
         lb = hive.get(self, LB)
         try:
             client = K8sClient(self.settings)
