@@ -46,6 +46,10 @@ class EtcdConfig:
     password: str = ""
     #: Seconds one request may take before the next endpoint is tried.
     request_timeout: float = 5.0
+    #: Seconds a new connection (TCP and the TLS handshake) may take before the next
+    #: endpoint is tried (at most `request_timeout`): short, so an endpoint that does not
+    #: answer at all is left quickly.
+    connect_timeout: float = 2.0
     #: Where the configuration came from (the file), for errors.
     source: str = field(default="etcd config", compare=False)
 

@@ -154,7 +154,8 @@ class EtcdClient:
         self._current = 0
         self._tokens: dict[str, str] = {}
         verify: ssl.SSLContext | bool = config.ssl_context() if config.tls else True
-        timeout = httpx.Timeout(config.request_timeout, connect=min(2.0, config.request_timeout))
+        timeout = httpx.Timeout(config.request_timeout,
+                                connect=min(config.connect_timeout, config.request_timeout))
         self._http = httpx.AsyncClient(verify=verify, timeout=timeout)
 
     async def aclose(self) -> None:

@@ -17,7 +17,9 @@ from __future__ import annotations
 import base64
 import contextlib
 import ipaddress
+import os
 import re
+import signal
 import socket
 import ssl
 import struct
@@ -44,6 +46,12 @@ pytestmark = pytest.mark.anyio
 
 ROOT_PASSWORD = "root-pw"
 PASSWORD = "s3cret"
+#: The client's connect and request timeouts here: a bound against hangs. Every case
+#: below is about what etcd answers, and on a starved machine etcd's side of one TLS
+#: handshake alone took longer than the client's default 2 s connect timeout (the client
+#: then reports a ConnectTimeout, which says nothing about the certificate):
+#: `test_a_slow_handshake_still_names_the_refused_certificate`.
+BOUND = 30.0
 
 
 @dataclass
@@ -57,7 +65,8 @@ class SecureEtcd:
         tls = self.tls
         return replace(EtcdConfig(tuple(self.etcd.endpoints), trusted_ca_file=str(tls.ca),
                                   cert_file=str(tls.client.cert), key_file=str(tls.client.key),
-                                  username=user, password=password, request_timeout=3.0), **kw)
+                                  username=user, password=password, request_timeout=BOUND,
+                                  connect_timeout=BOUND), **kw)
 
 
 def _b64(s: str) -> str:
@@ -197,9 +206,30 @@ async def test_tls_failures_are_named(secure: SecureEtcd) -> None:
     assert isinstance(e, KVStoreUnavailable), e
     assert "refuses the client certificate (no cert-file" in str(e), e
     plain = tuple(u.replace("https://", "http://") for u in secure.etcd.endpoints)
-    e = await _error_of(EtcdConfig(plain, request_timeout=3.0))
+    e = await _error_of(EtcdConfig(plain, request_timeout=BOUND, connect_timeout=BOUND))
     # (Go's TLS server answers plain HTTP with a 400, or closes the connection first)
     assert f"use {secure.etcd.endpoints[0]}" in str(e), e
+
+
+async def test_a_slow_handshake_still_names_the_refused_certificate(secure: SecureEtcd) -> None:
+    """etcd paused (SIGSTOP) for 2.5 s while the client connects with a certificate it does
+    not trust, as a starved etcd is: within the connect timeout the client still gets
+    etcd's refusal, and names it."""
+    tls = secure.tls
+    proc = secure.etcd.members[0].proc
+    assert proc is not None
+    pid = proc.pid
+    resume = threading.Timer(2.5, os.kill, (pid, signal.SIGCONT))
+    os.kill(pid, signal.SIGSTOP)
+    resume.start()
+    try:
+        e = await _error_of(secure.config(cert_file=str(tls.stranger.cert),
+                                          key_file=str(tls.stranger.key)))
+    finally:
+        resume.join()
+        os.kill(pid, signal.SIGCONT)
+    assert isinstance(e, KVStoreUnavailable), e
+    assert "refuses the client certificate (cert-file " + str(tls.stranger.cert) in str(e), e
 
 
 @contextmanager
