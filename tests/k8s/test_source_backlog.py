@@ -1,5 +1,7 @@
 """The Kubernetes source with the agent slower than the API server: a watch backlog of
-1,500 Services against an applier that takes 5 ms per batch. What the reflectors decoded
+1,500 Services against an applier that takes 5 ms per batch (and, at its first change of
+the backlog, waits until the server has sent all of it, so the backlog is there however
+fast the loaded machine lets the server emit). What the reflectors decoded
 and the applier has not written yet stays bounded by the queue's bound in events (plus the
 one delivery a reflector holds while it waits, and the applier's split-off rest), not by
 the watch's backlog; and every change is still applied, once, in the server's order.
@@ -9,6 +11,7 @@ The backlog is counted from outside the queue: the events the Services reflector
 
 from __future__ import annotations
 
+import threading
 import time
 
 import anyio
@@ -53,10 +56,14 @@ async def test_a_slow_applier_keeps_the_queue_bounded_and_loses_nothing(
     applied: list[str] = []
     peak = 0
     source: K8sSource
+    emitted = threading.Event()
 
     def on_applied(deltas: list, _oldest: float) -> None:
         nonlocal peak
-        applied.extend(d.key for d in deltas if d.key.startswith(PREFIX))
+        ours = [d.key for d in deltas if d.key.startswith(PREFIX)]
+        if ours and not applied:
+            assert emitted.wait(60), "the server did not emit the backlog"
+        applied.extend(ours)
         services = next(r for r in source.reflectors if r.name == "services")
         peak = max(peak, services.health.events - len(applied))
         time.sleep(0.005)  # the agent slower than the API server
@@ -69,7 +76,12 @@ async def test_a_slow_applier_keeps_the_queue_bounded_and_loses_nothing(
         async with anyio.create_task_group() as tg:
             await tg.start(source.run)
             await wait_for(lambda: source.synced, "initial sync")
-            await anyio.to_thread.run_sync(apiserver.upsert_many, _services(N))
+
+            def emit() -> None:
+                apiserver.upsert_many(_services(N))
+                emitted.set()
+
+            await anyio.to_thread.run_sync(emit)
             await wait_for(lambda: len(applied) >= N, f"{N} services applied", timeout=120)
             tg.cancel_scope.cancel()
     finally:
