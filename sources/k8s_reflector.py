@@ -68,6 +68,8 @@ log = logging.getLogger(__name__)
 
 #: Watch events decoded and delivered per loop turn (`Reflector._decode_and_deliver`).
 DECODE_BATCH = 128
+#: Seconds between looks at the earlier reflector's list (`Reflector.lists_after`).
+LIST_ORDER_POLL = 0.01
 
 # Reflector states (health).
 LISTING = "listing"
@@ -210,6 +212,10 @@ class Reflector:
         self._failures = 0
         self._resp: Any = None
         self._listed_at = 0.0
+        #: The reflector whose initial list this one's first list is delivered after, or
+        #: None (`K8sSource`: Services after EndpointSlices); see `_wait_for_earlier_list`.
+        self.lists_after: Reflector | None = None
+        self._waited = False
 
     @property
     def name(self) -> str:
@@ -339,6 +345,7 @@ class Reflector:
             if not cont:
                 break
             if deltas:
+                await self._wait_for_earlier_list()
                 await self.deliver(self, deltas, False)
         for key in sorted(self._store.keys() - seen):
             del self._store[key]
@@ -348,9 +355,30 @@ class Reflector:
         self.health.resource_version = rv
         self.health.lists += 1
         self._listed_at = time.monotonic()
+        await self._wait_for_earlier_list()
         await self.deliver(self, deltas, True)
         self.health.synced = True
         self._failures = 0
+
+    async def _wait_for_earlier_list(self) -> None:
+        """Before this reflector's first delivery: wait until the `lists_after` reflector
+        has delivered its initial list, or stopped listing (it failed and backs off, or
+        was stopped: one resource's trouble never holds another back). Only the first
+        list waits.
+
+        What for: a Service applied before its EndpointSlices gets frontends without
+        backends, written (and reconciled into the maps) again when its slices arrive;
+        with the slices first, each frontend is written once, with its backends. The
+        page fetched meanwhile waits here (the next one is not fetched until it is
+        delivered), so the wait holds one page, not the whole list."""
+        if self._waited:
+            return
+        self._waited = True
+        other = self.lists_after
+        if other is None:
+            return
+        while not other.health.synced and other.health.state == LISTING:
+            await anyio.sleep(LIST_ORDER_POLL)
 
     def _stub(self, key: str) -> dict[str, Any]:
         ns, _, name = key.rpartition("/")

@@ -265,6 +265,10 @@ class K8sSource:
             Reflector(client, spec, self._deliver, self.config.reflector)
             for spec in resource_specs(node_name)
         ]
+        # The initial Services after the EndpointSlices: each frontend is then written
+        # (and reconciled) once, with its backends (`Reflector.lists_after`).
+        by_kind = {r.spec.kind: r for r in self.reflectors}
+        by_kind["Service"].lists_after = by_kind["EndpointSlice"]
         #: Current error per object (``Kind namespace/name`` -> message).
         self.errors: dict[str, str] = {}
         # Objects refused for a frontend conflict, as last received (tried again later).

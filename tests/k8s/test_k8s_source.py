@@ -569,3 +569,44 @@ def test_a_watch_backlog_is_decoded_and_delivered_in_bounded_batches() -> None:
     assert max(len(b) for b in batches) <= DECODE_BATCH
     assert [k for b in batches for k in b] == [f"ns-{i}" for i in range(len(events))]
     assert ticks >= 5  # the loop ran other tasks between the batches
+
+
+async def test_initial_services_are_applied_after_their_endpoint_slices(
+    apiserver: FakeAPIServer, kubeconfig: str
+) -> None:
+    """The first list of Services is delivered after the EndpointSlices' list (three pages
+    each here), so each frontend is written once, with its backends, rather than first
+    without them and again when its slice arrives."""
+    _populate(apiserver)
+    kinds: list[str] = []
+    async with running_source(ClientSettings(kubeconfig=kubeconfig)) as r:
+        r.source.on_applied = lambda deltas, _t: kinds.extend(d.obj["kind"] for d in deltas)
+        await wait_for(lambda: r.source.synced, "initial sync")
+        assert r.backends("default/s3") == ["10.244.0.4:8080/TCP"]
+        txn = r.db.read_txn()
+        # Each frontend was last written with its service row (and its backends): the
+        # slices applied later would have written it again.
+        service_rev = {s.name: rev for s, rev in r.writer.services.revisions(txn)}
+        fronts = list(r.writer.frontends.revisions(txn))
+        assert len(fronts) == 5
+        assert all(rev == service_rev[f.service_name] and f.backends for f, rev in fronts)
+    services = [i for i, k in enumerate(kinds) if k == "Service"]
+    slices = [i for i, k in enumerate(kinds) if k == "EndpointSlice"]
+    assert len(services) == len(slices) == 5
+    assert max(slices) < min(services)
+
+
+async def test_services_do_not_wait_for_a_failing_endpoint_slice_list(
+    apiserver: FakeAPIServer, kubeconfig: str
+) -> None:
+    """The Services' list waits for the EndpointSlices' only while that one makes progress:
+    a failing slice list (backing off) lets the Services in, and the slices follow."""
+    _populate(apiserver, 2)
+    apiserver.fail_next(500, count=10_000, match="endpointslices")
+    async with running_source(ClientSettings(kubeconfig=kubeconfig)) as r:
+        await wait_for(lambda: r.services() == ["default/s0", "default/s1"], "services")
+        slices = next(x for x in r.source.reflectors if x.name == "endpointslices")
+        assert not slices.health.synced and slices.health.state == BACKING_OFF
+        apiserver.clear_faults()
+        await wait_for(lambda: r.source.synced, "initial sync")
+        assert r.backends("default/s1") == ["10.244.0.2:8080/TCP"]
