@@ -257,7 +257,10 @@ def object_origin_key(kind: str, namespace: str, name: str) -> str:
 
 def _meta(obj: Mapping[str, Any]) -> Mapping[str, Any]:
     meta = obj.get("metadata")
-    return meta if isinstance(meta, Mapping) else {}
+    # A plain dict first: the usual case, without the Mapping ABC's isinstance check.
+    if type(meta) is dict or isinstance(meta, Mapping):
+        return meta
+    return {}
 
 
 def _namespace(kind: str, meta: Mapping[str, Any]) -> str:
@@ -268,13 +271,16 @@ def _namespace(kind: str, meta: Mapping[str, Any]) -> str:
 
 
 def _slice_addresses(obj: Mapping[str, Any]) -> str:
+    """The addresses an EndpointSlice's endpoints list, comma-separated, in order."""
     out: list[str] = []
     endpoints = obj.get("endpoints")
     if isinstance(endpoints, list):
         for ep in endpoints:
-            addrs = ep.get("addresses") if isinstance(ep, Mapping) else None
-            if isinstance(addrs, list):
-                out.extend(str(a) for a in addrs)
+            if type(ep) is dict or isinstance(ep, Mapping):
+                addrs = ep.get("addresses")
+                if isinstance(addrs, list):
+                    for a in addrs:
+                        out.append(a if type(a) is str else str(a))
     return ",".join(out)
 
 
@@ -293,15 +299,19 @@ def origin_of(
     owner = addresses = ""
     if kind == "EndpointSlice":
         labels = meta.get("labels")
-        svc = labels.get("kubernetes.io/service-name") if isinstance(labels, Mapping) else None
+        svc = (
+            labels.get("kubernetes.io/service-name")
+            if type(labels) is dict or isinstance(labels, Mapping)
+            else None
+        )
         # Interned: the same string as the converter's (interned) name of the service.
         owner = sys.intern(f"{ns}/{svc}") if isinstance(svc, str) and svc else ""
         addresses = _slice_addresses(obj)
     return Origin(
         kind, ns, name, source,
-        uid=str(uid) if uid else "",
-        resource_version=str(rv) if rv else "",
-        file=file, line=line, owner=owner, addresses=addresses,
+        uid if type(uid) is str else str(uid) if uid else "",
+        rv if type(rv) is str else str(rv) if rv else "",
+        file, line, owner, addresses,
     )
 
 
@@ -320,8 +330,9 @@ class OriginRecorder:
         origin = origin_of(obj, source, file=file, line=line)
         if origin is None:
             return
-        old = self.table.get(txn, origin_key_index.query(origin.key))
-        if old != origin:
+        # Looked up by the row's own encoded key (the primary key as it is stored).
+        old = self.table.get(txn, origin.key_bytes)
+        if old is None or old != origin:
             self.table.insert(txn, origin)
 
     def forget(self, txn: WriteTxn, obj: Mapping[str, Any]) -> None:
