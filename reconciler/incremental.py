@@ -53,11 +53,17 @@ class Updates(Generic[O]):
     object that differs from the current row.
     """
 
-    __slots__ = ("targets", "work")
+    __slots__ = ("changes", "skipped", "targets", "work")
 
     def __init__(self) -> None:
         self.work: list[Change[O]] = []
         self.targets: dict[int, O] = {}
+        #: How many of ``work`` (the first ones) come from the change stream; the rest
+        #: are retries.
+        self.changes = 0
+        #: Positions in ``work`` left out because a writer replaced the row while the
+        #: round ran (see ``Incremental._superseded``): no target call, no verdict.
+        self.skipped: set[int] = set()
 
     def __len__(self) -> int:
         return len(self.work)
@@ -152,6 +158,7 @@ class Incremental(Generic[O]):
         updates: Updates[O] = Updates()
         budget = self.config.incremental_round_size
         taken = await self._collect_changes(self._changes, deletes, updates.work, budget)
+        updates.changes = len(updates.work)
         if taken < budget:
             self._changes = None
             stream_revision = self._changes_revision
@@ -284,15 +291,24 @@ class Incremental(Generic[O]):
         call: Callable[[ReadTxn, list[BatchEntry[O]]], Any],
         txn: ReadTxn,
         entries: list[BatchEntry[O]],
+        updates: Updates[O] | None = None,
     ) -> None:
         """Hand ``entries`` to the batch operation ``call`` ``target_chunk_size`` at a time,
         yielding to the event loop between chunks; a chunk whose call raises gets the error
-        on every entry the call left without a result."""
+        on every entry the call left without a result. Given the round's ``updates``
+        (``entries[i]`` is ``updates.work[i]``), the rows a writer replaced during a yield
+        are left out of the chunks after it (`_superseded`)."""
         chunk = self.config.target_chunk_size
+        base = self.table.revision(txn)
         for lo in range(0, len(entries), chunk):
+            part = entries[lo : lo + chunk]
             if lo:
                 await anyio.lowlevel.checkpoint()
-            part = entries[lo : lo + chunk]
+                if updates is not None and self._superseded(updates, lo, lo + chunk, base):
+                    skipped = updates.skipped
+                    part = [e for i, e in enumerate(part, lo) if i not in skipped]
+                    if not part:
+                        continue
             try:
                 await settle(call(txn, part))
             except Exception as exc:
@@ -300,6 +316,35 @@ class Incremental(Generic[O]):
                 for e in part:
                     if e.result is None:
                         e.result = exc
+
+    def _superseded(self, updates: Updates[O], lo: int, hi: int, base: int) -> bool:
+        """Add to ``updates.skipped`` the change-stream rows among ``work[lo:hi]`` that a
+        writer replaced (or deleted) since the round's snapshot, at revision ``base``, was
+        taken; return whether any was. Such a row's version would reach the target only
+        to be replaced at once: the change stream hands over the newer version (or the
+        deletion) in a later round, so the target gets the latest version straight away
+        (a round yields between chunks, and a writer may commit meanwhile, e.g. the
+        EndpointSlices of services whose frontends the round holds). A row whose own
+        status is unchanged (another reconciler's status written on it) is still applied,
+        as `_commit_statuses` writes the verdict onto such a row. Retries are left alone."""
+        hi = min(hi, updates.changes)
+        if lo >= hi:
+            return False
+        table = self.table
+        latest = self.db.read_txn()
+        if table.revision(latest) == base:
+            return False
+        get_status = self.config.get_object_status
+        query = table.primary.query_bytes
+        work, skipped = updates.work, updates.skipped
+        found = False
+        for i in range(lo, hi):
+            w = work[i]
+            cur = table.get_revision(latest, query(w[2]))
+            if cur is None or (cur[1] != w[1] and get_status(cur[0]) != get_status(w[0])):
+                skipped.add(i)
+                found = True
+        return found
 
     # ----- deletes ----------------------------------------------------------------
     async def _run_deletes(self, txn: ReadTxn, deletes: list[tuple[O, int]]) -> None:
@@ -354,7 +399,7 @@ class Incremental(Generic[O]):
         if batch_ops is not None:
             target = updates.target
             entries = [BatchEntry(target(i), w.revision) for i, w in enumerate(updates.work)]
-            await self._in_chunks("update_batch", batch_ops.update_batch, txn, entries)
+            await self._in_chunks("update_batch", batch_ops.update_batch, txn, entries, updates)
             for i, e in enumerate(entries):
                 if e.result is not None:
                     errors[i] = e.result
@@ -362,9 +407,14 @@ class Incremental(Generic[O]):
             update = self.config.operations.update
             isawaitable = inspect.isawaitable
             targets = updates.targets
+            skipped = updates.skipped
+            base = self.table.revision(txn)
             for i, w in enumerate(updates.work):
                 if i and i % chunk == 0:
                     await anyio.lowlevel.checkpoint()
+                    self._superseded(updates, i, i + chunk, base)
+                if skipped and i in skipped:
+                    continue
                 try:
                     result = update(txn, w[1], targets[i] if targets and i in targets else w[0])
                     # Inline form of settle(): no coroutine per row for synchronous targets.
@@ -396,8 +446,13 @@ class Incremental(Generic[O]):
         items: list[tuple[bytes, int, Any]] = []
         positions: list[int] | None = None  # items[k] is work[positions[k]] when not None
         work = updates.work
+        skipped = updates.skipped
+        if skipped:
+            positions = []
         try:
             for i, w in enumerate(work):
+                if skipped and i in skipped:
+                    continue  # replaced meanwhile: its newer version gets the verdict
                 row = w[0]  # obj, by position: the cheapest access in this per-row loop
                 exc = errors.get(i) if errors else None
                 status = done if exc is None else status_error(error_text(exc), wall)
