@@ -138,6 +138,12 @@ class BackendStates:
         """How many frontends reference the entry."""
         return (self.packed[addr] >> REF_SHIFT) & REF_MASK
 
+    def unreferenced(self) -> list[Addr]:
+        """The addresses whose entry no frontend references (one pass over the states,
+        the field read inline: a prune at 60,000 services looks at 600,000 of them)."""
+        shift, mask = REF_SHIFT, REF_MASK
+        return [a for a, v in self.packed.items() if not (v >> shift) & mask]
+
     def set_refcount(self, addr: Addr, n: int) -> None:
         """Set the reference count."""
         if not 0 <= n <= REF_MASK:

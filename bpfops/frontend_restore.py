@@ -108,7 +108,7 @@ def prune_recorded(writer: FrontendWriter, errs: list[str]) -> None:
     delete the backend entries no frontend references any more (kept for a frontend of
     the snapshot that did not take them, or allocated by an update that failed)."""
     release_unclaimed(writer)
-    for be_addr in list(writer.backend_states):
+    for be_addr in writer.backend_states.unreferenced():
         _drop_if_unreferenced(writer, errs, be_addr)
 
 

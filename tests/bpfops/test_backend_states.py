@@ -65,6 +65,22 @@ def test_fields_keep_their_values(
         assert states.effective(BE) == want
 
 
+def test_unreferenced_lists_the_entries_with_no_reference() -> None:
+    """What a prune deletes from the record alone: the entries whose count is 0, whatever
+    their other fields hold."""
+    states = BackendStates()
+    states.add(BE, 1)
+    states.add(FES[0], 2)
+    states.add(FES[1], 3)
+    states.set_refcount(FES[0], 1)
+    states.set_refcount(FES[1], 0xFFFFFF)
+    states.set_want(BE, None, 7)
+    states.set_written(BE, 7)
+    assert states.unreferenced() == [BE]
+    states.set_refcount(FES[0], 0)
+    assert sorted(states.unreferenced()) == sorted([BE, FES[0]])
+
+
 def test_reference_count_out_of_range_is_an_error() -> None:
     states = BackendStates()
     states.add(BE, 1)
