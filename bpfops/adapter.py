@@ -181,6 +181,13 @@ class TablesNodeView:
             return False
         return any(na.address == ip for na in self.node_addresses.all(txn))
 
+    def local_keys(self, txn: ReadTxn) -> frozenset[bytes]:
+        """The node's addresses as the 16 bytes an `Addr` key starts with (IPv4 mapped):
+        what `FrontendOps.local_check` compares a VIP with."""
+        if self.node_addresses.count(txn) == 0:
+            return frozenset()
+        return frozenset(Addr.of(na.address, 0)[:16] for na in self.node_addresses.all(txn))
+
     def is_primary_frontend(self, txn: ReadTxn, addr: Addr) -> bool:
         """Whether a non-expansion frontend (LoadBalancer, ExternalIP, ...) owns ``addr``."""
         if self.cfg.node_port_min <= addr.port <= self.cfg.node_port_max:

@@ -81,7 +81,7 @@ from bpfops.frontend_restore import (
     restore_ids,
 )
 from bpfops.frontend_round import RoundWriter
-from bpfops.frontend_state import PendingFrontend
+from bpfops.frontend_state import IsLocal, PendingFrontend
 from bpfops.frontend_writer import FrontendWriter
 from bpfops.ids import IDExhaustedError
 from bpfops.lb_maps import LBMaps
@@ -263,6 +263,7 @@ class FrontendOps(Generic[R]):
         never goes while a slot the master counts points at it.
         """
         rounds = self.rounds
+        is_local = self.local_check(txn)
         round_: list[tuple[BatchEntry[R], PendingFrontend]] = []
         seen: set[Addr] = set()
         # Backend entries the round may add before its orphans go (every backend of each
@@ -292,9 +293,7 @@ class FrontendOps(Generic[R]):
             seen.add(fe.addr)
             orphans: list[tuple[Addr, int]] | None = [] if drops else None
             try:
-                pending = self.writer.prepare(
-                    txn, fe, lambda ip: self.node.is_local_address(txn, ip), orphans
-                )
+                pending = self.writer.prepare(txn, fe, is_local, orphans)
             except Exception as exc:
                 entry.result = (
                     frontend_error(fe, exc)
@@ -311,6 +310,20 @@ class FrontendOps(Generic[R]):
         for entry in batch:
             if entry.result is not None:
                 self._failed(entry.result)
+
+    def local_check(self, txn: ReadTxn) -> IsLocal | None:
+        """Whether a frontend's VIP is one of the node's addresses in snapshot ``txn``
+        (None: the node has none, so no VIP is). Through the node view's optional
+        ``local_keys`` (the addresses' 16-byte keys) when it has it: no ``ipaddress``
+        object per frontend."""
+        node = self.node
+        keys = getattr(node, "local_keys", None)
+        if keys is None:
+            return lambda addr: node.is_local_address(txn, addr.ip)
+        local: frozenset[bytes] = keys(txn)
+        if not local:
+            return None
+        return lambda addr: addr[:16] in local
 
     def delete_batch(self, txn: ReadTxn, batch: list[BatchEntry[R]]) -> None:
         """Delete each entry's frontend as `delete` does, one after the other (deletions are
@@ -373,9 +386,7 @@ class FrontendOps(Generic[R]):
         candidate = is_candidate(self.config, fe)
         try:
             if candidate:
-                self.writer.update_frontend(
-                    txn, fe, lambda ip: self.node.is_local_address(txn, ip)
-                )
+                self.writer.update_frontend(txn, fe, self.local_check(txn))
             else:
                 self.writer.delete_frontend(txn, fe.addr)
         except LBOpsError:

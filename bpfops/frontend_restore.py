@@ -33,6 +33,7 @@ from bpf.typed_map import TypedMap
 from bpfops.frontend_state import ip_of
 from bpfops.lb_maps import LBMaps, delete_quiet
 from bpfops.model import Addr, proto_name
+from bpfops.wildcards import vip_key
 
 if TYPE_CHECKING:
     from bpfops.frontend_state import FrontendState
@@ -173,7 +174,7 @@ def _service_check(writer: FrontendWriter, v6: bool) -> Check:
         for key, value in entries:
             addr = Addr(ip_of(key.address), key.dport, proto_name(key.proto), key.scope)
             if key.dport == 0 and key.proto == 0:
-                keep = (addr.ip, key.scope) in writer.wildcards.refs
+                keep = vip_key(addr) in writer.wildcards.refs
             else:
                 st = writer.frontends.get(addr)
                 keep = (

@@ -22,7 +22,7 @@ from bpfops.errors import frontend_error
 from bpfops.frontend_plan import enabled, is_candidate, is_expansion, revnat_entry
 from bpfops.frontend_state import PendingFrontend, delete_counted, write_counted
 from bpfops.frontend_writer import FrontendWriter
-from bpfops.model import Addr, FrontendSpec, IPAddress
+from bpfops.model import Addr, FrontendSpec
 from reconciler.operations import BatchEntry
 from statedb import ReadTxn
 
@@ -180,7 +180,7 @@ class RoundWriter:
         ready: Live = []
         ready_masters: list[bytes] = []
         new_wildcard: list[bool] = []
-        queued: set[tuple[IPAddress, int]] = set()
+        queued: set[bytes] = set()
         for e, p in live:
             try:
                 key, master = w.master_entry(p)

@@ -73,11 +73,16 @@ class FrontendState:
         self.affinity: set[int] = EMPTY
         self.source_ranges: set[IPNetwork] = EMPTY
         self.maglev = False
-        self.wildcard: tuple[IPAddress, int] | None = None
+        # The key of the VIP's wildcard entry the frontend references (wildcards.vip_key).
+        self.wildcard: bytes | None = None
         self.revnat = False
         # The frontend's id is in the scale-to-zero map.
         self.scale_to_zero = False
 
+
+#: Whether the address of a frontend (its VIP: the IP, whatever the port) is one of the
+#: node's addresses, which get no wildcard entry; None: the node has none.
+IsLocal = Callable[[Addr], bool]
 
 #: A key absent from a frontend's backends (its values may be None).
 ABSENT: Any = object()
@@ -134,7 +139,7 @@ class PendingFrontend:
         self,
         fe: FrontendSpec,
         state: FrontendState,
-        is_local: Callable[[IPAddress], bool] | None,
+        is_local: IsLocal | None,
         writes: CollectedWrites,
         slot_backends: list[BackendSpec],
         active: int,

@@ -18,8 +18,6 @@ way is repaired by the retry.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 from bpf import lb
 from bpf.backend import MapBackend
 from bpf.errors import BatchError, MapError
@@ -55,6 +53,7 @@ from bpfops.frontend_state import (
     WANTS,
     CollectedWrites,
     FrontendState,
+    IsLocal,
     PendingFrontend,
     backend_bytes,
     want_of,
@@ -75,7 +74,6 @@ from bpfops.model import (
     Addr,
     BackendSpec,
     FrontendSpec,
-    IPAddress,
     LBOpsConfig,
     proto_number,
 )
@@ -123,7 +121,7 @@ class FrontendWriter:
         self.restored_quarantined: dict[Addr, set[Addr]] = {}
 
     def update_frontend(
-        self, txn: ReadTxn, fe: FrontendSpec, is_local: Callable[[IPAddress], bool] | None
+        self, txn: ReadTxn, fe: FrontendSpec, is_local: IsLocal | None
     ) -> None:
         """Write one frontend: its backend entries and slots (one batch call per map), maglev
         and source ranges, rev-NAT, then the master, then what follows the master."""
@@ -147,7 +145,7 @@ class FrontendWriter:
         self,
         txn: ReadTxn,
         fe: FrontendSpec,
-        is_local: Callable[[IPAddress], bool] | None,
+        is_local: IsLocal | None,
         orphans: list[tuple[Addr, int]] | None = None,
     ) -> PendingFrontend:
         """Everything of a frontend before its collected backend entries and slots are

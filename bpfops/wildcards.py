@@ -3,21 +3,30 @@ VIPs in the services map, which make the datapath drop traffic to a VIP's ports 
 frontend serves.
 
 One entry per VIP (address and scope), shared by the VIP's frontends: ``refs`` holds the
-ids of the frontends referencing each (one id, or a set of them). The first reference
-writes the entry (or finds it written by the round's batch), the last one gone deletes
-it. A VIP gets none when wildcard entries are disabled, when it is one of the node's own
-addresses, or when its load-balancer class is not one this agent manages.
+ids of the frontends referencing each (one id, or a set of them), under the VIP's key
+(`vip_key`: 17 bytes read from the frontend address, no ``ipaddress`` object per VIP).
+The first reference writes the entry (or finds it written by the round's batch), the
+last one gone deletes it. A VIP gets none when wildcard entries are disabled, when it is
+one of the node's own addresses, or when its load-balancer class is not one this agent
+manages.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 from bpf import lb
 from bpfops import flags as svcflags
-from bpfops.frontend_state import FrontendState, PendingFrontend, ref_ids
+from bpfops.frontend_state import FrontendState, IsLocal, PendingFrontend, ref_ids
 from bpfops.lb_maps import LBMaps, delete_quiet
-from bpfops.model import CLUSTER_IP, LOAD_BALANCER, Addr, FrontendSpec, IPAddress, LBOpsConfig
+from bpfops.model import CLUSTER_IP, LOAD_BALANCER, Addr, FrontendSpec, LBOpsConfig
+
+#: A VIP's key in ``WildcardEntries.refs``: the address' 16 key bytes (IPv4 mapped)
+#: and its scope.
+VipKey = bytes
+
+
+def vip_key(addr: Addr) -> VipKey:
+    """The key of ``addr``'s VIP (address and scope; any port and protocol)."""
+    return addr[:16] + addr[19:20]
 
 
 class WildcardEntries:
@@ -27,7 +36,7 @@ class WildcardEntries:
     def __init__(self, maps: LBMaps, config: LBOpsConfig) -> None:
         self.maps = maps
         self.config = config
-        self.refs: dict[tuple[IPAddress, int], int | set[int]] = {}
+        self.refs: dict[VipKey, int | set[int]] = {}
 
     def applies(self, fe: FrontendSpec) -> bool:
         """Whether the frontend's type and load-balancer class have a wildcard entry."""
@@ -38,19 +47,19 @@ class WildcardEntries:
             return self.config.default_lb_class_is_lbipam
         return cls in self.config.managed_lb_classes
 
-    def new_entry(self, p: PendingFrontend) -> tuple[tuple[IPAddress, int], bytes, bytes] | None:
+    def new_entry(self, p: PendingFrontend) -> tuple[VipKey, bytes, bytes] | None:
         """The entry (refs key, map key, value) `sync` would create for the frontend, when
         its VIP has none yet; else None."""
         fe = p.fe
         addr = fe.addr
         if not (self.config.wildcard_entries and self.applies(fe)):
             return None
-        ref_key = (addr.ip, addr.scope)
+        ref_key = vip_key(addr)
         # The VIP's entry exists (the usual case of an update): no need to ask whether
         # the address is the node's (a table lookup).
         if self.refs.get(ref_key) is not None:
             return None
-        if p.is_local is not None and p.is_local(addr.ip):
+        if p.is_local is not None and p.is_local(addr):
             return None
         key_struct = lb.SERVICE6_KEY_STRUCT if addr.is_v6 else lb.SERVICE4_KEY_STRUCT
         f1, f2 = svcflags.split(svcflags.service_flags(svcflags.FlagParams(fe.type)))
@@ -64,14 +73,14 @@ class WildcardEntries:
         self,
         fe: FrontendSpec,
         state: FrontendState,
-        is_local: Callable[[IPAddress], bool] | None,
+        is_local: IsLocal | None,
         written: bool = False,
     ) -> None:
         """Reference the VIP's entry for a frontend whose master was written, or drop the
         frontend's reference when it no longer has one (``written``: the round's batch
         wrote the entry)."""
         if self.applies(fe):
-            if self.config.wildcard_entries and (is_local is None or not is_local(fe.addr.ip)):
+            if self.config.wildcard_entries and (is_local is None or not is_local(fe.addr)):
                 self.upsert(fe, state, written)
             else:
                 self.delete(fe.addr, state)
@@ -83,7 +92,9 @@ class WildcardEntries:
     def upsert(self, fe: FrontendSpec, state: FrontendState, written: bool = False) -> None:
         """Reference the VIP's wildcard entry, writing it with the first reference (unless
         ``written``: the round's batch wrote it)."""
-        key = (fe.addr.ip, fe.addr.scope)
+        key = vip_key(fe.addr)
+        if state.wildcard == key:
+            key = state.wildcard  # the object the refs hold already
         refs = self.refs.get(key)
         if refs is not None and state.id in ref_ids(refs):
             return
@@ -112,7 +123,8 @@ class WildcardEntries:
             state.wildcard = None
             return
         cls = lb.Service6Key if addr.is_v6 else lb.Service4Key
-        wkey = cls(key[0].packed, 0, 0, 0, key[1])
+        packed = key[12:16] if not addr.is_v6 else key[:16]
+        wkey = cls(packed, 0, 0, 0, key[16])
         delete_quiet(self.maps.services(addr.is_v6), wkey)
         self.refs.pop(key, None)
         state.wildcard = None
