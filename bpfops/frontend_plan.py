@@ -111,7 +111,7 @@ _FLAGS_MAX = 4096
 def master_flags(cfg: LBOpsConfig, fe: FrontendSpec) -> int:
     """The service flags of the frontend's master entry."""
     svc = fe.service
-    routable = not fe.addr.ip.is_unspecified and (
+    routable = not fe.addr.is_unspecified and (
         fe.type != CLUSTER_IP or cfg.external_clusterip
     )
     check_sr = bool(svc.source_ranges) and (
@@ -170,11 +170,30 @@ def sorted_backends(
             replace(be, unhealthy=True) if be.addr in quarantined and not be.unhealthy else be
             for be in bes
         ]
+    elif in_slot_order(bes):
+        return bes
     # Then Addr.sort_key's order (family, address bytes, port). Serving terminating
     # backends before those no longer serving: when no active backend is left the
     # first ones are used.
     bes.sort(key=lambda b: (b.unhealthy, b.state, b.not_serving, b.addr.sort_key()))
     return bes
+
+
+def in_slot_order(bes: list[BackendSpec]) -> bool:
+    """Whether ``bes`` is in slot order already, as `sorted_backends` would sort it: every
+    backend healthy, active and serving (the usual frontend), of one IP family and in
+    ascending address order (a frontend row lists its backends so). Within a family the
+    address' key bytes order as `Addr.sort_key` does (address, then port); the check costs
+    a comparison per backend, the sort a key tuple per backend."""
+    prev: Addr | None = None
+    for b in bes:
+        if b.unhealthy or b.state != BACKEND_ACTIVE or b.not_serving:
+            return False
+        a = b.addr
+        if prev is not None and (a[20] != prev[20] or not prev < a):
+            return False
+        prev = a
+    return True
 
 
 def svc_key(addr: Addr, slot: int) -> bytes:

@@ -162,7 +162,7 @@ class FrontendWriter:
         key_proto = proto_number(addr.proto)
         state = self.frontends.get(addr)
         if state is None:
-            state = FrontendState(self.service_ids.acquire(addr), addr.ip.version == 6)
+            state = FrontendState(self.service_ids.acquire(addr), addr.is_v6)
             self.frontends[addr] = state
         flags = master_flags(self.config, fe)
         new_slot_flags = slot_flags(flags)
@@ -278,7 +278,7 @@ class FrontendWriter:
         # *_STRUCT layouts, identical to the codecs').
         key_pack, be_pack = PACKS[v6]
         value_pack, u32_pack = lb.SERVICE_VALUE_STRUCT.pack, lb.U32_STRUCT.pack
-        key_ip, key_port, key_scope = addr.ip.packed, lb.swap16(addr.port), addr.scope
+        key_ip, key_port, key_scope = addr.packed, lb.swap16(addr.port), addr.scope
         rev_be = lb.swap16(fe_id)
         sf1, sf2 = svcflags.split(state.slot_flags)
         active = terminating = inactive = 0
