@@ -216,6 +216,7 @@ def count_frozen_garbage(timeout: float = COUNT_TIMEOUT) -> GarbageCount | None:
     ``timeout``: then it is killed)."""
     if not hasattr(os, "fork"):
         return None
+    parent = os.getpid()
     r, w = os.pipe()
     try:
         pid = os.fork()
@@ -227,6 +228,7 @@ def count_frozen_garbage(timeout: float = COUNT_TIMEOUT) -> GarbageCount | None:
     if pid == 0:  # the child: count, report, exit without running any cleanup
         code = 1
         try:
+            _die_with(parent)
             os.close(r)
             gc.set_debug(gc.DEBUG_SAVEALL)
             gc.unfreeze()
@@ -238,6 +240,24 @@ def count_frozen_garbage(timeout: float = COUNT_TIMEOUT) -> GarbageCount | None:
             os._exit(code)
     os.close(w)
     return _child_count(pid, r, timeout)
+
+
+def _die_with(parent: int) -> None:
+    """In the counting child: end when ``parent`` does. The child holds every descriptor
+    of its parent (an agent's pin- and state-directory locks, its API socket): outliving
+    a killed agent, it would keep the agent's restart out (Linux: ``PR_SET_PDEATHSIG``;
+    the signal follows the forking thread, which waits for the child)."""
+    try:
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    except (OSError, AttributeError):  # not Linux: nothing to ask
+        pass
+    if os.getppid() != parent:  # it died before the request above
+        os._exit(1)
+
+
+_PR_SET_PDEATHSIG = 1
 
 
 def _child_count(pid: int, r: int, timeout: float) -> GarbageCount | None:
