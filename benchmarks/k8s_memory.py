@@ -6,7 +6,11 @@
 `MemoryBreakdown` starts tracemalloc before the load balancer and the source exist, and
 after the sync (and a full collection) reports the traced heap grouped by source file and
 by source line, and the live container objects grouped by type (``gc.get_objects``,
-shallow ``sys.getsizeof``), each per service. tracemalloc counts the bytes Python asked
+shallow ``sys.getsizeof``), each per service. ``memory_objects_bytes_per_service`` counts
+every live object instead: the containers and, once each, the objects without references
+they hold (ints, strings, bytes: a statedb revision, a name, a key), with statedb's stored
+records (plain ``(row, revision, key)`` tuples) and the tuples of a frontend's backends
+named apart from other tuples, and dicts by their size. tracemalloc counts the bytes Python asked
 the allocator for; the resident set adds the allocator's slack, freed pages it keeps,
 and what was in memory before tracing started (the interpreter and its imports).
 """
@@ -89,6 +93,7 @@ class MemoryBreakdown:
         out["memory_traced_peak_mb"] = round(peak / 2**20, 1)
         tracemalloc.stop()
         out["memory_by_type_bytes_per_service"] = _types(per, self.top)
+        out["memory_objects_bytes_per_service"] = object_bytes(gc.get_objects(), per, self.top)
         return out
 
 
@@ -124,6 +129,46 @@ def _types(per: int, top: int) -> list[list[Any]]:
         name = f"{t.__module__}.{t.__qualname__}"
         size[name] += sys.getsizeof(o)
         count[name] += 1
+    return [[name, round(b / per), count[name]] for name, b in size.most_common(top)]
+
+
+def _kind(o: object) -> str:
+    """The name `object_bytes` counts ``o`` under."""
+    t = type(o)
+    if t is tuple:
+        n = len(o)  # type: ignore[arg-type]
+        if n == 3 and type(o[1]) is int and isinstance(o[2], bytes):  # type: ignore[index]
+            return "statedb record (row, revision, key)"
+        if n and type(o[0]).__name__ == "BackendParams":  # type: ignore[index]
+            return "tuple of BackendParams"
+        return f"tuple of {n}" if n < 8 else "tuple of 8+"
+    if t is dict:
+        n = len(o)  # type: ignore[arg-type]
+        return f"dict of {n}" if n < 16 else "dict of 16-999" if n < 1000 else "dict of 1000+"
+    return f"{t.__module__}.{t.__qualname__}"
+
+
+def object_bytes(objs: list[Any], per: int, top: int) -> list[list[Any]]:
+    """Every object of ``objs`` (gc-tracked ones) and, once each, the untracked objects
+    they reference (ints beyond the interpreter's shared small ones, strings, bytes...), by
+    `_kind`: [name, bytes per service, count] (``sys.getsizeof``, GC header included)."""
+    size: Counter[str] = Counter()
+    count: Counter[str] = Counter()
+    seen: set[int] = set()
+    tracked = gc.is_tracked
+    for o in objs:
+        k = _kind(o)
+        size[k] += sys.getsizeof(o)
+        count[k] += 1
+        for r in gc.get_referents(o):
+            if tracked(r) or type(r) is type or id(r) in seen:
+                continue
+            if type(r) is int and -5 <= r <= 256:
+                continue
+            seen.add(id(r))
+            k = _kind(r)
+            size[k] += sys.getsizeof(r)
+            count[k] += 1
     return [[name, round(b / per), count[name]] for name, b in size.most_common(top)]
 
 
