@@ -62,6 +62,7 @@ from tables.backends import (
 )
 from tables.frontends import FrontendParams, SVCType, new_frontend_params
 from tables.l3n4 import (
+    PROTOCOLS,
     SCOPE_INTERNAL,
     V4_KEY_PREFIX,
     AddressError,
@@ -255,6 +256,18 @@ def _parse_ip(text: str) -> IPAddress:
     return ip
 
 
+def _plain_ipv4(text: str) -> IPAddress | None:
+    """``_parse_ip(text)`` for a plain dotted-quad IPv4 address, None for anything else
+    (which the caller then checks field by field)."""
+    try:
+        packed = _inet_pton(_AF_INET, text)
+    except (OSError, ValueError):
+        return None
+    ip = _new(_IPv4Address)
+    _set_ipv4_int(ip, int.from_bytes(packed))
+    return ip
+
+
 def _ip(ref: str, path: str, value: Any) -> IPAddress:
     if not isinstance(value, str):
         raise ConversionError(ref, path, f"expected an IP address, got {value!r}")
@@ -262,6 +275,10 @@ def _ip(ref: str, path: str, value: Any) -> IPAddress:
         return _parse_ip(value.strip())
     except ValueError:
         raise ConversionError(ref, path, f"invalid IP address {value!r}") from None
+
+
+#: The canonical protocol names (`parse_protocol` returns them as they are).
+_CANONICAL_PROTOCOLS = frozenset(PROTOCOLS)
 
 
 def _proto(ref: str, path: str, value: Any) -> str:
@@ -306,6 +323,8 @@ _new_converted_service = slot_constructor(ConvertedService, "new_converted_servi
 
 
 def _policy(ref: str, path: str, value: Any) -> TrafficPolicy:
+    if value is None or value == "Cluster":  # the usual case first
+        return TrafficPolicy.CLUSTER
     text = _str(ref, path, value, "Cluster")
     if text in ("", "Cluster"):
         return TrafficPolicy.CLUSTER
@@ -361,9 +380,9 @@ def convert_service(
     service = new_service(
         name,  # name
         source,  # source
-        tuple(sorted(labels.items())),  # labels
-        tuple(sorted(annotations.items())),  # annotations
-        tuple(sorted(selector.items())),  # selector
+        _sorted_items(labels),  # labels
+        _sorted_items(annotations),  # annotations
+        _sorted_items(selector),  # selector
         "",  # nat_policy
         ext_policy,  # ext_traffic_policy
         int_policy,  # int_traffic_policy
@@ -374,7 +393,7 @@ def convert_service(
         None,  # proxy_redirect
         health_port,  # health_check_node_port
         False,  # loopback_host_port
-        tuple(ranges),  # source_ranges
+        tuple(ranges) if ranges else (),  # source_ranges
         ranges_policy,  # source_ranges_policy
         _shared(tuple(sorted(port_names.items()))),  # port_names
         traffic_dist,  # traffic_distribution
@@ -402,6 +421,11 @@ def convert_service(
     return _new_converted_service(service, fes, "")
 
 
+def _sorted_items(m: Mapping[str, str]) -> tuple[tuple[str, str], ...]:
+    """``tuple(sorted(m.items()))``; () for an empty map (most labels and annotations)."""
+    return tuple(sorted(m.items())) if m else ()
+
+
 def _frontend_ips(
     ref: str, spec: Mapping[str, Any], status: Mapping[str, Any], labels: Mapping[str, str]
 ) -> tuple[list[IPAddress], list[IPAddress], list[IPAddress], bool]:
@@ -418,21 +442,32 @@ def _frontend_ips(
         ip_list, ip_path = [spec.get("clusterIP")], "spec.clusterIP"
     headless = HEADLESS_LABEL in labels
     for i, ip in enumerate(ip_list):
-        if isinstance(ip, str) and ip.strip().lower() in ("none", ""):
+        if type(ip) is str:
+            parsed = _plain_ipv4(ip)  # the usual case: no path string, no ipaddress parse
+            if parsed is not None:
+                cluster_ips.append(parsed)
+                continue
+            if ip.strip().lower() in ("none", ""):
+                headless = True
+                continue
+        elif isinstance(ip, str) and ip.strip().lower() in ("none", ""):
             headless = True
             continue
         cluster_ips.append(_ip(ref, f"{ip_path}[{i}]" if raw_ips else ip_path, ip))
     lb_ips: list[IPAddress] = []
     lb = _mapping(ref, "status.loadBalancer", status.get("loadBalancer"))
-    for i, ing in enumerate(_list(ref, "status.loadBalancer.ingress", lb.get("ingress"))):
+    ingress = lb.get("ingress")
+    ingresses = _list(ref, "status.loadBalancer.ingress", ingress) if ingress is not None else ()
+    for i, ing in enumerate(ingresses):
         im = _mapping(ref, f"status.loadBalancer.ingress[{i}]", ing)
         mode = _str(ref, f"status.loadBalancer.ingress[{i}].ipMode", im.get("ipMode"), "VIP")
         if im.get("ip") is not None and mode == "VIP":
             lb_ips.append(_ip(ref, f"status.loadBalancer.ingress[{i}].ip", im.get("ip")))
+    raw_ext = spec.get("externalIPs")
     ext_ips = [
         _ip(ref, f"spec.externalIPs[{i}]", ip)
-        for i, ip in enumerate(_list(ref, "spec.externalIPs", spec.get("externalIPs")))
-    ]
+        for i, ip in enumerate(_list(ref, "spec.externalIPs", raw_ext))
+    ] if raw_ext is not None else []
     return cluster_ips, lb_ips, ext_ips, headless
 
 
@@ -450,9 +485,7 @@ def _frontends(
     ports, load-balancer VIPs and external IPs, of the enabled families and exposed
     types, with an internal-scope twin when the service has two scopes."""
     cluster_ips, lb_ips, ext_ips = ips
-    name = service.name
     allowed = _exposed_types(ref, annotations)
-    families = {ip.version for ip in cluster_ips if _family_enabled(ip, cfg)}
     ip_families = _list(ref, "spec.ipFamilies", spec.get("ipFamilies"))
     if len(ip_families) > 2:
         raise ConversionError(ref, "spec.ipFamilies", f"at most 2 families, got {len(ip_families)}")
@@ -461,32 +494,54 @@ def _frontends(
             raise ConversionError(ref, f"spec.ipFamilies[{i}]", f"unknown IP family {fam!r}")
         if fam in ip_families[:i]:
             raise ConversionError(ref, f"spec.ipFamilies[{i}]", f"duplicate IP family {fam}")
-    fes: dict[L3n4Addr, FrontendParams] = {}
+    # (address, port, service port, type) of every candidate frontend, in order.
+    wanted: list[tuple[IPAddress, int, ServicePort, SVCType]] = []
+    node_port_on = (
+        svc_type in ("NodePort", "LoadBalancer") and cfg.enable_node_port
+        and cfg.kube_proxy_replacement
+    )
+    for p in ports:
+        for ip in cluster_ips:
+            wanted.append((ip, p.port, p, SVCType.CLUSTER_IP))
+        if node_port_on and p.node_port:
+            families = {ip.version for ip in cluster_ips if _family_enabled(ip, cfg)}
+            for fam in sorted(families) or [4]:
+                unspec = ipaddress.ip_address("0.0.0.0" if fam == 4 else "::")
+                wanted.append((unspec, p.node_port, p, SVCType.NODE_PORT))
+        if svc_type == "LoadBalancer":
+            for ip in lb_ips:
+                wanted.append((ip, p.port, p, SVCType.LOAD_BALANCER))
+        if cfg.enable_external_ips:
+            for ip in ext_ips:
+                wanted.append((ip, p.port, p, SVCType.EXTERNAL_IPS))
+    return _frontend_params(wanted, cfg, service, allowed)
 
-    def add(addr: IPAddress, port: int, p: ServicePort, t: SVCType) -> None:
-        if not _family_enabled(addr, cfg) or t not in allowed:
-            return
+
+def _frontend_params(
+    wanted: list[tuple[IPAddress, int, ServicePort, SVCType]],
+    cfg: LBConfig,
+    service: Service,
+    allowed: frozenset[SVCType],
+) -> tuple[FrontendParams, ...]:
+    """The frontends of the ``wanted`` (address, port, service port, type) candidates of
+    the enabled families and ``allowed`` types, first of each address kept, with an
+    internal-scope twin for the external types of a two-scope service."""
+    name = service.name
+    v4_on = cfg.enable_ipv4
+    every_type = allowed is _ALL_TYPES
+    cluster_ip = SVCType.CLUSTER_IP
+    fes: dict[L3n4Addr, FrontendParams] = {}
+    for addr, port, p, t in wanted:
+        if not (v4_on if type(addr) is _IPv4Address else _family_enabled(addr, cfg)):
+            continue
+        if not every_type and t not in allowed:
+            continue
         a = new_addr(addr, port, p.protocol)
         if a not in fes:
             fes[a] = new_frontend_params(a, t, name, p.name, p.port)
-        if t is not SVCType.CLUSTER_IP and service.two_scopes:
+        if t is not cluster_ip and service.two_scopes:
             ai = a.with_scope(SCOPE_INTERNAL)
             fes.setdefault(ai, FrontendParams(ai, t, name, p.name, p.port))
-
-    for p in ports:
-        for ip in cluster_ips:
-            add(ip, p.port, p, SVCType.CLUSTER_IP)
-        node_port_on = cfg.enable_node_port and cfg.kube_proxy_replacement
-        if svc_type in ("NodePort", "LoadBalancer") and p.node_port and node_port_on:
-            for fam in sorted(families) or [4]:
-                unspec = ipaddress.ip_address("0.0.0.0" if fam == 4 else "::")
-                add(unspec, p.node_port, p, SVCType.NODE_PORT)
-        if svc_type == "LoadBalancer":
-            for ip in lb_ips:
-                add(ip, p.port, p, SVCType.LOAD_BALANCER)
-        if cfg.enable_external_ips:
-            for ip in ext_ips:
-                add(ip, p.port, p, SVCType.EXTERNAL_IPS)
     return tuple(fes.values())
 
 
@@ -499,19 +554,34 @@ def _service_ports(
     port_names: dict[str, int] = {}
     port_protos: set[tuple[int, str]] = set()
     for i, p in enumerate(_list(ref, "spec.ports", spec.get("ports"))):
-        path = f"spec.ports[{i}]"
-        pm = _mapping(ref, path, p)
+        # The usual values are taken as they are; any other goes through the checking
+        # helper, which converts it or names the field in its error.
+        pm = p if type(p) is dict else _mapping(ref, f"spec.ports[{i}]", p)
+        name = pm.get("name")
+        if type(name) is not str:
+            name = _str(ref, f"spec.ports[{i}].name", name)
         # The port's name is carried by every frontend of the port: one string for all
         # the services that name a port alike ("http").
-        pname = _shared(_str(ref, f"{path}.name", pm.get("name")))
-        port = _port(ref, f"{path}.port", pm.get("port"))
-        proto = _proto(ref, f"{path}.protocol", pm.get("protocol"))
+        pname = _shared(name)
+        port = pm.get("port")
+        if type(port) is not int or not 0 < port <= 65535:
+            port = _port(ref, f"spec.ports[{i}].port", port)
+        proto = pm.get("protocol")
+        if proto is None:
+            proto = "TCP"
+        elif type(proto) is not str or proto not in _CANONICAL_PROTOCOLS:
+            proto = _proto(ref, f"spec.ports[{i}].protocol", proto)
         np = pm.get("nodePort")
-        node_port = 0 if np is None else _port(ref, f"{path}.nodePort", np, allow_zero=True)
+        if np is None:
+            node_port = 0
+        elif type(np) is int and 0 <= np <= 65535:
+            node_port = np
+        else:
+            node_port = _port(ref, f"spec.ports[{i}].nodePort", np, allow_zero=True)
         if pname and pname in port_names:
-            raise ConversionError(ref, f"{path}.name", f"duplicate port name {pname!r}")
+            raise ConversionError(ref, f"spec.ports[{i}].name", f"duplicate port name {pname!r}")
         if (port, proto) in port_protos:
-            raise ConversionError(ref, path, f"duplicate port {port}/{proto}")
+            raise ConversionError(ref, f"spec.ports[{i}]", f"duplicate port {port}/{proto}")
         ports.append(_new_service_port(pname, port, proto, node_port))
         port_names[pname] = port
         port_protos.add((port, proto))
@@ -692,7 +762,15 @@ def _endpoint_fast(ep: Any, want_v6: bool) -> _EndpointFields | None:
             terminating = False
         if type(ready) is not bool or type(serving) is not bool or type(terminating) is not bool:
             return None
-        state = _state_of(ready, serving, terminating)
+        # _state_of, inline (once per endpoint).
+        if ready:
+            state = BackendState.ACTIVE
+        elif terminating:
+            state = (
+                BackendState.TERMINATING if serving else BackendState.TERMINATING_NOT_SERVING
+            )
+        else:
+            state = BackendState.MAINTENANCE
     else:
         return None
     node = ep.get("nodeName")
@@ -735,14 +813,13 @@ def _endpoint_fast(ep: Any, want_v6: bool) -> _EndpointFields | None:
     for a in addrs:
         if type(a) is not str:
             return None
-        text = a.strip()
         # Dotted-quad IPv4 straight to bytes (inet_pton accepts what ipaddress accepts,
-        # see _parse_ip), anything else through ipaddress.
+        # see _parse_ip, and no surrounding blanks), anything else through ipaddress.
         try:
-            packed = _inet_pton(_AF_INET, text)
+            packed = _inet_pton(_AF_INET, a)
         except (OSError, ValueError):
             try:
-                packed = ipaddress.ip_address(text).packed
+                packed = ipaddress.ip_address(a.strip()).packed
             except ValueError:
                 return None
         if (len(packed) == 16) != want_v6:
