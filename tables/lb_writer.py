@@ -518,11 +518,25 @@ class LBWriter:
     # ----- backend selection --------------------------------------------------------------------
     def select_backends(self, txn: WriteTxn, fe: Frontend) -> tuple[BackendParams, ...]:
         """Compute the backends ``fe`` selects now (see the module docstring for the rules)."""
-        name = fe.redirect_to or fe.service_name
-        svc = fe.service if fe.redirect_to is None else self.services.get(txn, name)
+        return self._select_backends(
+            txn, fe.address, fe.type, fe.service_name, fe.port_name, fe.service, fe.redirect_to
+        )
+
+    def _select_backends(
+        self,
+        txn: WriteTxn,
+        address: L3n4Addr,
+        fe_type: SVCType,
+        service_name: ServiceName,
+        port_name: str,
+        service: Service | None,
+        redirect_to: ServiceName | None,
+    ) -> tuple[BackendParams, ...]:
+        """`select_backends` for a frontend given by its fields (one not built yet)."""
+        name = redirect_to or service_name
+        svc = service if redirect_to is None else self.services.get(txn, name)
         # The family is the address's last byte (4 or 6).
-        family = fe.address[20]
-        port_name = fe.port_name
+        family = address[20]
         candidates: list[BackendParams] = []
         append = candidates.append
         for be in self._backends_of(txn, name):
@@ -536,11 +550,11 @@ class LBWriter:
             append(inst)
         if svc is None:
             return tuple(candidates)
-        if _policy_for(fe, svc) is TrafficPolicy.LOCAL:
+        if _policy_for(address, fe_type, svc) is TrafficPolicy.LOCAL:
             candidates = [b for b in candidates if self.is_local(svc, b)]
         if svc.traffic_distribution == PREFER_SAME_ZONE:
             zone = self.node_zone
-            if zone and fe.redirect_to is None:
+            if zone and redirect_to is None:
                 candidates = self._zone_backends(txn, name, candidates, zone)
         elif svc.traffic_distribution == PREFER_SAME_NODE:
             # Only serving (active) local backends may win the preference.
@@ -755,20 +769,14 @@ class LBWriter:
     ) -> None:
         """Write the frontend of ``p`` (``old``: its row as the txn sees it, or None)."""
         if old is None:
-            # A new frontend, Pending; when it selects no backends (a service before its
-            # EndpointSlices, as in a load) this is the row written.
+            # A new frontend, Pending, built once with the backends it selects.
+            bes = self._select_backends(
+                txn, p.address, p.type, p.service_name, p.port_name, svc, None
+            )
             fe = new_frontend(
-                p.address, p.type, p.service_name, p.port_name, p.service_port, svc, (), 0,
+                p.address, p.type, p.service_name, p.port_name, p.service_port, svc, bes, 0,
                 None, status_pending(),
             )
-            bes = self.select_backends(txn, fe)
-            if bes:
-                # The row never written above, with its backends and its own Pending
-                # status (fresh: nothing has seen it).
-                fe = new_frontend(
-                    p.address, p.type, p.service_name, p.port_name, p.service_port, svc,
-                    bes, 0, None, fe.status,
-                )
             self._fe_put(txn, fe)
             return
         fe = dataclasses.replace(
@@ -899,9 +907,10 @@ def _fold(
             hint.pop(name, None)
 
 
-def _policy_for(fe: Frontend, svc: Service) -> TrafficPolicy:
-    """The traffic policy governing ``fe``: internal for ClusterIP and /i frontends."""
-    if fe.address.scope == SCOPE_INTERNAL or not fe.type.is_external:
+def _policy_for(address: L3n4Addr, fe_type: SVCType, svc: Service) -> TrafficPolicy:
+    """The traffic policy governing a frontend at ``address`` of type ``fe_type``: internal
+    for ClusterIP and /i frontends."""
+    if address.scope == SCOPE_INTERNAL or not fe_type.is_external:
         return svc.int_traffic_policy
     return svc.ext_traffic_policy
 
