@@ -63,6 +63,7 @@ from kubernetes.client.exceptions import ApiException
 from sources import k8s_json
 from sources.k8s_client import K8sClient
 from statedb.errors import StatewrightError
+from statedb.rows import slot_constructor
 
 log = logging.getLogger(__name__)
 
@@ -123,6 +124,9 @@ class Delta:
     key: str  # namespace/name (name for cluster-scoped objects)
     obj: Mapping[str, Any]
 
+
+#: ``Delta(op, key, obj)`` through its slots (one per object listed or watched).
+_new_delta = slot_constructor(Delta, "new_delta")
 
 #: The consumer: ``deliver(reflector, deltas, synced)``; ``synced`` is True on the delivery
 #: that completes a list. It may wait (back-pressure).
@@ -329,18 +333,19 @@ class Reflector:
                 raise
             meta = doc.get("metadata") or {}
             deltas: list[Delta] = []
+            kind, api_version, store = self.spec.kind, self.spec.api_version, self._store
             for item in doc.get("items") or []:
                 if not isinstance(item, dict):
                     continue
                 # List items carry neither kind nor apiVersion; the converter needs kind.
-                item["kind"] = self.spec.kind
-                item["apiVersion"] = self.spec.api_version
+                item["kind"] = kind
+                item["apiVersion"] = api_version
                 key = object_key(item)
                 seen.add(key)
                 rv = _rv_of(item)
-                if self._store.get(key) != rv:
-                    self._store[key] = rv
-                    deltas.append(Delta("upsert", key, item))
+                if store.get(key) != rv:
+                    store[key] = rv
+                    deltas.append(_new_delta("upsert", key, item))
             cont = meta.get("continue") or ""
             if not cont:
                 break
@@ -508,7 +513,7 @@ class Reflector:
             obj.setdefault("kind", self.spec.kind)
             if etype in ("ADDED", "MODIFIED"):
                 self._store[key] = rv
-                deltas.append(Delta("upsert", key, obj))
+                deltas.append(_new_delta("upsert", key, obj))
             elif etype == "DELETED":
                 self._store.pop(key, None)
                 deltas.append(Delta("delete", key, obj))
