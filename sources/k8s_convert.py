@@ -929,8 +929,6 @@ def convert_endpoint_slice(
                 _proto(ref, f"ports[{i}].protocol", pm.get("protocol")),
             )
         )
-    # Keyed by the addresses (each is its encoded key: hashed and compared in C).
-    merged: dict[L3n4Addr, BackendParams] = {}
     want_v6 = addr_type == "IPv6"
     # Every address of a slice has its family (checked per endpoint below).
     family_on = cfg.enable_ipv6 if want_v6 else cfg.enable_ipv4
@@ -942,6 +940,30 @@ def convert_endpoint_slice(
          addr_key_suffix(port, proto, want_v6))
         for pname, port, proto in ports
     ]
+    merged = _endpoint_backends(
+        ref, endpoints, addr_type, port_keys, (weight, source, family_on), previous
+    )
+    return _new_converted_endpoints(slice_name, service_name, tuple(merged.values()))
+
+
+#: Per slice port: (name, the tuple of that one name, key prefix, key suffix).
+_PortKey = tuple[str, tuple[str, ...], bytes, bytes]
+
+
+def _endpoint_backends(
+    ref: str,
+    endpoints: Sequence[Any],
+    addr_type: str,
+    port_keys: list[_PortKey],
+    common: tuple[int, str, bool],
+    previous: Mapping[bytes, BackendParams] | None,
+) -> dict[L3n4Addr, BackendParams]:
+    """The backends of a slice's endpoints, by address (`convert_endpoint_slice`);
+    ``common``: the slice's weight, the source and whether its family is enabled."""
+    weight, source, family_on = common
+    want_v6 = addr_type == "IPv6"
+    # Keyed by the addresses (each is its encoded key: hashed and compared in C).
+    merged: dict[L3n4Addr, BackendParams] = {}
     # The shared details tuple of the endpoint before (most endpoints of a slice have
     # the same node, zone and hints, or a few distinct ones), and the shared tuples of
     # everything but the address made from it, by (port names, state).
@@ -949,6 +971,11 @@ def convert_endpoint_slice(
     d_zones: tuple[str, ...] | None = None
     details = backend_details("", "", (), 0, source, False, 0.0)
     rests: dict[tuple[tuple[str, ...], BackendState], Any] = {}
+    # The last rest looked up, by its port names and state (most backends in a row share
+    # them): no key tuple and lookup per backend.
+    last_names: tuple[str, ...] | None = None
+    last_state: BackendState | None = None
+    last_rest: Any = None
     for i, ep in enumerate(endpoints):
         # Well-formed endpoints take the fast path; anything unusual is validated (and
         # reported) field by field by _endpoint_checked.
@@ -967,6 +994,7 @@ def convert_endpoint_slice(
             # unhealthy, unhealthy_updated_at.
             details = backend_details(node, zone, zones, 0, source, False, 0.0)
             rests = {}
+            last_names = None
         for ip in ips:
             for pname, single, pre, suffix in port_keys:
                 # The address's key: an L3n4Addr equals (and hashes like) its bytes.
@@ -979,18 +1007,22 @@ def convert_endpoint_slice(
                     if pname:
                         names.add(pname)
                     port_names = tuple(sorted(names))
-                rest = rests.get((port_names, state))
-                if rest is None:
-                    rest = rests[port_names, state] = backend_rest(
-                        details, port_names, weight, state
-                    )
+                if port_names is last_names and state is last_state:
+                    rest = last_rest
+                else:
+                    rest = rests.get((port_names, state))
+                    if rest is None:
+                        rest = rests[port_names, state] = backend_rest(
+                            details, port_names, weight, state
+                        )
+                    last_names, last_state, last_rest = port_names, state, rest
                 old = previous.get(k) if previous else None
                 if old is not None and (old._rest is rest or old._rest == rest):
                     merged[old.address] = old
                     continue
                 a = prev.address if prev is not None else addr_of_key(k)
                 merged[a] = new_backend_params_from(a, rest)
-    return _new_converted_endpoints(slice_name, service_name, tuple(merged.values()))
+    return merged
 
 
 # ----- Pod host ports ----------------------------------------------------------------------
@@ -1168,7 +1200,17 @@ class K8sConverter:
         """Add or update an EndpointSlice; the service's backends become the union of its
         slices."""
         conv = convert_endpoint_slice(obj, self.config, self.source, self._slice_backends(obj))
-        old_svc = self._st.slice_service.get(conv.slice_name)
+        st = self._st
+        old_svc = st.slice_service.get(conv.slice_name)
+        kept = st.slices.get(conv.service_name)
+        if (old_svc is None or old_svc == conv.service_name) and (
+            kept is None or (type(kept) is tuple and kept[0] == conv.slice_name)
+        ):
+            # The service's only slice (the usual case): its backends are the slice's.
+            self.writer.set_backends(txn, conv.service_name, self.source, conv.backends)
+            st.slices[conv.service_name] = (conv.slice_name, conv.backends)
+            st.slice_service[conv.slice_name] = conv.service_name
+            return
         moved = old_svc is not None and old_svc != conv.service_name
         if old_svc is not None and moved:
             self._apply_slices(txn, old_svc, drop=conv.slice_name)
