@@ -74,13 +74,17 @@ def _shared_kind(kind: str, namespace: str, source: str) -> tuple[str, str, str]
 def _pack_uid(uid: str) -> str | int:
     """A canonical (lower-case, hyphenated) UUID as its 128-bit int (48 bytes instead of
     96 for the string); any other uid as it is."""
-    if len(uid) == 36 and uid[8] == "-":
-        try:
-            value = int(uid.replace("-", ""), 16)
-        except ValueError:
-            return uid
-        if _unpack_uid(value) == uid:
-            return value
+    if len(uid) == 36 and uid[8] == "-" and uid[13] == "-" and uid[18] == "-" and uid[23] == "-":
+        h = uid.replace("-", "")
+        if len(h) == 32:  # exactly those four hyphens
+            try:
+                value = int(h, 16)
+            except ValueError:
+                return uid
+            # Only 32 lower-case hex digits give themselves back (int() also takes upper
+            # case, a sign, underscores, blanks): then `_unpack_uid` gives the uid back.
+            if value.to_bytes(16).hex() == h:
+                return value
     return uid
 
 
@@ -278,9 +282,10 @@ def _slice_addresses(obj: Mapping[str, Any]) -> str:
         for ep in endpoints:
             if type(ep) is dict or isinstance(ep, Mapping):
                 addrs = ep.get("addresses")
-                if isinstance(addrs, list):
-                    for a in addrs:
-                        out.append(a if type(a) is str else str(a))
+                if type(addrs) is list and len(addrs) == 1 and type(addrs[0]) is str:
+                    out.append(addrs[0])  # the usual endpoint: one address
+                elif isinstance(addrs, list):
+                    out.extend(a if type(a) is str else str(a) for a in addrs)
     return ",".join(out)
 
 

@@ -70,6 +70,19 @@ def test_canonical_uids_are_packed_others_kept() -> None:
         assert Origin("Service", "ns", "s", "k8s", uid=odd).uid == odd
 
 
+def test_only_canonical_uids_are_packed() -> None:
+    """Packed: exactly the lower-case hyphenated form (what int() also accepts, a sign, a
+    0x prefix, underscores, blanks, is kept as the string)."""
+    uid = "d9279668-d9fb-404c-87a8-d0fe6cfb2891"
+    assert Origin("Service", "ns", "s", "k8s", uid=uid)._uid == int(uid.replace("-", ""), 16)
+    for odd in ("0x279668-d9fb-404c-87a8-d0fe6cfb2891", "d9279668-d9fb-404c-87a8-d0fe_cfb2891",
+                "+9279668-d9fb-404c-87a8-d0fe6cfb2891", " 9279668-d9fb-404c-87a8-d0fe6cfb2891",
+                "d9279668-d9fb-404c-87a8-d0fe6cfb289\u0663",
+                "d9279668-d9fb-404c-87a8-d0fe6cfb28-1"):
+        o = Origin("Service", "ns", "s", "k8s", uid=odd)
+        assert type(o._uid) is str and o.uid == odd
+
+
 def test_non_ascii_kind_and_namespace_keep_the_name() -> None:
     o = Origin("Kïnd", "nämespace", "nåme", "manifests", file="a.yaml", line=3)
     assert (o.kind, o.namespace, o.name) == ("Kïnd", "nämespace", "nåme")
