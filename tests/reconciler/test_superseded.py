@@ -53,20 +53,25 @@ def _replace_and_delete(h: Harness) -> None:
         h.table.delete(w, TestObject(6))
 
 
+def _insert_six_and_check_newer_versions_applied(h: Harness, seen: list[tuple[int, str]]) -> None:
+    """Insert rows 1-6 (v1) while `_replace_and_delete` runs during the round: rows 1-2 go
+    in the first chunk, and only the newer versions of rows 3-5 reach the target."""
+    with h.db.write_txn(h.table) as w:
+        for i in range(1, 7):
+            h.table.insert(w, TestObject(i, value="v1"))
+    h.expect_table({i: DONE for i in range(1, 6)})
+    h.wait_reconciled()
+    assert seen[:2] == [(1, "v1"), (2, "v1")]
+    assert sorted(seen[2:]) == [(3, "v2"), (4, "v2"), (5, "v2")]
+
+
 @pytest.mark.parametrize("backend", ["asyncio", "trio"])
 def test_batch_round_skips_rows_replaced_while_it_runs(backend: str) -> None:
     ops = RecordingBatchOps()
     with Harness(backend=backend, ops=ops, batch=True, target_chunk_size=2) as h:
         ops.on_first = lambda: _replace_and_delete(h)
-        with h.db.write_txn(h.table) as w:
-            for i in range(1, 7):
-                h.table.insert(w, TestObject(i, value="v1"))
-        h.expect_table({i: DONE for i in range(1, 6)})
-        h.wait_reconciled()
-        # Rows 1-2 went in the first chunk; 3-6 were replaced or deleted before their
-        # chunk: only their newer versions reached the target.
-        assert ops.seen[:2] == [(1, "v1"), (2, "v1")]
-        assert sorted(ops.seen[2:]) == [(3, "v2"), (4, "v2"), (5, "v2")]
+        # Rows 3-6 are replaced or deleted before their chunk.
+        _insert_six_and_check_newer_versions_applied(h, ops.seen)
         assert "delete(6)" in ops.take(20)
         assert {o.id: o.value for o in h.rows()} == {1: "v1", 2: "v1", 3: "v2", 4: "v2", 5: "v2"}
         assert len(h.reconciler.retries) == 0
@@ -85,13 +90,7 @@ def test_per_object_round_skips_rows_replaced_while_it_runs(backend: str) -> Non
 
     ops.on_update = writer
     with Harness(backend=backend, ops=ops, target_chunk_size=2) as h:
-        with h.db.write_txn(h.table) as w:
-            for i in range(1, 7):
-                h.table.insert(w, TestObject(i, value="v1"))
-        h.expect_table({i: DONE for i in range(1, 6)})
-        h.wait_reconciled()
-        assert ops.seen[:2] == [(1, "v1"), (2, "v1")]
-        assert sorted(ops.seen[2:]) == [(3, "v2"), (4, "v2"), (5, "v2")]
+        _insert_six_and_check_newer_versions_applied(h, ops.seen)
 
 
 def test_row_whose_own_status_did_not_change_is_still_applied() -> None:
