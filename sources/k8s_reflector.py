@@ -31,12 +31,14 @@ Deltas are delivered in the order the server sent them, one per event; coalescin
 object key (upstream's reflector buffer) is the consumer's job, done by the Kubernetes
 source's applier for each batch it writes (`sources.k8s_source.coalesce`).
 
-Blocking client calls run in worker threads (`anyio.to_thread.run_sync`; a
-watch is read by one worker thread, see `_WatchPump`); the event loop never
-blocks on the network. Objects are decoded from the raw response
-(``_preload_content=False``) by `sources.k8s_json.loads` (orjson where installed, else
-``json.loads``): 0.9-1.6 us per Service against 22-43 us for the client's model classes
-(benchmarks/k8s.py, ``decode_*``), and the converter wants plain dicts anyway.
+Blocking client calls run in worker threads (`anyio.to_thread.run_sync`); a watch's body
+is read by the event loop from its non-blocking socket when it is readable
+(`sources.k8s_watch_body`; a compressed or unchunked body by a worker thread, see
+`_WatchPump`): the event loop never blocks on the network. Objects are decoded from the raw
+response (``_preload_content=False``) by `sources.k8s_json.loads` (orjson where
+installed, else ``json.loads``): 0.9-1.6 us per Service against 22-43 us for the client's
+model classes (benchmarks/k8s.py, ``decode_*``), and the converter wants plain dicts
+anyway.
 """
 
 from __future__ import annotations
@@ -62,6 +64,7 @@ from kubernetes.client.exceptions import ApiException
 
 from sources import k8s_json
 from sources.k8s_client import K8sClient
+from sources.k8s_watch_body import ChunkedBodyError, socket_body
 from statedb.errors import StatewrightError
 from statedb.rows import slot_constructor
 
@@ -262,6 +265,7 @@ class Reflector:
                     http.client.HTTPException,
                     OSError,
                     StreamError,
+                    ChunkedBodyError,
                     ValueError,  # a list that is not JSON
                 ) as e:
                     if isinstance(e, ApiException) and e.status == 410:
@@ -428,26 +432,39 @@ class Reflector:
         self._set_state(WATCHING)
         self.health.watches += 1
         self.health.last_error = ""
-        pump = _WatchPump(resp.stream(65536, decode_content=True))
         failure: BaseException | None = None
         try:
-            # Errors leave the task group as values: raised inside it they would come out
-            # wrapped in an ExceptionGroup.
-            async with anyio.create_task_group() as tg:
-                tg.start_soon(pump.run_in_thread)
-                failure = await self._consume(pump)
-                tg.cancel_scope.cancel()
+            body = socket_body(resp, self.config.stall_timeout)
+            if body is not None:  # the usual case: read by the loop, no thread
+                failure = await self._consume(body.take)
+            else:
+                failure = await self._consume_in_thread(resp)
         finally:
             self._close_response()
         if failure is not None:
             raise failure
 
-    async def _consume(self, pump: _WatchPump) -> BaseException | None:
-        """Decode and deliver what the pump reads until the stream ends; the error that
-        ended it (None when the server ended the watch cleanly: resume)."""
+    async def _consume_in_thread(self, resp: Any) -> BaseException | None:
+        """`_consume` for a body `socket_body` does not read (compressed or not chunked):
+        urllib3 reads it in a worker thread."""
+        pump = _WatchPump(resp.stream(65536, decode_content=True))
+        # Errors leave the task group as values: raised inside it they would come out
+        # wrapped in an ExceptionGroup.
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(pump.run_in_thread)
+            failure = await self._consume(pump.take)
+            tg.cancel_scope.cancel()
+        return failure
+
+    async def _consume(
+        self, take: Callable[[], Awaitable[tuple[bytes, bool, BaseException | None]]]
+    ) -> BaseException | None:
+        """Decode and deliver what ``take`` returns (what arrived, the stream ended, its
+        error) until the stream ends; the error that ended it (None when the server ended
+        the watch cleanly: resume)."""
         buf = b""
         while True:
-            data, finished, error = await pump.take()
+            data, finished, error = await take()
             if data:
                 buf += data
                 if b"\n" in buf:
