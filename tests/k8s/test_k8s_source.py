@@ -606,7 +606,9 @@ async def test_services_do_not_wait_for_a_failing_endpoint_slice_list(
     async with running_source(ClientSettings(kubeconfig=kubeconfig)) as r:
         await wait_for(lambda: r.services() == ["default/s0", "default/s1"], "services")
         slices = next(x for x in r.source.reflectors if x.name == "endpointslices")
-        assert not slices.health.synced and slices.health.state == BACKING_OFF
+        # It alternates between listing and backing off: look until it is seen waiting.
+        await wait_for(lambda: slices.health.state == BACKING_OFF, "slices backing off")
+        assert not slices.health.synced and "injected fault 500" in slices.health.last_error
         apiserver.clear_faults()
         await wait_for(lambda: r.source.synced, "initial sync")
         assert r.backends("default/s1") == ["10.244.0.2:8080/TCP"]
