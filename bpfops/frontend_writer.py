@@ -471,6 +471,8 @@ class FrontendWriter:
         self.wildcards.sync(fe, state, is_local, wildcard_written)
 
         self.trim_slots(addr, state, len(p.slot_backends))
+        # The frontend's writes are done: its backends wait for its next update compactly.
+        state.compact()
 
     def sync_scale_to_zero(self, state: FrontendState, want: bool) -> None:
         """Track (or stop tracking) the frontend's id in the scale-to-zero map. An existing
