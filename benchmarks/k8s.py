@@ -34,7 +34,9 @@ Keys:
   service: memory_by_file_ / memory_by_line_bytes_per_service (``[where, bytes per
   service, live blocks]``), memory_holders_bytes_per_service (which object types hold
   what the top lines allocated), memory_by_type_bytes_per_service (live container
-  objects, shallow sizes), memory_traced_mb / _peak_mb (`benchmarks.k8s_memory`).
+  objects, shallow sizes), memory_owners_bytes_per_service (each object once, for the
+  first of statedb, rows, LB Ops, writer, converter, source that reaches it),
+  memory_traced_mb / _peak_mb (`benchmarks.k8s_memory`).
 - churn_*: the server changes one EndpointSlice (one endpoint address replaced) at
   ``--churn-rate`` events/s for ``--churn-seconds``; latency from the server creating
   the event until the new backend is in the frontend's map entries (its frontend row
@@ -136,7 +138,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import anyio
 import anyio.abc
 
-from benchmarks.k8s_memory import MemoryBreakdown, allocator_figures
+from benchmarks.k8s_memory import MemoryBreakdown, allocator_figures, lb_owners
 from benchmarks.lb import BACKENDS_PER_SERVICE, service_obj, slice_obj
 from bpf.probe import kernel_support
 from reconciler.status import StatusKind
@@ -396,7 +398,7 @@ async def _agent(
             out["rss_mb_peak_sync"] = round(_rss_mb("VmHWM"), 1)
             out.update({f"memory_{k}": v for k, v in allocator_figures().items()})
             if breakdown is not None:
-                out.update(breakdown.figures(n))
+                out.update(breakdown.figures(n, lb_owners(lb, source)))
             # As the agent does once the initial state is in the maps (components/lb.py,
             # and the k8s component's switch to steady-state collector thresholds).
             freeze_loaded()

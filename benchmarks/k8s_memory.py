@@ -10,7 +10,11 @@ shallow ``sys.getsizeof``), each per service. ``memory_objects_bytes_per_service
 every live object instead: the containers and, once each, the objects without references
 they hold (ints, strings, bytes: a statedb revision, a name, a key), with statedb's stored
 records (plain ``(row, revision, key)`` tuples) and the tuples of a frontend's backends
-named apart from other tuples, and dicts by their size. tracemalloc counts the bytes Python asked
+named apart from other tuples, and dicts by their size. ``memory_owners_bytes_per_service``
+counts every object reachable from the agent's parts once, for the first part (in a fixed
+order) that reaches it: statedb's records, revisions and tables per LB table, then the
+rows of each table, the LB Ops' backend states and frontend states, the writer, the
+converter and the source (`owner_bytes`). tracemalloc counts the bytes Python asked
 the allocator for; the resident set adds the allocator's slack, freed pages it keeps,
 and what was in memory before tracing started (the interpreter and its imports).
 """
@@ -23,6 +27,7 @@ import os
 import sys
 import tempfile
 import tracemalloc
+import types
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -57,8 +62,11 @@ class MemoryBreakdown:
         tracemalloc.start(1)
         self._before = tracemalloc.get_traced_memory()[0]
 
-    def figures(self, services: int) -> dict[str, Any]:
-        """The breakdown, per service (bytes), and stop tracing."""
+    def figures(
+        self, services: int, owners: list[Owner] | None = None
+    ) -> dict[str, Any]:
+        """The breakdown, per service (bytes), and stop tracing; with ``owners`` (see
+        `owner_bytes`, e.g. `lb_owners`) also ``memory_owners_bytes_per_service``."""
         gc.collect()
         snap = tracemalloc.take_snapshot()
         snap = snap.filter_traces((tracemalloc.Filter(False, tracemalloc.__file__),))
@@ -94,6 +102,8 @@ class MemoryBreakdown:
         tracemalloc.stop()
         out["memory_by_type_bytes_per_service"] = _types(per, self.top)
         out["memory_objects_bytes_per_service"] = object_bytes(gc.get_objects(), per, self.top)
+        if owners is not None:
+            out["memory_owners_bytes_per_service"] = owner_bytes(owners, per)
         return out
 
 
@@ -170,6 +180,82 @@ def object_bytes(objs: list[Any], per: int, top: int) -> list[list[Any]]:
             size[k] += sys.getsizeof(r)
             count[k] += 1
     return [[name, round(b / per), count[name]] for name, b in size.most_common(top)]
+
+
+#: What `owner_bytes` does not follow: code, classes and modules are not the data.
+_NOT_DATA = (type, types.ModuleType, types.FunctionType, types.BuiltinFunctionType,
+             types.CodeType, types.FrameType, types.MethodType)
+
+
+def _block(size: int) -> int:
+    """The bytes pymalloc takes for an object of ``size`` bytes (16-byte size classes up to
+    512 bytes; larger blocks come from malloc, counted as asked)."""
+    return (size + 15) & ~15 if size <= 512 else size
+
+
+#: An owner of `owner_bytes`: its name, its roots and whether what they reference is its
+#: too (False: the roots alone).
+Owner = tuple[str, list[Any], bool]
+
+
+def owner_bytes(owners: list[Owner], per: int) -> list[list[Any]]:
+    """Each object reachable (``gc.get_referents``) from the roots of an owner, counted
+    once, for the first owner in ``owners`` that reaches it: ``[owner, bytes per service
+    (``sys.getsizeof`` rounded up to pymalloc's size class), objects, its three largest
+    types as [type, bytes per service]]``, in the order given. Classes, modules and
+    functions are not followed, nor the shared small ints; a dict's keys are."""
+    seen: set[int] = set()
+    out: list[list[Any]] = []
+    for name, roots, follow in owners:
+        size = count = 0
+        by_type: Counter[str] = Counter()
+        stack = list(roots)
+        while stack:
+            o = stack.pop()
+            i = id(o)
+            if i in seen or isinstance(o, _NOT_DATA) or (type(o) is int and -5 <= o <= 256):
+                continue
+            seen.add(i)
+            b = _block(sys.getsizeof(o))
+            size += b
+            count += 1
+            by_type[type(o).__qualname__] += b
+            if follow:
+                stack.extend(gc.get_referents(o))
+                if type(o) is dict:
+                    # A dict of str keys does not report its keys as referents.
+                    stack.extend(o)
+        out.append([name, round(size / per), count,
+                    [[t, round(b / per)] for t, b in by_type.most_common(3)]])
+    return out
+
+
+def lb_owners(lb: Any, source: Any) -> list[Owner]:
+    """The parts of a `statewright.loadbalancer.LoadBalancer` and its Kubernetes source,
+    in `owner_bytes`'s order: per table statedb's own objects (its dicts and log, then
+    the stored records, then their revisions), then per table the rows, then the LB Ops,
+    the writer, the converter, the source."""
+    states = lb.db.read_txn().states
+    owners: list[Owner] = []
+    for name, st in states.items():
+        store = st.store
+        records = list(store.heads.values())
+        owners.append((f"statedb {name}: dicts and log",
+                       [store.heads, store.older, st.log, *(s.heads for s in st.secondary if s)],
+                       False))
+        owners.append((f"statedb {name}: records",
+                       [*records, *store.older.values(), *st.log], False))
+        owners.append((f"statedb {name}: revisions", [e[1] for e in records], False))
+    for name, st in states.items():
+        owners.append((f"rows {name}", [e[0] for e in st.store.heads.values()], True))
+    ops = lb.ops
+    if ops is not None:
+        owners.append(("LB Ops: backend states", [ops.backend_states], True))
+        owners.append(("LB Ops: frontend states", [ops.frontends], True))
+        owners.append(("LB Ops: the rest", [ops], True))
+    owners += [("LB writer", [lb.writer], True), ("k8s converter", [lb.converter], True),
+               ("k8s source", [source], True)]
+    return owners
 
 
 class _MallInfo2(ctypes.Structure):
