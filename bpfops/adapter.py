@@ -243,7 +243,16 @@ def frontend_ops_for(
 def reconciler_config(
     writer: LBWriter, ops: FrontendOps[Frontend], cfg: LBConfig, **overrides: Any
 ) -> Config[Frontend]:
-    """The reconciler Config of the frontends table for ``ops`` (overrides: Config fields)."""
+    """The reconciler Config of the frontends table for ``ops`` (overrides: Config fields).
+
+    While the LB tables are not initialized (a source has not applied its initial state
+    yet), a frontend with no backends that this run has not written is held
+    (``Config.hold_until_initialized``): after a restart the pinned maps still hold its
+    previous entries, whose backends keep serving until the sources' state is in, instead
+    of a frontend whose EndpointSlices are not loaded yet emptying them. Once the tables
+    are initialized it is written at once, with no backends if it still has none; a
+    frontend already written in this run is always written at once.
+    """
 
     service_id = ops.service_id
 
@@ -255,8 +264,15 @@ def reconciler_config(
             fe.backends, fe_id, fe.redirect_to, status,
         )
 
+    written = ops.frontends
+
+    def hold(fe: Frontend) -> bool:
+        # See the docstring: held while the tables are not initialized.
+        return not fe.backends and fe.address not in written
+
     settings: dict[str, Any] = {
         "name": "bpf-lb",
+        "hold_until_initialized": hold,
         "retry_min_backoff": cfg.retry_backoff_min,
         "retry_max_backoff": max(cfg.retry_backoff_max, cfg.retry_backoff_min),
         "prune_interval": 1800.0,

@@ -66,6 +66,14 @@ class Config(Generic[O]):
     #: status says: the safe choice when writers may forget (the reconciler's own status
     #: writes never reach it).
     reconcile_every_change: bool = False
+    #: While the table is not initialized, a changed row for which this returns True is
+    #: *held*: not handed to the target and left Pending. Once the table is initialized
+    #: the rows still held are handed over in the next rounds, unless a newer version or
+    #: a deletion of the key came meanwhile (the change stream hands that over instead).
+    #: For a target that still holds a previous run's state: e.g. the LB maps keep a
+    #: restored frontend's old backends serving, rather than a frontend whose backends
+    #: are not loaded yet. None: nothing is held.
+    hold_until_initialized: Callable[[O], bool] | None = None
 
     def validate(self) -> None:
         """Raise ValueError naming the reconciler and the offending setting."""

@@ -16,6 +16,7 @@ write-back without computing it again.
 from __future__ import annotations
 
 import inspect
+import itertools
 import logging
 import time
 from collections.abc import Callable, Iterator
@@ -102,6 +103,12 @@ class Incremental(Generic[O]):
         # Config.reconcile_every_change); counted once the initial listing is through.
         self.skipped_settled_writes = 0
         self._listed = False
+        #: Whether the table is initialized (set by the Reconciler's loop); until then the
+        #: rows ``Config.hold_until_initialized`` selects are held.
+        self.table_initialized = False
+        #: The held rows: primary key -> revision of the version held (see `_hold` and
+        #: `_release_held`).
+        self.held: dict[bytes, int] = {}
 
     # ----- change stream -------------------------------------------------
     async def open(self) -> None:
@@ -119,15 +126,23 @@ class Incremental(Generic[O]):
 
     async def resync(self) -> None:
         """Start over from a full listing of the table (after a round failed part way, its
-        changes may be half processed; Pending rows are found again, stale target entries are
-        left to the next prune)."""
+        changes may be half processed; Pending rows are found again, held ones too, stale
+        target entries are left to the next prune)."""
+        self.held.clear()
         self.close()
         await self.open()
 
     @property
     def backlog(self) -> bool:
-        """True when changes of an earlier snapshot are still waiting (the last round was full)."""
-        return self._changes is not None
+        """True when changes of an earlier snapshot are still waiting (the last round was
+        full), or held rows are to be handed over (the table is initialized)."""
+        return self._changes is not None or (self.table_initialized and bool(self.held))
+
+    @property
+    def caught_up(self) -> bool:
+        """True when every change of the table up to the last round's snapshot went to the
+        target: no change waits for a round and no row is held."""
+        return self._changes is None and not self.held
 
     def key_text(self, obj: Any) -> str:
         """``repr`` of the row's primary key value (as health messages and problems show
@@ -158,13 +173,15 @@ class Incremental(Generic[O]):
         updates: Updates[O] = Updates()
         budget = self.config.incremental_round_size
         taken = await self._collect_changes(self._changes, deletes, updates.work, budget)
-        updates.changes = len(updates.work)
         if taken < budget:
             self._changes = None
             stream_revision = self._changes_revision
             self._listed = True
         else:
             stream_revision = -1
+        if self.held and self.table_initialized:
+            taken += self._release_held(txn, updates.work, budget - taken)
+        updates.changes = len(updates.work)
         self._collect_retries(txn, deletes, updates, budget - taken)
         if deletes:
             await self._run_deletes(txn, deletes)
@@ -182,7 +199,8 @@ class Incremental(Generic[O]):
                 # status writes alone and run an empty round. (Taken against the commit's
                 # own snapshot: a write since then gives an already closed watch.)
                 watch = self.table.changed_watch(after)
-        if stream_revision >= 0:
+        if stream_revision >= 0 and not self.held:
+            # A held row's change is not attempted until it is handed over.
             self.attempted_revision = stream_revision
         self.update_error_metrics()
         return watch
@@ -207,20 +225,27 @@ class Incremental(Generic[O]):
         needs_work = _ALL_KINDS if self.config.reconcile_every_change else _NEEDS_WORK
         listed = self._listed
         add_update = updates.append
+        hold = None if self.table_initialized else self.config.hold_until_initialized
+        held = self.held
         taken = 0
         examined = 0
         # Fields by position (obj, revision, key): the same fields as the names, a little
         # cheaper per record in this loop.
         for rec in changes:
             obj = rec[0]
+            if held:
+                # A newer version or a deletion of a held row: the held one is obsolete.
+                held.pop(rec[2], None)
             if rec.deleted:
                 if has_retries:
                     retries.clear(rec[2])
                 deletes.append((obj, rec[1]))
             else:
                 status = get_status(obj)
-                if status.kind not in needs_work:
-                    if listed:
+                if status.kind not in needs_work or (hold is not None and hold(obj)):
+                    if status.kind in needs_work:
+                        self._hold(rec)
+                    elif listed:
                         self._skipped_settled(rec)
                     examined += 1
                     if examined >= _CHECKPOINT_EVERY:
@@ -234,6 +259,33 @@ class Incremental(Generic[O]):
             if taken >= budget:
                 break
         return taken
+
+    def _hold(self, rec: Change[O]) -> None:
+        """Hold a changed row until the table is initialized (its retry, if any, is
+        obsolete: this newer version is handed over instead)."""
+        self.held[rec[2]] = rec[1]
+        if self.retries:
+            self.retries.clear(rec[2])
+
+    def _release_held(self, txn: ReadTxn, updates: list[Change[O]], budget: int) -> int:
+        """Hand over up to ``budget`` held rows (the table is initialized now): each still
+        at its held version in ``txn`` joins the round's updates; one replaced or deleted
+        since is dropped, since the change stream hands over its newer version or its
+        deletion. Returns how many joined."""
+        if budget <= 0:
+            return 0
+        table = self.table
+        query = table.primary.query_bytes
+        held = self.held
+        n = 0
+        for key in list(itertools.islice(held, budget)):
+            revision = held.pop(key)
+            cur = table.get_revision(txn, query(key))
+            if cur is None or cur[1] != revision:
+                continue
+            updates.append(Change(cur[0], revision, key))
+            n += 1
+        return n
 
     def _skipped_settled(self, rec: Change[O]) -> None:
         """A writer changed a row but left it Done (or Error): say so the first time."""

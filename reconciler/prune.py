@@ -2,9 +2,13 @@
 target drops whatever is not in the table.
 
 It never runs before the table is initialized (an uninitialized table would make the
-target drop everything). With ``prune_interval`` set it runs in the first round after
-initialization and then every ``prune_interval``; with ``None`` only on request
-(``Reconciler.prune``). A failure is reported in health and tried again at the next prune.
+target drop everything), and the first one waits until every change up to the round's
+snapshot went to the target (no backlog, no held row): a row not written yet is one the
+target has no record of, and a target that restored a previous run's state (the LB maps'
+entries and ids) would drop what it kept for that row. With ``prune_interval`` set it runs
+in the first round after initialization that is caught up, and then every
+``prune_interval``; with ``None`` only on request (``Reconciler.prune``). A failure is
+reported in health and tried again at the next prune.
 
 A prune that returns an awaitable is awaited by the round that started it, so the rounds
 wait for it; with ``Config.prune_beside_rounds`` it runs in a task of its own while the
@@ -50,6 +54,8 @@ class Pruner(Generic[O]):
         self._request_watch: Watch | None = None
         self._running: Watch | None = None
         self._busy = False
+        #: A prune has begun since the reconciler started.
+        self.pruned = False
 
     def on_initialized(self, now: float) -> None:
         """The table finished initializing: prune right away if pruning is enabled."""
@@ -72,10 +78,14 @@ class Pruner(Generic[O]):
         with self._lock:
             return self._request_watch is not None or self._running is not None
 
-    def due(self, now: float) -> bool:
+    def due(self, now: float, caught_up: bool = True) -> bool:
         """True when the table is initialized, no prune is running beside the rounds, and
-        a prune is requested or scheduled."""
-        if not self.initialized or self._busy:
+        a prune is requested or scheduled. The first prune also waits until the
+        reconciler is ``caught_up`` (every change up to its last round's snapshot went to
+        the target, no row is held): until a row was written the target has no record of
+        it, and the prune would drop what a previous run left for it (see the module
+        doc)."""
+        if not self.initialized or self._busy or (not caught_up and not self.pruned):
             return False
         with self._lock:
             if self._requested:
@@ -141,6 +151,7 @@ class Pruner(Generic[O]):
         spawn(finish)
 
     def _begin(self) -> float:
+        self.pruned = True
         with self._lock:
             self._requested = False
             self._running, self._request_watch = self._request_watch, None

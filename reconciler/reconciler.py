@@ -149,6 +149,12 @@ class Reconciler(Generic[O]):
         return len(self.retries)
 
     @property
+    def held(self) -> int:
+        """How many rows are held until the table is initialized (see
+        `Config.hold_until_initialized`)."""
+        return len(self._incremental.held)
+
+    @property
     def skipped_settled_writes(self) -> int:
         """Changed rows skipped because a writer left them Done or Error (see
         `Config.reconcile_every_change`)."""
@@ -168,6 +174,13 @@ class Reconciler(Generic[O]):
             out.append(
                 f"changes up to revision {revision} not attempted yet "
                 f"(attempted up to {self._incremental.attempted_revision})"
+            )
+        held = self._incremental.held
+        if held:
+            out.append(
+                f"{len(held)} row(s) held until the table is initialized"
+                if not self._incremental.table_initialized
+                else f"{len(held)} held row(s) not handed to the target yet"
             )
         not_done = [o for o in table.all(txn) if cfg.get_object_status(o).kind is not _DONE]
         if not_done:
@@ -241,7 +254,7 @@ class Reconciler(Generic[O]):
         # since (no trim, no log compaction) for as long as this table stays quiet.
         initialized, init_watch = table.initialized(self.db.read_txn())
         if initialized:
-            self._pruner.on_initialized(clock.now())
+            self._on_initialized()
         table_watch = closed_watch()  # the first round reads every row
         failed_rounds = 0
         while True:
@@ -260,7 +273,7 @@ class Reconciler(Generic[O]):
             if not initialized:
                 initialized, init_watch = table.initialized(txn)
                 if initialized:
-                    self._pruner.on_initialized(clock.now())
+                    self._on_initialized()
             try:
                 watch = await self._round(txn)
             except Exception as exc:  # a bug in user callbacks must not kill the loop
@@ -283,6 +296,12 @@ class Reconciler(Generic[O]):
             del txn
             await anyio.lowlevel.checkpoint()
 
+    def _on_initialized(self) -> None:
+        """The table is initialized: held rows go to the target from the next round on,
+        and pruning may begin."""
+        self._incremental.table_initialized = True
+        self._pruner.on_initialized(self.config.clock.now())
+
     def _next_wake(self) -> float | None:
         now = self.config.clock.now()
         times = [t for t in (self.retries.next_due(), self._pruner.wake_at()) if t is not None]
@@ -293,7 +312,7 @@ class Reconciler(Generic[O]):
     async def _round(self, txn: ReadTxn) -> Watch | None:
         start = time.perf_counter()
         watch = await self._incremental.run_round(txn)
-        if self._pruner.due(self.config.clock.now()):
+        if self._pruner.due(self.config.clock.now(), self._incremental.caught_up):
             tg = self._task_group
             if self.config.prune_beside_rounds and tg is not None:
                 self._pruner.start_beside(txn, tg.start_soon, self._wake)
