@@ -15,6 +15,7 @@ map access), used by ``bpfops.frontend_writer`` to write a frontend:
 
 from __future__ import annotations
 
+import struct
 from dataclasses import replace
 from typing import Any
 
@@ -28,12 +29,13 @@ from bpfops.model import (
     HOST_PORT,
     LOAD_BALANCER,
     NODE_PORT,
+    PROTO_NUMBERS,
     Addr,
     BackendSpec,
     FrontendSpec,
     LBOpsConfig,
-    proto_number,
 )
+from tables.l3n4 import PROTOCOLS
 
 BACKEND_ACTIVE = lb.BACKEND_ACTIVE
 
@@ -196,17 +198,61 @@ def in_slot_order(bes: list[BackendSpec]) -> bool:
     return True
 
 
+# An address' key bytes (tables.l3n4): 16 bytes of IP (IPv4 mapped), the port (network
+# order), the protocol's index in PROTOCOLS, the scope, the IP version. The maps' keys and
+# values start with the IP and the port in network order: a slice of the key.
+
+#: The IANA number of each protocol index of an address key.
+_IANA = bytes(PROTO_NUMBERS[p] for p in PROTOCOLS)
+#: The small integers' two little-endian bytes (services-map slot numbers).
+_U16_LE = tuple(i.to_bytes(2, "little") for i in range(1024))
+_KEY_TAIL = struct.Struct("<BB2x")
+_BACKEND_TAIL = struct.Struct("<BBHBx")
+#: `backend_tail` by (want << 2 | protocol index): the few wants in use.
+_BACKEND_TAILS: dict[int, bytes] = {}
+
+
+def addr_head(addr: Addr) -> bytes:
+    """The IP (4 or 16 bytes) and the port of ``addr``, both in network byte order: how
+    its services-map keys and its backends-map value begin."""
+    return addr[12:18] if addr[20] == 4 else addr[:18]
+
+
+def slot_number(slot: int) -> bytes:
+    """A services-map key's slot field (u16, little-endian)."""
+    return _U16_LE[slot] if slot < 1024 else slot.to_bytes(2, "little")
+
+
+def svc_key_tail(addr: Addr) -> bytes:
+    """What follows the slot in ``addr``'s services-map keys: protocol, scope, padding."""
+    return _KEY_TAIL.pack(_IANA[addr[18]], addr[19])
+
+
+def backend_tail(proto_index: int, want: int) -> bytes:
+    """What follows the address and port in a backends-map value (protocol, flags,
+    cluster id, zone, padding) for an address' protocol index and a want
+    (``frontend_state.want_of``)."""
+    key = (want << 2) | proto_index
+    tail = _BACKEND_TAILS.get(key)
+    if tail is None:
+        tail = _BACKEND_TAIL.pack(
+            _IANA[proto_index], want >> 24, (want >> 8) & 0xFFFF, want & 0xFF
+        )
+        if len(_BACKEND_TAILS) >= 4096:
+            _BACKEND_TAILS.clear()
+        _BACKEND_TAILS[key] = tail
+    return tail
+
+
 def svc_key(addr: Addr, slot: int) -> bytes:
     """The encoded services-map key of ``addr``'s slot ``slot``."""
-    st = lb.SERVICE6_KEY_STRUCT if addr.is_v6 else lb.SERVICE4_KEY_STRUCT
-    return st.pack(addr.packed, lb.swap16(addr.port), slot, proto_number(addr.proto), addr.scope)
+    return addr_head(addr) + slot_number(slot) + svc_key_tail(addr)
 
 
 def revnat_entry(p: PendingFrontend) -> tuple[bytes, bytes]:
-    """The encoded rev-NAT entry of the frontend (key, value)."""
-    addr, v6 = p.fe.addr, p.state.v6
-    rev_pack = (lb.REVNAT6_STRUCT if v6 else lb.REVNAT4_STRUCT).pack
-    return lb.BE16_STRUCT.pack(p.state.id), rev_pack(addr.packed, lb.swap16(addr.port))
+    """The encoded rev-NAT entry of the frontend (key, value): the value is the frontend's
+    IP and port in network order (lb4/lb6_reverse_nat), `addr_head`."""
+    return lb.BE16_STRUCT.pack(p.state.id), addr_head(p.fe.addr)
 
 
 def master_value(cfg: LBOpsConfig, p: PendingFrontend) -> bytes:

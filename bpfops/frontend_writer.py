@@ -38,13 +38,17 @@ from bpfops.backend_states import (
 )
 from bpfops.frontend_plan import (
     PACKS,
+    addr_head,
+    backend_tail,
     check_frontend,
     master_flags,
     master_value,
     revnat_entry,
     slot_flags,
+    slot_number,
     sorted_backends,
     svc_key,
+    svc_key_tail,
     use_maglev,
 )
 from bpfops.frontend_state import (
@@ -69,7 +73,6 @@ from bpfops.ids import (
 from bpfops.lb_maps import LBMaps, delete_quiet
 from bpfops.maglev import Maglev, MaglevBackend, hash_string
 from bpfops.model import (
-    PROTO_NUMBERS,
     SCOPE_INTERNAL,
     Addr,
     BackendSpec,
@@ -159,7 +162,6 @@ class FrontendWriter:
         master no longer counts their slots, or at once when this raises."""
         check_frontend(fe)
         addr = fe.addr
-        key_proto = proto_number(addr.proto)
         state = self.frontends.get(addr)
         if state is None:
             state = FrontendState(self.service_ids.acquire(addr), addr.is_v6)
@@ -181,7 +183,7 @@ class FrontendWriter:
         writes = CollectedWrites(self.backend_states, slots)
         try:
             slot_backends, active, inactive = self._collect_backends(
-                fe, state, ordered, key_proto, writes
+                fe, state, ordered, writes
             )
         except BaseException:
             writes.undo(0, 0)
@@ -266,7 +268,6 @@ class FrontendWriter:
         fe: FrontendSpec,
         state: FrontendState,
         ordered: list[BackendSpec],
-        key_proto: int,
         writes: CollectedWrites,
     ) -> tuple[list[BackendSpec], int, int]:
         """Reference every backend of ``ordered``, collect its entry (when it changed) and
@@ -275,17 +276,18 @@ class FrontendWriter:
         addr, fe_id, v6, slots = fe.addr, state.id, state.v6, state.slots
         fe_backends = state.backends
         # Entries are encoded straight to bytes for the byte-level backends (bpf.lb's
-        # *_STRUCT layouts, identical to the codecs').
-        key_pack, be_pack = PACKS[v6]
-        value_pack, u32_pack = lb.SERVICE_VALUE_STRUCT.pack, lb.U32_STRUCT.pack
-        key_ip, key_port, key_scope = addr.packed, lb.swap16(addr.port), addr.scope
-        rev_be = lb.swap16(fe_id)
+        # *_STRUCT layouts, identical to the codecs'), from the addresses' key bytes: a
+        # slot's key is the frontend's IP and port, the slot number and a tail; its value
+        # the backend id and a tail; a backend's value its IP and port and a tail.
+        family, u32_pack = addr[20], lb.U32_STRUCT.pack
+        key_head, key_tail = addr_head(addr), svc_key_tail(addr)
         sf1, sf2 = svcflags.split(state.slot_flags)
+        slot_tail = lb.SERVICE_VALUE_STRUCT.pack(0, 0, lb.swap16(fe_id), sf1, sf2, 0)[4:]
         active = terminating = inactive = 0
         slot, nslots = 1, len(slots)
         slot_backends: list[BackendSpec] = []
         packed_states, shared_wants = self.backend_states.packed, self.backend_states.shared
-        affinity, proto_numbers = fe.service.session_affinity, PROTO_NUMBERS
+        affinity = fe.service.session_affinity
         be_keys, be_values, be_undo = writes.be_keys, writes.be_values, writes.be_undo
         svc_keys, svc_values, slot_undo = writes.svc_keys, writes.svc_values, writes.slot_undo
         for be in ordered:
@@ -307,8 +309,7 @@ class FrontendWriter:
                 fe_backends[be_addr] = prev = None
             be_id = v & ID_MASK
             be_state = be.state
-            be_port = be_addr.port
-            if be_port == 0:
+            if not (be_addr[16] or be_addr[17]):
                 raise ValueError(f"backend {be_addr}: port 0")
             # The usual backend (no cluster id, no zone, wanted by this frontend alone)
             # takes want_of/set_want/effective inline, its want stored with what is
@@ -331,15 +332,16 @@ class FrontendWriter:
             else:
                 want, own, v = self._shared_want(be, prev, fe_backends)
             written = v >> WRITTEN_SHIFT
+            id_bytes = u32_pack(be_id)
             if written != want:
-                be_proto = proto_numbers.get(be_addr.proto)
-                if be_proto is None:
-                    be_proto = proto_number(be_addr.proto)
-                be_keys.append(u32_pack(be_id))
-                be_values.append(be_pack(
-                    be_addr.packed, ((be_port & 0xFF) << 8) | (be_port >> 8),  # lb.swap16
-                    be_proto, want >> 24, (want >> 8) & 0xFFFF, want & 0xFF,
-                ))
+                be_keys.append(id_bytes)
+                be_values.append(
+                    addr_head(be_addr) + backend_tail(be_addr[18], want)
+                    if be_addr[20] == family
+                    else PACKS[v6][1](be_addr.packed, lb.swap16(be_addr.port),
+                                      proto_number(be_addr.proto), want >> 24,
+                                      (want >> 8) & 0xFFFF, want & 0xFF)
+                )
                 be_undo.append((be_addr, None if written == NONE else written))
                 v = (v & BELOW_WRITTEN) | (want << WRITTEN_SHIFT)
             packed_states[be_addr] = v
@@ -352,8 +354,8 @@ class FrontendWriter:
                 continue
             idx = slot - 1
             if idx >= nslots or slots[idx] != be_id:
-                svc_keys.append(key_pack(key_ip, key_port, slot, key_proto, key_scope))
-                svc_values.append(value_pack(be_id, 0, rev_be, sf1, sf2, 0))
+                svc_keys.append(key_head + slot_number(slot) + key_tail)
+                svc_values.append(id_bytes + slot_tail)
                 if idx < nslots:
                     slot_undo.append((idx, slots[idx]))
                     slots[idx] = be_id

@@ -29,6 +29,20 @@ def vip_key(addr: Addr) -> VipKey:
     return addr[:16] + addr[19:20]
 
 
+#: `entry_value` by frontend type.
+_VALUES: dict[str, bytes] = {}
+
+
+def entry_value(fe_type: str) -> bytes:
+    """The encoded value of a wildcard entry for a VIP of frontend type ``fe_type``: no
+    backends, id 0, the type's flags."""
+    value = _VALUES.get(fe_type)
+    if value is None:
+        f1, f2 = svcflags.split(svcflags.service_flags(svcflags.FlagParams(fe_type)))
+        value = _VALUES[fe_type] = lb.SERVICE_VALUE_STRUCT.pack(0, 0, 0, f1, f2, 0)
+    return value
+
+
 class WildcardEntries:
     """The wildcard entries of the VIPs and the frontends referencing each (see the module
     doc); every method keeps the map and ``refs`` in step."""
@@ -62,12 +76,7 @@ class WildcardEntries:
         if p.is_local is not None and p.is_local(addr):
             return None
         key_struct = lb.SERVICE6_KEY_STRUCT if addr.is_v6 else lb.SERVICE4_KEY_STRUCT
-        f1, f2 = svcflags.split(svcflags.service_flags(svcflags.FlagParams(fe.type)))
-        return (
-            ref_key,
-            key_struct.pack(addr.packed, 0, 0, 0, addr.scope),
-            lb.SERVICE_VALUE_STRUCT.pack(0, 0, 0, f1, f2, 0),
-        )
+        return ref_key, key_struct.pack(addr.packed, 0, 0, 0, addr.scope), entry_value(fe.type)
 
     def sync(
         self,

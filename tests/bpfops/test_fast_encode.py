@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from bpf import lb
 from bpf.codec import BE16, U32
-from bpfops.frontend_plan import svc_key
+from bpfops.frontend_plan import addr_head, backend_tail, svc_key
 from bpfops.frontend_state import backend_bytes, want_of
 from bpfops.model import Addr, BackendSpec, fast_addr, fast_backend_spec, proto_number
 
@@ -84,6 +84,19 @@ def testbackend_bytes(ip, port: int, proto: str, state: int, cid: int, zone: int
     else:
         want = lb.BACKEND4.encode(lb.Backend4(ip.packed, port, pn, state, cid, zone))
     assert backend_bytes(addr, want_of(state, cid, zone)) == want
+
+
+@given(ips, st.integers(1, 0xFFFF), protos, u8, u16, u8)
+def test_backend_value_from_the_key_bytes(  # type: ignore[no-untyped-def]
+    ip, port: int, proto: str, state: int, cid: int, zone: int
+) -> None:
+    """A backends-map value as the Ops build it: the address' key bytes and a shared tail."""
+    addr = Addr(ip, port, proto)
+    want = want_of(state, cid, zone)
+    assert addr_head(addr) + backend_tail(addr[18], want) == backend_bytes(addr, want)
+    # The rev-NAT value of a frontend at that address is its head.
+    revnat = lb.RevNat6(ip.packed, port) if ip.version == 6 else lb.RevNat4(ip.packed, port)
+    assert addr_head(addr) == (lb.REVNAT6 if ip.version == 6 else lb.REVNAT4).encode(revnat)
 
 
 @given(
