@@ -117,14 +117,11 @@ class FrontendState:
         if type(b) is dict and getrefcount(b) <= _ONLY_HELD:
             if not b:
                 self._backends = _NO_BACKENDS
-            else:
-                values = iter(b.values())
-                want = next(values)
-                for v in values:
-                    if v != want:
-                        break
-                else:
-                    self._backends = (*b, want)
+                return
+            wants = [*b.values()]
+            want = wants[0]
+            if wants.count(want) == len(wants):
+                self._backends = (*b, want)
 
 
 #: Whether the address of a frontend (its VIP: the IP, whatever the port) is one of the
