@@ -48,7 +48,7 @@ import socket
 import sys
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeAlias
 
 from statedb import InputError, WriteTxn
 from statedb.rows import slot_constructor
@@ -122,13 +122,21 @@ MAX_ENDPOINT_ADDRESSES = 100
 #: different families; Cilium's test corpus (pruning.txtar) has two IPv4 ones, both used.
 MAX_CLUSTER_IPS = 2
 
+#: What a conversion error names: the object's ``Kind namespace/name``, or the object
+#: (a mapping), named by `object_ref` only when an error is raised.
+ObjectRef: TypeAlias = str | Mapping[str, Any]
+
 
 class ConversionError(InputError):
     """An object cannot be converted: ``obj`` names it (``Service default/echo``), ``field``
-    the field path (``spec.ports[0].port``), ``message`` what is wrong."""
+    the field path (``spec.ports[0].port``), ``message`` what is wrong.
 
-    def __init__(self, obj_ref: str, field_path: str, reason: str) -> None:
-        super().__init__(reason, obj=obj_ref, field=field_path)
+    ``obj_ref`` is that name, or the object itself (`ObjectRef`): the converters pass the
+    object, so the name is built only when one is refused (`object_ref`)."""
+
+    def __init__(self, obj_ref: ObjectRef, field_path: str, reason: str) -> None:
+        name = obj_ref if isinstance(obj_ref, str) else object_ref(obj_ref)
+        super().__init__(reason, obj=name, field=field_path)
 
 
 # ----- object helpers ---------------------------------------------------------------
@@ -162,7 +170,7 @@ def namespaced_name(obj: Mapping[str, Any]) -> str:
     return f"{ns}/{name}"
 
 
-def _mapping(ref: str, path: str, value: Any) -> Mapping[str, Any]:
+def _mapping(ref: ObjectRef, path: str, value: Any) -> Mapping[str, Any]:
     # A plain dict first: the usual case, without the Mapping ABC's isinstance check.
     if type(value) is dict:
         return value
@@ -173,7 +181,7 @@ def _mapping(ref: str, path: str, value: Any) -> Mapping[str, Any]:
     return value
 
 
-def _list(ref: str, path: str, value: Any) -> Sequence[Any]:
+def _list(ref: ObjectRef, path: str, value: Any) -> Sequence[Any]:
     if value is None:
         return []
     if not isinstance(value, list):
@@ -181,7 +189,7 @@ def _list(ref: str, path: str, value: Any) -> Sequence[Any]:
     return value
 
 
-def _str(ref: str, path: str, value: Any, default: str = "") -> str:
+def _str(ref: ObjectRef, path: str, value: Any, default: str = "") -> str:
     if value is None:
         return default
     if not isinstance(value, str):
@@ -189,7 +197,7 @@ def _str(ref: str, path: str, value: Any, default: str = "") -> str:
     return value
 
 
-def _str_map(ref: str, path: str, value: Any) -> dict[str, str]:
+def _str_map(ref: ObjectRef, path: str, value: Any) -> dict[str, str]:
     m = _mapping(ref, path, value)
     out: dict[str, str] = {}
     for k, v in m.items():
@@ -204,7 +212,7 @@ def _str_map(ref: str, path: str, value: Any) -> dict[str, str]:
     return out
 
 
-def _port(ref: str, path: str, value: Any, *, allow_zero: bool = False) -> int:
+def _port(ref: ObjectRef, path: str, value: Any, *, allow_zero: bool = False) -> int:
     if isinstance(value, bool) or not isinstance(value, int):
         raise ConversionError(ref, path, f"expected a port number, got {value!r}")
     if value == 0 and not allow_zero:
@@ -268,7 +276,7 @@ def _plain_ipv4(text: str) -> IPAddress | None:
     return ip
 
 
-def _ip(ref: str, path: str, value: Any) -> IPAddress:
+def _ip(ref: ObjectRef, path: str, value: Any) -> IPAddress:
     if not isinstance(value, str):
         raise ConversionError(ref, path, f"expected an IP address, got {value!r}")
     try:
@@ -281,7 +289,7 @@ def _ip(ref: str, path: str, value: Any) -> IPAddress:
 _CANONICAL_PROTOCOLS = frozenset(PROTOCOLS)
 
 
-def _proto(ref: str, path: str, value: Any) -> str:
+def _proto(ref: ObjectRef, path: str, value: Any) -> str:
     try:
         return parse_protocol(_str(ref, path, value, "TCP"))
     except AddressError as e:
@@ -322,7 +330,7 @@ class ConvertedService:
 _new_converted_service = slot_constructor(ConvertedService, "new_converted_service")
 
 
-def _policy(ref: str, path: str, value: Any) -> TrafficPolicy:
+def _policy(ref: ObjectRef, path: str, value: Any) -> TrafficPolicy:
     if value is None or value == "Cluster":  # the usual case first
         return TrafficPolicy.CLUSTER
     text = _str(ref, path, value, "Cluster")
@@ -345,7 +353,7 @@ def convert_service(
     exposure annotation (the service exists only on nodes whose label of the same
     name has the annotation's value)."""
     cfg = config if config is not None else LBConfig()
-    ref = object_ref(obj)
+    ref = obj  # what errors name: `object_ref` of it, built only for an error
     # Interned, as the EndpointSlices' service names are: one string per service, shared
     # by its rows (service, frontends, backend instance keys) and every lookup by name.
     name = sys.intern(namespaced_name(obj))
@@ -427,7 +435,7 @@ def _sorted_items(m: Mapping[str, str]) -> tuple[tuple[str, str], ...]:
 
 
 def _frontend_ips(
-    ref: str, spec: Mapping[str, Any], status: Mapping[str, Any], labels: Mapping[str, str]
+    ref: ObjectRef, spec: Mapping[str, Any], status: Mapping[str, Any], labels: Mapping[str, str]
 ) -> tuple[list[IPAddress], list[IPAddress], list[IPAddress], bool]:
     """(cluster IPs, load-balancer VIPs, external IPs, headless) of a Service."""
     cluster_ips: list[IPAddress] = []
@@ -472,7 +480,7 @@ def _frontend_ips(
 
 
 def _frontends(
-    ref: str,
+    ref: ObjectRef,
     spec: Mapping[str, Any],
     annotations: Mapping[str, str],
     cfg: LBConfig,
@@ -546,7 +554,7 @@ def _frontend_params(
 
 
 def _service_ports(
-    ref: str, spec: Mapping[str, Any]
+    ref: ObjectRef, spec: Mapping[str, Any]
 ) -> tuple[list[ServicePort], dict[str, int]]:
     """``spec.ports`` and the port numbers by name; names are required with several ports
     and unique, as is each port and protocol."""
@@ -594,7 +602,7 @@ def _service_ports(
     return ports, port_names
 
 
-def _session_affinity(ref: str, spec: Mapping[str, Any], cfg: LBConfig) -> tuple[bool, int]:
+def _session_affinity(ref: ObjectRef, spec: Mapping[str, Any], cfg: LBConfig) -> tuple[bool, int]:
     """(ClientIP affinity on, its timeout in seconds; 0 without affinity)."""
     affinity_text = _str(ref, "spec.sessionAffinity", spec.get("sessionAffinity"), "None")
     if affinity_text not in ("None", "ClientIP"):
@@ -618,7 +626,7 @@ def _session_affinity(ref: str, spec: Mapping[str, Any], cfg: LBConfig) -> tuple
 
 
 def _source_ranges(
-    ref: str, spec: Mapping[str, Any], annotations: Mapping[str, str]
+    ref: ObjectRef, spec: Mapping[str, Any], annotations: Mapping[str, str]
 ) -> tuple[list[IPNetwork], SourceRangesPolicy]:
     """``spec.loadBalancerSourceRanges`` and whether they allow or deny (the annotation)."""
     ranges = []
@@ -636,7 +644,7 @@ def _source_ranges(
 
 
 def _traffic_distribution(
-    ref: str, spec: Mapping[str, Any], annotations: Mapping[str, str]
+    ref: ObjectRef, spec: Mapping[str, Any], annotations: Mapping[str, str]
 ) -> str:
     """``spec.trafficDistribution`` (unknown values: none), PreferClose as PreferSameZone,
     and the topology annotations' ``auto`` as PreferSameZone."""
@@ -652,7 +660,7 @@ def _traffic_distribution(
 
 
 def _annotated_algorithm_and_mode(
-    ref: str, annotations: Mapping[str, str], cfg: LBConfig
+    ref: ObjectRef, annotations: Mapping[str, str], cfg: LBConfig
 ) -> tuple[LBAlgorithm, ForwardingMode]:
     """The per-service algorithm and forwarding mode annotations, when enabled."""
     algorithm = LBAlgorithm.UNDEF
@@ -679,7 +687,7 @@ def _annotated_algorithm_and_mode(
 _ALL_TYPES = frozenset(SVCType)
 
 
-def _exposed_types(ref: str, annotations: Mapping[str, str]) -> frozenset[SVCType]:
+def _exposed_types(ref: ObjectRef, annotations: Mapping[str, str]) -> frozenset[SVCType]:
     """Frontend types to expose: all, or those named by service.cilium.io/type."""
     text = annotations.get(ANN_TYPE)
     if text is None or not text.strip():
@@ -709,7 +717,7 @@ class ConvertedEndpoints:
 _new_converted_endpoints = slot_constructor(ConvertedEndpoints, "new_converted_endpoints")
 
 
-def _cond(ref: str, path: str, value: Any, default: bool) -> bool:
+def _cond(ref: ObjectRef, path: str, value: Any, default: bool) -> bool:
     if value is None:
         return default
     if not isinstance(value, bool):
@@ -717,7 +725,7 @@ def _cond(ref: str, path: str, value: Any, default: bool) -> bool:
     return value
 
 
-def endpoint_state(ref: str, path: str, conditions: Any) -> BackendState:
+def endpoint_state(ref: ObjectRef, path: str, conditions: Any) -> BackendState:
     """Backend state for an endpoint's conditions (missing conditions: ready).
 
     As in Kubernetes, ready overrides terminating and serving: a ready endpoint is active
@@ -828,7 +836,7 @@ def _endpoint_fast(ep: Any, want_v6: bool) -> _EndpointFields | None:
     return state, node, zone, zones, ips
 
 
-def _endpoint_checked(ref: str, i: int, ep: Any, addr_type: str) -> _EndpointFields:
+def _endpoint_checked(ref: ObjectRef, i: int, ep: Any, addr_type: str) -> _EndpointFields:
     """Like `_endpoint_fast`, validating every field and raising ConversionError."""
     path = f"endpoints[{i}]"
     em = _mapping(ref, path, ep)
@@ -851,7 +859,7 @@ def _endpoint_checked(ref: str, i: int, ep: Any, addr_type: str) -> _EndpointFie
     return state, node, zone, tuple(sorted(for_zones)), [ip.packed for ip in ips]
 
 
-def _address_count(ref: str, i: int, addrs: Sequence[Any]) -> None:
+def _address_count(ref: ObjectRef, i: int, addrs: Sequence[Any]) -> None:
     """Raise ConversionError unless endpoint ``i`` has 1..MAX_ENDPOINT_ADDRESSES addresses."""
     if not addrs:
         raise ConversionError(ref, f"endpoints[{i}].addresses", "at least one address is required")
@@ -888,7 +896,7 @@ def convert_endpoint_slice(
     a backend equal to one of them is that object (an update that changed one endpoint
     gives the others' objects back, which the writer recognizes at once)."""
     cfg = config if config is not None else LBConfig()
-    ref = object_ref(obj)
+    ref = obj  # what errors name: `object_ref` of it, built only for an error
     # Interned: the reflector's key of the slice is the same string (one for both).
     slice_name = sys.intern(namespaced_name(obj))
     meta = _mapping(ref, "metadata", obj.get("metadata"))
@@ -951,7 +959,7 @@ _PortKey = tuple[str, tuple[str, ...], bytes, bytes]
 
 
 def _endpoint_backends(
-    ref: str,
+    ref: ObjectRef,
     endpoints: Sequence[Any],
     addr_type: str,
     port_keys: list[_PortKey],
@@ -1031,7 +1039,7 @@ def convert_pod_host_ports(
 ) -> list[tuple[ConvertedService, tuple[BackendParams, ...]]]:
     """Convert a Pod's host ports into HostPort services with their backends."""
     cfg = config if config is not None else LBConfig()
-    ref = object_ref(obj)
+    ref = obj  # what errors name: `object_ref` of it, built only for an error
     pod_name = namespaced_name(obj)
     meta = _mapping(ref, "metadata", obj.get("metadata"))
     uid = _str(ref, "metadata.uid", meta.get("uid"))
