@@ -75,7 +75,7 @@ from tables.l3n4 import (
     parse_protocol,
 )
 from tables.lb_config import LBConfig
-from tables.lb_writer import LBWriter
+from tables.lb_writer import CheckedBackends, LBWriter
 from tables.services import (
     PREFER_SAME_ZONE,
     TRAFFIC_DISTRIBUTION_ALIASES,
@@ -951,7 +951,9 @@ def convert_endpoint_slice(
     merged = _endpoint_backends(
         ref, endpoints, addr_type, port_keys, (weight, source, family_on), previous
     )
-    return _new_converted_endpoints(slice_name, service_name, tuple(merged.values()))
+    # Checked as the writer would check them (one source, ports, weights, states): it
+    # takes them as they are.
+    return _new_converted_endpoints(slice_name, service_name, CheckedBackends(merged.values()))
 
 
 #: Per slice port: (name, the tuple of that one name, key prefix, key suffix).

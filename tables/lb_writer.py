@@ -32,7 +32,7 @@ import dataclasses
 import time
 import weakref
 from collections.abc import Callable, Iterable, Mapping
-from typing import Any
+from typing import Any, NoReturn
 
 from reconciler.status import status_pending
 from statedb import DB, InputError, StatewrightError, Table, WriteTxn
@@ -90,6 +90,18 @@ class ServiceNotFoundError(LBWriterError):
 
 class InvalidBackendError(LBWriterError, InputError):
     """A backend's parameters are invalid (port 0, weight, state); ``obj`` names it."""
+
+
+class CheckedBackends(tuple[BackendParams, ...]):
+    """Backends that passed `LBWriter.set_backends`' checks where they were made, so that
+    it does not repeat them per backend: all of one source, each with a port (not 0), a
+    weight of 0..65535 and a `BackendState`. Only code that made those checks builds one
+    (the Kubernetes converter: converting an EndpointSlice makes them); any other
+    iterable of backends is checked by the writer. A plain tuple otherwise (equality,
+    hashing, size).
+    """
+
+    __slots__ = ()
 
 
 class LBWriter:
@@ -324,16 +336,24 @@ class LBWriter:
         backends: Iterable[BackendParams],
     ) -> None:
         """Make ``backends`` the complete set of ``service``'s instances from ``source``:
-        instances from that source not listed are released."""
+        instances from that source not listed are released.
+
+        Each backend is checked (its source: LBWriterError; its port, weight and state:
+        `InvalidBackendError`) unless ``backends`` is a `CheckedBackends`, whose maker
+        checked them: then only its source is compared."""
         prio = source_priority(source)
-        wanted: dict[L3n4Addr, BackendParams] = {}
-        for params in backends:
-            if params.source != source:
-                raise LBWriterError(
-                    f"backend {params.address} of service {service}: source {params.source!r} "
-                    f"given to set_backends for source {source!r}"
-                )
-            wanted[params.address] = params
+        if type(backends) is CheckedBackends:
+            checked = True
+            if backends and backends[0].source != source:
+                _wrong_source(service, source, backends[0])
+            wanted = {params.address: params for params in backends}
+        else:
+            checked = False
+            wanted = {}
+            for params in backends:
+                if params.source != source:
+                    _wrong_source(service, source, params)
+                wanted[params.address] = params
         changed = False
         key = (service, prio)
         # The service's rows as this txn sees them (kept current by _be_put/_be_del).
@@ -358,7 +378,7 @@ class LBWriter:
                 be = get(txn, addr)
             # `_validate_backend`'s checks on their usual outcome first (the port is the
             # address's bytes 16-17), the call (and its error) otherwise.
-            valid = (
+            valid = checked or (
                 (addr[16] or addr[17])
                 and type(params.state) is BackendState
                 and 0 <= params.weight <= 65535
@@ -925,3 +945,10 @@ def _validate_backend(service: ServiceName, p: BackendParams) -> None:
     else:
         return
     raise InvalidBackendError(problem, obj=f"backend {p.address} of service {service}")
+
+
+def _wrong_source(service: ServiceName, source: str, p: BackendParams) -> NoReturn:
+    raise LBWriterError(
+        f"backend {p.address} of service {service}: source {p.source!r} "
+        f"given to set_backends for source {source!r}"
+    )

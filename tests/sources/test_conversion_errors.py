@@ -12,9 +12,9 @@ from typing import Any
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sources.k8s_convert import K8sConverter
+from sources.k8s_convert import K8sConverter, convert_endpoint_slice
 from statedb import DB, InputError
-from tables.lb_writer import LBWriter
+from tables.lb_writer import CheckedBackends, LBWriter
 
 from .test_k8s_convert import endpoint, eps, pod, service
 
@@ -95,3 +95,35 @@ def test_malformed_objects_raise_only_input_errors(
             conv.delete(txn, obj)
     except InputError:
         pass
+
+
+def _weighted_slice() -> dict[str, Any]:
+    """A slice of two ports, a weight annotation and endpoints in several states."""
+    obj = _slice()
+    obj["metadata"]["annotations"] = {"service.cilium.io/weight": "7"}
+    obj["endpoints"].append(endpoint("10.244.0.3", "n2", ready=False, terminating=True))
+    obj["ports"].append({"name": "dns", "port": 53, "protocol": "UDP"})
+    return obj
+
+
+@settings(max_examples=200, deadline=None, derandomize=True)
+@given(st.sampled_from([_slice, _weighted_slice]),
+       st.lists(st.tuples(st.integers(0, 10_000), _values), min_size=1, max_size=3))
+def test_converted_backends_pass_the_writers_checks(
+    base: Callable[[], dict[str, Any]], mutations: list[tuple[int, Any]]
+) -> None:
+    """The converter hands the writer `CheckedBackends`, which `set_backends` does not check
+    again: whatever an EndpointSlice converts to must pass those checks (given as a plain
+    list, which the writer checks backend by backend)."""
+    obj = base()
+    for where, value in mutations:
+        paths = list(_paths(obj))
+        _set(obj, paths[where % len(paths)], copy.deepcopy(value))
+    try:
+        conv = convert_endpoint_slice(obj)
+    except InputError:
+        return
+    assert type(conv.backends) is CheckedBackends
+    writer = LBWriter.create(DB())
+    with writer.write_txn() as txn:
+        writer.set_backends(txn, conv.service_name, "k8s", list(conv.backends))

@@ -12,7 +12,14 @@ from statedb import DB
 from tables.backends import BackendState
 from tables.frontends import SVCType
 from tables.lb_config import LBConfig
-from tables.lb_writer import FrontendConflictError, LBWriter, LBWriterError, ServiceNotFoundError
+from tables.lb_writer import (
+    CheckedBackends,
+    FrontendConflictError,
+    InvalidBackendError,
+    LBWriter,
+    LBWriterError,
+    ServiceNotFoundError,
+)
 from tables.node_addresses import NodeAddress
 from tables.services import Service, TrafficPolicy
 
@@ -147,6 +154,26 @@ def test_bad_frontend_parameters() -> None:
             w.set_backends(t, "a/b", "nosuch", [])
         with pytest.raises(LBWriterError, match="source"):
             w.set_backends(t, "a/b", "k8s", [be("10.0.0.1:80/TCP", source="local")])
+
+
+def test_checked_backends_are_taken_as_checked_but_their_source_is_compared() -> None:
+    """`CheckedBackends` (checked by their maker) give the rows a plain list gives; their
+    source is still compared. A plain list is checked backend by backend."""
+    bes = [be("10.0.0.1:80/TCP", "http", node="n1"), be("10.0.0.2:80/TCP", "http")]
+    db1, w1 = new_writer()
+    db2, w2 = new_writer()
+    with w1.write_txn() as t1, w2.write_txn() as t2:
+        w1.set_backends(t1, "a/b", "k8s", CheckedBackends(bes))
+        w2.set_backends(t2, "a/b", "k8s", list(bes))
+        with pytest.raises(LBWriterError, match="source"):
+            w1.set_backends(t1, "a/c", "local", CheckedBackends(bes))
+        with pytest.raises(InvalidBackendError, match="weight"):
+            w2.set_backends(
+                t2, "a/c", "k8s", [dataclasses.replace(bes[0], weight=70000)]
+            )
+        t1.commit()
+        t2.commit()
+    assert list(w1.backends.all(db1.read_txn())) == list(w2.backends.all(db2.read_txn()))
 
 
 def test_delete_service_keeps_backends_and_readding_recomputes() -> None:
