@@ -748,81 +748,110 @@ def _state_of(ready: bool, serving: bool, terminating: bool) -> BackendState:
 
 
 #: (state, node, zone, sorted zones, IPs in network byte order: 4 bytes IPv4, 16 IPv6).
-_EndpointFields = tuple[BackendState, str, str, tuple[str, ...], list[bytes]]
+_EndpointFields = tuple[BackendState, str, str, tuple[str, ...], Sequence[bytes]]
 
 
 def _endpoint_fast(ep: Any, want_v6: bool) -> _EndpointFields | None:
-    """(state, node, zone, sorted zones, ips) of a plainly well-formed endpoint, else None."""
+    """(state, node, zone, sorted zones, ips) of a plainly well-formed endpoint, else None.
+
+    The usual endpoint (ready, serving or not said, not terminating or not said; one
+    IPv4 address; no hints) is taken in a few steps, any other values through the
+    helpers below."""
     if type(ep) is not dict:
         return None
     cond = ep.get("conditions")
-    if cond is None:
+    if (
+        type(cond) is dict
+        and cond.get("ready") is True
+        and cond.get("serving", True) is True
+        and cond.get("terminating", False) is False
+    ):
         state = BackendState.ACTIVE
-    elif type(cond) is dict:
-        ready = cond.get("ready", True)
-        if ready is None:
-            ready = True
-        serving = cond.get("serving", ready)
-        if serving is None:
-            serving = ready
-        terminating = cond.get("terminating", False)
-        if terminating is None:
-            terminating = False
-        if type(ready) is not bool or type(serving) is not bool or type(terminating) is not bool:
-            return None
-        # _state_of, inline (once per endpoint).
-        if ready:
-            state = BackendState.ACTIVE
-        elif terminating:
-            state = (
-                BackendState.TERMINATING if serving else BackendState.TERMINATING_NOT_SERVING
-            )
-        else:
-            state = BackendState.MAINTENANCE
     else:
-        return None
-    node = ep.get("nodeName")
-    if node is None:
-        node = ""
-    elif type(node) is not str:
-        return None
-    zone = ep.get("zone")
-    if zone is None:
-        zone = ""
-    elif type(zone) is not str:
-        return None
-    zones: tuple[str, ...] = ()
-    hints = ep.get("hints")
-    if hints is not None:
-        if type(hints) is not dict:
+        found = _conditions_state(cond)
+        if found is None:
             return None
-        fz = hints.get("forZones")
-        if fz is not None:
-            if type(fz) is not list:
-                return None
-            names = []
-            for z in fz:
-                if z is None:
-                    names.append("")
-                    continue
-                if type(z) is not dict:
-                    return None
-                zname = z.get("name")
-                if zname is None:
-                    zname = ""
-                elif type(zname) is not str:
-                    return None
-                names.append(zname)
-            zones = tuple(sorted(names))
+        state = found
+    node = ep.get("nodeName", "")
+    if type(node) is not str:
+        if node is not None:
+            return None
+        node = ""
+    zone = ep.get("zone", "")
+    if type(zone) is not str:
+        if zone is not None:
+            return None
+        zone = ""
+    hints = ep.get("hints")
+    zones = () if hints is None else _hinted_zones(hints)
+    if zones is None:
+        return None
     addrs = ep.get("addresses")
+    if type(addrs) is list and len(addrs) == 1 and not want_v6 and type(addrs[0]) is str:
+        # Dotted-quad IPv4 straight to bytes (inet_pton accepts what ipaddress accepts,
+        # see _parse_ip); anything else through _endpoint_ips.
+        try:
+            return state, node, zone, zones, (_inet_pton(_AF_INET, addrs[0]),)
+        except (OSError, ValueError):
+            pass
+    ips = _endpoint_ips(addrs, want_v6)
+    return None if ips is None else (state, node, zone, zones, ips)
+
+
+def _conditions_state(cond: Any) -> BackendState | None:
+    """The state of well-formed conditions (missing ones: ready), else None."""
+    if cond is None:
+        return BackendState.ACTIVE
+    if type(cond) is not dict:
+        return None
+    ready = cond.get("ready", True)
+    if ready is None:
+        ready = True
+    serving = cond.get("serving", ready)
+    if serving is None:
+        serving = ready
+    terminating = cond.get("terminating", False)
+    if terminating is None:
+        terminating = False
+    if type(ready) is not bool or type(serving) is not bool or type(terminating) is not bool:
+        return None
+    return _state_of(ready, serving, terminating)
+
+
+def _hinted_zones(hints: Any) -> tuple[str, ...] | None:
+    """The sorted ``hints.forZones`` names of well-formed hints, else None."""
+    if type(hints) is not dict:
+        return None
+    fz = hints.get("forZones")
+    if fz is None:
+        return ()
+    if type(fz) is not list:
+        return None
+    names = []
+    for z in fz:
+        if z is None:
+            names.append("")
+            continue
+        if type(z) is not dict:
+            return None
+        zname = z.get("name")
+        if zname is None:
+            zname = ""
+        elif type(zname) is not str:
+            return None
+        names.append(zname)
+    return tuple(sorted(names))
+
+
+def _endpoint_ips(addrs: Any, want_v6: bool) -> list[bytes] | None:
+    """The addresses of a well-formed address list (1..MAX_ENDPOINT_ADDRESSES addresses
+    of the slice's family) in network byte order, else None."""
     if type(addrs) is not list or not 0 < len(addrs) <= MAX_ENDPOINT_ADDRESSES:
         return None
     ips: list[bytes] = []
     for a in addrs:
         if type(a) is not str:
             return None
-        # Dotted-quad IPv4 straight to bytes (inet_pton accepts what ipaddress accepts,
-        # see _parse_ip, and no surrounding blanks), anything else through ipaddress.
         try:
             packed = _inet_pton(_AF_INET, a)
         except (OSError, ValueError):
@@ -833,7 +862,7 @@ def _endpoint_fast(ep: Any, want_v6: bool) -> _EndpointFields | None:
         if (len(packed) == 16) != want_v6:
             return None
         ips.append(packed)
-    return state, node, zone, zones, ips
+    return ips
 
 
 def _endpoint_checked(ref: ObjectRef, i: int, ep: Any, addr_type: str) -> _EndpointFields:
