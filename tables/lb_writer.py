@@ -559,10 +559,16 @@ class LBWriter:
         family = address[20]
         candidates: list[BackendParams] = []
         append = candidates.append
-        for be in self._backends_of(txn, name):
-            if be.address[20] != family:
+        # The service's rows by address (`_backends_of` without building the list): the
+        # family is read from the key, not the row.
+        t = self._touched(txn)
+        rows = t.backends_of.get(name)
+        if rows is None:
+            rows = self._load_backends_of(txn, t, name)
+        for a in sorted(rows) if len(rows) > 1 else rows:
+            if a[20] != family:
                 continue
-            inst = be.instance(name)
+            inst = rows[a].instance(name)
             if inst is None:
                 continue
             if port_name and port_name not in inst.port_names:
