@@ -107,3 +107,26 @@ def test_the_row_key_is_the_table_key() -> None:
     stored = table.state(rtxn).rows[o.key_bytes]
     assert stored[2] is o.key_bytes
     assert sys.getsizeof(o) <= 96
+
+
+def _slice(endpoints: object) -> dict[str, object]:
+    return {"kind": "EndpointSlice",
+            "metadata": {"name": "s-1", "namespace": "ns",
+                         "labels": {"kubernetes.io/service-name": "svc"}},
+            "endpoints": endpoints}
+
+
+def test_a_slice_origin_lists_its_endpoint_addresses_whatever_their_shape() -> None:
+    """The usual slice's addresses are joined in one step; odd endpoints (not mappings,
+    addresses not a list, not strings) give what the endpoint-by-endpoint walk gives."""
+    usual = _slice([{"addresses": ["10.0.0.1"]}, {"addresses": ["10.0.0.2", "fd00::1"]}])
+    o = origin_of(usual, "k8s")
+    assert o is not None and o.addresses == "10.0.0.1,10.0.0.2,fd00::1"
+    assert o.lists("fd00::1") and not o.lists("10.0.0.3")
+    odd = _slice([{"addresses": ["10.0.0.1"]}, "junk", {"addresses": "10.0.0.9"},
+                  {"addresses": [7, "10.0.0.2"]}, {}, None])
+    o = origin_of(odd, "k8s")
+    assert o is not None and o.addresses == "10.0.0.1,7,10.0.0.2"
+    for endpoints in ([], None, "junk"):
+        o = origin_of(_slice(endpoints), "k8s")
+        assert o is not None and o.addresses == ""
