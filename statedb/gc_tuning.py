@@ -43,6 +43,8 @@ from typing import Any
 
 import anyio
 
+from statedb.errors import StatewrightError
+
 log = logging.getLogger(__name__)
 
 #: The young threshold during a bulk load: high enough that a whole write transaction of
@@ -212,8 +214,8 @@ def count_frozen_garbage(timeout: float = COUNT_TIMEOUT) -> GarbageCount | None:
     collecting it: a forked child unfreezes, runs a full collection that saves what it
     finds (``gc.DEBUG_SAVEALL``) and reports it. The caller's thread only forks (page
     tables: a few ms for a large process) and waits for the child; call it from a worker
-    thread. None when the child could not tell (no fork, it failed or took longer than
-    ``timeout``: then it is killed)."""
+    thread. None when the child could not tell (no fork, it failed); `CountTimedOut` when
+    it took longer than ``timeout`` (then it is killed)."""
     if not hasattr(os, "fork"):
         return None
     parent = os.getpid()
@@ -282,17 +284,23 @@ def run_only_when_idle() -> None:
         pass
 
 
+class CountTimedOut(StatewrightError):
+    """The counting child did not report within its timeout (killed): on a CPU kept busy
+    by others it runs only in the gaps (`run_only_when_idle`)."""
+
+
 def _child_count(pid: int, r: int, timeout: float) -> GarbageCount | None:
-    """Read the child's report, reap it; kill it after ``timeout``."""
+    """Read the child's report, reap it; kill it after ``timeout`` and raise
+    `CountTimedOut`."""
     data = b""
     deadline = time.monotonic() + timeout
+    timed_out = False
     try:
         while True:
             left = deadline - time.monotonic()
             if left <= 0 or not select.select([r], [], [], left)[0]:
                 os.kill(pid, signal.SIGKILL)
-                log.warning("gc: the cyclic-garbage count took over %.0f s: killed", timeout)
-                data = b""
+                timed_out = True
                 break
             chunk = os.read(r, 4096)
             if not chunk:
@@ -301,6 +309,8 @@ def _child_count(pid: int, r: int, timeout: float) -> GarbageCount | None:
     finally:
         os.close(r)
         os.waitpid(pid, 0)
+    if timed_out:
+        raise CountTimedOut(f"gc: the cyclic-garbage count took over {timeout:g} s: killed")
     parts = data.split()
     if len(parts) != 2:
         return None
@@ -316,7 +326,9 @@ async def collect_periodically(
     """Every ``interval`` seconds until cancelled, count the cyclic garbage among frozen
     objects in a forked child (`count_frozen_garbage`, waited for in a worker thread) and
     reclaim it with `collect_frozen` once it reaches ``reclaim_bytes`` (0: whenever there
-    is any), or when it could not be counted.
+    is any), or when it could not be counted (no fork, a failed child). A count that timed
+    out (`CountTimedOut`: the CPU was busy) skips that round: a full pass on the loop is
+    the last thing a busy agent needs, and the next interval counts again.
 
     Each reclaiming pass is logged (at info level when it found cycles) with what it
     collected and how long it took; a check that reclaims nothing at debug level.
@@ -326,7 +338,11 @@ async def collect_periodically(
     task_status.started()
     while True:
         await anyio.sleep(interval)
-        found = await anyio.to_thread.run_sync(count_frozen_garbage)
+        try:
+            found = await anyio.to_thread.run_sync(count_frozen_garbage)
+        except CountTimedOut as e:
+            log.warning("%s; no full collection this round", e)
+            continue
         if found is not None and (found.objects == 0 or found.bytes < reclaim_bytes):
             log.debug("gc: %d objects (%d bytes) of cyclic garbage, under %d: left",
                       found.objects, found.bytes, reclaim_bytes)

@@ -95,3 +95,23 @@ def _state(pid: int) -> str:
         return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
     except OSError:
         return "gone"
+
+
+#: A child whose collection takes a minute, counted with a 0.5 s timeout.
+TIMEOUT_SCRIPT = """
+import gc, time
+from statedb import gc_tuning
+
+gc.collect = lambda *a: time.sleep(60)  # what the forked child runs
+try:
+    gc_tuning.count_frozen_garbage(timeout=0.5)
+except gc_tuning.CountTimedOut as e:
+    print("timed out:", e)
+"""
+
+
+def test_a_count_over_its_timeout_is_killed_and_says_so() -> None:
+    out = subprocess.run([sys.executable, "-c", TIMEOUT_SCRIPT], cwd=ROOT, capture_output=True,
+                         text=True, timeout=30)
+    assert out.stdout.startswith("timed out: gc: the cyclic-garbage count took over"), out
+

@@ -5,6 +5,8 @@ from __future__ import annotations
 import functools
 import gc
 
+import pytest
+
 from statedb.gc_tuning import BULK_GEN1_THRESHOLD, tune_gc
 
 
@@ -159,6 +161,37 @@ def test_collect_periodically_leaves_garbage_under_the_threshold() -> None:
     finally:
         gc.unfreeze()
         gc.collect()
+
+
+def test_collect_periodically_skips_a_round_whose_count_timed_out(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A count that timed out (a busy CPU starved the idle-priority child) does not make
+    the process run the full pass itself: that round is skipped."""
+    import anyio
+
+    from statedb import gc_tuning
+
+    counts: list[int] = []
+
+    def timed_out(timeout: float = 0.0) -> None:
+        counts.append(1)
+        raise gc_tuning.CountTimedOut("gc: the cyclic-garbage count took over 300 s: killed")
+
+    def full_pass() -> None:
+        raise AssertionError("a full collection after a timed-out count")
+
+    monkeypatch.setattr(gc_tuning, "count_frozen_garbage", timed_out)
+    monkeypatch.setattr(gc_tuning, "collect_frozen", full_pass)
+
+    async def main() -> None:
+        async with anyio.create_task_group() as tg:
+            await tg.start(functools.partial(gc_tuning.collect_periodically, 0.02))
+            await anyio.sleep(0.3)
+            tg.cancel_scope.cancel()
+
+    anyio.run(main)
+    assert len(counts) >= 3
 
 
 def test_collect_periodically_refuses_a_non_positive_interval() -> None:
