@@ -346,6 +346,7 @@ def compact_log(table: Table[Any], st: TableState) -> TableState:
     changes.
     """
     drop_stale_views(table, st)
+    table.retired_logs.free_some()
     job = table.compaction
     if job is not None and job.log is not st.log:
         job = table.compaction = None  # the log was replaced: start again when due
@@ -367,6 +368,7 @@ def compact_log(table: Table[Any], st: TableState) -> TableState:
             # A reader stored an older log's view meanwhile: not derivable from st's log.
             table.ordered_cache[pos] = None
     log = job.publish(table)
+    table.retired_logs.retire(st.log)
     table.log_floor = len(log)
     out = st.copy()
     out.log = log

@@ -28,6 +28,7 @@ from statedb.errors import (
 )
 from statedb.index import Index, Query
 from statedb.ordered import escape_key, nonunique_entries, ordered_view
+from statedb.retired_logs import RetiredLogs
 from statedb.sortedmap import SortedMap
 from statedb.table_state import SnapshotTracker, TableState, TableTxn
 from statedb.watch import Watch, closed_watch
@@ -145,6 +146,8 @@ class Table(Generic[O, PK]):
         # the compaction in progress (statedb.ordered.Compaction); writer-owned.
         self.log_floor = 0
         self.compaction: Any = None
+        # Logs compaction replaced, freed a slice per commit once unreferenced.
+        self.retired_logs = RetiredLogs()
         # Per unique secondary index position: (revision, key) of each record written
         # under a key since the last trim, in revision order; writer-owned.
         self.index_logs: dict[int, builtins.list[tuple[int, bytes]]] = {
@@ -357,7 +360,8 @@ class Table(Generic[O, PK]):
         the change log's length (``log_records``), the keys with older row versions kept
         for snapshots (``older_versions``), how many committed states are still alive
         (``live_snapshots``) and the oldest one's revision, against the table's revision
-        and the revision trimming has reached.
+        and the revision trimming has reached, and the records of logs compaction replaced that
+        are not freed yet (``retired_log_records``, see `statedb.retired_logs`).
 
         ``oldest_snapshot`` leaves out the states the table's own ordered-view cache keeps
         (bounded: a view that falls too far behind is dropped at the next commit, see
@@ -384,6 +388,7 @@ class Table(Generic[O, PK]):
             "oldest_cached_view": min(views, default=st.revision),
             "trimmed_revision": self.trimmed_revision,
             "graveyard": st.tombstones,
+            "retired_log_records": self.retired_logs.pending(),
         }
 
     # ----- watches -----------------------------------------------------
