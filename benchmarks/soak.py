@@ -759,9 +759,16 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return args
 
 
+def _exit_on_sigterm(signum: int, frame: Any) -> None:
+    """SIGTERM (``timeout``, ``kill``) ends the run like Ctrl-C: through `soak`'s cleanup,
+    which stops the agent and the fake server and removes the pinned maps."""
+    raise SystemExit(128 + signum)
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run and print the JSON figures."""
     args = parse_args(argv)
+    signal.signal(signal.SIGTERM, _exit_on_sigterm)
     result: dict[str, Any] = {"load_avg_1m_at_start": round(os.getloadavg()[0], 2)}
     result.update(soak(args))
     result["load_avg_1m_at_end"] = round(os.getloadavg()[0], 2)

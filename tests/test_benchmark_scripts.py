@@ -8,8 +8,11 @@ root first. ``--help`` imports everything the script imports and runs nothing.
 from __future__ import annotations
 
 import json
+import signal
 import subprocess
 import sys
+import tempfile
+import time
 from pathlib import Path
 
 import pytest
@@ -52,3 +55,60 @@ def test_soak_tiny_run_prints_every_key() -> None:
     assert isinstance(doc["tracemalloc_top"], list) and len(doc["tracemalloc_top"]) <= 5
     for row in doc["tracemalloc_top"]:
         assert {"where", "size_kb_diff", "count_diff"} <= set(row)
+
+
+def _children(pid: int) -> list[int]:
+    out: list[int] = []
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        text = (task / "children").read_text().split()
+        out.extend(int(c) for c in text)
+    return out
+
+
+@pytest.mark.kernel
+def test_soak_stopped_by_sigterm_removes_what_it_started() -> None:
+    """A soak ended by SIGTERM (``timeout``, ``kill``) stops its agent and fake server and
+    removes its pinned maps and temporary directory, as Ctrl-C does."""
+    proc = subprocess.Popen(
+        [sys.executable, str(BENCHMARKS / "soak.py"), "--services", "300", "--rate", "50",
+         "--seconds", "120", "--tracemalloc-seconds", "0"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+    )
+    pin_dir = Path(f"/sys/fs/bpf/statewright-soak-{proc.pid}")
+    started: list[int] = []
+    try:
+        deadline = time.monotonic() + 120
+        # Until the agent pinned its maps: every process of the run is up.
+        while not (pin_dir / "lb4_backends").exists():
+            assert proc.poll() is None, proc.stderr.read() if proc.stderr else ""
+            assert time.monotonic() < deadline, "the soak's agent never pinned its maps"
+            time.sleep(0.2)
+        started = _descendants(proc.pid)
+        assert len(started) >= 2  # the fake server and the agent
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=90) == 128 + signal.SIGTERM
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    for pid in started:
+        assert not Path(f"/proc/{pid}").exists() or _zombie(pid), f"process {pid} left running"
+    assert not pin_dir.exists()
+    assert not list(Path(tempfile.gettempdir()).glob(f"statewright-soak-{proc.pid}-*"))
+
+
+def _descendants(pid: int) -> list[int]:
+    found: list[int] = []
+    todo = [pid]
+    while todo:
+        for child in _children(todo.pop()):
+            found.append(child)
+            todo.append(child)
+    return found
+
+
+def _zombie(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
+    except OSError:
+        return True
