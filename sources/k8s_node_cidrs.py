@@ -128,13 +128,16 @@ class NodePodCIDRs:
                 self._set_problem(f"Node {name}: spec.podCIDRs {', '.join(cidrs)}: {e}")
                 return
             except StatewrightError as e:  # IPAM could not persist: nothing changed
-                self.failed = True
+                # The problem first: a reader in another thread that sees ``failed`` also
+                # sees why.
                 self._set_problem(f"IPAM could not take {', '.join(cidrs)}: {e}")
+                self.failed = True
                 return
             self.failed = False
-            self.changes += 1
             self._set_problem("")
             self.node_cidrs = cidrs
+            # Last: a reader that sees the count move sees the health that goes with it.
+            self.changes += 1
             if self.on_change is not None:
                 self.on_change()
         finally:
