@@ -343,16 +343,16 @@ async def _races(kubeconfig: str, backend: str, races: int) -> tuple[list[float]
 
 
 def _existing(client: K8sClient, nums: list[int]) -> list[int]:
-    import kubernetes.client
-    from kubernetes.client.exceptions import ApiException
+    from sources.k8s_client import resource_path
+    from sources.k8s_http import K8sApiError
 
-    api = kubernetes.client.CustomObjectsApi(client.api_client)
     out = []
     for num in set(nums):
         try:
-            api.get_cluster_custom_object("cilium.io", "v2", "ciliumidentities", str(num))
+            client.get(resource_path("cilium.io/v2", "ciliumidentities", name=str(num)),
+                       timeout=10.0)
             out.append(num)
-        except ApiException as e:
+        except K8sApiError as e:
             if e.status != 404:
                 raise
     return out

@@ -12,14 +12,15 @@ Three ways to say where the API server is (first that applies wins):
   service account's token and CA under
   ``/var/run/secrets/kubernetes.io/serviceaccount``.
 
-Bearer tokens read from a file (the service account's projected token, which
-the kubelet rotates, or a kubeconfig's ``tokenFile``) are re-read whenever the
-file changes: `TokenFile` is consulted before every request through the
-client's ``refresh_api_key_hook``, costing one ``stat``.
+A kubeconfig is read by `sources.k8s_kubeconfig` (which fields it understands, and which
+it refuses by name). Bearer tokens read from a file (the service account's projected
+token, which the kubelet rotates, or a kubeconfig's ``tokenFile``) are re-read whenever
+the file changes: `TokenFile` is consulted before every request, costing one ``stat``.
 
-`K8sClient` wraps the official ``kubernetes`` client (blocking; callers run it
-in worker threads) with a token-bucket rate limiter (QPS and burst, like
-client-go's) in front of every request.
+`K8sClient` is the agent's own small HTTP client (`sources.k8s_http`, on urllib3; the
+official ``kubernetes`` package is not imported by the agent: about 35 MB of RSS) with a
+token-bucket rate limiter (QPS and burst, like client-go's) in front of every request.
+Its calls are blocking: callers run them in worker threads.
 """
 
 from __future__ import annotations
@@ -27,21 +28,26 @@ from __future__ import annotations
 import os
 import threading
 import time
-from collections.abc import Callable, Mapping
+import urllib.parse
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
-from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import urllib3
-import yaml
 
+from sources import k8s_kubeconfig
+from sources.k8s_http import Connection, HttpClient, Timeout, TokenFile
 from statedb.errors import InputError
 
-if TYPE_CHECKING:
-    import kubernetes.client
-
-# The ``kubernetes`` package (0.2-0.3 s of CPU to import) is imported where a client is
-# built, not here: an agent without a Kubernetes source never imports it.
+__all__ = [
+    "ClientSettings",
+    "K8sClient",
+    "K8sConfigError",
+    "RateLimiter",
+    "TokenFile",
+    "build_connection",
+    "resource_path",
+]
 
 SA_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"
 SA_TOKEN = f"{SA_DIR}/token"
@@ -111,94 +117,35 @@ class RateLimiter:
         return wait
 
 
-class TokenFile:
-    """A bearer token kept in a file, re-read when the file changes (rotation)."""
-
-    def __init__(self, path: str) -> None:
-        self.path = path
-        self._key: tuple[int, int, int] | None = None
-        self._token = ""
-        self._lock = threading.Lock()
-        #: How many times the token was (re-)read.
-        self.reads = 0
-
-    def current(self) -> str:
-        """The token as in the file now (the last good one when the file is unreadable)."""
-        try:
-            st = os.stat(self.path)
-        except OSError:
-            return self._token
-        key = (st.st_ino, st.st_mtime_ns, st.st_size)
-        with self._lock:
-            if key != self._key:
-                try:
-                    text = Path(self.path).read_text().strip()
-                except OSError:
-                    return self._token
-                if text:
-                    self._token = text
-                    self._key = key
-                    self.reads += 1
-            return self._token
+def resource_path(api_version: str, plural: str, namespace: str = "", name: str = "") -> str:
+    """The API path of a resource collection or object: ``/api/v1/...`` for the core group,
+    ``/apis/<group>/<version>/...`` for the others; namespaced when ``namespace`` is given."""
+    root = f"/api/{api_version}" if "/" not in api_version else f"/apis/{api_version}"
+    parts = [root]
+    if namespace:
+        parts.append(f"namespaces/{urllib.parse.quote(namespace, safe='')}")
+    parts.append(plural)
+    if name:
+        parts.append(urllib.parse.quote(name, safe=""))
+    return "/".join(parts)
 
 
-def _install_token_file(cfg: kubernetes.client.Configuration, token: TokenFile) -> None:
-    """Make every request carry the file's current token."""
-
-    def refresh(c: kubernetes.client.Configuration) -> None:
-        c.api_key["BearerToken"] = "Bearer " + token.current()
-
-    refresh(cfg)
-    cfg.refresh_api_key_hook = refresh  # type: ignore[assignment]  # declared as None
-
-
-def _kubeconfig_token_file(path: str) -> str:
-    """The ``tokenFile`` of the kubeconfig's current user (resolved against its directory)."""
-    try:
-        doc = yaml.safe_load(Path(path).read_text()) or {}
-    except (OSError, yaml.YAMLError) as e:
-        raise K8sConfigError(f"k8s-kubeconfig: cannot read {path}: {e}") from None
-    ctx_name = doc.get("current-context")
-    ctx = next(
-        (c.get("context") or {} for c in doc.get("contexts") or [] if c.get("name") == ctx_name), {}
-    )
-    user = next(
-        (u.get("user") or {} for u in doc.get("users") or [] if u.get("name") == ctx.get("user")),
-        {},
-    )
-    tf = user.get("tokenFile") or ""
-    if tf and not os.path.isabs(tf):
-        tf = os.path.join(os.path.dirname(os.path.abspath(path)), tf)
-    return str(tf)
-
-
-def build_configuration(s: ClientSettings) -> tuple[kubernetes.client.Configuration, str]:
-    """A client configuration for ``s`` and a description of where it points."""
-    import kubernetes.client
-    import kubernetes.config
-
-    cfg = kubernetes.client.Configuration()
+def build_connection(s: ClientSettings) -> tuple[Connection, str]:
+    """The connection ``s`` describes and a description of where it points."""
     env = os.environ if s.environ is None else s.environ
     if s.kubeconfig:
         try:
-            kubernetes.config.load_kube_config(
-                config_file=s.kubeconfig, client_configuration=cfg, persist_config=False
+            conn = k8s_kubeconfig.connection(
+                k8s_kubeconfig.load(s.kubeconfig), s.api_server.rstrip("/")
             )
-        except (kubernetes.config.ConfigException, OSError, yaml.YAMLError) as e:
-            raise K8sConfigError(f"k8s-kubeconfig: {s.kubeconfig}: {e}") from None
-        tf = _kubeconfig_token_file(s.kubeconfig)
-        if tf:
-            _install_token_file(cfg, TokenFile(tf))
-        if s.api_server:
-            cfg.host = s.api_server.rstrip("/")
-        return cfg, f"{cfg.host} (kubeconfig {s.kubeconfig})"
+        except k8s_kubeconfig.KubeconfigError as e:
+            raise K8sConfigError(f"k8s-kubeconfig: {e}") from None
+        return conn, f"{conn.server} (kubeconfig {s.kubeconfig})"
     if s.api_server:
-        cfg.host = s.api_server.rstrip("/")
-        if os.path.isfile(s.token_file):
-            _install_token_file(cfg, TokenFile(s.token_file))
-        if os.path.isfile(s.ca_file):
-            cfg.ssl_ca_cert = s.ca_file
-        return cfg, cfg.host
+        server = s.api_server.rstrip("/")
+        token = TokenFile(s.token_file).authorization if os.path.isfile(s.token_file) else None
+        ca = s.ca_file if os.path.isfile(s.ca_file) else ""
+        return _connection(server, "k8s-api-server", ca_file=ca, authorization=token), server
     if s.in_cluster:
         host, port = env.get(HOST_ENV, ""), env.get(PORT_ENV, "")
         if not host or not port:
@@ -207,36 +154,64 @@ def build_configuration(s: ClientSettings) -> tuple[kubernetes.client.Configurat
             raise K8sConfigError(f"k8s in-cluster: no service account token at {s.token_file}")
         if not os.path.isfile(s.ca_file):
             raise K8sConfigError(f"k8s in-cluster: no CA certificate at {s.ca_file}")
-        cfg.host = f"https://[{host}]:{port}" if ":" in host else f"https://{host}:{port}"
-        cfg.ssl_ca_cert = s.ca_file
-        _install_token_file(cfg, TokenFile(s.token_file))
-        return cfg, f"{cfg.host} (in-cluster)"
+        server = f"https://[{host}]:{port}" if ":" in host else f"https://{host}:{port}"
+        conn = _connection(server, "k8s in-cluster", ca_file=s.ca_file,
+                           authorization=TokenFile(s.token_file).authorization)
+        return conn, f"{server} (in-cluster)"
     raise K8sConfigError("k8s: none of k8s-kubeconfig, k8s-api-server, k8s-in-cluster is set")
 
 
+def _connection(server: str, what: str, **kwargs: Any) -> Connection:
+    try:
+        return Connection(server=server, **kwargs)
+    except ValueError as e:
+        raise K8sConfigError(f"{what}: {e}") from None
+
+
 class K8sClient:
-    """The official client's API objects behind one rate limiter (blocking calls)."""
+    """Requests to the API server behind one rate limiter (blocking calls: worker threads).
+
+    Paths come from `resource_path`; a status outside 2xx raises
+    `sources.k8s_http.K8sApiError`, a transport failure urllib3's exception or OSError."""
 
     def __init__(self, settings: ClientSettings) -> None:
-        import kubernetes.client
-
         self.settings = settings
-        cfg, self.description = build_configuration(settings)
-        # urllib3 may retry a request on a fresh connection (a pooled keep-alive connection
-        # the server closed), but never by itself on a status (429/503 with Retry-After):
-        # the reflector backs off and reports it.
-        cfg.retries = urllib3.Retry(total=2, status=0, redirect=0, respect_retry_after_header=False)
-        self.configuration = cfg
-        self.api_client = kubernetes.client.ApiClient(cfg)
-        self.core = kubernetes.client.CoreV1Api(self.api_client)
-        self.discovery = kubernetes.client.DiscoveryV1Api(self.api_client)
+        self.connection, self.description = build_connection(settings)
+        try:
+            self.http = HttpClient(self.connection)
+        except ValueError as e:
+            raise K8sConfigError(f"k8s: {self.description}: {e}") from None
         self.limiter = RateLimiter(settings.qps, settings.burst)
 
-    def call(self, func: Callable[..., Any], /, **kwargs: Any) -> Any:
-        """``func(**kwargs)`` after taking a rate-limiter token (blocks the worker thread)."""
+    def get(
+        self, path: str, *, query: Iterable[tuple[str, str]] = (), timeout: Timeout
+    ) -> bytes:
+        """GET ``path``: the undecoded body (a list page, decoded by the caller)."""
         self.limiter.acquire()
-        return func(**kwargs)
+        return self.http.read("GET", path, query=query, timeout=timeout)
+
+    def watch(
+        self, path: str, *, query: Iterable[tuple[str, str]], timeout: Timeout
+    ) -> urllib3.BaseHTTPResponse:
+        """GET ``path`` with ``query`` (a watch): the streamed response, body unread."""
+        self.limiter.acquire()
+        return self.http.open("GET", path, query=query, timeout=timeout)
+
+    def create(self, path: str, body: Mapping[str, Any], *, timeout: Timeout) -> Any:
+        """POST ``body`` to the collection ``path``: the object as the server stored it."""
+        self.limiter.acquire()
+        return self.http.request("POST", path, body=body, timeout=timeout)
+
+    def replace(self, path: str, body: Mapping[str, Any], *, timeout: Timeout) -> Any:
+        """PUT ``body`` (with its resourceVersion) at ``path``: the object as stored."""
+        self.limiter.acquire()
+        return self.http.request("PUT", path, body=body, timeout=timeout)
+
+    def delete(self, path: str, *, timeout: Timeout) -> Any:
+        """DELETE ``path``: the server's answer (the object, or a Status)."""
+        self.limiter.acquire()
+        return self.http.request("DELETE", path, timeout=timeout)
 
     def close(self) -> None:
         """Close the connection pool."""
-        self.api_client.close()
+        self.http.close()

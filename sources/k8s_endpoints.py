@@ -35,13 +35,12 @@ from typing import Any
 
 import anyio
 import anyio.abc
-import kubernetes.client
 import urllib3
-from kubernetes.client.exceptions import ApiException
 
-from sources.k8s_client import K8sClient
-from sources.k8s_identities import GROUP, VERSION, custom_list, net_changes
-from sources.k8s_reflector import Delta, Reflector, ReflectorConfig, ResourceSpec, describe_error
+from sources.k8s_client import K8sClient, resource_path
+from sources.k8s_http import K8sApiError, describe_error
+from sources.k8s_identities import GROUP, VERSION, net_changes
+from sources.k8s_reflector import Delta, Reflector, ReflectorConfig, ResourceSpec
 from statedb import DB, Table, WriteTxn
 from tables.endpoints import Endpoint, EndpointState
 from tables.identities import Identity, identity_id_index
@@ -51,12 +50,13 @@ from tables.remote_endpoints import KIND, RemoteEndpointEntries
 log = logging.getLogger(__name__)
 
 PLURAL = "ciliumendpoints"
+API_VERSION = f"{GROUP}/{VERSION}"
 INITIALIZER = "ciliumendpoints"
 
 
 def endpoint_resource_spec() -> ResourceSpec:
     """Every CiliumEndpoint of the cluster."""
-    return ResourceSpec(PLURAL, KIND, f"{GROUP}/{VERSION}", custom_list(PLURAL))
+    return ResourceSpec(PLURAL, KIND, f"{GROUP}/{VERSION}", PLURAL)
 
 
 def cilium_endpoint_status(
@@ -135,7 +135,6 @@ class CiliumEndpoints:
         self.resync_interval = resync_interval
         self.request_timeout = request_timeout
         self.reflector = Reflector(client, endpoint_resource_spec(), self._deliver, config)
-        self._custom = kubernetes.client.CustomObjectsApi(client.api_client)
         #: Every CiliumEndpoint the server holds, by ``namespace/name``.
         self.served: dict[str, Served] = {}
         self.synced = False
@@ -268,20 +267,18 @@ class CiliumEndpoints:
             have = self.served.get(key)
             try:
                 if have is None:
-                    got = self.client.call(
-                        self._custom.create_namespaced_custom_object, group=GROUP,
-                        version=VERSION, namespace=ns, plural=PLURAL, body=obj,
-                        _request_timeout=self.request_timeout,
+                    got = self.client.create(
+                        resource_path(API_VERSION, PLURAL, ns), obj,
+                        timeout=self.request_timeout,
                     )
                 else:
                     body = {**obj, "metadata": {**obj["metadata"],
                                                 "resourceVersion": have.resource_version}}
-                    got = self.client.call(
-                        self._custom.replace_namespaced_custom_object, group=GROUP,
-                        version=VERSION, namespace=ns, plural=PLURAL, name=name, body=body,
-                        _request_timeout=self.request_timeout,
+                    got = self.client.replace(
+                        resource_path(API_VERSION, PLURAL, ns, name), body,
+                        timeout=self.request_timeout,
                     )
-            except (ApiException, urllib3.exceptions.HTTPError, OSError) as e:
+            except (K8sApiError, urllib3.exceptions.HTTPError, OSError) as e:
                 # 409 (exists, or a stale version) and 404 (deleted meanwhile): the watch
                 # brings the server's version; try again from it.
                 self._failed(key, e, attempt)
@@ -297,11 +294,10 @@ class CiliumEndpoints:
         ns, name = key.split("/", 1)
         for attempt in range(self.attempts):
             try:
-                self.client.call(
-                    self._custom.delete_namespaced_custom_object, group=GROUP, version=VERSION,
-                    namespace=ns, plural=PLURAL, name=name, _request_timeout=self.request_timeout,
+                self.client.delete(
+                    resource_path(API_VERSION, PLURAL, ns, name), timeout=self.request_timeout
                 )
-            except ApiException as e:
+            except K8sApiError as e:
                 if e.status == 404:
                     break
                 self._failed(key, e, attempt)

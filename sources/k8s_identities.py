@@ -26,21 +26,18 @@ identities local endpoints use.
 
 from __future__ import annotations
 
-import functools
 import logging
 import math
 import time
 from collections.abc import Callable, Iterable, Mapping
-from typing import Any
 
 import anyio
 import anyio.abc
-import kubernetes.client
 import urllib3
-from kubernetes.client.exceptions import ApiException
 
-from sources.k8s_client import K8sClient
-from sources.k8s_reflector import Delta, Reflector, ReflectorConfig, ResourceSpec, describe_error
+from sources.k8s_client import K8sClient, resource_path
+from sources.k8s_http import K8sApiError, describe_error
+from sources.k8s_reflector import Delta, Reflector, ReflectorConfig, ResourceSpec
 from statedb import WriteTxn
 from tables.cluster_identities import ClusterIdentityAllocator, identity_object
 from tables.identities import Identity
@@ -54,16 +51,6 @@ PLURAL = "ciliumidentities"
 #: The endpoint manager's `renumber_identities`: runs the allocator's change in one write
 #: transaction with the endpoints it moves; returns the endpoints moved.
 ApplyChanges = Callable[[Callable[[WriteTxn], Mapping[int, int]]], list[int]]
-
-
-def custom_list(plural: str) -> Callable[[K8sClient], Callable[..., Any]]:
-    """The list function of a cilium.io/v2 kind across the cluster (a reflector's)."""
-    return lambda c: functools.partial(
-        kubernetes.client.CustomObjectsApi(c.api_client).list_cluster_custom_object,
-        GROUP,
-        VERSION,
-        plural,
-    )
 
 
 def net_changes(deltas: Iterable[Delta]) -> tuple[list[Delta], list[str]]:
@@ -80,7 +67,7 @@ def net_changes(deltas: Iterable[Delta]) -> tuple[list[Delta], list[str]]:
 
 def identity_resource_spec() -> ResourceSpec:
     """Every CiliumIdentity of the cluster."""
-    return ResourceSpec(PLURAL, "CiliumIdentity", f"{GROUP}/{VERSION}", custom_list(PLURAL))
+    return ResourceSpec(PLURAL, "CiliumIdentity", f"{GROUP}/{VERSION}", PLURAL)
 
 
 class ClusterIdentities:
@@ -105,7 +92,6 @@ class ClusterIdentities:
         self.retry_interval = retry_interval
         self.request_timeout = request_timeout
         self.reflector = Reflector(client, identity_resource_spec(), self._deliver, config)
-        self._custom = kubernetes.client.CustomObjectsApi(client.api_client)
         #: True once the initial list has been applied.
         self.synced = False
         self.created = 0
@@ -173,15 +159,12 @@ class ClusterIdentities:
     def create(self, row: Identity) -> bool:
         """Create the object of ``row`` (blocking: a worker thread); True when created."""
         try:
-            self.client.call(
-                self._custom.create_cluster_custom_object,
-                group=GROUP,
-                version=VERSION,
-                plural=PLURAL,
-                body=identity_object(row.id, row.labels),
-                _request_timeout=self.request_timeout,
+            self.client.create(
+                resource_path(f"{GROUP}/{VERSION}", PLURAL),
+                identity_object(row.id, row.labels),
+                timeout=self.request_timeout,
             )
-        except ApiException as e:
+        except K8sApiError as e:
             if e.status == 409:
                 self.conflicts += 1
                 return False

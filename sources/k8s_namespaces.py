@@ -33,7 +33,7 @@ from tables.namespaces import (
 
 def namespace_resource_spec() -> ResourceSpec:
     """Namespaces (cluster-scoped; the ClusterRole grants list and watch)."""
-    return ResourceSpec("namespaces", KIND_NAMESPACE, "v1", lambda c: c.core.list_namespace)
+    return ResourceSpec("namespaces", KIND_NAMESPACE, "v1", "namespaces")
 
 
 class NamespaceSource:

@@ -39,9 +39,9 @@ def nodes_resource_spec(only: str = "") -> ResourceSpec:
     """All Nodes (cluster-scoped; the ClusterRole grants list and watch), or only the Node
     named ``only`` (``fieldSelector=metadata.name=<only>``)."""
     if only:
-        return ResourceSpec("this-node", KIND_NODE, "v1", lambda c: c.core.list_node,
+        return ResourceSpec("this-node", KIND_NODE, "v1", "nodes",
                             field_selector=f"metadata.name={only}")
-    return ResourceSpec("all-nodes", KIND_NODE, "v1", lambda c: c.core.list_node)
+    return ResourceSpec("all-nodes", KIND_NODE, "v1", "nodes")
 
 
 class NodesK8sSource:

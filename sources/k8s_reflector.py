@@ -35,7 +35,7 @@ Blocking client calls run in worker threads (`anyio.to_thread.run_sync`); a watc
 is read by the event loop from its non-blocking socket when it is readable
 (`sources.k8s_watch_body`; a compressed or unchunked body by a worker thread, see
 `_WatchPump`): the event loop never blocks on the network. Objects are decoded from the raw
-response (``_preload_content=False``) by `sources.k8s_json.loads` (orjson where
+response by `sources.k8s_json.loads` (orjson where
 installed, else ``json.loads``): 0.9-1.6 us per Service against 22-43 us for the client's
 model classes (benchmarks/k8s.py, ``decode_*``), and the converter wants plain dicts
 anyway.
@@ -45,7 +45,6 @@ from __future__ import annotations
 
 import asyncio
 import http.client
-import json
 import logging
 import random
 import socket
@@ -60,10 +59,10 @@ from typing import Any
 import anyio
 import sniffio
 import urllib3
-from kubernetes.client.exceptions import ApiException
 
 from sources import k8s_json
-from sources.k8s_client import K8sClient
+from sources.k8s_client import K8sClient, resource_path
+from sources.k8s_http import K8sApiError, describe_error
 from sources.k8s_watch_body import ChunkedBodyError, socket_body
 from statedb.errors import StatewrightError
 from statedb.rows import slot_constructor
@@ -84,15 +83,21 @@ STOPPED = "stopped"
 
 @dataclass(frozen=True, slots=True)
 class ResourceSpec:
-    """One resource to reflect: its name, kind, and the client's list function."""
+    """One resource to reflect: its name, kind, API version and plural (the collection
+    listed and watched across all namespaces), and a field selector."""
 
     #: Short name used in health and logs ("services").
     name: str
     kind: str
     api_version: str
-    #: Picks the generated list function, e.g. ``lambda c: c.core.list_service_for_all_namespaces``.
-    list_func: Callable[[K8sClient], Callable[..., Any]]
+    #: The resource's plural ("services", "endpointslices", "ciliumidentities").
+    plural: str
     field_selector: str = ""
+
+    @property
+    def path(self) -> str:
+        """The collection's API path (every namespace)."""
+        return resource_path(self.api_version, self.plural)
 
 
 @dataclass(frozen=True, slots=True)
@@ -171,30 +176,6 @@ def object_key(obj: Mapping[str, Any]) -> str:
     return sys.intern(f"{ns}/{name}" if ns else str(name))
 
 
-def _retry_after(e: ApiException) -> float | None:
-    headers = getattr(e, "headers", None) or {}
-    try:
-        value = headers.get("Retry-After") if hasattr(headers, "get") else None
-        return None if value is None else max(0.0, float(value))
-    except (TypeError, ValueError):
-        return None
-
-
-def describe_error(e: BaseException) -> str:
-    """A one-line description of a client error."""
-    if isinstance(e, ApiException):
-        msg = ""
-        try:
-            body = json.loads(e.body or "")
-            msg = body.get("message", "") if isinstance(body, dict) else ""
-        except ValueError:
-            pass
-        return f"HTTP {e.status} {e.reason or ''}".strip() + (f": {msg}" if msg else "")
-    if isinstance(e, urllib3.exceptions.MaxRetryError) and e.reason is not None:
-        return f"cannot connect: {e.reason}"
-    return f"{type(e).__name__}: {e}"
-
-
 class Reflector:
     """List and watch one resource, delivering differences to a consumer."""
 
@@ -260,7 +241,7 @@ class Reflector:
                     self._failures = 0
                 except (
                     GoneError,
-                    ApiException,
+                    K8sApiError,
                     urllib3.exceptions.HTTPError,
                     http.client.HTTPException,
                     OSError,
@@ -268,7 +249,7 @@ class Reflector:
                     ChunkedBodyError,
                     ValueError,  # a list that is not JSON
                 ) as e:
-                    if isinstance(e, ApiException) and e.status == 410:
+                    if isinstance(e, K8sApiError) and e.status == 410:
                         # 410 as the watch request's status rather than as an ERROR event.
                         e = GoneError(describe_error(e))
                     if isinstance(e, GoneError):
@@ -288,7 +269,7 @@ class Reflector:
             self._close_response()
 
     def _backoff(self, e: BaseException) -> float:
-        ra = _retry_after(e) if isinstance(e, ApiException) else None
+        ra = e.retry_after if isinstance(e, K8sApiError) else None
         if ra is not None:
             self._failures += 1
             return min(ra, self.config.max_retry_after)
@@ -300,20 +281,14 @@ class Reflector:
     # ----- list ---------------------------------------------------------------------------------
     def _list_page(self, cont: str) -> dict[str, Any]:
         c = self.config
-        kwargs: dict[str, Any] = {
-            "limit": c.page_size,
-            "_preload_content": False,
-            "_request_timeout": (c.connect_timeout, c.list_timeout),
-        }
+        query = [("limit", str(c.page_size))]
         if cont:
-            kwargs["_continue"] = cont
+            query.append(("continue", cont))
         if self.spec.field_selector:
-            kwargs["field_selector"] = self.spec.field_selector
-        resp = self.client.call(self.spec.list_func(self.client), **kwargs)
-        try:
-            data = resp.data
-        finally:
-            resp.release_conn()
+            query.append(("fieldSelector", self.spec.field_selector))
+        data = self.client.get(
+            self.spec.path, query=query, timeout=(c.connect_timeout, c.list_timeout)
+        )
         doc = k8s_json.loads(data)
         if not isinstance(doc, dict):
             raise StreamError(f"list returned {type(doc).__name__}, not an object")
@@ -329,7 +304,7 @@ class Reflector:
         while True:
             try:
                 doc = await anyio.to_thread.run_sync(self._list_page, cont)
-            except ApiException as e:
+            except K8sApiError as e:
                 if e.status == 410:
                     # The continue token expired mid-list: start the list over (what was
                     # delivered is in the store; the new list's difference corrects it).
@@ -398,17 +373,17 @@ class Reflector:
     def _open_watch(self) -> Any:
         c = self.config
         timeout = int(c.watch_timeout * (1.0 + self._rng.random())) or 1
-        kwargs: dict[str, Any] = {
-            "watch": True,
-            "allow_watch_bookmarks": True,
-            "resource_version": self._rv,
-            "timeout_seconds": timeout,
-            "_preload_content": False,
-            "_request_timeout": (c.connect_timeout, c.stall_timeout),
-        }
+        query = [
+            ("allowWatchBookmarks", "true"),
+            ("resourceVersion", self._rv),
+            ("timeoutSeconds", str(timeout)),
+            ("watch", "true"),
+        ]
         if self.spec.field_selector:
-            kwargs["field_selector"] = self.spec.field_selector
-        return self.client.call(self.spec.list_func(self.client), **kwargs)
+            query.append(("fieldSelector", self.spec.field_selector))
+        return self.client.watch(
+            self.spec.path, query=query, timeout=(c.connect_timeout, c.stall_timeout)
+        )
 
     def _close_response(self) -> None:
         resp, self._resp = self._resp, None

@@ -96,26 +96,11 @@ _REFUSED_BEFORE_WRITING = frozenset({"Service", "EndpointSlice", KIND_NODE})
 def resource_specs(node_name: str) -> list[ResourceSpec]:
     """The four resources the agent reads (pods and node restricted to ``node_name``)."""
     return [
-        ResourceSpec("services", "Service", "v1", lambda c: c.core.list_service_for_all_namespaces),
+        ResourceSpec("services", "Service", "v1", "services"),
+        ResourceSpec("endpointslices", "EndpointSlice", "discovery.k8s.io/v1", "endpointslices"),
+        ResourceSpec("pods", "Pod", "v1", "pods", field_selector=f"spec.nodeName={node_name}"),
         ResourceSpec(
-            "endpointslices",
-            "EndpointSlice",
-            "discovery.k8s.io/v1",
-            lambda c: c.discovery.list_endpoint_slice_for_all_namespaces,
-        ),
-        ResourceSpec(
-            "pods",
-            "Pod",
-            "v1",
-            lambda c: c.core.list_pod_for_all_namespaces,
-            field_selector=f"spec.nodeName={node_name}",
-        ),
-        ResourceSpec(
-            "nodes",
-            KIND_NODE,
-            "v1",
-            lambda c: c.core.list_node,
-            field_selector=f"metadata.name={node_name}",
+            "nodes", KIND_NODE, "v1", "nodes", field_selector=f"metadata.name={node_name}"
         ),
     ]
 
@@ -123,29 +108,12 @@ def resource_specs(node_name: str) -> list[ResourceSpec]:
 def policy_resource_specs() -> list[ResourceSpec]:
     """The policy resources (every namespace): NetworkPolicies and CiliumNetworkPolicies,
     reflected by the policy component (policy/k8s.py) into its own table."""
-    import functools
-
-    import kubernetes.client
-
     return [
         ResourceSpec(
-            "networkpolicies",
-            "NetworkPolicy",
-            "networking.k8s.io/v1",
-            lambda c: kubernetes.client.NetworkingV1Api(
-                c.api_client
-            ).list_network_policy_for_all_namespaces,
+            "networkpolicies", "NetworkPolicy", "networking.k8s.io/v1", "networkpolicies"
         ),
         ResourceSpec(
-            "ciliumnetworkpolicies",
-            "CiliumNetworkPolicy",
-            "cilium.io/v2",
-            lambda c: functools.partial(
-                kubernetes.client.CustomObjectsApi(c.api_client).list_cluster_custom_object,
-                "cilium.io",
-                "v2",
-                "ciliumnetworkpolicies",
-            ),
+            "ciliumnetworkpolicies", "CiliumNetworkPolicy", "cilium.io/v2", "ciliumnetworkpolicies"
         ),
     ]
 

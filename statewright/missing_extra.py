@@ -12,7 +12,7 @@ from typing import NoReturn
 
 #: Top-level import names of the ``agent`` extra's distributions (pyproject.toml).
 AGENT_EXTRA_MODULES = frozenset({
-    "yaml", "pyroute2", "kubernetes", "prometheus_client", "pyroaring", "starlette",
+    "yaml", "pyroute2", "urllib3", "prometheus_client", "pyroaring", "starlette",
     "uvicorn", "sniffio", "httpx",
 })
 

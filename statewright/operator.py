@@ -21,14 +21,13 @@ from typing import Any
 
 import anyio
 import anyio.abc
-import kubernetes.client
 import urllib3
-from kubernetes.client.exceptions import ApiException
 
-from sources.k8s_client import K8sClient
+from sources.k8s_client import K8sClient, resource_path
 from sources.k8s_endpoints import endpoint_resource_spec
+from sources.k8s_http import K8sApiError, describe_error
 from sources.k8s_identities import GROUP, PLURAL, VERSION, identity_resource_spec
-from sources.k8s_reflector import Delta, Reflector, ReflectorConfig, describe_error
+from sources.k8s_reflector import Delta, Reflector, ReflectorConfig
 from statewright.identity_gc_timing import DEFAULT_GRACE, DEFAULT_INTERVAL
 
 log = logging.getLogger("statewright.operator")
@@ -54,7 +53,6 @@ class IdentityGC:
             Reflector(client, identity_resource_spec(), self._identities, config),
             Reflector(client, endpoint_resource_spec(), self._endpoints, config),
         ]
-        self._custom = kubernetes.client.CustomObjectsApi(client.api_client)
         #: Identity name -> when it was last seen in use (or first seen unused).
         self.identities: dict[str, float] = {}
         #: CiliumEndpoint ``namespace/name`` -> the identity it names.
@@ -130,11 +128,10 @@ class IdentityGC:
         gone = []
         for name in self.due():
             try:
-                self.client.call(
-                    self._custom.delete_cluster_custom_object, group=GROUP, version=VERSION,
-                    plural=PLURAL, name=name, _request_timeout=10.0,
+                self.client.delete(
+                    resource_path(f"{GROUP}/{VERSION}", PLURAL, name=name), timeout=10.0
                 )
-            except ApiException as e:
+            except K8sApiError as e:
                 if e.status != 404:
                     self._failed(name, e)
                     continue

@@ -27,6 +27,7 @@ INPUT_ERRORS = {
     "tables.lb_writer.InvalidBackendError",
     "statewright.agent.config.ConfigError",
     "sources.k8s_client.K8sConfigError",
+    "sources.k8s_kubeconfig.KubeconfigError",
     "tables.ipam.IPAMRequestError",
     "tables.endpoints.EndpointRequestError",
     "tables.identities.LabelError",

@@ -30,7 +30,7 @@ ROOT = Path(__file__).resolve().parent.parent
 PACKAGES = (
     "statedb", "reconciler", "tables", "bpf", "bpfops", "sources", "statewright", "policy"
 )
-AGENT_DISTRIBUTIONS = ("pyyaml", "pyroute2", "kubernetes", "prometheus-client", "pyroaring",
+AGENT_DISTRIBUTIONS = ("pyyaml", "pyroute2", "urllib3", "prometheus-client", "pyroaring",
                        "starlette", "uvicorn")
 
 pytestmark = [pytest.mark.slow, pytest.mark.install]
@@ -104,7 +104,8 @@ def test_fresh_install_core_then_agent(tmp_path: Path) -> None:
         "print(json.dumps({'mods': mods, 'typed': typed, 'file': statedb.__file__}))\n"
     )
     info = json.loads(_run([str(python), "-c", check], tmp_path).stdout)
-    assert not set(info["mods"]) & {"yaml", "pyroute2", "kubernetes", "prometheus_client"}
+    assert not set(info["mods"]) & {"yaml", "pyroute2", "kubernetes", "urllib3",
+                                    "prometheus_client"}
     assert info["typed"] == [True, True]
     assert str(env_dir) in info["file"], "statedb was not imported from the new environment"
     # mypy sees the installed packages as typed (py.typed): a correct use checks clean, a

@@ -6,7 +6,8 @@ the real one does for what the agent reads:
 
 * HTTPS on ``127.0.0.1`` with an ephemeral port, the certificate signed by a CA
   the test generates (``trustme``); HTTP/1.1 with keep-alive; bearer-token
-  authentication (401 ``Unauthorized`` Status otherwise);
+  authentication, or a client certificate signed by the CA with ``client_certs``
+  (401 ``Unauthorized`` Status otherwise);
 * discovery: ``/version``, ``/api``, ``/apis``, ``/api/v1`` and
   ``/apis/discovery.k8s.io/v1`` (the legacy documents; kubectl asks for the
   aggregated form first and falls back to these);
@@ -115,6 +116,8 @@ class RequestRecord:
     namespace: str = ""
     name: str = ""
     token: str = ""
+    #: Authenticated by a client certificate (``client_certs``).
+    client_cert: bool = False
     #: time.monotonic() when the request arrived.
     time: float = field(default_factory=time.monotonic)
 
@@ -277,6 +280,7 @@ class FakeAPIServer:
         ignored_field_labels: Iterable[str] = (),
         poll_interval: float = 0.05,
         host: str = "127.0.0.1",
+        client_certs: bool = False,
     ) -> None:
         self.ca = ca or trustme.CA()
         #: The IPv4 address served on (another one than loopback: the three-node test bed
@@ -286,6 +290,12 @@ class FakeAPIServer:
         self._ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
         self._cert.configure_cert(self._ctx)
         self._ctx.set_alpn_protocols(["http/1.1"])
+        #: A client certificate signed by `ca` authenticates a request as the token does
+        #: (asked for, not required: clients with a token present none).
+        self.client_certs = client_certs
+        if client_certs:
+            self._ctx.verify_mode = ssl.CERT_OPTIONAL
+            self.ca.configure_trust(self._ctx)
         self.token = token or f"token-{uuid.uuid4().hex}"
         self.bookmark_interval = bookmark_interval
         self.default_watch_timeout = default_watch_timeout
@@ -952,6 +962,8 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         auth = self.headers.get("Authorization", "")
         token = auth[7:].strip() if auth.lower().startswith("bearer ") else ""
         rec = self._record = RequestRecord(method, path, query, token=token)
+        if fake.client_certs and self._tls.getpeercert():
+            rec.client_cert = True
         target = self._route(path)
         if target is not None:
             res, namespace, name = target
@@ -968,7 +980,7 @@ class _Handler(http.server.BaseHTTPRequestHandler):
                 rec.verb = {"POST": "create", "PUT": "update", "DELETE": "delete"}[method]
         with fake._lock:
             fake.requests.append(rec)
-        if token != fake.token:
+        if token != fake.token and not rec.client_cert:
             self._discard_body()
             self._fail(401, "Unauthorized")
             return None

@@ -13,17 +13,15 @@ from sources.k8s_client import (
     K8sConfigError,
     RateLimiter,
     TokenFile,
-    build_configuration,
+    build_connection,
 )
+from sources.k8s_http import Connection
 
 from .fake_apiserver import FakeAPIServer
 
 
-def _bearer(cfg: object) -> str:
-    hook = cfg.refresh_api_key_hook  # type: ignore[attr-defined]
-    if hook is not None:
-        hook(cfg)
-    return str(cfg.api_key.get("BearerToken", ""))  # type: ignore[attr-defined]
+def _bearer(conn: Connection) -> str:
+    return "" if conn.authorization is None else conn.authorization()
 
 
 def test_kubeconfig_with_relative_token_file_and_server_override(
@@ -31,34 +29,34 @@ def test_kubeconfig_with_relative_token_file_and_server_override(
 ) -> None:
     (tmp_path / "tok").write_text("first\n")
     kc = apiserver.write_kubeconfig(tmp_path / "kc", token_file="tok")
-    cfg, where = build_configuration(ClientSettings(kubeconfig=kc))
-    assert cfg.host == apiserver.url and "kubeconfig" in where
+    cfg, where = build_connection(ClientSettings(kubeconfig=kc))
+    assert cfg.server == apiserver.url and "kubeconfig" in where
     assert _bearer(cfg) == "Bearer first"
     (tmp_path / "tok").write_text("second-token\n")  # rotated (another size)
     assert _bearer(cfg) == "Bearer second-token"
-    cfg, _ = build_configuration(ClientSettings(kubeconfig=kc, api_server="https://10.0.0.1:6443/"))
-    assert cfg.host == "https://10.0.0.1:6443"
+    cfg, _ = build_connection(ClientSettings(kubeconfig=kc, api_server="https://10.0.0.1:6443/"))
+    assert cfg.server == "https://10.0.0.1:6443"
 
 
 def test_api_server_alone_uses_service_account_files_when_present(tmp_path: Path) -> None:
-    cfg, where = build_configuration(
+    cfg, where = build_connection(
         ClientSettings(
             api_server="https://10.0.0.1:6443",
             token_file=str(tmp_path / "none"),
             ca_file=str(tmp_path / "none.crt"),
         )
     )
-    assert where == "https://10.0.0.1:6443" and not cfg.api_key
+    assert where == "https://10.0.0.1:6443" and cfg.authorization is None and not cfg.ca_file
     (tmp_path / "token").write_text("sa-token")
     (tmp_path / "ca.crt").write_text("pem")
-    cfg, _ = build_configuration(
+    cfg, _ = build_connection(
         ClientSettings(
             api_server="https://10.0.0.1:6443",
             token_file=str(tmp_path / "token"),
             ca_file=str(tmp_path / "ca.crt"),
         )
     )
-    assert _bearer(cfg) == "Bearer sa-token" and cfg.ssl_ca_cert == str(tmp_path / "ca.crt")
+    assert _bearer(cfg) == "Bearer sa-token" and cfg.ca_file == str(tmp_path / "ca.crt")
 
 
 def test_in_cluster_needs_its_environment_and_files(tmp_path: Path) -> None:
@@ -66,12 +64,12 @@ def test_in_cluster_needs_its_environment_and_files(tmp_path: Path) -> None:
     with pytest.raises(K8sConfigError, match="KUBERNETES_SERVICE_HOST"):
         K8sClient(ClientSettings(in_cluster=True, environ={}))
     with pytest.raises(K8sConfigError, match="no service account token"):
-        build_configuration(
+        build_connection(
             ClientSettings(in_cluster=True, environ=env, token_file=str(tmp_path / "x"))
         )
     (tmp_path / "token").write_text("t")
     (tmp_path / "ca.crt").write_text("pem")
-    cfg, where = build_configuration(
+    cfg, where = build_connection(
         ClientSettings(
             in_cluster=True,
             environ=env,
@@ -79,15 +77,16 @@ def test_in_cluster_needs_its_environment_and_files(tmp_path: Path) -> None:
             ca_file=str(tmp_path / "ca.crt"),
         )
     )
-    assert cfg.host == "https://[fd00::1]:443" and "in-cluster" in where
+    assert cfg.server == "https://[fd00::1]:443" and "in-cluster" in where
+    assert _bearer(cfg) == "Bearer t" and cfg.ca_file == str(tmp_path / "ca.crt")
 
 
 def test_nothing_configured_and_bad_kubeconfig(tmp_path: Path) -> None:
     assert not ClientSettings().enabled
     with pytest.raises(K8sConfigError, match="none of"):
-        build_configuration(ClientSettings())
+        build_connection(ClientSettings())
     with pytest.raises(K8sConfigError, match="k8s-kubeconfig"):
-        build_configuration(ClientSettings(kubeconfig=str(tmp_path / "missing")))
+        build_connection(ClientSettings(kubeconfig=str(tmp_path / "missing")))
     with pytest.raises(K8sConfigError, match="k8s-qps"):
         ClientSettings(qps=0)
     with pytest.raises(K8sConfigError, match="k8s-burst"):

@@ -367,8 +367,7 @@ def test_backoff_is_exponential_jittered_and_capped() -> None:
     factor in [1, 1 + jitter); a Retry-After replaces it (capped at max_retry_after)."""
     import random
 
-    from kubernetes.client.exceptions import ApiException
-
+    from sources.k8s_http import K8sApiError
     from sources.k8s_reflector import Reflector, ReflectorConfig
     from sources.k8s_source import resource_specs
 
@@ -382,10 +381,9 @@ def test_backoff_is_exponential_jittered_and_capped() -> None:
     for d, base in zip(delays, [0.5, 1.0, 2.0, 4.0, 4.0, 4.0]):
         assert base <= d < base * 1.5
     assert len({round(d / b, 6) for d, b in zip(delays[3:], [4.0] * 3)}) == 3  # jittered
-    too_many = ApiException(status=429, reason="Too Many Requests")
-    too_many.headers = {"Retry-After": "3"}
+    too_many = K8sApiError("GET", "/api/v1/services", 429, "Too Many Requests", retry_after=3)
     assert refl._backoff(too_many) == 3.0
-    too_many.headers = {"Retry-After": "3600"}
+    too_many.retry_after = 3600
     assert refl._backoff(too_many) == 10.0
 
 

@@ -52,8 +52,8 @@ from statewright.component import (
 from statewright.loadbalancer import LoadBalancer
 
 if TYPE_CHECKING:
-    # Imported when the component starts: the source's modules import the ``kubernetes``
-    # package (0.2-0.3 s of CPU), which an agent without an API server never needs.
+    # Imported when the component starts: the source's modules (the converter, the
+    # reflectors, urllib3) are what an agent without an API server never needs.
     from sources.k8s_client import K8sClient
     from sources.k8s_source import K8sSource, SourceConfig
 
