@@ -50,6 +50,9 @@ Keys:
   over the timed minutes per event, and as a share of one core: what the churn costs
   whatever the machine's load.
 - load_avg_1m_by_minute, load_avg_1m_at_start / _at_end: the shared machine's load.
+- steal_ms_by_minute: CPU time the hypervisor took from this virtual machine each minute
+  (all CPUs, /proc/stat): a stall or a late server in a minute with steal may be neither
+  the agent's nor the machine's other work.
 
 ``--agent-nice N`` runs the agent at nice value N (a node agent's CPU reservation on a
 machine others load: at a load average of 10 on 2 cores an agent at nice 0 gets a fraction
@@ -300,6 +303,14 @@ def api(sock: str, path: str, body: Any = None, timeout: float = 120.0) -> Any:
         conn.close()
 
 
+def _steal_ms() -> float:
+    """The machine's steal time so far, all CPUs, in ms (0 where /proc/stat has none)."""
+    with open("/proc/stat") as f:
+        fields = f.readline().split()
+    steal = int(fields[8]) if len(fields) > 8 else 0
+    return steal * 1000 / os.sysconf("SC_CLK_TCK")
+
+
 def _agent_cpu_s(pid: int) -> float:
     """CPU seconds (user + system, all threads) the agent process used so far."""
     with open(f"/proc/{pid}/stat") as f:
@@ -500,6 +511,9 @@ class Probe:
         self.last_gc_at = 0.0
         self.rss: list[tuple[float, float]] = []
         self.loads: list[float] = []
+        # The machine's steal time (ms, all CPUs) at the start of each minute, and now.
+        self.steal_marks: list[float] = []
+        self.steal_now = 0.0
         self.gc_base: list[int] = [0, 0, 0]
         self.gc_passes: list[int] = [0, 0, 0]
         self.gc_totals_base: dict[str, list[float]] = {}
@@ -526,6 +540,10 @@ class Probe:
         self.rss.append((now - self.t0, _agent_rss_mb(self.run.agent.pid)))
         if int((now - self.t0) // 60) >= len(self.loads):
             self.loads.append(round(os.getloadavg()[0], 2))
+        steal = _steal_ms()
+        if int((now - self.t0) // 60) >= len(self.steal_marks):
+            self.steal_marks.append(steal)
+        self.steal_now = steal
         doc = api(self.run.sock, f"/debug/probe?since_ms={int(self.since * 1000)}")
         loop = doc["loop"]
         self.apply_now = self._apply_buckets(doc)
@@ -628,6 +646,10 @@ def _figures(churn: Churn, probe: Probe, warmup_s: float) -> dict[str, Any]:
         if i == 0 or int(t // 60) != int(probe.rss[i - 1][0] // 60)
     ]
     out["load_avg_1m_by_minute"] = probe.loads
+    marks = [*probe.steal_marks, probe.steal_now]
+    out["steal_ms_by_minute"] = [round(b - a, 1) for a, b in itertools.pairwise(marks)][
+        : len(probe.loads)
+    ]
     return out
 
 

@@ -46,12 +46,14 @@ def test_soak_tiny_run_prints_every_key() -> None:
     doc = json.loads(res.stdout)
     for key in ("p99_ms_by_minute", "p99_ms_worst_minute", "stall_ms_max", "stalls_over_50ms",
                 "rss_mb_start", "rss_mb_end", "rss_mb_per_hour_after_warmup",
-                "tracemalloc_top", "load_avg_1m_at_start", "load_avg_1m_at_end"):
+                "tracemalloc_top", "load_avg_1m_at_start", "load_avg_1m_at_end",
+                "steal_ms_by_minute"):
         assert key in doc, key
     assert doc["events_timed"] > 0 and doc["events_unconfirmed"] == 0
     assert doc["p99_ms_worst_minute"] == max(doc["p99_ms_by_minute"]) > 0
     assert doc["rss_mb_end"] > 0 and doc["rss_mb_start"] > 0
     assert sum(doc["loop_lag_counts"]) > 0
+    assert all(ms >= 0 for ms in doc["steal_ms_by_minute"])
     assert isinstance(doc["tracemalloc_top"], list) and len(doc["tracemalloc_top"]) <= 5
     for row in doc["tracemalloc_top"]:
         assert {"where", "size_kb_diff", "count_diff"} <= set(row)
