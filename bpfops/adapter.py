@@ -26,7 +26,7 @@ from bpfops.model import (
 from reconciler.config import Config
 from reconciler.status import Status
 from statedb import ReadTxn, Table
-from tables.backends import Backend, BackendParams, BackendState
+from tables.backends import Backend, BackendParams, BackendState, backend_shared_part
 from tables.frontends import Frontend, SVCType, new_frontend
 from tables.lb_config import LBConfig
 from tables.lb_writer import LBWriter
@@ -37,6 +37,7 @@ from tables.services import (
     Service,
     SourceRangesPolicy,
     TrafficPolicy,
+    service_shared_part,
 )
 
 _STATE = {
@@ -73,30 +74,61 @@ def service_spec(svc: Service | None, name: str, service_port: int, cfg: LBConfi
     """The service settings the map entries depend on."""
     if svc is None:
         return ServiceSpec(name)
+    v = _SETTINGS.of(svc, cfg.enable_session_affinity)
     l7 = 0
-    if svc.proxy_redirect is not None and svc.proxy_redirect.redirects(service_port):
-        l7 = svc.proxy_redirect.proxy_port
-    affinity = svc.session_affinity and cfg.enable_session_affinity
+    redirect = v[11]
+    if redirect is not None and redirect.redirects(service_port):
+        l7 = redirect.proxy_port
     # Every ServiceSpec field, positionally in declaration order: name,
     # session_affinity, affinity_timeout, ext_local, int_local, source_ranges,
     # source_ranges_deny, lb_algorithm, forwarding_mode, proxy_delegation,
     # loopback_hostport, load_balancer_class, l7_proxy_port, scale_to_zero.
     return fast_service_spec(
-        svc.name,
-        affinity,
-        svc.session_affinity_timeout if affinity else 0,
-        svc.ext_traffic_policy is TrafficPolicy.LOCAL,
-        svc.int_traffic_policy is TrafficPolicy.LOCAL,
-        tuple(svc.source_ranges),
-        svc.source_ranges_policy == SourceRangesPolicy.DENY,
-        "" if svc.lb_algorithm is LBAlgorithm.UNDEF else svc.lb_algorithm.value,
-        "" if svc.forwarding_mode is ForwardingMode.UNDEF else svc.forwarding_mode.value,
-        svc.proxy_delegation == "delegate-if-local",
-        svc.loopback_host_port,
-        svc.load_balancer_class,
-        l7,
-        svc.scale_to_zero,
+        svc.name, v[0], v[1], v[2], v[3], v[4], v[5], v[6], v[7], v[8], v[9], v[10], l7, v[12]
     )
+
+
+class _SharedSettings:
+    """The ServiceSpec fields a service row's shared part gives (`service_shared_part`),
+    for the last shared part read: the services of a cluster mostly have the same
+    settings, and so one shared part, and a frontend's spec then reads none of them."""
+
+    __slots__ = ("last",)
+
+    def __init__(self) -> None:
+        #: (shared part, session affinity enabled, the fields): one tuple, replaced as a
+        #: whole, so a reader in another thread sees the old entry or the new one.
+        self.last: tuple[object, bool, tuple[Any, ...]] = (None, False, ())
+
+    def of(self, svc: Service, affinity_enabled: bool) -> tuple[Any, ...]:
+        """session_affinity, affinity_timeout, ext_local, int_local, source_ranges,
+        source_ranges_deny, lb_algorithm, forwarding_mode, proxy_delegation,
+        loopback_hostport, load_balancer_class, the proxy redirect and scale_to_zero."""
+        part = service_shared_part(svc)
+        last = self.last
+        if last[0] is part and last[1] is affinity_enabled:
+            return last[2]
+        affinity = svc.session_affinity and affinity_enabled
+        values = (
+            affinity,
+            svc.session_affinity_timeout if affinity else 0,
+            svc.ext_traffic_policy is TrafficPolicy.LOCAL,
+            svc.int_traffic_policy is TrafficPolicy.LOCAL,
+            tuple(svc.source_ranges),
+            svc.source_ranges_policy == SourceRangesPolicy.DENY,
+            "" if svc.lb_algorithm is LBAlgorithm.UNDEF else svc.lb_algorithm.value,
+            "" if svc.forwarding_mode is ForwardingMode.UNDEF else svc.forwarding_mode.value,
+            svc.proxy_delegation == "delegate-if-local",
+            svc.loopback_host_port,
+            svc.load_balancer_class,
+            svc.proxy_redirect,
+            svc.scale_to_zero,
+        )
+        self.last = (part, affinity_enabled, values)
+        return values
+
+
+_SETTINGS = _SharedSettings()
 
 
 def backend_spec(be: BackendParams) -> BackendSpec:
@@ -126,29 +158,39 @@ def frontend_spec(fe: Frontend, cfg: LBConfig) -> FrontendSpec:
     """A frontend row as the ops see it."""
     svc_type = LOCAL_REDIRECT if fe.redirect_to else _TYPE_NAMES[fe.type]
     port = fe.service_port or fe.address.port
-    state_of = _STATE.get
-    # `backend_spec` inline (one call fewer per backend): fast_backend_spec's fields are
-    # addr, state, weight, unhealthy, cluster_id, zone, revision, health_known,
-    # not_serving.
-    backends = tuple(
-        [
-            fast_backend_spec(
-                b.address,
-                state_of(b.state, 0),
-                b.weight,
-                b.unhealthy,
-                b.cluster_id,
-                0,
-                0,
-                bool(b.unhealthy_updated_at),
-                b.state is _NOT_SERVING,
-            )
-            for b in fe.backends
-        ]
-    )
     service = service_spec(fe.service, fe.service_name, port, cfg)
     # FrontendSpec's fields: addr, type, service, backends, service_port.
-    return fast_frontend_spec(fe.address, svc_type, service, backends, port)
+    return fast_frontend_spec(fe.address, svc_type, service, backend_specs(fe.backends), port)
+
+
+def backend_specs(backends: tuple[BackendParams, ...]) -> tuple[BackendSpec, ...]:
+    """`backend_spec` of each instance. Everything but the address is read once per run
+    of instances sharing it (`backend_shared_part`: the backends of one node and port
+    usually do), not once per backend."""
+    out: list[BackendSpec] = []
+    append = out.append
+    shared_part = backend_shared_part
+    last: object = None
+    # fast_backend_spec's fields after addr: state, weight, unhealthy, cluster_id, zone,
+    # revision, health_known, not_serving.
+    state, weight, unhealthy, cluster_id, health_known, not_serving = 0, 0, False, 0, False, False
+    for b in backends:
+        part = shared_part(b)
+        if part is not last:
+            last = part
+            be_state = b.state
+            state = _STATE.get(be_state, 0)
+            weight = b.weight
+            unhealthy = b.unhealthy
+            cluster_id = b.cluster_id
+            health_known = bool(b.unhealthy_updated_at)
+            not_serving = be_state is _NOT_SERVING
+        append(
+            fast_backend_spec(
+                b.address, state, weight, unhealthy, cluster_id, 0, 0, health_known, not_serving
+            )
+        )
+    return tuple(out)
 
 
 class TablesNodeView:

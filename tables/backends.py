@@ -20,7 +20,8 @@ from __future__ import annotations
 import dataclasses
 import datetime
 import enum
-from collections.abc import Iterator
+import operator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -244,6 +245,13 @@ class BackendParams(FrozenValue, fields=_BackendParamsFields):
 
 
 _set_bp_address, _set_bp_rest = slot_setters(BackendParams, "address", "_rest")
+
+#: The object a backend instance holds everything but its address in: instances whose
+#: objects are the same one (``is``) have the same fields but the address. A reader
+#: deriving something per instance from those fields (the LB Ops' view of a backend)
+#: derives it once per run of instances sharing the object: the backends of one node
+#: and port usually share it. Equal fields do not imply the same object.
+backend_shared_part: Callable[[BackendParams], object] = operator.attrgetter("_rest")
 
 
 def _time_text(ts: float) -> str:

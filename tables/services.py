@@ -15,6 +15,8 @@ from __future__ import annotations
 import dataclasses
 import enum
 import ipaddress
+import operator
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -428,6 +430,13 @@ for _i, _name in enumerate(_SHARED_FIELDS):
 _set_rest, _set_name, _set_labels, _set_annotations, _set_selector, _set_ports = slot_setters(
     Service, "_rest", "name", "labels", "annotations", "selector", "port_names"
 )
+
+#: The object a service row holds its shared fields in (every field but name, labels,
+#: annotations, selector and port names): rows whose objects are the same one (``is``)
+#: have the same shared fields. A reader deriving something from those fields alone (the
+#: LB Ops' view of a service) derives it once per object. Equal fields do not imply the
+#: same object.
+service_shared_part: Callable[[Service], object] = operator.attrgetter("_rest")
 
 
 def _fill(
