@@ -37,6 +37,14 @@ Keys:
   objects, shallow sizes), memory_owners_bytes_per_service (each object once, for the
   first of statedb, rows, LB Ops, writer, converter, source that reaches it),
   memory_traced_mb / _peak_mb (`benchmarks.k8s_memory`).
+- ``--phases``: where the sync's CPU goes (`benchmarks.sync_phases`):
+  initial_sync_phase_us_per_service (per phase, CPU microseconds per service, each
+  inclusive of the phases it calls: list pages in the worker threads, the applier's
+  batches and within them each kind's conversion and writes, origins and commits; the
+  reconciler's Ops rounds and within them the row-to-spec step, the per-frontend
+  preparation and the map writes, the status commits, the prune) and
+  initial_sync_phase_calls. Two sizes in one machine state show which phase grows
+  faster than the number of services.
 - churn_*: the server changes one EndpointSlice (one endpoint address replaced) at
   ``--churn-rate`` events/s for ``--churn-seconds``; latency from the server creating
   the event until the new backend is in the frontend's map entries (its frontend row
@@ -143,6 +151,7 @@ import anyio.abc
 
 from benchmarks.k8s_memory import MemoryBreakdown, allocator_figures, lb_owners
 from benchmarks.lb import BACKENDS_PER_SERVICE, service_obj, slice_obj
+from benchmarks.sync_phases import PhaseTimer
 from bpf.probe import kernel_support
 from reconciler.status import StatusKind
 from sources import k8s_json
@@ -319,6 +328,7 @@ async def run(
     stall_stacks: str = "",
     young_interval: float = YOUNG_COLLECT_INTERVAL,
     memory_breakdown: bool = False,
+    phases: bool = False,
 ) -> dict[str, Any]:
     """The benchmark; returns the figures."""
     tune_gc()
@@ -345,6 +355,7 @@ async def run(
                     stall_stacks,
                     young_interval,
                     memory_breakdown,
+                    phases,
                 )
             )
         finally:
@@ -367,6 +378,7 @@ async def _agent(
     stall_stacks: str,
     young_interval: float,
     memory_breakdown: bool = False,
+    phases: bool = False,
 ) -> dict[str, Any]:
     out: dict[str, Any] = {}
     out["rss_mb_before_agent"] = round(_rss_mb(), 1)
@@ -397,7 +409,11 @@ async def _agent(
     try:
         async with anyio.create_task_group() as tg:
             await tg.start(lb.run)
-            out.update(await _initial_sync(tg, lb, source, n))
+            timer = PhaseTimer() if phases else None
+            with timer if timer is not None else contextlib.nullcontext():
+                out.update(await _initial_sync(tg, lb, source, n))
+            if timer is not None:
+                out.update(timer.figures(n))
             gc.collect()
             out["rss_mb_after_sync_untrimmed"] = round(_rss_mb(), 1)
             # As the agent does once the initial state is in the maps (components/lb.py).
@@ -905,6 +921,13 @@ def main(argv: list[str] | None = None) -> int:
         "after the sync, per service (memory_* keys; tracing slows the sync and adds to "
         "the resident set)",
     )
+    p.add_argument(
+        "--phases",
+        action="store_true",
+        help="time the initial sync's phases (CPU per service: list pages, the applier "
+        "and converter, the reconciler and the Ops; initial_sync_phase_* keys; the "
+        "timing adds about a microsecond per call)",
+    )
     args = p.parse_args(argv)
     n = args.services or (SCALE_SERVICES if args.scale else 2000 if args.quick else 10_000)
     seconds = args.churn_seconds or (10.0 if args.quick else 30.0)
@@ -924,6 +947,7 @@ def main(argv: list[str] | None = None) -> int:
                 args.stall_stacks,
                 args.young_interval,
                 args.memory_breakdown,
+                args.phases,
             )
         )
     result["load_avg_1m_at_end"] = round(os.getloadavg()[0], 2)
