@@ -1,4 +1,14 @@
-"""Where an initial sync's CPU goes, by phase: for ``benchmarks/k8s.py --phases``.
+"""CPU per service of an initial sync's phases at several sizes: what grows faster.
+
+``python benchmarks/sync_phases.py --services 10000 60000`` prints one JSON object.
+
+For each size in turn (one process, so one machine state as far as a shared machine
+allows) it runs ``benchmarks/k8s.py``'s initial sync without churn and with its phases
+timed (the same as ``benchmarks/k8s.py --phases``): ``sizes`` holds each run's
+initial_sync_s, initial_sync_cpu_s, initial_sync_cpu_us_per_service and
+initial_sync_phase_us_per_service; ``growth`` each phase's CPU per service at the
+largest size over the smallest (1.0: linear in the services), ``cpu_growth`` the same
+for the whole sync's CPU; ``load_avg_1m_at_start`` / ``_at_end`` the machine's load.
 
 `PhaseTimer` wraps the methods of `SYNC_PHASES` for as long as it is entered and adds up
 each one's CPU time (``time.thread_time`` of the thread that calls it: the event loop's
@@ -16,12 +26,19 @@ initial_sync_cpu_s) of a run with ``--phases`` include them.
 
 from __future__ import annotations
 
+import argparse
 import functools
 import inspect
+import json
+import os
+import sys
 import threading
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 #: (module, class, method, phase name) of every phase timed, outermost first.
 SYNC_PHASES: tuple[tuple[str, str, str, str], ...] = (
@@ -109,3 +126,56 @@ class PhaseTimer:
             },
             f"{prefix}calls": dict(self.calls),
         }
+
+
+def growth(sizes: list[dict[str, Any]]) -> tuple[dict[str, float], float]:
+    """Each phase's CPU per service at the last size over the first, and the same for the
+    whole sync (`sizes` as `main` builds it)."""
+    first, last = sizes[0], sizes[-1]
+    key = "initial_sync_phase_us_per_service"
+    phases = {
+        k: round(last[key][k] / v, 2)
+        for k, v in first[key].items()
+        if v > 0 and k in last[key]
+    }
+    base = first["initial_sync_cpu_us_per_service"]
+    cpu = round(last["initial_sync_cpu_us_per_service"] / base, 2) if base else 0.0
+    return phases, cpu
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the syncs and print the JSON figures."""
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument(
+        "--services", type=int, nargs="+", default=[10_000, 60_000],
+        help="the sizes, smallest first (default: 10000 60000)",
+    )
+    args = p.parse_args(argv)
+    import anyio
+
+    from benchmarks import k8s
+
+    out: dict[str, Any] = {"load_avg_1m_at_start": round(os.getloadavg()[0], 2)}
+    sizes: list[dict[str, Any]] = []
+    for n in args.services:
+        res = anyio.run(functools.partial(k8s.run, n, 1000.0, 0.0, phases=True))
+        sizes.append(
+            {
+                "services": n,
+                "initial_sync_s": res["initial_sync_s"],
+                "initial_sync_cpu_s": res["initial_sync_cpu_s"],
+                "initial_sync_cpu_us_per_service": round(
+                    res["initial_sync_cpu_s"] / n * 1e6, 1
+                ),
+                "initial_sync_phase_us_per_service": res["initial_sync_phase_us_per_service"],
+            }
+        )
+    out["sizes"] = sizes
+    out["growth"], out["cpu_growth"] = growth(sizes)
+    out["load_avg_1m_at_end"] = round(os.getloadavg()[0], 2)
+    print(json.dumps(out))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import inspect
 
-from benchmarks.sync_phases import SYNC_PHASES, PhaseTimer
+from benchmarks.sync_phases import SYNC_PHASES, PhaseTimer, growth
 
 
 class Worker:
@@ -61,3 +61,13 @@ def test_every_sync_phase_is_a_plain_method_that_exists() -> None:
         cls = getattr(__import__(module, fromlist=[cls_name]), cls_name)
         fn = cls.__dict__[method]
         assert inspect.isfunction(fn) and not inspect.iscoroutinefunction(fn), method
+
+
+def test_growth_is_per_service_cpu_at_the_largest_over_the_smallest() -> None:
+    sizes = [
+        {"initial_sync_cpu_us_per_service": 400.0,
+         "initial_sync_phase_us_per_service": {"a": 100.0, "b": 50.0, "idle": 0.0}},
+        {"initial_sync_cpu_us_per_service": 480.0,
+         "initial_sync_phase_us_per_service": {"a": 150.0, "b": 50.0, "idle": 1.0}},
+    ]
+    assert growth(sizes) == ({"a": 1.5, "b": 1.0}, 1.2)
