@@ -13,10 +13,12 @@ records (plain ``(row, revision, key)`` tuples) and the tuples of a frontend's b
 named apart from other tuples, and dicts by their size. ``memory_owners_bytes_per_service``
 counts every object reachable from the agent's parts once, for the first part (in a fixed
 order) that reaches it: statedb's records, revisions and tables per LB table, then the
-rows of each table, the LB Ops' backend states and frontend states, the writer, the
-converter and the source (`owner_bytes`). tracemalloc counts the bytes Python asked
-the allocator for; the resident set adds the allocator's slack, freed pages it keeps,
-and what was in memory before tracing started (the interpreter and its imports).
+rows of each table, what only each table's superseded versions hold (old rows and
+revisions kept for snapshots or not yet trimmed), the LB Ops' backend states and frontend
+states, the writer, the converter and the source (`owner_bytes`). tracemalloc counts the
+bytes Python asked the allocator for; the resident set adds the allocator's slack, freed
+pages it keeps, and what was in memory before tracing started (the interpreter and its
+imports).
 """
 
 from __future__ import annotations
@@ -234,7 +236,8 @@ def lb_owners(lb: Any, source: Any) -> list[Owner]:
     """The parts of a `statewright.loadbalancer.LoadBalancer` and its Kubernetes source,
     in `owner_bytes`'s order: per table statedb's own objects (its dicts and log, then
     the stored records, then their revisions), then per table the rows, then the LB Ops,
-    the writer, the converter, the source."""
+    the writer, the converter, the source. After the rows, per table, what only superseded
+    versions hold: their rows and revisions (``older``, and log records not yet trimmed)."""
     states = lb.db.read_txn().states
     owners: list[Owner] = []
     for name, st in states.items():
@@ -248,6 +251,15 @@ def lb_owners(lb: Any, source: Any) -> list[Owner]:
         owners.append((f"statedb {name}: revisions", [e[1] for e in records], False))
     for name, st in states.items():
         owners.append((f"rows {name}", [e[0] for e in st.store.heads.values()], True))
+    for name, st in states.items():
+        # What only superseded versions hold (rows, revisions): versions kept in ``older``
+        # for snapshots, and log records not yet trimmed to gaps.
+        heads = st.store.heads
+        old = [e for e in st.log[: st.log_len] if type(e) is tuple and heads.get(e[2]) is not e]
+        for kept in st.store.older.values():
+            old.extend(kept if type(kept) is list else [kept])
+        owners.append((f"statedb {name}: old versions",
+                       [*(e[0] for e in old), *(e[1] for e in old)], True))
     ops = lb.ops
     if ops is not None:
         owners.append(("LB Ops: backend states", [ops.backend_states], True))
