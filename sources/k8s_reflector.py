@@ -194,8 +194,9 @@ class Reflector:
         self.config = config or ReflectorConfig()
         self.health = ReflectorHealth()
         self._rng = rng or random.Random()
-        #: name -> resourceVersion of every object delivered and not deleted since.
-        self._store: dict[str, str] = {}
+        #: name -> resourceVersion (as `_version`) of every object delivered and not
+        #: deleted since.
+        self._store: dict[str, int | str] = {}
         self._rv = ""
         self._failures = 0
         self._resp: Any = None
@@ -213,7 +214,7 @@ class Reflector:
     @property
     def store(self) -> dict[str, str]:
         """Delivered objects: name -> resourceVersion (a copy)."""
-        return dict(self._store)
+        return {k: str(v) for k, v in self._store.items()}
 
     def _set_state(self, state: str) -> None:
         if self.health.state != state:
@@ -321,9 +322,9 @@ class Reflector:
                 item["apiVersion"] = api_version
                 key = object_key(item)
                 seen.add(key)
-                rv = _rv_of(item)
-                if store.get(key) != rv:
-                    store[key] = rv
+                version = _version(_rv_of(item))
+                if store.get(key) != version:
+                    store[key] = version
                     deltas.append(_new_delta("upsert", key, item))
             cont = meta.get("continue") or ""
             if not cont:
@@ -504,7 +505,7 @@ class Reflector:
             key = object_key(obj)
             obj.setdefault("kind", self.spec.kind)
             if etype in ("ADDED", "MODIFIED"):
-                self._store[key] = rv
+                self._store[key] = _version(rv)
                 deltas.append(_new_delta("upsert", key, obj))
             elif etype == "DELETED":
                 self._store.pop(key, None)
@@ -516,6 +517,16 @@ class Reflector:
             self.health.events += 1
         self.health.resource_version = self._rv
         return deltas, None
+
+
+def _version(rv: str) -> int | str:
+    """A resourceVersion as the store keeps it: the number when it is one in canonical
+    decimal form (every API server's are: etcd revisions), else the string. An int of a
+    revision takes 28 bytes against 56 for its string, about 3 MB at 60,000 Services and
+    their EndpointSlices; equal versions give equal values, different ones different."""
+    if rv.isascii() and rv.isdigit() and (rv[0] != "0" or rv == "0"):
+        return int(rv)
+    return rv
 
 
 def _rv_of(obj: Mapping[str, Any]) -> str:

@@ -610,3 +610,14 @@ async def test_services_do_not_wait_for_a_failing_endpoint_slice_list(
         apiserver.clear_faults()
         await wait_for(lambda: r.source.synced, "initial sync")
         assert r.backends("default/s1") == ["10.244.0.2:8080/TCP"]
+
+
+def test_resource_versions_are_kept_as_numbers_when_they_are_ones() -> None:
+    """The reflector's store keeps a decimal resourceVersion as an int (half the bytes);
+    anything else as the string, so different versions never compare equal."""
+    from sources.k8s_reflector import _version
+
+    assert _version("12345") == 12345 and _version("0") == 0
+    for opaque in ("0123", "12a", "", "\uff11\uff12", "-1", "1.0"):
+        assert _version(opaque) == opaque
+    assert _version("0123") != _version("123")
