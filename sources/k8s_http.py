@@ -382,39 +382,18 @@ class HttpClient:
             _retry_after(resp.headers),
         )
 
-    def read(
-        self,
-        verb: str,
-        path: str,
-        *,
-        query: Iterable[tuple[str, str]] = (),
-        body: Any = None,
-        content_type: str = "application/json",
-        timeout: Timeout,
-    ) -> bytes:
-        """`open`, then the whole body (the connection goes back to the pool)."""
-        resp = self.open(
-            verb, path, query=query, body=body, content_type=content_type, timeout=timeout
-        )
+    def read(self, verb: str, path: str, **request: Any) -> bytes:
+        """`open` (same arguments), then the whole body (the connection goes back to the
+        pool)."""
+        resp = self.open(verb, path, **request)
         try:
             return resp.data
         finally:
             resp.release_conn()
 
-    def request(
-        self,
-        verb: str,
-        path: str,
-        *,
-        query: Iterable[tuple[str, str]] = (),
-        body: Any = None,
-        content_type: str = "application/json",
-        timeout: Timeout,
-    ) -> Any:
-        """`read`, decoded as JSON (None for an empty body)."""
-        raw = self.read(
-            verb, path, query=query, body=body, content_type=content_type, timeout=timeout
-        )
+    def request(self, verb: str, path: str, **request: Any) -> Any:
+        """`read` (same arguments), decoded as JSON (None for an empty body)."""
+        raw = self.read(verb, path, **request)
         return k8s_json.loads(raw) if raw.strip() else None
 
     def close(self) -> None:

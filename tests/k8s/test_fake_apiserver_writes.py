@@ -6,34 +6,17 @@ from __future__ import annotations
 
 import json
 import subprocess
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import kubernetes.client
 import kubernetes.config
 import pytest
-import urllib3
 from kubernetes.client.exceptions import ApiException
 
 from .fake_apiserver import FakeAPIServer
 from .objects import pod
 from .test_fake_apiserver import _env, _kubectl, needs_kubectl
-
-
-@pytest.fixture
-def custom(kubeconfig: str) -> Iterator[kubernetes.client.CustomObjectsApi]:
-    """The official client's CustomObjectsApi against the fake."""
-    cfg = kubernetes.client.Configuration()
-    kubernetes.config.load_kube_config(
-        config_file=kubeconfig, client_configuration=cfg, persist_config=False
-    )
-    cfg.retries = urllib3.Retry(total=2, status=0, respect_retry_after_header=False)
-    client = kubernetes.client.ApiClient(cfg)
-    try:
-        yield kubernetes.client.CustomObjectsApi(client)
-    finally:
-        client.close()
 
 
 def identity(num: int, labels: dict[str, str]) -> dict[str, Any]:

@@ -45,13 +45,22 @@ def _ca_data(srv: FakeAPIServer) -> str:
     return base64.b64encode(srv.ca_pem).decode()
 
 
-def _get(kubeconfig: str) -> None:
-    """One request through a client built from ``kubeconfig``."""
+def _get(kubeconfig: str, times: int = 1) -> None:
+    """``times`` requests through a client built from ``kubeconfig``."""
     c = K8sClient(ClientSettings(kubeconfig=kubeconfig))
     try:
-        c.get(NAMESPACES, timeout=(5, 10))
+        for _ in range(times):
+            c.get(NAMESPACES, timeout=(5, 10))
     finally:
         c.close()
+
+
+def _failure(kubeconfig: str, error: type[BaseException] = Exception) -> str:
+    """How a request through a client built from ``kubeconfig`` fails (``error``), as
+    the agent's health says it."""
+    with pytest.raises(error) as e:
+        _get(kubeconfig)
+    return describe_error(e.value)
 
 
 @pytest.fixture
@@ -97,26 +106,14 @@ def test_without_a_client_certificate_the_server_refuses(
 ) -> None:
     kc = _write(tmp_path / "kc", {"server": cert_server.url,
                                   "certificate-authority-data": _ca_data(cert_server)})
-    c = K8sClient(ClientSettings(kubeconfig=kc))
-    try:
-        with pytest.raises(Exception) as e:
-            c.get(NAMESPACES, timeout=(5, 10))
-    finally:
-        c.close()
-    assert describe_error(e.value) == "HTTP 401 Unauthorized: Unauthorized"
+    assert _failure(kc) == "HTTP 401 Unauthorized: Unauthorized"
 
 
 @pytest.mark.filterwarnings("ignore::urllib3.exceptions.InsecureRequestWarning")
 def test_insecure_skip_tls_verify(apiserver: FakeAPIServer, tmp_path: Path) -> None:
     user = {"token": apiserver.token}
     kc = _write(tmp_path / "kc", {"server": apiserver.url}, user)  # no CA: the system's
-    c = K8sClient(ClientSettings(kubeconfig=kc))
-    try:
-        with pytest.raises(urllib3.exceptions.MaxRetryError) as e:
-            c.get(NAMESPACES, timeout=(5, 10))
-    finally:
-        c.close()
-    assert "CERTIFICATE_VERIFY_FAILED" in describe_error(e.value)
+    assert "CERTIFICATE_VERIFY_FAILED" in _failure(kc, urllib3.exceptions.MaxRetryError)
     _get(_write(tmp_path / "kc2", {"server": apiserver.url, "insecure-skip-tls-verify": True},
                 user))
     assert [r.status for r in apiserver.requests] == [200]
@@ -127,15 +124,8 @@ def test_tls_server_name(apiserver: FakeAPIServer, tmp_path: Path) -> None:
     cluster = {"server": apiserver.url, "certificate-authority-data": _ca_data(apiserver)}
     user = {"token": apiserver.token}
     _get(_write(tmp_path / "ok", {**cluster, "tls-server-name": "localhost"}, user))
-    c = K8sClient(ClientSettings(
-        kubeconfig=_write(tmp_path / "bad", {**cluster, "tls-server-name": "other.example"},
-                          user)))
-    try:
-        with pytest.raises(urllib3.exceptions.MaxRetryError) as e:
-            c.get(NAMESPACES, timeout=(5, 10))
-    finally:
-        c.close()
-    assert "other.example" in describe_error(e.value)
+    bad = _write(tmp_path / "bad", {**cluster, "tls-server-name": "other.example"}, user)
+    assert "other.example" in _failure(bad, urllib3.exceptions.MaxRetryError)
 
 
 class _ConnectProxy:
@@ -241,12 +231,7 @@ def test_exec_plugin_token_is_renewed_when_it_expires(
     kc = _write(tmp_path / "kc", {"server": apiserver.url,
                                   "certificate-authority-data": _ca_data(apiserver)},
                 _exec_user(script))
-    c = K8sClient(ClientSettings(kubeconfig=kc))
-    try:
-        c.get(NAMESPACES, timeout=(5, 10))
-        c.get(NAMESPACES, timeout=(5, 10))
-    finally:
-        c.close()
+    _get(kc, times=2)
     runs = (tmp_path / "runs").read_text().splitlines()
     assert len(runs) >= 3  # at the start, then before each request (expired each time)
     assert json.loads(runs[0])["spec"] == {"interactive": False}
