@@ -21,15 +21,22 @@ def kubeconfig(apiserver: FakeAPIServer, tmp_path: Path) -> str:
 
 
 @pytest.fixture
-def custom(kubeconfig: str) -> Iterator[kubernetes.client.CustomObjectsApi]:
-    """The official client's CustomObjectsApi against the fake."""
+def api(kubeconfig: str) -> Iterator[kubernetes.client.ApiClient]:
+    """The official client configured from the kubeconfig."""
     cfg = kubernetes.client.Configuration()
     kubernetes.config.load_kube_config(
         config_file=kubeconfig, client_configuration=cfg, persist_config=False
     )
+    # urllib3 would retry a 429 with Retry-After by itself; these tests look at each reply.
     cfg.retries = urllib3.Retry(total=2, status=0, respect_retry_after_header=False)
     client = kubernetes.client.ApiClient(cfg)
     try:
-        yield kubernetes.client.CustomObjectsApi(client)
+        yield client
     finally:
         client.close()
+
+
+@pytest.fixture
+def custom(api: kubernetes.client.ApiClient) -> kubernetes.client.CustomObjectsApi:
+    """The official client's CustomObjectsApi against the fake."""
+    return kubernetes.client.CustomObjectsApi(api)

@@ -21,7 +21,6 @@ from typing import Any
 import kubernetes.client
 import kubernetes.config
 import pytest
-import urllib3
 from kubernetes.client.exceptions import ApiException
 
 from .fake_apiserver import RESOURCES, FakeAPIServer
@@ -41,22 +40,6 @@ def _kubectl(kubeconfig: str, home: Path, *args: str) -> list[str]:
 
 def _env(home: Path) -> dict[str, str]:
     return {**os.environ, "HOME": str(home), "KUBECONFIG": ""}
-
-
-@pytest.fixture
-def api(kubeconfig: str) -> Iterator[kubernetes.client.ApiClient]:
-    """The official client configured from the kubeconfig."""
-    cfg = kubernetes.client.Configuration()
-    kubernetes.config.load_kube_config(
-        config_file=kubeconfig, client_configuration=cfg, persist_config=False
-    )
-    # urllib3 would retry a 429 with Retry-After by itself; these tests look at each reply.
-    cfg.retries = urllib3.Retry(total=2, status=0, respect_retry_after_header=False)
-    client = kubernetes.client.ApiClient(cfg)
-    try:
-        yield client
-    finally:
-        client.close()
 
 
 def _events(resp: Any) -> Iterator[dict[str, Any]]:
