@@ -43,7 +43,7 @@ anyway.
 
 from __future__ import annotations
 
-import asyncio
+import functools
 import http.client
 import logging
 import random
@@ -57,13 +57,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import anyio
-import sniffio
 import urllib3
 
 from sources import k8s_json
 from sources.k8s_client import K8sClient, resource_path
 from sources.k8s_http import K8sApiError, describe_error
 from sources.k8s_watch_body import ChunkedBodyError, socket_body
+from sources.thread_calls import Prefetch, loop_call_soon
 from statedb.errors import StatewrightError
 from statedb.rows import slot_constructor
 
@@ -298,40 +298,12 @@ class Reflector:
     async def _list(self) -> None:
         """List page by page. New or changed objects are delivered with each page (the
         tables fill while later pages are fetched); the objects the list did not contain
-        are deleted after the last page, in the delivery that says ``synced``."""
+        are deleted after the last page, in the delivery that says ``synced``. The next
+        page is requested before a page is delivered (`Prefetch`): its fetch and decoding
+        overlap the applier's work on the one before."""
         self._set_state(LISTING)
         seen: set[str] = set()
-        cont = ""
-        while True:
-            try:
-                doc = await anyio.to_thread.run_sync(self._list_page, cont)
-            except K8sApiError as e:
-                if e.status == 410:
-                    # The continue token expired mid-list: start the list over (what was
-                    # delivered is in the store; the new list's difference corrects it).
-                    raise GoneError(describe_error(e)) from None
-                raise
-            meta = doc.get("metadata") or {}
-            deltas: list[Delta] = []
-            kind, api_version, store = self.spec.kind, self.spec.api_version, self._store
-            for item in doc.get("items") or []:
-                if not isinstance(item, dict):
-                    continue
-                # List items carry neither kind nor apiVersion; the converter needs kind.
-                item["kind"] = kind
-                item["apiVersion"] = api_version
-                key = object_key(item)
-                seen.add(key)
-                version = _version(_rv_of(item))
-                if store.get(key) != version:
-                    store[key] = version
-                    deltas.append(_new_delta("upsert", key, item))
-            cont = meta.get("continue") or ""
-            if not cont:
-                break
-            if deltas:
-                await self._wait_for_earlier_list()
-                await self.deliver(self, deltas, False)
+        meta, deltas = await self._list_pages(seen)
         for key in sorted(self._store.keys() - seen):
             del self._store[key]
             deltas.append(Delta("delete", key, self._stub(key)))
@@ -344,6 +316,57 @@ class Reflector:
         await self.deliver(self, deltas, True)
         self.health.synced = True
         self._failures = 0
+
+    async def _list_pages(self, seen: set[str]) -> tuple[dict[str, Any], list[Delta]]:
+        """Fetch the pages, each requested while the one before is delivered; deliver all
+        but the last; return the last page's metadata and deltas."""
+        fetch = self._prefetch("")
+        while True:
+            doc = await self._fetched(fetch)
+            meta = doc.get("metadata") or {}
+            deltas = self._page_deltas(doc, seen)
+            cont = meta.get("continue") or ""
+            if not cont:
+                return meta, deltas
+            fetch = self._prefetch(cont)
+            if deltas:
+                await self._wait_for_earlier_list()
+                await self.deliver(self, deltas, False)
+
+    def _prefetch(self, cont: str) -> Prefetch[dict[str, Any]]:
+        """The list page after ``cont`` ("": the first), requested now in a thread."""
+        return Prefetch(functools.partial(self._list_page, cont), f"k8s-list-{self.spec.name}")
+
+    @staticmethod
+    async def _fetched(fetch: Prefetch[dict[str, Any]]) -> dict[str, Any]:
+        """A list page's document; 410 Gone (the continue token expired mid-list) as
+        `GoneError`: the list starts over (what was delivered is in the store; the new
+        list's difference corrects it)."""
+        try:
+            return await fetch.result()
+        except K8sApiError as e:
+            if e.status == 410:
+                raise GoneError(describe_error(e)) from None
+            raise
+
+    def _page_deltas(self, doc: dict[str, Any], seen: set[str]) -> list[Delta]:
+        """The upserts of a list page's new or changed objects (recorded in the store),
+        every object's key added to ``seen``."""
+        deltas: list[Delta] = []
+        kind, api_version, store = self.spec.kind, self.spec.api_version, self._store
+        for item in doc.get("items") or []:
+            if not isinstance(item, dict):
+                continue
+            # List items carry neither kind nor apiVersion; the converter needs kind.
+            item["kind"] = kind
+            item["apiVersion"] = api_version
+            key = object_key(item)
+            seen.add(key)
+            version = _version(_rv_of(item))
+            if store.get(key) != version:
+                store[key] = version
+                deltas.append(_new_delta("upsert", key, item))
+        return deltas
 
     async def _wait_for_earlier_list(self) -> None:
         """Before this reflector's first delivery: wait until the `lists_after` reflector
@@ -563,7 +586,7 @@ class _WatchPump:
         self._finished = False
         self._error: BaseException | None = None
         self._closed = False
-        self._call_soon = _loop_call_soon()
+        self._call_soon = loop_call_soon()
 
     async def run_in_thread(self) -> None:
         """Run the reader in a worker thread (abandoned on cancellation: the caller shuts
@@ -615,22 +638,3 @@ class _WatchPump:
                     return data, self._finished and not data, self._error if not data else None
             await self._ready.wait()
             self._ready = anyio.Event()
-
-
-def _loop_call_soon() -> Callable[[Callable[[], None]], None]:
-    """For the running event loop: a function any thread may call to have a callback run
-    soon in the loop, without waiting for it (asyncio's ``call_soon_threadsafe``, trio's
-    ``run_sync_soon``; anyio only offers the waiting kind)."""
-    lib = sniffio.current_async_library()
-    if lib == "asyncio":
-        loop = asyncio.get_running_loop()
-
-        def call_soon(fn: Callable[[], None]) -> None:
-            loop.call_soon_threadsafe(fn)
-
-        return call_soon
-    if lib == "trio":
-        import trio
-
-        return trio.lowlevel.current_trio_token().run_sync_soon
-    raise RuntimeError(f"unsupported event loop {lib!r}")
