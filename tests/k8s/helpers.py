@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 
@@ -81,15 +82,17 @@ async def running_source(
     reflector: ReflectorConfig = FAST,
     db: DB | None = None,
     writer: LBWriter | None = None,
+    sync_batch_size: int | None = None,
 ) -> AsyncIterator[Running]:
     """Start a K8sSource (initializer registered) on fresh tables; stop it on exit."""
+    config = SourceConfig(batch_delay=0.001, reflector=reflector)
+    if sync_batch_size is not None:
+        config = dataclasses.replace(config, sync_batch_size=sync_batch_size)
     if db is None or writer is None:
         db = DB()
         writer = LBWriter.create(db)
     client = K8sClient(settings)
-    source = K8sSource(
-        writer, client, node_name=NODE, config=SourceConfig(batch_delay=0.001, reflector=reflector)
-    )
+    source = K8sSource(writer, client, node_name=NODE, config=config)
     with writer.write_txn() as txn:
         source.register_initializer(txn)
     try:

@@ -6,7 +6,9 @@ These run on the LB tables alone (no maps); tests/k8s/test_scenarios.py adds the
 from __future__ import annotations
 
 import socket
+import time
 from pathlib import Path
+from typing import Any
 
 import anyio
 import pytest
@@ -100,9 +102,7 @@ async def test_relist_after_410_applies_only_the_difference(
     _populate(apiserver)
     async with running_source(ClientSettings(kubeconfig=kubeconfig)) as r:
         await wait_for(lambda: r.source.synced, "initial sync")
-        before = {
-            f.service_name: rev for f, rev in r.writer.frontends.revisions(r.db.read_txn())
-        }
+        before = {f.service_name: rev for f, rev in r.writer.frontends.revisions(r.db.read_txn())}
         # The watches go down and stay down while the cluster changes and compacts.
         apiserver.fail_next(503, count=10_000, match="watch=true")
         apiserver.drop_watches()
@@ -117,9 +117,7 @@ async def test_relist_after_410_applies_only_the_difference(
             "relist applied",
         )
         assert services.health.lists == 2
-        after = {
-            f.service_name: rev for f, rev in r.writer.frontends.revisions(r.db.read_txn())
-        }
+        after = {f.service_name: rev for f, rev in r.writer.frontends.revisions(r.db.read_txn())}
         # Unchanged services' frontends were not written again.
         for name in ("default/s0", "default/s3", "default/s4"):
             assert after[name] == before[name], name
@@ -539,8 +537,12 @@ def test_a_watch_backlog_is_decoded_and_delivered_in_bounded_batches() -> None:
         batches.append([d.key for d in deltas])
 
     events = [
-        _json.dumps({"type": "ADDED", "object": {
-            "metadata": {"name": f"ns-{i}", "resourceVersion": str(i + 1)}}}).encode()
+        _json.dumps(
+            {
+                "type": "ADDED",
+                "object": {"metadata": {"name": f"ns-{i}", "resourceVersion": str(i + 1)}},
+            }
+        ).encode()
         for i in range(5 * DECODE_BATCH + 3)
     ]
     ticks = 0
@@ -621,3 +623,36 @@ def test_resource_versions_are_kept_as_numbers_when_they_are_ones() -> None:
     for opaque in ("0123", "12a", "", "\uff11\uff12", "-1", "1.0"):
         assert _version(opaque) == opaque
     assert _version("0123") != _version("123")
+
+
+async def test_next_list_page_is_requested_while_a_page_is_applied(
+    apiserver: FakeAPIServer, kubeconfig: str
+) -> None:
+    """A list's next page is requested before its current page is delivered, so the
+    request overlaps the applier's work on the page: while the first page of slices is
+    being applied (the applier held here in the event loop's thread), the server has
+    already seen the request for the second. Pages as large as the applier's batch: the
+    applier then writes a page at once, without yielding to wait for more."""
+    _populate(apiserver)
+
+    def slice_pages_requested() -> int:
+        return sum(
+            1
+            for q in apiserver.requests
+            if q.verb == "list" and q.resource == "endpointslices" and q.status == 200
+        )
+
+    seen_while_applying: list[int] = []
+
+    def applied(deltas: list[Any], _t: float) -> None:
+        if not seen_while_applying and deltas and deltas[0].obj["kind"] == "EndpointSlice":
+            deadline = time.monotonic() + 10.0
+            while slice_pages_requested() < 2 and time.monotonic() < deadline:
+                time.sleep(0.01)  # blocks the event loop, as a long batch does
+            seen_while_applying.append(slice_pages_requested())
+
+    async with running_source(ClientSettings(kubeconfig=kubeconfig), sync_batch_size=2) as r:
+        r.source.on_applied = applied
+        await wait_for(lambda: r.source.synced, "initial sync")
+        assert r.services() == [f"default/s{i}" for i in range(5)]
+    assert seen_while_applying == [2]
