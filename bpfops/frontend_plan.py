@@ -244,6 +244,31 @@ def backend_tail(proto_index: int, want: int) -> bytes:
     return tail
 
 
+#: Each services-map key tail's ``slot_number(s) + tail`` for s in [0, 1024).
+_SLOT_TAILS: dict[bytes, list[bytes]] = {}
+
+
+def slot_keys(key_head: bytes, key_tail: bytes, count: int) -> list[bytes]:
+    """The services-map keys of slots 1..``count`` of a frontend whose keys begin with
+    ``key_head`` (`addr_head`) and end with ``key_tail`` (`svc_key_tail`)."""
+    tails = _SLOT_TAILS.get(key_tail)
+    if tails is None:
+        tails = _SLOT_TAILS[key_tail] = [n + key_tail for n in _U16_LE]
+    if count < len(tails):
+        return [key_head + t for t in tails[1 : count + 1]]
+    return [key_head + slot_number(s) + key_tail for s in range(1, count + 1)]
+
+
+def backend_values(addrs: list[Addr], want: int) -> list[bytes]:
+    """The encoded backends-map values of ``addrs``, all of one IP family, each holding
+    ``want`` (`addr_head` and `backend_tail` of each)."""
+    if not addrs:
+        return []
+    lo = 12 if addrs[0][20] == 4 else 0
+    tails = [backend_tail(i, want) for i in range(len(PROTOCOLS))]
+    return [a[lo:18] + tails[a[18]] for a in addrs]
+
+
 def svc_key(addr: Addr, slot: int) -> bytes:
     """The encoded services-map key of ``addr``'s slot ``slot``."""
     return addr_head(addr) + slot_number(slot) + svc_key_tail(addr)

@@ -18,6 +18,8 @@ way is repaired by the retry.
 
 from __future__ import annotations
 
+from itertools import repeat
+
 from bpf import lb
 from bpf.backend import MapBackend
 from bpf.errors import BatchError, MapError
@@ -40,11 +42,13 @@ from bpfops.frontend_plan import (
     PACKS,
     addr_head,
     backend_tail,
+    backend_values,
     check_frontend,
     master_flags,
     master_value,
     revnat_entry,
     slot_flags,
+    slot_keys,
     slot_number,
     sorted_backends,
     svc_key,
@@ -94,7 +98,13 @@ class FrontendWriter:
 
     ``node`` answers, through its optional ``backend_referenced``, whether another
     frontend of the snapshot still selects a backend a frontend drops.
+
+    ``bulk_new``: whether the usual new frontend of an initial sync is collected in bulk
+    (`_collect_new`); the per-backend path gives the same state and writes (the tests
+    compare the two).
     """
+
+    bulk_new = True
 
     def __init__(
         self, maps: LBMaps, config: LBOpsConfig, node: NodeView, maglev: Maglev | None = None
@@ -182,9 +192,10 @@ class FrontendWriter:
         # back what was not written.
         writes = CollectedWrites(self.backend_states, slots)
         try:
-            slot_backends, active, inactive = self._collect_backends(
-                fe, state, ordered, writes
-            )
+            collected = self._collect_new(fe, state, ordered, writes) if self.bulk_new else None
+            if collected is None:
+                collected = self._collect_backends(fe, state, ordered, writes)
+            slot_backends, active, inactive = collected
         except BaseException:
             writes.undo(0, 0)
             raise
@@ -262,6 +273,61 @@ class FrontendWriter:
             # Wanted by several frontends: the entry holds the smallest want.
             want = states.effective(be_addr)
         return want, own, v
+
+    def _collect_new(
+        self,
+        fe: FrontendSpec,
+        state: FrontendState,
+        ordered: list[BackendSpec],
+        writes: CollectedWrites,
+    ) -> tuple[list[BackendSpec], int, int] | None:
+        """`_collect_backends` for the usual frontend of an initial sync, in bulk: one
+        that references no backend and has no slot yet, without session affinity, whose
+        backends are all new (no entry yet, ids from one run of the allocator), active,
+        healthy, serving, of cluster 0 and no zone, of its IP family, with a port. It
+        leaves the state and the writes as `_collect_backends` would (every backend
+        referenced once, wanted and recorded as written active; entries and slots in
+        order). None when the frontend is not such a one (nothing is changed then)."""
+        if state.slots or state.affinity or fe.service.session_affinity or state.backends:
+            return None
+        family = fe.addr[20]
+        packed = self.backend_states.packed
+        for be in ordered:
+            a = be.addr
+            if (
+                be.state
+                or be.unhealthy
+                or be.not_serving
+                or be.cluster_id
+                or be.zone
+                or a[20] != family
+                or not (a[16] or a[17])
+                or a in packed
+            ):
+                return None
+        addrs = [be.addr for be in ordered]
+        # The frontend's want of each (active: 0), in order; a duplicate address takes
+        # the general path.
+        fe_backends: dict[Addr, int | None] = dict.fromkeys(addrs, 0)
+        if len(fe_backends) != len(addrs):
+            return None
+        ids = self.backend_ids.acquire_run(addrs)
+        if ids is None:
+            return None
+        # Referenced once, the one want and the written want both active (0).
+        packed.update(zip(addrs, [i + REF_ONE for i in ids]))
+        state.backends = fe_backends
+        keys = list(map(lb.U32_STRUCT.pack, ids))
+        writes.be_keys = keys
+        writes.be_values = backend_values(addrs, 0)
+        writes.be_undo = list(zip(addrs, repeat(None)))
+        writes.svc_keys = slot_keys(addr_head(fe.addr), svc_key_tail(fe.addr), len(addrs))
+        sf1, sf2 = svcflags.split(state.slot_flags)
+        slot_tail = lb.SERVICE_VALUE_STRUCT.pack(0, 0, lb.swap16(state.id), sf1, sf2, 0)[4:]
+        writes.svc_values = [k + slot_tail for k in keys]
+        writes.slot_undo = list(zip(range(len(addrs)), repeat(0)))
+        state.slots.extend(ids)
+        return ordered, len(addrs), 0
 
     def _collect_backends(
         self,

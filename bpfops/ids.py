@@ -291,6 +291,27 @@ class IDAllocator(Generic[A]):
         self.next_id = candidate + 1
         return candidate
 
+    def acquire_run(self, addrs: list[A]) -> range | None:
+        """Ids for ``addrs``, addresses that hold none (the caller knows), as `acquire`
+        would give them one after the other, when that is one run from ``next_id`` on:
+        nothing restored to claim and the walk not wrapped around yet (every id at or
+        above ``next_id`` is free, see the class docstring). None when that does not
+        hold (nothing is acquired then: `acquire` each address instead)."""
+        start = self.next_id
+        end = start + len(addrs)
+        if self.restored or self.indexed or end > self.limit:
+            return None
+        ids = range(start, end)
+        holders = self.addr_to_id
+        if type(holders) is dict:
+            holders.update(zip(addrs, ids))
+        else:
+            for addr, id_ in zip(addrs, ids):
+                holders[addr] = id_
+        self.probes += len(addrs)
+        self.next_id = end
+        return ids
+
     def _walk(self, candidate: int) -> int:
         """The first free id from ``candidate`` on, wrapping around; one must be free.
         A block whose ids are all taken is skipped at once."""

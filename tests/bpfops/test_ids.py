@@ -360,3 +360,30 @@ def test_the_block_skipping_walk_follows_the_reference(
         if a.indexed:
             assert a.available() == ref.available()
             assert sum(a.block_taken.values()) == len(ref.owners)
+
+
+def test_acquire_run_gives_what_acquire_gives_one_by_one() -> None:
+    run, single = alloc(limit=10), alloc(limit=10)
+    single.acquire("x")
+    run.acquire("x")
+    assert run.acquire_run(["a", "b", "c"]) == range(2, 5)
+    assert [single.acquire(x) for x in "abc"] == [2, 3, 4]
+    assert run.addr_to_id == single.addr_to_id
+    assert run.next_id == single.next_id and run.probes == single.probes
+    assert run.acquire("d") == single.acquire("d") == 5
+
+
+def test_acquire_run_declines_what_is_not_one_run_from_next_id() -> None:
+    a = alloc(limit=6)
+    assert a.acquire_run(list("abcdef")) is None  # past the range's end
+    a.reserve("r", 3)
+    assert a.acquire_run(["a"]) is None  # a restored id to claim first
+    a.release_unclaimed()
+    for x in "abc":
+        a.acquire(x)
+    a.release("a")
+    a.acquire("d")
+    a.acquire("e")  # wraps around: the index is complete from here on
+    assert a.indexed
+    assert a.acquire_run(["f"]) is None
+    assert len(a.addr_to_id) == 4  # what the declined runs asked for got nothing
