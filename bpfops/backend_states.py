@@ -29,7 +29,7 @@ its id, and remove it right after ``release``.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 
 from bpfops.model import Addr
 
@@ -85,6 +85,9 @@ class BackendStates:
 
     def __setitem__(self, addr: Addr, id_: int, /) -> None:
         """Nothing to record: the ops `add` the state with ``id_``."""
+
+    def update(self, held: Iterable[tuple[Addr, int]], /) -> None:
+        """Nothing to record: the ops `add` the states with the ids."""
 
     def pop(self, addr: Addr, default: None, /) -> int | None:
         """The id of the backend at ``addr``, whose state the ops `remove` next."""

@@ -57,6 +57,10 @@ class Holders(Protocol[A]):
         """``addr`` now holds ``id_``."""
         ...
 
+    def update(self, held: Iterable[tuple[A, int]], /) -> None:
+        """Each address of ``held`` now holds its id (`__setitem__` of each)."""
+        ...
+
     def pop(self, addr: A, default: None, /) -> int | None:
         """``addr`` no longer holds its id; return the id (``default``: it held none)."""
         ...
@@ -302,12 +306,7 @@ class IDAllocator(Generic[A]):
         if self.restored or self.indexed or end > self.limit:
             return None
         ids = range(start, end)
-        holders = self.addr_to_id
-        if type(holders) is dict:
-            holders.update(zip(addrs, ids))
-        else:
-            for addr, id_ in zip(addrs, ids):
-                holders[addr] = id_
+        self.addr_to_id.update(zip(addrs, ids))
         self.probes += len(addrs)
         self.next_id = end
         return ids

@@ -116,6 +116,9 @@ class _Records:
     def __setitem__(self, addr: str, id_: int, /) -> None:
         pass
 
+    def update(self, held: object, /) -> None:
+        pass
+
     def pop(self, addr: str, default: None, /) -> int | None:
         return self.records.get(addr, default)
 
