@@ -38,7 +38,7 @@ from __future__ import annotations
 
 import weakref
 from bisect import bisect_left, bisect_right
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from operator import itemgetter
 from typing import TYPE_CHECKING, Any, ClassVar, Generic, NamedTuple, TypeVar
 
@@ -435,6 +435,56 @@ class TableTxn(TableState):
             self.count += added
             self._advance(start, rev)
         return rev - start
+
+    def insert_new(self, objs: Sequence[Any], start: int = 0) -> int:
+        """Insert ``objs[start:]`` in order while no row has the object's key; return the
+        position of the first object not written (its key has a row), or ``len(objs)``
+        (see `Table.insert_new`)."""
+        table = self.table
+        n = len(objs)
+        if table.unique_specs:
+            entry_of = self.entry
+            for i in range(start, n):
+                obj = objs[i]
+                pk = table.pk_encode(table.pk_key(obj))
+                if entry_of(pk) is not None:
+                    return i
+                self.insert(obj, pk)
+            return n
+        key_of = table.pk_key
+        encode = table.pk_encode
+        heads = self.store.heads
+        get = heads.get
+        append = self.log.append
+        added = 0
+        rev = begin = self.revision
+        i = start
+        try:
+            while i < n:
+                obj = objs[i]
+                pk = encode(key_of(obj))
+                old = get(pk)
+                if old is not None:
+                    if type(old) is tuple:
+                        break  # a row has this key
+                    # A deletion record (a committed one is kept for snapshots): written
+                    # as `insert` writes it.
+                    self._advance(begin, rev)
+                    self.insert(obj, pk)
+                    rev = begin = self.revision
+                    i += 1
+                    continue
+                rev += 1
+                entry = (obj, rev, pk)
+                heads[pk] = entry
+                append(entry)
+                added += 1
+                i += 1
+        finally:
+            # Also after an error: the rows written so far stay, as with one insert() each.
+            self.count += added
+            self._advance(begin, rev)
+        return i
 
     def swap_many(self, items: Iterable[tuple[bytes, int, Any]]) -> list[tuple[int, Any]]:
         """Replace each row stored under key if still at revision (see

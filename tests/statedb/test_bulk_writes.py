@@ -216,3 +216,79 @@ def test_insert_many_with_unique_secondary_index_and_errors() -> None:
             raise AssertionError("expected ObjectReusedError")
         assert t1.revision(w) == 2  # obj(2) stays written in this transaction
     assert sorted(o.id for o in t1.all(db2.read_txn())) == [1, 2]
+
+
+@settings(max_examples=80, deadline=None)
+@given(
+    st.sets(st.integers(0, 12), max_size=8),
+    st.sets(st.integers(0, 12), max_size=6),
+    st.sets(st.integers(0, 12), max_size=6),
+    st.lists(st.integers(0, 12), max_size=30),
+)
+def test_insert_new_equals_get_then_insert(
+    committed: set[int], deleted_before: set[int], deleted_now: set[int], ids: list[int]
+) -> None:
+    """Table.insert_new, resumed after each object it stops at, writes what a lookup then
+    an insert of each absent object writes: the same rows, count, revisions and change
+    stream, over committed rows, deletions a snapshot still reads and the transaction's
+    own deletions and writes (a repeated id is present by then)."""
+    results = []
+    for bulk in (True, False):
+        db, (t1,) = new_db("t1")
+        with db.write_txn(t1) as w:
+            it = t1.changes(w)
+            for i in sorted(committed):
+                t1.insert(w, obj(i, None, "old"))
+        with db.write_txn(t1) as w:
+            for i in sorted(deleted_before):
+                t1.delete(w, obj(i))
+        snapshot = db.read_txn()  # keeps the committed deletions' records readable
+        objs = [obj(i, None, "new", str(k)) for k, i in enumerate(ids)]
+        skipped: list[int] = []
+        with db.write_txn(t1) as w:
+            for i in sorted(deleted_now):
+                t1.delete(w, obj(i))
+            if bulk:
+                pos = t1.insert_new(w, objs)
+                while pos < len(objs):
+                    skipped.append(pos)
+                    pos = t1.insert_new(w, objs, pos + 1)
+            else:
+                for pos, o in enumerate(objs):
+                    if t1.get(w, o.id) is None:
+                        t1.insert(w, o)
+                    else:
+                        skipped.append(pos)
+            in_txn = (t1.count(w), t1.revision(w))
+        txn = db.read_txn()
+        records, _ = it.next(txn)
+        results.append(
+            (
+                skipped,
+                in_txn,
+                sorted((o.id, tuple(sorted(o.tags))) for o in t1.all(txn)),
+                t1.count(txn),
+                [(r.obj.id, r.revision, r.deleted) for r in records],
+                sorted(o.id for o in t1.all(snapshot)),
+            )
+        )
+    assert results[0] == results[1]
+
+
+def test_insert_new_with_a_unique_secondary_index() -> None:
+    db, table, by_name = named_db()
+    with db.write_txn(table) as w:
+        table.insert(w, Named(2, "b"))
+    rows = [Named(1, "a"), Named(2, "x"), Named(3, "c")]
+    with db.write_txn(table) as w:
+        assert table.insert_new(w, rows) == 1  # a row has id 2
+        assert table.insert_new(w, rows, 2) == 3
+        try:
+            table.insert_new(w, [Named(4, "a")])
+        except UniqueIndexConflictError:
+            pass
+        else:
+            raise AssertionError("expected a unique index conflict")
+    after = db.read_txn()
+    assert sorted((r.id, r.name) for r in table.all(after)) == [(1, "a"), (2, "b"), (3, "c")]
+    assert table.get(after, by_name.query("c")) == Named(3, "c")
