@@ -16,6 +16,8 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import TypeVar
 
+from statedb.rows import slot_constructor
+
 O = TypeVar("O")
 
 _pending_ids = itertools.count(1)
@@ -54,9 +56,16 @@ class Status:
         return text
 
 
+#: ``Status(kind, updated_at, error, id)`` through its slots (no keyword handling and no
+#: ``object.__setattr__`` per field): every row write of a writer makes a Pending status.
+_new_status = slot_constructor(Status, "new_status")
+_PENDING = StatusKind.PENDING
+_time = time.time
+
+
 def status_pending(now: float | None = None) -> Status:
     """Return a new Pending status with a fresh id; writers set it whenever they change a row."""
-    return Status(StatusKind.PENDING, time.time() if now is None else now, "", next(_pending_ids))
+    return _new_status(_PENDING, _time() if now is None else now, "", next(_pending_ids))
 
 
 def status_refreshing(now: float | None = None) -> Status:

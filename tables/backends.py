@@ -21,7 +21,7 @@ import dataclasses
 import datetime
 import enum
 import operator
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -502,9 +502,60 @@ _new = object.__new__
 _set_key, _set_val = slot_setters(Backend, "_key", "_val")
 
 
+def single_backends(key: InstanceKey, params: Iterable[BackendParams]) -> list[Backend]:
+    """``[Backend.single(p.address, key, p) for p in params]``: new rows of one instance
+    each (a service's new backends), in one call."""
+    out: list[Backend] = []
+    append = out.append
+    for p in params:
+        b = _new(Backend)
+        _set_key(b, key)
+        _set_val(b, p)
+        append(b)
+    return out
+
+
+def preferred_instances_of(
+    rows: Mapping[L3n4Addr, Backend], service: ServiceName, family: int, port_name: str
+) -> list[BackendParams]:
+    """The preferred instances for ``service`` of the backends ``rows`` (by address), in
+    address order: of those whose address is of ``family`` (4 or 6, an address key's
+    last byte) and, when ``port_name`` is given, whose instance serves that port. A
+    frontend's candidate backends (`tables.lb_writer.LBWriter.select_backends`)."""
+    out: list[BackendParams] = []
+    append = out.append
+    for a in sorted(rows) if len(rows) > 1 else rows:
+        if a[20] != family:
+            continue
+        b = rows[a]
+        key = b._key
+        if type(key) is tuple:  # one instance (nearly every row)
+            if key[0] != service:
+                continue
+            inst: BackendParams = b._val
+        else:
+            found = b.instance(service)
+            if found is None:
+                continue
+            inst = found
+        if port_name and port_name not in inst._rest[7]:
+            continue
+        append(inst)
+    return out
+
+
+def _backend_address(b: Backend) -> L3n4Addr:
+    """``b.address`` (the primary index's key: one call per row written, not two)."""
+    key = b._key
+    if type(key) is tuple:
+        address: L3n4Addr = b._val.address
+        return address
+    return key  # type: ignore[return-value]
+
+
 #: Primary index: the backend address.
 backend_address_index: Index[Backend, Any] = Index(
-    "address", key=lambda b: b.address, encode=encode_addr_key, parse=parse_addr_key
+    "address", key=_backend_address, encode=encode_addr_key, parse=parse_addr_key
 )
 
 #: Secondary index: every service with a preferred instance of the backend.

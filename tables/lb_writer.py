@@ -36,7 +36,14 @@ from typing import Any, NoReturn
 
 from reconciler.status import status_pending
 from statedb import DB, InputError, StatewrightError, Table, WriteTxn
-from tables.backends import Backend, BackendParams, BackendState, new_backends_table
+from tables.backends import (
+    Backend,
+    BackendParams,
+    BackendState,
+    new_backends_table,
+    preferred_instances_of,
+    single_backends,
+)
 from tables.frontends import Frontend, FrontendParams, SVCType, new_frontend, new_frontends_table
 from tables.l3n4 import SCOPE_INTERNAL, IPAddress, L3n4Addr
 from tables.lb_config import LBConfig
@@ -361,21 +368,28 @@ class LBWriter:
         rows = t.backends_of.get(service)
         if rows is None:
             rows = self._load_backends_of(txn, t, service)
-        gone = [a for a in rows if a not in wanted]
-        for a in sorted(gone) if len(gone) > 1 else gone:
-            row = rows[a]
-            if row.has_instance(key):
-                changed |= self._drop_instance(txn, row, key)
-        get = self.backends.get
-        # New backend rows, written with one insert_many per run of them (in the order
-        # of ``wanted``, as one insert each would write them).
+        if rows:
+            gone = [a for a in rows if a not in wanted]
+            for a in sorted(gone) if len(gone) > 1 else gone:
+                row = rows[a]
+                if row.has_instance(key):
+                    changed |= self._drop_instance(txn, row, key)
+        if not rows and checked:
+            # The service's first backends (the usual case of a load): all new to it.
+            fresh = single_backends(key, wanted.values())
+            if fresh:
+                rows.update(zip(wanted, fresh))
+                self._write_new_backends(txn, service, fresh)
+                self._refresh_service(txn, service)
+            return
+        single = Backend.single
+        # Backends at addresses the service has no row at, written in runs by
+        # `_write_new_backends` (in the order of ``wanted``, as one write each would be).
         new: list[Backend] = []
         for addr, params in wanted.items():
-            # The row as the txn sees it: the service's own rows are at hand; an address
-            # the service has no instance at may still be another service's row.
+            # The service's own row, if any (a new address may still be another service's
+            # row: `_write_new_backends` finds those as it writes).
             be = rows.get(addr)
-            if be is None:
-                be = get(txn, addr)
             # `_validate_backend`'s checks on their usual outcome first (the port is the
             # address's bytes 16-17), the call (and its error) otherwise.
             valid = checked or (
@@ -384,19 +398,18 @@ class LBWriter:
                 and 0 <= params.weight <= 65535
             )
             if be is None:
-                # A new backend address (the usual case of a load): `_put_instance`
-                # inline, as `_be_put` writes a backend with this one instance.
+                # A new address of the service (the usual case of a load).
                 if not valid:
-                    if new:  # written before the error, as one insert each would be
-                        self.backends.insert_many(txn, new)
+                    if new:  # written before the error, as one write each would be
+                        self._write_new_backends(txn, service, new)
                         new = []
                     _validate_backend(service, params)
-                be = Backend.single(addr, key, params)
+                be = single(addr, key, params)
                 rows[addr] = be
                 new.append(be)
                 continue
             if new:
-                self.backends.insert_many(txn, new)
+                self._write_new_backends(txn, service, new)
                 new = []
                 changed = True
             if valid and be.is_only_instance(key, params):
@@ -405,10 +418,23 @@ class LBWriter:
                 continue
             changed |= self._put_instance(txn, service, params, key)
         if new:
-            self.backends.insert_many(txn, new)
+            self._write_new_backends(txn, service, new)
             changed = True
         if changed:
             self._refresh_service(txn, service)
+
+    def _write_new_backends(self, txn: WriteTxn, service: ServiceName, new: list[Backend]) -> None:
+        """Write ``new``: rows of one instance of ``service`` each, at addresses where the
+        service has none (in its txn rows already). Those where no row exists are inserted
+        as they are (one lookup each: `Table.insert_new`); where another service has a
+        row, the instance is added to it (`_put_instance`)."""
+        insert_new = self.backends.insert_new
+        n = len(new)
+        i = insert_new(txn, new, 0)
+        while i < n:
+            ((key, params),) = new[i].instances
+            self._put_instance(txn, service, params, key)
+            i = insert_new(txn, new, i + 1)
 
     def release_backends(
         self, txn: WriteTxn, service: ServiceName, source: str, addresses: Iterable[L3n4Addr]
@@ -557,23 +583,13 @@ class LBWriter:
         svc = service if redirect_to is None else self.services.get(txn, name)
         # The family is the address's last byte (4 or 6).
         family = address[20]
-        candidates: list[BackendParams] = []
-        append = candidates.append
         # The service's rows by address (`_backends_of` without building the list): the
         # family is read from the key, not the row.
         t = self._touched(txn)
         rows = t.backends_of.get(name)
         if rows is None:
             rows = self._load_backends_of(txn, t, name)
-        for a in sorted(rows) if len(rows) > 1 else rows:
-            if a[20] != family:
-                continue
-            inst = rows[a].instance(name)
-            if inst is None:
-                continue
-            if port_name and port_name not in inst.port_names:
-                continue
-            append(inst)
+        candidates = preferred_instances_of(rows, name, family, port_name) if rows else []
         if svc is None:
             return tuple(candidates)
         if _policy_for(address, fe_type, svc) is TrafficPolicy.LOCAL:
@@ -936,8 +952,11 @@ def _fold(
 def _policy_for(address: L3n4Addr, fe_type: SVCType, svc: Service) -> TrafficPolicy:
     """The traffic policy governing a frontend at ``address`` of type ``fe_type``: internal
     for ClusterIP and /i frontends."""
+    internal = svc.int_traffic_policy
+    if internal is svc.ext_traffic_policy:  # the usual case: one policy either way
+        return internal
     if address.scope == SCOPE_INTERNAL or not fe_type.is_external:
-        return svc.int_traffic_policy
+        return internal
     return svc.ext_traffic_policy
 
 
