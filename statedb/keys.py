@@ -48,6 +48,23 @@ class KeyTypeError(StateDBError, TypeError):
         self.value = value
 
 
+#: Encoders that return a key of one exact type as it is (`self_encoding`).
+_SELF_ENCODED: dict[Encoder, type] = {}
+
+
+def self_encoding(encoder: Encoder, key_type: type[bytes]) -> None:
+    """Declare that ``encoder(key)`` is ``key`` itself for every key of exactly
+    ``key_type``: a bytes subclass whose value is its own ordered encoding (an address
+    type, say). A table whose primary index has this encoder then uses such keys as
+    they are, without calling the encoder per lookup and per row written."""
+    _SELF_ENCODED[encoder] = key_type
+
+
+def self_encoded_type(encoder: Encoder) -> type | None:
+    """The key type ``encoder`` returns as it is (`self_encoding`), or None."""
+    return _SELF_ENCODED.get(encoder)
+
+
 def _wrong_type(encoder: str, expected: str, value: Any) -> NoReturn:
     raise KeyTypeError(encoder, expected, value) from None
 

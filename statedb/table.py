@@ -107,6 +107,9 @@ class Table(Generic[O, PK]):
         self.pk_encode: Callable[[PK], bytes] = primary.encode
         # The key type and C-level encoder `get` uses (a type no key has when there is none).
         self.pk_c_type, self.pk_c_encode = _C_ENCODERS.get(primary.encode, _NO_C_ENCODER)
+        #: The key type the encoder returns as it is (`keys.self_encoding`): lookups and
+        #: writes use such a key without the call (a type no key has when there is none).
+        self.pk_self_type: Any = keycodec.self_encoded_type(primary.encode) or _NoKeyType
         # (key, keys, encode, unique) per secondary index, for the write path.
         # (position, key, keys, encode) per unique secondary index, for the write path.
         self.unique_specs: builtins.list[tuple[int, Any, Any, Any]] = [
@@ -222,7 +225,10 @@ class Table(Generic[O, PK]):
             found = self._get_entry(txn, q)
             return found[0] if found is not None else None
         # A primary key value: the lookup inlined (the most frequent query of all).
-        if kind is self.pk_c_type:
+        pk: bytes
+        if kind is self.pk_self_type:
+            pk = q  # type: ignore[assignment]  # its own encoding
+        elif kind is self.pk_c_type:
             # Read into a local first: calling an instance attribute as ``self.x(q)`` goes
             # through the generic method lookup, a load then a call does not.
             c_encode = self.pk_c_encode

@@ -362,8 +362,12 @@ class TableTxn(TableState):
             # Loads then calls: ``table.f(x)`` on an instance attribute takes the generic
             # method lookup.
             key_of = table.pk_key
-            encode = table.pk_encode
-            pk = encode(key_of(obj))
+            k: Any = key_of(obj)
+            if type(k) is table.pk_self_type:
+                pk = k
+            else:
+                encode = table.pk_encode
+                pk = encode(k)
         old = self.rows.get(pk)
         if old is not None:
             if type(old) is not tuple:
@@ -396,6 +400,7 @@ class TableTxn(TableState):
             return n
         key_of = table.pk_key
         encode = table.pk_encode
+        self_type = table.pk_self_type
         store = self.store
         heads = store.heads
         get = heads.get
@@ -408,7 +413,8 @@ class TableTxn(TableState):
         rev = start = self.revision
         try:
             for obj in objs:
-                pk = encode(key_of(obj))
+                k: Any = key_of(obj)
+                pk = k if type(k) is self_type else encode(k)
                 old = get(pk)
                 if old is None or type(old) is not tuple:
                     added += 1
@@ -453,6 +459,7 @@ class TableTxn(TableState):
             return n
         key_of = table.pk_key
         encode = table.pk_encode
+        self_type = table.pk_self_type
         heads = self.store.heads
         get = heads.get
         append = self.log.append
@@ -462,7 +469,8 @@ class TableTxn(TableState):
         try:
             while i < n:
                 obj = objs[i]
-                pk = encode(key_of(obj))
+                k: Any = key_of(obj)
+                pk = k if type(k) is self_type else encode(k)
                 old = get(pk)
                 if old is not None:
                     if type(old) is tuple:
@@ -590,7 +598,8 @@ class TableTxn(TableState):
     def delete(self, obj: Any) -> Any:
         """Delete the row with obj's primary key; return the deleted row or None."""
         table = self.table
-        pk = table.pk_encode(table.pk_key(obj))
+        k: Any = table.pk_key(obj)
+        pk = k if type(k) is table.pk_self_type else table.pk_encode(k)
         old = self.entry(pk)
         if old is None:
             return None

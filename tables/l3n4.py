@@ -403,6 +403,10 @@ def encode_addr_key(value: Any) -> bytes:
     raise TypeError(f"cannot use {value!r} as an address key")
 
 
+# An address is its own key: tables keyed by addresses use it without the call.
+keycodec.self_encoding(encode_addr_key, L3n4Addr)
+
+
 def parse_addr_key(text: str) -> L3n4Addr | IPNetwork | IPAddress:
     """Command-line parser for address index queries: ``ip:port/PROTO``, a CIDR or an IP."""
     t = text.strip()

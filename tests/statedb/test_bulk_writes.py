@@ -292,3 +292,38 @@ def test_insert_new_with_a_unique_secondary_index() -> None:
     after = db.read_txn()
     assert sorted((r.id, r.name) for r in table.all(after)) == [(1, "a"), (2, "b"), (3, "c")]
     assert table.get(after, by_name.query("c")) == Named(3, "c")
+
+
+class _SelfKey(bytes):
+    """A key type that is its own encoding."""
+
+
+@dataclasses.dataclass(frozen=True)
+class _Keyed:
+    key: _SelfKey
+    value: int
+
+
+def test_a_self_encoded_key_skips_the_encoder() -> None:
+    calls: list[object] = []
+
+    def encode(value: Any) -> bytes:
+        calls.append(value)
+        return bytes(value)
+
+    keys.self_encoding(encode, _SelfKey)
+    table: Table[_Keyed] = Table("keyed", Index("key", key=lambda r: r.key, encode=encode))
+    db = DB(table)
+    a, b, c = _SelfKey(b"a"), _SelfKey(b"b"), _SelfKey(b"c")
+    with db.write_txn(table) as w:
+        table.insert(w, _Keyed(a, 1))
+        table.insert_many(w, [_Keyed(b, 2)])
+        assert table.insert_new(w, [_Keyed(c, 3), _Keyed(a, 4)]) == 1
+        table.delete(w, _Keyed(b, 2))
+    txn = db.read_txn()
+    assert table.get(txn, a) == _Keyed(a, 1)
+    assert table.get(txn, b) is None
+    assert [r.value for r in table.all(txn)] == [1, 3]
+    assert calls == []
+    assert table.get(txn, b"c") == _Keyed(c, 3)  # any other key type is encoded
+    assert calls == [b"c"] and type(calls[0]) is bytes
