@@ -357,13 +357,26 @@ def convert_service(
     # Interned, as the EndpointSlices' service names are: one string per service, shared
     # by its rows (service, frontends, backend instance keys) and every lookup by name.
     name = sys.intern(namespaced_name(obj))
-    meta = _mapping(ref, "metadata", obj.get("metadata"))
-    spec = _mapping(ref, "spec", obj.get("spec"))
-    status = _mapping(ref, "status", obj.get("status"))
+    # The usual values (plain dicts, absent fields) are taken as they are; any other goes
+    # through the checking helper, which converts it or names the field in its error.
+    meta, spec, status = obj.get("metadata"), obj.get("spec"), obj.get("status")
+    if type(meta) is not dict:
+        meta = _mapping(ref, "metadata", meta)
+    if type(spec) is not dict:
+        spec = _mapping(ref, "spec", spec)
+    if type(status) is not dict:
+        status = _mapping(ref, "status", status)
     labels = _str_map(ref, "metadata.labels", meta.get("labels"))
-    annotations = _str_map(ref, "metadata.annotations", meta.get("annotations"))
-    selector = _str_map(ref, "spec.selector", spec.get("selector"))
-    svc_type = _str(ref, "spec.type", spec.get("type"), "ClusterIP")
+    raw_annotations = meta.get("annotations")
+    annotations = (
+        {} if raw_annotations is None
+        else _str_map(ref, "metadata.annotations", raw_annotations)
+    )
+    raw_selector = spec.get("selector")
+    selector = {} if raw_selector is None else _str_map(ref, "spec.selector", raw_selector)
+    svc_type = spec.get("type")
+    if type(svc_type) is not str:
+        svc_type = _str(ref, "spec.type", svc_type, "ClusterIP")
     if svc_type not in ("ClusterIP", "NodePort", "LoadBalancer", "ExternalName"):
         raise ConversionError(ref, "spec.type", f"unknown service type {svc_type!r}")
 
@@ -372,15 +385,26 @@ def convert_service(
     int_policy = _policy(ref, "spec.internalTrafficPolicy", spec.get("internalTrafficPolicy"))
     if not cfg.enable_internal_traffic_policy:
         int_policy = TrafficPolicy.CLUSTER
-    affinity, timeout = _session_affinity(ref, spec, cfg)
-    ranges, ranges_policy = _source_ranges(ref, spec, annotations)
+    affinity_text = spec.get("sessionAffinity")
+    if affinity_text is None or affinity_text == "None":
+        affinity, timeout = False, 0
+    else:
+        affinity, timeout = _session_affinity(ref, spec, cfg)
+    if spec.get("loadBalancerSourceRanges") is None and ANN_SRC_RANGES_POLICY not in annotations:
+        ranges: list[IPNetwork] = []
+        ranges_policy = SourceRangesPolicy.ALLOW
+    else:
+        ranges, ranges_policy = _source_ranges(ref, spec, annotations)
     hc = spec.get("healthCheckNodePort")
     health_port = 0 if hc is None else _port(ref, "spec.healthCheckNodePort", hc, allow_zero=True)
     lb_class = spec.get("loadBalancerClass")
     if lb_class is not None:
         lb_class = _str(ref, "spec.loadBalancerClass", lb_class)
-    traffic_dist = _traffic_distribution(ref, spec, annotations)
-    algorithm, fwd = _annotated_algorithm_and_mode(ref, annotations, cfg)
+    if annotations or spec.get("trafficDistribution") is not None:
+        traffic_dist = _traffic_distribution(ref, spec, annotations)
+        algorithm, fwd = _annotated_algorithm_and_mode(ref, annotations, cfg)
+    else:
+        traffic_dist, algorithm, fwd = "", LBAlgorithm.UNDEF, ForwardingMode.UNDEF
     scope_ann = annotations.get(ANN_SCOPE, "").strip().lower()
     delegation = annotations.get(ANN_PROXY_DELEGATION, "").strip().lower()
     # Every Service field, positionally in declaration order (the frozen dataclass's
@@ -928,18 +952,31 @@ def convert_endpoint_slice(
     ref = obj  # what errors name: `object_ref` of it, built only for an error
     # Interned: the reflector's key of the slice is the same string (one for both).
     slice_name = sys.intern(namespaced_name(obj))
-    meta = _mapping(ref, "metadata", obj.get("metadata"))
+    meta = obj.get("metadata")
+    if type(meta) is not dict:
+        meta = _mapping(ref, "metadata", meta)
     labels = _str_map(ref, "metadata.labels", meta.get("labels"))
     svc = labels.get(SERVICE_NAME_LABEL, "")
     if not svc:
         raise ConversionError(ref, f"metadata.labels[{SERVICE_NAME_LABEL}]", "missing")
     # Interned: the Service's own conversion holds the same string.
     service_name = sys.intern(f"{slice_name.split('/', 1)[0]}/{svc}")
-    weight = _slice_weight(_str_map(ref, "metadata.annotations", meta.get("annotations")))
-    addr_type = _str(ref, "addressType", obj.get("addressType"), "IPv4")
+    # The usual values are taken as they are; any other goes through the checking helper,
+    # which converts it or names the field in its error.
+    raw_annotations = meta.get("annotations")
+    weight = (
+        DEFAULT_WEIGHT
+        if raw_annotations is None
+        else _slice_weight(_str_map(ref, "metadata.annotations", raw_annotations))
+    )
+    addr_type = obj.get("addressType")
+    if type(addr_type) is not str:
+        addr_type = _str(ref, "addressType", addr_type, "IPv4")
     if addr_type not in ("IPv4", "IPv6", "FQDN"):
         raise ConversionError(ref, "addressType", f"unknown address type {addr_type!r}")
-    endpoints = _list(ref, "endpoints", obj.get("endpoints"))
+    endpoints = obj.get("endpoints")
+    if type(endpoints) is not list:
+        endpoints = _list(ref, "endpoints", endpoints)
     if len(endpoints) > MAX_SLICE_ENDPOINTS:
         raise ConversionError(
             ref, "endpoints", f"at most {MAX_SLICE_ENDPOINTS} endpoints, got {len(endpoints)}"
@@ -954,18 +991,7 @@ def convert_endpoint_slice(
             em = _mapping(ref, f"endpoints[{i}]", ep)
             _address_count(ref, i, _list(ref, f"endpoints[{i}].addresses", em.get("addresses")))
         return ConvertedEndpoints(slice_name, service_name, ())
-    ports: list[tuple[str, int, str]] = []
-    for i, p in enumerate(raw_ports):
-        pm = _mapping(ref, f"ports[{i}]", p)
-        if pm.get("port") is None:
-            continue
-        ports.append(
-            (
-                _shared(_str(ref, f"ports[{i}].name", pm.get("name"))),
-                _port(ref, f"ports[{i}].port", pm.get("port")),
-                _proto(ref, f"ports[{i}].protocol", pm.get("protocol")),
-            )
-        )
+    ports = _slice_ports(ref, raw_ports)
     want_v6 = addr_type == "IPv6"
     # Every address of a slice has its family (checked per endpoint below).
     family_on = cfg.enable_ipv6 if want_v6 else cfg.enable_ipv4
@@ -983,6 +1009,30 @@ def convert_endpoint_slice(
     # Checked as the writer would check them (one source, ports, weights, states): it
     # takes them as they are.
     return _new_converted_endpoints(slice_name, service_name, CheckedBackends(merged.values()))
+
+
+def _slice_ports(ref: ObjectRef, raw_ports: Sequence[Any]) -> list[tuple[str, int, str]]:
+    """(name, port, protocol) of each of a slice's ``ports`` that has a port number."""
+    ports: list[tuple[str, int, str]] = []
+    for i, p in enumerate(raw_ports):
+        # The usual values are taken as they are; any other goes through the checking
+        # helper, which converts it or names the field in its error (in field order).
+        pm = p if type(p) is dict else _mapping(ref, f"ports[{i}]", p)
+        port = pm.get("port")
+        if port is None:
+            continue
+        name = pm.get("name")
+        if type(name) is not str:
+            name = _str(ref, f"ports[{i}].name", name)
+        if type(port) is not int or not 0 < port <= 65535:
+            port = _port(ref, f"ports[{i}].port", port)
+        proto = pm.get("protocol")
+        if proto is None:
+            proto = "TCP"
+        elif type(proto) is not str or proto not in _CANONICAL_PROTOCOLS:
+            proto = _proto(ref, f"ports[{i}].protocol", proto)
+        ports.append((_shared(name), port, proto))
+    return ports
 
 
 #: Per slice port: (name, the tuple of that one name, key prefix, key suffix).

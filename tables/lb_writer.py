@@ -589,7 +589,9 @@ class LBWriter:
         rows = t.backends_of.get(name)
         if rows is None:
             rows = self._load_backends_of(txn, t, name)
-        candidates = preferred_instances_of(rows, name, family, port_name) if rows else []
+        if not rows:
+            return ()  # no candidates (the service's backends are yet to come)
+        candidates = preferred_instances_of(rows, name, family, port_name)
         if svc is None:
             return tuple(candidates)
         if _policy_for(address, fe_type, svc) is TrafficPolicy.LOCAL:
