@@ -241,6 +241,7 @@ def _shared(value: Any) -> Any:
 
 
 _AF_INET = socket.AF_INET
+_ACTIVE = BackendState.ACTIVE
 _inet_pton = socket.inet_pton
 _IPv4Address = ipaddress.IPv4Address
 _new = object.__new__
@@ -1003,9 +1004,15 @@ def convert_endpoint_slice(
          addr_key_suffix(port, proto, want_v6))
         for pname, port, proto in ports
     ]
-    merged = _endpoint_backends(
-        ref, endpoints, addr_type, port_keys, (weight, source, family_on), previous
+    merged = (
+        _plain_endpoint_backends(endpoints, port_keys[0], weight, source, previous)
+        if len(port_keys) == 1 and not want_v6 and family_on and weight
+        else None
     )
+    if merged is None:
+        merged = _endpoint_backends(
+            ref, endpoints, addr_type, port_keys, (weight, source, family_on), previous
+        )
     # Checked as the writer would check them (one source, ports, weights, states): it
     # takes them as they are.
     return _new_converted_endpoints(slice_name, service_name, CheckedBackends(merged.values()))
@@ -1037,6 +1044,59 @@ def _slice_ports(ref: ObjectRef, raw_ports: Sequence[Any]) -> list[tuple[str, in
 
 #: Per slice port: (name, the tuple of that one name, key prefix, key suffix).
 _PortKey = tuple[str, tuple[str, ...], bytes, bytes]
+
+
+def _plain_endpoint_backends(
+    endpoints: Sequence[Any],
+    port_key: _PortKey,
+    weight: int,
+    source: str,
+    previous: Mapping[bytes, BackendParams] | None,
+) -> dict[L3n4Addr, BackendParams] | None:
+    """`_endpoint_backends` of an IPv4 slice with one port and a weight (not 0) whose
+    endpoints are all plain (nearly every slice): each ready (serving and not terminating,
+    or unsaid), with a string node and zone, no hints and one address, the addresses
+    distinct. None for any other slice, which `_endpoint_backends` converts (and checks)
+    from the start: this loop only takes what it would make of a plain one."""
+    _, port_names, prefix, suffix = port_key
+    merged: dict[L3n4Addr, BackendParams] = {}
+    d_node = d_zone = None
+    rest: Any = None
+    for ep in endpoints:
+        if type(ep) is not dict:
+            return None
+        cond = ep.get("conditions")
+        if (
+            type(cond) is not dict
+            or cond.get("ready") is not True
+            or cond.get("serving", True) is not True
+            or cond.get("terminating", False) is not False
+            or ep.get("hints") is not None
+        ):
+            return None
+        node, zone = ep.get("nodeName", ""), ep.get("zone", "")
+        if rest is None or node != d_node or zone != d_zone:
+            if type(node) is not str or type(zone) is not str:
+                return None
+            d_node, d_zone = node, zone
+            details = backend_details(node, zone, (), 0, source, False, 0.0)
+            rest = backend_rest(details, port_names, weight, _ACTIVE)
+        addrs = ep.get("addresses")
+        if type(addrs) is not list or len(addrs) != 1 or type(addrs[0]) is not str:
+            return None
+        try:
+            k = prefix + _inet_pton(_AF_INET, addrs[0]) + suffix
+        except (OSError, ValueError):
+            return None
+        if k in merged:
+            return None  # an address twice: merged by the general loop
+        old = previous.get(k) if previous else None
+        if old is not None and (old._rest is rest or old._rest == rest):
+            merged[old.address] = old
+            continue
+        a = addr_of_key(k)
+        merged[a] = new_backend_params_from(a, rest)
+    return merged
 
 
 def _endpoint_backends(
