@@ -452,13 +452,17 @@ class Table(Generic[O, PK]):
         On an error the objects before the failing one stay written (in this transaction)."""
         return txn.table_txn(self).insert_many(objs)
 
-    def insert_new(self, txn: WriteTxn, objs: Sequence[O], start: int = 0) -> int:
+    def insert_new(
+        self, txn: WriteTxn, objs: Sequence[O], start: int = 0, pks: Sequence[bytes] = ()
+    ) -> int:
         """Insert ``objs[start:]`` in order as long as no row has the object's primary key;
         return the position of the first object not written (a row has its key), or
         ``len(objs)`` when all were. What ``get`` then `insert_many` of the absent ones
         does, in one lookup per object: a loader of rows that are nearly always new
-        writes them with it and deals with an existing one (then continues after it)."""
-        return txn.table_txn(self).insert_new(objs, start)
+        writes them with it and deals with an existing one (then continues after it).
+        ``pks``: the objects' encoded primary keys (``primary_key_of``, in the same
+        order), when the caller has them."""
+        return txn.table_txn(self).insert_new(objs, start, pks)
 
     def modify(self, txn: WriteTxn, obj: O, merge: Callable[[O, O], O]) -> O | None:
         """Insert ``merge(old, obj)`` if a row with obj's key exists, else ``obj``; return old."""

@@ -442,17 +442,17 @@ class TableTxn(TableState):
             self._advance(start, rev)
         return rev - start
 
-    def insert_new(self, objs: Sequence[Any], start: int = 0) -> int:
+    def insert_new(self, objs: Sequence[Any], start: int = 0, pks: Sequence[bytes] = ()) -> int:
         """Insert ``objs[start:]`` in order while no row has the object's key; return the
         position of the first object not written (its key has a row), or ``len(objs)``
-        (see `Table.insert_new`)."""
+        (see `Table.insert_new`; ``pks``: their encoded keys, when given)."""
         table = self.table
         n = len(objs)
         if table.unique_specs:
             entry_of = self.entry
             for i in range(start, n):
                 obj = objs[i]
-                pk = table.pk_encode(table.pk_key(obj))
+                pk = pks[i] if pks else table.pk_encode(table.pk_key(obj))
                 if entry_of(pk) is not None:
                     return i
                 self.insert(obj, pk)
@@ -469,8 +469,11 @@ class TableTxn(TableState):
         try:
             while i < n:
                 obj = objs[i]
-                k: Any = key_of(obj)
-                pk = k if type(k) is self_type else encode(k)
+                if pks:
+                    pk = pks[i]
+                else:
+                    k: Any = key_of(obj)
+                    pk = k if type(k) is self_type else encode(k)
                 old = get(pk)
                 if old is not None:
                     if type(old) is tuple:

@@ -379,7 +379,7 @@ class LBWriter:
             fresh = single_backends(key, wanted.values())
             if fresh:
                 rows.update(zip(wanted, fresh))
-                self._write_new_backends(txn, service, fresh)
+                self._write_new_backends(txn, service, fresh, list(wanted))
                 self._refresh_service(txn, service)
             return
         single = Backend.single
@@ -423,18 +423,26 @@ class LBWriter:
         if changed:
             self._refresh_service(txn, service)
 
-    def _write_new_backends(self, txn: WriteTxn, service: ServiceName, new: list[Backend]) -> None:
+    def _write_new_backends(
+        self,
+        txn: WriteTxn,
+        service: ServiceName,
+        new: list[Backend],
+        addresses: list[L3n4Addr] | tuple[()] = (),
+    ) -> None:
         """Write ``new``: rows of one instance of ``service`` each, at addresses where the
-        service has none (in its txn rows already). Those where no row exists are inserted
-        as they are (one lookup each: `Table.insert_new`); where another service has a
-        row, the instance is added to it (`_put_instance`)."""
+        service has none (in its txn rows already; ``addresses``: theirs, when at hand).
+        Those where no row exists are inserted as they are (one lookup each:
+        `Table.insert_new`); where another service has a row, the instance is added to it
+        (`_put_instance`)."""
         insert_new = self.backends.insert_new
         n = len(new)
-        i = insert_new(txn, new, 0)
+        # An address is its own primary key.
+        i = insert_new(txn, new, 0, addresses)
         while i < n:
             ((key, params),) = new[i].instances
             self._put_instance(txn, service, params, key)
-            i = insert_new(txn, new, i + 1)
+            i = insert_new(txn, new, i + 1, addresses)
 
     def release_backends(
         self, txn: WriteTxn, service: ServiceName, source: str, addresses: Iterable[L3n4Addr]
@@ -729,7 +737,7 @@ class LBWriter:
         rows = t.frontends_of.get(name)
         if rows is None:
             rows = self._load_frontends_of(txn, t, name)
-        return [rows[a] for a in sorted(rows)]
+        return [rows[a] for a in sorted(rows)] if len(rows) > 1 else list(rows.values())
 
     def _load_frontends_of(
         self, txn: WriteTxn, t: _Touched, name: ServiceName

@@ -233,7 +233,7 @@ def test_insert_new_equals_get_then_insert(
     stream, over committed rows, deletions a snapshot still reads and the transaction's
     own deletions and writes (a repeated id is present by then)."""
     results = []
-    for bulk in (True, False):
+    for bulk in ("keys", True, False):
         db, (t1,) = new_db("t1")
         with db.write_txn(t1) as w:
             it = t1.changes(w)
@@ -249,10 +249,11 @@ def test_insert_new_equals_get_then_insert(
             for i in sorted(deleted_now):
                 t1.delete(w, obj(i))
             if bulk:
-                pos = t1.insert_new(w, objs)
+                pks = [t1.primary_key_of(o) for o in objs] if bulk == "keys" else []
+                pos = t1.insert_new(w, objs, 0, pks)
                 while pos < len(objs):
                     skipped.append(pos)
-                    pos = t1.insert_new(w, objs, pos + 1)
+                    pos = t1.insert_new(w, objs, pos + 1, pks)
             else:
                 for pos, o in enumerate(objs):
                     if t1.get(w, o.id) is None:
@@ -272,7 +273,7 @@ def test_insert_new_equals_get_then_insert(
                 sorted(o.id for o in t1.all(snapshot)),
             )
         )
-    assert results[0] == results[1]
+    assert results[0] == results[1] == results[2]
 
 
 def test_insert_new_with_a_unique_secondary_index() -> None:
