@@ -368,12 +368,6 @@ class LBWriter:
         rows = t.backends_of.get(service)
         if rows is None:
             rows = self._load_backends_of(txn, t, service)
-        if rows:
-            gone = [a for a in rows if a not in wanted]
-            for a in sorted(gone) if len(gone) > 1 else gone:
-                row = rows[a]
-                if row.has_instance(key):
-                    changed |= self._drop_instance(txn, row, key)
         if not rows and checked:
             # The service's first backends (the usual case of a load): all new to it.
             fresh = single_backends(key, wanted.values())
@@ -382,6 +376,11 @@ class LBWriter:
                 self._write_new_backends(txn, service, fresh, list(wanted))
                 self._refresh_service(txn, service)
             return
+        gone = [a for a in rows if a not in wanted]
+        for a in sorted(gone) if len(gone) > 1 else gone:
+            row = rows[a]
+            if row.has_instance(key):
+                changed |= self._drop_instance(txn, row, key)
         single = Backend.single
         # Backends at addresses the service has no row at, written in runs by
         # `_write_new_backends` (in the order of ``wanted``, as one write each would be).

@@ -16,8 +16,11 @@ from typing import Any
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sources.k8s_convert import ConversionError, convert_endpoint_slice
+from sources.k8s_convert import ConversionError, K8sConverter, convert_endpoint_slice
+from statedb import DB
 from tables.backends import backend_shared_part
+from tables.lb_config import LBConfig
+from tables.lb_writer import LBWriter
 
 _ADDRESSES = ["10.0.0.1", "10.0.0.2", "10.0.0.3", "10.0.0.256", "::1", "", 7]
 _CONDITIONS: list[Any] = [
@@ -108,3 +111,31 @@ def test_plain_and_general_loops_agree(spec: dict[str, Any], before: dict[str, A
                 backend_shared_part(p) is backend_shared_part(g)
                 for p, g in zip(plain, general, strict=True)
             )
+
+
+def test_a_slice_emptied_later_empties_its_frontend() -> None:
+    """The writer's path for a service's first backends is not taken for a service whose
+    backends a slice update all released (its rows are gone by then, its frontend not)."""
+    cfg = LBConfig()
+    db = DB()
+    writer = LBWriter.create(db, cfg)
+    conv = K8sConverter(writer, cfg)
+    service = {
+        "kind": "Service",
+        "metadata": {"name": "echo", "namespace": "default"},
+        "spec": {"clusterIP": "10.96.0.1", "ports": [{"name": "http", "port": 80}]},
+    }
+    spec = {
+        "endpoints": [{"addresses": [f"10.0.0.{i}"], "conditions": {"ready": True}}
+                      for i in (1, 2)],
+        "ports": [{"name": "http", "port": 8080, "protocol": "TCP"}],
+        "weight": None,
+    }
+    for objs in ([service, _slice(spec, False)], [_slice(dict(spec, endpoints=[]), False)]):
+        with writer.write_txn() as txn:
+            for obj in objs:
+                conv.upsert(txn, obj)
+            txn.commit()
+        (fe,) = writer.frontends.all(db.read_txn())
+        assert len(fe.backends) == (2 if len(objs) == 2 else 0)
+    assert list(writer.backends.all(db.read_txn())) == []
