@@ -518,8 +518,10 @@ def _frontends(
     ports, load-balancer VIPs and external IPs, of the enabled families and exposed
     types, with an internal-scope twin when the service has two scopes."""
     cluster_ips, lb_ips, ext_ips = ips
-    allowed = _exposed_types(ref, annotations)
-    ip_families = _list(ref, "spec.ipFamilies", spec.get("ipFamilies"))
+    allowed = _exposed_types(ref, annotations) if ANN_TYPE in annotations else _ALL_TYPES
+    ip_families = spec.get("ipFamilies")
+    if type(ip_families) is not list:
+        ip_families = _list(ref, "spec.ipFamilies", ip_families)
     if len(ip_families) > 2:
         raise ConversionError(ref, "spec.ipFamilies", f"at most 2 families, got {len(ip_families)}")
     for i, fam in enumerate(ip_families):

@@ -603,11 +603,14 @@ class LBWriter:
             return tuple(candidates)
         if _policy_for(address, fe_type, svc) is TrafficPolicy.LOCAL:
             candidates = [b for b in candidates if self.is_local(svc, b)]
-        if svc.traffic_distribution == PREFER_SAME_ZONE:
+        distribution = svc.traffic_distribution
+        if not distribution:
+            return tuple(candidates)  # the usual case
+        if distribution == PREFER_SAME_ZONE:
             zone = self.node_zone
             if zone and redirect_to is None:
                 candidates = self._zone_backends(txn, name, candidates, zone)
-        elif svc.traffic_distribution == PREFER_SAME_NODE:
+        elif distribution == PREFER_SAME_NODE:
             # Only serving (active) local backends may win the preference.
             local = [
                 b
