@@ -6,7 +6,8 @@ The agent side is what the ``k8s`` component runs: `K8sSource` (four reflectors,
 batching applier, the converter) feeding a `statewright.loadbalancer.LoadBalancer` whose
 reconciler writes kernel maps (memory maps where the kernel does not allow them; the
 ``maps`` key says which), with the garbage-collector tuning the agent uses (``tune_gc``
-at start, ``freeze_loaded`` once the initial state is in the maps).
+at start, ``initial_load_gc`` while the initial lists are applied, ``freeze_loaded`` and
+``steady_gc`` once the initial state is in the maps).
 
 Keys:
 
@@ -16,7 +17,9 @@ Keys:
   initial_sync_cpu_s: the agent process' CPU time over the same span (all threads): what
   the sync costs whatever the machine's load (a loaded machine stretches the wall time
   far more than the CPU time). initial_sync_gc_<gen>_count / _cpu_s: the collector's
-  passes per generation during the sync and their CPU time.
+  passes per generation during the sync and their CPU time; initial_sync_gc_young_objects:
+  the container objects (net) the young generation holds at the sync's end (what
+  ``initial_load_gc`` let pile up unexamined; frozen, not traversed, right after).
 - frontends_done / frontends_waiting_for_id / service_ids_in_use: beyond the 16-bit
   service-id space (about 65,000 frontends, as Cilium's ``rev_nat_index``) the other
   frontends wait for an id (the reconciler parks them: reconciler/waiting.py); the sync
@@ -162,6 +165,7 @@ from statedb.gc_tuning import (
     YOUNG_COLLECT_INTERVAL,
     collect_young_periodically,
     freeze_loaded,
+    initial_load_gc,
     steady_gc,
     tune_gc,
 )
@@ -382,6 +386,7 @@ async def _agent(
 ) -> dict[str, Any]:
     out: dict[str, Any] = {}
     out["rss_mb_before_agent"] = round(_rss_mb(), 1)
+    tuned = gc.get_threshold()  # tune_gc's (``--no-steady-gc`` keeps them for the churn)
     breakdown = MemoryBreakdown() if memory_breakdown else None
     if breakdown is not None:
         breakdown.start()
@@ -414,7 +419,11 @@ async def _agent(
                 out.update(await _initial_sync(tg, lb, source, n))
             if timer is not None:
                 out.update(timer.figures(n))
-            gc.collect()
+            # As the agent does once the initial state is in the maps (components/lb.py's
+            # freeze, the k8s component's switch to steady-state collector thresholds,
+            # which freezes too): no collection of what was loaded.
+            freeze_loaded()
+            steady_gc(steady_thresholds if gc_steady else tuned)
             out["rss_mb_after_sync_untrimmed"] = round(_rss_mb(), 1)
             # As the agent does once the initial state is in the maps (components/lb.py).
             t_trim = time.perf_counter()
@@ -425,13 +434,8 @@ async def _agent(
             out.update({f"memory_{k}": v for k, v in allocator_figures().items()})
             if breakdown is not None:
                 out.update(breakdown.figures(n, lb_owners(lb, source)))
-            # As the agent does once the initial state is in the maps (components/lb.py,
-            # and the k8s component's switch to steady-state collector thresholds).
-            freeze_loaded()
-            if gc_steady:
-                steady_gc(steady_thresholds)
-                if young_interval > 0:
-                    await tg.start(collect_young_periodically, young_interval)
+            if gc_steady and young_interval > 0:
+                await tg.start(collect_young_periodically, young_interval)
             out["gc_thresholds_churn"] = list(gc.get_threshold())
             out["gc_young_interval_s"] = young_interval if gc_steady else 0
             if churn_seconds > 0:
@@ -466,6 +470,8 @@ async def _initial_sync(
     t0 = time.perf_counter()
     cpu0 = time.process_time()
     with _GCTimer() as collector:
+        # As the k8s component does before it starts the source.
+        initial_load_gc()
         await tg.start(source.run)
         while not source.synced:
             await anyio.sleep(0.005)
@@ -473,6 +479,7 @@ async def _initial_sync(
         rev = lb.frontends.revision(lb.db.read_txn())
         await lb.reconciler.wait_until_reconciled(rev)
     elapsed = time.perf_counter() - t0
+    out["initial_sync_gc_young_objects"] = gc.get_count()[0]
     out["initial_sync_s"] = round(elapsed, 3)
     out["initial_sync_cpu_s"] = round(time.process_time() - cpu0, 3)
     done = sum(1 for f in lb.frontends.all(lb.db.read_txn()) if f.status.kind is StatusKind.DONE)

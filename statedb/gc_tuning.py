@@ -9,8 +9,11 @@ collector's reach. This is a process-wide choice, so statedb never makes it by i
 the application opts in with these helpers (the Statewright agent does):
 
 - `tune_gc` at start: a raised young-generation threshold and a frozen start-up heap;
+- `initial_load_gc` while a source's initial lists are applied: no young passes at the
+  usual sizes, up to a bound (`INITIAL_LOAD_GEN0_THRESHOLD`);
 - `freeze_loaded` after a bulk load (the agent's initial state is in the maps);
-- `steady_gc` once the bulk load is done: thresholds for steady churn;
+- `steady_gc` once the bulk load is done: one freeze of what was loaded, then thresholds
+  for steady churn;
 - `collect_young_periodically` under steady churn: timed young collections (the young
   threshold does not bound the young generation when old objects are freed as fast as
   new ones are made), each followed by a freeze of its survivors, so no middle or full
@@ -58,6 +61,18 @@ DEFAULT_GEN0_THRESHOLD = 200_000
 #: sync); at 1,000 none comes during a load, and `freeze_loaded` then puts what the load
 #: left out of the collector's reach without traversing it.
 BULK_GEN1_THRESHOLD = 1_000
+
+#: The young threshold while a source's initial lists are applied (`initial_load_gc`).
+#: What an initial sync allocates stays: the loaded rows, their index nodes, the maps'
+#: state. A young pass traverses every container object allocated since the last one, so
+#: at `DEFAULT_GEN0_THRESHOLD` the passes of a sync traverse the whole loaded state once
+#: and free nothing (benchmarks/k8s.py at 60,000 services x 10 backends: 19 passes,
+#: 0.76-0.77 s of the event loop's CPU; a 10,000-service sync with the collector off left
+#: no cyclic garbage at all). A 60,000-service sync leaves 3.6 million container objects
+#: (net) in the young generation, about 100 bytes of the load each: up to this many no
+#: pass comes. Beyond it passes come as usual, so a load that does make cyclic garbage
+#: holds at most this many unexamined objects (some 500 MB) at any time.
+INITIAL_LOAD_GEN0_THRESHOLD = 5_000_000
 
 #: Seconds between two checks of `collect_periodically` for cyclic garbage among frozen
 #: objects. A full pass over a large LB state (benchmarks/lb.py's 10,000 services x 10
@@ -124,14 +139,32 @@ def collector_tuned() -> bool:
     return _tuned_threshold is not None and gc.get_threshold() == _tuned_threshold
 
 
+def initial_load_gc(gen0_threshold: int = INITIAL_LOAD_GEN0_THRESHOLD) -> bool:
+    """Raise a tuned collector's (`collector_tuned`) young threshold to ``gen0_threshold``
+    while a source's initial lists are applied (see `INITIAL_LOAD_GEN0_THRESHOLD`); True
+    if it did. `steady_gc` ends it. A process that kept its own thresholds (tests, an
+    embedding application) is left alone; the process stays opted in."""
+    global _tuned_threshold
+    if not collector_tuned():
+        return False
+    current = gc.get_threshold()
+    gc.set_threshold(gen0_threshold, *current[1:])
+    _tuned_threshold = gc.get_threshold()
+    return True
+
+
 def steady_gc(thresholds: tuple[int, int, int] = STEADY_GC_THRESHOLDS) -> bool:
     """Switch a tuned collector (`collector_tuned`) to the steady-state ``thresholds``
-    once the bulk load is done; True if it switched. A process that kept its own
-    thresholds (tests, an embedding application) is left alone, and the process stays
-    opted in (`collector_tuned` is still true afterwards)."""
+    once the bulk load is done; True if it switched. What the load left in the young
+    generation is frozen first (`freeze_loaded`: O(1)), or the first young pass under
+    the steady thresholds would traverse all of it (after `initial_load_gc`, up to
+    millions of objects: most of a second on the event loop). A process that kept its
+    own thresholds (tests, an embedding application) is left alone, and the process
+    stays opted in (`collector_tuned` is still true afterwards)."""
     global _tuned_threshold
     if not collector_tuned() or gc.get_threshold() == thresholds:
         return False
+    gc.freeze()
     gc.set_threshold(*thresholds)
     _tuned_threshold = gc.get_threshold()
     return True

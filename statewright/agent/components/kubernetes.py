@@ -17,9 +17,11 @@ The Node object's labels replace the configured ``node-labels`` once it has been
 (the Node is the truth in a cluster).
 
 Garbage collector: in a process that tuned its collector for bulk loads
-(`statedb.gc_tuning.tune_gc`, as ``statewright agent`` does), the component switches to
-the steady-state thresholds (`statedb.gc_tuning.steady_gc`) once the initial lists are in
-the maps, and from then on runs a young collection every
+(`statedb.gc_tuning.tune_gc`, as ``statewright agent`` does), the component holds the
+young collections off while the initial lists are applied (`statedb.gc_tuning.initial_load_gc`),
+switches to the steady-state thresholds (`statedb.gc_tuning.steady_gc`: one freeze of
+what was loaded first) once the initial lists are in the maps, and from then on runs a
+young collection every
 `statedb.gc_tuning.YOUNG_COLLECT_INTERVAL` seconds (`collect_young_periodically`); the
 reasons and the measured costs are in `statedb.gc_tuning`.
 """
@@ -35,7 +37,12 @@ from typing import TYPE_CHECKING, Any
 import anyio
 
 from sources.k8s_client import ClientSettings
-from statedb.gc_tuning import STEADY_GC_THRESHOLDS, collect_young_periodically, steady_gc
+from statedb.gc_tuning import (
+    STEADY_GC_THRESHOLDS,
+    collect_young_periodically,
+    initial_load_gc,
+    steady_gc,
+)
 from statewright.agent.components.lb import LB
 from statewright.agent.config import AgentConfig
 from statewright.api_types import Request, Route
@@ -158,6 +165,9 @@ class KubernetesComponent(Component):
         self.source = source
         hive.provide(self, K8S_SOURCE, source)
         hive.provide(self, K8S_CLIENT, client)
+        # Until the switch below: what the initial lists load stays, so young passes over
+        # it would free nothing (see statedb.gc_tuning.INITIAL_LOAD_GEN0_THRESHOLD).
+        initial_load_gc()
         await hive.spawn(self, source.run)
         await hive.spawn(self, self._steady_gc_after_sync(lb, source), label="k8s-steady-gc")
         log.info(
@@ -168,8 +178,8 @@ class KubernetesComponent(Component):
     def _steady_gc_after_sync(lb: LoadBalancer, source: K8sSource) -> Any:
         async def switch(*, task_status: Any = anyio.TASK_STATUS_IGNORED) -> None:
             """Once the initial lists are applied and reconciled into the maps (or after
-            `STEADY_GC_TIMEOUT`): `steady_gc`, then timed young collections until
-            cancelled."""
+            `STEADY_GC_TIMEOUT`): `steady_gc` (which freezes what was loaded), then timed
+            young collections until cancelled."""
             task_status.started()
             with anyio.move_on_after(STEADY_GC_TIMEOUT):
                 await source.wait_synced()
