@@ -73,10 +73,11 @@ def _shared_kind(kind: str, namespace: str, source: str) -> tuple[str, str, str]
 
 def _pack_uid(uid: str) -> str | int:
     """A canonical (lower-case, hyphenated) UUID as its 128-bit int (48 bytes instead of
-    96 for the string); any other uid as it is."""
-    if len(uid) == 36 and uid[8] == "-" and uid[13] == "-" and uid[18] == "-" and uid[23] == "-":
+    88 for the string); any other uid as it is."""
+    # The hyphens where a UUID has them (characters 8, 13, 18 and 23), and no other.
+    if len(uid) == 36 and uid[8:24:5] == "----":
         h = uid.replace("-", "")
-        if len(h) == 32:  # exactly those four hyphens
+        if len(h) == 32:
             try:
                 value = int(h, 16)
             except ValueError:
@@ -139,13 +140,9 @@ class Origin(FrozenValue, fields=_OriginFields):
         owner: str = "",
         addresses: str = "",
     ) -> None:
-        _set_key(self, f"{kind}/{namespace}/{name}".encode())
-        _set_kind(self, _shared_kind(kind, namespace, source))
-        _set_uid(self, _pack_uid(uid))
-        _set_rv(self, resource_version)
-        _set_where(self, (file, line) if file or line else _NO_WHERE)
-        _set_owner(self, owner)
-        _set_addresses(self, addresses)
+        _fill(self, f"{kind}/{namespace}/{name}".encode(), _shared_kind(kind, namespace, source),
+              _pack_uid(uid), resource_version, (file, line) if file or line else _NO_WHERE,
+              owner, addresses)
 
     @property
     def kind(self) -> str:
@@ -235,6 +232,24 @@ _set_key, _set_kind, _set_uid, _set_rv, _set_where, _set_owner, _set_addresses =
 )
 
 
+def _fill(
+    o: Origin, key_bytes: bytes, kind: tuple[str, str, str], uid: str | int, rv: str,
+    where: tuple[str, int], owner: str, addresses: str,
+) -> Origin:
+    """Set every slot of ``o`` (new) from its stored form; return it."""
+    _set_key(o, key_bytes)
+    _set_kind(o, kind)
+    _set_uid(o, uid)
+    _set_rv(o, rv)
+    _set_where(o, where)
+    _set_owner(o, owner)
+    _set_addresses(o, addresses)
+    return o
+
+
+_new_origin = Origin.__new__
+
+
 def _encode_key(key: str | bytes) -> bytes:
     """The primary key of an origin: ``Kind/namespace/name`` encoded, or a row's own
     `Origin.key_bytes` as it is (the table stores no second bytes object per row)."""
@@ -259,33 +274,34 @@ def object_origin_key(kind: str, namespace: str, name: str) -> str:
     return f"{kind}/{namespace}/{name}"
 
 
-def _meta(obj: Mapping[str, Any]) -> Mapping[str, Any]:
-    meta = obj.get("metadata")
-    # A plain dict first: the usual case, without the Mapping ABC's isinstance check.
-    if type(meta) is dict or isinstance(meta, Mapping):
-        return meta
-    return {}
-
-
-def _namespace(kind: str, meta: Mapping[str, Any]) -> str:
-    ns = meta.get("namespace")
-    if kind in CLUSTER_SCOPED_KINDS:
-        return ""
-    return ns if isinstance(ns, str) and ns else "default"
-
-
 def _slice_addresses(obj: Mapping[str, Any]) -> str:
     """The addresses an EndpointSlice's endpoints list, comma-separated, in order."""
-    out: list[str] = []
     endpoints = obj.get("endpoints")
-    if isinstance(endpoints, list):
+    if not isinstance(endpoints, list):
+        return ""
+    out: list[str] = []
+    try:
+        # The usual slice: every endpoint a dict with a list of address strings (half
+        # the instructions of a loop that checks each endpoint and address as it goes).
         for ep in endpoints:
-            if type(ep) is dict or isinstance(ep, Mapping):
-                addrs = ep.get("addresses")
-                if type(addrs) is list and len(addrs) == 1 and type(addrs[0]) is str:
-                    out.append(addrs[0])  # the usual endpoint: one address
-                elif isinstance(addrs, list):
-                    out.extend(a if type(a) is str else str(a) for a in addrs)
+            addrs = ep["addresses"]
+            if type(addrs) is not list:
+                raise TypeError  # a string's characters are no addresses
+            out += addrs
+        return ",".join(out)
+    except (KeyError, TypeError):  # ep no dict, no list of addresses, a non-string
+        return _odd_slice_addresses(endpoints)
+
+
+def _odd_slice_addresses(endpoints: list[Any]) -> str:
+    """`_slice_addresses` of a slice with an endpoint that is no dict, lists no
+    addresses, or lists an address that is no string."""
+    out: list[str] = []
+    for ep in endpoints:
+        if isinstance(ep, Mapping):
+            addrs = ep.get("addresses")
+            if isinstance(addrs, list):
+                out.extend(a if type(a) is str else str(a) for a in addrs)
     return ",".join(out)
 
 
@@ -295,11 +311,19 @@ def origin_of(
     """The origin of an object as a source read it; None when it has no kind or name
     (the source refuses such an object anyway)."""
     kind = obj.get("kind")
-    meta = _meta(obj)
+    meta = obj.get("metadata")
+    # A plain dict first: the usual case, without the Mapping ABC's isinstance check.
+    if type(meta) is not dict and not isinstance(meta, Mapping):
+        meta = {}
     name = meta.get("name")
     if not isinstance(kind, str) or not kind or not isinstance(name, str) or not name:
         return None
-    ns = sys.intern(_namespace(kind, meta))  # one string per namespace, not per object
+    if kind in CLUSTER_SCOPED_KINDS:
+        ns = ""
+    else:
+        given = meta.get("namespace")
+        # One string per namespace, not per object.
+        ns = sys.intern(given) if isinstance(given, str) and given else "default"
     uid, rv = meta.get("uid"), meta.get("resourceVersion")
     owner = addresses = ""
     if kind == "EndpointSlice":
@@ -312,11 +336,17 @@ def origin_of(
         # Interned: the same string as the converter's (interned) name of the service.
         owner = sys.intern(f"{ns}/{svc}") if isinstance(svc, str) and svc else ""
         addresses = _slice_addresses(obj)
-    return Origin(
-        kind, ns, name, source,
-        uid if type(uid) is str else str(uid) if uid else "",
+    # The slots set directly (what Origin's __init__ does, without its ten arguments).
+    triple = _KINDS.get((kind, ns, source))
+    return _fill(
+        _new_origin(Origin),
+        f"{kind}/{ns}/{name}".encode(),
+        triple if triple is not None else _shared_kind(kind, ns, source),
+        _pack_uid(uid if type(uid) is str else str(uid) if uid else ""),
         rv if type(rv) is str else str(rv) if rv else "",
-        file, line, owner, addresses,
+        (file, line) if file or line else _NO_WHERE,
+        owner,
+        addresses,
     )
 
 
