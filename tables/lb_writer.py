@@ -29,6 +29,7 @@ Invariants kept here:
 from __future__ import annotations
 
 import dataclasses
+import operator
 import time
 import weakref
 from collections.abc import Callable, Iterable, Mapping
@@ -142,8 +143,8 @@ class LBWriter:
         self._touch: _Touched | None = None
         # Per service, a superset of the addresses of its committed frontend and backend
         # rows (see "per-service lookups"); built on first use.
-        self._fe_hint: dict[ServiceName, tuple[L3n4Addr, ...]] | None = None
-        self._be_hint: dict[ServiceName, tuple[L3n4Addr, ...]] | None = None
+        self._fe_hint: dict[ServiceName, _Addrs] | None = None
+        self._be_hint: dict[ServiceName, _Hint] | None = None
 
     @classmethod
     def create(cls, db: DB, config: LBConfig | None = None) -> LBWriter:
@@ -419,6 +420,13 @@ class LBWriter:
         if new:
             self._write_new_backends(txn, service, new)
             changed = True
+        if checked and rows and len(rows) == len(wanted):
+            # The service's rows are exactly ``backends``' addresses (each has a row by
+            # now, and there are no others): its hint and frontends may share the tuple.
+            t.given[service] = backends  # type: ignore[assignment]
+        elif t.given:
+            # Rows were written above without `_be_put`: an earlier tuple no longer holds.
+            t.given.pop(service, None)
         if changed:
             self._refresh_service(txn, service)
 
@@ -672,6 +680,13 @@ class LBWriter:
     # the service count. That first read of a service in a transaction always comes
     # before the writer writes any of its rows, so it sees the committed rows. All writes
     # that add LB rows must go through the writer for the hints to hold.
+    #
+    # A hint of one address is that address (no tuple). A backend hint may be the
+    # `CheckedBackends` a source last gave `set_backends` for the service, when the
+    # service's rows are exactly those addresses (``_Touched.given``): the source keeps
+    # that tuple anyway, and a frontend that selects all of them in that order stores the
+    # same tuple as its ``backends`` (`_shared_backends`): one tuple of a service's
+    # backends instead of three.
     def _touched(self, txn: WriteTxn) -> _Touched:
         t = self._touch
         if t is None or t.txn() is not txn:
@@ -690,7 +705,7 @@ class LBWriter:
                     return b is not None and b.instance(name) is not None
 
                 _fold(self._fe_hint, t.frontends_of, t.frontends_gone, fe_there)
-                _fold(self._be_hint, t.backends_of, t.backends_gone, be_there)
+                _fold(self._be_hint, t.backends_of, t.backends_gone, be_there, t.given)
             t = _Touched(txn)
             self._touch = t
         return t
@@ -705,8 +720,8 @@ class LBWriter:
         for b in self.backends.all(base):
             for k in b.instance_keys():
                 be_hint.setdefault(k[0], []).append(b.address)
-        self._fe_hint = {name: tuple(addrs) for name, addrs in fe_hint.items()}
-        self._be_hint = {name: tuple(addrs) for name, addrs in be_hint.items()}
+        self._fe_hint = {name: _hint_of(addrs) for name, addrs in fe_hint.items()}
+        self._be_hint = {name: _hint_of(addrs) for name, addrs in be_hint.items()}
 
     def _backends_of(self, txn: WriteTxn, name: ServiceName) -> list[Backend]:
         """The backends with an instance for ``name`` (as the txn sees them), by address."""
@@ -726,10 +741,19 @@ class LBWriter:
         hinted = self._be_hint.get(name)
         if hinted:
             get = self.backends.get
-            for a in hinted:
+            kind = type(hinted)
+            addrs: Any = hinted
+            if kind is CheckedBackends:
+                addrs = map(_address, hinted)
+            elif kind is not tuple:
+                addrs = (hinted,)
+            for a in addrs:
                 b = get(txn, a)
                 if b is not None and b.instance(name) is not None:
                     rows[a] = b
+            if kind is CheckedBackends and len(rows) == len(hinted):
+                # Still exactly the service's rows: the hint stays the given tuple.
+                t.given[name] = hinted  # type: ignore[assignment]
         t.backends_of[name] = rows
         return rows
 
@@ -751,7 +775,9 @@ class LBWriter:
         hinted = self._fe_hint.get(name)
         if hinted:
             get = self.frontends.get
-            for a in hinted:
+            # Frontend hints are addresses (one, or a tuple of them).
+            addrs: Any = hinted if type(hinted) is tuple else (hinted,)
+            for a in addrs:
                 f = get(txn, a)
                 if f is not None and f.service_name == name:
                     rows[a] = f
@@ -781,6 +807,7 @@ class LBWriter:
         """Write ``be``, which replaces ``old`` (the row as the txn saw it, when any)."""
         t = self._touched(txn)
         cached = t.backends_of
+        given = t.given
         addr = be.address
         for key in be.instance_keys():
             name = key[0]
@@ -788,6 +815,8 @@ class LBWriter:
             if rows is None:
                 rows = self._load_backends_of(txn, t, name)
             rows[addr] = be
+            if given:
+                given.pop(name, None)
         if old is not None and len(old.instances) > len(be.instances):
             for key in old.instance_keys():
                 if be.instance(key[0]) is None:
@@ -810,6 +839,7 @@ class LBWriter:
             rows = self._load_backends_of(txn, t, name)
         if rows.pop(addr, None) is not None:
             _gone(t.backends_gone, name, addr)
+            t.given.pop(name, None)
 
     # ----- internals ----------------------------------------------------------------------------
     def _put_frontend(
@@ -827,6 +857,8 @@ class LBWriter:
             bes = self._select_backends(
                 txn, p.address, p.type, p.service_name, p.port_name, svc, None
             )
+            if bes:
+                bes = self._shared_backends(p.service_name, bes)
             fe = new_frontend(
                 p.address, p.type, p.service_name, p.port_name, p.service_port, svc, bes, 0,
                 None, status_pending(),
@@ -848,6 +880,8 @@ class LBWriter:
             and old.service is svc
         ):
             return
+        if bes:
+            bes = self._shared_backends(fe.redirect_to or fe.service_name, bes)
         self._fe_put(txn, fe.pending_with(svc, bes))
 
     def _refresh_service(self, txn: WriteTxn, name: ServiceName, *, force: bool = False) -> None:
@@ -869,7 +903,29 @@ class LBWriter:
         bes = self.select_backends(txn, cur)
         if not force and bes == fe.backends and fe.service is svc:
             return
+        if bes:
+            bes = self._shared_backends(fe.redirect_to or fe.service_name, bes)
         self._fe_put(txn, fe.pending_with(svc, bes))
+
+    def _shared_backends(
+        self, name: ServiceName, bes: tuple[BackendParams, ...]
+    ) -> tuple[BackendParams, ...]:
+        """``bes`` (a frontend's backends from ``name``, just selected in the current
+        transaction), or the equal `CheckedBackends` the service's source gave (this
+        transaction's, or the one in its hint): the frontend row then shares the tuple
+        the source and the hint keep."""
+        assert self._touch is not None  # made current by the selection
+        given = self._touch.given.get(name)
+        if given is None:
+            assert self._be_hint is not None
+            given = self._be_hint.get(name)  # type: ignore[assignment]
+            if type(given) is not CheckedBackends:
+                return bes
+        # The same objects in the same order (compared by identity in C) as a rule; the
+        # first item tells most other cases apart without calling its ``__eq__``.
+        if len(bes) == len(given) and bes[0] is given[0] and bes == given:
+            return given
+        return bes
 
     def _refresh_for_node_address(self, txn: WriteTxn, addr: NodeAddress) -> None:
         for fe in list(self.frontends.all(txn)):
@@ -914,7 +970,8 @@ class LBWriter:
 class _Touched:
     """The rows of the services the writer read or wrote in one write transaction."""
 
-    __slots__ = ("backends_gone", "backends_of", "frontends_gone", "frontends_of", "txn")
+    __slots__ = ("backends_gone", "backends_of", "frontends_gone", "frontends_of", "given",
+                 "txn")
 
     def __init__(self, txn: WriteTxn) -> None:
         # Weak: a finished transaction holds its tables' states, and so every row
@@ -928,6 +985,10 @@ class _Touched:
         # service's hint: the txn may be aborted).
         self.frontends_gone: dict[ServiceName, set[L3n4Addr]] = {}
         self.backends_gone: dict[ServiceName, set[L3n4Addr]] = {}
+        # Per service, the `CheckedBackends` whose addresses are exactly its rows' in
+        # ``backends_of`` (set by `LBWriter.set_backends`; dropped when a row is added
+        # to or removed from the service after it).
+        self.given: dict[ServiceName, CheckedBackends] = {}
 
 
 def _gone(gone: dict[ServiceName, set[L3n4Addr]], name: ServiceName, addr: L3n4Addr) -> None:
@@ -939,26 +1000,52 @@ def _gone(gone: dict[ServiceName, set[L3n4Addr]], name: ServiceName, addr: L3n4A
 
 
 def _fold(
-    hint: dict[ServiceName, tuple[L3n4Addr, ...]],
+    hint: dict[ServiceName, Any],
     rows_of: dict[ServiceName, dict[L3n4Addr, Any]],
     gone: dict[ServiceName, set[L3n4Addr]],
     still_there: Callable[[ServiceName, L3n4Addr], bool],
+    given: Mapping[ServiceName, CheckedBackends] | None = None,
 ) -> None:
     """Fold a finished transaction's rows into the hints: per service it read, the
     addresses of its rows as the transaction left them, plus those it removed whose rows
     the committed tables still have for the service (``still_there``: the transaction was
     aborted). The result is a superset of the committed rows whether the transaction was
     committed or aborted: before it, the service's hint held every address of its
-    committed rows, and the transaction's rows were read through that hint."""
+    committed rows, and the transaction's rows were read through that hint. A service's
+    ``given`` backends (exactly its rows' addresses) stand for its rows."""
     for name, rows in rows_of.items():
-        addrs = tuple(rows)
         removed = gone.get(name)
-        if removed:
-            addrs += tuple(a for a in removed if a not in rows and still_there(name, a))
+        extra = (
+            tuple([a for a in removed if a not in rows and still_there(name, a)])
+            if removed
+            else ()
+        )
+        kept = given.get(name) if given else None
+        if kept and not extra:
+            hint[name] = kept
+            continue
+        addrs = tuple(rows) + extra if extra else tuple(rows)
         if addrs:
-            hint[name] = addrs
+            hint[name] = addrs[0] if len(addrs) == 1 else addrs
         else:
             hint.pop(name, None)
+
+
+#: A service's frontend hint: one address or a tuple of them.
+_Addrs = L3n4Addr | tuple[L3n4Addr, ...]
+#: A service's backend hint: one address, a tuple of them, or the `CheckedBackends`
+#: whose addresses they are.
+_Hint = _Addrs | CheckedBackends
+
+
+def _hint_of(addrs: Iterable[L3n4Addr]) -> _Addrs:
+    """The hint of ``addrs`` (at least one): the address itself when there is one."""
+    t = tuple(addrs)
+    return t[0] if len(t) == 1 else t
+
+
+#: A backend's address (``BackendParams.address``), read in C.
+_address = operator.attrgetter("address")
 
 
 def _policy_for(address: L3n4Addr, fe_type: SVCType, svc: Service) -> TrafficPolicy:
