@@ -375,6 +375,8 @@ class LBWriter:
             if fresh:
                 rows.update(zip(wanted, fresh))
                 self._write_new_backends(txn, service, fresh, list(wanted))
+                # Its rows are exactly ``backends``' addresses: see the end.
+                t.given[service] = backends  # type: ignore[assignment]
                 self._refresh_service(txn, service)
             return
         gone = [a for a in rows if a not in wanted]
