@@ -184,21 +184,24 @@ class FrontendWriter:
             for i in range(len(slots)):
                 slots[i] = 0
             state.slot_flags = new_slot_flags
-        ordered = sorted_backends(fe, self.restored_quarantined)
-        self._drop_orphans(txn, addr, state, ordered, orphans)
         # The backend entries and the slots are collected here and written with one batch
         # call per map right after (backends first, so no slot points to a backend not
         # yet written); the state is updated as if written, and `write_collected` puts
-        # back what was not written.
+        # back what was not written. The usual new frontend, already in slot order and
+        # with nothing to drop, is collected in bulk.
         writes = CollectedWrites(self.backend_states, slots)
-        try:
-            collected = self._collect_new(fe, state, ordered, writes) if self.bulk_new else None
-            if collected is None:
+        collected = None
+        if self.bulk_new and addr not in self.restored_quarantined:
+            collected = self._collect_new(fe, state, writes)
+        if collected is None:
+            ordered = sorted_backends(fe, self.restored_quarantined)
+            self._drop_orphans(txn, addr, state, ordered, orphans)
+            try:
                 collected = self._collect_backends(fe, state, ordered, writes)
-            slot_backends, active, inactive = collected
-        except BaseException:
-            writes.undo(0, 0)
-            raise
+            except BaseException:
+                writes.undo(0, 0)
+                raise
+        slot_backends, active, inactive = collected
         p = PendingFrontend(fe, state, is_local, writes, slot_backends, active, inactive, flags)
         if orphans:
             p.orphans = orphans
@@ -275,24 +278,22 @@ class FrontendWriter:
         return want, own, v
 
     def _collect_new(
-        self,
-        fe: FrontendSpec,
-        state: FrontendState,
-        ordered: list[BackendSpec],
-        writes: CollectedWrites,
+        self, fe: FrontendSpec, state: FrontendState, writes: CollectedWrites
     ) -> tuple[list[BackendSpec], int, int] | None:
-        """`_collect_backends` for the usual frontend of an initial sync, in bulk: one
-        that references no backend and has no slot yet, without session affinity, whose
-        backends are all new (no entry yet, ids from one run of the allocator), active,
-        healthy, serving, of cluster 0 and no zone, of its IP family, with a port. It
-        leaves the state and the writes as `_collect_backends` would (every backend
-        referenced once, wanted and recorded as written active; entries and slots in
-        order). None when the frontend is not such a one (nothing is changed then)."""
+        """`sorted_backends`, `_drop_orphans` and `_collect_backends` for the usual
+        frontend of an initial sync, in bulk: one that references no backend and has no
+        slot yet, without session affinity, whose backends are all new (no entry yet, ids
+        from one run of the allocator), active, healthy, serving, of cluster 0 and no
+        zone, of its IP family, with a port, and listed in ascending address order (slot
+        order: `in_slot_order`). It leaves the state and the writes as those would (every
+        backend referenced once, wanted and recorded as written active; entries and slots
+        in order). None when the frontend is not such a one (nothing is changed then)."""
         if state.slots or state.affinity or fe.service.session_affinity or state.backends:
             return None
         family = fe.addr[20]
         packed = self.backend_states.packed
-        for be in ordered:
+        prev = b""  # below every address
+        for be in fe.backends:
             a = be.addr
             if (
                 be.state
@@ -302,15 +303,15 @@ class FrontendWriter:
                 or be.zone
                 or a[20] != family
                 or not (a[16] or a[17])
+                or not prev < a
                 or a in packed
             ):
                 return None
+            prev = a
+        ordered = list(fe.backends)
         addrs = [be.addr for be in ordered]
-        # The frontend's want of each (active: 0), in order; a duplicate address takes
-        # the general path.
+        # The frontend's want of each (active: 0), in order (ascending: no duplicates).
         fe_backends: dict[Addr, int | None] = dict.fromkeys(addrs, 0)
-        if len(fe_backends) != len(addrs):
-            return None
         ids = self.backend_ids.acquire_run(addrs)
         if ids is None:
             return None
