@@ -265,8 +265,16 @@ def backend_values(addrs: list[Addr], want: int) -> list[bytes]:
     if not addrs:
         return []
     lo = 12 if addrs[0][20] == 4 else 0
-    tails = [backend_tail(i, want) for i in range(len(PROTOCOLS))]
+    tails = _TAILS_BY_PROTO.get(want)
+    if tails is None:
+        if len(_TAILS_BY_PROTO) >= 4096:
+            _TAILS_BY_PROTO.clear()
+        tails = _TAILS_BY_PROTO[want] = [backend_tail(i, want) for i in range(len(PROTOCOLS))]
     return [a[lo:18] + tails[a[18]] for a in addrs]
+
+
+#: `backend_tail` of each protocol index, by want (`backend_values`).
+_TAILS_BY_PROTO: dict[int, list[bytes]] = {}
 
 
 def svc_key(addr: Addr, slot: int) -> bytes:

@@ -535,11 +535,14 @@ class FrontendWriter:
         addr, svc = fe.addr, fe.service
         state.master = master
 
-        self.sync_scale_to_zero(state, cfg.scale_to_zero and svc.scale_to_zero)
+        want_scale_to_zero = cfg.scale_to_zero and svc.scale_to_zero
+        if want_scale_to_zero != state.scale_to_zero:
+            self.sync_scale_to_zero(state, want_scale_to_zero)
 
         self.wildcards.sync(fe, state, is_local, wildcard_written)
 
-        self.trim_slots(addr, state, len(p.slot_backends))
+        if len(state.slots) > len(p.slot_backends):
+            self.trim_slots(addr, state, len(p.slot_backends))
         # The frontend's writes are done: its backends wait for its next update compactly.
         state.compact()
 
@@ -559,6 +562,8 @@ class FrontendWriter:
 
     def trim_slots(self, addr: Addr, state: FrontendState, count: int) -> None:
         """Delete the slots above ``count`` (after the master no longer counts them)."""
+        if len(state.slots) <= count:
+            return
         svc_raw = self.maps.services(state.v6).backend
         while len(state.slots) > count:
             delete_quiet(svc_raw, svc_key(addr, len(state.slots)))

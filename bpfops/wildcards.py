@@ -105,7 +105,9 @@ class WildcardEntries:
         if state.wildcard == key:
             key = state.wildcard  # the object the refs hold already
         refs = self.refs.get(key)
-        if refs is not None and state.id in ref_ids(refs):
+        if refs is not None and (
+            state.id in refs if isinstance(refs, set) else refs == state.id
+        ):
             return
         if refs is None and not written:
             cls = lb.Service6Key if fe.addr.is_v6 else lb.Service4Key
