@@ -187,3 +187,16 @@ def test_origin_of_gives_the_row_its_fields_say(
                         "resourceVersion": rv,
                         "labels": {"kubernetes.io/service-name": service}}}
     assert origin_of(obj, "k8s") == _reference_origin(obj, "k8s")
+
+
+def test_decimal_resource_versions_are_packed_others_kept() -> None:
+    o = Origin("Service", "ns", "s", "k8s", uid="u", resource_version="1234567")
+    assert o._rv == 1234567 and o.resource_version == "1234567"
+    assert o.to_json()["resourceVersion"] == "1234567"
+    assert o.where() == "uid u resourceVersion 1234567"
+    for odd in ("", "0", "01234", "+12", " 12", "1_000", "12a", "\u0661\u0662", "-1"):
+        o = Origin("Service", "ns", "s", "k8s", resource_version=odd)
+        assert o._rv == odd and o.resource_version == odd
+    # Two different versions never compare equal.
+    assert (Origin("Service", "ns", "s", "k8s", resource_version="012")
+            != Origin("Service", "ns", "s", "k8s", resource_version="12"))
