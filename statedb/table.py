@@ -249,6 +249,33 @@ class Table(Generic[O, PK]):
         # Upserts are stored as plain tuples, deletions as Deletion records.
         return e[0] if type(e) is tuple else None
 
+    def get_many(self, txn: ReadTxn, pks: Iterable[PK]) -> builtins.list[O | None]:
+        """``[get(txn, pk) for pk in pks]`` for primary key values (not queries), in one
+        call: a reader of several rows it knows the keys of (the LB writer reading a
+        service's backends)."""
+        st = txn.states[self.name]
+        rows_get = st.rows.get
+        rev = st.revision
+        store = st.store
+        self_type = self.pk_self_type
+        out: builtins.list[O | None] = []
+        append = out.append
+        for q in pks:
+            if type(q) is self_type:
+                pk: bytes = q  # type: ignore[assignment]  # its own encoding
+            else:
+                pk = self.pk_encode(q)
+            e = rows_get(pk)
+            if e is None:
+                append(None)
+            elif e[1] > rev and rev < store.newest:
+                # A head newer than this snapshot (as in `get`).
+                e = store.older_at(pk, rev, e)
+                append(e[0] if e is not None else None)
+            else:
+                append(e[0] if type(e) is tuple else None)
+        return out
+
     def get_revision(self, txn: ReadTxn, q: Query[O] | PK) -> tuple[O, int] | None:
         """Return (row, revision) of the first row matching the key exactly, or None."""
         e = self._get_entry(txn, q)

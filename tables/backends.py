@@ -515,6 +515,24 @@ def single_backends(key: InstanceKey, params: Iterable[BackendParams]) -> list[B
     return out
 
 
+def rows_of_service(
+    addresses: Iterable[L3n4Addr], rows: Iterable[Backend | None], service: ServiceName
+) -> dict[L3n4Addr, Backend]:
+    """The ``rows`` (the rows at ``addresses``, None where there is none) that have an
+    instance for ``service``, by address."""
+    out: dict[L3n4Addr, Backend] = {}
+    for a, b in zip(addresses, rows, strict=True):
+        if b is None:
+            continue
+        key = b._key
+        if type(key) is tuple:  # one instance (nearly every row)
+            if key[0] == service:
+                out[a] = b
+        elif b.instance(service) is not None:
+            out[a] = b
+    return out
+
+
 def preferred_instances_of(
     rows: Mapping[L3n4Addr, Backend], service: ServiceName, family: int, port_name: str
 ) -> list[BackendParams]:

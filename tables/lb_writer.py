@@ -43,6 +43,7 @@ from tables.backends import (
     BackendState,
     new_backends_table,
     preferred_instances_of,
+    rows_of_service,
     single_backends,
 )
 from tables.frontends import Frontend, FrontendParams, SVCType, new_frontend, new_frontends_table
@@ -738,24 +739,21 @@ class LBWriter:
     ) -> dict[L3n4Addr, Backend]:
         """Read ``name``'s backends once per transaction; ``_be_put``/``_be_del`` keep the
         result current for the rest of it."""
-        rows: dict[L3n4Addr, Backend] = {}
         assert self._be_hint is not None
         hinted = self._be_hint.get(name)
         if hinted:
-            get = self.backends.get
             kind = type(hinted)
             addrs: Any = hinted
             if kind is CheckedBackends:
-                addrs = map(_address, hinted)
+                addrs = list(map(_address, hinted))
             elif kind is not tuple:
                 addrs = (hinted,)
-            for a in addrs:
-                b = get(txn, a)
-                if b is not None and b.instance(name) is not None:
-                    rows[a] = b
+            rows = rows_of_service(addrs, self.backends.get_many(txn, addrs), name)
             if kind is CheckedBackends and len(rows) == len(hinted):
                 # Still exactly the service's rows: the hint stays the given tuple.
                 t.given[name] = hinted  # type: ignore[assignment]
+        else:
+            rows = {}
         t.backends_of[name] = rows
         return rows
 

@@ -324,7 +324,38 @@ def test_a_self_encoded_key_skips_the_encoder() -> None:
     txn = db.read_txn()
     assert table.get(txn, a) == _Keyed(a, 1)
     assert table.get(txn, b) is None
+    assert table.get_many(txn, [c, b, a]) == [_Keyed(c, 3), None, _Keyed(a, 1)]
     assert [r.value for r in table.all(txn)] == [1, 3]
     assert calls == []
     assert table.get(txn, b"c") == _Keyed(c, 3)  # any other key type is encoded
     assert calls == [b"c"] and type(calls[0]) is bytes
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.sets(st.integers(0, 10), max_size=8),
+    st.lists(st.tuples(st.booleans(), st.integers(0, 10)), max_size=12),
+    st.lists(st.integers(0, 12), max_size=12),
+)
+def test_get_many_equals_get_per_key(
+    committed: set[int], writes: list[tuple[bool, int]], keys_: list[int]
+) -> None:
+    """Table.get_many answers as get does per key: in a snapshot taken before a write
+    transaction (while it is under way and after its commit), in the transaction itself
+    and in a snapshot after it."""
+    db, (t1,) = new_db("t1")
+    with db.write_txn(t1) as w:
+        for i in sorted(committed):
+            t1.insert(w, obj(i, None, "old"))
+    before = db.read_txn()
+    w = db.write_txn(t1)
+    for k, (delete, i) in enumerate(writes):
+        if delete:
+            t1.delete(w, obj(i))
+        else:
+            t1.insert(w, obj(i, None, f"new{k}"))
+    for txn in (before, w):
+        assert t1.get_many(txn, keys_) == [t1.get(txn, i) for i in keys_]
+    w.commit()
+    for txn in (before, db.read_txn()):
+        assert t1.get_many(txn, keys_) == [t1.get(txn, i) for i in keys_]
