@@ -21,6 +21,7 @@ import dataclasses
 import sys
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
+from operator import attrgetter
 from typing import Any, ClassVar
 
 from statedb import DB, Index, ReadTxn, Table, WriteTxn
@@ -272,9 +273,13 @@ def _encode_key(key: str | bytes) -> bytes:
     return keycodec.string(key)  # type: ignore[arg-type]
 
 
+# A row's own key bytes are their encoding: the table neither calls `_encode_key` for
+# them per row written nor per lookup by `Origin.key_bytes` (OriginRecorder.record).
+keycodec.self_encoding(_encode_key, bytes)
+
 #: Primary index: ``Kind/namespace/name``; queries take the str.
 origin_key_index: Index[Origin, Any] = Index(
-    "key", key=lambda o: o.key_bytes, encode=_encode_key, parse=str
+    "key", key=attrgetter("key_bytes"), encode=_encode_key, parse=str
 )
 
 
