@@ -1,5 +1,6 @@
-"""The refresher's due entries under churn: one per live Done row, its newest revision,
-in the order the rows became Done; deleted rows and rows no longer Done have none."""
+"""The refresher's due entries under churn: one per live Done row, due an interval after
+its newest Done status, in the order the rows became Done; deleted rows and rows no longer
+Done have none."""
 
 from __future__ import annotations
 
@@ -18,8 +19,11 @@ def test_churned_rows_keep_one_entry_each_and_deleted_rows_none() -> None:
     table = new_table()
     db = DB(table)
     config: Config[TestObject] = Config(
-        table=table, operations=MockOps(), get_object_status=get_status,
-        set_object_status=set_status, refresh_interval=3600.0,
+        table=table,
+        operations=MockOps(),
+        get_object_status=get_status,
+        set_object_status=set_status,
+        refresh_interval=3600.0,
     )
     refresher = Refresher(db, config, ReconcilerMetrics())
 
@@ -48,7 +52,9 @@ def test_churned_rows_keep_one_entry_each_and_deleted_rows_none() -> None:
     live = {table.primary_key_of(o) for o in table.all(db.read_txn()) if o.value != "pending"}
     assert set(keys) == live  # one entry per live Done row, none for the others
     assert keys[-2:] == [table.primary_key_of(TestObject(20)), table.primary_key_of(TestObject(11))]
-    revisions = {table.primary_key_of(o): rev for o, rev in table.revisions(db.read_txn())}
-    assert all(rev == revisions[k] for k, (_, rev) in refresher._due.items())  # the newest
-    dues = [when for when, _ in refresher._due.values()]
+    newest = {
+        table.primary_key_of(o): o.status.updated_at + 3600.0 for o in table.all(db.read_txn())
+    }
+    assert all(when == newest[k] for k, when in refresher._due.items())  # the newest status
+    dues = list(refresher._due.values())
     assert dues == sorted(dues)  # the order they come due
