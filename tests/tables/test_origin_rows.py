@@ -200,3 +200,24 @@ def test_decimal_resource_versions_are_packed_others_kept() -> None:
     # Two different versions never compare equal.
     assert (Origin("Service", "ns", "s", "k8s", resource_version="012")
             != Origin("Service", "ns", "s", "k8s", resource_version="12"))
+
+
+@settings(max_examples=200, deadline=None)
+@given(text=addresses, probe=st.one_of(ipv4, ipv6, safe,
+                                       st.sampled_from(["010.0.0.1", "1.2.3", "0.0.0.0"])))
+def test_a_slice_lists_exactly_the_addresses_of_its_text(text: str, probe: str) -> None:
+    """IPv4 addresses are kept as 4 bytes each, anything else as the text: either way the
+    text reads back and `lists` answers as the comma-separated text does."""
+    o = Origin("EndpointSlice", "ns", "s-1", "k8s", addresses=text)
+    assert o.addresses == text
+    items = text.split(",") if text else []
+    for addr in [*items, probe]:
+        assert o.lists(addr) == (addr in items)
+
+
+def test_ipv4_addresses_are_packed_others_kept_as_text() -> None:
+    o = Origin("EndpointSlice", "ns", "s-1", "k8s", addresses="10.0.0.1,10.0.1.0")
+    assert o._addrs == bytes([10, 0, 0, 1, 10, 0, 1, 0])
+    assert not o.lists("0.1.10.0")  # bytes across two addresses are none of them
+    for text in ("10.0.0.1,fd00::1", "010.0.0.1", "10.0.0.1,", "a.example"):
+        assert Origin("EndpointSlice", "ns", "s-1", "k8s", addresses=text)._addrs == text
