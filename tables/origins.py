@@ -190,7 +190,7 @@ class Origin(FrozenValue, fields=_OriginFields):
     def addresses(self) -> str:
         """The endpoint addresses an EndpointSlice lists, comma-separated ("" otherwise)."""
         a = self._addrs
-        if type(a) is str:
+        if isinstance(a, str):
             return a
         return ",".join([_ntop(_AF_INET, a[i:i + 4]) for i in range(0, len(a), 4)])
 
@@ -211,7 +211,7 @@ class Origin(FrozenValue, fields=_OriginFields):
     def lists(self, address: str) -> bool:
         """Whether an EndpointSlice's endpoints list ``address``."""
         a = self._addrs
-        if type(a) is str:
+        if isinstance(a, str):
             return address in a.split(",") if a else False
         try:
             packed = _pton(_AF_INET, address)
