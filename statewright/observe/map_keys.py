@@ -83,17 +83,19 @@ def numeric_id(text: str) -> int | None:
 
 def parse_key(spec: MapSpec[Any, Any], text: str, short: Any = None, forms: str = "") -> Any:
     """The key of ``spec``'s map written as ``text``: hex bytes, ``field=value`` pairs, or
-    what ``short`` (a map-specific parser returning None when it does not apply) reads."""
+    what ``short`` (a map-specific parser returning None when it does not apply) reads.
+    Hex bytes of another length than the key's are read by ``short`` if it can: a
+    four-digit id or cookie (``4729``) is also two bytes of hex."""
     raw = hex_bytes(text)
     try:
-        if raw is not None:
-            if len(raw) != spec.key_size:
-                raise ValueError(f"{len(raw)} bytes, the key has {spec.key_size}")
+        if raw is not None and len(raw) == spec.key_size:
             return spec.key.decode(raw)
         if short is not None:
             key = short(text)
             if key is not None:
                 return key
+        if raw is not None:
+            raise ValueError(f"{len(raw)} bytes, the key has {spec.key_size}")
         key = flat_key(spec, text)
         if key is not None:
             return key

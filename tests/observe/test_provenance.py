@@ -207,6 +207,18 @@ def test_bad_keys_are_refused_with_the_accepted_forms() -> None:
             raise AssertionError(f"{mapname} {text!r} accepted")
 
 
+def test_an_id_of_four_digits_is_an_id_not_two_hex_bytes() -> None:
+    """``4729`` also reads as two bytes of hex: for a map whose key is not two bytes long
+    (the backends' four, ``policy_netns``' eight), the map's short form (an id, a cookie)
+    reads it; hex of the key's own length is still hex."""
+    prov = _objects(OriginSystem(), [("upsert", SVC)])
+    for text in ("4729", "123456"):  # two and three bytes of hex; the key has four
+        assert prov.parse_key(BACKENDS4, text)[1] == int(text)
+        assert prov.parse_key(BACKENDS4, text)[1] == prov.parse_key(BACKENDS4, f"ID={text}")[1]
+    raw = OriginSystem().maps.be4.spec.key.encode(4729)
+    assert prov.parse_key(BACKENDS4, raw.hex())[1] == 4729  # the key's own length: hex
+
+
 def test_side_maps_explain_to_their_service_and_back() -> None:
     """Source ranges, session-affinity matches and maglev tables, by their short key
     forms, back to the Service (and a match's backend to its EndpointSlice)."""
