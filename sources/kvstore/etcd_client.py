@@ -39,6 +39,11 @@ class KVStoreUnavailable(KVStoreError):
     """No endpoint could serve the request now (connection refused, no leader, timeout)."""
 
 
+class KVStoreClosed(KVStoreError):
+    """A request on a client after `EtcdClient.aclose`: the agent is shutting down, or a
+    caller kept a client it had closed."""
+
+
 class CompactedError(KVStoreError):
     """A watch's start revision is older than etcd's compaction: relist."""
 
@@ -172,6 +177,10 @@ class EtcdClient:
 
     # ----- requests ---------------------------------------------------------------------------
     async def _headers(self, endpoint: str) -> dict[str, str]:
+        """The request headers for ``endpoint``; every request asks for them first, so a
+        closed client fails here with `KVStoreClosed` rather than httpx's RuntimeError."""
+        if self._http.is_closed:
+            raise KVStoreClosed(f"etcd {endpoint}: the client is closed")
         if not self.config.username:
             return {}
         token = self._tokens.get(endpoint)

@@ -76,6 +76,8 @@ class Agent:
     registry: NodeRegistry | None = None
     scope: anyio.CancelScope = field(default_factory=anyio.CancelScope)
     closers: list[Callable[[], Any]] = field(default_factory=list)
+    #: Set once the agent's tasks have all returned (see `_run`).
+    stopped: anyio.Event = field(default_factory=anyio.Event)
 
     def __post_init__(self) -> None:
         names = {t.name for t in self.mgr.db.tables}
@@ -133,7 +135,12 @@ class Backend:
         raise NotImplementedError
 
     async def stop_agent(self, agent: Agent) -> None:
+        """Cancel the agent's tasks, wait until they have returned, then close its
+        clients: a client closed under a task still running is a bug of the agent's
+        shutdown order, which this harness must not create itself."""
         agent.scope.cancel()
+        with anyio.fail_after(10):
+            await agent.stopped.wait()
         for close in agent.closers:
             res = close()
             if hasattr(res, "__await__"):
@@ -146,10 +153,13 @@ async def _run(agent: Agent, runs: list[Callable[..., Any]]) -> None:
         with agent.mgr.db.write_txn(agent.nodes) as txn:
             agent.registry.register_initializer(txn)
         runs = [*runs, agent.registry.run]
-    with agent.scope:
-        async with anyio.create_task_group() as inner:
-            for run in runs:
-                await inner.start(run)
+    try:
+        with agent.scope:
+            async with anyio.create_task_group() as inner:
+                for run in runs:
+                    await inner.start(run)
+    finally:
+        agent.stopped.set()
 
 
 class CRDBackend(Backend):

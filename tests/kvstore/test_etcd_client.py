@@ -13,6 +13,7 @@ from sources.kvstore.etcd_client import (
     CompactedError,
     EtcdClient,
     KeyValue,
+    KVStoreClosed,
     KVStoreUnavailable,
 )
 from sources.kvstore.session import KVStoreSession
@@ -46,6 +47,22 @@ async def wait_for(cond: object, timeout: float = 10.0) -> None:
     with anyio.fail_after(timeout):
         while not cond():  # type: ignore[operator]
             await anyio.sleep(0.02)
+
+
+async def test_a_closed_client_fails_with_a_kvstore_error(
+    etcd: EtcdCluster, prefix: str
+) -> None:
+    """Every request on a closed client, a watch included, is a `KVStoreClosed` naming
+    the endpoint: the watcher's retry loop handles it like any other etcd error."""
+    c = client_of(etcd)
+    await c.aclose()
+    with pytest.raises(KVStoreClosed, match="client is closed"):
+        await c.put(prefix + "a", "1")
+    with pytest.raises(KVStoreClosed, match=etcd.endpoints[0]):
+        await c.probe(etcd.endpoints[0])
+    with pytest.raises(KVStoreClosed):
+        async for _ in c.watch(prefix, 1):
+            pass
 
 
 async def test_kv_txn_and_create(etcd: EtcdCluster, prefix: str) -> None:
