@@ -166,12 +166,14 @@ def frontend_spec(fe: Frontend, cfg: LBConfig) -> FrontendSpec:
 def backend_specs(backends: tuple[BackendParams, ...]) -> tuple[BackendSpec, ...]:
     """`backend_spec` of each instance. Everything but the address is read once per run
     of instances sharing it (`backend_shared_part`: the backends of one node and port
-    usually do), not once per backend."""
+    usually do), not once per backend; each spec is built in one call (a named tuple's
+    ``tuple.__new__``)."""
     out: list[BackendSpec] = []
     append = out.append
     shared_part = backend_shared_part
+    new, spec = _TUPLE_NEW, BackendSpec
     last: object = None
-    # fast_backend_spec's fields after addr: state, weight, unhealthy, cluster_id, zone,
+    # BackendSpec's fields after addr: state, weight, unhealthy, cluster_id, zone,
     # revision, health_known, not_serving.
     state, weight, unhealthy, cluster_id, health_known, not_serving = 0, 0, False, 0, False, False
     for b in backends:
@@ -186,11 +188,15 @@ def backend_specs(backends: tuple[BackendParams, ...]) -> tuple[BackendSpec, ...
             health_known = bool(b.unhealthy_updated_at)
             not_serving = be_state is _NOT_SERVING
         append(
-            fast_backend_spec(
-                b.address, state, weight, unhealthy, cluster_id, 0, 0, health_known, not_serving
+            new(
+                spec,
+                (b.address, state, weight, unhealthy, cluster_id, 0, 0, health_known, not_serving),
             )
         )
     return tuple(out)
+
+
+_TUPLE_NEW = tuple.__new__
 
 
 class TablesNodeView:

@@ -16,7 +16,6 @@ map access), used by ``bpfops.frontend_writer`` to write a frontend:
 from __future__ import annotations
 
 import struct
-from dataclasses import replace
 from typing import Any
 
 from bpf import lb
@@ -169,7 +168,7 @@ def sorted_backends(
         if not quarantined:
             del restored_quarantined[fe.addr]
         bes = [
-            replace(be, unhealthy=True) if be.addr in quarantined and not be.unhealthy else be
+            be._replace(unhealthy=True) if be.addr in quarantined and not be.unhealthy else be
             for be in bes
         ]
     elif in_slot_order(bes):

@@ -11,10 +11,10 @@ address parsed from a Kubernetes object is the very object the Ops key their sta
 from __future__ import annotations
 
 import ipaddress
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, make_dataclass
+from typing import Any, NamedTuple, TypeVar
 
 from bpf.lb import BACKEND_ACTIVE, BACKEND_MAINTENANCE, BACKEND_QUARANTINED, BACKEND_TERMINATING
-from statedb.rows import slot_constructor
 from tables.l3n4 import L3n4Addr, new_addr
 
 IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
@@ -63,8 +63,30 @@ def proto_name(number: int) -> str:
 Addr = L3n4Addr
 
 
-@dataclass(frozen=True, slots=True)
-class ServiceSpec:
+T = TypeVar("T")
+
+
+def _dataclass_fields(cls: type[T]) -> type[T]:
+    """Give named tuple ``cls`` the field list of a frozen dataclass of its fields, so that
+    ``dataclasses.fields``/``replace``/``asdict`` treat it as one (tests and tools use
+    them; ``replace`` calls the class with every field by name)."""
+    names: tuple[str, ...] = cls._fields  # type: ignore[attr-defined]
+    defaults: dict[str, Any] = cls._field_defaults  # type: ignore[attr-defined]
+    hints = cls.__annotations__
+    spec = [(n, hints[n], field(default=defaults[n])) if n in defaults else (n, hints[n])
+            for n in names]
+    as_dataclass = make_dataclass(cls.__name__, spec, frozen=True)
+    cls.__dataclass_fields__ = as_dataclass.__dataclass_fields__  # type: ignore[attr-defined]
+    return cls
+
+
+# The specs are named tuples: the adapter builds one per frontend and per backend each
+# time a frontend is written, and a tuple is made in one C call (``tuple.__new__``),
+# where a slotted dataclass takes a Python call and a setter call per field.
+
+
+@_dataclass_fields
+class ServiceSpec(NamedTuple):
     """The service-level settings that shape a frontend's map entries."""
 
     name: str
@@ -84,8 +106,8 @@ class ServiceSpec:
     scale_to_zero: bool = False
 
 
-@dataclass(frozen=True, slots=True)
-class BackendSpec:
+@_dataclass_fields
+class BackendSpec(NamedTuple):
     """One backend of a frontend. ``revision`` lets the ops skip unchanged backend entries."""
 
     addr: Addr
@@ -102,8 +124,8 @@ class BackendSpec:
     not_serving: bool = False
 
 
-@dataclass(frozen=True, slots=True)
-class FrontendSpec:
+@_dataclass_fields
+class FrontendSpec(NamedTuple):
     """A frontend to program: address, type, its service's settings and its backends."""
 
     addr: Addr
@@ -145,12 +167,36 @@ class LBOpsConfig:
 #: ``Addr(ip, port, proto, scope)`` without re-validating well-formed parts.
 fast_addr = new_addr
 
-#: ``BackendSpec(...)`` with every field given positionally, in declaration order, built
-#: the same way as ``fast_addr``.
-fast_backend_spec = slot_constructor(BackendSpec, "fast_backend_spec")
+_tuple_new = tuple.__new__
 
-#: ``ServiceSpec(...)`` with every field given positionally, in declaration order.
-fast_service_spec = slot_constructor(ServiceSpec, "fast_service_spec")
 
-#: ``FrontendSpec(...)`` with every field given positionally, in declaration order.
-fast_frontend_spec = slot_constructor(FrontendSpec, "fast_frontend_spec")
+def fast_backend_spec(
+    addr: Addr,
+    state: int,
+    weight: int,
+    unhealthy: bool,
+    cluster_id: int,
+    zone: int,
+    revision: int,
+    health_known: bool,
+    not_serving: bool,
+) -> BackendSpec:
+    """``BackendSpec(...)`` with every field given positionally, in declaration order
+    (``tuple.__new__(BackendSpec, fields)`` builds one without this call)."""
+    return _tuple_new(
+        BackendSpec,
+        (addr, state, weight, unhealthy, cluster_id, zone, revision, health_known, not_serving),
+    )
+
+
+def fast_service_spec(*fields: Any) -> ServiceSpec:
+    """``ServiceSpec(...)`` with every field given positionally, in declaration order."""
+    return _tuple_new(ServiceSpec, fields)
+
+
+def fast_frontend_spec(
+    addr: Addr, type_: str, service: ServiceSpec, backends: tuple[BackendSpec, ...],
+    service_port: int,
+) -> FrontendSpec:
+    """``FrontendSpec(...)`` with every field given positionally, in declaration order."""
+    return _tuple_new(FrontendSpec, (addr, type_, service, backends, service_port))

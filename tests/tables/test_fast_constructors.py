@@ -221,3 +221,30 @@ def test_fast_specs_equal_constructors() -> None:
     fs = FrontendSpec(addr, "ClusterIP", ss, (BackendSpec(addr),), 80)
     fast = fast_frontend_spec(*[getattr(fs, f.name) for f in dataclasses.fields(fs)])
     assert fast == fs and repr(fast) == repr(fs)
+
+
+def test_specs_behave_as_frozen_dataclasses() -> None:
+    """The specs are named tuples that dataclasses.fields/replace/asdict see as frozen
+    dataclasses of their fields (tests and tools use those)."""
+    import dataclasses
+
+    import pytest
+
+    from bpfops.model import BackendSpec, FrontendSpec, ServiceSpec
+
+    addr = L3n4Addr(ipaddress.ip_address("10.0.0.1"), 80)
+    be = BackendSpec(addr)
+    for cls in (BackendSpec, FrontendSpec, ServiceSpec):
+        assert dataclasses.is_dataclass(cls)
+        assert tuple(f.name for f in dataclasses.fields(cls)) == cls._fields
+    changed = dataclasses.replace(be, state=1, not_serving=True)
+    assert changed == BackendSpec(addr, 1, not_serving=True)
+    assert changed == be._replace(state=1, not_serving=True)
+    assert type(changed) is BackendSpec and be.state == 0  # a new spec; the old unchanged
+    assert dataclasses.asdict(be)["weight"] == 100
+    with pytest.raises(AttributeError):
+        be.state = 2  # type: ignore[misc]
+    svc = ServiceSpec("ns/a")
+    fs = FrontendSpec(addr, "ClusterIP", svc, (be,))
+    assert dataclasses.replace(fs, backends=()) == FrontendSpec(addr, "ClusterIP", svc)
+    assert hash(fs) == hash(FrontendSpec(addr, "ClusterIP", svc, (BackendSpec(addr),)))
