@@ -16,6 +16,7 @@ map access), used by ``bpfops.frontend_writer`` to write a frontend:
 from __future__ import annotations
 
 import struct
+from array import array
 from typing import Any
 
 from bpf import lb
@@ -247,33 +248,38 @@ def backend_tail(proto_index: int, want: int) -> bytes:
 _SLOT_TAILS: dict[bytes, list[bytes]] = {}
 
 
-def slot_keys(key_head: bytes, key_tail: bytes, count: int) -> list[bytes]:
+def slot_keys(key_head: bytes, key_tail: bytes, count: int) -> bytes:
     """The services-map keys of slots 1..``count`` of a frontend whose keys begin with
-    ``key_head`` (`addr_head`) and end with ``key_tail`` (`svc_key_tail`)."""
+    ``key_head`` (`addr_head`) and end with ``key_tail`` (`svc_key_tail`), joined."""
     tails = _SLOT_TAILS.get(key_tail)
     if tails is None:
         tails = _SLOT_TAILS[key_tail] = [n + key_tail for n in _U16_LE]
     if count < len(tails):
-        return [key_head + t for t in tails[1 : count + 1]]
-    return [key_head + slot_number(s) + key_tail for s in range(1, count + 1)]
+        return key_head + key_head.join(tails[1 : count + 1]) if count else b""
+    return b"".join([key_head + slot_number(s) + key_tail for s in range(1, count + 1)])
 
 
-def backend_values(addrs: list[Addr], want: int) -> list[bytes]:
-    """The encoded backends-map values of ``addrs``, all of one IP family, each holding
-    ``want`` (`addr_head` and `backend_tail` of each)."""
+def backend_values(addrs: list[Addr], proto_index: int, want: int) -> bytes:
+    """The encoded backends-map values of ``addrs``, all of one IP family and of the
+    protocol ``proto_index`` (an address key's protocol byte), each holding ``want``
+    (`addr_head` and `backend_tail` of each), joined."""
     if not addrs:
-        return []
+        return b""
     lo = 12 if addrs[0][20] == 4 else 0
-    tails = _TAILS_BY_PROTO.get(want)
-    if tails is None:
-        if len(_TAILS_BY_PROTO) >= 4096:
-            _TAILS_BY_PROTO.clear()
-        tails = _TAILS_BY_PROTO[want] = [backend_tail(i, want) for i in range(len(PROTOCOLS))]
-    return [a[lo:18] + tails[a[18]] for a in addrs]
+    tail = backend_tail(proto_index, want)
+    return tail.join([a[lo:18] for a in addrs]) + tail
 
 
-#: `backend_tail` of each protocol index, by want (`backend_values`).
-_TAILS_BY_PROTO: dict[int, list[bytes]] = {}
+def slot_values(ids: array[int], fe_id: int, flags: int) -> bytes:
+    """The encoded services-map values of slots holding the backend ``ids`` (in slot
+    order) of frontend ``fe_id``, all with the slot ``flags``, joined: each the backend id
+    (in the host's order, as the map's key of the backend) and the same 8-byte tail
+    (no counts, the rev-NAT id, the flags)."""
+    f1, f2 = svcflags.split(flags)
+    tail = lb.SERVICE_VALUE_STRUCT.pack(0, 0, lb.swap16(fe_id), f1, f2, 0)
+    words = array("I", tail) * len(ids)  # 3 words per slot: the id's, then the tail's two
+    words[0::3] = ids
+    return words.tobytes()
 
 
 def svc_key(addr: Addr, slot: int) -> bytes:

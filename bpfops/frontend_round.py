@@ -98,43 +98,54 @@ class RoundWriter:
     def _write_backends(self, live: Live, v6: bool) -> Live:
         """The backend entries of every frontend; those a failure left unwritten fail every
         frontend referencing them."""
-        keys: list[bytes] = []
-        values: list[bytes] = []
-        be_undo: list[tuple[Addr, int | None]] = []
-        for _, p in live:
-            keys += p.writes.be_keys
-            values += p.writes.be_values
-            be_undo += p.writes.be_undo
-        done, exc = write_counted(self.writer.maps.backends(v6).backend, keys, values)
+        writes = [p.writes for _, p in live]
+        count = sum([w.be_count for w in writes])
+        done, exc = write_counted(
+            self.writer.maps.backends(v6).backend,
+            b"".join([w.be_keys for w in writes]),
+            b"".join([w.be_values for w in writes]),
+            count,
+        )
         if exc is None:
             return live
+        # The entries from ``done`` on were not written: their state goes back, the last
+        # collected first (a later frontend's entry of an address holds its earlier one's
+        # want as the previous).
         lost: set[Addr] = set()
         states = self.writer.backend_states
-        for be_addr, previous in reversed(be_undo[done:]):
-            if be_addr in states:
-                states.set_written(be_addr, previous)
-            lost.add(be_addr)
+        end = count
+        for w in reversed(writes):
+            start = end - w.be_count
+            for i in range(w.be_count - 1, max(done - start, 0) - 1, -1):
+                be_addr = w.be_addrs[i]
+                if be_addr in states:
+                    states.set_written(be_addr, w.be_prev[i])
+                lost.add(be_addr)
+            end = start
+            if end <= done:
+                break
         for e, p in live:
             if not lost.isdisjoint(p.state.backends):
-                p.writes.undo(len(p.writes.be_undo), 0)
+                p.writes.undo(p.writes.be_count, 0)
                 e.result = frontend_error(p.fe, exc)
         return [(e, p) for e, p in live if e.result is None]
 
     def _write_slots(self, live: Live, v6: bool) -> Live:
         """The slots of every frontend; a frontend whose slots were not all written fails."""
-        keys: list[bytes] = []
-        values: list[bytes] = []
-        for _, p in live:
-            keys += p.writes.svc_keys
-            values += p.writes.svc_values
-        done, exc = write_counted(self.writer.maps.services(v6).backend, keys, values)
+        writes = [p.writes for _, p in live]
+        done, exc = write_counted(
+            self.writer.maps.services(v6).backend,
+            b"".join([w.svc_keys for w in writes]),
+            b"".join([w.svc_values for w in writes]),
+            sum([w.slot_count for w in writes]),
+        )
         if exc is None:
             return live
         offset = 0
         for e, p in live:
-            n = len(p.writes.svc_keys)
+            n = p.writes.slot_count
             if offset + n > done:
-                p.writes.undo(len(p.writes.be_undo), max(0, done - offset))
+                p.writes.undo(p.writes.be_count, max(0, done - offset))
                 e.result = frontend_error(p.fe, exc)
             offset += n
         return [(e, p) for e, p in live if e.result is None]
@@ -157,7 +168,10 @@ class RoundWriter:
             return live
         entries = [revnat_entry(p) for _, p in todo]
         done, exc = write_counted(
-            self.writer.maps.revnat(v6).backend, [k for k, _ in entries], [v for _, v in entries]
+            self.writer.maps.revnat(v6).backend,
+            b"".join([k for k, _ in entries]),
+            b"".join([v for _, v in entries]),
+            len(entries),
         )
         for i, (e, p) in enumerate(todo):
             if i < done:
@@ -207,7 +221,9 @@ class RoundWriter:
                 new_wildcard.append(False)
             ready.append((e, p))
             ready_masters.append(master)
-        done, exc2 = write_counted(w.maps.services(v6).backend, keys, values)
+        done, exc2 = write_counted(
+            w.maps.services(v6).backend, b"".join(keys), b"".join(values), len(keys)
+        )
         complete = owners[done] if done < len(owners) else len(ready)
         for j in range(done):
             if masters[j]:

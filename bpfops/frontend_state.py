@@ -102,6 +102,11 @@ class FrontendState:
     def backends(self, value: dict[Addr, int | None]) -> None:
         self._backends = value
 
+    def set_compact(self, addrs: list[Addr], want: int) -> None:
+        """Reference ``addrs`` (in order, no duplicates), each wanting ``want``: the
+        backends in the compact form at once."""
+        self._backends = (*addrs, want) if addrs else _NO_BACKENDS
+
     @property
     def is_compact(self) -> bool:
         """Whether the backends are held in the compact form (a tuple) right now."""
@@ -148,35 +153,65 @@ _ONLY_HELD = 3
 class CollectedWrites:
     """One frontend's backend entries and slots, collected for one batch call per map.
 
-    Next to each entry, what its state held before (``be_undo``: the backend address and
-    its previous written want; ``slot_undo``: the slot index and its previous backend id,
-    0 for a slot appended), so that `undo` can put back the state of what was not
-    written.
+    The encoded keys and values of each map are joined in one buffer (``be_keys``,
+    ``be_values``, ``svc_keys``, ``svc_values``; a bytearray while they are collected one
+    by one): a round joins its frontends' buffers, not their entries. Next to the entries,
+    what their state held before, in the same order, so that `undo` can put back the state
+    of what was not written: ``be_addrs`` and ``be_prev`` (each backend entry's address and
+    previous written want), ``slot_idx`` and ``slot_prev`` (each slot's index and previous
+    backend id, 0 for a slot appended).
     """
 
-    __slots__ = ("be_keys", "be_undo", "be_values", "slot_undo", "slots", "states",
-                 "svc_keys", "svc_values")
+    __slots__ = ("be_addrs", "be_keys", "be_prev", "be_values", "slot_idx", "slot_prev",
+                 "slots", "states", "svc_keys", "svc_values")
 
-    def __init__(self, states: BackendStates, slots: array[int]) -> None:
+    def __init__(
+        self,
+        states: BackendStates,
+        slots: array[int],
+        be: tuple[bytes | bytearray, bytes | bytearray, list[Addr], list[int | None]],
+        svc: tuple[bytes | bytearray, bytes | bytearray, list[int], list[int]],
+    ) -> None:
         self.states = states
         self.slots = slots
-        self.be_keys: list[bytes] = []
-        self.be_values: list[bytes] = []
-        self.be_undo: list[tuple[Addr, int | None]] = []
-        self.svc_keys: list[bytes] = []
-        self.svc_values: list[bytes] = []
-        self.slot_undo: list[tuple[int, int]] = []
+        self.be_keys, self.be_values, self.be_addrs, self.be_prev = be
+        self.svc_keys, self.svc_values, self.slot_idx, self.slot_prev = svc
+
+    @classmethod
+    def empty(cls, states: BackendStates, slots: array[int]) -> CollectedWrites:
+        """Nothing collected yet, to collect entries one by one into."""
+        return cls(states, slots, (bytearray(), bytearray(), [], []),
+                   (bytearray(), bytearray(), [], []))
+
+    def buffers(self) -> tuple[bytearray, bytearray, bytearray, bytearray]:
+        """The backend keys and values and the slot keys and values of writes made by
+        `empty`, to collect entries into one by one (TypeError for joined writes)."""
+        b = (self.be_keys, self.be_values, self.svc_keys, self.svc_values)
+        if not all(isinstance(x, bytearray) for x in b):
+            raise TypeError("the writes are joined already")
+        return b  # type: ignore[return-value]
+
+    @property
+    def be_count(self) -> int:
+        """How many backend entries are collected."""
+        return len(self.be_addrs)
+
+    @property
+    def slot_count(self) -> int:
+        """How many slots are collected."""
+        return len(self.slot_idx)
 
     def undo(self, be_done: int, slots_done: int) -> None:
         """Put back the state of the backend entries from ``be_done`` on and of the slots
         from ``slots_done`` on (those before were written)."""
         states = self.states
-        for be_addr, previous in reversed(self.be_undo[be_done:]):
-            if be_addr in states:
-                states.set_written(be_addr, previous)
-        slots = self.slots
-        for idx, previous_id in reversed(self.slot_undo[slots_done:]):
-            slots[idx] = previous_id
+        addrs, prev = self.be_addrs, self.be_prev
+        for i in range(len(addrs) - 1, be_done - 1, -1):
+            if addrs[i] in states:
+                states.set_written(addrs[i], prev[i])
+        slots, idx, prev_ids = self.slots, self.slot_idx, self.slot_prev
+        for i in range(len(idx) - 1, slots_done - 1, -1):
+            slots[idx[i]] = prev_ids[i]
 
 
 class PendingFrontend:
@@ -211,17 +246,17 @@ class PendingFrontend:
 
 
 def write_counted(
-    m: MapBackend, keys: list[bytes], values: list[bytes]
+    m: MapBackend, keys: bytes, values: bytes, count: int
 ) -> tuple[int, MapError | None]:
-    """Write entries as `write_entries` does; return how many were written and the error
-    that stopped the rest (None when all were)."""
+    """Write ``count`` joined entries as `write_entries` does; return how many were
+    written and the error that stopped the rest (None when all were)."""
     try:
-        write_entries(m, keys, values)
+        write_entries(m, keys, values, count)
     except BatchError as exc:
         return exc.done, exc
     except MapError as exc:
         return 0, exc
-    return len(keys), None
+    return count, None
 
 
 def delete_counted(m: MapBackend, keys: list[bytes]) -> tuple[int, MapError | None]:
@@ -247,12 +282,13 @@ def delete_counted(m: MapBackend, keys: list[bytes]) -> tuple[int, MapError | No
     return done, None
 
 
-def write_entries(m: MapBackend, keys: list[bytes], values: list[bytes]) -> None:
-    """Write encoded entries in order: one update for one entry, else one batch call
-    (BatchError.done tells how many were written before a failure)."""
-    if len(keys) == 1:
-        m.update(keys[0], values[0])
-    elif keys:
+def write_entries(m: MapBackend, keys: bytes, values: bytes, count: int) -> None:
+    """Write ``count`` encoded entries, joined in ``keys`` and ``values``, in order: one
+    update for one entry, else one batch call (BatchError.done tells how many were written
+    before a failure)."""
+    if count == 1:
+        m.update(keys, values)
+    elif count:
         m.update_batch(keys, values)
 
 

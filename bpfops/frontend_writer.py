@@ -18,8 +18,6 @@ way is repaired by the retry.
 
 from __future__ import annotations
 
-from itertools import repeat
-
 from bpf import lb
 from bpf.backend import MapBackend
 from bpf.errors import BatchError, MapError
@@ -50,6 +48,7 @@ from bpfops.frontend_plan import (
     slot_flags,
     slot_keys,
     slot_number,
+    slot_values,
     sorted_backends,
     svc_key,
     svc_key_tail,
@@ -189,19 +188,19 @@ class FrontendWriter:
         # yet written); the state is updated as if written, and `write_collected` puts
         # back what was not written. The usual new frontend, already in slot order and
         # with nothing to drop, is collected in bulk.
-        writes = CollectedWrites(self.backend_states, slots)
         collected = None
         if self.bulk_new and addr not in self.restored_quarantined:
-            collected = self._collect_new(fe, state, writes)
+            collected = self._collect_new(fe, state)
         if collected is None:
             ordered = sorted_backends(fe, self.restored_quarantined)
             self._drop_orphans(txn, addr, state, ordered, orphans)
+            writes = CollectedWrites.empty(self.backend_states, slots)
             try:
                 collected = self._collect_backends(fe, state, ordered, writes)
             except BaseException:
                 writes.undo(0, 0)
                 raise
-        slot_backends, active, inactive = collected
+        writes, slot_backends, active, inactive = collected
         p = PendingFrontend(fe, state, is_local, writes, slot_backends, active, inactive, flags)
         if orphans:
             p.orphans = orphans
@@ -278,22 +277,25 @@ class FrontendWriter:
         return want, own, v
 
     def _collect_new(
-        self, fe: FrontendSpec, state: FrontendState, writes: CollectedWrites
-    ) -> tuple[list[BackendSpec], int, int] | None:
+        self, fe: FrontendSpec, state: FrontendState
+    ) -> tuple[CollectedWrites, list[BackendSpec], int, int] | None:
         """`sorted_backends`, `_drop_orphans` and `_collect_backends` for the usual
         frontend of an initial sync, in bulk: one that references no backend and has no
         slot yet, without session affinity, whose backends are all new (no entry yet, ids
         from one run of the allocator), active, healthy, serving, of cluster 0 and no
-        zone, of its IP family, with a port, and listed in ascending address order (slot
-        order: `in_slot_order`). It leaves the state and the writes as those would (every
-        backend referenced once, wanted and recorded as written active; entries and slots
-        in order). None when the frontend is not such a one (nothing is changed then)."""
+        zone, of its IP family, all of one protocol, with a port, and listed in ascending
+        address order (slot order: `in_slot_order`). It leaves the state as those would
+        (every backend referenced once, wanted and recorded as written active; entries and
+        slots in order) and returns the writes, the backends with a slot and the master's
+        counts. None when the frontend is not such a one (nothing is changed then)."""
         if state.slots or state.affinity or fe.service.session_affinity or state.backends:
             return None
         family = fe.addr[20]
         packed = self.backend_states.packed
+        bes = fe.backends
+        proto = bes[0].addr[18] if bes else 0
         prev = b""  # below every address
-        for be in fe.backends:
+        for be in bes:
             a = be.addr
             if (
                 be.state
@@ -302,46 +304,49 @@ class FrontendWriter:
                 or be.cluster_id
                 or be.zone
                 or a[20] != family
+                or a[18] != proto
                 or not (a[16] or a[17])
                 or not prev < a
                 or a in packed
             ):
                 return None
             prev = a
-        ordered = list(fe.backends)
+        ordered = list(bes)
         addrs = [be.addr for be in ordered]
-        # The frontend's want of each (active: 0), in order (ascending: no duplicates).
-        fe_backends: dict[Addr, int | None] = dict.fromkeys(addrs, 0)
         ids = self.backend_ids.acquire_run(addrs)
         if ids is None:
             return None
+        n = len(addrs)
         # Referenced once, the one want and the written want both active (0). (An int
         # made by ``|`` is allocated at its size; one made by ``+`` gets a spare digit,
         # which puts it in the allocator's next size class: 8 bytes more per backend.)
         packed.update(zip(addrs, [i | REF_ONE for i in ids]))
-        state.backends = fe_backends
-        keys = list(map(lb.U32_STRUCT.pack, ids))
-        writes.be_keys = keys
-        writes.be_values = backend_values(addrs, 0)
-        writes.be_undo = list(zip(addrs, repeat(None)))
-        writes.svc_keys = slot_keys(addr_head(fe.addr), svc_key_tail(fe.addr), len(addrs))
-        sf1, sf2 = svcflags.split(state.slot_flags)
-        slot_tail = lb.SERVICE_VALUE_STRUCT.pack(0, 0, lb.swap16(state.id), sf1, sf2, 0)[4:]
-        writes.svc_values = [k + slot_tail for k in keys]
-        writes.slot_undo = list(zip(range(len(addrs)), repeat(0)))
-        state.slots.extend(ids)
-        return ordered, len(addrs), 0
+        # Every backend wants 0 (active): the compact form at once.
+        state.set_compact(addrs, 0)
+        slots = state.slots
+        slots.extend(ids)
+        keys = slots.tobytes()  # the ids in the map's order (the host's), one per slot
+        no_prev: list[int | None] = [None] * n
+        be_writes = (keys, backend_values(addrs, proto, 0), addrs, no_prev)
+        svc_writes = (
+            slot_keys(addr_head(fe.addr), svc_key_tail(fe.addr), n),
+            slot_values(slots, state.id, state.slot_flags),
+            list(range(n)),
+            [0] * n,
+        )
+        writes = CollectedWrites(self.backend_states, slots, be_writes, svc_writes)
+        return writes, ordered, n, 0
 
     def _collect_backends(
         self,
         fe: FrontendSpec,
         state: FrontendState,
         ordered: list[BackendSpec],
-        writes: CollectedWrites,
-    ) -> tuple[list[BackendSpec], int, int]:
+        w: CollectedWrites,
+    ) -> tuple[CollectedWrites, list[BackendSpec], int, int]:
         """Reference every backend of ``ordered``, collect its entry (when it changed) and
-        its slot into ``writes``, and keep its affinity entry; return the backends that
-        got a slot and the master's active and inactive counts."""
+        its slot into the writes ``w``, and keep its affinity entry; return the writes,
+        the backends that got a slot and the master's active and inactive counts."""
         addr, fe_id, v6, slots = fe.addr, state.id, state.v6, state.slots
         fe_backends = state.backends
         # Entries are encoded straight to bytes for the byte-level backends (bpf.lb's
@@ -357,8 +362,8 @@ class FrontendWriter:
         slot_backends: list[BackendSpec] = []
         packed_states, shared_wants = self.backend_states.packed, self.backend_states.shared
         affinity = fe.service.session_affinity
-        be_keys, be_values, be_undo = writes.be_keys, writes.be_values, writes.be_undo
-        svc_keys, svc_values, slot_undo = writes.svc_keys, writes.svc_values, writes.slot_undo
+        be_keys, be_values, svc_keys, svc_values = w.buffers()
+        be_addrs, be_prev, slot_idx, slot_prev = w.be_addrs, w.be_prev, w.slot_idx, w.slot_prev
         for be in ordered:
             be_addr = be.addr
             v = packed_states.get(be_addr)
@@ -403,15 +408,16 @@ class FrontendWriter:
             written = v >> WRITTEN_SHIFT
             id_bytes = u32_pack(be_id)
             if written != want:
-                be_keys.append(id_bytes)
-                be_values.append(
+                be_keys += id_bytes
+                be_values += (
                     addr_head(be_addr) + backend_tail(be_addr[18], want)
                     if be_addr[20] == family
                     else PACKS[v6][1](be_addr.packed, lb.swap16(be_addr.port),
                                       proto_number(be_addr.proto), want >> 24,
                                       (want >> 8) & 0xFFFF, want & 0xFF)
                 )
-                be_undo.append((be_addr, None if written == NONE else written))
+                be_addrs.append(be_addr)
+                be_prev.append(None if written == NONE else written)
                 v = (v & BELOW_WRITTEN) | (want << WRITTEN_SHIFT)
             packed_states[be_addr] = v
             fe_backends[be_addr] = own
@@ -423,13 +429,14 @@ class FrontendWriter:
                 continue
             idx = slot - 1
             if idx >= nslots or slots[idx] != be_id:
-                svc_keys.append(key_head + slot_number(slot) + key_tail)
-                svc_values.append(id_bytes + slot_tail)
+                svc_keys += key_head + slot_number(slot) + key_tail
+                svc_values += id_bytes + slot_tail
+                slot_idx.append(idx)
                 if idx < nslots:
-                    slot_undo.append((idx, slots[idx]))
+                    slot_prev.append(slots[idx])
                     slots[idx] = be_id
                 else:
-                    slot_undo.append((idx, 0))
+                    slot_prev.append(0)
                     slots.append(be_id)
                     nslots += 1
             want_aff = affinity and be_state == BACKEND_ACTIVE
@@ -448,8 +455,8 @@ class FrontendWriter:
             slot_backends.append(be)
             slot += 1
         if active == 0:
-            return slot_backends, terminating, inactive
-        return slot_backends, active, inactive + terminating
+            return w, slot_backends, terminating, inactive
+        return w, slot_backends, active, inactive + terminating
 
     @staticmethod
     def write_collected(be_raw: MapBackend, svc_raw: MapBackend, w: CollectedWrites) -> None:
@@ -457,14 +464,14 @@ class FrontendWriter:
         map, a single update for one entry). On a failure, the state of every entry not
         written is put back, so the next attempt writes it again, and the error is raised."""
         try:
-            write_entries(be_raw, w.be_keys, w.be_values)
+            write_entries(be_raw, bytes(w.be_keys), bytes(w.be_values), w.be_count)
         except MapError as exc:
             w.undo(exc.done if isinstance(exc, BatchError) else 0, 0)
             raise
         try:
-            write_entries(svc_raw, w.svc_keys, w.svc_values)
+            write_entries(svc_raw, bytes(w.svc_keys), bytes(w.svc_values), w.slot_count)
         except MapError as exc:
-            w.undo(len(w.be_undo), exc.done if isinstance(exc, BatchError) else 0)
+            w.undo(w.be_count, exc.done if isinstance(exc, BatchError) else 0)
             raise
 
     def write_side_entries(self, p: PendingFrontend) -> None:
