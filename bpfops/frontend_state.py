@@ -48,12 +48,17 @@ class FrontendState:
     Between updates the state is kept compact (`compact`, which the ops call once a
     frontend's writes are done): a frontend whose backends all want the same (nearly
     every one) keeps them as one tuple of addresses followed by that want, not a dict
-    (128 bytes for ten backends instead of 352). Reading ``backends`` gives the dict back
-    (built again from the tuple), which the ops then change in place as before.
+    (128 bytes for ten backends instead of 352), and when its slots then hold a run of
+    consecutive ids, one per backend (a new frontend of the initial sync: its backends'
+    ids come from one run of the allocator), keeps the run's first id instead of the
+    array (32 bytes instead of 136). Reading ``backends`` or ``slots`` gives the dict or the
+    array back (built again from the compact form), which the ops then change in place as
+    before.
     """
 
     __slots__ = (
         "_backends",
+        "_slots",
         "affinity",
         "id",
         "maglev",
@@ -61,7 +66,6 @@ class FrontendState:
         "revnat",
         "scale_to_zero",
         "slot_flags",
-        "slots",
         "source_ranges",
         "v6",
         "wildcard",
@@ -72,8 +76,9 @@ class FrontendState:
         self.v6 = v6
         # A dict, or between updates a compact tuple: the addresses, then their one want.
         self._backends: dict[Addr, int | None] | tuple[Any, ...] = _NO_BACKENDS
-        # Raw 32-bit ids (no int object per slot).
-        self.slots: array[int] = array("I")
+        # Raw 32-bit ids (no int object per slot), or between updates the first of a run
+        # of ids, one per backend of the compact tuple.
+        self._slots: array[int] | int = array("I")
         self.slot_flags = 0
         self.master: bytes | None = None
         # Backend ids with an affinity match entry, and the source ranges written: the
@@ -94,17 +99,37 @@ class FrontendState:
         b = self._backends
         if isinstance(b, dict):
             return b
+        self._expand_slots()  # while the tuple still counts the backends
         d: dict[Addr, int | None] = dict.fromkeys(b[:-1], b[-1]) if b else {}
         self._backends = d
         return d
 
     @backends.setter
     def backends(self, value: dict[Addr, int | None]) -> None:
+        self._expand_slots()
         self._backends = value
+
+    @property
+    def slots(self) -> array[int]:
+        """The backend id of each slot (see the class docstring): the array, built from
+        the compact form first when the state holds that."""
+        s = self._slots
+        if type(s) is int:
+            return self._expand_slots()
+        return s  # type: ignore[return-value]
+
+    def _expand_slots(self) -> array[int]:
+        """The slots as an array (the run of ids one per backend of the compact tuple,
+        when the state holds its first id)."""
+        s = self._slots
+        if type(s) is int:
+            s = self._slots = array("I", range(s, s + len(self._backends) - 1))
+        return s  # type: ignore[return-value]
 
     def set_compact(self, addrs: list[Addr], want: int) -> None:
         """Reference ``addrs`` (in order, no duplicates), each wanting ``want``: the
         backends in the compact form at once."""
+        self._expand_slots()
         self._backends = (*addrs, want) if addrs else _NO_BACKENDS
 
     @property
@@ -112,12 +137,19 @@ class FrontendState:
         """Whether the backends are held in the compact form (a tuple) right now."""
         return not isinstance(self._backends, dict)
 
-    def compact(self) -> None:
-        """Keep the backends as a tuple when they all want the same, until the next read
-        of ``backends``.
+    @property
+    def slots_compact(self) -> bool:
+        """Whether the slots are held as the first id of their run right now."""
+        return type(self._slots) is int
 
-        A dict some caller still holds (a frame that is changing it) stays as it is, so
-        calling this at any time loses nothing."""
+    def compact(self, run: int | None = None) -> None:
+        """Keep the backends as a tuple when they all want the same, until the next read
+        of ``backends``; given ``run``, the first id of slots the caller knows to be a run
+        of consecutive ids, one per backend (the bulk path's new frontend), keep the slots
+        as that id too, until the next read of ``slots`` or ``backends``.
+
+        A dict or array some caller still holds (a frame that is changing it) stays as it
+        is, so calling this at any time loses nothing."""
         b = self._backends
         if type(b) is dict and getrefcount(b) <= _ONLY_HELD:
             if not b:
@@ -125,8 +157,21 @@ class FrontendState:
                 return
             wants = [*b.values()]
             want = wants[0]
-            if wants.count(want) == len(wants):
-                self._backends = (*b, want)
+            if wants.count(want) != len(wants):
+                return
+            b = self._backends = (*b, want)
+        s = self._slots
+        if (
+            run is not None
+            and type(s) is array
+            and type(b) is tuple
+            and len(s) == len(b) - 1
+            and len(s)
+            and s[0] == run
+            and s[-1] == run + len(s) - 1
+            and getrefcount(s) <= _ONLY_HELD
+        ):
+            self._slots = run
 
 
 #: Whether the address of a frontend (its VIP: the IP, whatever the port) is one of the
@@ -145,6 +190,8 @@ EMPTY: set[Any] = frozenset()  # type: ignore[assignment]
 
 #: The compact form of no backends.
 _NO_BACKENDS: tuple[Any, ...] = ()
+#: The slots of settled writes (read-only).
+_NO_SLOTS: array[int] = array("I")
 #: ``getrefcount`` of a dict held by the state's attribute and one local variable (and
 #: the call's argument): no one else has it.
 _ONLY_HELD = 3
@@ -162,8 +209,8 @@ class CollectedWrites:
     backend id, 0 for a slot appended).
     """
 
-    __slots__ = ("be_addrs", "be_keys", "be_prev", "be_values", "slot_idx", "slot_prev",
-                 "slots", "states", "svc_keys", "svc_values")
+    __slots__ = ("be_addrs", "be_keys", "be_prev", "be_values", "run", "slot_idx",
+                 "slot_prev", "slots", "states", "svc_keys", "svc_values")
 
     def __init__(
         self,
@@ -176,6 +223,9 @@ class CollectedWrites:
         self.slots = slots
         self.be_keys, self.be_values, self.be_addrs, self.be_prev = be
         self.svc_keys, self.svc_values, self.slot_idx, self.slot_prev = svc
+        #: The first id when the frontend's slots are (once written) a run of consecutive
+        #: ids, one per backend: set by who collected them so.
+        self.run: int | None = None
 
     @classmethod
     def empty(cls, states: BackendStates, slots: array[int]) -> CollectedWrites:
@@ -190,6 +240,13 @@ class CollectedWrites:
         if not all(isinstance(x, bytearray) for x in b):
             raise TypeError("the writes are joined already")
         return b  # type: ignore[return-value]
+
+    def settle(self) -> int | None:
+        """The writes are in the maps (the master counting them is written): nothing is
+        left to put back. Lets go of the frontend's slots array, so that its state may
+        keep them compact (`FrontendState.compact`), and returns ``run``."""
+        self.slots = _NO_SLOTS
+        return self.run
 
     @property
     def be_count(self) -> int:

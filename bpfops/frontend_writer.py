@@ -335,6 +335,7 @@ class FrontendWriter:
             [0] * n,
         )
         writes = CollectedWrites(self.backend_states, slots, be_writes, svc_writes)
+        writes.run = ids.start
         return writes, ordered, n, 0
 
     def _collect_backends(
@@ -552,8 +553,9 @@ class FrontendWriter:
 
         if len(state.slots) > len(p.slot_backends):
             self.trim_slots(addr, state, len(p.slot_backends))
-        # The frontend's writes are done: its backends wait for its next update compactly.
-        state.compact()
+        # The frontend's writes are done: its backends and slots wait for its next update
+        # compactly.
+        state.compact(p.writes.settle())
 
     def sync_scale_to_zero(self, state: FrontendState, want: bool) -> None:
         """Track (or stop tracking) the frontend's id in the scale-to-zero map. An existing

@@ -7,6 +7,9 @@ import dataclasses
 import gc
 import sys
 
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
 from bpfops.frontend_ops import FrontendOps
 from bpfops.frontend_state import FrontendState
 from bpfops.lb_maps import LBMaps
@@ -110,6 +113,109 @@ def test_ops_keep_states_compact_and_updates_read_them(make_maps: MapsMaker) -> 
     fresh = new_ops(fresh_maps)
     fresh.update(NO_TXN, 1, one_after)
     fresh.update(NO_TXN, 2, two_after)
+    assert sorted(normalize_ids(dump_lines(maps))) == sorted(
+        normalize_ids(dump_lines(fresh_maps))
+    )
+
+
+def _with_slots(ids: list[int], backends: int) -> FrontendState:
+    st = FrontendState(7, False)
+    st.slots.extend(ids)
+    st.backends = {addr(f"10.244.1.{i}:80"): 0 for i in range(backends)}
+    return st
+
+
+def test_a_run_of_slot_ids_is_kept_as_its_first() -> None:
+    st = _with_slots(list(range(5, 15)), 10)
+    st.compact(5)
+    assert st.is_compact and st.slots_compact
+    no_run = _with_slots([*range(5, 14), 99], 10)
+    no_run.compact(5)
+    assert no_run.is_compact and not no_run.slots_compact
+    assert _held_bytes(no_run) - _held_bytes(st) >= 80  # array of 10 ids, int of the first
+    assert list(st.slots) == list(range(5, 15)) and not st.slots_compact
+    st.compact()
+    assert not st.slots_compact  # no run given
+    st = _with_slots([5, 6, 7], 3)
+    st.compact(5)
+    assert st.slots_compact
+    # The backends read (and changed) first: the slots are still the run of three.
+    del st.backends[addr("10.244.1.0:80")]
+    assert list(st.slots) == [5, 6, 7]
+
+
+def test_slots_that_are_no_run_of_one_per_backend_stay_an_array() -> None:
+    for ids, n in (([5, 6], 3), ([6, 7], 2), ([], 0)):  # one too few, another first
+        st = _with_slots(ids, n)
+        st.compact(5)
+        assert not st.slots_compact and list(st.slots) == ids
+    st = _with_slots([5, 6], 2)
+    st.backends[addr("10.244.1.0:80")] = 1 << 24  # the wants differ: a dict
+    st.compact(5)
+    assert not st.is_compact and not st.slots_compact
+
+
+def test_held_slots_are_not_replaced() -> None:
+    st = _with_slots([5, 6], 2)
+    held = st.slots
+    st.compact(5)
+    assert st.is_compact and not st.slots_compact
+    held[0] = 0  # the holder's change is the state's
+    assert list(st.slots) == [0, 6]
+
+
+#: Slot ids that are a run of consecutive ids.
+_runs = st.builds(lambda a, n: list(range(a, a + n)), st.integers(0, 99), st.integers(0, 6))
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.one_of(_runs, st.lists(st.integers(0, 2**32 - 1), max_size=6)),
+    st.integers(0, 6),
+    st.lists(st.sampled_from(["backends", "slots", "compact", "drop", "append"]), max_size=8),
+)
+def test_compact_slots_read_back_as_written(ids: list[int], n: int, steps: list[str]) -> None:
+    """Whatever the order of reads, changes and compactions, the slots read back as the
+    array held them (a run or not, one per backend or not)."""
+    state = _with_slots(ids, n)
+    want = list(ids)
+    for step in steps:
+        if step == "backends":
+            assert len(state.backends) <= n
+        elif step == "slots":
+            assert list(state.slots) == want
+        elif step == "compact":
+            # The run, when the slots are one (as the bulk path knows of its own).
+            run = want[0] if want and want == list(range(want[0], want[0] + len(want))) else None
+            state.compact(run)
+        elif step == "drop" and state.backends:
+            del state.backends[next(iter(state.backends))]
+        elif step == "append":
+            state.slots.append(len(want) + 1)
+            want.append(len(want) + 1)
+    assert list(state.slots) == want
+
+
+def test_new_frontends_of_a_batch_keep_their_slots_as_a_run(make_maps: MapsMaker) -> None:
+    """The usual new frontends (their backends' ids from one run) keep their slots as the
+    run's first id; a later update and delete read them back."""
+    maps = make_maps()
+    ops = new_ops(maps)
+    fes = [
+        fe(f"10.96.0.{i}:80", backends=tuple(be(f"10.244.{i}.{j}:80") for j in (1, 2, 3)))
+        for i in (1, 2, 3)
+    ]
+    batch = [BatchEntry(f, i) for i, f in enumerate(fes)]
+    ops.update_batch(NO_TXN, batch)
+    assert all(e.result is None for e in batch)
+    assert all(st.slots_compact for st in ops.frontends.values())
+    fewer = dataclasses.replace(fes[0], backends=fes[0].backends[1:])
+    ops.update(NO_TXN, 4, fewer)
+    ops.delete(NO_TXN, 5, fes[1])
+    fresh_maps: LBMaps = make_maps()
+    fresh = new_ops(fresh_maps)
+    fresh.update(NO_TXN, 1, fewer)
+    fresh.update(NO_TXN, 2, fes[2])
     assert sorted(normalize_ids(dump_lines(maps))) == sorted(
         normalize_ids(dump_lines(fresh_maps))
     )
