@@ -21,7 +21,7 @@ import dataclasses
 import datetime
 import enum
 import operator
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -560,6 +560,38 @@ def preferred_instances_of(
             continue
         append(inst)
     return out
+
+
+def selects_all_of(
+    rows: Sequence[Backend | None],
+    given: tuple[BackendParams, ...],
+    addresses: list[L3n4Addr],
+    service: ServiceName,
+    family: int,
+    port_name: str,
+) -> bool:
+    """True when ``rows`` (the rows at ``addresses``, ``given``'s addresses, None where
+    there is none) are each a row of one instance, for ``service``, that is ``given``'s
+    item at its position (the very object, as the LB writer stores a given tuple's
+    items), and ``given`` is in address order (without repeats), of ``family`` and,
+    when ``port_name`` is given, serves that port: `preferred_instances_of` those rows
+    is then ``given``'s items, in their order. False does not tell it is not so (the
+    LB writer then selects the usual way)."""
+    prev = b""
+    for b, p, a in zip(rows, given, addresses):
+        if b is None or b._val is not p:
+            return False
+        key = b._key
+        if (
+            type(key) is not tuple
+            or key[0] != service
+            or a[20] != family
+            or a <= prev
+            or (port_name and port_name not in p._rest[7])
+        ):
+            return False
+        prev = a
+    return True
 
 
 def _backend_address(b: Backend) -> L3n4Addr:

@@ -44,6 +44,7 @@ from tables.backends import (
     new_backends_table,
     preferred_instances_of,
     rows_of_service,
+    selects_all_of,
     single_backends,
 )
 from tables.frontends import Frontend, FrontendParams, SVCType, new_frontend, new_frontends_table
@@ -854,11 +855,15 @@ class LBWriter:
         """Write the frontend of ``p`` (``old``: its row as the txn sees it, or None)."""
         if old is None:
             # A new frontend, Pending, built once with the backends it selects.
-            bes = self._select_backends(
-                txn, p.address, p.type, p.service_name, p.port_name, svc, None
-            )
-            if bes:
-                bes = self._shared_backends(p.service_name, bes)
+            given = self._given_selection(txn, svc, p)
+            if given is not None:
+                bes: tuple[BackendParams, ...] = given
+            else:
+                bes = self._select_backends(
+                    txn, p.address, p.type, p.service_name, p.port_name, svc, None
+                )
+                if bes:
+                    bes = self._shared_backends(p.service_name, bes)
             fe = new_frontend(
                 p.address, p.type, p.service_name, p.port_name, p.service_port, svc, bes, 0,
                 None, status_pending(),
@@ -883,6 +888,45 @@ class LBWriter:
         if bes:
             bes = self._shared_backends(fe.redirect_to or fe.service_name, bes)
         self._fe_put(txn, fe.pending_with(svc, bes))
+
+    def _given_selection(
+        self, txn: WriteTxn, svc: Service, p: FrontendParams
+    ) -> CheckedBackends | None:
+        """The backends a new frontend ``p`` of ``svc`` selects when they are all of the
+        `CheckedBackends` its source gave last (this transaction's, or the one in the
+        service's hint), as that very tuple; None when the frontend may select otherwise
+        (a traffic policy, distribution or filter that drops some, other rows), which
+        the caller then finds out the usual way.
+
+        When a service comes after its EndpointSlice (the usual order of a load), its
+        frontend selects every backend the slice gave: this checks that on the rows at
+        the tuple's addresses, without building the candidate list and comparing it
+        with the tuple (`_select_backends`, `_shared_backends`)."""
+        if svc.traffic_distribution or (
+            _policy_for(p.address, p.type, svc) is TrafficPolicy.LOCAL
+        ):
+            return None
+        name = p.service_name
+        t = self._touched(txn)
+        given = t.given.get(name)
+        if given is not None:
+            # Exactly the service's rows as this transaction left them.
+            addrs = list(map(_address, given))
+            found = list(map(t.backends_of[name].__getitem__, addrs))
+        elif name in t.backends_of:
+            return None  # rows read or written in this transaction, not the given ones
+        else:
+            # Nothing of the service written in this transaction: its rows are the
+            # committed ones, whose addresses its hint holds (all of them).
+            assert self._be_hint is not None
+            given = self._be_hint.get(name)  # type: ignore[assignment]
+            if type(given) is not CheckedBackends or not given:
+                return None
+            addrs = list(map(_address, given))
+            found = self.backends.get_many(txn, addrs)
+        if selects_all_of(found, given, addrs, name, p.address[20], p.port_name):
+            return given
+        return None
 
     def _refresh_service(self, txn: WriteTxn, name: ServiceName, *, force: bool = False) -> None:
         """Recompute the backends of ``name``'s frontends (and of frontends redirected to it);
