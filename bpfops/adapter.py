@@ -159,8 +159,10 @@ def frontend_spec(fe: Frontend, cfg: LBConfig) -> FrontendSpec:
     svc_type = LOCAL_REDIRECT if fe.redirect_to else _TYPE_NAMES[fe.type]
     port = fe.service_port or fe.address.port
     service = service_spec(fe.service, fe.service_name, port, cfg)
-    # FrontendSpec's fields: addr, type, service, backends, service_port.
-    return fast_frontend_spec(fe.address, svc_type, service, backend_specs(fe.backends), port)
+    # FrontendSpec's fields: addr, type, service, backends, service_port, shared_backends
+    # (the row's tuple of instances, each with its ``address``: the ops keep it).
+    bes = fe.backends
+    return fast_frontend_spec(fe.address, svc_type, service, backend_specs(bes), port, bes)
 
 
 def backend_specs(backends: tuple[BackendParams, ...]) -> tuple[BackendSpec, ...]:

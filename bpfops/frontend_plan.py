@@ -309,7 +309,7 @@ def master_value(cfg: LBOpsConfig, p: PendingFrontend) -> bytes:
 
 def with_addr(fe: FrontendSpec, addr: Addr) -> FrontendSpec:
     """``fe`` at another address (a node-address expansion)."""
-    return FrontendSpec(addr, fe.type, fe.service, fe.backends, fe.service_port)
+    return fe._replace(addr=addr)
 
 
 def merge(a: list[Addr], b: list[Addr]) -> list[Addr]:

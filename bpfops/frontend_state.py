@@ -15,6 +15,7 @@ import errno
 import ipaddress
 from array import array
 from collections.abc import Callable
+from operator import attrgetter
 from sys import getrefcount
 from typing import Any
 
@@ -48,12 +49,14 @@ class FrontendState:
     Between updates the state is kept compact (`compact`, which the ops call once a
     frontend's writes are done): a frontend whose backends all want the same (nearly
     every one) keeps them as one tuple of addresses followed by that want, not a dict
-    (128 bytes for ten backends instead of 352), and when its slots then hold a run of
-    consecutive ids, one per backend (a new frontend of the initial sync: its backends'
-    ids come from one run of the allocator), keeps the run's first id instead of the
-    array (32 bytes instead of 136). Reading ``backends`` or ``slots`` gives the dict or the
-    array back (built again from the compact form), which the ops then change in place as
-    before.
+    (128 bytes for ten backends instead of 352) - or, for a new frontend whose backends
+    all want 0 (active) and whose spec has ``shared_backends``, as that tuple (the
+    frontend row's, which the ops then share: no bytes of their own) - and when its slots
+    then hold a run of consecutive ids, one per backend (a new frontend of the initial
+    sync: its backends' ids come from one run of the allocator), keeps the run's first id
+    instead of the array (32 bytes instead of 136). Reading ``backends`` or ``slots``
+    gives the dict or the array back (built again from the compact form), which the ops
+    then change in place as before.
     """
 
     __slots__ = (
@@ -100,7 +103,13 @@ class FrontendState:
         if isinstance(b, dict):
             return b
         self._expand_slots()  # while the tuple still counts the backends
-        d: dict[Addr, int | None] = dict.fromkeys(b[:-1], b[-1]) if b else {}
+        d: dict[Addr, int | None]
+        if not b:
+            d = {}
+        elif b[-1] is None or type(b[-1]) is int:
+            d = dict.fromkeys(b[:-1], b[-1])
+        else:  # a shared tuple: its objects' addresses, each wanting 0
+            d = dict.fromkeys(map(_ADDRESS, b), 0)
         self._backends = d
         return d
 
@@ -123,14 +132,27 @@ class FrontendState:
         when the state holds its first id)."""
         s = self._slots
         if type(s) is int:
-            s = self._slots = array("I", range(s, s + len(self._backends) - 1))
+            s = self._slots = array("I", range(s, s + _count(self._backends)))
         return s  # type: ignore[return-value]
 
-    def set_compact(self, addrs: list[Addr], want: int) -> None:
+    def set_compact(
+        self, addrs: list[Addr], want: int, shared: tuple[Any, ...] | None = None
+    ) -> None:
         """Reference ``addrs`` (in order, no duplicates), each wanting ``want``: the
-        backends in the compact form at once."""
+        backends in the compact form at once, as ``shared`` (a ``shared_backends`` tuple)
+        when its objects' addresses are ``addrs`` and the want is 0."""
         self._expand_slots()
-        self._backends = (*addrs, want) if addrs else _NO_BACKENDS
+        if not addrs:
+            self._backends = _NO_BACKENDS
+        elif (
+            want == 0
+            and shared is not None
+            and len(shared) == len(addrs)
+            and list(map(_ADDRESS, shared)) == addrs
+        ):
+            self._backends = shared
+        else:
+            self._backends = (*addrs, want)
 
     @property
     def is_compact(self) -> bool:
@@ -165,7 +187,7 @@ class FrontendState:
             run is not None
             and type(s) is array
             and type(b) is tuple
-            and len(s) == len(b) - 1
+            and len(s) == _count(b)
             and len(s)
             and s[0] == run
             and s[-1] == run + len(s) - 1
@@ -173,6 +195,18 @@ class FrontendState:
         ):
             self._slots = run
 
+
+def _count(compact: dict[Addr, int | None] | tuple[Any, ...]) -> int:
+    """How many backends a compact form holds: a tuple of addresses and their want (an
+    int, or None), or a shared tuple (one object per backend); or a dict."""
+    if not compact or isinstance(compact, dict):
+        return len(compact)
+    last = compact[-1]
+    return len(compact) - 1 if last is None or type(last) is int else len(compact)
+
+
+#: The ``address`` of a shared tuple's object.
+_ADDRESS = attrgetter("address")
 
 #: Whether the address of a frontend (its VIP: the IP, whatever the port) is one of the
 #: node's addresses, which get no wildcard entry; None: the node has none.

@@ -321,8 +321,9 @@ class FrontendWriter:
         # made by ``|`` is allocated at its size; one made by ``+`` gets a spare digit,
         # which puts it in the allocator's next size class: 8 bytes more per backend.)
         packed.update(zip(addrs, [i | REF_ONE for i in ids]))
-        # Every backend wants 0 (active): the compact form at once.
-        state.set_compact(addrs, 0)
+        # Every backend wants 0 (active): the compact form at once (the spec's shared tuple
+        # of the backends, when it gives one).
+        state.set_compact(addrs, 0, fe.shared_backends)
         slots = state.slots
         slots.extend(ids)
         keys = slots.tobytes()  # the ids in the map's order (the host's), one per slot

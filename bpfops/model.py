@@ -133,6 +133,11 @@ class FrontendSpec(NamedTuple):
     service: ServiceSpec
     backends: tuple[BackendSpec, ...] = ()
     service_port: int = 0
+    #: The tuple the backends were made from, when the caller keeps it anyway (the
+    #: frontend row's): one object per backend, in order, each with the backend's
+    #: address as ``address``. The ops then keep it as the frontend's list of backend
+    #: addresses instead of a tuple of their own (``FrontendState``). None: no such tuple.
+    shared_backends: tuple[Any, ...] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -196,7 +201,8 @@ def fast_service_spec(*fields: Any) -> ServiceSpec:
 
 def fast_frontend_spec(
     addr: Addr, type_: str, service: ServiceSpec, backends: tuple[BackendSpec, ...],
-    service_port: int,
+    service_port: int, shared_backends: tuple[Any, ...] | None,
 ) -> FrontendSpec:
     """``FrontendSpec(...)`` with every field given positionally, in declaration order."""
-    return _tuple_new(FrontendSpec, (addr, type_, service, backends, service_port))
+    return _tuple_new(FrontendSpec, (addr, type_, service, backends, service_port,
+                                     shared_backends))

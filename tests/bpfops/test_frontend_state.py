@@ -14,6 +14,7 @@ from bpfops.frontend_ops import FrontendOps
 from bpfops.frontend_state import FrontendState
 from bpfops.lb_maps import LBMaps
 from bpfops.maps_dump import dump_lines
+from bpfops.model import Addr
 from reconciler.operations import BatchEntry
 from tests.bpfops.conftest import MapsMaker
 from tests.bpfops.helpers import NO_TXN, addr, be, fe, new_ops, normalize_ids
@@ -118,11 +119,22 @@ def test_ops_keep_states_compact_and_updates_read_them(make_maps: MapsMaker) -> 
     )
 
 
-def _with_slots(ids: list[int], backends: int) -> FrontendState:
+def _with_slots(ids: list[int], backends: int, shared: bool = False) -> FrontendState:
     st = FrontendState(7, False)
     st.slots.extend(ids)
-    st.backends = {addr(f"10.244.1.{i}:80"): 0 for i in range(backends)}
+    addrs = [addr(f"10.244.1.{i}:80") for i in range(backends)]
+    if shared:
+        st.set_compact(addrs, 0, tuple(_Row(a) for a in addrs))
+    else:
+        st.backends = dict.fromkeys(addrs, 0)
     return st
+
+
+@dataclasses.dataclass(frozen=True)
+class _Row:
+    """An object of a shared backends tuple (as the frontend row's instances)."""
+
+    address: Addr
 
 
 def test_a_run_of_slot_ids_is_kept_as_its_first() -> None:
@@ -168,20 +180,25 @@ def test_held_slots_are_not_replaced() -> None:
 _runs = st.builds(lambda a, n: list(range(a, a + n)), st.integers(0, 99), st.integers(0, 6))
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=300, deadline=None)
 @given(
     st.one_of(_runs, st.lists(st.integers(0, 2**32 - 1), max_size=6)),
     st.integers(0, 6),
+    st.booleans(),
     st.lists(st.sampled_from(["backends", "slots", "compact", "drop", "append"]), max_size=8),
 )
-def test_compact_slots_read_back_as_written(ids: list[int], n: int, steps: list[str]) -> None:
+def test_compact_slots_read_back_as_written(
+    ids: list[int], n: int, shared: bool, steps: list[str]
+) -> None:
     """Whatever the order of reads, changes and compactions, the slots read back as the
-    array held them (a run or not, one per backend or not)."""
-    state = _with_slots(ids, n)
+    array held them (a run or not, one per backend or not), and the backends as they were
+    set (from a dict, or a shared tuple) and changed."""
+    state = _with_slots(ids, n, shared)
     want = list(ids)
+    backends = {addr(f"10.244.1.{i}:80"): 0 for i in range(n)}
     for step in steps:
         if step == "backends":
-            assert len(state.backends) <= n
+            assert state.backends == backends
         elif step == "slots":
             assert list(state.slots) == want
         elif step == "compact":
@@ -190,10 +207,26 @@ def test_compact_slots_read_back_as_written(ids: list[int], n: int, steps: list[
             state.compact(run)
         elif step == "drop" and state.backends:
             del state.backends[next(iter(state.backends))]
+            del backends[next(iter(backends))]
         elif step == "append":
             state.slots.append(len(want) + 1)
             want.append(len(want) + 1)
     assert list(state.slots) == want
+    assert state.backends == backends
+
+
+def test_a_shared_tuple_is_kept_when_its_addresses_are_the_backends() -> None:
+    addrs = [A, B, C]
+    rows = tuple(_Row(a) for a in addrs)
+    st = FrontendState(7, False)
+    st.set_compact(addrs, 0, rows)
+    assert st.is_compact and any(o is rows for o in gc.get_referents(st))
+    assert list(st.backends.items()) == [(A, 0), (B, 0), (C, 0)]
+    for other, want in (((rows[1], rows[0], rows[2]), 0), (rows[:2], 0), (rows, 1 << 24)):
+        st = FrontendState(7, False)
+        st.set_compact(addrs, want, other)
+        assert st.is_compact and not any(o is other for o in gc.get_referents(st))
+        assert list(st.backends.items()) == [(A, want), (B, want), (C, want)]
 
 
 def test_new_frontends_of_a_batch_keep_their_slots_as_a_run(make_maps: MapsMaker) -> None:

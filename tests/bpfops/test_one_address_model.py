@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import ipaddress
 
 import pytest
@@ -29,6 +30,11 @@ def test_the_ops_state_holds_the_rows_address_objects() -> None:
     ops.update(db.read_txn(), 0, row)
     held = {a: a for a in ops.backend_states}
     assert all(held[r.address] is r.address for r in row.backends)
+    # The frontend's list of backends is the row's tuple itself (no tuple of the ops').
+    state = ops.frontends[row.address]
+    assert spec.shared_backends is row.backends
+    assert any(o is row.backends for o in gc.get_referents(state))
+    assert state.backends == dict.fromkeys([r.address for r in row.backends], 0)
 
 
 def test_addr_is_the_table_address_with_the_ops_names() -> None:
