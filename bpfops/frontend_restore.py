@@ -180,7 +180,7 @@ def _service_check(writer: FrontendWriter, v6: bool) -> Check:
                 keep = (
                     st is not None
                     and st.v6 == v6
-                    and key.backend_slot <= len(st.slots)
+                    and key.backend_slot <= st.slot_count
                     and (key.backend_slot > 0 or st.master is not None)
                 )
             if not keep:

@@ -79,9 +79,9 @@ class FrontendState:
         self.v6 = v6
         # A dict, or between updates a compact tuple: the addresses, then their one want.
         self._backends: dict[Addr, int | None] | tuple[Any, ...] = _NO_BACKENDS
-        # Raw 32-bit ids (no int object per slot), or between updates the first of a run
-        # of ids, one per backend of the compact tuple.
-        self._slots: array[int] | int = array("I")
+        # Raw 32-bit ids (no int object per slot), or the first of a run of ids, one per
+        # backend of the compact form (none yet: no slots).
+        self._slots: array[int] | int = 0
         self.slot_flags = 0
         self.master: bytes | None = None
         # Backend ids with an affinity match entry, and the source ranges written: the
@@ -135,13 +135,34 @@ class FrontendState:
             s = self._slots = array("I", range(s, s + _count(self._backends)))
         return s  # type: ignore[return-value]
 
+    @property
+    def slot_count(self) -> int:
+        """How many slots the state holds (without building the array)."""
+        s = self._slots
+        return _count(self._backends) if type(s) is int else len(s)  # type: ignore[arg-type]
+
+    @property
+    def has_backends(self) -> bool:
+        """Whether the frontend references any backend (without building the dict)."""
+        return bool(self._backends)
+
     def set_compact(
-        self, addrs: list[Addr], want: int, shared: tuple[Any, ...] | None = None
+        self,
+        addrs: list[Addr],
+        want: int,
+        shared: tuple[Any, ...] | None = None,
+        run: int | None = None,
     ) -> None:
         """Reference ``addrs`` (in order, no duplicates), each wanting ``want``: the
         backends in the compact form at once, as ``shared`` (a ``shared_backends`` tuple)
-        when its objects' addresses are ``addrs`` and the want is 0."""
-        self._expand_slots()
+        when its objects' addresses are ``addrs`` and the want is 0. Given ``run``, the
+        slots (none so far) become the run of ids from ``run`` on, one per address."""
+        if run is None:
+            self._expand_slots()
+        elif self.slot_count:
+            raise ValueError("a run of slots for a frontend that has slots")
+        else:
+            self._slots = run
         if not addrs:
             self._backends = _NO_BACKENDS
         elif (
@@ -224,8 +245,7 @@ EMPTY: set[Any] = frozenset()  # type: ignore[assignment]
 
 #: The compact form of no backends.
 _NO_BACKENDS: tuple[Any, ...] = ()
-#: The slots of settled writes (read-only).
-_NO_SLOTS: array[int] = array("I")
+
 #: ``getrefcount`` of a dict held by the state's attribute and one local variable (and
 #: the call's argument): no one else has it.
 _ONLY_HELD = 3
@@ -243,18 +263,18 @@ class CollectedWrites:
     backend id, 0 for a slot appended).
     """
 
-    __slots__ = ("be_addrs", "be_keys", "be_prev", "be_values", "run", "slot_idx",
-                 "slot_prev", "slots", "states", "svc_keys", "svc_values")
+    __slots__ = ("be_addrs", "be_keys", "be_prev", "be_values", "frontend", "run",
+                 "slot_idx", "slot_prev", "states", "svc_keys", "svc_values")
 
     def __init__(
         self,
         states: BackendStates,
-        slots: array[int],
+        frontend: FrontendState,
         be: tuple[bytes | bytearray, bytes | bytearray, list[Addr], list[int | None]],
         svc: tuple[bytes | bytearray, bytes | bytearray, list[int], list[int]],
     ) -> None:
         self.states = states
-        self.slots = slots
+        self.frontend = frontend
         self.be_keys, self.be_values, self.be_addrs, self.be_prev = be
         self.svc_keys, self.svc_values, self.slot_idx, self.slot_prev = svc
         #: The first id when the frontend's slots are (once written) a run of consecutive
@@ -262,9 +282,9 @@ class CollectedWrites:
         self.run: int | None = None
 
     @classmethod
-    def empty(cls, states: BackendStates, slots: array[int]) -> CollectedWrites:
+    def empty(cls, states: BackendStates, frontend: FrontendState) -> CollectedWrites:
         """Nothing collected yet, to collect entries one by one into."""
-        return cls(states, slots, (bytearray(), bytearray(), [], []),
+        return cls(states, frontend, (bytearray(), bytearray(), [], []),
                    (bytearray(), bytearray(), [], []))
 
     def buffers(self) -> tuple[bytearray, bytearray, bytearray, bytearray]:
@@ -277,9 +297,7 @@ class CollectedWrites:
 
     def settle(self) -> int | None:
         """The writes are in the maps (the master counting them is written): nothing is
-        left to put back. Lets go of the frontend's slots array, so that its state may
-        keep them compact (`FrontendState.compact`), and returns ``run``."""
-        self.slots = _NO_SLOTS
+        left to put back. Returns ``run`` (for `FrontendState.compact`)."""
         return self.run
 
     @property
@@ -300,7 +318,10 @@ class CollectedWrites:
         for i in range(len(addrs) - 1, be_done - 1, -1):
             if addrs[i] in states:
                 states.set_written(addrs[i], prev[i])
-        slots, idx, prev_ids = self.slots, self.slot_idx, self.slot_prev
+        idx, prev_ids = self.slot_idx, self.slot_prev
+        if slots_done >= len(idx):
+            return
+        slots = self.frontend.slots
         for i in range(len(idx) - 1, slots_done - 1, -1):
             slots[idx[i]] = prev_ids[i]
 

@@ -18,6 +18,8 @@ way is repaired by the retry.
 
 from __future__ import annotations
 
+from array import array
+
 from bpf import lb
 from bpf.backend import MapBackend
 from bpf.errors import BatchError, MapError
@@ -177,11 +179,12 @@ class FrontendWriter:
             self.frontends[addr] = state
         flags = master_flags(self.config, fe)
         new_slot_flags = slot_flags(flags)
-        slots = state.slots
         if state.slot_flags != new_slot_flags:
             # Every written slot carries the old flags: rewrite them all (0 never matches).
-            for i in range(len(slots)):
-                slots[i] = 0
+            if state.slot_count:
+                slots = state.slots
+                for i in range(len(slots)):
+                    slots[i] = 0
             state.slot_flags = new_slot_flags
         # The backend entries and the slots are collected here and written with one batch
         # call per map right after (backends first, so no slot points to a backend not
@@ -194,7 +197,7 @@ class FrontendWriter:
         if collected is None:
             ordered = sorted_backends(fe, self.restored_quarantined)
             self._drop_orphans(txn, addr, state, ordered, orphans)
-            writes = CollectedWrites.empty(self.backend_states, slots)
+            writes = CollectedWrites.empty(self.backend_states, state)
             try:
                 collected = self._collect_backends(fe, state, ordered, writes)
             except BaseException:
@@ -288,7 +291,12 @@ class FrontendWriter:
         (every backend referenced once, wanted and recorded as written active; entries and
         slots in order) and returns the writes, the backends with a slot and the master's
         counts. None when the frontend is not such a one (nothing is changed then)."""
-        if state.slots or state.affinity or fe.service.session_affinity or state.backends:
+        if (
+            state.slot_count
+            or state.affinity
+            or fe.service.session_affinity
+            or state.has_backends
+        ):
             return None
         family = fe.addr[20]
         packed = self.backend_states.packed
@@ -322,20 +330,20 @@ class FrontendWriter:
         # which puts it in the allocator's next size class: 8 bytes more per backend.)
         packed.update(zip(addrs, [i | REF_ONE for i in ids]))
         # Every backend wants 0 (active): the compact form at once (the spec's shared tuple
-        # of the backends, when it gives one).
-        state.set_compact(addrs, 0, fe.shared_backends)
-        slots = state.slots
-        slots.extend(ids)
-        keys = slots.tobytes()  # the ids in the map's order (the host's), one per slot
+        # of the backends, when it gives one), and the slots, as if written, the run of ids
+        # (no array: `undo` builds one if a write fails).
+        state.set_compact(addrs, 0, fe.shared_backends, ids.start)
+        id_array = array("I", ids)
+        keys = id_array.tobytes()  # the ids in the map's order (the host's), one per slot
         no_prev: list[int | None] = [None] * n
         be_writes = (keys, backend_values(addrs, proto, 0), addrs, no_prev)
         svc_writes = (
             slot_keys(addr_head(fe.addr), svc_key_tail(fe.addr), n),
-            slot_values(slots, state.id, state.slot_flags),
+            slot_values(id_array, state.id, state.slot_flags),
             list(range(n)),
             [0] * n,
         )
-        writes = CollectedWrites(self.backend_states, slots, be_writes, svc_writes)
+        writes = CollectedWrites(self.backend_states, state, be_writes, svc_writes)
         writes.run = ids.start
         return writes, ordered, n, 0
 
@@ -552,7 +560,7 @@ class FrontendWriter:
 
         self.wildcards.sync(fe, state, is_local, wildcard_written)
 
-        if len(state.slots) > len(p.slot_backends):
+        if state.slot_count > len(p.slot_backends):
             self.trim_slots(addr, state, len(p.slot_backends))
         # The frontend's writes are done: its backends and slots wait for its next update
         # compactly.
@@ -574,7 +582,7 @@ class FrontendWriter:
 
     def trim_slots(self, addr: Addr, state: FrontendState, count: int) -> None:
         """Delete the slots above ``count`` (after the master no longer counts them)."""
-        if len(state.slots) <= count:
+        if state.slot_count <= count:
             return
         svc_raw = self.maps.services(state.v6).backend
         while len(state.slots) > count:
