@@ -114,6 +114,9 @@ class FrontendWriter:
         self.config = config
         self.node = node
         self.maglev = maglev or Maglev(maps.maglev_table_size, config.maglev_hash_seed)
+        #: Whether any frontend may use maglev (`use_maglev`: the default algorithm, or
+        #: the per-service annotation when honoured).
+        self.maglev_possible = config.algorithm == "maglev" or config.algorithm_annotation
         if self.maglev.table_size != maps.maglev_table_size:
             raise ValueError(
                 f"maglev table size {self.maglev.table_size} differs from the maps' "
@@ -487,7 +490,8 @@ class FrontendWriter:
     def write_side_entries(self, p: PendingFrontend) -> None:
         """The frontend's maglev table and source ranges (after its slots, before rev-NAT
         and the master)."""
-        self._sync_maglev(p)
+        if self.maglev_possible or p.state.maglev:
+            self._sync_maglev(p)
         # The ranges are written for every frontend of the service; only the flags decide
         # whether the datapath checks them.
         if p.fe.service.source_ranges or p.state.source_ranges:
