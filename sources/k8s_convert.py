@@ -86,6 +86,7 @@ from tables.services import (
     ServiceName,
     SourceRangesPolicy,
     TrafficPolicy,
+    new_plain_service,
     new_service,
     parse_cidr,
 )
@@ -242,6 +243,16 @@ def _shared(value: Any) -> Any:
 
 _AF_INET = socket.AF_INET
 _ACTIVE = BackendState.ACTIVE
+# Enum members as module constants: reading one off its class goes through the enum
+# metaclass's attribute hook (a Python-level lookup, ~20 times a global's cost).
+_CLUSTER = TrafficPolicy.CLUSTER
+_ALLOW = SourceRangesPolicy.ALLOW
+_ALG_UNDEF = LBAlgorithm.UNDEF
+_FWD_UNDEF = ForwardingMode.UNDEF
+_CLUSTER_IP = SVCType.CLUSTER_IP
+_NODE_PORT = SVCType.NODE_PORT
+_LOAD_BALANCER = SVCType.LOAD_BALANCER
+_EXTERNAL_IPS = SVCType.EXTERNAL_IPS
 _inet_pton = socket.inet_pton
 _IPv4Address = ipaddress.IPv4Address
 _new = object.__new__
@@ -333,10 +344,10 @@ _new_converted_service = slot_constructor(ConvertedService, "new_converted_servi
 
 def _policy(ref: ObjectRef, path: str, value: Any) -> TrafficPolicy:
     if value is None or value == "Cluster":  # the usual case first
-        return TrafficPolicy.CLUSTER
+        return _CLUSTER
     text = _str(ref, path, value, "Cluster")
     if text in ("", "Cluster"):
-        return TrafficPolicy.CLUSTER
+        return _CLUSTER
     if text == "Local":
         return TrafficPolicy.LOCAL
     raise ConversionError(ref, path, f"unknown traffic policy {text!r} (Cluster or Local)")
@@ -365,9 +376,10 @@ def convert_service(
         meta = _mapping(ref, "metadata", meta)
     if type(spec) is not dict:
         spec = _mapping(ref, "spec", spec)
-    if type(status) is not dict:
+    if type(status) is not dict and status is not None:
         status = _mapping(ref, "status", status)
-    labels = _str_map(ref, "metadata.labels", meta.get("labels"))
+    raw_labels = meta.get("labels")
+    labels = {} if raw_labels is None else _str_map(ref, "metadata.labels", raw_labels)
     raw_annotations = meta.get("annotations")
     annotations = (
         {} if raw_annotations is None
@@ -382,62 +394,11 @@ def convert_service(
         raise ConversionError(ref, "spec.type", f"unknown service type {svc_type!r}")
 
     ports, port_names = _service_ports(ref, spec)
-    ext_policy = _policy(ref, "spec.externalTrafficPolicy", spec.get("externalTrafficPolicy"))
-    int_policy = _policy(ref, "spec.internalTrafficPolicy", spec.get("internalTrafficPolicy"))
-    if not cfg.enable_internal_traffic_policy:
-        int_policy = TrafficPolicy.CLUSTER
-    affinity_text = spec.get("sessionAffinity")
-    if affinity_text is None or affinity_text == "None":
-        affinity, timeout = False, 0
-    else:
-        affinity, timeout = _session_affinity(ref, spec, cfg)
-    if spec.get("loadBalancerSourceRanges") is None and ANN_SRC_RANGES_POLICY not in annotations:
-        ranges: list[IPNetwork] = []
-        ranges_policy = SourceRangesPolicy.ALLOW
-    else:
-        ranges, ranges_policy = _source_ranges(ref, spec, annotations)
-    hc = spec.get("healthCheckNodePort")
-    health_port = 0 if hc is None else _port(ref, "spec.healthCheckNodePort", hc, allow_zero=True)
-    lb_class = spec.get("loadBalancerClass")
-    if lb_class is not None:
-        lb_class = _str(ref, "spec.loadBalancerClass", lb_class)
-    if annotations or spec.get("trafficDistribution") is not None:
-        traffic_dist = _traffic_distribution(ref, spec, annotations)
-        algorithm, fwd = _annotated_algorithm_and_mode(ref, annotations, cfg)
-    else:
-        traffic_dist, algorithm, fwd = "", LBAlgorithm.UNDEF, ForwardingMode.UNDEF
-    scope_ann = annotations.get(ANN_SCOPE, "").strip().lower()
-    delegation = annotations.get(ANN_PROXY_DELEGATION, "").strip().lower()
-    # Every Service field, positionally in declaration order (the frozen dataclass's
-    # __init__ sets each of them through object.__setattr__).
-    service = new_service(
-        name,  # name
-        source,  # source
-        _sorted_items(labels),  # labels
-        _sorted_items(annotations),  # annotations
-        _sorted_items(selector),  # selector
-        "",  # nat_policy
-        ext_policy,  # ext_traffic_policy
-        int_policy,  # int_traffic_policy
-        fwd,  # forwarding_mode
-        affinity,  # session_affinity
-        timeout,  # session_affinity_timeout
-        lb_class,  # load_balancer_class
-        None,  # proxy_redirect
-        health_port,  # health_check_node_port
-        False,  # loopback_host_port
-        tuple(ranges) if ranges else (),  # source_ranges
-        ranges_policy,  # source_ranges_policy
-        _shared(tuple(sorted(port_names.items()))),  # port_names
-        traffic_dist,  # traffic_distribution
-        algorithm,  # lb_algorithm
-        scope_ann != "external-only",  # internal_scope_enabled
-        "delegate-if-local" if delegation == "delegate-if-local" else "",  # proxy_delegation
-        annotations.get(ANN_SCALE_TO_ZERO, "").strip().lower() == "true",  # scale_to_zero
-    )
+    service = _service_row(ref, spec, cfg, name, source, labels, annotations, selector,
+                           port_names)
     if svc_type == "ExternalName" or SERVICE_PROXY_NAME_LABEL in labels:
         return ConvertedService(service, ())
-    exposure = annotations.get(ANN_NODE)
+    exposure = annotations.get(ANN_NODE) if annotations else None
     if exposure is not None:
         node_value = (node_labels or {}).get(ANN_NODE)
         wanted = {v.strip() for v in exposure.split(",")}
@@ -454,18 +415,144 @@ def convert_service(
     return _new_converted_service(service, fes, "")
 
 
-def _sorted_items(m: Mapping[str, str]) -> tuple[tuple[str, str], ...]:
-    """``tuple(sorted(m.items()))``; () for an empty map (most labels and annotations)."""
-    return tuple(sorted(m.items())) if m else ()
+def _service_row(
+    ref: ObjectRef,
+    spec: Mapping[str, Any],
+    cfg: LBConfig,
+    name: ServiceName,
+    source: str,
+    labels: Mapping[str, str],
+    annotations: Mapping[str, str],
+    selector: Mapping[str, str],
+    port_names: Mapping[str, int],
+) -> Service:
+    """The Service row of a v1 Service (its converted metadata and spec fields)."""
+    ext_policy = spec.get("externalTrafficPolicy")
+    if ext_policy is None or ext_policy == "Cluster":  # the usual case: no call
+        ext_policy = _CLUSTER
+    else:
+        ext_policy = _policy(ref, "spec.externalTrafficPolicy", ext_policy)
+    int_policy = spec.get("internalTrafficPolicy")
+    if int_policy is None or int_policy == "Cluster":
+        int_policy = _CLUSTER
+    else:
+        int_policy = _policy(ref, "spec.internalTrafficPolicy", int_policy)
+    if not cfg.enable_internal_traffic_policy:
+        int_policy = _CLUSTER
+    # ``plain`` while every shared field but the policies keeps its default (most services).
+    affinity_text = spec.get("sessionAffinity")
+    if affinity_text is None or affinity_text == "None":
+        affinity, timeout = False, 0
+    else:
+        affinity, timeout = _session_affinity(ref, spec, cfg)
+    plain = not affinity
+    if spec.get("loadBalancerSourceRanges") is None and ANN_SRC_RANGES_POLICY not in annotations:
+        ranges: list[IPNetwork] = []
+        ranges_policy = _ALLOW
+    else:
+        ranges, ranges_policy = _source_ranges(ref, spec, annotations)
+        plain = False
+    hc = spec.get("healthCheckNodePort")
+    if hc is None:
+        health_port = 0
+    else:
+        health_port = _port(ref, "spec.healthCheckNodePort", hc, allow_zero=True)
+        plain = plain and not health_port
+    lb_class = spec.get("loadBalancerClass")
+    if lb_class is not None:
+        lb_class = _str(ref, "spec.loadBalancerClass", lb_class)
+        plain = False
+    if annotations or spec.get("trafficDistribution") is not None:
+        traffic_dist = _traffic_distribution(ref, spec, annotations)
+        algorithm, fwd = _annotated_algorithm_and_mode(ref, annotations, cfg)
+        scope_ann = annotations.get(ANN_SCOPE, "").strip().lower()
+        delegation = annotations.get(ANN_PROXY_DELEGATION, "").strip().lower()
+        scale_to_zero = annotations.get(ANN_SCALE_TO_ZERO, "").strip().lower() == "true"
+        plain = plain and not (
+            traffic_dist or algorithm is not _ALG_UNDEF or fwd is not _FWD_UNDEF
+            or scope_ann == "external-only" or delegation == "delegate-if-local"
+            or scale_to_zero
+        )
+    else:
+        traffic_dist, algorithm, fwd = "", _ALG_UNDEF, _FWD_UNDEF
+        scope_ann = delegation = ""
+        scale_to_zero = False
+    labels_t = tuple(sorted(labels.items())) if labels else ()
+    annotations_t = tuple(sorted(annotations.items())) if annotations else ()
+    selector_t = tuple(sorted(selector.items())) if selector else ()
+    port_names_t = _shared(tuple(sorted(port_names.items())))
+    if plain:
+        service = new_plain_service(
+            name, source, labels_t, annotations_t, selector_t, port_names_t, ext_policy,
+            int_policy,
+        )
+    else:
+        service = _new_full_service(
+            name, source, labels_t, annotations_t, selector_t, port_names_t,
+            (ext_policy, int_policy, fwd, affinity, timeout, lb_class, health_port, ranges,
+             ranges_policy, traffic_dist, algorithm, scope_ann, delegation, scale_to_zero),
+        )
+    return service
+
+
+def _new_full_service(
+    name: ServiceName,
+    source: str,
+    labels: tuple[tuple[str, str], ...],
+    annotations: tuple[tuple[str, str], ...],
+    selector: tuple[tuple[str, str], ...],
+    port_names: tuple[tuple[str, int], ...],
+    fields: tuple[Any, ...],
+) -> Service:
+    """The Service row of ``convert_service`` when a shared field is not its default;
+    ``fields``: the converted values (policies, mode, affinity and timeout, class, health
+    port, ranges and their policy, distribution, algorithm, and the scope, delegation and
+    scale-to-zero annotations' texts)."""
+    (ext_policy, int_policy, fwd, affinity, timeout, lb_class, health_port, ranges,
+     ranges_policy, traffic_dist, algorithm, scope_ann, delegation, scale_to_zero) = fields
+    # Every Service field, positionally in declaration order.
+    return new_service(
+        name,  # name
+        source,  # source
+        labels,  # labels
+        annotations,  # annotations
+        selector,  # selector
+        "",  # nat_policy
+        ext_policy,  # ext_traffic_policy
+        int_policy,  # int_traffic_policy
+        fwd,  # forwarding_mode
+        affinity,  # session_affinity
+        timeout,  # session_affinity_timeout
+        lb_class,  # load_balancer_class
+        None,  # proxy_redirect
+        health_port,  # health_check_node_port
+        False,  # loopback_host_port
+        tuple(ranges) if ranges else (),  # source_ranges
+        ranges_policy,  # source_ranges_policy
+        port_names,  # port_names
+        traffic_dist,  # traffic_distribution
+        algorithm,  # lb_algorithm
+        scope_ann != "external-only",  # internal_scope_enabled
+        "delegate-if-local" if delegation == "delegate-if-local" else "",  # proxy_delegation
+        scale_to_zero,  # scale_to_zero
+    )
 
 
 def _frontend_ips(
-    ref: ObjectRef, spec: Mapping[str, Any], status: Mapping[str, Any], labels: Mapping[str, str]
+    ref: ObjectRef,
+    spec: Mapping[str, Any],
+    status: Mapping[str, Any] | None,
+    labels: Mapping[str, str],
 ) -> tuple[list[IPAddress], list[IPAddress], list[IPAddress], bool]:
-    """(cluster IPs, load-balancer VIPs, external IPs, headless) of a Service."""
+    """(cluster IPs, load-balancer VIPs, external IPs, headless) of a Service (``status``:
+    its status, None when it has none)."""
     cluster_ips: list[IPAddress] = []
     raw_ips = spec.get("clusterIPs")
-    ip_list = _list(ref, "spec.clusterIPs", raw_ips) if raw_ips is not None else []
+    ip_list: Sequence[Any]
+    if type(raw_ips) is list:
+        ip_list = raw_ips
+    else:
+        ip_list = _list(ref, "spec.clusterIPs", raw_ips) if raw_ips is not None else []
     if len(ip_list) > MAX_CLUSTER_IPS:
         raise ConversionError(
             ref, "spec.clusterIPs", f"at most {MAX_CLUSTER_IPS} addresses, got {len(ip_list)}"
@@ -488,7 +575,9 @@ def _frontend_ips(
             continue
         cluster_ips.append(_ip(ref, f"{ip_path}[{i}]" if raw_ips else ip_path, ip))
     lb_ips: list[IPAddress] = []
-    lb = _mapping(ref, "status.loadBalancer", status.get("loadBalancer"))
+    lb = status.get("loadBalancer") if status else None
+    if type(lb) is not dict:
+        lb = _mapping(ref, "status.loadBalancer", lb)
     ingress = lb.get("ingress")
     ingresses = _list(ref, "status.loadBalancer.ingress", ingress) if ingress is not None else ()
     for i, ing in enumerate(ingresses):
@@ -521,7 +610,7 @@ def _frontends(
     allowed = _exposed_types(ref, annotations) if ANN_TYPE in annotations else _ALL_TYPES
     ip_families = spec.get("ipFamilies")
     if type(ip_families) is not list:
-        ip_families = _list(ref, "spec.ipFamilies", ip_families)
+        ip_families = [] if ip_families is None else _list(ref, "spec.ipFamilies", ip_families)
     if len(ip_families) > 2:
         raise ConversionError(ref, "spec.ipFamilies", f"at most 2 families, got {len(ip_families)}")
     for i, fam in enumerate(ip_families):
@@ -537,18 +626,18 @@ def _frontends(
     )
     for p in ports:
         for ip in cluster_ips:
-            wanted.append((ip, p.port, p, SVCType.CLUSTER_IP))
+            wanted.append((ip, p.port, p, _CLUSTER_IP))
         if node_port_on and p.node_port:
             families = {ip.version for ip in cluster_ips if _family_enabled(ip, cfg)}
             for fam in sorted(families) or [4]:
                 unspec = ipaddress.ip_address("0.0.0.0" if fam == 4 else "::")
-                wanted.append((unspec, p.node_port, p, SVCType.NODE_PORT))
+                wanted.append((unspec, p.node_port, p, _NODE_PORT))
         if svc_type == "LoadBalancer":
             for ip in lb_ips:
-                wanted.append((ip, p.port, p, SVCType.LOAD_BALANCER))
+                wanted.append((ip, p.port, p, _LOAD_BALANCER))
         if cfg.enable_external_ips:
             for ip in ext_ips:
-                wanted.append((ip, p.port, p, SVCType.EXTERNAL_IPS))
+                wanted.append((ip, p.port, p, _EXTERNAL_IPS))
     return _frontend_params(wanted, cfg, service, allowed)
 
 
@@ -564,7 +653,7 @@ def _frontend_params(
     name = service.name
     v4_on = cfg.enable_ipv4
     every_type = allowed is _ALL_TYPES
-    cluster_ip = SVCType.CLUSTER_IP
+    cluster_ip = _CLUSTER_IP
     fes: dict[L3n4Addr, FrontendParams] = {}
     for addr, port, p, t in wanted:
         if not (v4_on if type(addr) is _IPv4Address else _family_enabled(addr, cfg)):

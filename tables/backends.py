@@ -578,19 +578,22 @@ def selects_all_of(
     is then ``given``'s items, in their order. False does not tell it is not so (the
     LB writer then selects the usual way)."""
     prev = b""
+    key: Any = None  # the last row's instance key, checked
+    names: tuple[str, ...] | None = None  # the last port names checked
     for b, p, a in zip(rows, given, addresses):
-        if b is None or b._val is not p:
-            return False
-        key = b._key
-        if (
-            type(key) is not tuple
-            or key[0] != service
-            or a[20] != family
-            or a <= prev
-            or (port_name and port_name not in p._rest[7])
-        ):
+        if b is None or b._val is not p or a <= prev or a[20] != family:
             return False
         prev = a
+        # A slice's rows share one key tuple and its backends one port-name tuple (the
+        # backends of a node and port share their `_Rest`): most are checked once.
+        if b._key is not key:
+            key = b._key
+            if type(key) is not tuple or key[0] != service:
+                return False
+        if port_name and p._rest[7] is not names:
+            names = p._rest[7]
+            if port_name not in names:
+                return False
     return True
 
 

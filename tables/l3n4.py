@@ -54,6 +54,8 @@ _ntop = socket.inet_ntop
 _from_bytes = int.from_bytes
 #: IPv4Address(int) without its argument checks (the address property builds one).
 _set_ipv4_int = ipaddress.IPv4Address.__dict__["_ip"].__set__
+#: ``int(address)`` of an IPv4Address, read in C (its ``__int__`` is a Python method).
+_ipv4_int = ipaddress.IPv4Address.__dict__["_ip"].__get__
 
 
 class AddressError(InputError):
@@ -335,7 +337,9 @@ def new_addr(
     ):
         return L3n4Addr(address, port, protocol, scope)
     if cls is _IPv4:
-        return _bytes_new(L3n4Addr, _KEY4.pack(_V4_MAPPED, int(address), port, code, scope, 4))
+        return _bytes_new(
+            L3n4Addr, _KEY4.pack(_V4_MAPPED, _ipv4_int(address), port, code, scope, 4)
+        )
     if cls is _IPv6:
         return _bytes_new(L3n4Addr, _KEY6.pack(address.packed, port, code, scope, 6))
     return L3n4Addr(address, port, protocol, scope)

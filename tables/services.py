@@ -178,18 +178,34 @@ _SHARED_FIELDS = tuple(f.name for f in dataclasses.fields(_ServiceFields)
 #: as a str for a TrafficPolicy, is never shared); cleared past `_RESTS_MAX`, which only
 #: costs the sharing of the tuples made before.
 _RESTS: dict[tuple[int, ...], tuple[Any, ...]] = {}
+#: The same tuples by value, the first of each value: a new tuple finds its shared one
+#: there when it holds the very same objects (the usual case: the same constants, enum
+#: members and strings), without building its key of identities.
+_RESTS_BY_VALUE: dict[tuple[Any, ...], tuple[Any, ...]] = {}
 _RESTS_MAX = 4096
+_is = operator.is_
 
 
 def _shared_rest(rest: tuple[Any, ...]) -> tuple[Any, ...]:
     """``rest``, or the tuple of the very same objects made before."""
+    try:
+        shared = _RESTS_BY_VALUE.get(rest)
+    except TypeError:  # an unhashable field (a caller's list): shared by identities only
+        hashable = False
+    else:
+        if shared is not None and all(map(_is, shared, rest)):
+            return shared
+        hashable = True
     key = tuple(map(id, rest))
     shared = _RESTS.get(key)
     if shared is not None:
         return shared
     if len(_RESTS) >= _RESTS_MAX:
         _RESTS.clear()
+        _RESTS_BY_VALUE.clear()
     _RESTS[key] = rest  # it holds its items: their ids are not reused while it is kept
+    if hashable:
+        _RESTS_BY_VALUE.setdefault(rest, rest)
     return rest
 
 
@@ -475,3 +491,46 @@ def new_service(*fields: Any) -> Service:
 
 
 _new = object.__new__
+_DEFAULT_MODE = ForwardingMode.UNDEF
+_DEFAULT_RANGES_POLICY = SourceRangesPolicy.ALLOW
+_DEFAULT_ALGORITHM = LBAlgorithm.UNDEF
+#: The shared tuples of `new_plain_service`, by (source, external policy, internal policy).
+_PLAIN_RESTS: dict[tuple[str, TrafficPolicy, TrafficPolicy], tuple[Any, ...]] = {}
+
+
+def new_plain_service(
+    name: ServiceName,
+    source: str,
+    labels: tuple[tuple[str, str], ...],
+    annotations: tuple[tuple[str, str], ...],
+    selector: tuple[tuple[str, str], ...],
+    port_names: tuple[tuple[str, int], ...],
+    ext_traffic_policy: TrafficPolicy,
+    int_traffic_policy: TrafficPolicy,
+) -> Service:
+    """``new_service`` for a service whose other fields have their defaults (most
+    services): its shared tuple is found by its source and policies, without building
+    and looking up the tuple of all eighteen."""
+    rest = _PLAIN_RESTS.get((source, ext_traffic_policy, int_traffic_policy))
+    if (
+        rest is None
+        or rest[0] is not source
+        or rest[2] is not ext_traffic_policy
+        or rest[3] is not int_traffic_policy
+    ):
+        # In `_SHARED_FIELDS` order, as `_fill` builds it: the defaults of the others.
+        rest = _shared_rest((
+            source, "", ext_traffic_policy, int_traffic_policy, _DEFAULT_MODE, False, 0, None,
+            None, 0, False, (), _DEFAULT_RANGES_POLICY, "", _DEFAULT_ALGORITHM, True, "", False,
+        ))
+        if len(_PLAIN_RESTS) >= 64:
+            _PLAIN_RESTS.clear()
+        _PLAIN_RESTS[(source, ext_traffic_policy, int_traffic_policy)] = rest
+    o = _new(Service)
+    _set_name(o, name)
+    _set_labels(o, labels)
+    _set_annotations(o, annotations)
+    _set_selector(o, selector)
+    _set_ports(o, port_names)
+    _set_rest(o, rest)
+    return o
