@@ -48,6 +48,7 @@ import socket
 import sys
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from itertools import repeat
 from typing import Any, TypeAlias
 
 from statedb import InputError, WriteTxn
@@ -56,8 +57,11 @@ from tables.backends import (
     DEFAULT_WEIGHT,
     BackendParams,
     BackendState,
+    active_backend_rest,
     backend_details,
+    backend_params_of,
     backend_rest,
+    backend_shared_part,
     new_backend_params_from,
 )
 from tables.frontends import FrontendParams, SVCType, new_frontend_params
@@ -1042,17 +1046,12 @@ def convert_endpoint_slice(
     gives the others' objects back, which the writer recognizes at once)."""
     cfg = config if config is not None else LBConfig()
     ref = obj  # what errors name: `object_ref` of it, built only for an error
-    # Interned: the reflector's key of the slice is the same string (one for both).
-    slice_name = sys.intern(namespaced_name(obj))
-    meta = obj.get("metadata")
-    if type(meta) is not dict:
-        meta = _mapping(ref, "metadata", meta)
-    labels = _str_map(ref, "metadata.labels", meta.get("labels"))
-    svc = labels.get(SERVICE_NAME_LABEL, "")
-    if not svc:
-        raise ConversionError(ref, f"metadata.labels[{SERVICE_NAME_LABEL}]", "missing")
-    # Interned: the Service's own conversion holds the same string.
-    service_name = sys.intern(f"{slice_name.split('/', 1)[0]}/{svc}")
+    meta: Any = obj.get("metadata")
+    names = _plain_slice_names(meta)
+    if names is None:
+        names = _slice_names(ref, obj)
+        meta = obj["metadata"]  # a mapping: checked by _slice_names
+    slice_name, service_name = names
     # The usual values are taken as they are; any other goes through the checking helper,
     # which converts it or names the field in its error.
     raw_annotations = meta.get("annotations")
@@ -1073,7 +1072,9 @@ def convert_endpoint_slice(
         raise ConversionError(
             ref, "endpoints", f"at most {MAX_SLICE_ENDPOINTS} endpoints, got {len(endpoints)}"
         )
-    raw_ports = _list(ref, "ports", obj.get("ports"))
+    raw_ports = obj.get("ports")
+    if type(raw_ports) is not list:
+        raw_ports = _list(ref, "ports", raw_ports)
     if len(raw_ports) > MAX_SLICE_PORTS:
         raise ConversionError(
             ref, "ports", f"at most {MAX_SLICE_PORTS} ports, got {len(raw_ports)}"
@@ -1083,30 +1084,93 @@ def convert_endpoint_slice(
             em = _mapping(ref, f"endpoints[{i}]", ep)
             _address_count(ref, i, _list(ref, f"endpoints[{i}].addresses", em.get("addresses")))
         return ConvertedEndpoints(slice_name, service_name, ())
-    ports = _slice_ports(ref, raw_ports)
     want_v6 = addr_type == "IPv6"
+    port_keys = _port_keys(ref, raw_ports, want_v6)
     # Every address of a slice has its family (checked per endpoint below).
     family_on = cfg.enable_ipv6 if want_v6 else cfg.enable_ipv4
-    prefix = b"" if want_v6 else V4_KEY_PREFIX
-    # Per port: its name, the tuple of that one name (shared by every backend of the
-    # slice) and its key suffix (port, protocol, family: validated once here).
-    port_keys = [
-        (pname, _shared((pname,)) if pname else (), prefix,
-         addr_key_suffix(port, proto, want_v6))
-        for pname, port, proto in ports
-    ]
-    merged = (
+    backends: Iterable[BackendParams] | None = (
         _plain_endpoint_backends(endpoints, port_keys[0], weight, source, previous)
         if len(port_keys) == 1 and not want_v6 and family_on and weight
         else None
     )
-    if merged is None:
-        merged = _endpoint_backends(
+    if backends is None:
+        backends = _endpoint_backends(
             ref, endpoints, addr_type, port_keys, (weight, source, family_on), previous
-        )
-    # Checked as the writer would check them (one source, ports, weights, states): it
-    # takes them as they are.
-    return _new_converted_endpoints(slice_name, service_name, CheckedBackends(merged.values()))
+        ).values()
+    # Checked as the writer would check them (one source, ports, weights, states; distinct
+    # addresses): it takes them as they are.
+    return _new_converted_endpoints(slice_name, service_name, CheckedBackends(backends))
+
+
+def _plain_slice_names(meta: Any) -> tuple[str, str] | None:
+    """(slice name, service name) of plain metadata (a namespace, a name, string labels
+    naming the service), else None: `_slice_names` then checks it field by field.
+
+    Both names interned: the reflector's key of the slice is the same string, and the
+    Service's own conversion holds the same service name."""
+    if type(meta) is not dict:
+        return None
+    name, ns, labels = meta.get("name"), meta.get("namespace"), meta.get("labels")
+    if type(name) is not str or type(ns) is not str or not name or not ns:
+        return None
+    if type(labels) is not dict:
+        return None
+    svc = labels.get(SERVICE_NAME_LABEL)
+    if type(svc) is not str or not svc:
+        return None
+    if len(labels) > 1:
+        try:
+            # Every label's value a string (`_str_map` would refuse some others): in C.
+            "".join(labels.values())
+        except TypeError:
+            return None
+    return sys.intern(f"{ns}/{name}"), sys.intern(f"{ns}/{svc}")
+
+
+def _slice_names(ref: ObjectRef, obj: Mapping[str, Any]) -> tuple[str, str]:
+    """(slice name, service name) of any slice, checking its metadata field by field
+    (ConversionError naming the first bad one); interned as `_plain_slice_names`'."""
+    slice_name = sys.intern(namespaced_name(obj))
+    meta = obj.get("metadata")
+    if type(meta) is not dict:
+        meta = _mapping(ref, "metadata", meta)
+    labels = _str_map(ref, "metadata.labels", meta.get("labels"))
+    svc = labels.get(SERVICE_NAME_LABEL, "")
+    if not svc:
+        raise ConversionError(ref, f"metadata.labels[{SERVICE_NAME_LABEL}]", "missing")
+    return slice_name, sys.intern(f"{slice_name.split('/', 1)[0]}/{svc}")
+
+
+#: Per slice port: (name, the tuple of that one name, key prefix, key suffix).
+_PortKey = tuple[str, tuple[str, ...], bytes, bytes]
+#: The port keys of a slice's one port by its (name, port, protocol, IPv6?) as given:
+#: most slices have one of a few ports. Cleared when it grows past _SHARED_MAX.
+_ONE_PORT_KEYS: dict[tuple[str, int, str | None, bool], list[_PortKey]] = {}
+
+
+def _port_keys(ref: ObjectRef, raw_ports: Sequence[Any], want_v6: bool) -> list[_PortKey]:
+    """Per port of the slice (`_slice_ports`): its name, the tuple of that one name
+    (shared by every backend of the slice) and its key's prefix and suffix (port,
+    protocol, family: validated once here). The list is shared: not to be changed."""
+    cache_key = None
+    if len(raw_ports) == 1 and type(p := raw_ports[0]) is dict:
+        name, port, proto = p.get("name"), p.get("port"), p.get("protocol")
+        if type(name) is str and type(port) is int and (proto is None or type(proto) is str):
+            cache_key = (name, port, proto, want_v6)
+            found = _ONE_PORT_KEYS.get(cache_key)
+            if found is not None:
+                return found
+    prefix = b"" if want_v6 else V4_KEY_PREFIX
+    keys = [
+        (pname, _shared((pname,)) if pname else (), prefix,
+         addr_key_suffix(port, proto, want_v6))
+        for pname, port, proto in _slice_ports(ref, raw_ports)
+    ]
+    if cache_key is not None:
+        if len(_ONE_PORT_KEYS) >= _SHARED_MAX:
+            _ONE_PORT_KEYS.clear()
+        _ONE_PORT_KEYS[cache_key] = keys
+    return keys
 
 
 def _slice_ports(ref: ObjectRef, raw_ports: Sequence[Any]) -> list[tuple[str, int, str]]:
@@ -1133,26 +1197,28 @@ def _slice_ports(ref: ObjectRef, raw_ports: Sequence[Any]) -> list[tuple[str, in
     return ports
 
 
-#: Per slice port: (name, the tuple of that one name, key prefix, key suffix).
-_PortKey = tuple[str, tuple[str, ...], bytes, bytes]
-
-
 def _plain_endpoint_backends(
     endpoints: Sequence[Any],
     port_key: _PortKey,
     weight: int,
     source: str,
     previous: Mapping[bytes, BackendParams] | None,
-) -> dict[L3n4Addr, BackendParams] | None:
+) -> list[BackendParams] | None:
     """`_endpoint_backends` of an IPv4 slice with one port and a weight (not 0) whose
     endpoints are all plain (nearly every slice): each ready (serving and not terminating,
     or unsaid), with a string node and zone, no hints and one address, the addresses
     distinct. None for any other slice, which `_endpoint_backends` converts (and checks)
-    from the start: this loop only takes what it would make of a plain one."""
+    from the start: this loop only takes what it would make of a plain one.
+
+    The endpoints are checked and their keys made in one loop; the addresses and the
+    backends are then made in one call each."""
     _, port_names, prefix, suffix = port_key
-    merged: dict[L3n4Addr, BackendParams] = {}
+    keys: list[bytes] = []
+    add_key = keys.append
     d_node = d_zone = None
     rest: Any = None
+    # Each endpoint's shared rest, once the endpoints are on more than one node or zone.
+    rests: list[Any] | None = None
     for ep in endpoints:
         if type(ep) is not dict:
             return None
@@ -1165,29 +1231,38 @@ def _plain_endpoint_backends(
             or ep.get("hints") is not None
         ):
             return None
+        addrs = ep.get("addresses")
+        if type(addrs) is not list or len(addrs) != 1 or type(addrs[0]) is not str:
+            return None
         node, zone = ep.get("nodeName", ""), ep.get("zone", "")
         if rest is None or node != d_node or zone != d_zone:
             if type(node) is not str or type(zone) is not str:
                 return None
+            if rests is None and keys:
+                rests = [rest] * len(keys)
             d_node, d_zone = node, zone
-            details = backend_details(node, zone, (), 0, source, False, 0.0)
-            rest = backend_rest(details, port_names, weight, _ACTIVE)
-        addrs = ep.get("addresses")
-        if type(addrs) is not list or len(addrs) != 1 or type(addrs[0]) is not str:
-            return None
+            rest = active_backend_rest(node, zone, port_names, weight, source)
+        if rests is not None:
+            rests.append(rest)
         try:
-            k = prefix + _inet_pton(_AF_INET, addrs[0]) + suffix
+            # Dotted-quad IPv4 straight to bytes (inet_pton accepts what ipaddress
+            # accepts, see _parse_ip); anything else through the general loop.
+            add_key(prefix + _inet_pton(_AF_INET, addrs[0]) + suffix)
         except (OSError, ValueError):
             return None
-        if k in merged:
-            return None  # an address twice: merged by the general loop
-        old = previous.get(k) if previous else None
-        if old is not None and (old._rest is rest or old._rest == rest):
-            merged[old.address] = old
-            continue
-        a = addr_of_key(k)
-        merged[a] = new_backend_params_from(a, rest)
-    return merged
+    n = len(keys)
+    addresses = list(map(addr_of_key, keys))
+    if len(set(addresses)) != n:
+        return None  # an address twice: merged by the general loop
+    params = backend_params_of(addresses, repeat(rest, n) if rests is None else rests)
+    if previous:
+        # A backend equal to one the slice gave before is that object.
+        shared = backend_shared_part
+        for i, a in enumerate(addresses):
+            old = previous.get(a)
+            if old is not None and shared(old) == shared(params[i]):
+                params[i] = old
+    return params
 
 
 def _endpoint_backends(

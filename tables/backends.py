@@ -675,12 +675,50 @@ def backend_rest(
     return rest
 
 
+#: `active_backend_rest`'s tuples by (node_name, zone, port_names, weight, source).
+_ACTIVE_RESTS: dict[tuple[str, str, tuple[str, ...], int, str], _Rest] = {}
+
+
+def active_backend_rest(
+    node_name: str, zone: str, port_names: tuple[str, ...], weight: int, source: str
+) -> _Rest:
+    """``backend_rest(backend_details(node_name, zone, (), 0, source, False, 0.0),
+    port_names, weight, BackendState.ACTIVE)``: the rest of an active, healthy instance
+    without zone hints in this cluster (nearly every endpoint's), found in one lookup.
+    ``node_name``, ``zone`` and ``source`` are strings, ``weight`` an int."""
+    key = (node_name, zone, port_names, weight, source)
+    rest = _ACTIVE_RESTS.get(key)
+    if rest is None:
+        details = backend_details(node_name, zone, (), 0, source, False, 0.0)
+        rest = backend_rest(details, port_names, weight, BackendState.ACTIVE)
+        if type(weight) is int:  # not a bool, whose key would be an equal int's
+            if len(_ACTIVE_RESTS) >= _RESTS_MAX:
+                _ACTIVE_RESTS.clear()
+            _ACTIVE_RESTS[key] = rest
+    return rest
+
+
 def new_backend_params_from(address: L3n4Addr, rest: _Rest) -> BackendParams:
     """``BackendParams`` from its address and a `backend_rest` tuple (two slots set)."""
     o = _new(BackendParams)
     _set_bp_address(o, address)
     _set_bp_rest(o, rest)
     return o
+
+
+def backend_params_of(
+    addresses: Iterable[L3n4Addr], rests: Iterable[_Rest]
+) -> list[BackendParams]:
+    """``[new_backend_params_from(a, r) for a, r in zip(addresses, rests)]`` in one call
+    (a converter's backends of one slice)."""
+    out: list[BackendParams] = []
+    append = out.append
+    for a, r in zip(addresses, rests):
+        o = _new(BackendParams)
+        _set_bp_address(o, a)
+        _set_bp_rest(o, r)
+        append(o)
+    return out
 
 
 def new_backend_params_with(

@@ -108,10 +108,10 @@ class InvalidBackendError(LBWriterError, InputError):
 class CheckedBackends(tuple[BackendParams, ...]):
     """Backends that passed `LBWriter.set_backends`' checks where they were made, so that
     it does not repeat them per backend: all of one source, each with a port (not 0), a
-    weight of 0..65535 and a `BackendState`. Only code that made those checks builds one
-    (the Kubernetes converter: converting an EndpointSlice makes them); any other
-    iterable of backends is checked by the writer. A plain tuple otherwise (equality,
-    hashing, size).
+    weight of 0..65535 and a `BackendState`, at distinct addresses. Only code that made
+    those checks builds one (the Kubernetes converter: converting an EndpointSlice makes
+    them); any other iterable of backends is checked by the writer. A plain tuple
+    otherwise (equality, hashing, size).
     """
 
     __slots__ = ()
@@ -355,10 +355,20 @@ class LBWriter:
         `InvalidBackendError`) unless ``backends`` is a `CheckedBackends`, whose maker
         checked them: then only its source is compared."""
         prio = source_priority(source)
+        key = (service, prio)
+        # The service's rows as this txn sees them (kept current by _be_put/_be_del).
+        t = self._touched(txn)
+        rows = t.backends_of.get(service)
+        if rows is None:
+            rows = self._load_backends_of(txn, t, service)
         if type(backends) is CheckedBackends:
             checked = True
             if backends and backends[0].source != source:
                 _wrong_source(service, source, backends[0])
+            if not rows:
+                # The service's first backends (the usual case of a load): all new to it.
+                self._set_first_backends(txn, t, key, backends, rows)
+                return
             wanted = {params.address: params for params in backends}
         else:
             checked = False
@@ -368,22 +378,6 @@ class LBWriter:
                     _wrong_source(service, source, params)
                 wanted[params.address] = params
         changed = False
-        key = (service, prio)
-        # The service's rows as this txn sees them (kept current by _be_put/_be_del).
-        t = self._touched(txn)
-        rows = t.backends_of.get(service)
-        if rows is None:
-            rows = self._load_backends_of(txn, t, service)
-        if not rows and checked:
-            # The service's first backends (the usual case of a load): all new to it.
-            fresh = single_backends(key, wanted.values())
-            if fresh:
-                rows.update(zip(wanted, fresh))
-                self._write_new_backends(txn, service, fresh, list(wanted))
-                # Its rows are exactly ``backends``' addresses: see the end.
-                t.given[service] = backends  # type: ignore[assignment]
-                self._refresh_service(txn, service)
-            return
         gone = [a for a in rows if a not in wanted]
         for a in sorted(gone) if len(gone) > 1 else gone:
             row = rows[a]
@@ -435,7 +429,40 @@ class LBWriter:
             # Rows were written above without `_be_put`: an earlier tuple no longer holds.
             t.given.pop(service, None)
         if changed:
-            self._refresh_service(txn, service)
+            self._refresh_backends_users(txn, t, service)
+
+    def _set_first_backends(
+        self,
+        txn: WriteTxn,
+        t: _Touched,
+        key: tuple[ServiceName, int],
+        backends: CheckedBackends,
+        rows: dict[L3n4Addr, Backend],
+    ) -> None:
+        """`set_backends` of a service that has no rows yet (``rows``: its empty rows in
+        the txn): every one of ``backends`` is new to it."""
+        if not backends:
+            return
+        service = key[0]
+        addresses = list(map(_address, backends))
+        fresh = single_backends(key, backends)
+        rows.update(zip(addresses, fresh))
+        self._write_new_backends(txn, service, fresh, addresses)
+        # Its rows are exactly ``backends``' addresses (distinct: `CheckedBackends`).
+        t.given[service] = backends
+        self._refresh_backends_users(txn, t, service)
+
+    def _refresh_backends_users(self, txn: WriteTxn, t: _Touched, name: ServiceName) -> None:
+        """`_refresh_service` after ``name``'s backends changed; nothing to look up when
+        the service has no frontends (none in its hint nor in the txn's rows: the usual
+        case of a service whose slice comes first) and no frontend is redirected to it."""
+        assert self._fe_hint is not None  # built by _touched
+        if (
+            name in self._fe_hint
+            or t.frontends_of.get(name)
+            or name in self._redirect_targets.values()
+        ):
+            self._refresh_service(txn, name)
 
     def _write_new_backends(
         self,
