@@ -246,7 +246,6 @@ def _shared(value: Any) -> Any:
 
 
 _AF_INET = socket.AF_INET
-_ACTIVE = BackendState.ACTIVE
 # Enum members as module constants: reading one off its class goes through the enum
 # metaclass's attribute hook (a Python-level lookup, ~20 times a global's cost).
 _CLUSTER = TrafficPolicy.CLUSTER
