@@ -18,6 +18,10 @@ _UNSUPPORTED = frozenset({_ENOTSUPP, errno.EOPNOTSUPP})
 _flag_arg = libbpf.update_flags
 
 
+#: `UpdateFlag.ANY` as a global (an enum class attribute read is slow on Python 3.11).
+_ANY = UpdateFlag.ANY
+
+
 class KernelMap(MapBackend):
     """A kernel map fd with preallocated buffers; see MapBackend for the semantics."""
 
@@ -298,7 +302,7 @@ class KernelMap(MapBackend):
             raise MapError(self.name, "update_batch", errno.EINVAL, f"{n} keys but {nv} values")
         if n == 0:
             return 0
-        if self._batch_supported and flags == UpdateFlag.ANY:
+        if self._batch_supported and flags == _ANY:
             with self._batch_lock:  # BatchCall's count/opts are shared
                 ret, done = self._batch.update(self.fd, kbuf, vbuf, n, flags)
             if ret == 0:
