@@ -47,6 +47,7 @@ SYNC_PHASES: tuple[tuple[str, str, str, str], ...] = (
     ("sources.k8s_convert", "K8sConverter", "upsert_service", "apply_service"),
     ("sources.k8s_convert", "K8sConverter", "upsert_endpoint_slice", "apply_endpoint_slice"),
     ("tables.origins", "OriginRecorder", "record", "apply_origins"),
+    ("tables.origins", "OriginRecorder", "record_many", "apply_origins"),
     ("statedb.txn", "WriteTxn", "commit", "commit"),
     ("bpfops.frontend_ops", "FrontendOps", "update_batch", "ops_update_batch"),
     ("bpfops.frontend_ops", "FrontendOps", "spec_of", "ops_spec"),

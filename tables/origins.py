@@ -20,8 +20,9 @@ from __future__ import annotations
 import dataclasses
 import socket
 import sys
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
+from itertools import repeat
 from operator import attrgetter
 from typing import Any, ClassVar
 
@@ -281,7 +282,18 @@ def _fill(
     return o
 
 
-_new_origin = Origin.__new__
+class _OriginSlots(Origin):
+    """An Origin whose slots may be assigned: `origin_of` builds a row as one (seven plain
+    slot stores cost about what one call of a slot's ``__set__`` does) and then makes it
+    the Origin it is (the same layout: ``__class__`` may be assigned)."""
+
+    __slots__ = ()
+    # Both: together they are the type's one attribute-setting slot, then the generic one.
+    __setattr__ = object.__setattr__  # type: ignore[assignment]
+    __delattr__ = object.__delattr__
+
+
+_new_origin_slots = object.__new__
 
 
 def _encode_key(key: str | bytes) -> bytes:
@@ -325,11 +337,15 @@ def _pack_addresses(addrs: list[Any]) -> str | bytes:
     if not addrs:
         return ""
     try:
-        return b"".join([_pton(_AF_INET, a) for a in addrs])
+        return b"".join(map(_pton, _AFS, addrs))
     except (OSError, ValueError):  # IPv6, a name, an address in another form
         return ",".join(addrs)
     except TypeError:  # an address that is no string: as its text
         return _pack_addresses([a if type(a) is str else str(a) for a in addrs])
+
+
+#: AF_INET again and again: `inet_pton`'s first argument, by `map` with no Python step.
+_AFS = repeat(_AF_INET)
 
 
 def _slice_addresses(obj: Mapping[str, Any]) -> list[Any]:
@@ -395,18 +411,21 @@ def origin_of(
         # Interned: the same string as the converter's (interned) name of the service.
         owner = sys.intern(f"{ns}/{svc}") if isinstance(svc, str) and svc else ""
         addresses = _pack_addresses(_slice_addresses(obj))
-    # The slots set directly (what Origin's __init__ does, without its ten arguments).
+    if type(rv) is not str:
+        rv = str(rv) if rv else ""
+    # The slots set as `_fill` sets them, without its calls (see `_OriginSlots`), the
+    # resourceVersion packed as `_pack_rv` packs it.
     triple = _KINDS.get((kind, ns, source))
-    return _fill(
-        _new_origin(Origin),
-        f"{kind}/{ns}/{name}".encode(),
-        triple if triple is not None else _shared_kind(kind, ns, source),
-        _pack_uid(uid if type(uid) is str else str(uid) if uid else ""),
-        _pack_rv(rv if type(rv) is str else str(rv) if rv else ""),
-        (file, line) if file or line else _NO_WHERE,
-        owner,
-        addresses,
-    )
+    o = _new_origin_slots(_OriginSlots)
+    o.key_bytes = f"{kind}/{ns}/{name}".encode()
+    o._kind = triple if triple is not None else _shared_kind(kind, ns, source)
+    o._uid = _pack_uid(uid if type(uid) is str else str(uid) if uid else "")
+    o._rv = int(rv) if rv.isascii() and rv.isdigit() and rv[0] != "0" else rv
+    o._where = (file, line) if file or line else _NO_WHERE
+    o.owner = owner
+    o._addrs = addresses
+    o.__class__ = Origin  # type: ignore[assignment]
+    return o
 
 
 class OriginRecorder:
@@ -428,6 +447,24 @@ class OriginRecorder:
         old = self.table.get(txn, origin.key_bytes)
         if old is None or old != origin:
             self.table.insert(txn, origin)
+
+    def record_many(self, txn: WriteTxn, objs: Iterable[Mapping[str, Any]], source: str) -> None:
+        """`record` each of ``objs`` in turn (Kubernetes objects: no file or line).
+
+        A source's batch in one call: the origins that are new (every one of an initial
+        list) go in with one lookup each (`Table.insert_new`), not a `get` and an
+        `insert` per object; one already recorded is rewritten only when it changed."""
+        made = [o for o in map(origin_of, objs, repeat(source)) if o is not None]
+        table = self.table
+        n = len(made)
+        i = table.insert_new(txn, made)
+        while i < n:
+            # A row has this key: keep it when equal (as `record` does), then go on.
+            origin = made[i]
+            old = table.get(txn, origin.key_bytes)
+            if old is None or old != origin:
+                table.insert(txn, origin)
+            i = table.insert_new(txn, made, i + 1)
 
     def forget(self, txn: WriteTxn, obj: Mapping[str, Any]) -> None:
         """Remove the origin of a deleted object (only its kind and name are read)."""

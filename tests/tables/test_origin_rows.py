@@ -10,7 +10,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from statedb import DB
-from tables.origins import Origin, new_origins_table, origin, origin_key_index, origin_of
+from tables.origins import (
+    Origin,
+    OriginRecorder,
+    new_origins_table,
+    origin,
+    origin_key_index,
+    origin_of,
+)
 
 FIELDS = ("kind", "namespace", "name", "source", "uid", "resource_version", "file", "line",
           "owner", "addresses")
@@ -221,3 +228,43 @@ def test_ipv4_addresses_are_packed_others_kept_as_text() -> None:
     assert not o.lists("0.1.10.0")  # bytes across two addresses are none of them
     for text in ("10.0.0.1,fd00::1", "010.0.0.1", "10.0.0.1,", "a.example"):
         assert Origin("EndpointSlice", "ns", "s-1", "k8s", addresses=text)._addrs == text
+
+
+def _svc(name: str, rv: str) -> dict[str, object]:
+    return {"kind": "Service", "metadata": {"name": name, "namespace": "ns",
+                                            "uid": "u-" + name, "resourceVersion": rv}}
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    before=st.lists(st.tuples(st.sampled_from("abcd"), st.sampled_from(["1", "2"])),
+                    max_size=4),
+    batch=st.lists(st.one_of(st.tuples(st.sampled_from("abcde"), st.sampled_from(["1", "2"])),
+                             st.none()), max_size=6),
+)
+def test_record_many_writes_what_record_writes_one_by_one(
+    before: list[tuple[str, str]], batch: list[tuple[str, str] | None]
+) -> None:
+    """A batch (new, equal, changed and repeated objects, and some with no name) leaves
+    the same rows, and rewrites the same ones, as `record` called per object."""
+    objs = [_svc(*b) if b is not None else {"kind": "Service", "metadata": {}} for b in batch]
+    results = []
+    for many in (False, True):
+        db = DB()
+        table = new_origins_table()
+        db.register(table)
+        rec = OriginRecorder(table)
+        with db.write_txn(table) as txn:
+            for name, rv in before:
+                rec.record(txn, _svc(name, rv), "k8s")
+        with db.write_txn(table) as txn:
+            if many:
+                rec.record_many(txn, objs, "k8s")
+            else:
+                for obj in objs:
+                    rec.record(txn, obj, "k8s")
+        rtxn = db.read_txn()
+        # Each row with its revision: a row rewritten needlessly would have another one.
+        rows = [table.get_revision(rtxn, o.key_bytes) for o in table.all(rtxn)]
+        results.append((rows, table.revision(rtxn)))
+    assert results[0] == results[1]
