@@ -50,6 +50,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
+from operator import attrgetter
 from typing import Any
 
 import anyio
@@ -486,7 +487,11 @@ class K8sSource:
         go of the address: after a batch that wrote a Service or Pod, the conflicting
         objects are tried again (``retrying``: that second pass does not retry again)."""
         received = [(item.reflector, d) for item in batch for d in item.deltas]
-        wanted, deleted = coalesce(received)
+        deleted: dict[int, Delta] = {}
+        if _one_change_each(batch):
+            wanted = received  # what `coalesce` gives back for it
+        else:
+            wanted, deleted = coalesce(received)
         newly_synced = {item.reflector.name for item in batch if item.synced}
         all_synced = (self._synced | newly_synced) >= {r.name for r in self.reflectors}
         written, skip, refused = self._write_batch(wanted, deleted, all_synced)
@@ -494,18 +499,22 @@ class K8sSource:
             self._init_done = None
             self.synced = True
         self._synced |= newly_synced
-        for i, (r, d) in enumerate(written):
-            if i not in refused:
-                self.errors.pop(f"{r.spec.kind} {d.key}", None)
-                self._conflicts.pop(f"{r.spec.kind} {d.key}", None)
+        if self.errors or self._conflicts:
+            for i, (r, d) in enumerate(written):
+                if i not in refused:
+                    self.errors.pop(f"{r.spec.kind} {d.key}", None)
+                    self._conflicts.pop(f"{r.spec.kind} {d.key}", None)
         self.batches += 1
         self.applied += len(written) - len(skip)
         committed = time.monotonic()
         for item in batch:
             self.apply_latency.add((committed - item.received) * 1000, len(item.deltas))
-        self._note_applied_versions(batch, received)
-        self._note_node(batch, wanted)
-        self._note_pod_labels(batch, wanted)
+        self._note_applied_versions(batch)
+        kinds = {item.reflector.spec.kind for item in batch}
+        if KIND_NODE in kinds:
+            self._note_node(batch, wanted)
+        if KIND_POD in kinds:
+            self._note_pod_labels(batch, wanted)
         if self.on_applied is not None and batch:
             self.on_applied([d for _, d in received], min(item.received for item in batch))
         # Only a Service or Pod written (changed or deleted) can free an address.
@@ -536,6 +545,8 @@ class K8sSource:
         skip: set[int] = set()
         refused: set[int] = set()
         conv = self.converter
+        origins = self.writer.origins
+        recorder = OriginRecorder(origins) if origins is not None else None
         while True:
             with_pods = any(
                 r.spec.kind == KIND_POD for i, (r, _) in enumerate(deltas) if i not in skip
@@ -543,15 +554,17 @@ class K8sSource:
             cp = conv.checkpoint() if with_pods else None
             txn = self.writer.write_txn()
             redo = False
+            # The objects upserted, their origins recorded together before the commit.
+            upserted: list[Mapping[str, Any]] = []
             try:
                 i = 0
                 while i < len(deltas) and not redo:
                     r, d = deltas[i]
-                    if i in skip:
+                    if skip and i in skip:
                         i += 1
                         continue
                     try:
-                        self._apply_one(txn, r, d)
+                        self._apply_one(txn, r, d, upserted, recorder)
                     except INPUT_ERRORS as e:
                         refused.add(i)
                         self._record_error(r, d, str(e))
@@ -579,6 +592,8 @@ class K8sSource:
                         redo = True
                         continue
                     i += 1
+                if not redo and recorder is not None and upserted:
+                    recorder.record_many(txn, upserted, SOURCE_K8S)
                 if not redo and all_synced and self._init_done is not None:
                     # The last initial list is in this transaction: pruning may start.
                     self._init_done(txn)
@@ -595,15 +610,14 @@ class K8sSource:
             txn.commit()
             return deltas, skip, refused
 
-    def _note_applied_versions(
-        self, batch: list[_Item], received: list[tuple[Reflector, Delta]]
-    ) -> None:
+    def _note_applied_versions(self, batch: list[_Item]) -> None:
         """After a committed batch: the versions it processed (coalesced changes included)
         into `applied_rv`; wake `wait_applied` waiters."""
-        for r, d in received:
-            rv = _version(d)
-            if rv > self.applied_rv.get(r.name, 0):
-                self.applied_rv[r.name] = rv
+        for item in batch:
+            top = max(map(_version, item.deltas), default=0)
+            name = item.reflector.name
+            if top > self.applied_rv.get(name, 0):
+                self.applied_rv[name] = top
         # A completed list covers every change up to its version, including deletions it
         # found (delivered as stubs without a resourceVersion) and changes it found none
         # for: without this a waiter for such a change's version would wait forever.
@@ -669,7 +683,22 @@ class K8sSource:
                 self._pods_event.set()
                 self._pods_event = None
 
-    def _apply_one(self, txn: WriteTxn, r: Reflector, d: Delta) -> None:
+    def _apply_one(
+        self,
+        txn: WriteTxn,
+        r: Reflector,
+        d: Delta,
+        upserted: list[Mapping[str, Any]],
+        recorder: OriginRecorder | None,
+    ) -> None:
+        """Write one change: a Node's labels, or an object through the converter. The
+        object of an upsert is appended to ``upserted`` once written (its origin is
+        recorded with the batch's others); a deletion forgets its origin at once."""
+        if d.op == "upsert" and r.spec.kind != KIND_NODE:
+            obj = d.obj
+            self.converter.upsert(txn, obj)
+            upserted.append(obj)
+            return
         if r.spec.kind == KIND_NODE:
             labels: Mapping[str, Any] = {}
             if d.op == "upsert":
@@ -679,15 +708,9 @@ class K8sSource:
                 )
             self.writer.set_node_labels(txn, labels)
             return
-        origins = self.writer.origins
-        if d.op == "upsert":
-            self.converter.upsert(txn, d.obj)
-            if origins is not None:
-                OriginRecorder(origins).record(txn, d.obj, SOURCE_K8S)
-        else:
-            self.converter.delete(txn, d.obj)
-            if origins is not None:
-                OriginRecorder(origins).forget(txn, d.obj)
+        self.converter.delete(txn, d.obj)
+        if recorder is not None:
+            recorder.forget(txn, d.obj)
 
     def _record_error(self, r: Reflector, d: Delta, message: str) -> None:
         key = f"{r.spec.kind} {d.key}"
@@ -759,8 +782,28 @@ def coalesce(
     return out, deleted
 
 
+def _one_change_each(batch: list[_Item]) -> bool:
+    """Whether no object has two changes in ``batch`` (the usual batch: `coalesce` would
+    give its changes back as they are), told without a pair per change."""
+    keys: dict[str, set[str]] = {}
+    n = 0
+    for item in batch:
+        seen = keys.get(item.reflector.name)
+        if seen is None:
+            seen = keys[item.reflector.name] = set()
+        seen.update(map(_key_of, item.deltas))
+        n += len(item.deltas)
+    return sum(map(len, keys.values())) == n
+
+
+_key_of = attrgetter("key")
+
+
 def _version(d: Delta) -> int:
-    rv = (d.obj.get("metadata") or {}).get("resourceVersion")
+    meta = d.obj.get("metadata")
+    if type(meta) is not dict:  # the usual one first, without the fallback's lookups
+        meta = meta or {}
+    rv = meta.get("resourceVersion")
     return int(rv) if isinstance(rv, str) and rv.isdigit() else 0
 
 
