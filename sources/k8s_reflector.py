@@ -133,8 +133,23 @@ class Delta:
     obj: Mapping[str, Any]
 
 
-#: ``Delta(op, key, obj)`` through its slots (one per object listed or watched).
+#: ``Delta(op, key, obj)`` through its slots (one per object watched).
 _new_delta = slot_constructor(Delta, "new_delta")
+
+
+class _DeltaSlots(Delta):
+    """A Delta whose slots may be assigned: `Reflector._page_deltas` builds one per item
+    listed with three plain slot stores (each about a tenth of a call of a slot's
+    ``__set__``) and then makes it the Delta it is (the same layout: ``__class__`` may be
+    assigned)."""
+
+    __slots__ = ()
+    # Both: together they are the type's one attribute-setting slot, then the generic one.
+    __setattr__ = object.__setattr__
+    __delattr__ = object.__delattr__
+
+
+_new_delta_slots = object.__new__
 
 #: The consumer: ``deliver(reflector, deltas, synced)``; ``synced`` is True on the delivery
 #: that completes a list. It may wait (back-pressure).
@@ -353,19 +368,43 @@ class Reflector:
         """The upserts of a list page's new or changed objects (recorded in the store),
         every object's key added to ``seen``."""
         deltas: list[Delta] = []
+        append = deltas.append
         kind, api_version, store = self.spec.kind, self.spec.api_version, self._store
+        add = seen.add
+        intern = sys.intern
         for item in doc.get("items") or []:
-            if not isinstance(item, dict):
+            if type(item) is not dict and not isinstance(item, dict):
                 continue
             # List items carry neither kind nor apiVersion; the converter needs kind.
             item["kind"] = kind
             item["apiVersion"] = api_version
-            key = object_key(item)
-            seen.add(key)
-            version = _version(_rv_of(item))
+            meta = item.get("metadata")
+            if type(meta) is dict:
+                # `object_key` and `_version(_rv_of(item))` of the usual item, inline.
+                ns = meta.get("namespace")
+                name = meta.get("name")
+                rv = meta.get("resourceVersion")
+                if type(ns) is str and ns and type(name) is str:
+                    key = intern(f"{ns}/{name}")
+                else:
+                    key = object_key(item)
+                if type(rv) is str and rv.isascii() and rv.isdigit() and rv[0] != "0":
+                    version: int | str = int(rv)
+                else:
+                    version = _version(_rv_of(item))
+            else:
+                key = object_key(item)
+                version = _version(_rv_of(item))
+            add(key)
             if store.get(key) != version:
                 store[key] = version
-                deltas.append(_new_delta("upsert", key, item))
+                # A Delta("upsert", key, item), built as `_DeltaSlots` says.
+                d: Any = _new_delta_slots(_DeltaSlots)
+                d.op = "upsert"
+                d.key = key
+                d.obj = item
+                d.__class__ = Delta
+                append(d)
         return deltas
 
     async def _wait_for_earlier_list(self) -> None:
