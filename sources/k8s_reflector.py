@@ -65,7 +65,7 @@ from sources.k8s_http import K8sApiError, describe_error
 from sources.k8s_watch_body import ChunkedBodyError, socket_body
 from sources.thread_calls import Prefetch, loop_call_soon
 from statedb.errors import StatewrightError
-from statedb.rows import slot_constructor
+from statedb.rows import assignable_twin, slot_constructor
 
 log = logging.getLogger(__name__)
 
@@ -137,18 +137,8 @@ class Delta:
 _new_delta = slot_constructor(Delta, "new_delta")
 
 
-class _DeltaSlots(Delta):
-    """A Delta whose slots may be assigned: `Reflector._page_deltas` builds one per item
-    listed with three plain slot stores (each about a tenth of a call of a slot's
-    ``__set__``) and then makes it the Delta it is (the same layout: ``__class__`` may be
-    assigned)."""
-
-    __slots__ = ()
-    # Both: together they are the type's one attribute-setting slot, then the generic one.
-    __setattr__ = object.__setattr__
-    __delattr__ = object.__delattr__
-
-
+#: Deltas of a list page, built by plain slot stores (`statedb.rows.assignable_twin`).
+_DeltaSlots = assignable_twin(Delta)
 _new_delta_slots = object.__new__
 
 #: The consumer: ``deliver(reflector, deltas, synced)``; ``synced`` is True on the delivery
@@ -398,7 +388,7 @@ class Reflector:
             add(key)
             if store.get(key) != version:
                 store[key] = version
-                # A Delta("upsert", key, item), built as `_DeltaSlots` says.
+                # A Delta("upsert", key, item), built by plain slot stores.
                 d: Any = _new_delta_slots(_DeltaSlots)
                 d.op = "upsert"
                 d.key = key

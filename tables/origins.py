@@ -29,7 +29,7 @@ from typing import Any, ClassVar
 from statedb import DB, Index, ReadTxn, Table, WriteTxn
 from statedb import keys as keycodec
 from statedb.errors import TableNotRegisteredError
-from statedb.rows import FrozenValue, slot_setters
+from statedb.rows import FrozenValue, assignable_twin, slot_setters
 
 ORIGINS_TABLE = "origins"
 
@@ -282,17 +282,8 @@ def _fill(
     return o
 
 
-class _OriginSlots(Origin):
-    """An Origin whose slots may be assigned: `origin_of` builds a row as one (seven plain
-    slot stores cost about what one call of a slot's ``__set__`` does) and then makes it
-    the Origin it is (the same layout: ``__class__`` may be assigned)."""
-
-    __slots__ = ()
-    # Both: together they are the type's one attribute-setting slot, then the generic one.
-    __setattr__ = object.__setattr__  # type: ignore[assignment]
-    __delattr__ = object.__delattr__
-
-
+#: Origins built by plain slot stores (`statedb.rows.assignable_twin`).
+_OriginSlots = assignable_twin(Origin)
 _new_origin_slots = object.__new__
 
 
@@ -413,18 +404,17 @@ def origin_of(
         addresses = _pack_addresses(_slice_addresses(obj))
     if type(rv) is not str:
         rv = str(rv) if rv else ""
-    # The slots set as `_fill` sets them, without its calls (see `_OriginSlots`), the
-    # resourceVersion packed as `_pack_rv` packs it.
+    # The slots set as `_fill` sets them, by plain stores (`assignable_twin`).
     triple = _KINDS.get((kind, ns, source))
     o = _new_origin_slots(_OriginSlots)
     o.key_bytes = f"{kind}/{ns}/{name}".encode()
     o._kind = triple if triple is not None else _shared_kind(kind, ns, source)
     o._uid = _pack_uid(uid if type(uid) is str else str(uid) if uid else "")
-    o._rv = int(rv) if rv.isascii() and rv.isdigit() and rv[0] != "0" else rv
+    o._rv = _pack_rv(rv)
     o._where = (file, line) if file or line else _NO_WHERE
     o.owner = owner
     o._addrs = addresses
-    o.__class__ = Origin  # type: ignore[assignment]
+    o.__class__ = Origin
     return o
 
 

@@ -1,4 +1,4 @@
-"""slot_constructor builds the same objects as the dataclass constructor."""
+"""slot_constructor and assignable_twin build the same objects as the dataclass constructor."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from statedb.rows import slot_constructor
+from statedb.rows import assignable_twin, slot_constructor
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,3 +49,20 @@ def test_rejects_classes_without_slots() -> None:
 def test_extra_positional_arguments_are_refused() -> None:
     with pytest.raises(TypeError):
         new_row(1, "a", (), "extra")  # type: ignore[call-arg]
+
+
+_AssignableRow = assignable_twin(Row)
+
+
+@given(st.integers(), st.text(), st.lists(st.text(), max_size=3).map(tuple))
+def test_assignable_twin_builds_the_same_frozen_object(
+    i: int, name: str, tags: tuple[str, ...]
+) -> None:
+    o: Row = object.__new__(_AssignableRow)
+    o.id, o.name, o.tags = i, name, tags  # type: ignore[misc]
+    o.__class__ = Row
+    expected = Row(i, name, tags)
+    assert type(o) is Row and o == expected and hash(o) == hash(expected)
+    assert repr(o) == repr(expected)
+    with pytest.raises(FrozenInstanceError):
+        o.id = i + 1  # type: ignore[misc]
