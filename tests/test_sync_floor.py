@@ -8,6 +8,7 @@ import pytest
 from benchmarks.sync_floor import (
     decode_floor,
     entries_per_service,
+    free_floor,
     list_pages,
     maps_floor,
     rows_floor,
@@ -35,6 +36,8 @@ def test_rows_floor_reads_every_object() -> None:
     # A slice whose service is missing is a KeyError: the floor joins them as the agent does.
     with pytest.raises(KeyError):
         rows_floor(items[:10] + items[300:320], 10)
+    assert free_floor(items) >= 0
+    assert items == []
 
 
 def test_entries_per_service_are_the_lb_ops_own() -> None:
