@@ -142,11 +142,15 @@ def master_flags(cfg: LBOpsConfig, fe: FrontendSpec) -> int:
     return flags
 
 
+#: The master's flags the slots carry too (`slot_flags`).
+SLOT_FLAGS_MASK = ~(svcflags.SOURCE_RANGE | svcflags.SOURCE_RANGE_DENY)
+
+
 def slot_flags(master: int) -> int:
     """The flags of the slots given the master's: source-range bits live on the master
     only (the deny bit doubles as the slots' quarantine bit); quarantined slots carry the
     same flags as the others."""
-    return master & ~(svcflags.SOURCE_RANGE | svcflags.SOURCE_RANGE_DENY)
+    return master & SLOT_FLAGS_MASK
 
 
 def sorted_backends(
@@ -207,6 +211,8 @@ _IANA = bytes(PROTO_NUMBERS[p] for p in PROTOCOLS)
 #: The small integers' two little-endian bytes (services-map slot numbers).
 _U16_LE = tuple(i.to_bytes(2, "little") for i in range(1024))
 _KEY_TAIL = struct.Struct("<BB2x")
+#: Slot 0 (the master) and `_KEY_TAIL`.
+_KEY_TAIL0 = struct.Struct("<2xBB2x")
 _BACKEND_TAIL = struct.Struct("<BBHBx")
 #: `backend_tail` by (want << 2 | protocol index): the few wants in use.
 _BACKEND_TAILS: dict[int, bytes] = {}
@@ -287,6 +293,12 @@ def svc_key(addr: Addr, slot: int) -> bytes:
     return addr_head(addr) + slot_number(slot) + svc_key_tail(addr)
 
 
+def master_key(addr: Addr) -> bytes:
+    """The encoded services-map key of ``addr``'s master (slot 0): `svc_key` of slot 0."""
+    head = addr[12:18] if addr[20] == 4 else addr[:18]
+    return head + _KEY_TAIL0.pack(_IANA[addr[18]], addr[19])
+
+
 def revnat_entry(p: PendingFrontend) -> tuple[bytes, bytes]:
     """The encoded rev-NAT entry of the frontend (key, value): the value is the frontend's
     IP and port in network order (lb4/lb6_reverse_nat), `addr_head`."""
@@ -296,15 +308,22 @@ def revnat_entry(p: PendingFrontend) -> tuple[bytes, bytes]:
 def master_value(cfg: LBOpsConfig, p: PendingFrontend) -> bytes:
     """The encoded master value (slot 0) of the frontend: the L7 proxy port, or the
     algorithm and affinity timeout; the counts, the rev-NAT id and the flags."""
-    fe, state = p.fe, p.state
+    fe = p.fe
     svc = fe.service
     if svc.l7_proxy_port:
         head = swap16(svc.l7_proxy_port)
+    elif svc.session_affinity:
+        head = (lb_algorithm(cfg, fe) << LB_ALG_SHIFT) | (
+            svc.affinity_timeout & AFFINITY_TIMEOUT_MASK
+        )
     else:
-        timeout = svc.affinity_timeout & AFFINITY_TIMEOUT_MASK if svc.session_affinity else 0
-        head = (lb_algorithm(cfg, fe) << LB_ALG_SHIFT) | timeout
-    f1, f2 = svcflags.split(p.master_flags)
-    return lb.SERVICE_VALUE_STRUCT.pack(head, p.active, lb.swap16(state.id), f1, f2, p.inactive)
+        head = lb_algorithm(cfg, fe) << LB_ALG_SHIFT if cfg.algorithm_annotation else 0
+    flags, fe_id = p.master_flags, p.state.id
+    # The flags' two bytes (svcflags.split) and the id in network order (lb.swap16).
+    return lb.SERVICE_VALUE_STRUCT.pack(
+        head, p.active, ((fe_id & 0xFF) << 8) | (fe_id >> 8), flags & 0xFF,
+        (flags >> 8) & 0xFF, p.inactive,
+    )
 
 
 def with_addr(fe: FrontendSpec, addr: Addr) -> FrontendSpec:

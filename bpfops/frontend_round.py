@@ -23,6 +23,7 @@ from bpfops.frontend_plan import enabled, is_candidate, is_expansion, revnat_ent
 from bpfops.frontend_state import PendingFrontend, delete_counted, write_counted
 from bpfops.frontend_writer import FrontendWriter
 from bpfops.model import Addr, FrontendSpec
+from bpfops.wildcards import VipKey
 from reconciler.operations import BatchEntry
 from statedb import ReadTxn
 
@@ -193,7 +194,8 @@ class RoundWriter:
         masters: list[bool] = []  # whether keys[j] is its owner's master (or a wildcard)
         ready: Live = []
         ready_masters: list[bytes] = []
-        new_wildcard: list[bool] = []
+        # The VIP key of each frontend whose wildcard entry the batch writes, else None.
+        new_wildcard: list[VipKey | None] = []
         queued: set[bytes] = set()
         for e, p in live:
             try:
@@ -216,9 +218,9 @@ class RoundWriter:
                 values.append(wildcard[2])
                 owners.append(len(ready))
                 masters.append(False)
-                new_wildcard.append(True)
+                new_wildcard.append(wildcard[0])
             else:
-                new_wildcard.append(False)
+                new_wildcard.append(None)
             ready.append((e, p))
             ready_masters.append(master)
         done, exc2 = write_counted(

@@ -14,7 +14,7 @@ from __future__ import annotations
 import errno
 import ipaddress
 from array import array
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from operator import attrgetter
 from sys import getrefcount
 from typing import Any
@@ -139,7 +139,13 @@ class FrontendState:
     def slot_count(self) -> int:
         """How many slots the state holds (without building the array)."""
         s = self._slots
-        return _count(self._backends) if type(s) is int else len(s)  # type: ignore[arg-type]
+        if type(s) is not int:
+            return len(s)  # type: ignore[arg-type]
+        b = self._backends  # `_count`, inline
+        if not b or isinstance(b, dict):
+            return len(b)
+        last = b[-1]
+        return len(b) - 1 if last is None or type(last) is int else len(b)
 
     @property
     def has_backends(self) -> bool:
@@ -159,9 +165,11 @@ class FrontendState:
         slots (none so far) become the run of ids from ``run`` on, one per address."""
         if run is None:
             self._expand_slots()
-        elif self.slot_count:
-            raise ValueError("a run of slots for a frontend that has slots")
         else:
+            s = self._slots
+            # Any slots: the array's, or the run's (one per backend of the compact form).
+            if s if type(s) is not int else self._backends:
+                raise ValueError("a run of slots for a frontend that has slots")
             self._slots = run
         if not addrs:
             self._backends = _NO_BACKENDS
@@ -251,6 +259,45 @@ _NO_BACKENDS: tuple[Any, ...] = ()
 _ONLY_HELD = 3
 
 
+#: `nones`, `zeros` and `first_indices` of the counts asked so far (a few: the backend
+#: counts of the frontends), shared by every frontend's writes (read-only).
+_NONES: dict[int, tuple[None, ...]] = {}
+_ZEROS: dict[int, tuple[int, ...]] = {}
+_INDICES: dict[int, tuple[int, ...]] = {}
+#: Counts above this get tuples of their own, not kept.
+_SHARED_MAX = 4096
+
+
+def nones(n: int) -> tuple[None, ...]:
+    """``n`` Nones (a shared tuple): the previous written wants of new backend entries."""
+    t = _NONES.get(n)
+    if t is None:
+        t = (None,) * n
+        if n <= _SHARED_MAX:
+            _NONES[n] = t
+    return t
+
+
+def zeros(n: int) -> tuple[int, ...]:
+    """``n`` zeros (a shared tuple): the previous ids of slots appended."""
+    t = _ZEROS.get(n)
+    if t is None:
+        t = (0,) * n
+        if n <= _SHARED_MAX:
+            _ZEROS[n] = t
+    return t
+
+
+def first_indices(n: int) -> tuple[int, ...]:
+    """``0..n-1`` (a shared tuple): the slot indexes of a frontend's first ``n`` slots."""
+    t = _INDICES.get(n)
+    if t is None:
+        t = tuple(range(n))
+        if n <= _SHARED_MAX:
+            _INDICES[n] = t
+    return t
+
+
 class CollectedWrites:
     """One frontend's backend entries and slots, collected for one batch call per map.
 
@@ -260,7 +307,8 @@ class CollectedWrites:
     what their state held before, in the same order, so that `undo` can put back the state
     of what was not written: ``be_addrs`` and ``be_prev`` (each backend entry's address and
     previous written want), ``slot_idx`` and ``slot_prev`` (each slot's index and previous
-    backend id, 0 for a slot appended).
+    backend id, 0 for a slot appended): lists while collected one by one, or (collected in
+    bulk) sequences that may be shared with other writes, never changed.
     """
 
     __slots__ = ("be_addrs", "be_keys", "be_prev", "be_values", "frontend", "run",
@@ -270,8 +318,8 @@ class CollectedWrites:
         self,
         states: BackendStates,
         frontend: FrontendState,
-        be: tuple[bytes | bytearray, bytes | bytearray, list[Addr], list[int | None]],
-        svc: tuple[bytes | bytearray, bytes | bytearray, list[int], list[int]],
+        be: tuple[bytes | bytearray, bytes | bytearray, Sequence[Addr], Sequence[int | None]],
+        svc: tuple[bytes | bytearray, bytes | bytearray, Sequence[int], Sequence[int]],
     ) -> None:
         self.states = states
         self.frontend = frontend
@@ -294,6 +342,15 @@ class CollectedWrites:
         if not all(isinstance(x, bytearray) for x in b):
             raise TypeError("the writes are joined already")
         return b  # type: ignore[return-value]
+
+    def undo_lists(self) -> tuple[list[Addr], list[int | None], list[int], list[int]]:
+        """``be_addrs``, ``be_prev``, ``slot_idx`` and ``slot_prev`` of writes made by
+        `empty`, to append to one by one (TypeError for writes collected in bulk, which
+        may share them as tuples)."""
+        u = (self.be_addrs, self.be_prev, self.slot_idx, self.slot_prev)
+        if not all(type(x) is list for x in u):
+            raise TypeError("the writes were collected in bulk")
+        return u  # type: ignore[return-value]
 
     def settle(self) -> int | None:
         """The writes are in the maps (the master counting them is written): nothing is
@@ -338,7 +395,7 @@ class PendingFrontend:
         state: FrontendState,
         is_local: IsLocal | None,
         writes: CollectedWrites,
-        slot_backends: list[BackendSpec],
+        slot_backends: Sequence[BackendSpec],
         active: int,
         inactive: int,
         master_flags: int,

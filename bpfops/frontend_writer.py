@@ -19,6 +19,8 @@ way is repaired by the retry.
 from __future__ import annotations
 
 from array import array
+from collections.abc import Sequence
+from operator import itemgetter
 
 from bpf import lb
 from bpf.backend import MapBackend
@@ -40,14 +42,15 @@ from bpfops.backend_states import (
 )
 from bpfops.frontend_plan import (
     PACKS,
+    SLOT_FLAGS_MASK,
     addr_head,
     backend_tail,
     backend_values,
     check_frontend,
     master_flags,
+    master_key,
     master_value,
     revnat_entry,
-    slot_flags,
     slot_keys,
     slot_number,
     slot_values,
@@ -65,8 +68,11 @@ from bpfops.frontend_state import (
     IsLocal,
     PendingFrontend,
     backend_bytes,
+    first_indices,
+    nones,
     want_of,
     write_entries,
+    zeros,
 )
 from bpfops.ids import (
     BACKEND_ID_LIMIT,
@@ -86,12 +92,15 @@ from bpfops.model import (
     proto_number,
 )
 from bpfops.node_view import NodeView
-from bpfops.wildcards import WildcardEntries
+from bpfops.wildcards import VipKey, WildcardEntries
 from statedb import ReadTxn
 
 BACKEND_ACTIVE = lb.BACKEND_ACTIVE
 BACKEND_TERMINATING = lb.BACKEND_TERMINATING
 BACKEND_MAINTENANCE = lb.BACKEND_MAINTENANCE
+
+#: A backend spec's address (``addr``, its first field).
+_ADDR = itemgetter(0)
 
 
 class FrontendWriter:
@@ -177,14 +186,15 @@ class FrontendWriter:
         check_frontend(fe)
         addr = fe.addr
         state = self.frontends.get(addr)
+        fresh = state is None
         if state is None:
-            state = FrontendState(self.service_ids.acquire(addr), addr.is_v6)
+            state = FrontendState(self.service_ids.acquire(addr), addr[20] == 6)
             self.frontends[addr] = state
         flags = master_flags(self.config, fe)
-        new_slot_flags = slot_flags(flags)
+        new_slot_flags = flags & SLOT_FLAGS_MASK
         if state.slot_flags != new_slot_flags:
             # Every written slot carries the old flags: rewrite them all (0 never matches).
-            if state.slot_count:
+            if not fresh and state.slot_count:
                 slots = state.slots
                 for i in range(len(slots)):
                     slots[i] = 0
@@ -196,7 +206,7 @@ class FrontendWriter:
         # with nothing to drop, is collected in bulk.
         collected = None
         if self.bulk_new and addr not in self.restored_quarantined:
-            collected = self._collect_new(fe, state)
+            collected = self._collect_new(fe, state, fresh)
         if collected is None:
             ordered = sorted_backends(fe, self.restored_quarantined)
             self._drop_orphans(txn, addr, state, ordered, orphans)
@@ -283,26 +293,24 @@ class FrontendWriter:
         return want, own, v
 
     def _collect_new(
-        self, fe: FrontendSpec, state: FrontendState
-    ) -> tuple[CollectedWrites, list[BackendSpec], int, int] | None:
+        self, fe: FrontendSpec, state: FrontendState, fresh: bool = False
+    ) -> tuple[CollectedWrites, Sequence[BackendSpec], int, int] | None:
         """`sorted_backends`, `_drop_orphans` and `_collect_backends` for the usual
         frontend of an initial sync, in bulk: one that references no backend and has no
-        slot yet, without session affinity, whose backends are all new (no entry yet, ids
-        from one run of the allocator), active, healthy, serving, of cluster 0 and no
-        zone, of its IP family, all of one protocol, with a port, and listed in ascending
-        address order (slot order: `in_slot_order`). It leaves the state as those would
-        (every backend referenced once, wanted and recorded as written active; entries and
-        slots in order) and returns the writes, the backends with a slot and the master's
-        counts. None when the frontend is not such a one (nothing is changed then)."""
-        if (
-            state.slot_count
-            or state.affinity
-            or fe.service.session_affinity
-            or state.has_backends
+        slot yet (``fresh``: its state was just made, so it has neither), without session
+        affinity, whose backends are all new (no entry yet, ids from one run of the
+        allocator), active, healthy, serving, of cluster 0 and no zone, of its IP family,
+        all of one protocol, with a port, and listed in ascending address order (slot
+        order: `in_slot_order`). It leaves the state as those would (every backend
+        referenced once, wanted and recorded as written active; entries and slots in
+        order) and returns the writes, the backends with a slot and the master's counts.
+        None when the frontend is not such a one (nothing is changed then)."""
+        if fe.service.session_affinity or (
+            not fresh and (state.slot_count or state.affinity or state.has_backends)
         ):
             return None
-        family = fe.addr[20]
-        packed = self.backend_states.packed
+        addr = fe.addr
+        family = addr[20]
         bes = fe.backends
         proto = bes[0].addr[18] if bes else 0
         prev = b""  # below every address
@@ -318,12 +326,13 @@ class FrontendWriter:
                 or a[18] != proto
                 or not (a[16] or a[17])
                 or not prev < a
-                or a in packed
             ):
                 return None
             prev = a
-        ordered = list(bes)
-        addrs = [be.addr for be in ordered]
+        addrs = list(map(_ADDR, bes))
+        packed = self.backend_states.packed
+        if not packed.keys().isdisjoint(addrs):
+            return None
         ids = self.backend_ids.acquire_run(addrs)
         if ids is None:
             return None
@@ -331,24 +340,23 @@ class FrontendWriter:
         # Referenced once, the one want and the written want both active (0). (An int
         # made by ``|`` is allocated at its size; one made by ``+`` gets a spare digit,
         # which puts it in the allocator's next size class: 8 bytes more per backend.)
-        packed.update(zip(addrs, [i | REF_ONE for i in ids]))
+        packed.update(zip(addrs, map(REF_ONE.__or__, ids)))
         # Every backend wants 0 (active): the compact form at once (the spec's shared tuple
         # of the backends, when it gives one), and the slots, as if written, the run of ids
         # (no array: `undo` builds one if a write fails).
         state.set_compact(addrs, 0, fe.shared_backends, ids.start)
         id_array = array("I", ids)
         keys = id_array.tobytes()  # the ids in the map's order (the host's), one per slot
-        no_prev: list[int | None] = [None] * n
-        be_writes = (keys, backend_values(addrs, proto, 0), addrs, no_prev)
+        be_writes = (keys, backend_values(addrs, proto, 0), addrs, nones(n))
         svc_writes = (
-            slot_keys(addr_head(fe.addr), svc_key_tail(fe.addr), n),
+            slot_keys(addr_head(addr), svc_key_tail(addr), n),
             slot_values(id_array, state.id, state.slot_flags),
-            list(range(n)),
-            [0] * n,
+            first_indices(n),
+            zeros(n),
         )
         writes = CollectedWrites(self.backend_states, state, be_writes, svc_writes)
         writes.run = ids.start
-        return writes, ordered, n, 0
+        return writes, bes, n, 0
 
     def _collect_backends(
         self,
@@ -356,7 +364,7 @@ class FrontendWriter:
         state: FrontendState,
         ordered: list[BackendSpec],
         w: CollectedWrites,
-    ) -> tuple[CollectedWrites, list[BackendSpec], int, int]:
+    ) -> tuple[CollectedWrites, Sequence[BackendSpec], int, int]:
         """Reference every backend of ``ordered``, collect its entry (when it changed) and
         its slot into the writes ``w``, and keep its affinity entry; return the writes,
         the backends that got a slot and the master's active and inactive counts."""
@@ -376,7 +384,7 @@ class FrontendWriter:
         packed_states, shared_wants = self.backend_states.packed, self.backend_states.shared
         affinity = fe.service.session_affinity
         be_keys, be_values, svc_keys, svc_values = w.buffers()
-        be_addrs, be_prev, slot_idx, slot_prev = w.be_addrs, w.be_prev, w.slot_idx, w.slot_prev
+        be_addrs, be_prev, slot_idx, slot_prev = w.undo_lists()
         for be in ordered:
             be_addr = be.addr
             v = packed_states.get(be_addr)
@@ -546,15 +554,15 @@ class FrontendWriter:
             # No master in the map yet, so no reader of the slots: stale slots of a failed
             # earlier attempt can go first, which frees room in a full services map.
             self.trim_slots(addr, state, len(p.slot_backends))
-        return svc_key(addr, 0), master
+        return master_key(addr), master
 
     def after_master(
-        self, p: PendingFrontend, master: bytes, wildcard_written: bool = False
+        self, p: PendingFrontend, master: bytes, new_wildcard: VipKey | None = None
     ) -> None:
-        """Record the master written, then scale-to-zero, the wildcard entry (already in
-        the map when ``wildcard_written``) and the slots beyond the backend list (which
-        the master no longer counts)."""
-        fe, state, cfg, is_local = p.fe, p.state, self.config, p.is_local
+        """Record the master written, then scale-to-zero, the wildcard entry and the slots
+        beyond the backend list (which the master no longer counts). ``new_wildcard``: the
+        VIP's key when the round's batch wrote its entry (`WildcardEntries.new_entry`)."""
+        fe, state, cfg = p.fe, p.state, self.config
         addr, svc = fe.addr, fe.service
         state.master = master
 
@@ -562,7 +570,10 @@ class FrontendWriter:
         if want_scale_to_zero != state.scale_to_zero:
             self.sync_scale_to_zero(state, want_scale_to_zero)
 
-        self.wildcards.sync(fe, state, is_local, wildcard_written)
+        if new_wildcard is None:
+            self.wildcards.sync(fe, state, p.is_local)
+        else:
+            self.wildcards.written(fe, new_wildcard, state)
 
         if state.slot_count > len(p.slot_backends):
             self.trim_slots(addr, state, len(p.slot_backends))

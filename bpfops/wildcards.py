@@ -68,15 +68,29 @@ class WildcardEntries:
         addr = fe.addr
         if not (self.config.wildcard_entries and self.applies(fe)):
             return None
-        ref_key = vip_key(addr)
+        ref_key = addr[:16] + addr[19:20]  # vip_key
         # The VIP's entry exists (the usual case of an update): no need to ask whether
         # the address is the node's (a table lookup).
         if self.refs.get(ref_key) is not None:
             return None
         if p.is_local is not None and p.is_local(addr):
             return None
-        key_struct = lb.SERVICE6_KEY_STRUCT if addr.is_v6 else lb.SERVICE4_KEY_STRUCT
-        return ref_key, key_struct.pack(addr.packed, 0, 0, 0, addr.scope), entry_value(fe.type)
+        # The key: the IP (network order), port, slot and protocol 0, the scope.
+        if addr[20] == 4:
+            key = lb.SERVICE4_KEY_STRUCT.pack(addr[12:16], 0, 0, 0, addr[19])
+        else:
+            key = lb.SERVICE6_KEY_STRUCT.pack(addr[:16], 0, 0, 0, addr[19])
+        value = _VALUES.get(fe.type)
+        return ref_key, key, value if value is not None else entry_value(fe.type)
+
+    def written(self, fe: FrontendSpec, key: VipKey, state: FrontendState) -> None:
+        """The round's batch wrote the entry `new_entry` gave (refs key ``key``) for the
+        VIP of a frontend whose master it wrote: reference it (as `sync` would)."""
+        if self.refs.get(key) is None:
+            self.refs[key] = state.id
+            state.wildcard = key
+        else:
+            self.upsert(fe, state, True)
 
     def sync(
         self,

@@ -5,14 +5,24 @@ from __future__ import annotations
 import ipaddress
 from typing import Any
 
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from bpf import lb
 from bpf.codec import BE16, U32
-from bpfops.frontend_plan import addr_head, backend_tail, svc_key
-from bpfops.frontend_state import backend_bytes, want_of
-from bpfops.model import Addr, BackendSpec, fast_addr, fast_backend_spec, proto_number
+from bpfops.frontend_plan import addr_head, backend_tail, master_key, master_value, svc_key
+from bpfops.frontend_state import FrontendState, PendingFrontend, backend_bytes, want_of
+from bpfops.maps_dump import AFFINITY_TIMEOUT_MASK, LB_ALG_NUMBERS, LB_ALG_SHIFT
+from bpfops.model import (
+    Addr,
+    BackendSpec,
+    FrontendSpec,
+    LBOpsConfig,
+    ServiceSpec,
+    fast_addr,
+    fast_backend_spec,
+    proto_number,
+)
 
 u8 = st.integers(0, 0xFF)
 u16 = st.integers(0, 0xFFFF)
@@ -131,3 +141,54 @@ def test_fast_model_constructors(
     fast = fast_backend_spec(a, state, 100, x, 2, 3, 4, y, x)
     slow = BackendSpec(b, state, 100, x, 2, 3, 4, y, x)
     assert fast == slow and hash(fast) == hash(slow) and repr(fast) == repr(slow)
+
+
+@settings(max_examples=300, deadline=None)
+@given(ips, u16, protos, st.integers(0, 1))
+def test_master_key_is_slot_zero(ip: Any, port: int, proto: str, scope: int) -> None:
+    addr = Addr(ip, port, proto, scope)
+    assert master_key(addr) == svc_key(addr, 0)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.booleans(),
+    st.integers(1, 0xFFFF),
+    u16,
+    u16,
+    u16,
+    st.booleans(),
+    st.integers(0, 1 << 24),
+    st.sampled_from([0, 0, 8080]),
+    st.sampled_from(["", "random", "maglev"]),
+    st.booleans(),
+)
+def test_master_value_is_the_codecs(
+    v6: bool,
+    fe_id: int,
+    active: int,
+    inactive: int,
+    flags: int,
+    affinity: bool,
+    timeout: int,
+    l7: int,
+    algorithm: str,
+    annotation: bool,
+) -> None:
+    """`master_value` (encoded inline) gives the codec's bytes of the master's fields."""
+    cfg = LBOpsConfig(algorithm_annotation=annotation)
+    service = ServiceSpec(
+        "ns/svc", session_affinity=affinity, affinity_timeout=timeout, lb_algorithm=algorithm,
+        l7_proxy_port=l7,
+    )
+    addr = Addr(ipaddress.ip_address("f00d::1" if v6 else "10.0.0.1"), 80, "TCP", 0)
+    fe = FrontendSpec(addr, "ClusterIP", service)
+    p = PendingFrontend(fe, FrontendState(fe_id, v6), None, None, [], active, inactive, flags)  # type: ignore[arg-type]
+    if l7:
+        head = lb.swap16(l7)
+    else:
+        alg = LB_ALG_NUMBERS.get(algorithm, 0) if annotation else 0
+        head = (alg << LB_ALG_SHIFT) | (timeout & AFFINITY_TIMEOUT_MASK if affinity else 0)
+    value = lb.ServiceValue(head, active, fe_id, flags & 0xFF, flags >> 8, inactive)
+    codec = lb.SERVICE6_VALUE if v6 else lb.SERVICE4_VALUE
+    assert master_value(cfg, p) == codec.encode(value)
