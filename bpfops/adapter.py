@@ -7,6 +7,7 @@ reconciler runs with; ``reconciler_config(...)`` the reconciler Config for it (i
 
 from __future__ import annotations
 
+from operator import attrgetter
 from typing import Any
 
 from bpfops.frontend_ops import FrontendOps
@@ -17,6 +18,7 @@ from bpfops.model import (
     BackendSpec,
     FrontendSpec,
     IPAddress,
+    LazyBackends,
     LBOpsConfig,
     ServiceSpec,
     fast_backend_spec,
@@ -162,7 +164,45 @@ def frontend_spec(fe: Frontend, cfg: LBConfig) -> FrontendSpec:
     # FrontendSpec's fields: addr, type, service, backends, service_port, shared_backends
     # (the row's tuple of instances, each with its ``address``: the ops keep it).
     bes = fe.backends
-    return fast_frontend_spec(fe.address, svc_type, service, backend_specs(bes), port, bes)
+    return fast_frontend_spec(fe.address, svc_type, service, RowBackends(bes), port, bes)
+
+
+class RowBackends(LazyBackends):
+    """A frontend row's backends (its tuple of instances) as BackendSpecs, built on first
+    use (`backend_specs`). Whether they are all the usual kind is read from the
+    instances' shared part (`backend_shared_part`) when they have one, with no spec
+    built: the bulk path for a new frontend needs nothing else."""
+
+    __slots__ = ("rows",)
+
+    def __init__(self, rows: tuple[BackendParams, ...]) -> None:
+        self._specs = None
+        self.rows = rows
+
+    def _build(self) -> tuple[BackendSpec, ...]:
+        return backend_specs(self.rows)
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def usual_addresses(self) -> list[Addr] | None:
+        """See `LazyBackends.usual_addresses`: when every instance has one shared part
+        (equal ones: equal fields), that part's fields as `backend_spec` reads them."""
+        rows = self.rows
+        if not rows:
+            return []
+        parts = list(map(backend_shared_part, rows))
+        if parts.count(parts[0]) != len(parts):
+            return None
+        b = rows[0]
+        state = b.state
+        # backend_spec's state, unhealthy, cluster_id and not_serving (its zone is 0).
+        if _STATE.get(state, 0) or b.unhealthy or b.cluster_id or state is _NOT_SERVING:
+            return None
+        return list(map(_ADDRESS, rows))
+
+
+_ADDRESS = attrgetter("address")
 
 
 def backend_specs(backends: tuple[BackendParams, ...]) -> tuple[BackendSpec, ...]:

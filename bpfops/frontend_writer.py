@@ -88,6 +88,7 @@ from bpfops.model import (
     Addr,
     BackendSpec,
     FrontendSpec,
+    LazyBackends,
     LBOpsConfig,
     proto_number,
 )
@@ -312,24 +313,23 @@ class FrontendWriter:
         addr = fe.addr
         family = addr[20]
         bes = fe.backends
-        proto = bes[0].addr[18] if bes else 0
+        addrs: list[Addr] | None
+        if type(bes) is not tuple and isinstance(bes, LazyBackends):
+            # Their source tells whether they are all usual: no spec is built.
+            addrs = bes.usual_addresses()
+            if addrs is None:
+                return None
+        else:
+            for be in bes:
+                if be.state or be.unhealthy or be.not_serving or be.cluster_id or be.zone:
+                    return None
+            addrs = list(map(_ADDR, bes))
+        proto = addrs[0][18] if addrs else 0
         prev = b""  # below every address
-        for be in bes:
-            a = be.addr
-            if (
-                be.state
-                or be.unhealthy
-                or be.not_serving
-                or be.cluster_id
-                or be.zone
-                or a[20] != family
-                or a[18] != proto
-                or not (a[16] or a[17])
-                or not prev < a
-            ):
+        for a in addrs:
+            if a[20] != family or a[18] != proto or not (a[16] or a[17]) or not prev < a:
                 return None
             prev = a
-        addrs = list(map(_ADDR, bes))
         packed = self.backend_states.packed
         if not packed.keys().isdisjoint(addrs):
             return None

@@ -11,8 +11,9 @@ address parsed from a Kubernetes object is the very object the Ops key their sta
 from __future__ import annotations
 
 import ipaddress
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field, make_dataclass
-from typing import Any, NamedTuple, TypeVar
+from typing import Any, NamedTuple, TypeVar, overload
 
 from bpf.lb import BACKEND_ACTIVE, BACKEND_MAINTENANCE, BACKEND_QUARANTINED, BACKEND_TERMINATING
 from tables.l3n4 import L3n4Addr, new_addr
@@ -124,6 +125,64 @@ class BackendSpec(NamedTuple):
     not_serving: bool = False
 
 
+class LazyBackends(Sequence[BackendSpec]):
+    """A frontend's backends, built on first use (`_build`), from a source that can tell
+    without building them whether they are all the usual kind (`usual_addresses`): the
+    bulk path for new frontends then builds none (a spec is about a microsecond per
+    backend to make and free). Stands for the tuple of BackendSpec `specs` gives:
+    length, items, iteration, equality (with that tuple too) and hash are the tuple's."""
+
+    __slots__ = ("_specs",)
+
+    def __init__(self) -> None:
+        self._specs: tuple[BackendSpec, ...] | None = None
+
+    def _build(self) -> tuple[BackendSpec, ...]:
+        """The specs, in order (called once)."""
+        raise NotImplementedError
+
+    def specs(self) -> tuple[BackendSpec, ...]:
+        """The backends as a tuple of BackendSpec (built on the first call)."""
+        s = self._specs
+        if s is None:
+            s = self._specs = self._build()
+        return s
+
+    def usual_addresses(self) -> list[Addr] | None:
+        """The backends' addresses, in order, when every backend is the usual one: state
+        active, healthy, serving, of cluster 0 and in no zone (as its spec would say);
+        else None. Builds no spec. (This base class always says None.)"""
+        return None
+
+    def __len__(self) -> int:
+        return len(self.specs())
+
+    @overload
+    def __getitem__(self, i: int) -> BackendSpec: ...
+
+    @overload
+    def __getitem__(self, i: slice) -> tuple[BackendSpec, ...]: ...
+
+    def __getitem__(self, i: int | slice) -> BackendSpec | tuple[BackendSpec, ...]:
+        return self.specs()[i]
+
+    def __iter__(self) -> Iterator[BackendSpec]:
+        return iter(self.specs())
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, LazyBackends):
+            other = other.specs()
+        if not isinstance(other, tuple):
+            return NotImplemented
+        return self.specs() == other
+
+    def __hash__(self) -> int:
+        return hash(self.specs())
+
+    def __repr__(self) -> str:
+        return repr(self.specs())
+
+
 @_dataclass_fields
 class FrontendSpec(NamedTuple):
     """A frontend to program: address, type, its service's settings and its backends."""
@@ -131,7 +190,8 @@ class FrontendSpec(NamedTuple):
     addr: Addr
     type: str
     service: ServiceSpec
-    backends: tuple[BackendSpec, ...] = ()
+    #: A tuple, or backends built on first use (`LazyBackends`).
+    backends: tuple[BackendSpec, ...] | LazyBackends = ()
     service_port: int = 0
     #: The tuple the backends were made from, when the caller keeps it anyway (the
     #: frontend row's): one object per backend, in order, each with the backend's
@@ -200,7 +260,7 @@ def fast_service_spec(*fields: Any) -> ServiceSpec:
 
 
 def fast_frontend_spec(
-    addr: Addr, type_: str, service: ServiceSpec, backends: tuple[BackendSpec, ...],
+    addr: Addr, type_: str, service: ServiceSpec, backends: tuple[BackendSpec, ...] | LazyBackends,
     service_port: int, shared_backends: tuple[Any, ...] | None,
 ) -> FrontendSpec:
     """``FrontendSpec(...)`` with every field given positionally, in declaration order."""

@@ -10,8 +10,8 @@ import ipaddress
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from bpfops.adapter import backend_spec, backend_specs, service_spec
-from bpfops.model import ServiceSpec
+from bpfops.adapter import RowBackends, backend_spec, backend_specs, service_spec
+from bpfops.model import BackendSpec, ServiceSpec
 from tables.backends import (
     BackendParams,
     BackendState,
@@ -74,6 +74,33 @@ def _instances(draw: st.DrawFn) -> tuple[BackendParams, ...]:
 @given(_instances())
 def test_backend_specs_equal_one_at_a_time(instances: tuple[BackendParams, ...]) -> None:
     assert backend_specs(instances) == tuple(backend_spec(b) for b in instances)
+
+
+def _usual(spec: BackendSpec) -> bool:
+    """What the bulk path asks of a backend's spec."""
+    return not (spec.state or spec.unhealthy or spec.not_serving or spec.cluster_id or spec.zone)
+
+
+@settings(max_examples=300, deadline=None)
+@given(_instances())
+def test_row_backends_stand_for_their_specs(instances: tuple[BackendParams, ...]) -> None:
+    """`RowBackends` behaves as the tuple `backend_specs` gives, and its usual addresses
+    (read without building specs) are the specs' addresses exactly when every spec is
+    the usual kind, or None (never the addresses of backends that are not all usual)."""
+    specs = backend_specs(instances)
+    usual = RowBackends(instances).usual_addresses()
+    if usual is not None:
+        assert all(map(_usual, specs))
+        assert usual == [s.addr for s in specs]
+    if instances and len({backend_shared_part(b) for b in instances}) == 1:
+        # One shared part: the answer is exact.
+        assert (usual is not None) == all(map(_usual, specs))
+    lazy = RowBackends(instances)
+    assert len(lazy) == len(specs)
+    assert lazy == specs and specs == lazy and hash(lazy) == hash(specs)
+    assert tuple(lazy) == specs and list(lazy[:2]) == list(specs[:2])
+    assert all(lazy[i] == specs[i] for i in range(len(specs)))
+    assert lazy == RowBackends(instances) and repr(lazy) == repr(specs)
 
 
 def test_shared_part_is_one_object_for_a_run() -> None:

@@ -16,7 +16,7 @@ from bpfops.frontend_ops import FrontendOps
 from bpfops.ids import IDAllocator
 from bpfops.lb_maps import LBMaps
 from bpfops.maps_dump import dump_lines
-from bpfops.model import BackendSpec, FrontendSpec, ServiceSpec
+from bpfops.model import Addr, BackendSpec, FrontendSpec, LazyBackends, ServiceSpec
 from reconciler.operations import BatchEntry
 from tests.bpfops.helpers import NO_TXN, addr, fe, new_ops
 
@@ -49,14 +49,40 @@ update = st.tuples(
 )
 
 
-def _spec(i: int, bes: list[tuple[int, int, int, int, bool]], affinity: bool) -> FrontendSpec:
+class _Lazy(LazyBackends):
+    """Backends built on first use, telling their usual addresses without building (as
+    the adapter's `RowBackends` does from the rows)."""
+
+    __slots__ = ("given",)
+
+    def __init__(self, given: tuple[BackendSpec, ...]) -> None:
+        super().__init__()
+        self.given = given
+
+    def _build(self) -> tuple[BackendSpec, ...]:
+        return self.given
+
+    def __len__(self) -> int:
+        return len(self.given)
+
+    def usual_addresses(self) -> list[Addr] | None:
+        if any(b.state or b.unhealthy or b.not_serving or b.cluster_id or b.zone
+               for b in self.given):
+            return None
+        return [b.addr for b in self.given]
+
+
+def _spec(
+    i: int, bes: list[tuple[int, int, int, int, bool]], affinity: bool, lazy: bool = False
+) -> FrontendSpec:
     text, svc_type = FRONTENDS[i]
     backends = tuple(
         BackendSpec(addr(BACKENDS[b]), state, cluster_id=c, zone=z, unhealthy=u)
         for b, state, c, z, u in bes
     )
     svc = ServiceSpec(f"test/svc{i}", session_affinity=affinity, affinity_timeout=10)
-    return fe(text, svc_type, backends, svc)
+    spec = fe(text, svc_type, backends, svc)
+    return spec._replace(backends=_Lazy(backends)) if lazy else spec
 
 
 def _state(ops: FrontendOps[Any]) -> Any:
@@ -79,21 +105,28 @@ def _maps() -> LBMaps:
     return LBMaps.in_memory(max_entries=512, maglev_table_size=251)
 
 
+@pytest.mark.parametrize("lazy", [False, True])
 @settings(max_examples=150, deadline=None, derandomize=True)
 @given(st.lists(st.lists(update, min_size=1, max_size=5), max_size=6))
 def test_bulk_path_leaves_what_the_per_backend_path_leaves(
-    rounds: list[list[tuple[int, list[Any], bool, bool]]],
+    lazy: bool, rounds: list[list[tuple[int, list[Any], bool, bool]]],
 ) -> None:
+    """``lazy``: the bulk path's specs have `LazyBackends` (the per-backend path's a tuple)."""
     bulk, single = new_ops(_maps(), wildcard_entries=True), new_ops(_maps(), wildcard_entries=True)
     single.writer.bulk_new = False
     for round_ in rounds:
         results = []
         for ops in (bulk, single):
+            is_lazy = lazy and ops is bulk
             updates = [
-                BatchEntry(_spec(i, bes, aff), 0) for i, bes, aff, delete in round_ if not delete
+                BatchEntry(_spec(i, bes, aff, is_lazy), 0)
+                for i, bes, aff, delete in round_
+                if not delete
             ]
             deletes = [
-                BatchEntry(_spec(i, bes, aff), 0) for i, bes, aff, delete in round_ if delete
+                BatchEntry(_spec(i, bes, aff, is_lazy), 0)
+                for i, bes, aff, delete in round_
+                if delete
             ]
             ops.delete_batch(NO_TXN, deletes)
             ops.update_batch(NO_TXN, updates)
@@ -103,8 +136,12 @@ def test_bulk_path_leaves_what_the_per_backend_path_leaves(
         assert dump_lines(bulk.maps) == dump_lines(single.maps)
 
 
-def test_a_usual_new_frontend_takes_the_bulk_path(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Its backends' ids come from one run of the allocator, not one `acquire` each."""
+@pytest.mark.parametrize("lazy", [False, True])
+def test_a_usual_new_frontend_takes_the_bulk_path(
+    monkeypatch: pytest.MonkeyPatch, lazy: bool
+) -> None:
+    """Its backends' ids come from one run of the allocator, not one `acquire` each; given
+    `LazyBackends`, no spec is built."""
     ops = new_ops(_maps())
     one_by_one = IDAllocator.acquire
 
@@ -114,7 +151,12 @@ def test_a_usual_new_frontend_takes_the_bulk_path(monkeypatch: pytest.MonkeyPatc
 
     monkeypatch.setattr(IDAllocator, "acquire", acquire)
     spec = fe("10.96.0.1:80", backends=tuple(BackendSpec(addr(b)) for b in BACKENDS[:3]))
+    if lazy:
+        backends = _Lazy(spec.backends)  # type: ignore[arg-type]
+        spec = spec._replace(backends=backends)
     ops.update_batch(NO_TXN, [BatchEntry(spec, 0)])
+    if lazy:
+        assert backends._specs is None
     state = ops.frontends[spec.addr]
     assert list(state.slots) == [1, 2, 3]
     assert dict(state.backends) == dict.fromkeys((addr(b) for b in BACKENDS[:3]), 0)
