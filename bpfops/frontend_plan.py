@@ -48,7 +48,7 @@ PACKS = {
 
 def enabled(cfg: LBOpsConfig, addr: Addr) -> bool:
     """Whether the address family of ``addr`` is enabled."""
-    return cfg.enable_ipv6 if addr.is_v6 else cfg.enable_ipv4
+    return cfg.enable_ipv6 if addr[20] == 6 else cfg.enable_ipv4
 
 
 def is_candidate(cfg: LBOpsConfig, fe: FrontendSpec) -> bool:
@@ -69,7 +69,8 @@ def check_frontend(fe: FrontendSpec) -> None:
     """Raise ValueError for a frontend the maps cannot hold."""
     if fe.service.session_affinity and fe.service.l7_proxy_port:
         raise ValueError("session affinity with an L7 proxy redirect is not supported")
-    if fe.addr.port == 0 and fe.addr.proto != "ANY":
+    addr = fe.addr
+    if not (addr[16] or addr[17]) and addr.proto != "ANY":  # port 0
         raise ValueError("port 0")
 
 
@@ -113,9 +114,7 @@ _FLAGS_MAX = 4096
 def master_flags(cfg: LBOpsConfig, fe: FrontendSpec) -> int:
     """The service flags of the frontend's master entry."""
     svc = fe.service
-    routable = not fe.addr.is_unspecified and (
-        fe.type != CLUSTER_IP or cfg.external_clusterip
-    )
+    routable = (fe.type != CLUSTER_IP or cfg.external_clusterip) and not fe.addr.is_unspecified
     check_sr = bool(svc.source_ranges) and (
         cfg.source_range_all_types or fe.type in (LOAD_BALANCER, EXTERNAL_IPS)
     )

@@ -100,7 +100,7 @@ class RoundWriter:
         """The backend entries of every frontend; those a failure left unwritten fail every
         frontend referencing them."""
         writes = [p.writes for _, p in live]
-        count = sum([w.be_count for w in writes])
+        count = sum([len(w.be_addrs) for w in writes])
         done, exc = write_counted(
             self.writer.maps.backends(v6).backend,
             b"".join([w.be_keys for w in writes]),
@@ -138,7 +138,7 @@ class RoundWriter:
             self.writer.maps.services(v6).backend,
             b"".join([w.svc_keys for w in writes]),
             b"".join([w.svc_values for w in writes]),
-            sum([w.slot_count for w in writes]),
+            sum([len(w.slot_idx) for w in writes]),
         )
         if exc is None:
             return live

@@ -337,10 +337,11 @@ class FrontendWriter:
         if ids is None:
             return None
         n = len(addrs)
-        # Referenced once, the one want and the written want both active (0). (An int
-        # made by ``|`` is allocated at its size; one made by ``+`` gets a spare digit,
-        # which puts it in the allocator's next size class: 8 bytes more per backend.)
-        packed.update(zip(addrs, map(REF_ONE.__or__, ids)))
+        # Referenced once, the one want and the written want both active (0): the ids with
+        # one reference. (A range's ints are allocated at their size; one made by ``+``
+        # gets a spare digit, which puts it in the allocator's next size class: 8 bytes
+        # more per backend.)
+        packed.update(zip(addrs, range(ids.start | REF_ONE, ids.stop | REF_ONE)))
         # Every backend wants 0 (active): the compact form at once (the spec's shared tuple
         # of the backends, when it gives one), and the slots, as if written, the run of ids
         # (no array: `undo` builds one if a write fails).
@@ -550,9 +551,10 @@ class FrontendWriter:
         no master in the map yet has its stale slots trimmed first."""
         state, addr = p.state, p.fe.addr
         master = master_value(self.config, p)
-        if state.master is None:
+        if state.master is None and p.writes.run is None:
             # No master in the map yet, so no reader of the slots: stale slots of a failed
-            # earlier attempt can go first, which frees room in a full services map.
+            # earlier attempt can go first, which frees room in a full services map. (Slots
+            # collected in bulk are the frontend's only ones: nothing to trim.)
             self.trim_slots(addr, state, len(p.slot_backends))
         return master_key(addr), master
 
@@ -575,7 +577,7 @@ class FrontendWriter:
         else:
             self.wildcards.written(fe, new_wildcard, state)
 
-        if state.slot_count > len(p.slot_backends):
+        if p.writes.run is None and state.slot_count > len(p.slot_backends):
             self.trim_slots(addr, state, len(p.slot_backends))
         # The frontend's writes are done: its backends and slots wait for its next update
         # compactly.
