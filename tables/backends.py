@@ -597,6 +597,26 @@ def selects_all_of(
     return True
 
 
+def given_in_order(given: tuple[BackendParams, ...], family: int, port_name: str) -> bool:
+    """True when ``given`` (backends at distinct addresses) is in address order, of
+    ``family`` and, when ``port_name`` is given, each serves that port: the part of
+    `selects_all_of` about the tuple itself, for rows known to be ``given``'s
+    one-instance rows of the service."""
+    prev = b""
+    names: tuple[str, ...] | None = None  # the last port names checked
+    for p in given:
+        a = p.address
+        if a <= prev or a[20] != family:
+            return False
+        prev = a
+        # The backends of a node and port share their `_Rest`: most are checked once.
+        if port_name and p._rest[7] is not names:
+            names = p._rest[7]
+            if port_name not in names:
+                return False
+    return True
+
+
 def _backend_address(b: Backend) -> L3n4Addr:
     """``b.address`` (the primary index's key: one call per row written, not two)."""
     key = b._key

@@ -36,11 +36,12 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any, NoReturn
 
 from reconciler.status import status_pending
-from statedb import DB, InputError, StatewrightError, Table, WriteTxn
+from statedb import DB, InputError, ReadTxn, StatewrightError, Table, WriteTxn
 from tables.backends import (
     Backend,
     BackendParams,
     BackendState,
+    given_in_order,
     new_backends_table,
     preferred_instances_of,
     rows_of_service,
@@ -150,6 +151,9 @@ class LBWriter:
         # rows (see "per-service lookups"); built on first use.
         self._fe_hint: dict[ServiceName, _Addrs] | None = None
         self._be_hint: dict[ServiceName, _Hint] | None = None
+        # Per service without frontends whose committed rows are the one-instance rows of
+        # the `CheckedBackends` in its hint, exactly: that tuple (see `_fold_pure`).
+        self._pure: dict[ServiceName, CheckedBackends] = {}
 
     @classmethod
     def create(cls, db: DB, config: LBConfig | None = None) -> LBWriter:
@@ -450,6 +454,7 @@ class LBWriter:
         self._write_new_backends(txn, service, fresh, addresses)
         # Its rows are exactly ``backends``' addresses (distinct: `CheckedBackends`).
         t.given[service] = backends
+        t.fresh[service] = (backends, fresh)
         self._refresh_backends_users(txn, t, service)
 
     def _refresh_backends_users(self, txn: WriteTxn, t: _Touched, name: ServiceName) -> None:
@@ -740,9 +745,49 @@ class LBWriter:
 
                 _fold(self._fe_hint, t.frontends_of, t.frontends_gone, fe_there)
                 _fold(self._be_hint, t.backends_of, t.backends_gone, be_there, t.given)
+                self._fold_pure(t, base)
             t = _Touched(txn)
             self._touch = t
         return t
+
+    def _fold_pure(self, t: _Touched, base: ReadTxn) -> None:
+        """Fold a finished transaction into ``_pure`` (``base``: the committed tables): a
+        service it read or wrote loses its entry; one whose rows it made from its given
+        backends, and left so, gets that tuple when it has no frontends and the
+        transaction was committed."""
+        pure = self._pure
+        if pure:
+            for name in t.backends_of:
+                pure.pop(name, None)
+            for name in t.frontends_of:
+                pure.pop(name, None)
+            if not pure:
+                self._pure = pure = {}  # a new (small) table: the old one does not shrink
+        if not t.fresh:
+            return
+        if len(pure) >= _PURE_MAX:
+            pure.clear()  # services whose frontends never came: they select the usual way
+        fe_hint, be_hint = self._fe_hint, self._be_hint
+        assert fe_hint is not None and be_hint is not None
+        given_of = t.given
+        committed: bool | None = None
+        for name, (given, fresh) in t.fresh.items():
+            rows = t.backends_of[name]
+            if (
+                given_of.get(name) is given
+                and be_hint.get(name) is given
+                and name not in fe_hint
+                and len(rows) == len(fresh)
+                and all(map(operator.is_, rows.values(), fresh))
+            ):
+                if committed is None:
+                    # The transaction's rows are all committed or none is: an aborted
+                    # one's rows are never the committed ones (each is a new object).
+                    first = fresh[0]
+                    committed = self.backends.get(base, given[0].address) is first
+                if not committed:
+                    return
+                pure[name] = given
 
     def _build_hints(self) -> None:
         """The hints from the committed tables (the writer's first transaction)."""
@@ -952,6 +997,12 @@ class LBWriter:
             given = self._be_hint.get(name)  # type: ignore[assignment]
             if type(given) is not CheckedBackends or not given:
                 return None
+            if self._pure.get(name) is given:
+                # The committed rows are ``given``'s one-instance rows (`_fold_pure`): it
+                # selects them all when they are in order and serve the frontend.
+                if given_in_order(given, p.address[20], p.port_name):
+                    return given
+                return None
             addrs = list(map(_address, given))
             found = self.backends.get_many(txn, addrs)
         if selects_all_of(found, given, addrs, name, p.address[20], p.port_name):
@@ -1044,8 +1095,8 @@ class LBWriter:
 class _Touched:
     """The rows of the services the writer read or wrote in one write transaction."""
 
-    __slots__ = ("backends_gone", "backends_of", "frontends_gone", "frontends_of", "given",
-                 "txn")
+    __slots__ = ("backends_gone", "backends_of", "fresh", "frontends_gone", "frontends_of",
+                 "given", "txn")
 
     def __init__(self, txn: WriteTxn) -> None:
         # Weak: a finished transaction holds its tables' states, and so every row
@@ -1063,6 +1114,9 @@ class _Touched:
         # ``backends_of`` (set by `LBWriter.set_backends`; dropped when a row is added
         # to or removed from the service after it).
         self.given: dict[ServiceName, CheckedBackends] = {}
+        # Per service whose first backends this txn wrote (`LBWriter._set_first_backends`),
+        # the given tuple and the one-instance rows made of it, in its order.
+        self.fresh: dict[ServiceName, tuple[CheckedBackends, list[Backend]]] = {}
 
 
 def _gone(gone: dict[ServiceName, set[L3n4Addr]], name: ServiceName, addr: L3n4Addr) -> None:
@@ -1117,6 +1171,10 @@ def _hint_of(addrs: Iterable[L3n4Addr]) -> _Addrs:
     t = tuple(addrs)
     return t[0] if len(t) == 1 else t
 
+
+#: `LBWriter._pure` is cleared when it reaches this size (it bounds the memory kept for
+#: services whose backends came and whose frontends never did).
+_PURE_MAX = 1 << 16
 
 #: A backend's address (``BackendParams.address``), read in C.
 _address = operator.attrgetter("address")
