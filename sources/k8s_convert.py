@@ -368,6 +368,133 @@ def convert_service(
     exposure annotation (the service exists only on nodes whose label of the same
     name has the annotation's value)."""
     cfg = config if config is not None else LBConfig()
+    converted = _plain_service(obj, cfg, source)
+    if converted is not None:
+        return converted
+    return _convert_service(obj, cfg, node_labels, source)
+
+
+#: The spec fields `_plain_service` takes (any other sends a Service the general way).
+_PLAIN_SPEC_FIELDS = frozenset({
+    "type", "clusterIP", "clusterIPs", "ports", "selector", "ipFamilies", "ipFamilyPolicy",
+    "sessionAffinity", "internalTrafficPolicy",
+})
+_IPV4_ONLY = ["IPv4"]
+
+
+def _plain_service(
+    obj: Mapping[str, Any], cfg: LBConfig, source: str
+) -> ConvertedService | None:
+    """`convert_service` of a plain ClusterIP Service (nearly every one): string labels
+    (not the headless or service-proxy-name ones) and selector, no annotations, one IPv4
+    cluster IP, one port without a node port, the other fields absent or at their
+    defaults, and no load-balancer status. None for any other Service, which the general
+    way then converts and checks from the start: this takes only what it would make of a
+    plain one, and raises nothing."""
+    meta, spec = obj.get("metadata"), obj.get("spec")
+    if type(meta) is not dict or type(spec) is not dict or not spec.keys() <= _PLAIN_SPEC_FIELDS:
+        return None
+    name, ns = meta.get("name"), meta.get("namespace")
+    labels = meta.get("labels")
+    if (
+        type(name) is not str
+        or not name
+        or type(ns) is not str
+        or not ns
+        or meta.get("annotations") not in _NO_ANNOTATIONS
+        or obj.get("status") not in _NO_STATUS
+        or (labels is not None and (
+            type(labels) is not dict
+            or HEADLESS_LABEL in labels
+            or SERVICE_PROXY_NAME_LABEL in labels
+        ))
+    ):
+        return None
+    svc_type = spec.get("type")
+    ips = spec.get("clusterIPs")
+    if ips is None:
+        ip_text = spec.get("clusterIP")
+    elif type(ips) is list and len(ips) == 1:
+        ip_text = ips[0]
+    else:
+        return None
+    ports = spec.get("ports")
+    affinity = spec.get("sessionAffinity")
+    int_policy = spec.get("internalTrafficPolicy")
+    families = spec.get("ipFamilies")
+    if (
+        (svc_type is not None and (type(svc_type) is not str or svc_type != "ClusterIP"))
+        or type(ip_text) is not str
+        or type(ports) is not list
+        or len(ports) != 1
+        or (affinity is not None and (type(affinity) is not str or affinity != "None"))
+        or (int_policy is not None and (type(int_policy) is not str or int_policy != "Cluster"))
+        or (families is not None and (type(families) is not list or families != _IPV4_ONLY))
+    ):
+        return None
+    pm = ports[0]
+    if type(pm) is not dict:
+        return None
+    port_name, port, proto = pm.get("name"), pm.get("port"), pm.get("protocol")
+    if port_name is None:
+        port_name = ""
+    if proto is None:
+        proto = "TCP"
+    if (
+        type(port_name) is not str
+        or type(port) is not int
+        or not 0 < port <= 65535
+        or type(proto) is not str
+        or proto not in _CANONICAL_PROTOCOLS
+        or pm.get("nodePort") is not None
+    ):
+        return None
+    ip = _plain_ipv4(ip_text)
+    if ip is None:
+        return None
+    selector = spec.get("selector")
+    labels_t = _plain_str_items(labels)
+    selector_t = _plain_str_items(selector)
+    if labels_t is None or selector_t is None:
+        return None
+    # As the general way: an interned name, shared port names and tuple of them.
+    svc_name = sys.intern(f"{ns}/{name}")
+    port_name = _shared(port_name)
+    service = new_plain_service(
+        svc_name, source, labels_t, (), selector_t, _shared(((port_name, port),)), _CLUSTER,
+        _CLUSTER,
+    )
+    if not cfg.enable_ipv4:
+        return _new_converted_service(service, (), "")
+    fe = new_frontend_params(new_addr(ip, port, proto), _CLUSTER_IP, svc_name, port_name, port)
+    return _new_converted_service(service, (fe,), "")
+
+
+#: The statuses `_plain_service` takes: none, or one without load-balancer ingress.
+_NO_STATUS: tuple[Any, ...] = (None, {}, {"loadBalancer": {}})
+_NO_ANNOTATIONS: tuple[Any, ...] = (None, {})
+
+
+def _plain_str_items(value: Any) -> tuple[tuple[str, str], ...] | None:
+    """``tuple(sorted(_str_map(value).items()))`` of None or a dict of strings, as the
+    general way stores labels and a selector; None for anything else."""
+    if value is None or (type(value) is dict and not value):
+        return ()
+    if type(value) is not dict:
+        return None
+    for k, v in value.items():
+        if type(k) is not str or type(v) is not str:
+            return None
+    return tuple(sorted(value.items()))
+
+
+def _convert_service(
+    obj: Mapping[str, Any],
+    cfg: LBConfig,
+    node_labels: Mapping[str, str] | None,
+    source: str,
+) -> ConvertedService:
+    """`convert_service` of any Service, field by field."""
     ref = obj  # what errors name: `object_ref` of it, built only for an error
     # Interned, as the EndpointSlices' service names are: one string per service, shared
     # by its rows (service, frontends, backend instance keys) and every lookup by name.
