@@ -1209,7 +1209,7 @@ def convert_endpoint_slice(
         for i, ep in enumerate(endpoints):
             em = _mapping(ref, f"endpoints[{i}]", ep)
             _address_count(ref, i, _list(ref, f"endpoints[{i}].addresses", em.get("addresses")))
-        return ConvertedEndpoints(slice_name, service_name, ())
+        return ConvertedEndpoints(slice_name, service_name, _NO_BACKENDS)
     want_v6 = addr_type == "IPv6"
     port_keys = _port_keys(ref, raw_ports, want_v6)
     # Every address of a slice has its family (checked per endpoint below).
@@ -1226,6 +1226,10 @@ def convert_endpoint_slice(
     # Checked as the writer would check them (one source, ports, weights, states; distinct
     # addresses): it takes them as they are.
     return _new_converted_endpoints(slice_name, service_name, CheckedBackends(backends))
+
+
+#: The backends of a slice that gives none (FQDN): checked, as every converted slice's.
+_NO_BACKENDS = CheckedBackends()
 
 
 def _plain_slice_names(meta: Any) -> tuple[str, str] | None:
