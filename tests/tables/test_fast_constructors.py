@@ -248,3 +248,59 @@ def test_specs_behave_as_frozen_dataclasses() -> None:
     fs = FrontendSpec(addr, "ClusterIP", svc, (be,))
     assert dataclasses.replace(fs, backends=()) == FrontendSpec(addr, "ClusterIP", svc)
     assert hash(fs) == hash(FrontendSpec(addr, "ClusterIP", svc, (BackendSpec(addr),)))
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    st.lists(st.integers(0, 2**32 - 1), max_size=4, unique=True),
+    st.lists(st.text(max_size=5), max_size=3).map(tuple),
+    st.integers(0, 65535),
+    st.sampled_from(list(BackendState)),
+)
+def test_bulk_backend_builders_equal_constructors(
+    ips: list[int], names: tuple[str, ...], weight: int, state: BackendState
+) -> None:
+    """`backend_params_of`, `new_backend_params_from` and `single_backends` (plain slot
+    stores, then the class) build exactly what the constructors build: same class, value,
+    hash, repr, pickle, size, and they stay frozen."""
+    import copy
+    import dataclasses
+    import pickle
+    import sys
+
+    from tables.backends import (
+        Backend,
+        backend_params_of,
+        backend_rest,
+        backend_shared_part,
+        new_backend_params_from,
+        single_backends,
+    )
+
+    addrs = [L3n4Addr(ipaddress.IPv4Address(n), 8080) for n in ips]
+    details = backend_details("node", "zone", (), 0, "k8s", False, 0.0)
+    rest = backend_rest(details, names, weight, state)
+    slow = [BackendParams(a, names, weight, "node", "zone", (), 0, "k8s", state) for a in addrs]
+    for fast in (backend_params_of(addrs, [rest] * len(addrs)),
+                 [new_backend_params_from(a, rest) for a in addrs]):
+        assert [type(p) for p in fast] == [BackendParams] * len(addrs)
+        assert fast == slow and list(map(hash, fast)) == list(map(hash, slow))
+        assert list(map(repr, fast)) == list(map(repr, slow))
+        assert all(backend_shared_part(p) is rest for p in fast)
+        assert [pickle.loads(pickle.dumps(p)) for p in fast] == slow
+        assert [copy.copy(p) for p in fast] == slow
+        assert [sys.getsizeof(p) for p in fast] == [sys.getsizeof(p) for p in slow]
+        for p in fast:
+            with pytest.raises(dataclasses.FrozenInstanceError):
+                p.weight = 1  # type: ignore[misc]
+        key = ("ns/svc", 3)
+        rows = single_backends(key, fast)
+        want = [Backend(p.address, ((key, p),)) for p in slow]
+        assert [type(b) for b in rows] == [Backend] * len(addrs)
+        assert rows == want and list(map(hash, rows)) == list(map(hash, want))
+        assert list(map(repr, rows)) == list(map(repr, want))
+        assert [b.instances[0][1] for b in rows] == fast
+        assert [sys.getsizeof(b) for b in rows] == [sys.getsizeof(b) for b in want]
+        for b in rows:
+            with pytest.raises(dataclasses.FrozenInstanceError):
+                b.address = addrs[0]  # type: ignore[misc]
