@@ -22,8 +22,6 @@ from bpfops.model import (
     LBOpsConfig,
     ServiceSpec,
     fast_backend_spec,
-    fast_frontend_spec,
-    fast_service_spec,
 )
 from reconciler.config import Config
 from reconciler.status import Status
@@ -85,8 +83,9 @@ def service_spec(svc: Service | None, name: str, service_port: int, cfg: LBConfi
     # session_affinity, affinity_timeout, ext_local, int_local, source_ranges,
     # source_ranges_deny, lb_algorithm, forwarding_mode, proxy_delegation,
     # loopback_hostport, load_balancer_class, l7_proxy_port, scale_to_zero.
-    return fast_service_spec(
-        svc.name, v[0], v[1], v[2], v[3], v[4], v[5], v[6], v[7], v[8], v[9], v[10], l7, v[12]
+    return _TUPLE_NEW(  # fast_service_spec, without its call
+        ServiceSpec,
+        (svc.name, v[0], v[1], v[2], v[3], v[4], v[5], v[6], v[7], v[8], v[9], v[10], l7, v[12]),
     )
 
 
@@ -164,7 +163,8 @@ def frontend_spec(fe: Frontend, cfg: LBConfig) -> FrontendSpec:
     # FrontendSpec's fields: addr, type, service, backends, service_port, shared_backends
     # (the row's tuple of instances, each with its ``address``: the ops keep it).
     bes = fe.backends
-    return fast_frontend_spec(fe.address, svc_type, service, RowBackends(bes), port, bes)
+    # fast_frontend_spec, without its call.
+    return _TUPLE_NEW(FrontendSpec, (fe.address, svc_type, service, RowBackends(bes), port, bes))
 
 
 class RowBackends(LazyBackends):
@@ -200,6 +200,10 @@ class RowBackends(LazyBackends):
         if _STATE.get(state, 0) or b.unhealthy or b.cluster_id or state is _NOT_SERVING:
             return None
         return list(map(_ADDRESS, rows))
+
+    def made_from(self, shared: tuple[Any, ...]) -> bool:
+        """Whether ``shared`` is the row's tuple of instances (`usual_addresses` reads it)."""
+        return shared is self.rows
 
 
 _ADDRESS = attrgetter("address")

@@ -158,10 +158,12 @@ class FrontendState:
         want: int,
         shared: tuple[Any, ...] | None = None,
         run: int | None = None,
+        shared_known: bool = False,
     ) -> None:
         """Reference ``addrs`` (in order, no duplicates), each wanting ``want``: the
         backends in the compact form at once, as ``shared`` (a ``shared_backends`` tuple)
-        when its objects' addresses are ``addrs`` and the want is 0. Given ``run``, the
+        when its objects' addresses are ``addrs`` (checked, unless ``shared_known``: the
+        caller got ``addrs`` from ``shared`` itself) and the want is 0. Given ``run``, the
         slots (none so far) become the run of ids from ``run`` on, one per address."""
         if run is None:
             self._expand_slots()
@@ -177,7 +179,7 @@ class FrontendState:
             want == 0
             and shared is not None
             and len(shared) == len(addrs)
-            and list(map(_ADDRESS, shared)) == addrs
+            and (shared_known or list(map(_ADDRESS, shared)) == addrs)
         ):
             self._backends = shared
         else:

@@ -21,6 +21,7 @@ from __future__ import annotations
 from array import array
 from collections.abc import Sequence
 from operator import itemgetter
+from typing import Any
 
 from bpf import lb
 from bpf.backend import MapBackend
@@ -84,6 +85,7 @@ from bpfops.ids import (
 from bpfops.lb_maps import LBMaps, delete_quiet
 from bpfops.maglev import Maglev, MaglevBackend, hash_string
 from bpfops.model import (
+    CLUSTER_IP,
     SCOPE_INTERNAL,
     Addr,
     BackendSpec,
@@ -102,6 +104,8 @@ BACKEND_MAINTENANCE = lb.BACKEND_MAINTENANCE
 
 #: A backend spec's address (``addr``, its first field).
 _ADDR = itemgetter(0)
+#: How many `master_flags_of` results a writer keeps (cleared past it).
+_FLAGS_CACHED = 4096
 
 
 class FrontendWriter:
@@ -146,6 +150,8 @@ class FrontendWriter:
         #: it is expanded into (written and deleted by FrontendOps).
         self.expansions: dict[Addr, list[Addr]] = {}
         self.restored_quarantined: dict[Addr, set[Addr]] = {}
+        #: `master_flags_of`'s cache.
+        self._flags: dict[tuple[Any, ...], int] = {}
 
     def update_frontend(
         self, txn: ReadTxn, fe: FrontendSpec, is_local: IsLocal | None
@@ -191,7 +197,7 @@ class FrontendWriter:
         if state is None:
             state = FrontendState(self.service_ids.acquire(addr), addr[20] == 6)
             self.frontends[addr] = state
-        flags = master_flags(self.config, fe)
+        flags = self.master_flags_of(fe)
         new_slot_flags = flags & SLOT_FLAGS_MASK
         if state.slot_flags != new_slot_flags:
             # Every written slot carries the old flags: rewrite them all (0 never matches).
@@ -222,6 +228,23 @@ class FrontendWriter:
         if orphans:
             p.orphans = orphans
         return p
+
+    def master_flags_of(self, fe: FrontendSpec) -> int:
+        """`master_flags` of the frontend, cached by what they depend on beside the
+        config: the type, the protocol, whether the address is unspecified (asked only
+        when the type can be routable) and the service settings but its name (the
+        services of a cluster share a few combinations)."""
+        cfg, addr, fe_type = self.config, fe.addr, fe.type
+        unspecified = (fe_type != CLUSTER_IP or cfg.external_clusterip) and addr.is_unspecified
+        key = (fe_type, addr[18], unspecified, fe.service[1:])
+        cache = self._flags
+        flags = cache.get(key)
+        if flags is None:
+            flags = master_flags(cfg, fe)
+            if len(cache) >= _FLAGS_CACHED:
+                cache.clear()
+            cache[key] = flags
+        return flags
 
     def _drop_orphans(
         self,
@@ -312,13 +335,17 @@ class FrontendWriter:
             return None
         addr = fe.addr
         family = addr[20]
-        bes = fe.backends
+        bes, shared = fe.backends, fe.shared_backends
         addrs: list[Addr] | None
-        if type(bes) is not tuple and isinstance(bes, LazyBackends):
-            # Their source tells whether they are all usual: no spec is built.
-            addrs = bes.usual_addresses()
+        shared_known = False
+        if type(bes) is not tuple and LazyBackends in type(bes).__mro__:
+            # Their source tells whether they are all usual: no spec is built. (The
+            # __mro__ test is isinstance without the ABC machinery's Python frame.)
+            lazy: LazyBackends = bes  # type: ignore[assignment]
+            addrs = lazy.usual_addresses()
             if addrs is None:
                 return None
+            shared_known = shared is not None and lazy.made_from(shared)
         else:
             for be in bes:
                 if be.state or be.unhealthy or be.not_serving or be.cluster_id or be.zone:
@@ -345,7 +372,7 @@ class FrontendWriter:
         # Every backend wants 0 (active): the compact form at once (the spec's shared tuple
         # of the backends, when it gives one), and the slots, as if written, the run of ids
         # (no array: `undo` builds one if a write fails).
-        state.set_compact(addrs, 0, fe.shared_backends, ids.start)
+        state.set_compact(addrs, 0, shared, ids.start, shared_known)
         id_array = array("I", ids)
         keys = id_array.tobytes()  # the ids in the map's order (the host's), one per slot
         be_writes = (keys, backend_values(addrs, proto, 0), addrs, nones(n))

@@ -154,6 +154,11 @@ class LazyBackends(Sequence[BackendSpec]):
         else None. Builds no spec. (This base class always says None.)"""
         return None
 
+    def made_from(self, shared: tuple[Any, ...]) -> bool:
+        """Whether ``shared`` (a spec's ``shared_backends``) is the source whose objects'
+        addresses `usual_addresses` reads. (This base class always says False.)"""
+        return False
+
     def __len__(self) -> int:
         return len(self.specs())
 

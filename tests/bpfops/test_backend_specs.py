@@ -101,6 +101,10 @@ def test_row_backends_stand_for_their_specs(instances: tuple[BackendParams, ...]
     assert tuple(lazy) == specs and list(lazy[:2]) == list(specs[:2])
     assert all(lazy[i] == specs[i] for i in range(len(specs)))
     assert lazy == RowBackends(instances) and repr(lazy) == repr(specs)
+    # Made from the row's tuple itself (the spec's shared_backends), not an equal one.
+    assert lazy.made_from(instances)
+    if instances:
+        assert not lazy.made_from(tuple(list(instances)))
 
 
 def test_shared_part_is_one_object_for_a_run() -> None:
