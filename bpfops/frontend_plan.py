@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import struct
 from array import array
+from operator import itemgetter
 from typing import Any
 
 from bpf import lb
@@ -57,6 +58,18 @@ def is_candidate(cfg: LBOpsConfig, fe: FrontendSpec) -> bool:
     if cfg.kube_proxy_replacement:
         return True
     return fe.type in (CLUSTER_IP, EXTERNAL_IPS, "LocalRedirect")
+
+
+def in_rounds(cfg: LBOpsConfig, fe: FrontendSpec) -> bool:
+    """`enabled`, `is_candidate` and not `is_expansion`, in one call: whether a round of
+    ``FrontendOps.update_batch`` may hold the frontend as far as its type and family go."""
+    addr, fe_type = fe.addr, fe.type
+    if not (cfg.enable_ipv6 if addr[20] == 6 else cfg.enable_ipv4):
+        return False
+    if not cfg.kube_proxy_replacement and fe_type not in (CLUSTER_IP, EXTERNAL_IPS,
+                                                          "LocalRedirect"):
+        return False
+    return not (fe_type == NODE_PORT or (fe_type == HOST_PORT and addr.is_unspecified))
 
 
 def is_expansion(fe: FrontendSpec) -> bool:
@@ -270,9 +283,13 @@ def backend_values(addrs: list[Addr], proto_index: int, want: int) -> bytes:
     (`addr_head` and `backend_tail` of each), joined."""
     if not addrs:
         return b""
-    lo = 12 if addrs[0][20] == 4 else 0
     tail = backend_tail(proto_index, want)
-    return tail.join([a[lo:18] for a in addrs]) + tail
+    return tail.join(map(_HEAD4 if addrs[0][20] == 4 else _HEAD6, addrs)) + tail
+
+
+#: `addr_head` of an IPv4 and of an IPv6 address (C-level, for a map over addresses).
+_HEAD4 = itemgetter(slice(12, 18))
+_HEAD6 = itemgetter(slice(0, 18))
 
 
 def slot_values(ids: array[int], fe_id: int, flags: int) -> bytes:
@@ -280,8 +297,10 @@ def slot_values(ids: array[int], fe_id: int, flags: int) -> bytes:
     order) of frontend ``fe_id``, all with the slot ``flags``, joined: each the backend id
     (in the host's order, as the map's key of the backend) and the same 8-byte tail
     (no counts, the rev-NAT id, the flags)."""
-    f1, f2 = svcflags.split(flags)
-    tail = lb.SERVICE_VALUE_STRUCT.pack(0, 0, lb.swap16(fe_id), f1, f2, 0)
+    # The id in network order (lb.swap16) and the flags' two bytes (svcflags.split).
+    tail = lb.SERVICE_VALUE_STRUCT.pack(
+        0, 0, ((fe_id & 0xFF) << 8) | (fe_id >> 8), flags & 0xFF, (flags >> 8) & 0xFF, 0
+    )
     words = array("I", tail) * len(ids)  # 3 words per slot: the id's, then the tail's two
     words[0::3] = ids
     return words.tobytes()

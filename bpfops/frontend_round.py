@@ -19,7 +19,7 @@ from typing import Any
 from bpf import lb
 from bpf.errors import MapError
 from bpfops.errors import frontend_error
-from bpfops.frontend_plan import enabled, is_candidate, is_expansion, revnat_entry
+from bpfops.frontend_plan import addr_head, in_rounds
 from bpfops.frontend_state import PendingFrontend, delete_counted, write_counted
 from bpfops.frontend_writer import FrontendWriter
 from bpfops.model import Addr, FrontendSpec
@@ -45,7 +45,7 @@ class RoundWriter:
         ``FrontendOps.update_batch``); else whether the frontend drops backends (each then
         referenced by this frontend alone)."""
         w = self.writer
-        if not enabled(w.config, fe.addr) or not is_candidate(w.config, fe) or is_expansion(fe):
+        if not in_rounds(w.config, fe):
             return None
         state = w.frontends.get(fe.addr)
         if state is None or not state.backends:
@@ -153,12 +153,20 @@ class RoundWriter:
 
     def _write_side_entries(self, live: Live) -> Live:
         """Maglev tables and source ranges, per frontend."""
+        w = self.writer
+        maglev = w.maglev_possible
+        failed = False
         for e, p in live:
+            state = p.state
+            # Nothing to write for the usual frontend (`write_side_entries`' own test).
+            if not (maglev or state.maglev or p.fe.service.source_ranges or state.source_ranges):
+                continue
             try:
-                self.writer.write_side_entries(p)
+                w.write_side_entries(p)
             except (MapError, ValueError) as exc:
                 e.result = frontend_error(p.fe, exc)
-        return [(e, p) for e, p in live if e.result is None]
+                failed = True
+        return [(e, p) for e, p in live if e.result is None] if failed else live
 
     def _write_revnat(self, live: Live, v6: bool) -> Live:
         """The rev-NAT entries of the frontends that have none written yet (an entry maps
@@ -167,12 +175,13 @@ class RoundWriter:
         todo = [(e, p) for e, p in live if not p.state.revnat]
         if not todo:
             return live
-        entries = [revnat_entry(p) for _, p in todo]
+        # `revnat_entry` of each: the id (network order) -> the frontend's IP and port.
+        pack = lb.BE16_STRUCT.pack
         done, exc = write_counted(
             self.writer.maps.revnat(v6).backend,
-            b"".join([k for k, _ in entries]),
-            b"".join([v for _, v in entries]),
-            len(entries),
+            b"".join([pack(p.state.id) for _, p in todo]),
+            b"".join([addr_head(p.fe.addr) for _, p in todo]),
+            len(todo),
         )
         for i, (e, p) in enumerate(todo):
             if i < done:
