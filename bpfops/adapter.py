@@ -84,8 +84,7 @@ def service_spec(svc: Service | None, name: str, service_port: int, cfg: LBConfi
     # source_ranges_deny, lb_algorithm, forwarding_mode, proxy_delegation,
     # loopback_hostport, load_balancer_class, l7_proxy_port, scale_to_zero.
     return _TUPLE_NEW(  # fast_service_spec, without its call
-        ServiceSpec,
-        (svc.name, v[0], v[1], v[2], v[3], v[4], v[5], v[6], v[7], v[8], v[9], v[10], l7, v[12]),
+        ServiceSpec, (svc.name, *v[:11], l7, v[12])
     )
 
 

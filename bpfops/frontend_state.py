@@ -261,42 +261,22 @@ _NO_BACKENDS: tuple[Any, ...] = ()
 _ONLY_HELD = 3
 
 
-#: `nones`, `zeros` and `first_indices` of the counts asked so far (a few: the backend
-#: counts of the frontends), shared by every frontend's writes (read-only).
-_NONES: dict[int, tuple[None, ...]] = {}
-_ZEROS: dict[int, tuple[int, ...]] = {}
-_INDICES: dict[int, tuple[int, ...]] = {}
+#: `bulk_undo` of the counts asked so far (a few: the backend counts of the frontends),
+#: shared by every frontend's writes (read-only).
+_BULK_UNDO: dict[int, tuple[tuple[None, ...], tuple[int, ...], tuple[int, ...]]] = {}
 #: Counts above this get tuples of their own, not kept.
 _SHARED_MAX = 4096
 
 
-def nones(n: int) -> tuple[None, ...]:
-    """``n`` Nones (a shared tuple): the previous written wants of new backend entries."""
-    t = _NONES.get(n)
+def bulk_undo(n: int) -> tuple[tuple[None, ...], tuple[int, ...], tuple[int, ...]]:
+    """The undo sequences of ``n`` new backend entries and ``n`` slots appended (shared
+    tuples): ``n`` Nones (the entries' previous written wants), ``0..n-1`` (the slots'
+    indexes) and ``n`` zeros (the slots' previous ids)."""
+    t = _BULK_UNDO.get(n)
     if t is None:
-        t = (None,) * n
+        t = ((None,) * n, tuple(range(n)), (0,) * n)
         if n <= _SHARED_MAX:
-            _NONES[n] = t
-    return t
-
-
-def zeros(n: int) -> tuple[int, ...]:
-    """``n`` zeros (a shared tuple): the previous ids of slots appended."""
-    t = _ZEROS.get(n)
-    if t is None:
-        t = (0,) * n
-        if n <= _SHARED_MAX:
-            _ZEROS[n] = t
-    return t
-
-
-def first_indices(n: int) -> tuple[int, ...]:
-    """``0..n-1`` (a shared tuple): the slot indexes of a frontend's first ``n`` slots."""
-    t = _INDICES.get(n)
-    if t is None:
-        t = tuple(range(n))
-        if n <= _SHARED_MAX:
-            _INDICES[n] = t
+            _BULK_UNDO[n] = t
     return t
 
 

@@ -69,11 +69,9 @@ from bpfops.frontend_state import (
     IsLocal,
     PendingFrontend,
     backend_bytes,
-    first_indices,
-    nones,
+    bulk_undo,
     want_of,
     write_entries,
-    zeros,
 )
 from bpfops.ids import (
     BACKEND_ID_LIMIT,
@@ -375,12 +373,14 @@ class FrontendWriter:
         state.set_compact(addrs, 0, shared, ids.start, shared_known)
         id_array = array("I", ids)
         keys = id_array.tobytes()  # the ids in the map's order (the host's), one per slot
-        be_writes = (keys, backend_values(addrs, proto, 0), addrs, nones(n))
+        no_prev, indices, no_ids = bulk_undo(n)
+        be_writes = (keys, backend_values(addrs, proto, 0), addrs, no_prev)
+        key_head = addr[12:18] if family == 4 else addr[:18]  # addr_head
         svc_writes = (
-            slot_keys(addr_head(addr), svc_key_tail(addr), n),
+            slot_keys(key_head, svc_key_tail(addr), n),
             slot_values(id_array, state.id, state.slot_flags),
-            first_indices(n),
-            zeros(n),
+            indices,
+            no_ids,
         )
         writes = CollectedWrites(self.backend_states, state, be_writes, svc_writes)
         writes.run = ids.start
