@@ -368,9 +368,9 @@ def convert_service(
     exposure annotation (the service exists only on nodes whose label of the same
     name has the annotation's value)."""
     cfg = config if config is not None else LBConfig()
-    converted = _plain_service(obj, cfg, source)
-    if converted is not None:
-        return converted
+    plain = _plain_service(obj, cfg, source)
+    if plain is not None:
+        return _new_converted_service(plain[0], plain[1], "")
     return _convert_service(obj, cfg, node_labels, source)
 
 
@@ -384,8 +384,9 @@ _IPV4_ONLY = ["IPv4"]
 
 def _plain_service(
     obj: Mapping[str, Any], cfg: LBConfig, source: str
-) -> ConvertedService | None:
-    """`convert_service` of a plain ClusterIP Service (nearly every one): string labels
+) -> tuple[Service, tuple[FrontendParams, ...]] | None:
+    """`convert_service` of a plain ClusterIP Service (nearly every one), as its row and
+    frontends (it is always exposed: it has no annotations): string labels
     (not the headless or service-proxy-name ones) and selector, no annotations, one IPv4
     cluster IP, one port without a node port, the other fields absent or at their
     defaults, and no load-balancer status. None for any other Service, which the general
@@ -453,8 +454,8 @@ def _plain_service(
     if ip is None:
         return None
     selector = spec.get("selector")
-    labels_t = _plain_str_items(labels)
-    selector_t = _plain_str_items(selector)
+    labels_t = () if labels is None else _plain_str_items(labels)
+    selector_t = () if selector is None else _plain_str_items(selector)
     if labels_t is None or selector_t is None:
         return None
     # As the general way: an interned name, shared port names and tuple of them.
@@ -465,9 +466,9 @@ def _plain_service(
         _CLUSTER,
     )
     if not cfg.enable_ipv4:
-        return _new_converted_service(service, (), "")
+        return service, ()
     fe = new_frontend_params(new_addr(ip, port, proto), _CLUSTER_IP, svc_name, port_name, port)
-    return _new_converted_service(service, (fe,), "")
+    return service, (fe,)
 
 
 #: The statuses `_plain_service` takes: none, or one without load-balancer ingress.
@@ -1628,6 +1629,12 @@ class K8sConverter:
     # ----- services ------------------------------------------------------------------------
     def upsert_service(self, txn: WriteTxn, obj: Mapping[str, Any]) -> None:
         """Add or update a Service (its row and complete frontend set)."""
+        plain = _plain_service(obj, self.config, self.source)
+        if plain is not None:  # nearly every Service: always exposed
+            service, frontends = plain
+            self.writer.upsert_service_and_frontends(txn, service, frontends)
+            self._st.services.add(service.name)
+            return
         conv = convert_service(obj, self.config, self.writer.node_labels, self.source)
         if conv.not_exposed:
             self.delete_service(txn, conv.service.name)

@@ -610,16 +610,16 @@ def given_in_order(given: tuple[BackendParams, ...], family: int, port_name: str
     `selects_all_of` about the tuple itself, for rows known to be ``given``'s
     one-instance rows of the service."""
     prev = b""
-    names: tuple[str, ...] | None = None  # the last port names checked
+    rest: Any = None  # the last `_Rest` checked
     for p in given:
         a = p.address
         if a <= prev or a[20] != family:
             return False
         prev = a
         # The backends of a node and port share their `_Rest`: most are checked once.
-        if port_name and p._rest[7] is not names:
-            names = p._rest[7]
-            if port_name not in names:
+        if p._rest is not rest:
+            rest = p._rest
+            if port_name and port_name not in rest[7]:
                 return False
     return True
 

@@ -154,6 +154,7 @@ class LBWriter:
         # Per service without frontends whose committed rows are the one-instance rows of
         # the `CheckedBackends` in its hint, exactly: that tuple (see `_fold_pure`).
         self._pure: dict[ServiceName, CheckedBackends] = {}
+        self._pure_most = 0  # the most entries ``_pure`` held since it was last made
 
     @classmethod
     def create(cls, db: DB, config: LBConfig | None = None) -> LBWriter:
@@ -240,6 +241,13 @@ class LBWriter:
         belongs to another service, and LBWriterError for a frontend naming another
         service or a duplicate address.
         """
+        if (
+            type(frontends) is tuple
+            and len(frontends) == 1
+            and frontends[0].type not in _SHADOWING_TYPES
+        ):
+            self._upsert_one_frontend(txn, svc, frontends[0])  # most services
+            return
         # Written in address order, so the reconciler (which follows the change order) gives
         # one object's frontends their service ids in address order, as Cilium does.
         # Only LoadBalancer and ExternalIPs frontends can shadow a NodePort.
@@ -281,6 +289,30 @@ class LBWriter:
         # olds still holds their rows as the txn sees them.
         for p, old in zip(params, olds, strict=True):
             self._put_frontend(txn, svc, p, force=not unchanged, old=old)
+
+    def _upsert_one_frontend(self, txn: WriteTxn, svc: Service, p: FrontendParams) -> None:
+        """`upsert_service_and_frontends` with one frontend ``p`` (that cannot shadow a
+        NodePort): the same checks and writes, without the set and lists of several."""
+        name = svc.name
+        address = p.address
+        if p.service_name != name:
+            raise LBWriterError(
+                f"frontend {address} names service {p.service_name}, expected {name}"
+            )
+        old = self.frontends.get(txn, address)
+        if old is not None and old.service_name != name:
+            raise FrontendConflictError(address, old.service_name, name)
+        old_svc = self.services.get(txn, name)
+        unchanged = old_svc is not None and old_svc == svc
+        if unchanged:
+            assert old_svc is not None
+            svc = old_svc
+        else:
+            self.services.insert(txn, svc)
+        for fe in self._frontends_of(txn, name):
+            if fe.address != address:
+                self._fe_del(txn, fe)
+        self._put_frontend(txn, svc, p, force=not unchanged, old=old)
 
     def _shadows_node_port(self, txn: WriteTxn, p: FrontendParams) -> bool:
         """True for a LoadBalancer/ExternalIPs frontend on a node address with a port in the
@@ -761,8 +793,11 @@ class LBWriter:
                 pure.pop(name, None)
             for name in t.frontends_of:
                 pure.pop(name, None)
-            if not pure:
-                self._pure = pure = {}  # a new (small) table: the old one does not shrink
+            if len(pure) * 4 < self._pure_most:
+                # A dict's table does not shrink as it empties: a copy is the size it needs
+                # (the services remembered during a load are forgotten as they come).
+                self._pure = pure = dict(pure)
+                self._pure_most = len(pure)
         if not t.fresh:
             return
         if len(pure) >= _PURE_MAX:
@@ -788,6 +823,7 @@ class LBWriter:
                 if not committed:
                     return
                 pure[name] = given
+        self._pure_most = max(self._pure_most, len(pure))
 
     def _build_hints(self) -> None:
         """The hints from the committed tables (the writer's first transaction)."""
