@@ -1346,6 +1346,7 @@ def _plain_endpoint_backends(
     _, port_names, prefix, suffix = port_key
     keys: list[bytes] = []
     add_key = keys.append
+    pton, af_inet = _inet_pton, _AF_INET
     d_node = d_zone = None
     rest: Any = None
     # Each endpoint's shared rest, once the endpoints are on more than one node or zone.
@@ -1363,7 +1364,7 @@ def _plain_endpoint_backends(
         ):
             return None
         addrs = ep.get("addresses")
-        if type(addrs) is not list or len(addrs) != 1 or type(addrs[0]) is not str:
+        if type(addrs) is not list:
             return None
         node, zone = ep.get("nodeName", ""), ep.get("zone", "")
         if rest is None or node != d_node or zone != d_zone:
@@ -1376,10 +1377,12 @@ def _plain_endpoint_backends(
         if rests is not None:
             rests.append(rest)
         try:
-            # Dotted-quad IPv4 straight to bytes (inet_pton accepts what ipaddress
-            # accepts, see _parse_ip); anything else through the general loop.
-            add_key(prefix + _inet_pton(_AF_INET, addrs[0]) + suffix)
-        except (OSError, ValueError):
+            # One address (else ValueError), a dotted-quad IPv4 string (else TypeError or
+            # OSError) straight to bytes: inet_pton accepts what ipaddress accepts (see
+            # _parse_ip). Anything else through the general loop.
+            (ip,) = addrs
+            add_key(prefix + pton(af_inet, ip) + suffix)
+        except (OSError, ValueError, TypeError):
             return None
     n = len(keys)
     addresses = list(map(addr_of_key, keys))

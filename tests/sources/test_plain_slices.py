@@ -22,7 +22,8 @@ from tables.backends import backend_shared_part
 from tables.lb_config import LBConfig
 from tables.lb_writer import LBWriter
 
-_ADDRESSES = ["10.0.0.1", "10.0.0.2", "10.0.0.3", "10.0.0.256", "::1", "", 7]
+_ADDRESSES = ["10.0.0.1", "10.0.0.2", "10.0.0.3", "10.0.0.256", "::1", "", 7, None,
+              b"10.0.0.1", "10.0.0.1\x00"]
 _CONDITIONS: list[Any] = [
     {"ready": True, "serving": True},
     {"ready": True},
@@ -32,6 +33,10 @@ _CONDITIONS: list[Any] = [
     {},
     None,
     {"ready": "yes"},
+    # Equal to plain conditions, but not booleans: the general loop refuses them.
+    {"ready": 1, "serving": True},
+    {"ready": True, "serving": 1.0},
+    {"ready": True, "terminating": 0},
 ]
 
 endpoint = st.fixed_dictionaries(
