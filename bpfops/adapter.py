@@ -191,12 +191,8 @@ class RowBackends(LazyBackends):
         if not rows:
             return []
         parts = list(map(backend_shared_part, rows))
-        if parts.count(parts[0]) != len(parts):
-            return None
-        b = rows[0]
-        state = b.state
-        # backend_spec's state, unhealthy, cluster_id and not_serving (its zone is 0).
-        if _STATE.get(state, 0) or b.unhealthy or b.cluster_id or state is _NOT_SERVING:
+        part = parts[0]
+        if parts.count(part) != len(parts) or not _USUAL.of(part, rows[0]):
             return None
         return list(map(_ADDRESS, rows))
 
@@ -206,6 +202,35 @@ class RowBackends(LazyBackends):
 
 
 _ADDRESS = attrgetter("address")
+
+
+class _UsualPart:
+    """Whether the instances of a shared part (`backend_shared_part`) are the usual kind
+    (`LazyBackends.usual_addresses`), for the last part asked: the parts are interned,
+    and a cluster's backends mostly share a few, so this mostly reads no field."""
+
+    __slots__ = ("last",)
+
+    def __init__(self) -> None:
+        #: (part, usual): one tuple, replaced as a whole (it holds the part, so an
+        #: identical object is that part).
+        self.last: tuple[object, bool] = (None, False)
+
+    def of(self, part: object, b: BackendParams) -> bool:
+        """Whether ``b`` (an instance of ``part``) is the usual kind: `backend_spec`'s
+        state, unhealthy, cluster_id and not_serving all zero (its zone is 0)."""
+        last = self.last
+        if last[0] is part:
+            return last[1]
+        state = b.state
+        usual = not (
+            _STATE.get(state, 0) or b.unhealthy or b.cluster_id or state is _NOT_SERVING
+        )
+        self.last = (part, usual)
+        return usual
+
+
+_USUAL = _UsualPart()
 
 
 def backend_specs(backends: tuple[BackendParams, ...]) -> tuple[BackendSpec, ...]:
