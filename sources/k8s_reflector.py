@@ -126,14 +126,34 @@ class ReflectorConfig:
 @dataclass(frozen=True, slots=True)
 class Delta:
     """One change to deliver: ``upsert`` with the object, or ``delete`` (object with at
-    least kind and metadata.namespace/name)."""
+    least kind and metadata.namespace/name).
+
+    ``version`` is the object's resourceVersion as a number (`rv_number`), what the
+    consumer counts progress in; left out, it is read from ``obj``. The reflector gives
+    it (it reads every resourceVersion anyway): the consumer then reads no object's
+    metadata for it."""
 
     op: str  # "upsert" | "delete"
     key: str  # namespace/name (name for cluster-scoped objects)
     obj: Mapping[str, Any]
+    version: int = -1
+
+    def __post_init__(self) -> None:
+        if self.version < 0:
+            object.__setattr__(self, "version", rv_number(self.obj))
 
 
-#: ``Delta(op, key, obj)`` through its slots (one per object watched).
+def rv_number(obj: Mapping[str, Any]) -> int:
+    """An object's ``metadata.resourceVersion`` as a number: 0 when it has none, or one
+    that is no string of digits (a list's deletion stub, a malformed object)."""
+    meta = obj.get("metadata")
+    if type(meta) is not dict:  # the usual one first, without the fallback's lookups
+        meta = meta or {}
+    rv = meta.get("resourceVersion")
+    return int(rv) if isinstance(rv, str) and rv.isdigit() else 0
+
+
+#: ``Delta(op, key, obj, version)`` through its slots (one per object watched).
 _new_delta = slot_constructor(Delta, "new_delta")
 
 
@@ -379,20 +399,24 @@ class Reflector:
                 else:
                     key = object_key(item)
                 if type(rv) is str and rv.isascii() and rv.isdigit() and rv[0] != "0":
-                    version: int | str = int(rv)
+                    number = int(rv)
+                    version: int | str = number
                 else:
                     version = _version(_rv_of(item))
+                    number = rv_number(item)
             else:
                 key = object_key(item)
                 version = _version(_rv_of(item))
+                number = rv_number(item)
             add(key)
             if store.get(key) != version:
                 store[key] = version
-                # A Delta("upsert", key, item), built by plain slot stores.
+                # A Delta("upsert", key, item, number), built by plain slot stores.
                 d: Any = _new_delta_slots(_DeltaSlots)
                 d.op = "upsert"
                 d.key = key
                 d.obj = item
+                d.version = number
                 d.__class__ = Delta
                 append(d)
         return deltas
@@ -558,7 +582,7 @@ class Reflector:
             obj.setdefault("kind", self.spec.kind)
             if etype in ("ADDED", "MODIFIED"):
                 self._store[key] = _version(rv)
-                deltas.append(_new_delta("upsert", key, obj))
+                deltas.append(_new_delta("upsert", key, obj, rv_number(obj)))
             elif etype == "DELETED":
                 self._store.pop(key, None)
                 deltas.append(Delta("delete", key, obj))

@@ -59,7 +59,12 @@ from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStre
 
 from sources.apply_latency import LatencyHistogram
 from sources.k8s_client import K8sClient
-from sources.k8s_convert import ConversionError, K8sConverter
+from sources.k8s_convert import (
+    KIND_ENDPOINT_SLICE,
+    KIND_SERVICE,
+    ConversionError,
+    K8sConverter,
+)
 from sources.k8s_reflector import (
     BACKING_OFF,
     LISTING,
@@ -373,7 +378,7 @@ class K8sSource:
             raise
         # A watch delivers in the server's order, so its last change has the highest
         # version; a list's pages do not, but its last delivery carries the list's version.
-        top = max(list_rv, _version(deltas[-1])) if deltas else list_rv
+        top = max(list_rv, deltas[-1].version) if deltas else list_rv
         if top > self.received_rv.get(reflector.name, 0):
             self.received_rv[reflector.name] = top
             if self._received_event is not None:
@@ -494,7 +499,10 @@ class K8sSource:
             wanted, deleted = coalesce(received)
         newly_synced = {item.reflector.name for item in batch if item.synced}
         all_synced = (self._synced | newly_synced) >= {r.name for r in self.reflectors}
-        written, skip, refused = self._write_batch(wanted, deleted, all_synced)
+        kinds = {item.reflector.spec.kind for item in batch}
+        written, skip, refused = self._write_batch(
+            wanted, deleted, all_synced, KIND_POD in kinds
+        )
         if all_synced:
             self._init_done = None
             self.synced = True
@@ -510,13 +518,14 @@ class K8sSource:
         for item in batch:
             self.apply_latency.add((committed - item.received) * 1000, len(item.deltas))
         self._note_applied_versions(batch)
-        kinds = {item.reflector.spec.kind for item in batch}
         if KIND_NODE in kinds:
             self._note_node(batch, wanted)
         if KIND_POD in kinds:
             self._note_pod_labels(batch, wanted)
         if self.on_applied is not None and batch:
-            self.on_applied([d for _, d in received], min(item.received for item in batch))
+            self.on_applied(
+                [d for item in batch for d in item.deltas], min(item.received for item in batch)
+            )
         # Only a Service or Pod written (changed or deleted) can free an address.
         if (
             not retrying
@@ -536,10 +545,12 @@ class K8sSource:
         wanted: list[tuple[Reflector, Delta]],
         deleted: dict[int, Delta],
         all_synced: bool,
+        pods: bool,
     ) -> tuple[list[tuple[Reflector, Delta]], set[int], set[int]]:
         """The transaction of `apply_batch`: what was written (``wanted`` with refused
         upserts replaced by their batch's deletion), the positions left out, and the
-        positions refused (left out, or written as the deletion)."""
+        positions refused (left out, or written as the deletion). ``pods``: whether
+        ``wanted`` holds changes of Pods."""
         deltas = list(wanted)
         deleted = dict(deleted)
         skip: set[int] = set()
@@ -547,8 +558,10 @@ class K8sSource:
         conv = self.converter
         origins = self.writer.origins
         recorder = OriginRecorder(origins) if origins is not None else None
+        upsert = _kind_upserts(conv)
+        n = len(deltas)
         while True:
-            with_pods = any(
+            with_pods = pods and any(
                 r.spec.kind == KIND_POD for i, (r, _) in enumerate(deltas) if i not in skip
             )
             cp = conv.checkpoint() if with_pods else None
@@ -556,15 +569,24 @@ class K8sSource:
             redo = False
             # The objects upserted, their origins recorded together before the commit.
             upserted: list[Mapping[str, Any]] = []
+            add_upserted = upserted.append
             try:
                 i = 0
-                while i < len(deltas) and not redo:
+                while i < n and not redo:
                     r, d = deltas[i]
                     if skip and i in skip:
                         i += 1
                         continue
                     try:
-                        self._apply_one(txn, r, d, upserted, recorder)
+                        # The usual change, inline: an upsert the converter writes, by
+                        # the object's kind (as `K8sConverter.upsert` dispatches).
+                        obj = d.obj
+                        kind = obj.get("kind") if d.op == "upsert" else None
+                        if type(kind) is str and kind in upsert and r.spec.kind != KIND_NODE:
+                            upsert[kind](txn, obj)
+                            add_upserted(obj)
+                        else:
+                            self._apply_one(txn, r, d, upserted, recorder)
                     except INPUT_ERRORS as e:
                         refused.add(i)
                         self._record_error(r, d, str(e))
@@ -614,7 +636,7 @@ class K8sSource:
         """After a committed batch: the versions it processed (coalesced changes included)
         into `applied_rv`; wake `wait_applied` waiters."""
         for item in batch:
-            top = max(map(_version, item.deltas), default=0)
+            top = max(map(_version_of, item.deltas), default=0)
             name = item.reflector.name
             if top > self.applied_rv.get(name, 0):
                 self.applied_rv[name] = top
@@ -797,14 +819,17 @@ def _one_change_each(batch: list[_Item]) -> bool:
 
 
 _key_of = attrgetter("key")
+#: A change's resourceVersion as a number (`Delta.version`).
+_version_of = attrgetter("version")
 
 
-def _version(d: Delta) -> int:
-    meta = d.obj.get("metadata")
-    if type(meta) is not dict:  # the usual one first, without the fallback's lookups
-        meta = meta or {}
-    rv = meta.get("resourceVersion")
-    return int(rv) if isinstance(rv, str) and rv.isdigit() else 0
+def _kind_upserts(conv: K8sConverter) -> dict[str, Callable[[WriteTxn, Any], None]]:
+    """Kind -> the converter's upsert of that kind, for the kinds `K8sConverter.upsert`
+    hands on as they are (Services and EndpointSlices): the applier calls them directly.
+    Empty for a converter with an ``upsert`` of its own."""
+    if getattr(type(conv), "upsert", None) is not K8sConverter.upsert:
+        return {}
+    return {KIND_SERVICE: conv.upsert_service, KIND_ENDPOINT_SLICE: conv.upsert_endpoint_slice}
 
 
 def pod_named_ports(pod: Mapping[str, Any]) -> tuple[NamedPort, ...]:
