@@ -17,6 +17,7 @@ from tables.origins import (
     origin,
     origin_key_index,
     origin_of,
+    origins_of,
 )
 
 FIELDS = ("kind", "namespace", "name", "source", "uid", "resource_version", "file", "line",
@@ -194,6 +195,42 @@ def test_origin_of_gives_the_row_its_fields_say(
                         "resourceVersion": rv,
                         "labels": {"kubernetes.io/service-name": service}}}
     assert origin_of(obj, "k8s") == _reference_origin(obj, "k8s")
+
+
+def _stored(o: Origin) -> tuple[object, ...]:
+    """An origin's class and slots as stored (equal fields may be stored differently)."""
+    return (type(o), *(getattr(o, slot) for slot in Origin.__slots__))
+
+
+usual_rv = st.integers(0, 10**12).map(str)
+usual_object = st.fixed_dictionaries({
+    "kind": st.sampled_from(["Service", "EndpointSlice"]),
+    "endpoints": st.lists(st.fixed_dictionaries({"addresses": st.lists(ipv4, max_size=2)}),
+                          max_size=3),
+    "metadata": st.fixed_dictionaries({
+        "name": safe, "namespace": safe, "uid": uids, "resourceVersion": usual_rv,
+        "labels": st.fixed_dictionaries({"kubernetes.io/service-name": safe}),
+    }),
+})
+any_object = st.builds(
+    lambda kind, name, namespace, uid, rv, service, endpoints: {
+        "kind": kind, "endpoints": endpoints,
+        "metadata": {"name": name, "namespace": namespace, "uid": uid, "resourceVersion": rv,
+                     "labels": {"kubernetes.io/service-name": service}}},
+    st.one_of(st.sampled_from(["Service", "EndpointSlice", "Node"]), json_scalar),
+    st.one_of(safe, json_scalar), json_scalar, st.one_of(uids, json_scalar),
+    st.one_of(usual_rv, json_scalar), json_scalar,
+    st.one_of(st.lists(endpoint, max_size=4), json_scalar),
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(objs=st.lists(st.one_of(usual_object, any_object), max_size=6))
+def test_origins_of_a_batch_are_origin_of_each(objs: list[dict[str, object]]) -> None:
+    """The batch loop (inline for the usual object) stores exactly what origin_of does,
+    slot by slot, and leaves out the objects without an origin."""
+    want = [o for o in (origin_of(obj, "k8s") for obj in objs) if o is not None]
+    assert [_stored(o) for o in origins_of(objs, "k8s")] == [_stored(o) for o in want]
 
 
 def test_decimal_resource_versions_are_packed_others_kept() -> None:
