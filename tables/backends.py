@@ -23,7 +23,7 @@ import enum
 import operator
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any, ClassVar, cast
 
 from statedb import Index, Table
 from statedb import keys as keycodec
@@ -502,8 +502,9 @@ _new = object.__new__
 _set_key, _set_val = slot_setters(Backend, "_key", "_val")
 #: Backend rows and BackendParams built by plain slot stores, then given their class
 #: (`statedb.rows.assignable_twin`): about half the cost of a slot setter call per slot.
-_BackendSlots = assignable_twin(Backend)
-_BackendParamsSlots = assignable_twin(BackendParams)
+#: Their ``twin()`` makes an empty one (the twin has object's own __init__).
+_BackendSlots = cast(Callable[[], Backend], assignable_twin(Backend))
+_BackendParamsSlots = cast(Callable[[], BackendParams], assignable_twin(BackendParams))
 
 
 def single_backends(key: InstanceKey, params: Iterable[BackendParams]) -> list[Backend]:
@@ -512,9 +513,9 @@ def single_backends(key: InstanceKey, params: Iterable[BackendParams]) -> list[B
     out: list[Backend] = []
     append = out.append
     # Built by plain slot stores (`statedb.rows.assignable_twin`).
-    new, twin, cls = _new, _BackendSlots, Backend
+    twin, cls = _BackendSlots, Backend
     for p in params:
-        b = new(twin)
+        b = twin()  # an empty one: object's C-level __new__ and __init__
         b._key = key
         b._val = p
         b.__class__ = cls
@@ -727,7 +728,7 @@ def active_backend_rest(
 
 def new_backend_params_from(address: L3n4Addr, rest: _Rest) -> BackendParams:
     """``BackendParams`` from its address and a `backend_rest` tuple (two slots set)."""
-    o = _new(_BackendParamsSlots)
+    o = _BackendParamsSlots()
     o.address = address
     o._rest = rest
     o.__class__ = BackendParams
@@ -741,9 +742,9 @@ def backend_params_of(
     (a converter's backends of one slice)."""
     out: list[BackendParams] = []
     append = out.append
-    new, twin, cls = _new, _BackendParamsSlots, BackendParams
+    twin, cls = _BackendParamsSlots, BackendParams
     for a, r in zip(addresses, rests):
-        o = new(twin)
+        o = twin()  # an empty one: object's C-level __new__ and __init__
         o.address = a
         o._rest = r
         o.__class__ = cls
