@@ -254,6 +254,28 @@ class Table(Generic[O, PK]):
         call: a reader of several rows it knows the keys of (the LB writer reading a
         service's backends)."""
         st = txn.states[self.name]
+        if type(pks) is not builtins.list and type(pks) is not tuple:
+            pks = builtins.list(pks)  # read twice when a head is newer than the snapshot
+        rows_get = st.rows.get
+        self_type = self.pk_self_type
+        encode = self.pk_encode
+        out: builtins.list[O | None] = []
+        append = out.append
+        for q in pks:
+            # A key of the self-encoded type is its own encoding.
+            e = rows_get(q if type(q) is self_type else encode(q))  # type: ignore[arg-type]
+            # A deletion record (or None) is no row.
+            append(e[0] if type(e) is tuple else None)
+        # Each head read is the snapshot's row when no head is newer than the snapshot:
+        # always in a write transaction's own state (the writer holds the table), else
+        # when ``newest``, read after the heads (as in `get`), says so.
+        if type(st) is TableTxn or st.revision >= st.store.newest:
+            return out
+        return self._get_many_older(st, pks)
+
+    def _get_many_older(self, st: TableState, pks: Iterable[PK]) -> builtins.list[O | None]:
+        """`get_many` in a snapshot that a head may be newer than (a writer is under way):
+        such a head's key is read from the older versions."""
         rows_get = st.rows.get
         rev = st.revision
         store = st.store
@@ -269,7 +291,6 @@ class Table(Generic[O, PK]):
             if e is None:
                 append(None)
             elif e[1] > rev and rev < store.newest:
-                # A head newer than this snapshot (as in `get`).
                 e = store.older_at(pk, rev, e)
                 append(e[0] if e is not None else None)
             else:

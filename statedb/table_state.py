@@ -363,12 +363,23 @@ class TableTxn(TableState):
             # method lookup.
             key_of = table.pk_key
             k: Any = key_of(obj)
-            if type(k) is table.pk_self_type:
+            kind = type(k)
+            if kind is table.pk_self_type:
                 pk = k
+            elif kind is table.pk_c_type:
+                # The encoder's C-level equivalent (see `Table.get`); the encoder itself
+                # raises its own error for a key the equivalent cannot encode.
+                c_encode = table.pk_c_encode
+                try:
+                    pk = c_encode(k)
+                except Exception:
+                    encode = table.pk_encode
+                    pk = encode(k)
             else:
                 encode = table.pk_encode
                 pk = encode(k)
-        old = self.rows.get(pk)
+        heads = self.rows
+        head = old = heads.get(pk)
         if old is not None:
             if type(old) is not tuple:
                 old = None  # a deletion record
@@ -380,7 +391,18 @@ class TableTxn(TableState):
             self._index(pk, entry, old)
         self.revision = rev
         base_rev = self.base.revision
-        self.store.put(pk, entry, base_rev)
+        # VersionStore.put, inlined (``rows`` is the store's ``heads``): a committed head
+        # moves to ``older`` for the snapshots, before the new one is installed.
+        if head is not None and head[1] <= base_rev:
+            older = self.store.older
+            o = older.get(pk)
+            if o is None:
+                older[pk] = head
+            elif type(o) is list:
+                o.append(head)
+            else:
+                older[pk] = [o, head]
+        heads[pk] = entry
         self.log.append(entry)
         if old is None:
             self.count += 1
