@@ -137,8 +137,8 @@ class SourceConfig:
     #: and the applier yields to the other tasks (the reconciler) between batches, so
     #: this bounds how long a backlog holds the loop at a time.
     batch_size: int = 16
-    #: The bound until every initial list has been applied: list pages (of 1,000
-    #: objects), with no event waiting behind them, go in fewer, larger transactions.
+    #: The bound until every initial list has been applied: list pages of 500 objects,
+    #: with no event waiting behind them, go in fewer, larger transactions.
     sync_batch_size: int = 500
     #: How long the applier waits for more changes after the first one (under load the
     #: changes that arrive while a batch is written make the next batch anyway).
@@ -146,8 +146,8 @@ class SourceConfig:
     #: Deliveries that may wait for the applier before reflectors are held back.
     queue_depth: int = 64
     #: Changes (events, list items) that may wait for the applier before reflectors are
-    #: held back (`EventBudget`): about 10 MB of decoded EndpointSlices, a list page of
-    #: 1,000 plus change, enough to keep the applier busy while the next one is read.
+    #: held back (`EventBudget`): about 10 MB of decoded EndpointSlices, two list pages
+    #: of 500 plus change, enough to keep the applier busy while the next one is read.
     queue_events: int = 1024
     reflector: ReflectorConfig = field(default_factory=ReflectorConfig)
 
