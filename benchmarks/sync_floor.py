@@ -8,9 +8,9 @@ in one process and one machine state, the least pure Python spends on each of th
 the same objects, and then the sync itself, so the two read side by side:
 
 - ``floor_decode_us_per_service``: ``orjson.loads`` of the list pages (500 objects each,
-  the Services' and the EndpointSlices', as the fake API server serves them), and freeing
-  the decoded objects once the rows are made of them.
-- ``floor_rows_us_per_service``: from the decoded objects, the rows the agent keeps per
+  the Services' and the EndpointSlices', as the fake API server serves them), one page at a
+  time as the agent lists, and freeing each page's objects once its rows are made.
+- ``floor_rows_us_per_service``: from each decoded page, the rows the agent keeps per
   service (a Service, its Frontend, a Backend per endpoint with its address packed by
   ``inet_pton``, an origin per object, a status), each a plain tuple of its fields, put in
   one plain dict per index the agent keeps (services by name; frontends by address and
@@ -78,63 +78,76 @@ def list_pages(n: int) -> list[bytes]:
     return pages
 
 
-def decode_floor(pages: list[bytes]) -> tuple[float, list[dict[str, Any]]]:
-    """CPU seconds of decoding every page; the decoded items."""
+class FloorStore:
+    """The least a store keeps of the objects: a plain tuple per row, in plain dicts."""
+
+    def __init__(self) -> None:
+        self.services: dict[str, tuple[Any, ...]] = {}
+        self.frontends: dict[bytes, tuple[Any, ...]] = {}
+        self.frontend_of: dict[str, bytes] = {}
+        self.backends: dict[bytes, tuple[Any, ...]] = {}
+        self.backends_of: dict[str, tuple[bytes, ...]] = {}
+        self.origins: dict[str, tuple[Any, ...]] = {}
+
+    def add_services(self, items: list[dict[str, Any]]) -> None:
+        """A Service's row, its frontend's and its origin's."""
+        pton, v4, done = socket.inet_pton, socket.AF_INET, ("done", 0.0, "")
+        for obj in items:
+            meta = obj["metadata"]
+            name = f"{meta['namespace']}/{meta['name']}"
+            spec = obj["spec"]
+            port = spec["ports"][0]
+            self.services[name] = (name, "k8s", meta.get("labels"), None, spec.get("selector"),
+                                   ("http",))
+            addr = pton(v4, spec["clusterIP"]) + port["port"].to_bytes(2, "big") + b"\x06"
+            self.frontends[addr] = (addr, "ClusterIP", name, port["name"], port["port"], name,
+                                    (), 0, None, done)
+            self.frontend_of[name] = addr
+            self.origins[name] = (name, "Service", meta["uid"], meta["resourceVersion"])
+
+    def add_slices(self, items: list[dict[str, Any]]) -> None:
+        """An EndpointSlice's backend rows, its service's frontend again, its origin."""
+        pton, v4 = socket.inet_pton, socket.AF_INET
+        for obj in items:
+            meta = obj["metadata"]
+            service = f"{meta['namespace']}/{meta['labels']['kubernetes.io/service-name']}"
+            port = obj["ports"][0]
+            tail = port["port"].to_bytes(2, "big") + b"\x06"
+            keys = []
+            for ep in obj["endpoints"]:
+                key = pton(v4, ep["addresses"][0]) + tail
+                cond = ep["conditions"]
+                self.backends[key] = (key, service, port["name"], cond["ready"], cond["serving"])
+                keys.append(key)
+            given = self.backends_of[service] = tuple(keys)
+            fe = self.frontend_of[service]
+            row = self.frontends[fe]
+            self.frontends[fe] = (*row[:6], given, *row[7:])
+            self.origins[f"{meta['namespace']}/{meta['name']}"] = (
+                meta["name"], "EndpointSlice", meta["uid"], meta["resourceVersion"]
+            )
+
+
+def decode_and_rows_floor(pages: list[bytes]) -> tuple[float, float, FloorStore]:
+    """Page by page, as the agent lists: CPU seconds of decoding a page and freeing its
+    objects once their rows are made, and of making the rows; the store they are in."""
     loads = orjson.loads
-    t0 = time.thread_time()
-    decoded = [loads(p) for p in pages]
-    cpu = time.thread_time() - t0
-    return cpu, [item for page in decoded for item in page["items"]]
-
-
-def free_floor(items: list[dict[str, Any]]) -> float:
-    """CPU seconds of freeing the decoded objects (``items`` is left empty)."""
-    t0 = time.thread_time()
-    items.clear()
-    return time.thread_time() - t0
-
-
-def rows_floor(items: list[dict[str, Any]], n: int) -> float:
-    """CPU seconds of keeping the least each object's rows need, in plain dicts."""
-    services: dict[str, tuple[Any, ...]] = {}
-    frontends: dict[bytes, tuple[Any, ...]] = {}
-    frontends_by_service: dict[str, bytes] = {}
-    backends: dict[bytes, tuple[Any, ...]] = {}
-    backends_of: dict[str, tuple[bytes, ...]] = {}
-    origins: dict[str, tuple[Any, ...]] = {}
-    pton = socket.inet_pton
-    v4 = socket.AF_INET
-    done = ("done", 0.0, "")
-    t0 = time.thread_time()
-    for obj in items[:n]:
-        meta = obj["metadata"]
-        name = f"{meta['namespace']}/{meta['name']}"
-        spec = obj["spec"]
-        port = spec["ports"][0]
-        services[name] = (name, "k8s", meta.get("labels"), None, spec.get("selector"), ("http",))
-        addr = pton(v4, spec["clusterIP"]) + port["port"].to_bytes(2, "big") + b"\x06"
-        frontends[addr] = (addr, "ClusterIP", name, port["name"], port["port"], name, (), 0,
-                           None, done)
-        frontends_by_service[name] = addr
-        origins[name] = (name, "Service", meta["uid"], meta["resourceVersion"])
-    for obj in items[n:]:
-        meta = obj["metadata"]
-        service = f"{meta['namespace']}/{meta['labels']['kubernetes.io/service-name']}"
-        port = obj["ports"][0]
-        tail = port["port"].to_bytes(2, "big") + b"\x06"
-        keys = []
-        for ep in obj["endpoints"]:
-            key = pton(v4, ep["addresses"][0]) + tail
-            cond = ep["conditions"]
-            backends[key] = (key, service, port["name"], cond["ready"], cond["serving"])
-            keys.append(key)
-        backends_of[service] = tuple(keys)
-        fe = frontends_by_service[service]
-        frontends[fe] = (*frontends[fe][:6], backends_of[service], *frontends[fe][7:])
-        origins[f"{meta['namespace']}/{meta['name']}"] = (
-            meta["name"], "EndpointSlice", meta["uid"], meta["resourceVersion"]
-        )
-    return time.thread_time() - t0
+    store = FloorStore()
+    decode = rows = 0.0
+    clock = time.thread_time
+    for page in pages:
+        t0 = clock()
+        body = loads(page)
+        t1 = clock()
+        if body["kind"] == "ServiceList":
+            store.add_services(body["items"])
+        else:
+            store.add_slices(body["items"])
+        t2 = clock()
+        del body
+        decode += (t1 - t0) + (clock() - t2)
+        rows += t2 - t1
+    return decode, rows, store
 
 
 def entries_per_service(services: int = 200) -> dict[str, float]:
@@ -207,10 +220,8 @@ def main(argv: list[str] | None = None) -> int:
     n = args.services
     out: dict[str, Any] = {"services": n, "load_avg_1m_at_start": round(os.getloadavg()[0], 2)}
     pages = list_pages(n)
-    decode_s, items = decode_floor(pages)
+    decode_s, rows_s, _ = decode_and_rows_floor(pages)
     del pages
-    rows_s = rows_floor(items, n)
-    decode_s += free_floor(items)
     per_service = entries_per_service()
     maps_s = maps_floor(n, per_service)
     out["map_entries_per_service"] = per_service

@@ -6,22 +6,19 @@ import orjson
 import pytest
 
 from benchmarks.sync_floor import (
-    decode_floor,
+    decode_and_rows_floor,
     entries_per_service,
-    free_floor,
     list_pages,
     maps_floor,
-    rows_floor,
 )
 
 
 def test_pages_hold_every_service_then_every_slice_as_served() -> None:
     pages = list_pages(1_200)
     assert len(pages) == 6  # 3 pages of <= 500 per kind
-    kinds = [orjson.loads(p)["kind"] for p in pages]
-    assert kinds == ["ServiceList"] * 3 + ["EndpointSliceList"] * 3
-    cpu, items = decode_floor(pages)
-    assert cpu >= 0
+    bodies = [orjson.loads(p) for p in pages]
+    assert [b["kind"] for b in bodies] == ["ServiceList"] * 3 + ["EndpointSliceList"] * 3
+    items = [item for b in bodies for item in b["items"]]
     assert len(items) == 2_400
     assert [i["metadata"]["name"] for i in items[:2]] == ["svc-0", "svc-1"]
     assert items[1_200]["metadata"]["name"] == "svc-0-abcde"
@@ -30,14 +27,23 @@ def test_pages_hold_every_service_then_every_slice_as_served() -> None:
         assert meta["uid"] and meta["resourceVersion"] and meta["creationTimestamp"]
 
 
-def test_rows_floor_reads_every_object() -> None:
-    _, items = decode_floor(list_pages(300))
-    assert rows_floor(items, 300) >= 0
-    # A slice whose service is missing is a KeyError: the floor joins them as the agent does.
+def test_the_floor_store_keeps_every_row_the_agent_keeps() -> None:
+    decode, rows, store = decode_and_rows_floor(list_pages(700))
+    assert decode >= 0 and rows >= 0
+    assert len(store.services) == len(store.frontends) == len(store.backends_of) == 700
+    assert len(store.backends) == 7_000
+    assert len(store.origins) == 1_400
+    # Every frontend holds its slice's backends, in the slice's order.
+    for name, addr in store.frontend_of.items():
+        assert store.frontends[addr][6] == store.backends_of[name]
+        assert len(store.backends_of[name]) == 10
+
+
+def test_a_slice_before_its_service_is_refused() -> None:
+    """The floor joins a slice to its service as the agent's converter does."""
+    pages = list_pages(10)
     with pytest.raises(KeyError):
-        rows_floor(items[:10] + items[300:320], 10)
-    assert free_floor(items) >= 0
-    assert items == []
+        decode_and_rows_floor(pages[1:])
 
 
 def test_entries_per_service_are_the_lb_ops_own() -> None:
