@@ -394,14 +394,7 @@ class TableTxn(TableState):
         # VersionStore.put, inlined (``rows`` is the store's ``heads``): a committed head
         # moves to ``older`` for the snapshots, before the new one is installed.
         if head is not None and head[1] <= base_rev:
-            older = self.store.older
-            o = older.get(pk)
-            if o is None:
-                older[pk] = head
-            elif type(o) is list:
-                o.append(head)
-            else:
-                older[pk] = [o, head]
+            self.store.keep_older(pk, head)
         heads[pk] = entry
         self.log.append(entry)
         if old is None:
@@ -426,8 +419,7 @@ class TableTxn(TableState):
         store = self.store
         heads = store.heads
         get = heads.get
-        older = store.older
-        older_get = older.get
+        keep_older = store.keep_older
         base_rev = self.base.revision
         append = self.log.append
         superseded = self.superseded
@@ -447,13 +439,7 @@ class TableTxn(TableState):
                 # VersionStore.put, inlined: keep the committed head for snapshots.
                 if old is not None:
                     if old[1] <= base_rev:
-                        o = older_get(pk)
-                        if o is None:
-                            older[pk] = old
-                        elif type(o) is list:
-                            o.append(old)
-                        else:
-                            older[pk] = [o, old]
+                        keep_older(pk, old)
                     elif type(old) is tuple:
                         superseded.append(old)
                 heads[pk] = entry
@@ -529,8 +515,7 @@ class TableTxn(TableState):
         store = self.store
         heads = store.heads
         get = heads.get
-        older = store.older
-        older_get = older.get
+        keep_older = store.keep_older
         base_rev = self.base.revision
         append = self.log.append
         skipped: list[tuple[int, Any]] = []
@@ -560,13 +545,7 @@ class TableTxn(TableState):
                 rev = next_rev  # the record's own int: one object per write, not two
                 # VersionStore.put, inlined.
                 if old[1] <= base_rev:
-                    o = older_get(pk)
-                    if o is None:
-                        older[pk] = old
-                    elif type(o) is list:
-                        o.append(old)
-                    else:
-                        older[pk] = [o, old]
+                    keep_older(pk, old)
                 else:
                     self.superseded.append(old)
                 heads[pk] = entry

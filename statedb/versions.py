@@ -122,16 +122,21 @@ class VersionStore:
         heads = self.heads
         old = heads.get(key)
         if old is not None and old[1] <= base_revision:
-            older = self.older
-            o = older.get(key)
-            if o is None:
-                older[key] = old
-            elif type(o) is list:
-                o.append(old)
-            else:
-                older[key] = [o, old]
+            self.keep_older(key, old)
         heads[key] = record
         return old
+
+    def keep_older(self, key: bytes, head: Record) -> None:
+        """Keep ``key``'s committed ``head``, about to be replaced, for the snapshots that
+        may still read it (bulk writers that install heads themselves call this)."""
+        older = self.older
+        o = older.get(key)
+        if o is None:
+            older[key] = head
+        elif type(o) is list:
+            o.append(head)
+        else:
+            older[key] = [o, head]
 
     def restore(self, key: bytes, base_revision: int) -> None:
         """Undo a write transaction's records of ``key`` (those above ``base_revision``)."""

@@ -274,14 +274,7 @@ class LBWriter:
             if old is not None and old.service_name != svc.name:
                 raise FrontendConflictError(p.address, old.service_name, svc.name)
             olds.append(old)
-        old_svc = self.services.get(txn, svc.name)
-        unchanged = old_svc is not None and old_svc == svc
-        if unchanged:
-            # Keep the stored row (frontends refer to it); rewrite only what changed.
-            assert old_svc is not None
-            svc = old_svc
-        else:
-            self.services.insert(txn, svc)
+        svc, unchanged = self._keep_or_insert_service(txn, svc)
         for fe in self._frontends_of(txn, svc.name):
             if fe.address not in seen:
                 self._fe_del(txn, fe)
@@ -302,17 +295,21 @@ class LBWriter:
         old = self.frontends.get(txn, address)
         if old is not None and old.service_name != name:
             raise FrontendConflictError(address, old.service_name, name)
-        old_svc = self.services.get(txn, name)
-        unchanged = old_svc is not None and old_svc == svc
-        if unchanged:
-            assert old_svc is not None
-            svc = old_svc
-        else:
-            self.services.insert(txn, svc)
+        svc, unchanged = self._keep_or_insert_service(txn, svc)
         for fe in self._frontends_of(txn, name):
             if fe.address != address:
                 self._fe_del(txn, fe)
         self._put_frontend(txn, svc, p, force=not unchanged, old=old)
+
+    def _keep_or_insert_service(self, txn: WriteTxn, svc: Service) -> tuple[Service, bool]:
+        """The Service row to write frontends against, and whether it was unchanged: an
+        equal stored row is kept (frontends refer to it; only what changed is rewritten),
+        else ``svc`` is inserted."""
+        old_svc = self.services.get(txn, svc.name)
+        if old_svc is not None and old_svc == svc:
+            return old_svc, True
+        self.services.insert(txn, svc)
+        return svc, False
 
     def _shadows_node_port(self, txn: WriteTxn, p: FrontendParams) -> bool:
         """True for a LoadBalancer/ExternalIPs frontend on a node address with a port in the

@@ -140,6 +140,19 @@ def test_a_committed_first_set_is_remembered_and_its_frontend_shares_the_tuple()
         t.abort()
 
 
+def _first_frontend_after_forgetting(w: LBWriter) -> Any:
+    """In a later transaction (another service's slice folds the one before), NAMES[0] is
+    not remembered; its frontend is then written and returned as committed."""
+    with w.write_txn() as t:
+        w.set_backends(t, NAMES[1], "k8s", _sorted([3]))
+        assert NAMES[0] not in w._pure
+        w.upsert_service_and_frontends(t, Service(NAMES[0]), [fe(FRONTENDS[NAMES[0]], NAMES[0])])
+    with w.write_txn() as t:
+        (row,) = [f for f in w.frontends.all(t) if f.service_name == NAMES[0]]
+        t.abort()
+    return row
+
+
 def test_an_aborted_first_set_is_not_remembered() -> None:
     _db, w = new_writer()
     bes = _sorted([0, 1, 2])
@@ -149,14 +162,8 @@ def test_an_aborted_first_set_is_not_remembered() -> None:
             raise _Abort
     except _Abort:
         pass
-    with w.write_txn() as t:
-        w.set_backends(t, NAMES[1], "k8s", _sorted([3]))
-        assert NAMES[0] not in w._pure
-        w.upsert_service_and_frontends(t, Service(NAMES[0]), [fe(FRONTENDS[NAMES[0]], NAMES[0])])
-    with w.write_txn() as t:
-        (row,) = [f for f in w.frontends.all(t) if f.service_name == NAMES[0]]
-        assert row.backends == ()
-        t.abort()
+    row = _first_frontend_after_forgetting(w)
+    assert row.backends == ()
 
 
 def test_an_aborted_change_forgets_the_service() -> None:
@@ -173,13 +180,9 @@ def test_an_aborted_change_forgets_the_service() -> None:
             raise _Abort
     except _Abort:
         pass
+    row = _first_frontend_after_forgetting(w)
+    assert row.backends == bes
     with w.write_txn() as t:
-        w.set_backends(t, NAMES[1], "k8s", _sorted([3]))
-        assert NAMES[0] not in w._pure
-        w.upsert_service_and_frontends(t, Service(NAMES[0]), [fe(FRONTENDS[NAMES[0]], NAMES[0])])
-    with w.write_txn() as t:
-        (row,) = [f for f in w.frontends.all(t) if f.service_name == NAMES[0]]
-        assert row.backends == bes
         assert row.backends == w.select_backends(t, row)
         t.abort()
 
