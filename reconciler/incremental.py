@@ -7,9 +7,10 @@ updates (a snapshot never holds a live row older than a deletion of its key);
 then writes Done/Error with compare-and-swap on the row's revision so a newer
 write is never overwritten.
 
-The work comes from statedb as typed `Change` records (obj, revision, key;
-deleted): the change iterator's own records, used as they are, with the
-encoded primary key (``key``) serving the retry queue and the status
+The work comes from statedb as the change log's own records
+(`ChangeIterator.next_records`: a plain tuple ``(obj, revision, key)`` per
+upsert, a `Change` per deletion), used as they are and read by position, with
+the encoded primary key (``key``) serving the retry queue and the status
 write-back without computing it again.
 """
 
@@ -46,7 +47,8 @@ _CHECKPOINT_EVERY = 4096
 class Updates(Generic[O]):
     """The updates of one round: the rows to hand to the target, and their verdicts' homes.
 
-    ``work[i]`` is an upsert `Change`: its ``obj`` goes to the target (unless
+    ``work[i]`` is an upsert record ``(obj, revision, key)`` (the change stream's plain
+    tuple, or a `Change` for a retry or a held row): its ``obj`` goes to the target (unless
     ``targets`` says otherwise) and the verdict is written onto that row at
     ``revision`` under ``key`` if the row's own status is still what it was. The
     change stream's records are used as they are: a round handles thousands.
@@ -57,7 +59,7 @@ class Updates(Generic[O]):
     __slots__ = ("changes", "skipped", "targets", "work")
 
     def __init__(self) -> None:
-        self.work: list[Change[O]] = []
+        self.work: list[tuple[O, int, bytes]] = []
         self.targets: dict[int, O] = {}
         #: How many of ``work`` (the first ones) come from the change stream; the rest
         #: are retries.
@@ -74,7 +76,7 @@ class Updates(Generic[O]):
         targets = self.targets
         if targets and i in targets:
             return targets[i]
-        return self.work[i].obj
+        return self.work[i][0]
 
 
 def error_text(exc: BaseException) -> str:
@@ -95,7 +97,7 @@ class Incremental(Generic[O]):
         self.retries = retries
         self.metrics = metrics
         self._iter: ChangeIterator[O] | None = None
-        self._changes: Iterator[Change[O]] | None = None
+        self._changes: Iterator[tuple[O, int, bytes]] | None = None
         self._changes_revision = 0
         # Revision of the newest snapshot whose changes were all attempted.
         self.attempted_revision = -1
@@ -166,7 +168,7 @@ class Incremental(Generic[O]):
         assert self._iter is not None, "Incremental.open() was not called"
         watch: Watch | None = None
         if self._changes is None:
-            changes, watch = self._iter.next(txn)
+            changes, watch = self._iter.next_records(txn)
             self._changes = changes
             self._changes_revision = self.table.revision(txn)
         deletes: list[tuple[O, int]] = []
@@ -213,9 +215,9 @@ class Incremental(Generic[O]):
 
     async def _collect_changes(
         self,
-        changes: Iterator[Change[O]],
+        changes: Iterator[tuple[O, int, bytes]],
         deletes: list[tuple[O, int]],
-        updates: list[Change[O]],
+        updates: list[tuple[O, int, bytes]],
         budget: int,
     ) -> int:
         get_status = self.config.get_object_status
@@ -229,14 +231,14 @@ class Incremental(Generic[O]):
         held = self.held
         taken = 0
         examined = 0
-        # Fields by position (obj, revision, key): the same fields as the names, a little
-        # cheaper per record in this loop.
+        # The change log's records (obj, revision, key): an upsert is a plain tuple, a
+        # deletion a `Change`.
         for rec in changes:
             obj = rec[0]
             if held:
                 # A newer version or a deletion of a held row: the held one is obsolete.
                 held.pop(rec[2], None)
-            if rec.deleted:
+            if type(rec) is not tuple:  # a deletion
                 if has_retries:
                     retries.clear(rec[2])
                 deletes.append((obj, rec[1]))
@@ -260,14 +262,16 @@ class Incremental(Generic[O]):
                 break
         return taken
 
-    def _hold(self, rec: Change[O]) -> None:
+    def _hold(self, rec: tuple[O, int, bytes]) -> None:
         """Hold a changed row until the table is initialized (its retry, if any, is
         obsolete: this newer version is handed over instead)."""
         self.held[rec[2]] = rec[1]
         if self.retries:
             self.retries.clear(rec[2])
 
-    def _release_held(self, txn: ReadTxn, updates: list[Change[O]], budget: int) -> int:
+    def _release_held(
+        self, txn: ReadTxn, updates: list[tuple[O, int, bytes]], budget: int
+    ) -> int:
         """Hand over up to ``budget`` held rows (the table is initialized now): each still
         at its held version in ``txn`` joins the round's updates; one replaced or deleted
         since is dropped, since the change stream hands over its newer version or its
@@ -287,7 +291,7 @@ class Incremental(Generic[O]):
             n += 1
         return n
 
-    def _skipped_settled(self, rec: Change[O]) -> None:
+    def _skipped_settled(self, rec: tuple[O, int, bytes]) -> None:
         """A writer changed a row but left it Done (or Error): say so the first time."""
         self.skipped_settled_writes += 1
         if self.skipped_settled_writes == 1:
@@ -296,7 +300,7 @@ class Incremental(Generic[O]):
                 "was not reconciled; give changed rows status_pending(), or set "
                 "Config(reconcile_every_change=True)",
                 self.config.name, self.table.name,
-                self.config.get_object_status(rec.obj).kind.name, self.key_text(rec.obj),
+                self.config.get_object_status(rec[0]).kind.name, self.key_text(rec[0]),
             )
 
     def _collect_retries(
@@ -449,8 +453,11 @@ class Incremental(Generic[O]):
         batch_ops = self.config.batch_operations
         chunk = self.config.target_chunk_size
         if batch_ops is not None:
-            target = updates.target
-            entries = [BatchEntry(target(i), w.revision) for i, w in enumerate(updates.work)]
+            if updates.targets:
+                target = updates.target
+                entries = [BatchEntry(target(i), w[1]) for i, w in enumerate(updates.work)]
+            else:
+                entries = [BatchEntry(w[0], w[1]) for w in updates.work]
             await self._in_chunks("update_batch", batch_ops.update_batch, txn, entries, updates)
             for i, e in enumerate(entries):
                 if e.result is not None:
@@ -539,14 +546,14 @@ class Incremental(Generic[O]):
                     except Exception as retry_exc:
                         problem = retry_exc
                 if problem is not None:
-                    self._log_status_write_error(work[i].obj, problem)
+                    self._log_status_write_error(work[i][0], problem)
                     if exc is None:
                         exc = problem
                 outcome[i] = (exc, written)
             failed: list[tuple[int, int, BaseException]] = []
             for i, (exc, written) in outcome.items():
                 if exc is not None and written:
-                    cur = table.get_revision(wtxn, table.primary.query_bytes(work[i].key))
+                    cur = table.get_revision(wtxn, table.primary.query_bytes(work[i][2]))
                     rev = cur[1] if cur is not None else table.revision(wtxn)
                     failed.append((i, rev, exc))
             own_revision = table.revision(wtxn)
@@ -558,7 +565,7 @@ class Incremental(Generic[O]):
             clear = self.retries.clear
             for i, w in enumerate(work):
                 if i not in outcome or outcome[i][0] is None:
-                    clear(w.key)
+                    clear(w[2])
         if failed:
             now = cfg.clock.now()
             self.metrics.update_errors_total += len(failed)
@@ -566,7 +573,7 @@ class Incremental(Generic[O]):
                 msg = self._context("update", updates.target(i), exc)
                 log.debug("%s", msg)
                 self.retries.add(
-                    work[i].key, updates.target(i), rev, False, msg, now, exhausted_resource(exc)
+                    work[i][2], updates.target(i), rev, False, msg, now, exhausted_resource(exc)
                 )
         return base_revision, own_revision, after
 
@@ -577,14 +584,14 @@ class Incremental(Generic[O]):
         )
 
     def _write_if_own_status_unchanged(
-        self, wtxn: WriteTxn, w: Change[O], status: Status
+        self, wtxn: WriteTxn, w: tuple[O, int, bytes], status: Status
     ) -> bool:
         # The row changed. When only other reconcilers' statuses changed (our own status is
         # exactly what we started from) our verdict still holds: write it onto the new row.
         table = self.table
         get_status = self.config.get_object_status
-        cur = table.get_revision(wtxn, table.primary.query_bytes(w.key))
-        if cur is None or get_status(cur[0]) != get_status(w.obj):
+        cur = table.get_revision(wtxn, table.primary.query_bytes(w[2]))
+        if cur is None or get_status(cur[0]) != get_status(w[0]):
             return False
         table.insert(wtxn, self.config.set_object_status(cur[0], status))
         return True

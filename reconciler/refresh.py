@@ -29,6 +29,9 @@ from statedb import DB, ChangeIterator, Watch
 #: on Python 3.11 (the metaclass' ``__getattr__`` hook), and `_step` reads it per row.
 _DONE = StatusKind.DONE
 
+#: Changes `Refresher._step` takes between two yields to the event loop.
+_CHECKPOINT_EVERY = 4096
+
 O = TypeVar("O")
 
 log = logging.getLogger(__name__)
@@ -89,18 +92,32 @@ class Refresher(Generic[O]):
         """Track new changes and mark due rows; return (delay until the next due row, watch)."""
         cfg = self.config
         txn = self.db.read_txn()
-        changes, watch = it.next(txn)
+        changes, watch = it.next_records(txn)
         del txn
         due = self._due
-        for n, ch in enumerate(changes, 1):
-            key = ch.key
-            status = cfg.get_object_status(ch.obj)
-            if ch.deleted or status.kind is not _DONE:
-                due.pop(key, None)
+        # Per change: a deleted row or one not Done leaves, a Done one moves to the end
+        # with its due time. This loop runs for every write of the table (the writer's and
+        # the reconciler's status), so it reads the stored records (an upsert is a plain
+        # tuple (obj, revision, key)) and binds what it calls once.
+        get_status = cfg.get_object_status
+        interval = self.interval
+        drop = due.pop
+        to_end = due.move_to_end
+        left = _CHECKPOINT_EVERY
+        for rec in changes:
+            key = rec[2]
+            if type(rec) is not tuple:  # a deletion
+                drop(key, None)
             else:
-                due[key] = status.updated_at + self.interval
-                due.move_to_end(key)
-            if n % 4096 == 0:
+                status = get_status(rec[0])
+                if status.kind is _DONE:
+                    due[key] = status.updated_at + interval
+                    to_end(key)
+                else:
+                    drop(key, None)
+            left -= 1
+            if not left:
+                left = _CHECKPOINT_EVERY
                 await anyio.lowlevel.checkpoint()
         if await self._mark_due():
             return 0.0, watch
