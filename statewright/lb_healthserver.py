@@ -243,7 +243,7 @@ class HealthServer:
                         await anyio.sleep(wait)
                     last = time.monotonic()
                     txn = self.db.read_txn()
-                    changed, fe_watch = changes.next(txn)
+                    changed, fe_watch = changes.next_records(txn)
                     _, na_watch = self.writer.node_addresses.all_watch(txn)
                     try:
                         self._follow(changed)
@@ -284,16 +284,19 @@ class HealthServer:
             vip = L3n4Addr(fe.address.address, port, TCP, SCOPE_EXTERNAL)
         return svc.name, port, vip
 
-    def _follow(self, changed: Iterable[Any]) -> None:
-        """Bring `_qualifying` up to date with the changes of the frontends table."""
+    def _follow(self, changed: Iterable[tuple[Any, int, bytes]]) -> None:
+        """Bring `_qualifying` up to date with the changes of the frontends table (the
+        change log's records, `ChangeIterator.next_records`: an upsert is a plain tuple
+        (obj, revision, key), a deletion is not)."""
         qualifying = self._qualifying
         qualifies = self._qualifies
+        drop = qualifying.pop
         for rec in changed:
-            q = None if rec.deleted else qualifies(rec.obj)
+            q = qualifies(rec[0]) if type(rec) is tuple else None
             if q is None:
-                qualifying.pop(rec.key, None)
+                drop(rec[2], None)
             else:
-                qualifying[rec.key] = q
+                qualifying[rec[2]] = q
 
     def _sync_qualifying(self, txn: ReadTxn) -> None:
         """Make listeners and synthetic services match `_qualifying` (frontends in the
