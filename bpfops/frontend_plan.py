@@ -16,8 +16,7 @@ map access), used by ``bpfops.frontend_writer`` to write a frontend:
 from __future__ import annotations
 
 import struct
-from array import array
-from operator import itemgetter
+from operator import or_
 from typing import Any
 
 from bpf import lb
@@ -277,33 +276,93 @@ def slot_keys(key_head: bytes, key_tail: bytes, count: int) -> bytes:
     return b"".join([key_head + slot_number(s) + key_tail for s in range(1, count + 1)])
 
 
-def backend_values(addrs: list[Addr], proto_index: int, want: int) -> bytes:
-    """The encoded backends-map values of ``addrs``, all of one IP family and of the
-    protocol ``proto_index`` (an address key's protocol byte), each holding ``want``
-    (`addr_head` and `backend_tail` of each), joined."""
-    if not addrs:
+def backend_values(keys: bytes, n: int, proto_index: int, want: int) -> bytes:
+    """The encoded backends-map values of ``n`` addresses whose keys are joined in
+    ``keys`` (21 bytes each), all of one IP family and of the protocol ``proto_index``
+    (an address key's protocol byte), each holding ``want`` (`addr_head` and
+    `backend_tail` of each), joined. The heads are cut out of the one buffer by one
+    ``struct`` call (a slice of each address is a C call each)."""
+    if not n:
         return b""
     tail = backend_tail(proto_index, want)
-    return tail.join(map(_HEAD4 if addrs[0][20] == 4 else _HEAD6, addrs)) + tail
+    heads = _HEADS.get((keys[20], n))
+    if heads is None:
+        heads = _heads(keys[20], n)
+    return tail.join(heads.unpack(keys)) + tail
 
 
-#: `addr_head` of an IPv4 and of an IPv6 address (C-level, for a map over addresses).
-_HEAD4 = itemgetter(slice(12, 18))
-_HEAD6 = itemgetter(slice(0, 18))
+#: `backend_values`' layouts by (family, count): each key's `addr_head` as one field.
+_HEADS: dict[tuple[int, int], struct.Struct] = {}
 
 
-def slot_values(ids: array[int], fe_id: int, flags: int) -> bytes:
-    """The encoded services-map values of slots holding the backend ``ids`` (in slot
-    order) of frontend ``fe_id``, all with the slot ``flags``, joined: each the backend id
-    (in the host's order, as the map's key of the backend) and the same 8-byte tail
-    (no counts, the rev-NAT id, the flags)."""
-    # The id in network order (lb.swap16) and the flags' two bytes (svcflags.split).
-    tail = lb.SERVICE_VALUE_STRUCT.pack(
-        0, 0, ((fe_id & 0xFF) << 8) | (fe_id >> 8), flags & 0xFF, (flags >> 8) & 0xFF, 0
+def _heads(family: int, n: int) -> struct.Struct:
+    layout = struct.Struct(("12x6s3x" if family == 4 else "18s3x") * n)
+    if n <= _RUN_KEPT:
+        _HEADS[family, n] = layout
+    return layout
+
+
+#: Each address' family, protocol and port bytes in keys joined (`usual_keys`).
+_FAMILIES = slice(20, None, 21)
+_PROTOCOLS = slice(18, None, 21)
+_PORTS_HI = slice(16, None, 21)
+_PORTS_LO = slice(17, None, 21)
+
+
+def usual_keys(keys: bytes, n: int, family: int) -> int | None:
+    """The protocol byte of ``n`` addresses whose keys are joined in ``keys`` (21 bytes
+    each) when they are all of ``family``, of one protocol and each with a port (not 0);
+    else None. (A strided slice of the buffer per field: no call per address.)"""
+    if not n:
+        return 0
+    proto = keys[18]
+    if keys[_FAMILIES].count(family) != n or keys[_PROTOCOLS].count(proto) != n:
+        return None
+    hi, lo = keys[_PORTS_HI], keys[_PORTS_LO]
+    # The ports' high bytes, or their low bytes, are all non-zero (the usual case), or
+    # no port has both zero.
+    if 0 not in hi or 0 not in lo or all(map(or_, hi, lo)):
+        return proto
+    return None
+
+
+#: `run_entries`' multipliers by count ``n``: (sum of 1 << 32i, sum of i << 32i, the
+#: same over 96-bit lanes), for i in [0, n); kept for counts up to `_RUN_KEPT`.
+_RUN_LANES: dict[int, tuple[int, int, int, int]] = {}
+_RUN_KEPT = 1024
+
+
+def _run_lanes(n: int) -> tuple[int, int, int, int]:
+    lanes = _RUN_LANES.get(n)
+    if lanes is None:
+        lanes = (
+            sum(1 << (32 * i) for i in range(n)),
+            sum(i << (32 * i) for i in range(n)),
+            sum(1 << (96 * i) for i in range(n)),
+            sum(i << (96 * i) for i in range(n)),
+        )
+        if n <= _RUN_KEPT:
+            _RUN_LANES[n] = lanes
+    return lanes
+
+
+def run_entries(start: int, n: int, fe_id: int, flags: int) -> tuple[bytes, bytes]:
+    """The backends-map keys of the ``n`` backend ids from ``start`` on (a run, one per
+    slot) and the services-map values of the slots holding them in that order (frontend
+    ``fe_id``, slot ``flags``; no counts), each joined: what one id at a time gives with
+    ``U32_STRUCT`` and ``SERVICE_VALUE_STRUCT`` (both little-endian).
+
+    Computed as two integers written out little-endian, one lane per entry (no object
+    per id): the keys are ``start + i`` in 32-bit lanes; each value's 96-bit lane is the
+    id plus the tail (the rev-NAT id in network order at bit 48, the flags' two bytes
+    at bit 64), the same in every lane. No lane carries into the next: ids are 32-bit."""
+    r32, i32, r96, i96 = _RUN_LANES.get(n) or _run_lanes(n)
+    # The tail: rev-NAT id (network order, lb.swap16) and the flags (svcflags.split).
+    tail = (((fe_id & 0xFF) << 8 | fe_id >> 8) << 48) | ((flags & 0xFFFF) << 64)
+    return (
+        (start * r32 + i32).to_bytes(4 * n, "little"),
+        ((start | tail) * r96 + i96).to_bytes(12 * n, "little"),
     )
-    words = array("I", tail) * len(ids)  # 3 words per slot: the id's, then the tail's two
-    words[0::3] = ids
-    return words.tobytes()
 
 
 def svc_key(addr: Addr, slot: int) -> bytes:

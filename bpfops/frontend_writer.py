@@ -18,7 +18,6 @@ way is repaired by the retry.
 
 from __future__ import annotations
 
-from array import array
 from collections.abc import Sequence
 from operator import itemgetter
 from typing import Any
@@ -52,13 +51,14 @@ from bpfops.frontend_plan import (
     master_key,
     master_value,
     revnat_entry,
+    run_entries,
     slot_keys,
     slot_number,
-    slot_values,
     sorted_backends,
     svc_key,
     svc_key_tail,
     use_maglev,
+    usual_keys,
 )
 from bpfops.frontend_state import (
     ABSENT,
@@ -349,10 +349,14 @@ class FrontendWriter:
                 if be.state or be.unhealthy or be.not_serving or be.cluster_id or be.zone:
                     return None
             addrs = list(map(_ADDR, bes))
-        proto = addrs[0][18] if addrs else 0
+        n = len(addrs)
+        joined = b"".join(addrs)  # the addresses' keys, 21 bytes each (tables.l3n4)
+        proto = usual_keys(joined, n, family)
+        if proto is None:
+            return None
         prev = b""  # below every address
         for a in addrs:
-            if a[20] != family or a[18] != proto or not (a[16] or a[17]) or not prev < a:
+            if not prev < a:
                 return None
             prev = a
         packed = self.backend_states.packed
@@ -361,7 +365,6 @@ class FrontendWriter:
         ids = self.backend_ids.acquire_run(addrs)
         if ids is None:
             return None
-        n = len(addrs)
         # Referenced once, the one want and the written want both active (0): the ids with
         # one reference. (A range's ints are allocated at their size; one made by ``+``
         # gets a spare digit, which puts it in the allocator's next size class: 8 bytes
@@ -371,14 +374,13 @@ class FrontendWriter:
         # of the backends, when it gives one), and the slots, as if written, the run of ids
         # (no array: `undo` builds one if a write fails).
         state.set_compact(addrs, 0, shared, ids.start, shared_known)
-        id_array = array("I", ids)
-        keys = id_array.tobytes()  # the ids in the map's order (the host's), one per slot
+        keys, values = run_entries(ids.start, n, state.id, state.slot_flags)
         no_prev, indices, no_ids = bulk_undo(n)
-        be_writes = (keys, backend_values(addrs, proto, 0), addrs, no_prev)
+        be_writes = (keys, backend_values(joined, n, proto, 0), addrs, no_prev)
         key_head = addr[12:18] if family == 4 else addr[:18]  # addr_head
         svc_writes = (
             slot_keys(key_head, svc_key_tail(addr), n),
-            slot_values(id_array, state.id, state.slot_flags),
+            values,
             indices,
             no_ids,
         )

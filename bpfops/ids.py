@@ -101,7 +101,8 @@ class IDAllocator(Generic[A]):
     Ops' backend states) can pass a view of those records as ``addr_to_id`` instead of
     the allocator's own dict, saving a dict entry per address. The view reads each
     address's id from its record; the user then creates the record, with the id, for
-    every id `acquire` returns, and drops it only after `release` (or `reset`).
+    every id `acquire` or `acquire_run` returns (`acquire_run` does not tell the view),
+    and drops it only after `release` (or `reset`).
 
     Once indexed, ``block_taken`` counts the taken ids of each block of `BLOCK` ids (only
     blocks with any), so the walk skips a full block at once; ``probes`` counts the ids
@@ -117,6 +118,7 @@ class IDAllocator(Generic[A]):
         "limit",
         "name",
         "next_id",
+        "own_holders",
         "probes",
         "restored",
     )
@@ -138,6 +140,9 @@ class IDAllocator(Generic[A]):
         self.indexed = False
         own: dict[A, int] = {}
         self.addr_to_id: Holders[A] = own if holders is None else holders
+        #: Whether ``addr_to_id`` is the allocator's own dict (not a user's view, whose
+        #: user records every id handed out: `acquire_run` does not tell the view).
+        self.own_holders = holders is None
         self.restored: dict[A, int] = {}
         self.block_taken: dict[int, int] = {}
         self.probes = 0
@@ -306,7 +311,8 @@ class IDAllocator(Generic[A]):
         if self.restored or self.indexed or end > self.limit:
             return None
         ids = range(start, end)
-        self.addr_to_id.update(zip(addrs, ids))
+        if self.own_holders:
+            self.addr_to_id.update(zip(addrs, ids))
         self.probes += len(addrs)
         self.next_id = end
         return ids
