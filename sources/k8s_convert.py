@@ -450,25 +450,52 @@ def _plain_service(
         or pm.get("nodePort") is not None
     ):
         return None
-    ip = _plain_ipv4(ip_text)
-    if ip is None:
+    try:
+        packed = _inet_pton(_AF_INET, ip_text)  # what `_parse_ip` takes as IPv4
+    except (OSError, ValueError):
         return None
     selector = spec.get("selector")
     labels_t = () if labels is None else _plain_str_items(labels)
     selector_t = () if selector is None else _plain_str_items(selector)
     if labels_t is None or selector_t is None:
         return None
-    # As the general way: an interned name, shared port names and tuple of them.
+    # As the general way: an interned name, shared port names and tuple of them (a tuple
+    # found shared holds its shared name: both were made in one generation of _SHARED).
     svc_name = sys.intern(f"{ns}/{name}")
-    port_name = _shared(port_name)
+    port_names = _SHARED.get(((port_name, port),))
+    if port_names is None:
+        port_name = _shared(port_name)
+        port_names = _shared(((port_name, port),))
+    else:
+        port_name = port_names[0][0]
     service = new_plain_service(
-        svc_name, source, labels_t, (), selector_t, _shared(((port_name, port),)), _CLUSTER,
-        _CLUSTER,
+        svc_name, source, labels_t, (), selector_t, port_names, _CLUSTER, _CLUSTER
     )
     if not cfg.enable_ipv4:
         return service, ()
-    fe = new_frontend_params(new_addr(ip, port, proto), _CLUSTER_IP, svc_name, port_name, port)
+    # ``new_addr(_parse_ip(ip_text), port, proto)``, from its key (the port and protocol
+    # were checked above).
+    tail = _PLAIN_KEY_TAILS.get((port, proto))
+    if tail is None:
+        tail = _plain_key_tail(port, proto)
+    fe = new_frontend_params(
+        addr_of_key(V4_KEY_PREFIX + packed + tail), _CLUSTER_IP, svc_name, port_name, port
+    )
     return service, (fe,)
+
+
+#: The last bytes of the key of an external IPv4 frontend address, by (port, protocol).
+_PLAIN_KEY_TAILS: dict[tuple[int, str], bytes] = {}
+
+
+def _plain_key_tail(port: int, proto: str) -> bytes:
+    """``addr_key_suffix(port, proto, False)``, kept in `_PLAIN_KEY_TAILS` (cleared when
+    it grows past `_SHARED_MAX`)."""
+    tail = addr_key_suffix(port, proto, False)
+    if len(_PLAIN_KEY_TAILS) >= _SHARED_MAX:
+        _PLAIN_KEY_TAILS.clear()
+    _PLAIN_KEY_TAILS[(port, proto)] = tail
+    return tail
 
 
 #: The statuses `_plain_service` takes: none, or one without load-balancer ingress.

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from statedb import Index, Table
-from statedb.rows import FrozenValue, slot_setters
+from statedb.rows import FrozenValue, slot_builder, slot_setters
 from tables.l3n4 import IPNetwork
 
 #: A service name, ``namespace/name`` (``cluster/namespace/name`` for remote clusters).
@@ -443,10 +443,6 @@ def _field_property(i: int, name: str) -> property:
 for _i, _name in enumerate(_SHARED_FIELDS):
     setattr(Service, _name, _field_property(_i, _name))
 
-_set_rest, _set_name, _set_labels, _set_annotations, _set_selector, _set_ports = slot_setters(
-    Service, "_rest", "name", "labels", "annotations", "selector", "port_names"
-)
-
 #: The object a service row holds its shared fields in (every field but name, labels,
 #: annotations, selector and port names): rows whose objects are the same one (``is``)
 #: have the same shared fields. A reader deriving something from those fields alone (the
@@ -455,8 +451,8 @@ _set_rest, _set_name, _set_labels, _set_annotations, _set_selector, _set_ports =
 service_shared_part: Callable[[Service], object] = operator.attrgetter("_rest")
 
 
-def _fill(
-    o: Service, name: ServiceName, source: str, labels: tuple[tuple[str, str], ...],
+def _own_and_rest(
+    name: ServiceName, source: str, labels: tuple[tuple[str, str], ...],
     annotations: tuple[tuple[str, str], ...], selector: tuple[tuple[str, str], ...],
     nat_policy: str, ext_traffic_policy: TrafficPolicy, int_traffic_policy: TrafficPolicy,
     forwarding_mode: ForwardingMode, session_affinity: bool, session_affinity_timeout: int,
@@ -466,31 +462,42 @@ def _fill(
     port_names: tuple[tuple[str, int], ...], traffic_distribution: str,
     lb_algorithm: LBAlgorithm, internal_scope_enabled: bool, proxy_delegation: str,
     scale_to_zero: bool,
-) -> Service:
-    _set_name(o, name)
-    _set_labels(o, labels)
-    _set_annotations(o, annotations)
-    _set_selector(o, selector)
-    _set_ports(o, port_names)
+) -> tuple[Any, ...]:
+    """A row's slots from every Service field (declaration order), in `_SLOTS` order: the
+    own fields, then the shared tuple of the others."""
     # In `_SHARED_FIELDS` order: the fields in declaration order, less `_OWN_FIELDS`.
-    _set_rest(o, _shared_rest((
+    return name, labels, annotations, selector, port_names, _shared_rest((
         source, nat_policy, ext_traffic_policy, int_traffic_policy, forwarding_mode,
         session_affinity, session_affinity_timeout, load_balancer_class, proxy_redirect,
         health_check_node_port, loopback_host_port, source_ranges, source_ranges_policy,
         traffic_distribution, lb_algorithm, internal_scope_enabled, proxy_delegation,
         scale_to_zero,
-    )))
-    return o
+    ))
+
+
+#: The slots of a Service row, in the order `_own_and_rest` returns them.
+_SLOTS = ("name", "labels", "annotations", "selector", "port_names", "_rest")
+#: Fill ``__init__``'s object (`_fill`); a new row is built by `_new_service_slots`.
+_SETTERS = slot_setters(Service, *_SLOTS)
+#: ``Service`` from its slots, positionally in `_SLOTS` order (no per-slot setter call).
+_new_service_slots: Callable[..., Service] = slot_builder(
+    Service, *_SLOTS, name="new_service_slots"
+)
+
+
+def _fill(o: Service, *fields: Any) -> None:
+    """Set ``o``'s slots from every Service field, positionally in declaration order."""
+    for set_slot, value in zip(_SETTERS, _own_and_rest(*fields), strict=True):
+        set_slot(o, value)
 
 
 def new_service(*fields: Any) -> Service:
     """``Service(...)`` with every field positional, in declaration order, and no alias
     applied to ``traffic_distribution`` (the converter builds one per Service object and
     gives the name already resolved)."""
-    return _fill(_new(Service), *fields)
+    return _new_service_slots(*_own_and_rest(*fields))
 
 
-_new = object.__new__
 _DEFAULT_MODE = ForwardingMode.UNDEF
 _DEFAULT_RANGES_POLICY = SourceRangesPolicy.ALLOW
 _DEFAULT_ALGORITHM = LBAlgorithm.UNDEF
@@ -518,7 +525,7 @@ def new_plain_service(
         or rest[2] is not ext_traffic_policy
         or rest[3] is not int_traffic_policy
     ):
-        # In `_SHARED_FIELDS` order, as `_fill` builds it: the defaults of the others.
+        # In `_SHARED_FIELDS` order, as `_own_and_rest` builds it: the defaults of the others.
         rest = _shared_rest((
             source, "", ext_traffic_policy, int_traffic_policy, _DEFAULT_MODE, False, 0, None,
             None, 0, False, (), _DEFAULT_RANGES_POLICY, "", _DEFAULT_ALGORITHM, True, "", False,
@@ -526,11 +533,4 @@ def new_plain_service(
         if len(_PLAIN_RESTS) >= 64:
             _PLAIN_RESTS.clear()
         _PLAIN_RESTS[(source, ext_traffic_policy, int_traffic_policy)] = rest
-    o = _new(Service)
-    _set_name(o, name)
-    _set_labels(o, labels)
-    _set_annotations(o, annotations)
-    _set_selector(o, selector)
-    _set_ports(o, port_names)
-    _set_rest(o, rest)
-    return o
+    return _new_service_slots(name, labels, annotations, selector, port_names, rest)
