@@ -296,19 +296,36 @@ class LBWriter:
         if old is not None and old.service_name != name:
             raise FrontendConflictError(address, old.service_name, name)
         svc, unchanged = self._keep_or_insert_service(txn, svc)
-        for fe in self._frontends_of(txn, name):
-            if fe.address != address:
-                self._fe_del(txn, fe)
-        self._put_frontend(txn, svc, p, force=not unchanged, old=old)
+        t = self._touch
+        if t is None or t.txn() is not txn:
+            t = self._touched(txn)
+        rows = t.frontends_of.get(name)
+        if rows is None:
+            rows = self._load_frontends_of(txn, t, name)
+        if rows and (len(rows) > 1 or address not in rows):
+            for a in sorted(rows):  # the others, in address order
+                if a != address:
+                    self._fe_del(txn, rows[a])
+        if old is not None:
+            self._put_frontend(txn, svc, p, force=not unchanged, old=old)
+            return
+        # `_put_frontend` of a new frontend, with `_fe_put`'s bookkeeping on ``rows``
+        # (the service's frontends in ``t``, which the deletions above kept current).
+        fe = self._new_frontend_row(txn, svc, p)
+        rows[address] = fe
+        self.frontends.insert(txn, fe)
 
     def _keep_or_insert_service(self, txn: WriteTxn, svc: Service) -> tuple[Service, bool]:
         """The Service row to write frontends against, and whether it was unchanged: an
         equal stored row is kept (frontends refer to it; only what changed is rewritten),
         else ``svc`` is inserted."""
-        old_svc = self.services.get(txn, svc.name)
+        services = self.services
+        if services.insert_new(txn, (svc,)):
+            return svc, False  # no row had its name (one lookup: get, then insert)
+        old_svc = services.get(txn, svc.name)
         if old_svc is not None and old_svc == svc:
             return old_svc, True
-        self.services.insert(txn, svc)
+        services.insert(txn, svc)
         return svc, False
 
     def _shadows_node_port(self, txn: WriteTxn, p: FrontendParams) -> bool:
@@ -962,21 +979,7 @@ class LBWriter:
     ) -> None:
         """Write the frontend of ``p`` (``old``: its row as the txn sees it, or None)."""
         if old is None:
-            # A new frontend, Pending, built once with the backends it selects.
-            given = self._given_selection(txn, svc, p)
-            if given is not None:
-                bes: tuple[BackendParams, ...] = given
-            else:
-                bes = self._select_backends(
-                    txn, p.address, p.type, p.service_name, p.port_name, svc, None
-                )
-                if bes:
-                    bes = self._shared_backends(p.service_name, bes)
-            fe = new_frontend(
-                p.address, p.type, p.service_name, p.port_name, p.service_port, svc, bes, 0,
-                None, status_pending(),
-            )
-            self._fe_put(txn, fe)
+            self._fe_put(txn, self._new_frontend_row(txn, svc, p))
             return
         fe = dataclasses.replace(
             old,
@@ -996,6 +999,23 @@ class LBWriter:
         if bes:
             bes = self._shared_backends(fe.redirect_to or fe.service_name, bes)
         self._fe_put(txn, fe.pending_with(svc, bes))
+
+    def _new_frontend_row(self, txn: WriteTxn, svc: Service, p: FrontendParams) -> Frontend:
+        """The row of a new frontend ``p`` of ``svc``: Pending, built once with the
+        backends it selects."""
+        given = self._given_selection(txn, svc, p)
+        if given is not None:
+            bes: tuple[BackendParams, ...] = given
+        else:
+            bes = self._select_backends(
+                txn, p.address, p.type, p.service_name, p.port_name, svc, None
+            )
+            if bes:
+                bes = self._shared_backends(p.service_name, bes)
+        return new_frontend(
+            p.address, p.type, p.service_name, p.port_name, p.service_port, svc, bes, 0,
+            None, status_pending(),
+        )
 
     def _given_selection(
         self, txn: WriteTxn, svc: Service, p: FrontendParams
@@ -1174,6 +1194,17 @@ def _fold(
     committed or aborted: before it, the service's hint held every address of its
     committed rows, and the transaction's rows were read through that hint. A service's
     ``given`` backends (exactly its rows' addresses) stand for its rows."""
+    if not gone and not given:
+        # Nothing removed and no given tuple (a load's frontends): the rows' addresses.
+        for name, rows in rows_of.items():
+            if len(rows) == 1:
+                for a in rows:
+                    hint[name] = a
+            elif rows:
+                hint[name] = tuple(rows)
+            else:
+                hint.pop(name, None)
+        return
     for name, rows in rows_of.items():
         removed = gone.get(name)
         extra = (
