@@ -1242,18 +1242,20 @@ def convert_endpoint_slice(
     port_keys = _port_keys(ref, raw_ports, want_v6)
     # Every address of a slice has its family (checked per endpoint below).
     family_on = cfg.enable_ipv6 if want_v6 else cfg.enable_ipv4
-    backends: Iterable[BackendParams] | None = (
+    checked = (
         _plain_endpoint_backends(endpoints, port_keys[0], weight, source, previous)
         if len(port_keys) == 1 and not want_v6 and family_on and weight
         else None
     )
-    if backends is None:
-        backends = _endpoint_backends(
-            ref, endpoints, addr_type, port_keys, (weight, source, family_on), previous
-        ).values()
+    if checked is None:
+        checked = CheckedBackends(
+            _endpoint_backends(
+                ref, endpoints, addr_type, port_keys, (weight, source, family_on), previous
+            ).values()
+        )
     # Checked as the writer would check them (one source, ports, weights, states; distinct
     # addresses): it takes them as they are.
-    return _new_converted_endpoints(slice_name, service_name, CheckedBackends(backends))
+    return _new_converted_endpoints(slice_name, service_name, checked)
 
 
 #: The backends of a slice that gives none (FQDN): checked, as every converted slice's.
@@ -1361,7 +1363,7 @@ def _plain_endpoint_backends(
     weight: int,
     source: str,
     previous: Mapping[bytes, BackendParams] | None,
-) -> list[BackendParams] | None:
+) -> CheckedBackends | None:
     """`_endpoint_backends` of an IPv4 slice with one port and a weight (not 0) whose
     endpoints are all plain (nearly every slice): each ready (serving and not terminating,
     or unsaid), with a string node and zone, no hints and one address, the addresses
@@ -1378,42 +1380,57 @@ def _plain_endpoint_backends(
     rest: Any = None
     # Each endpoint's shared rest, once the endpoints are on more than one node or zone.
     rests: list[Any] | None = None
-    for ep in endpoints:
-        if type(ep) is not dict:
-            return None
-        cond = ep.get("conditions")
-        if (
-            type(cond) is not dict
-            or cond.get("ready") is not True
-            or cond.get("serving", True) is not True
-            or cond.get("terminating", False) is not False
-            or ep.get("hints") is not None
-        ):
-            return None
-        addrs = ep.get("addresses")
-        if type(addrs) is not list:
-            return None
-        node, zone = ep.get("nodeName", ""), ep.get("zone", "")
-        if rest is None or node != d_node or zone != d_zone:
-            if type(node) is not str or type(zone) is not str:
+    last = b""  # the key before (keys in increasing order are distinct)
+    ordered = True
+    try:
+        for ep in endpoints:
+            if type(ep) is not dict:
                 return None
-            if rests is None and keys:
-                rests = [rest] * len(keys)
-            d_node, d_zone = node, zone
-            rest = active_backend_rest(node, zone, port_names, weight, source)
-        if rests is not None:
-            rests.append(rest)
-        try:
+            # Ready; serving or not said; not terminating or not said: the keys
+            # looked up are those the conditions have room for.
+            cond = ep["conditions"]
+            if type(cond) is not dict or cond["ready"] is not True:
+                return None
+            if len(cond) != 1:
+                serving = cond.get("serving", _ABSENT)
+                if serving is True:
+                    if len(cond) != 2 and cond.get("terminating", False) is not False:
+                        return None
+                elif serving is not _ABSENT or cond.get("terminating", False) is not False:
+                    return None
+            addrs = ep["addresses"]
+            if type(addrs) is not list:
+                return None
+            if len(ep) == 2:  # only its addresses and conditions
+                node = zone = ""
+            else:
+                if ep.get("hints") is not None:
+                    return None
+                node, zone = ep.get("nodeName", ""), ep.get("zone", "")
+            if rest is None or node != d_node or zone != d_zone:
+                if type(node) is not str or type(zone) is not str:
+                    return None
+                if rests is None and keys:
+                    rests = [rest] * len(keys)
+                d_node, d_zone = node, zone
+                rest = active_backend_rest(node, zone, port_names, weight, source)
+            if rests is not None:
+                rests.append(rest)
             # One address (else ValueError), a dotted-quad IPv4 string (else TypeError or
             # OSError) straight to bytes: inet_pton accepts what ipaddress accepts (see
             # _parse_ip). Anything else through the general loop.
             (ip,) = addrs
-            add_key(prefix + pton(af_inet, ip) + suffix)
-        except (OSError, ValueError, TypeError):
-            return None
+            k = prefix + pton(af_inet, ip) + suffix
+            if k <= last:
+                ordered = False
+            last = k
+            add_key(k)
+    except (KeyError, OSError, ValueError, TypeError):
+        # No addresses or conditions (KeyError), or an address as above.
+        return None
     n = len(keys)
     addresses = list(map(addr_of_key, keys))
-    if len(set(addresses)) != n:
+    if not ordered and len(set(addresses)) != n:
         return None  # an address twice: merged by the general loop
     params = backend_params_of(addresses, repeat(rest, n) if rests is None else rests)
     if previous:
@@ -1423,7 +1440,11 @@ def _plain_endpoint_backends(
             old = previous.get(a)
             if old is not None and shared(old) == shared(params[i]):
                 params[i] = old
-    return params
+    return CheckedBackends(params)
+
+
+#: A key's value when it is not there (no value of a parsed object is this one).
+_ABSENT: Any = object()
 
 
 def _endpoint_backends(
