@@ -54,7 +54,7 @@ import time
 from collections import deque
 from collections.abc import Awaitable, Callable, Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import anyio
 import urllib3
@@ -161,9 +161,9 @@ def rv_number(obj: Mapping[str, Any]) -> int:
 _new_delta = slot_constructor(Delta, "new_delta")
 
 
-#: Deltas of a list page, built by plain slot stores (`statedb.rows.assignable_twin`).
-_DeltaSlots = assignable_twin(Delta)
-_new_delta_slots = object.__new__
+#: Deltas of a list page, built by plain slot stores (`statedb.rows.assignable_twin`):
+#: ``_DeltaSlots()`` is an empty one.
+_DeltaSlots = cast(Callable[[], Any], assignable_twin(Delta))
 
 #: The consumer: ``deliver(reflector, deltas, synced)``; ``synced`` is True on the delivery
 #: that completes a list. It may wait (back-pressure).
@@ -416,7 +416,7 @@ class Reflector:
             if store.get(key) != version:
                 store[key] = version
                 # A Delta("upsert", key, item, number), built by plain slot stores.
-                d: Any = _new_delta_slots(_DeltaSlots)
+                d: Any = _DeltaSlots()
                 d.op = "upsert"
                 d.key = key
                 d.obj = item

@@ -17,14 +17,15 @@ The sources write the row in the same write transaction as the object's other ro
 
 from __future__ import annotations
 
+import binascii
 import dataclasses
 import socket
 import sys
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from itertools import repeat
 from operator import attrgetter
-from typing import Any, ClassVar
+from typing import Any, ClassVar, cast
 
 from statedb import DB, Index, ReadTxn, Table, WriteTxn
 from statedb import keys as keycodec
@@ -82,14 +83,18 @@ def _pack_uid(uid: str) -> str | int:
         h = uid.replace("-", "")
         if len(h) == 32:
             try:
-                value = int(h, 16)
+                packed = _unhex(h)  # hex digits only (no sign, blank or underscore)
             except ValueError:
                 return uid
-            # Only 32 lower-case hex digits give themselves back (int() also takes upper
-            # case, a sign, underscores, blanks): then `_unpack_uid` gives the uid back.
-            if value.to_bytes(16).hex() == h:
-                return value
+            # Only lower-case digits give themselves back: then `_unpack_uid` gives the
+            # uid back.
+            if packed.hex() == h:
+                return _from_bytes(packed)
     return uid
+
+
+_unhex = binascii.unhexlify
+_from_bytes = int.from_bytes
 
 
 def _pack_rv(rv: str) -> str | int:
@@ -282,9 +287,9 @@ def _fill(
     return o
 
 
-#: Origins built by plain slot stores (`statedb.rows.assignable_twin`).
-_OriginSlots = assignable_twin(Origin)
-_new_origin_slots = object.__new__
+#: Origins built by plain slot stores (`statedb.rows.assignable_twin`): ``_OriginSlots()``
+#: is an empty one.
+_OriginSlots = cast(Callable[[], Any], assignable_twin(Origin))
 
 
 def _encode_key(key: str | bytes) -> bytes:
@@ -406,7 +411,7 @@ def origin_of(
         rv = str(rv) if rv else ""
     # The slots set as `_fill` sets them, by plain stores (`assignable_twin`).
     triple = _KINDS.get((kind, ns, source))
-    o = _new_origin_slots(_OriginSlots)
+    o = _OriginSlots()
     o.key_bytes = f"{kind}/{ns}/{name}".encode()
     o._kind = triple if triple is not None else _shared_kind(kind, ns, source)
     o._uid = _pack_uid(uid if type(uid) is str else str(uid) if uid else "")
@@ -429,12 +434,13 @@ def origins_of(objs: Iterable[Mapping[str, Any]], source: str) -> list[Origin]:
     out: list[Origin] = []
     append = out.append
     kinds = _KINDS
-    new = _new_origin_slots
+    new = _OriginSlots
     scoped = CLUSTER_SCOPED_KINDS
     name: Any
     ns: Any
     uid: Any
     rv: Any
+    o: Any  # an Origin, None, or an `_OriginSlots` being filled
     for obj in objs:
         kind = obj.get("kind")
         meta = obj.get("metadata")
@@ -449,7 +455,7 @@ def origins_of(objs: Iterable[Mapping[str, Any]], source: str) -> list[Origin]:
                     and type(uid) is str and type(rv) is str):
                 o = origin_of(obj, source)
             elif kind != "EndpointSlice":
-                o = new(_OriginSlots)
+                o = new()
                 o.owner = ""
                 o._addrs = ""
             else:
@@ -458,7 +464,7 @@ def origins_of(objs: Iterable[Mapping[str, Any]], source: str) -> list[Origin]:
                 if type(svc) is not str:
                     o = origin_of(obj, source)
                 else:
-                    o = new(_OriginSlots)
+                    o = new()
                     # Interned: the converter's (interned) name of the service.
                     o.owner = sys.intern(f"{ns}/{svc}") if svc else ""
                     o._addrs = _pack_addresses(_slice_addresses(obj))

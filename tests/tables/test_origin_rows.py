@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import pickle
+import re
 import sys
 
 from hypothesis import given, settings
@@ -89,6 +90,29 @@ def test_only_canonical_uids_are_packed() -> None:
                 "d9279668-d9fb-404c-87a8-d0fe6cfb28-1"):
         o = Origin("Service", "ns", "s", "k8s", uid=odd)
         assert type(o._uid) is str and o.uid == odd
+
+
+_CANONICAL_UID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
+_uid_chars = st.sampled_from("0123456789abcdefABCDEFxX-+_ \t\u0663g")
+
+
+def _mutated_uid(u: str, i: int, c: str) -> str:
+    return u[:i % 36] + c + u[i % 36 + 1:]
+
+
+@settings(max_examples=300, deadline=None)
+@given(uid=st.one_of(
+    st.uuids().map(str),
+    st.builds(_mutated_uid, st.uuids().map(str), st.integers(0, 35), _uid_chars),
+    st.text(_uid_chars, min_size=30, max_size=40),
+    safe,
+))
+def test_a_uid_is_packed_exactly_when_canonical_and_reads_back(uid: str) -> None:
+    """A uid is kept as its int exactly in the lower-case hyphenated form, as the string
+    otherwise; either way the row gives it back."""
+    o = Origin("Service", "ns", "s", "k8s", uid=uid)
+    assert (type(o._uid) is int) == bool(_CANONICAL_UID.fullmatch(uid))
+    assert o.uid == uid
 
 
 def test_non_ascii_kind_and_namespace_keep_the_name() -> None:
