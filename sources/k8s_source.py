@@ -50,7 +50,6 @@ import time
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
-from operator import attrgetter
 from typing import Any
 
 import anyio
@@ -491,29 +490,42 @@ class K8sSource:
         An object refused for a frontend conflict may apply once the other service lets
         go of the address: after a batch that wrote a Service or Pod, the conflicting
         objects are tried again (``retrying``: that second pass does not retry again)."""
-        received = [(item.reflector, d) for item in batch for d in item.deltas]
-        deleted: dict[int, Delta] = {}
-        if _one_change_each(batch):
-            wanted = received  # what `coalesce` gives back for it
-        else:
-            wanted, deleted = coalesce(received)
         newly_synced = {item.reflector.name for item in batch if item.synced}
         all_synced = (self._synced | newly_synced) >= {r.name for r in self.reflectors}
         kinds = {item.reflector.spec.kind for item in batch}
-        written, skip, refused = self._write_batch(
-            wanted, deleted, all_synced, KIND_POD in kinds
-        )
+        written: list[tuple[Reflector, Delta]] | None = None
+        wanted: list[tuple[Reflector, Delta]] = []
+        one_each = _one_change_each(batch)
+        if one_each and KIND_POD not in kinds and KIND_NODE not in kinds:
+            # The usual batch, written as received: `written` (its changes in order) is
+            # made below only when needed.
+            skip = refused = self._write_usual(batch, all_synced)
+            count = sum(len(item.deltas) for item in batch)
+        else:
+            received = [(item.reflector, d) for item in batch for d in item.deltas]
+            deleted: dict[int, Delta] = {}
+            if one_each:
+                wanted = received  # what `coalesce` gives back for it
+            else:
+                wanted, deleted = coalesce(received)
+            written, skip, refused = self._write_batch(
+                wanted, deleted, all_synced, KIND_POD in kinds
+            )
+            count = len(written)
         if all_synced:
             self._init_done = None
             self.synced = True
         self._synced |= newly_synced
+        if written is None and (self.errors or self._conflicts):
+            written = [(item.reflector, d) for item in batch for d in item.deltas]
         if self.errors or self._conflicts:
+            assert written is not None
             for i, (r, d) in enumerate(written):
                 if i not in refused:
                     self.errors.pop(f"{r.spec.kind} {d.key}", None)
                     self._conflicts.pop(f"{r.spec.kind} {d.key}", None)
         self.batches += 1
-        self.applied += len(written) - len(skip)
+        self.applied += count - len(skip)
         committed = time.monotonic()
         for item in batch:
             self.apply_latency.add((committed - item.received) * 1000, len(item.deltas))
@@ -530,6 +542,7 @@ class K8sSource:
         if (
             not retrying
             and self._conflicts
+            and written is not None
             and any(
                 r.spec.kind != "EndpointSlice" and r.spec.kind != KIND_NODE
                 for i, (r, _) in enumerate(written)
@@ -539,6 +552,69 @@ class K8sSource:
             now = time.monotonic()
             again = [_Item(r, [d], False, now) for r, d in self._conflicts.values()]
             self.apply_batch(again, retrying=True)
+
+    def _write_usual(self, batch: list[_Item], all_synced: bool) -> set[int]:
+        """`_write_batch` of a batch without Pods or Nodes, one change per object: what
+        `coalesce` gives back as it is, and what needs no checkpoint (a Service or
+        EndpointSlice is refused before anything of it is written). Writes the changes in
+        order, item by item, without a pair per change; returns the positions (in the
+        batch's order) refused and left out."""
+        refused: set[int] = set()
+        conv = self.converter
+        origins = self.writer.origins
+        recorder = OriginRecorder(origins) if origins is not None else None
+        upsert = _kind_upserts(conv)
+        # The objects upserted, their origins recorded together before the commit.
+        upserted: list[Mapping[str, Any]] = []
+        add_upserted = upserted.append
+        txn = self.writer.write_txn()
+        try:
+            start = 0  # the position of the item's first change in the batch
+            for item in batch:
+                r = item.reflector
+                changes = iter(item.deltas)
+                while True:
+                    try:
+                        for d in changes:
+                            # An upsert the converter writes, by the object's kind (as
+                            # `K8sConverter.upsert` dispatches), inline.
+                            obj = d.obj
+                            kind = obj.get("kind") if d.op == "upsert" else None
+                            if type(kind) is str and kind in upsert:
+                                upsert[kind](txn, obj)
+                                add_upserted(obj)
+                            else:
+                                self._apply_one(txn, r, d, upserted, recorder)
+                        break
+                    except INPUT_ERRORS as e:
+                        # Refused: left out (`_write_batch` does the same), and the
+                        # item's next changes written.
+                        refused.add(start + _position(item.deltas, d))
+                        self._refused(r, d, e)
+                start += len(item.deltas)
+            if recorder is not None and upserted:
+                recorder.record_many(txn, upserted, SOURCE_K8S)
+            if all_synced and self._init_done is not None:
+                # The last initial list is in this transaction: pruning may start.
+                self._init_done(txn)
+        except BaseException:
+            txn.abort()
+            raise
+        txn.commit()
+        return refused
+
+    def _refused(self, r: Reflector, d: Delta, e: Exception) -> None:
+        """A change of a batch without Pods refused with ``e`` (`_write_usual`): its error
+        recorded; `SourceError` when it may be half-written, as `_write_batch` raises
+        without a checkpoint."""
+        self._record_error(r, d, str(e))
+        if isinstance(e, FrontendConflictError):
+            self._conflicts[f"{r.spec.kind} {d.key}"] = (r, d)
+        if r.spec.kind not in _REFUSED_BEFORE_WRITING or not isinstance(e, CLEAN_ERRORS):
+            raise SourceError(
+                f"{r.spec.kind} {d.key} refused after a partial write "
+                f"({type(e).__name__}: {e}); the source must be restarted"
+            ) from e
 
     def _write_batch(
         self,
@@ -636,7 +712,7 @@ class K8sSource:
         """After a committed batch: the versions it processed (coalesced changes included)
         into `applied_rv`; wake `wait_applied` waiters."""
         for item in batch:
-            top = max(map(_version_of, item.deltas), default=0)
+            top = max([d.version for d in item.deltas], default=0)
             name = item.reflector.name
             if top > self.applied_rv.get(name, 0):
                 self.applied_rv[name] = top
@@ -807,20 +883,23 @@ def coalesce(
 def _one_change_each(batch: list[_Item]) -> bool:
     """Whether no object has two changes in ``batch`` (the usual batch: `coalesce` would
     give its changes back as they are), told without a pair per change."""
+    if len(batch) == 1:  # one delivery (a list page): its keys, one resource
+        deltas = batch[0].deltas
+        return len({d.key for d in deltas}) == len(deltas)
     keys: dict[str, set[str]] = {}
     n = 0
     for item in batch:
         seen = keys.get(item.reflector.name)
         if seen is None:
             seen = keys[item.reflector.name] = set()
-        seen.update(map(_key_of, item.deltas))
+        seen.update([d.key for d in item.deltas])
         n += len(item.deltas)
     return sum(map(len, keys.values())) == n
 
 
-_key_of = attrgetter("key")
-#: A change's resourceVersion as a number (`Delta.version`).
-_version_of = attrgetter("version")
+def _position(deltas: list[Delta], d: Delta) -> int:
+    """The position of ``d`` (that very object) in ``deltas``."""
+    return next(i for i, x in enumerate(deltas) if x is d)
 
 
 def _kind_upserts(conv: K8sConverter) -> dict[str, Callable[[WriteTxn, Any], None]]:
