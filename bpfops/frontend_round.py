@@ -19,7 +19,7 @@ from typing import Any
 from bpf import lb
 from bpf.errors import MapError
 from bpfops.errors import frontend_error
-from bpfops.frontend_plan import addr_head, in_rounds
+from bpfops.frontend_plan import in_rounds
 from bpfops.frontend_state import PendingFrontend, delete_counted, write_counted
 from bpfops.frontend_writer import FrontendWriter
 from bpfops.model import Addr, FrontendSpec
@@ -180,7 +180,7 @@ class RoundWriter:
         done, exc = write_counted(
             self.writer.maps.revnat(v6).backend,
             b"".join([pack(p.state.id) for _, p in todo]),
-            b"".join([addr_head(p.fe.addr) for _, p in todo]),
+            b"".join([p.head for _, p in todo]),  # addr_head
             len(todo),
         )
         for i, (e, p) in enumerate(todo):

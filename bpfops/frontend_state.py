@@ -227,6 +227,29 @@ class FrontendState:
             self._slots = run
 
 
+_new = object.__new__
+
+
+def new_state(id_: int, v6: bool) -> FrontendState:
+    """``FrontendState(id_, v6)`` by a plain function call (a class call runs its
+    ``__init__`` through a slower C path): the state of a new frontend, per update of
+    the initial sync."""
+    st = _new(FrontendState)
+    st.id = id_
+    st.v6 = v6
+    st._backends = _NO_BACKENDS
+    st._slots = 0
+    st.slot_flags = 0
+    st.master = None
+    st.affinity = EMPTY
+    st.source_ranges = EMPTY
+    st.maglev = False
+    st.wildcard = None
+    st.revnat = False
+    st.scale_to_zero = False
+    return st
+
+
 def _count(compact: dict[Addr, int | None] | tuple[Any, ...]) -> int:
     """How many backends a compact form holds: a tuple of addresses and their want (an
     int, or None), or a shared tuple (one object per backend); or a dict."""
@@ -334,11 +357,6 @@ class CollectedWrites:
             raise TypeError("the writes were collected in bulk")
         return u  # type: ignore[return-value]
 
-    def settle(self) -> int | None:
-        """The writes are in the maps (the master counting them is written): nothing is
-        left to put back. Returns ``run`` (for `FrontendState.compact`)."""
-        return self.run
-
     @property
     def be_count(self) -> int:
         """How many backend entries are collected."""
@@ -365,11 +383,29 @@ class CollectedWrites:
             slots[idx[i]] = prev_ids[i]
 
 
+def bulk_writes(
+    states: BackendStates,
+    frontend: FrontendState,
+    be: tuple[bytes, bytes, Sequence[Addr], Sequence[None]],
+    svc: tuple[bytes, bytes, Sequence[int], Sequence[int]],
+    run: int,
+) -> CollectedWrites:
+    """``CollectedWrites(states, frontend, be, svc)`` with ``run`` set, by a plain function
+    call (see `new_state`): the writes the bulk path collects."""
+    w = _new(CollectedWrites)
+    w.states = states
+    w.frontend = frontend
+    w.be_keys, w.be_values, w.be_addrs, w.be_prev = be
+    w.svc_keys, w.svc_values, w.slot_idx, w.slot_prev = svc
+    w.run = run
+    return w
+
+
 class PendingFrontend:
     """One frontend between its prepared writes and its master: what the later steps need."""
 
-    __slots__ = ("active", "fe", "inactive", "is_local", "master_flags", "orphans",
-                 "slot_backends", "state", "writes")
+    __slots__ = ("active", "fe", "head", "inactive", "is_local", "master_flags",
+                 "master_key", "orphans", "slot_backends", "state", "writes")
 
     def __init__(
         self,
@@ -390,10 +426,46 @@ class PendingFrontend:
         self.active = active
         self.inactive = inactive
         self.master_flags = master_flags
+        addr = fe.addr
+        #: The frontend's IP and port in network order (``frontend_plan.addr_head``): how
+        #: its services-map keys begin, and its rev-NAT value.
+        self.head = addr[12:18] if addr[20] == 4 else addr[:18]
+        #: The encoded key of its master (``frontend_plan.master_key``), when known.
+        self.master_key: bytes | None = None
         #: Backends the frontend dropped that no one else references (address and id),
         #: left in the backends map until its master no longer counts them (see
         #: `RoundWriter.write`).
         self.orphans: list[tuple[Addr, int]] = []
+
+
+def new_pending(
+    fe: FrontendSpec,
+    state: FrontendState,
+    is_local: IsLocal | None,
+    writes: CollectedWrites,
+    slot_backends: Sequence[BackendSpec],
+    active: int,
+    inactive: int,
+    master_flags: int,
+    orphans: list[tuple[Addr, int]] | None,
+    head: bytes,
+    master_key: bytes,
+) -> PendingFrontend:
+    """``PendingFrontend(...)`` by a plain function call (see `new_state`), with its
+    ``orphans`` when given some and its ``head`` and ``master_key`` as given."""
+    p = _new(PendingFrontend)
+    p.fe = fe
+    p.state = state
+    p.is_local = is_local
+    p.writes = writes
+    p.slot_backends = slot_backends
+    p.active = active
+    p.inactive = inactive
+    p.master_flags = master_flags
+    p.orphans = orphans if orphans else []
+    p.head = head
+    p.master_key = master_key
+    return p
 
 
 def write_counted(

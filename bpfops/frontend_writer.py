@@ -70,6 +70,9 @@ from bpfops.frontend_state import (
     PendingFrontend,
     backend_bytes,
     bulk_undo,
+    bulk_writes,
+    new_pending,
+    new_state,
     want_of,
     write_entries,
 )
@@ -102,6 +105,8 @@ BACKEND_MAINTENANCE = lb.BACKEND_MAINTENANCE
 
 #: A backend spec's address (``addr``, its first field).
 _ADDR = itemgetter(0)
+#: A services-map key's slot field of slot 0 (the master).
+_SLOT0 = bytes(2)
 #: How many `master_flags_of` results a writer keeps (cleared past it).
 _FLAGS_CACHED = 4096
 
@@ -193,7 +198,7 @@ class FrontendWriter:
         state = self.frontends.get(addr)
         fresh = state is None
         if state is None:
-            state = FrontendState(self.service_ids.acquire(addr), addr[20] == 6)
+            state = new_state(self.service_ids.acquire(addr), addr[20] == 6)
             self.frontends[addr] = state
         flags = self.master_flags_of(fe)
         new_slot_flags = flags & SLOT_FLAGS_MASK
@@ -209,23 +214,27 @@ class FrontendWriter:
         # yet written); the state is updated as if written, and `write_collected` puts
         # back what was not written. The usual new frontend, already in slot order and
         # with nothing to drop, is collected in bulk.
+        # The frontend's IP and port (`addr_head`) and what follows the slot number in its
+        # services-map keys: its slots' keys and its master's.
+        head = addr[12:18] if addr[20] == 4 else addr[:18]
+        key_tail = svc_key_tail(addr)
         collected = None
         if self.bulk_new and addr not in self.restored_quarantined:
-            collected = self._collect_new(fe, state, fresh)
+            collected = self._collect_new(fe, state, head, key_tail, fresh)
         if collected is None:
             ordered = sorted_backends(fe, self.restored_quarantined)
             self._drop_orphans(txn, addr, state, ordered, orphans)
             writes = CollectedWrites.empty(self.backend_states, state)
             try:
-                collected = self._collect_backends(fe, state, ordered, writes)
+                collected = self._collect_backends(fe, state, ordered, writes, head, key_tail)
             except BaseException:
                 writes.undo(0, 0)
                 raise
         writes, slot_backends, active, inactive = collected
-        p = PendingFrontend(fe, state, is_local, writes, slot_backends, active, inactive, flags)
-        if orphans:
-            p.orphans = orphans
-        return p
+        return new_pending(
+            fe, state, is_local, writes, slot_backends, active, inactive, flags, orphans,
+            head, head + _SLOT0 + key_tail,  # master_key
+        )
 
     def master_flags_of(self, fe: FrontendSpec) -> int:
         """`master_flags` of the frontend, cached by what they depend on beside the
@@ -315,7 +324,12 @@ class FrontendWriter:
         return want, own, v
 
     def _collect_new(
-        self, fe: FrontendSpec, state: FrontendState, fresh: bool = False
+        self,
+        fe: FrontendSpec,
+        state: FrontendState,
+        head: bytes,
+        key_tail: bytes,
+        fresh: bool = False,
     ) -> tuple[CollectedWrites, Sequence[BackendSpec], int, int] | None:
         """`sorted_backends`, `_drop_orphans` and `_collect_backends` for the usual
         frontend of an initial sync, in bulk: one that references no backend and has no
@@ -326,7 +340,9 @@ class FrontendWriter:
         order: `in_slot_order`). It leaves the state as those would (every backend
         referenced once, wanted and recorded as written active; entries and slots in
         order) and returns the writes, the backends with a slot and the master's counts.
-        None when the frontend is not such a one (nothing is changed then)."""
+        None when the frontend is not such a one (nothing is changed then). ``head`` and
+        ``key_tail``: how its services-map keys begin and end (`addr_head`,
+        `svc_key_tail`)."""
         if fe.service.session_affinity or (
             not fresh and (state.slot_count or state.affinity or state.has_backends)
         ):
@@ -377,35 +393,29 @@ class FrontendWriter:
         keys, values = run_entries(ids.start, n, state.id, state.slot_flags)
         no_prev, indices, no_ids = bulk_undo(n)
         be_writes = (keys, backend_values(joined, n, proto, 0), addrs, no_prev)
-        key_head = addr[12:18] if family == 4 else addr[:18]  # addr_head
         svc_writes = (
-            slot_keys(key_head, svc_key_tail(addr), n),
+            slot_keys(head, key_tail, n),
             values,
             indices,
             no_ids,
         )
-        writes = CollectedWrites(self.backend_states, state, be_writes, svc_writes)
-        writes.run = ids.start
-        return writes, bes, n, 0
+        return bulk_writes(self.backend_states, state, be_writes, svc_writes, ids.start), bes, n, 0
 
     def _collect_backends(
-        self,
-        fe: FrontendSpec,
-        state: FrontendState,
-        ordered: list[BackendSpec],
-        w: CollectedWrites,
+        self, fe: FrontendSpec, state: FrontendState, ordered: list[BackendSpec],
+        w: CollectedWrites, key_head: bytes, key_tail: bytes,
     ) -> tuple[CollectedWrites, Sequence[BackendSpec], int, int]:
         """Reference every backend of ``ordered``, collect its entry (when it changed) and
-        its slot into the writes ``w``, and keep its affinity entry; return the writes,
-        the backends that got a slot and the master's active and inactive counts."""
+        its slot (keys: ``key_head``, slot, ``key_tail``) into the writes ``w``, and keep
+        its affinity entry; return the writes, the backends with a slot and the master's
+        active and inactive counts."""
         addr, fe_id, v6, slots = fe.addr, state.id, state.v6, state.slots
         fe_backends = state.backends
-        # Entries are encoded straight to bytes for the byte-level backends (bpf.lb's
-        # *_STRUCT layouts, identical to the codecs'), from the addresses' key bytes: a
-        # slot's key is the frontend's IP and port, the slot number and a tail; its value
-        # the backend id and a tail; a backend's value its IP and port and a tail.
+        # Entries are encoded straight to bytes (bpf.lb's *_STRUCT layouts, identical to
+        # the codecs'), from the addresses' key bytes: a slot's key is the frontend's IP
+        # and port, the slot number and a tail; its value the backend id and a tail; a
+        # backend's value its IP and port and a tail.
         family, u32_pack = addr[20], lb.U32_STRUCT.pack
-        key_head, key_tail = addr_head(addr), svc_key_tail(addr)
         sf1, sf2 = svcflags.split(state.slot_flags)
         slot_tail = lb.SERVICE_VALUE_STRUCT.pack(0, 0, lb.swap16(fe_id), sf1, sf2, 0)[4:]
         active = terminating = inactive = 0
@@ -585,7 +595,8 @@ class FrontendWriter:
             # earlier attempt can go first, which frees room in a full services map. (Slots
             # collected in bulk are the frontend's only ones: nothing to trim.)
             self.trim_slots(addr, state, len(p.slot_backends))
-        return master_key(addr), master
+        key = p.master_key
+        return key if key is not None else master_key(addr), master
 
     def after_master(
         self, p: PendingFrontend, master: bytes, new_wildcard: VipKey | None = None
@@ -606,11 +617,13 @@ class FrontendWriter:
         else:
             self.wildcards.written(fe, new_wildcard, state)
 
-        if p.writes.run is None and state.slot_count > len(p.slot_backends):
+        run = p.writes.run
+        if run is None and state.slot_count > len(p.slot_backends):
             self.trim_slots(addr, state, len(p.slot_backends))
-        # The frontend's writes are done: its backends and slots wait for its next update
-        # compactly.
-        state.compact(p.writes.settle())
+        # The frontend's writes are done (nothing is left to put back): its backends and
+        # slots wait for its next update compactly (the slots as their run's first id,
+        # when they are one).
+        state.compact(run)
 
     def sync_scale_to_zero(self, state: FrontendState, want: bool) -> None:
         """Track (or stop tracking) the frontend's id in the scale-to-zero map. An existing

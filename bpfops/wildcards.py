@@ -29,6 +29,15 @@ def vip_key(addr: Addr) -> VipKey:
     return addr[:16] + addr[19:20]
 
 
+#: The 16 key bytes of 0.0.0.0 (IPv4 mapped) and of ::: the unspecified VIPs.
+_UNSPECIFIED4 = bytes(10) + b"\xff\xff" + bytes(4)
+_UNSPECIFIED6 = bytes(16)
+#: Each byte value as a bytes object.
+_BYTE = tuple(bytes((i,)) for i in range(256))
+#: What follows the IP in a wildcard entry's key, by scope: port, slot and protocol 0,
+#: the scope, two bytes of padding.
+_KEY_TAILS = tuple(bytes(5) + bytes((i,)) + bytes(2) for i in range(256))
+
 #: `entry_value` by frontend type.
 _VALUES: dict[str, bytes] = {}
 
@@ -63,25 +72,34 @@ class WildcardEntries:
 
     def new_entry(self, p: PendingFrontend) -> tuple[VipKey, bytes, bytes] | None:
         """The entry (refs key, map key, value) `sync` would create for the frontend, when
-        its VIP has none yet; else None."""
+        its VIP has none yet; else None. (`applies` and `vip_key` inline: one slice of
+        the address serves the unspecified test, the refs key and the map key.)"""
         fe = p.fe
-        addr = fe.addr
-        if not (self.config.wildcard_entries and self.applies(fe)):
+        cfg = self.config
+        fe_type = fe.type
+        if not cfg.wildcard_entries or fe_type not in (CLUSTER_IP, LOAD_BALANCER):
             return None
-        ref_key = addr[:16] + addr[19:20]  # vip_key
+        addr = fe.addr
+        ip = addr[:16]
+        v4 = addr[20] == 4
+        if ip == (_UNSPECIFIED4 if v4 else _UNSPECIFIED6):
+            return None
+        cls = fe.service.load_balancer_class
+        if not (cfg.default_lb_class_is_lbipam if cls is None else cls in cfg.managed_lb_classes):
+            return None
+        scope = addr[19]
+        ref_key = ip + _BYTE[scope]  # vip_key
         # The VIP's entry exists (the usual case of an update): no need to ask whether
         # the address is the node's (a table lookup).
         if self.refs.get(ref_key) is not None:
             return None
         if p.is_local is not None and p.is_local(addr):
             return None
-        # The key: the IP (network order), port, slot and protocol 0, the scope.
-        if addr[20] == 4:
-            key = lb.SERVICE4_KEY_STRUCT.pack(addr[12:16], 0, 0, 0, addr[19])
-        else:
-            key = lb.SERVICE6_KEY_STRUCT.pack(addr[:16], 0, 0, 0, addr[19])
-        value = _VALUES.get(fe.type)
-        return ref_key, key, value if value is not None else entry_value(fe.type)
+        # The key: the IP (network order), port, slot and protocol 0, the scope, padding
+        # (SERVICE4_KEY_STRUCT / SERVICE6_KEY_STRUCT).
+        key = (ip[12:] if v4 else ip) + _KEY_TAILS[scope]
+        value = _VALUES.get(fe_type)
+        return ref_key, key, value if value is not None else entry_value(fe_type)
 
     def written(self, fe: FrontendSpec, key: VipKey, state: FrontendState) -> None:
         """The round's batch wrote the entry `new_entry` gave (refs key ``key``) for the
