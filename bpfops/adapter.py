@@ -73,7 +73,12 @@ def service_spec(svc: Service | None, name: str, service_port: int, cfg: LBConfi
     """The service settings the map entries depend on."""
     if svc is None:
         return ServiceSpec(name)
-    v = _SETTINGS.of(svc, cfg.enable_session_affinity)
+    # `_SETTINGS.of`'s cache test inline (a hit is the usual case).
+    last, affinity = _SETTINGS.last, cfg.enable_session_affinity
+    if last[0] is service_shared_part(svc) and last[1] is affinity:
+        v = last[2]
+    else:
+        v = _SETTINGS.of(svc, affinity)
     l7 = 0
     redirect = v[11]
     if redirect is not None and redirect.redirects(service_port):
@@ -161,8 +166,11 @@ def frontend_spec(fe: Frontend, cfg: LBConfig) -> FrontendSpec:
     # FrontendSpec's fields: addr, type, service, backends, service_port, shared_backends
     # (the row's tuple of instances, each with its ``address``: the ops keep it).
     bes = fe.backends
+    # RowBackends(bes) without its __init__ (a class call costs more than the object).
+    lazy = _NEW(RowBackends)
+    lazy.rows = bes
     # fast_frontend_spec, without its call.
-    return _TUPLE_NEW(FrontendSpec, (fe.address, svc_type, service, RowBackends(bes), port, bes))
+    return _TUPLE_NEW(FrontendSpec, (fe.address, svc_type, service, lazy, port, bes))
 
 
 class RowBackends(LazyBackends):
@@ -271,6 +279,7 @@ def backend_specs(backends: tuple[BackendParams, ...]) -> tuple[BackendSpec, ...
 
 
 _TUPLE_NEW = tuple.__new__
+_NEW = object.__new__
 
 
 class TablesNodeView:

@@ -235,10 +235,15 @@ class RoundWriter:
         done, exc2 = write_counted(
             w.maps.services(v6).backend, b"".join(keys), b"".join(values), len(keys)
         )
-        complete = owners[done] if done < len(owners) else len(ready)
-        for j in range(done):
-            if masters[j]:
-                ready[owners[j]][1].state.master = values[j]
+        if done < len(owners):
+            complete = owners[done]
+            # The masters written of frontends that fail (`after_master` records the
+            # others').
+            for j in range(done):
+                if masters[j]:
+                    ready[owners[j]][1].state.master = values[j]
+        else:
+            complete = len(ready)
         for i, (e, p) in enumerate(ready):
             if i >= complete:
                 e.result = frontend_error(p.fe, exc2 or MapError("services", "update", 0))

@@ -142,8 +142,12 @@ class LazyBackends(Sequence[BackendSpec]):
         raise NotImplementedError
 
     def specs(self) -> tuple[BackendSpec, ...]:
-        """The backends as a tuple of BackendSpec (built on the first call)."""
-        s = self._specs
+        """The backends as a tuple of BackendSpec (built on the first call). (``_specs``
+        unset counts as None: a subclass may make its objects without ``__init__``.)"""
+        try:
+            s = self._specs
+        except AttributeError:
+            s = None
         if s is None:
             s = self._specs = self._build()
         return s

@@ -7,7 +7,7 @@ import ipaddress
 
 import pytest
 
-from bpfops.adapter import frontend_ops_for, frontend_spec
+from bpfops.adapter import RowBackends, backend_specs, frontend_ops_for, frontend_spec
 from bpfops.lb_maps import LBMaps
 from bpfops.model import Addr
 from tables.l3n4 import AddressError, L3n4Addr
@@ -52,3 +52,30 @@ def test_addr_is_the_table_address_with_the_ops_names() -> None:
         Addr.of("10.0.0.1", 70000)
     with pytest.raises(AddressError):
         Addr.of("10.0.0.1", 80, "XTP")
+
+
+def test_a_rows_spec_stands_for_its_backends_specs() -> None:
+    """`frontend_spec` makes its `RowBackends` without ``__init__``: it behaves as one
+    made by the class (the specs, built on first use, and what the bulk path reads)."""
+    db, w = new_writer()
+    with w.write_txn() as txn:
+        w.upsert_service_and_frontends(txn, svc("ns/a"), [fe("10.0.0.1:80/TCP", "ns/a")])
+        w.set_backends(txn, "ns/a", "k8s", [be("10.1.0.1:8080/TCP"), be("10.1.0.2:8080/TCP")])
+        txn.commit()
+    row = frontend_map(db, w)["10.0.0.1:80/TCP"]
+    made = RowBackends(row.backends)
+    for probe in ("len", "usual", "eq", "hash", "iter"):
+        lazy = frontend_spec(row, w.config).backends
+        assert type(lazy) is RowBackends and lazy.made_from(row.backends)
+        if probe == "len":
+            assert len(lazy) == len(made) == 2
+        elif probe == "usual":
+            assert lazy.usual_addresses() == made.usual_addresses() == [
+                b.address for b in row.backends
+            ]
+        elif probe == "eq":
+            assert lazy == made and made == lazy and lazy == backend_specs(row.backends)
+        elif probe == "hash":
+            assert hash(lazy) == hash(made)
+        else:
+            assert tuple(lazy) == made.specs() and lazy[1] == made[1]
