@@ -1683,7 +1683,10 @@ class K8sConverter:
         plain = _plain_service(obj, self.config, self.source)
         if plain is not None:  # nearly every Service: always exposed
             service, frontends = plain
-            self.writer.upsert_service_and_frontends(txn, service, frontends)
+            if frontends:
+                self.writer.upsert_service_and_frontend(txn, service, frontends[0])
+            else:
+                self.writer.upsert_service_and_frontends(txn, service, frontends)
             self._st.services.add(service.name)
             return
         conv = convert_service(obj, self.config, self.writer.node_labels, self.source)

@@ -246,7 +246,7 @@ class LBWriter:
             and len(frontends) == 1
             and frontends[0].type not in _SHADOWING_TYPES
         ):
-            self._upsert_one_frontend(txn, svc, frontends[0])  # most services
+            self.upsert_service_and_frontend(txn, svc, frontends[0])  # most services
             return
         # Written in address order, so the reconciler (which follows the change order) gives
         # one object's frontends their service ids in address order, as Cilium does.
@@ -283,9 +283,14 @@ class LBWriter:
         for p, old in zip(params, olds, strict=True):
             self._put_frontend(txn, svc, p, force=not unchanged, old=old)
 
-    def _upsert_one_frontend(self, txn: WriteTxn, svc: Service, p: FrontendParams) -> None:
-        """`upsert_service_and_frontends` with one frontend ``p`` (that cannot shadow a
-        NodePort): the same checks and writes, without the set and lists of several."""
+    def upsert_service_and_frontend(
+        self, txn: WriteTxn, svc: Service, p: FrontendParams
+    ) -> None:
+        """``upsert_service_and_frontends(txn, svc, (p,))``: the same checks and writes,
+        without the set and lists of several frontends (most services have one)."""
+        if p.type in _SHADOWING_TYPES:
+            self.upsert_service_and_frontends(txn, svc, [p])  # it may shadow a NodePort
+            return
         name = svc.name
         address = p.address
         if p.service_name != name:
@@ -301,7 +306,11 @@ class LBWriter:
             t = self._touched(txn)
         rows = t.frontends_of.get(name)
         if rows is None:
-            rows = self._load_frontends_of(txn, t, name)
+            hint = self._fe_hint
+            if hint is None or name in hint:
+                rows = self._load_frontends_of(txn, t, name)
+            else:  # no committed frontend (a new service): `_load_frontends_of`'s {}
+                rows = t.frontends_of[name] = {}
         if rows and (len(rows) > 1 or address not in rows):
             for a in sorted(rows):  # the others, in address order
                 if a != address:
@@ -319,13 +328,10 @@ class LBWriter:
         """The Service row to write frontends against, and whether it was unchanged: an
         equal stored row is kept (frontends refer to it; only what changed is rewritten),
         else ``svc`` is inserted."""
-        services = self.services
-        if services.insert_new(txn, (svc,)):
-            return svc, False  # no row had its name (one lookup: get, then insert)
-        old_svc = services.get(txn, svc.name)
+        old_svc = self.services.get(txn, svc.name)
         if old_svc is not None and old_svc == svc:
             return old_svc, True
-        services.insert(txn, svc)
+        self.services.insert(txn, svc)
         return svc, False
 
     def _shadows_node_port(self, txn: WriteTxn, p: FrontendParams) -> bool:
@@ -1194,10 +1200,14 @@ def _fold(
     committed or aborted: before it, the service's hint held every address of its
     committed rows, and the transaction's rows were read through that hint. A service's
     ``given`` backends (exactly its rows' addresses) stand for its rows."""
-    if not gone and not given:
-        # Nothing removed and no given tuple (a load's frontends): the rows' addresses.
+    if not gone:
+        # Nothing removed (a load): a service's given tuple, else its rows' addresses.
+        given_of = given if given else _NO_GIVEN
         for name, rows in rows_of.items():
-            if len(rows) == 1:
+            kept = given_of.get(name)
+            if kept:
+                hint[name] = kept
+            elif len(rows) == 1:
                 for a in rows:
                     hint[name] = a
             elif rows:
@@ -1222,6 +1232,9 @@ def _fold(
         else:
             hint.pop(name, None)
 
+
+#: `_fold`'s given tuples when it has none.
+_NO_GIVEN: Mapping[ServiceName, CheckedBackends] = {}
 
 #: A service's frontend hint: one address or a tuple of them.
 _Addrs = L3n4Addr | tuple[L3n4Addr, ...]

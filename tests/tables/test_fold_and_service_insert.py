@@ -1,6 +1,6 @@
-"""Two short ways of the LB writer give what the general ones give: `_fold` of a
-transaction that removed nothing and gave no tuple (a load's frontends), and
-`_keep_or_insert_service`'s one-lookup insert of a service no row has the name of."""
+"""`_fold` of a transaction that removed nothing (a load) gives what its general way
+gives, with and without given tuples; `_keep_or_insert_service` keeps an equal row and
+inserts any other."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tables.l3n4 import L3n4Addr
-from tables.lb_writer import _fold
+from tables.lb_writer import CheckedBackends, _fold
 from tables.services import Service
 
 from .helpers import fe, new_writer
@@ -33,20 +33,34 @@ _hint = st.dictionaries(
 )
 
 
-@settings(max_examples=300, deadline=None, derandomize=True)
-@given(_rows_of, _hint)
-def test_fold_without_removals_or_given_tuples_is_the_general_fold(
-    rows_of: dict[str, dict[L3n4Addr, Any]], hint: dict[str, Any]
+_given = st.one_of(st.none(), st.dictionaries(
+    st.sampled_from(_NAMES),
+    st.lists(st.sampled_from(_ADDRS), max_size=3, unique=True).map(
+        lambda addrs: CheckedBackends(addrs)  # type: ignore[arg-type]  # stand-ins
+    ),
+    max_size=3,
+))
+
+
+@settings(max_examples=400, deadline=None, derandomize=True)
+@given(_rows_of, _hint, _given)
+def test_fold_without_removals_is_the_general_fold(
+    rows_of: dict[str, dict[L3n4Addr, Any]],
+    hint: dict[str, Any],
+    given_of: dict[str, CheckedBackends] | None,
 ) -> None:
     short = dict(hint)
-    _fold(short, rows_of, {}, lambda name, a: True)
+    _fold(short, rows_of, {}, lambda name, a: True, given_of)
     # A removal under a service the transaction did not read sends _fold the general way
     # and changes nothing else.
     general = dict(hint)
-    _fold(general, rows_of, {"other/svc": {_ADDRS[0]}}, lambda name, a: False)
+    _fold(general, rows_of, {"other/svc": {_ADDRS[0]}}, lambda name, a: False, given_of)
     assert short == general
     for name, rows in rows_of.items():
-        if len(rows) == 1:
+        kept = given_of.get(name) if given_of else None
+        if kept:
+            assert short[name] is kept
+        elif len(rows) == 1:
             assert short[name] is next(iter(rows))  # the address itself, no tuple
         elif rows:
             assert short[name] == tuple(rows)
