@@ -77,6 +77,7 @@ from sources.k8s_reflector import (
 )
 from statedb import WriteTxn
 from statedb.errors import InputError, StatewrightError
+from tables import slice_addresses
 from tables.endpoints import NamedPort, parse_named_ports
 from tables.lb_writer import FrontendConflictError, LBWriter
 from tables.origins import SOURCE_K8S, OriginRecorder
@@ -499,7 +500,8 @@ class K8sSource:
         if one_each and KIND_POD not in kinds and KIND_NODE not in kinds:
             # The usual batch, written as received: `written` (its changes in order) is
             # made below only when needed.
-            skip = refused = self._write_usual(batch, all_synced)
+            with slice_addresses.holding():  # the converter's parsed addresses, to origins
+                skip = refused = self._write_usual(batch, all_synced)
             count = sum(len(item.deltas) for item in batch)
         else:
             received = [(item.reflector, d) for item in batch for d in item.deltas]
@@ -508,9 +510,10 @@ class K8sSource:
                 wanted = received  # what `coalesce` gives back for it
             else:
                 wanted, deleted = coalesce(received)
-            written, skip, refused = self._write_batch(
-                wanted, deleted, all_synced, KIND_POD in kinds
-            )
+            with slice_addresses.holding():
+                written, skip, refused = self._write_batch(
+                    wanted, deleted, all_synced, KIND_POD in kinds
+                )
             count = len(written)
         if all_synced:
             self._init_done = None

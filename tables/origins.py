@@ -31,6 +31,8 @@ from statedb import DB, Index, ReadTxn, Table, WriteTxn
 from statedb import keys as keycodec
 from statedb.errors import TableNotRegisteredError
 from statedb.rows import FrozenValue, assignable_twin, slot_setters
+from tables.slice_addresses import HELD
+from tables.slice_addresses import packed as packed_addresses
 
 ORIGINS_TABLE = "origins"
 
@@ -344,6 +346,13 @@ def _pack_addresses(addrs: list[Any]) -> str | bytes:
 _AFS = repeat(_AF_INET)
 
 
+def _slice_packed(obj: Mapping[str, Any]) -> str | bytes:
+    """An EndpointSlice's addresses as its row keeps them: handed over by the converter
+    that parsed them (`tables.slice_addresses`), else parsed here."""
+    handed = packed_addresses(obj.get("endpoints")) if HELD else None
+    return handed if handed is not None else _pack_addresses(_slice_addresses(obj))
+
+
 def _slice_addresses(obj: Mapping[str, Any]) -> list[Any]:
     """The addresses an EndpointSlice's endpoints list, in order."""
     endpoints = obj.get("endpoints")
@@ -406,7 +415,7 @@ def origin_of(
         )
         # Interned: the same string as the converter's (interned) name of the service.
         owner = sys.intern(f"{ns}/{svc}") if isinstance(svc, str) and svc else ""
-        addresses = _pack_addresses(_slice_addresses(obj))
+        addresses = _slice_packed(obj)
     if type(rv) is not str:
         rv = str(rv) if rv else ""
     # The slots set as `_fill` sets them, by plain stores (`assignable_twin`).
@@ -467,7 +476,10 @@ def origins_of(objs: Iterable[Mapping[str, Any]], source: str) -> list[Origin]:
                     o = new()
                     # Interned: the converter's (interned) name of the service.
                     o.owner = sys.intern(f"{ns}/{svc}") if svc else ""
-                    o._addrs = _pack_addresses(_slice_addresses(obj))
+                    # Packed by the converter already, or here.
+                    handed = packed_addresses(obj.get("endpoints")) if HELD else None
+                    o._addrs = (handed if handed is not None
+                                else _pack_addresses(_slice_addresses(obj)))
             if type(o) is _OriginSlots:
                 # The slots `origin_of` sets, as it sets them.
                 triple = kinds.get((kind, ns, source))
