@@ -79,7 +79,7 @@ from tables.l3n4 import (
     parse_protocol,
 )
 from tables.lb_config import LBConfig
-from tables.lb_writer import CheckedBackends, LBWriter
+from tables.lb_writer import CheckedBackends, LBWriter, OrderedBackends
 from tables.services import (
     PREFER_SAME_ZONE,
     TRAFFIC_DISTRIBUTION_ALIASES,
@@ -1192,12 +1192,16 @@ def convert_endpoint_slice(
     config: LBConfig | None = None,
     source: str = "k8s",
     previous: Mapping[bytes, BackendParams] | None = None,
+    *,
+    mark_order: bool = False,
 ) -> ConvertedEndpoints:
     """Convert a discovery.k8s.io/v1 EndpointSlice; raise ConversionError naming the field.
 
     ``previous``: the backends an earlier version of the slice converted to, by address;
     a backend equal to one of them is that object (an update that changed one endpoint
-    gives the others' objects back, which the writer recognizes at once)."""
+    gives the others' objects back, which the writer recognizes at once).
+    ``mark_order``: backends that the loop for plain slices found in address order are
+    an `OrderedBackends` (for the LB writer), else a `CheckedBackends` as any."""
     cfg = config if config is not None else LBConfig()
     ref = obj  # what errors name: `object_ref` of it, built only for an error
     meta: Any = obj.get("metadata")
@@ -1243,7 +1247,7 @@ def convert_endpoint_slice(
     # Every address of a slice has its family (checked per endpoint below).
     family_on = cfg.enable_ipv6 if want_v6 else cfg.enable_ipv4
     checked = (
-        _plain_endpoint_backends(endpoints, port_keys[0], weight, source, previous)
+        _plain_endpoint_backends(endpoints, port_keys[0], (weight, source, mark_order), previous)
         if len(port_keys) == 1 and not want_v6 and family_on and weight
         else None
     )
@@ -1360,8 +1364,7 @@ def _slice_ports(ref: ObjectRef, raw_ports: Sequence[Any]) -> list[tuple[str, in
 def _plain_endpoint_backends(
     endpoints: Sequence[Any],
     port_key: _PortKey,
-    weight: int,
-    source: str,
+    common: tuple[int, str, bool],
     previous: Mapping[bytes, BackendParams] | None,
 ) -> CheckedBackends | None:
     """`_endpoint_backends` of an IPv4 slice with one port and a weight (not 0) whose
@@ -1371,7 +1374,9 @@ def _plain_endpoint_backends(
     from the start: this loop only takes what it would make of a plain one.
 
     The endpoints are checked and their keys made in one loop; the addresses and the
-    backends are then made in one call each."""
+    backends are then made in one call each. ``common``: the slice's weight, the source
+    and whether backends in address order are to be an `OrderedBackends`."""
+    weight, source, mark_order = common
     _, port_names, prefix, suffix = port_key
     keys: list[bytes] = []
     add_key = keys.append
@@ -1440,7 +1445,8 @@ def _plain_endpoint_backends(
             old = previous.get(a)
             if old is not None and shared(old) == shared(params[i]):
                 params[i] = old
-    return CheckedBackends(params)
+    # All IPv4 and of the one port's names: in order, they are an OrderedBackends.
+    return OrderedBackends(params) if ordered and mark_order else CheckedBackends(params)
 
 
 #: A key's value when it is not there (no value of a parsed object is this one).
@@ -1705,7 +1711,9 @@ class K8sConverter:
     def upsert_endpoint_slice(self, txn: WriteTxn, obj: Mapping[str, Any]) -> None:
         """Add or update an EndpointSlice; the service's backends become the union of its
         slices."""
-        conv = convert_endpoint_slice(obj, self.config, self.source, self._slice_backends(obj))
+        conv = convert_endpoint_slice(
+            obj, self.config, self.source, self._slice_backends(obj), mark_order=True
+        )
         st = self._st
         old_svc = st.slice_service.get(conv.slice_name)
         kept = st.slices.get(conv.service_name)

@@ -118,6 +118,15 @@ class CheckedBackends(tuple[BackendParams, ...]):
     __slots__ = ()
 
 
+class OrderedBackends(CheckedBackends):
+    """`CheckedBackends` whose maker also found them in increasing address order, all of
+    the first one's family and all serving the first one's port names: a new frontend
+    that selects all of them then needs no check of the tuple's order
+    (`LBWriter._given_selection`). A `CheckedBackends` everywhere else."""
+
+    __slots__ = ()
+
+
 class LBWriter:
     """Writes the LB tables in one transaction, keeping frontends' backends up to date."""
 
@@ -417,7 +426,7 @@ class LBWriter:
         rows = t.backends_of.get(service)
         if rows is None:
             rows = self._load_backends_of(txn, t, service)
-        if type(backends) is CheckedBackends:
+        if isinstance(backends, CheckedBackends):
             checked = True
             if backends and backends[0].source != source:
                 _wrong_source(service, source, backends[0])
@@ -874,16 +883,15 @@ class LBWriter:
         assert self._be_hint is not None
         hinted = self._be_hint.get(name)
         if hinted:
-            kind = type(hinted)
             addrs: Any = hinted
-            if kind is CheckedBackends:
+            if isinstance(hinted, CheckedBackends):
                 addrs = list(map(_address, hinted))
-            elif kind is not tuple:
+            elif type(hinted) is not tuple:
                 addrs = (hinted,)
             rows = rows_of_service(addrs, self.backends.get_many(txn, addrs), name)
-            if kind is CheckedBackends and len(rows) == len(hinted):
+            if isinstance(hinted, CheckedBackends) and len(rows) == len(hinted):
                 # Still exactly the service's rows: the hint stays the given tuple.
-                t.given[name] = hinted  # type: ignore[assignment]
+                t.given[name] = hinted
         else:
             rows = {}
         t.backends_of[name] = rows
@@ -1054,12 +1062,19 @@ class LBWriter:
             # committed ones, whose addresses its hint holds (all of them).
             assert self._be_hint is not None
             given = self._be_hint.get(name)  # type: ignore[assignment]
-            if type(given) is not CheckedBackends or not given:
+            if not isinstance(given, CheckedBackends) or not given:
                 return None
             if self._pure.get(name) is given:
                 # The committed rows are ``given``'s one-instance rows (`_fold_pure`): it
                 # selects them all when they are in order and serve the frontend.
-                if given_in_order(given, p.address[20], p.port_name):
+                if type(given) is OrderedBackends:
+                    # In order, of the first one's family and port names (its maker's word).
+                    first = given[0]
+                    if first.address[20] == p.address[20] and (
+                        not p.port_name or p.port_name in first.port_names
+                    ):
+                        return given
+                elif given_in_order(given, p.address[20], p.port_name):
                     return given
                 return None
             addrs = list(map(_address, given))
@@ -1103,7 +1118,7 @@ class LBWriter:
         if given is None:
             assert self._be_hint is not None
             given = self._be_hint.get(name)  # type: ignore[assignment]
-            if type(given) is not CheckedBackends:
+            if not isinstance(given, CheckedBackends):
                 return bes
         # The same objects in the same order (compared by identity in C) as a rule; the
         # first item tells most other cases apart without calling its ``__eq__``.
