@@ -94,6 +94,7 @@ from tables.services import (
     new_service,
     parse_cidr,
 )
+from tables.slice_addresses import remember as remember_addresses
 
 SERVICE_NAME_LABEL = "kubernetes.io/service-name"
 HEADLESS_LABEL = "service.kubernetes.io/headless"
@@ -1433,6 +1434,9 @@ def _plain_endpoint_backends(
     except (KeyError, OSError, ValueError, TypeError):
         # No addresses or conditions (KeyError), or an address as above.
         return None
+    if type(endpoints) is list:
+        # Each endpoint's one IPv4 address is in its key: for the slice's origin row.
+        remember_addresses(endpoints, keys, len(prefix))
     n = len(keys)
     addresses = list(map(addr_of_key, keys))
     if not ordered and len(set(addresses)) != n:
