@@ -51,8 +51,15 @@ from dataclasses import dataclass, field
 from itertools import repeat
 from typing import Any, TypeAlias
 
+from sources.k8s_converted import (
+    ConvertedEndpoints,
+    ConvertedService,
+    ServicePort,
+    new_converted_endpoints,
+    new_converted_service,
+    new_service_port,
+)
 from statedb import InputError, WriteTxn
-from statedb.rows import slot_constructor
 from tables.backends import (
     DEFAULT_WEIGHT,
     BackendParams,
@@ -317,35 +324,6 @@ def _family_enabled(addr: IPAddress, config: LBConfig) -> bool:
 
 
 # ----- Service ----------------------------------------------------------------------------
-@dataclass(frozen=True, slots=True)
-class ServicePort:
-    """One entry of spec.ports."""
-
-    name: str
-    port: int
-    protocol: str
-    node_port: int
-
-
-#: ``ServicePort(...)`` through its slots (every field, positionally).
-_new_service_port = slot_constructor(ServicePort, "new_service_port")
-
-
-@dataclass(frozen=True, slots=True)
-class ConvertedService:
-    """A Service object as a service row plus its complete frontend set."""
-
-    service: Service
-    frontends: tuple[FrontendParams, ...] = ()
-    #: Set when the service must not exist on this node (service.cilium.io/node does not
-    #: match the node's label): the converter deletes it instead.
-    not_exposed: str = ""
-
-
-#: ``ConvertedService(service, frontends, not_exposed)`` through its slots.
-_new_converted_service = slot_constructor(ConvertedService, "new_converted_service")
-
-
 def _policy(ref: ObjectRef, path: str, value: Any) -> TrafficPolicy:
     if value is None or value == "Cluster":  # the usual case first
         return _CLUSTER
@@ -371,7 +349,7 @@ def convert_service(
     cfg = config if config is not None else LBConfig()
     plain = _plain_service(obj, cfg, source)
     if plain is not None:
-        return _new_converted_service(plain[0], plain[1], "")
+        return new_converted_service(plain[0], plain[1], "")
     return _convert_service(obj, cfg, node_labels, source)
 
 
@@ -571,7 +549,7 @@ def _convert_service(
         return ConvertedService(service, ())
     fes = _frontends(ref, spec, annotations, cfg, service, svc_type, ports,
                      (cluster_ips, lb_ips, ext_ips))
-    return _new_converted_service(service, fes, "")
+    return new_converted_service(service, fes, "")
 
 
 def _service_row(
@@ -865,7 +843,7 @@ def _service_ports(
             raise ConversionError(ref, f"spec.ports[{i}].name", f"duplicate port name {pname!r}")
         if (port, proto) in port_protos:
             raise ConversionError(ref, f"spec.ports[{i}]", f"duplicate port {port}/{proto}")
-        ports.append(_new_service_port(pname, port, proto, node_port))
+        ports.append(new_service_port(pname, port, proto, node_port))
         port_names[pname] = port
         port_protos.add((port, proto))
     if len(ports) > 1:
@@ -979,19 +957,6 @@ def _exposed_types(ref: ObjectRef, annotations: Mapping[str, str]) -> frozenset[
 
 
 # ----- EndpointSlice ----------------------------------------------------------------------
-@dataclass(frozen=True, slots=True)
-class ConvertedEndpoints:
-    """An EndpointSlice as the backends it gives one service."""
-
-    slice_name: str
-    service_name: ServiceName
-    backends: tuple[BackendParams, ...] = ()
-
-
-#: ``ConvertedEndpoints(slice_name, service_name, backends)`` through its slots.
-_new_converted_endpoints = slot_constructor(ConvertedEndpoints, "new_converted_endpoints")
-
-
 def _cond(ref: ObjectRef, path: str, value: Any, default: bool) -> bool:
     if value is None:
         return default
@@ -1260,7 +1225,7 @@ def convert_endpoint_slice(
         )
     # Checked as the writer would check them (one source, ports, weights, states; distinct
     # addresses): it takes them as they are.
-    return _new_converted_endpoints(slice_name, service_name, checked)
+    return new_converted_endpoints(slice_name, service_name, checked)
 
 
 #: The backends of a slice that gives none (FQDN): checked, as every converted slice's.
