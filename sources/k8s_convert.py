@@ -46,7 +46,7 @@ from __future__ import annotations
 import ipaddress
 import socket
 import sys
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from itertools import repeat
 from typing import Any, TypeAlias
@@ -60,14 +60,12 @@ from sources.k8s_converted import (
     new_service_port,
 )
 from statedb import InputError, WriteTxn
+from tables import backends
 from tables.backends import (
     DEFAULT_WEIGHT,
     BackendParams,
     BackendState,
-    active_backend_rest,
-    backend_details,
     backend_params_of,
-    backend_rest,
     backend_shared_part,
     new_backend_params_from,
 )
@@ -102,6 +100,15 @@ from tables.services import (
     parse_cidr,
 )
 from tables.slice_addresses import remember as remember_addresses
+
+# The backend table's shared tuples (a backend's details, everything but its address) are
+# held as plain objects here. Compiled (mypyc), the result of a call declared to return a
+# fixed-length tuple is unpacked into C values and packed into a new tuple where it is
+# stored or passed on: every slice would get its own copy of a shared tuple (memory), and
+# the writer and the LB Ops, which compare them by identity, would find them all different.
+_backend_details: Callable[..., Any] = backends.backend_details
+_backend_rest: Callable[..., Any] = backends.backend_rest
+_active_backend_rest: Callable[..., Any] = backends.active_backend_rest
 
 SERVICE_NAME_LABEL = "kubernetes.io/service-name"
 HEADLESS_LABEL = "service.kubernetes.io/headless"
@@ -626,8 +633,11 @@ def _service_row(
     else:
         service = _new_full_service(
             name, source, labels_t, annotations_t, selector_t, port_names_t,
-            (ext_policy, int_policy, fwd, affinity, timeout, lb_class, health_port, ranges,
-             ranges_policy, traffic_dist, algorithm, scope_ann, delegation, scale_to_zero),
+            # The ints as shared objects: the row's shared tuple is found by identity
+            # (compiled, an int passed on is a new object each time it is above 256).
+            (ext_policy, int_policy, fwd, affinity, _shared(timeout), lb_class,
+             _shared(health_port), ranges, ranges_policy, traffic_dist, algorithm, scope_ann,
+             delegation, scale_to_zero),
         )
     return service
 
@@ -1384,7 +1394,7 @@ def _plain_endpoint_backends(
                 if rests is None and keys:
                     rests = [rest] * len(keys)
                 d_node, d_zone = node, zone
-                rest = active_backend_rest(node, zone, port_names, weight, source)
+                rest = _active_backend_rest(node, zone, port_names, weight, source)
             if rests is not None:
                 rests.append(rest)
             # One address (else ValueError), a dotted-quad IPv4 string (else TypeError or
@@ -1441,7 +1451,7 @@ def _endpoint_backends(
     # everything but the address made from it, by (port names, state).
     d_node = d_zone = None
     d_zones: tuple[str, ...] | None = None
-    details = backend_details("", "", (), 0, source, False, 0.0)
+    details = _backend_details("", "", (), 0, source, False, 0.0)
     rests: dict[tuple[tuple[str, ...], BackendState], Any] = {}
     # The last rest looked up, by its port names and state (most backends in a row share
     # them): no key tuple and lookup per backend.
@@ -1464,7 +1474,7 @@ def _endpoint_backends(
             d_node, d_zone, d_zones = node, zone, zones
             # BackendParams' details: node_name, zone, for_zones, cluster_id, source,
             # unhealthy, unhealthy_updated_at.
-            details = backend_details(node, zone, zones, 0, source, False, 0.0)
+            details = _backend_details(node, zone, zones, 0, source, False, 0.0)
             rests = {}
             last_names = None
         for ip in ips:
@@ -1484,7 +1494,7 @@ def _endpoint_backends(
                 else:
                     rest = rests.get((port_names, state))
                     if rest is None:
-                        rest = rests[port_names, state] = backend_rest(
+                        rest = rests[port_names, state] = _backend_rest(
                             details, port_names, weight, state
                         )
                     last_names, last_state, last_rest = port_names, state, rest
