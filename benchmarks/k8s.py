@@ -157,7 +157,7 @@ from benchmarks.lb import BACKENDS_PER_SERVICE, service_obj, slice_obj
 from benchmarks.sync_phases import PhaseTimer
 from bpf.probe import kernel_support
 from reconciler.status import StatusKind
-from sources import k8s_json
+from sources import k8s_json, native
 from sources.k8s_client import ClientSettings, K8sClient
 from sources.k8s_source import K8sSource
 from statedb.gc_tuning import (
@@ -337,6 +337,8 @@ async def run(
     """The benchmark; returns the figures."""
     tune_gc()
     result: dict[str, Any] = {"services": n, "backends_per_service": BACKENDS_PER_SERVICE}
+    # Which Kubernetes converter ran: compiled (mypyc) or its source (sources/native.py).
+    result["converter"] = native.describe()
     ctx = multiprocessing.get_context("spawn")
     parent, child = ctx.Pipe()
     with tempfile.TemporaryDirectory(prefix=f"statewright-k8s-bench-{os.getpid()}-") as tmp:

@@ -48,6 +48,7 @@ import anyio
 import anyio.abc
 
 from bpf.pinning import PinDirLockedError, PinDirLockError, lock_pin_dir
+from sources import native
 from statewright.agent.components.api import ApiComponent, ApiConfig
 from statewright.agent.components.conntrack import CTComponent, CTConfig
 from statewright.agent.components.debug import DebugComponent
@@ -210,6 +211,7 @@ class Agent:
                     raise AgentError(str(e)) from e
                 self.ready = True
                 log.info("agent: started; health %s", self.hive.overall())
+                log.info("agent: Kubernetes converter %s", native.describe())
                 task_status.started()
                 await stop_requested.wait()
                 log.info("agent: stopping")
