@@ -409,3 +409,16 @@ def test_json_logs_are_one_object_per_line(tmp_path: Path) -> None:
     docs = [json.loads(x) for x in lines]
     assert any(d["msg"].startswith("agent: started") for d in docs)
     assert all({"time", "level", "logger", "msg"} <= set(d) for d in docs)
+
+
+def test_the_startup_log_names_the_kubernetes_converter(tmp_path: Path) -> None:
+    """The compiled converter where a build of the sources now in the tree is there (and
+    STATEWRIGHT_PURE_PYTHON is not set), else its source; the log says which."""
+    from sources import native
+
+    with running_agent(tmp_path) as agent:
+        assert stop_agent(agent.proc) == 0
+        log = agent.logs()
+    compiled = native.current_build(native.repo_root())[0] is not None
+    kind = "compiled" if compiled and not native.pure_forced() else "pure"
+    assert f"agent: Kubernetes converter {kind}: " in log
