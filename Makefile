@@ -84,7 +84,7 @@ lint: setup
 
 # The whole suite runs with the compiled converter where it is built; the converter's and
 # its callers' tests run again on its source (STATEWRIGHT_PURE_PYTHON=1, about a minute).
-PURE_TESTS := tests/sources
+PURE_TESTS := tests/sources tests/test_sync_phases.py
 pytest: setup
 	$(PY) -m pytest -q
 	STATEWRIGHT_PURE_PYTHON=1 $(PY) -m pytest -q $(PURE_TESTS)

@@ -101,6 +101,13 @@ from tables.services import (
 )
 from tables.slice_addresses import remember as remember_addresses
 
+try:
+    from mypy_extensions import mypyc_attr
+except ImportError:  # the agent does not need mypy's extensions: a no-op decorator there
+
+    def mypyc_attr(*_args: object, **_kwargs: object) -> Callable[[type], type]:  # type: ignore[misc]
+        return lambda cls: cls
+
 # The backend table's shared tuples (a backend's details, everything but its address) are
 # held as plain objects here. Compiled (mypyc), the result of a call declared to return a
 # fixed-length tuple is unpacked into C values and packed into a new tuple where it is
@@ -1585,6 +1592,10 @@ class _State:
     pods: dict[str, list[ServiceName]] = field(default_factory=dict)
 
 
+# A Python class also when the module is compiled (its methods are compiled all the same):
+# its methods can be wrapped (`benchmarks/k8s.py --phases` times them) and tests can patch
+# them, as with its source.
+@mypyc_attr(native_class=False)
 class K8sConverter:
     """Applies Kubernetes objects to the LB tables through an `LBWriter`.
 

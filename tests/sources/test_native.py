@@ -156,3 +156,18 @@ def test_the_build_says_why_it_does_not_build(
     outcome = native_build.build(tmp_path)
     assert outcome.startswith("not built: no C compiler (cc)")
     assert not (tmp_path / native.BUILD_DIR).exists()
+
+
+def test_the_source_needs_no_mypy_extensions() -> None:
+    """An agent-only install has no mypy (nor its extensions): the source imports and
+    converts without them."""
+    env = dict(os.environ, PYTHONPATH=str(ROOT), **{native.PURE_ENV: "1"})
+    code = (
+        "import sys; sys.modules['mypy_extensions'] = None\n"
+        "import sources.k8s_convert as k\n"
+        "from tests.sources.test_k8s_convert import service\n"
+        "print(k.__file__); print(k.convert_service(service()).service.name)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], env=env, check=True, cwd=ROOT,
+                         capture_output=True, text=True).stdout.splitlines()
+    assert out == [str(ROOT / "sources" / "k8s_convert.py"), "test/echo"]
