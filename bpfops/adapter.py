@@ -385,17 +385,19 @@ def reconciler_config(
     frontend already written in this run is always written at once.
     """
 
-    service_id = ops.service_id
+    written = ops.frontends
+    written_state = written.get
 
     def set_status(fe: Frontend, status: Status) -> Frontend:
-        fe_id = service_id(fe.address) or 0
+        # `FrontendOps.service_id` without its call: the id the maps hold for the
+        # frontend (0 when they hold none). Runs once per row of every status commit.
+        state = written_state(fe.address)
+        fe_id = state.id if state is not None else 0
         # Frontend's fields, positionally: the row with its id and status replaced.
         return new_frontend(
             fe.address, fe.type, fe.service_name, fe.port_name, fe.service_port, fe.service,
             fe.backends, fe_id, fe.redirect_to, status,
         )
-
-    written = ops.frontends
 
     def hold(fe: Frontend) -> bool:
         # See the docstring: held while the tables are not initialized.

@@ -497,37 +497,13 @@ class Incremental(Generic[O]):
         the snapshot the commit made."""
         cfg = self.config
         table = self.table
-        set_status = cfg.set_object_status
         wall = cfg.clock.wall()
         done = status_done(wall)
         # Position -> (error, status-write succeeded); only rows that did not end Done+written.
         outcome: dict[int, tuple[BaseException | None, bool]] = {}
-        items: list[tuple[bytes, int, Any]] = []
-        positions: list[int] | None = None  # items[k] is work[positions[k]] when not None
         work = updates.work
-        skipped = updates.skipped
-        if skipped:
-            positions = []
         try:
-            for i, w in enumerate(work):
-                if skipped and i in skipped:
-                    continue  # replaced meanwhile: its newer version gets the verdict
-                row = w[0]  # obj, by position: the cheapest access in this per-row loop
-                exc = errors.get(i) if errors else None
-                status = done if exc is None else status_error(error_text(exc), wall)
-                try:
-                    new_row = set_status(row, status)
-                except Exception as write_exc:
-                    self._log_status_write_error(row, write_exc)
-                    outcome[i] = (exc if exc is not None else write_exc, False)
-                    if positions is None:
-                        positions = list(range(len(items)))
-                    continue
-                items.append((w[2], w[1], new_row))
-                if positions is not None:
-                    positions.append(i)
-                if exc is not None:
-                    outcome[i] = (exc, True)
+            items, positions = self._status_items(updates, errors, done, wall, outcome)
         except BaseException:
             wtxn.abort()  # nothing written yet: give the table back
             raise
@@ -576,6 +552,53 @@ class Incremental(Generic[O]):
                     work[i][2], updates.target(i), rev, False, msg, now, exhausted_resource(exc)
                 )
         return base_revision, own_revision, after
+
+    def _status_items(
+        self,
+        updates: Updates[O],
+        errors: dict[int, BaseException],
+        done: Status,
+        wall: float,
+        outcome: dict[int, tuple[BaseException | None, bool]],
+    ) -> tuple[list[tuple[bytes, int, Any]], list[int] | None]:
+        """The status writes of a round's updates, as `Table.compare_and_swap_many` items
+        ``(key, revision, row with its verdict)``, and each item's position in
+        ``updates.work`` (None: item k is ``work[k]``). Adds to ``outcome`` the updates
+        that failed (with whether their status is to be written) and those whose status
+        callback raised (logged here; not written)."""
+        set_status = self.config.set_object_status
+        work = updates.work
+        skipped = updates.skipped
+        if not errors and not skipped:
+            # The usual round: every update succeeded and none was replaced meanwhile, so
+            # every row gets Done. ``set_object_status`` is a function of its arguments:
+            # when it raises for a row, the loop below starts over and reports that row.
+            try:
+                return [(w[2], w[1], set_status(w[0], done)) for w in work], None
+            except Exception:
+                pass
+        items: list[tuple[bytes, int, Any]] = []
+        positions: list[int] | None = [] if skipped else None
+        for i, w in enumerate(work):
+            if skipped and i in skipped:
+                continue  # replaced meanwhile: its newer version gets the verdict
+            row = w[0]  # obj, by position: the cheapest access in this per-row loop
+            exc = errors.get(i) if errors else None
+            status = done if exc is None else status_error(error_text(exc), wall)
+            try:
+                new_row = set_status(row, status)
+            except Exception as write_exc:
+                self._log_status_write_error(row, write_exc)
+                outcome[i] = (exc if exc is not None else write_exc, False)
+                if positions is None:
+                    positions = list(range(len(items)))
+                continue
+            items.append((w[2], w[1], new_row))
+            if positions is not None:
+                positions.append(i)
+            if exc is not None:
+                outcome[i] = (exc, True)
+        return items, positions
 
     def _log_status_write_error(self, row: Any, exc: BaseException) -> None:
         log.error(

@@ -427,3 +427,30 @@ def test_failing_status_callback_degrades_health_and_recovers() -> None:
         # The reconciler starts over from a full listing: nothing is lost.
         h.expect_table({1: DONE, 2: DONE})
         h.expect_health(r"level=OK.*2 object")
+
+
+def test_a_failing_status_write_leaves_only_its_row_pending(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # A round whose updates all succeed writes every status at once; a status callback
+    # that raises for one row still gets the others written, and that row reported once.
+    broken = {"on": True}
+    calls: list[int] = []
+
+    def flaky_set_status(obj: TestObject, status: Status) -> TestObject:
+        calls.append(obj.id)
+        if broken["on"] and obj.id == 2 and status.kind is StatusKind.DONE:
+            raise RuntimeError("status writer broke")
+        return set_status(obj, status)
+
+    with Harness(set_object_status=flaky_set_status) as h:
+        with h.db.write_txn(h.table) as w:
+            for i in (1, 2, 3):
+                h.table.insert(w, TestObject(i))
+        h.expect_table({1: DONE, 2: ("Pending", ""), 3: DONE})
+        reports = [r for r in caplog.records if "cannot write status" in r.getMessage()]
+        assert len(reports) == 1 and "key=2" in reports[0].getMessage()
+        assert calls.count(1) >= 1 and calls.count(3) >= 1
+        broken["on"] = False
+        h.insert(TestObject(2, value="again"))
+        h.expect_table({1: DONE, 2: DONE, 3: DONE})
