@@ -291,12 +291,16 @@ class HealthServer:
         qualifying = self._qualifying
         qualifies = self._qualifies
         drop = qualifying.pop
+        external = _EXTERNAL_TYPES
         for rec in changed:
-            q = qualifies(rec[0]) if type(rec) is tuple else None
-            if q is None:
-                drop(rec[2], None)
-            else:
-                qualifying[rec[2]] = q
+            # `_qualifies`' first test inline: most frontends are ClusterIPs, and every
+            # frontend's change comes twice (its write and the reconciler's status).
+            if type(rec) is tuple and rec[0].type in external:
+                q = qualifies(rec[0])
+                if q is not None:
+                    qualifying[rec[2]] = q
+                    continue
+            drop(rec[2], None)
 
     def _sync_qualifying(self, txn: ReadTxn) -> None:
         """Make listeners and synthetic services match `_qualifying` (frontends in the
