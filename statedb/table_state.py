@@ -472,7 +472,6 @@ class TableTxn(TableState):
         heads = self.store.heads
         get = heads.get
         append = self.log.append
-        added = 0
         rev = begin = self.revision
         i = start
         try:
@@ -486,25 +485,25 @@ class TableTxn(TableState):
                 old = get(pk)
                 if old is not None:
                     if type(old) is tuple:
-                        break  # a row has this key
+                        return i  # a row has this key
                     # A deletion record (a committed one is kept for snapshots): written
                     # as `insert` writes it.
+                    self.count += rev - begin
                     self._advance(begin, rev)
                     self.insert(obj, pk)
                     rev = begin = self.revision
                     i += 1
                     continue
                 rev += 1
-                entry = (obj, rev, pk)
-                heads[pk] = entry
+                heads[pk] = entry = (obj, rev, pk)
                 append(entry)
-                added += 1
                 i += 1
         finally:
             # Also after an error: the rows written so far stay, as with one insert() each.
-            self.count += added
+            # Each revision since ``begin`` is a new row's.
+            self.count += rev - begin
             self._advance(begin, rev)
-        return i
+        return n
 
     def swap_many(self, items: Iterable[tuple[bytes, int, Any]]) -> list[tuple[int, Any]]:
         """Replace each row stored under key if still at revision (see
