@@ -80,6 +80,7 @@ from tables.l3n4 import (
     L3n4Addr,
     addr_key_suffix,
     addr_of_key,
+    addrs_of_keys,
     new_addr,
     parse_protocol,
 )
@@ -1420,7 +1421,7 @@ def _plain_endpoint_backends(
         # Each endpoint's one IPv4 address is in its key: for the slice's origin row.
         remember_addresses(endpoints, keys, len(prefix))
     n = len(keys)
-    addresses = list(map(addr_of_key, keys))
+    addresses = addrs_of_keys(keys)
     if not ordered and len(set(addresses)) != n:
         return None  # an address twice: merged by the general loop
     params = backend_params_of(addresses, repeat(rest, n) if rests is None else rests)

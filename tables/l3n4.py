@@ -21,6 +21,7 @@ import socket
 import struct
 from collections.abc import Callable
 from dataclasses import dataclass
+from itertools import repeat
 from typing import Any, ClassVar
 
 from statedb import keys as keycodec
@@ -393,6 +394,16 @@ def addr_key_suffix(port: int, protocol: str, v6: bool, scope: int = SCOPE_EXTER
 #: ``addr_of_key(key)``: the address whose 21-byte key is ``key`` (built by the caller
 #: from `V4_KEY_PREFIX` and `addr_key_suffix`, so well-formed; no check here).
 addr_of_key: Callable[[bytes], L3n4Addr] = functools.partial(_bytes_new, L3n4Addr)
+
+
+def addrs_of_keys(keys: list[bytes]) -> list[L3n4Addr]:
+    """``[addr_of_key(k) for k in keys]`` in one call: the addresses of a slice's keys
+    (about 300 instructions less per key than a call of the partial for each)."""
+    return list(map(_bytes_new, _L3N4ADDRS, keys))
+
+
+#: ``L3n4Addr`` without end, for `addrs_of_keys`' map (stateless: one for every call).
+_L3N4ADDRS = repeat(L3n4Addr)
 
 
 def encode_addr_key(value: Any) -> bytes:
