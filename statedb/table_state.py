@@ -516,6 +516,7 @@ class TableTxn(TableState):
         heads = store.heads
         get = heads.get
         keep_older = store.keep_older
+        keep_first = store.older.setdefault
         base_rev = self.base.revision
         append = self.log.append
         skipped: list[tuple[int, Any]] = []
@@ -543,9 +544,14 @@ class TableTxn(TableState):
                     skipped.append((i, exc))
                     continue
                 rev = next_rev  # the record's own int: one object per write, not two
-                # VersionStore.put, inlined.
-                if old[1] <= base_rev:
-                    keep_older(pk, old)
+                # VersionStore.put, inlined (``expected`` is the head's revision). The
+                # committed head is kept for the snapshots by `VersionStore.keep_older`,
+                # whose first case, a key with nothing older kept (every row of a status
+                # commit), is one C call here: it then stores the head, else returns
+                # what is kept and keep_older adds the head to it.
+                if expected <= base_rev:
+                    if keep_first(pk, old) is not old:
+                        keep_older(pk, old)
                 else:
                     self.superseded.append(old)
                 heads[pk] = entry

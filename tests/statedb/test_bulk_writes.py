@@ -57,6 +57,32 @@ def test_compare_and_swap_many_writes_unchanged_rows_only() -> None:
     assert rows == {1: frozenset({"swapped"}), 2: frozenset({"changed"}), 4: frozenset({"swapped"})}
 
 
+def test_compare_and_swap_many_keeps_each_version_a_held_snapshot_sees() -> None:
+    # Swapped while snapshots are held: the first swap of a key keeps the replaced head
+    # for them (nothing older kept yet), the second adds to what is kept.
+    db, (t1,) = new_db("t1")
+    with db.write_txn(t1) as w:
+        for i in range(1, 4):
+            t1.insert(w, obj(i, None, "v1"))
+    snapshots = [db.read_txn()]
+    for version in ("v2", "v3"):
+        txn = db.read_txn()
+        items = [
+            (t1.primary_key_of(o), revision_of(t1, txn, o), obj(o.id, None, version))
+            for o in t1.all(txn)
+        ]
+        with db.write_txn(t1) as w:
+            assert t1.compare_and_swap_many(w, items) == []
+        snapshots.append(db.read_txn())
+    for snapshot, version in zip(snapshots, ("v1", "v2", "v3")):
+        assert [(o.id, o.tags) for o in t1.all(snapshot)] == [
+            (i, frozenset({version})) for i in range(1, 4)
+        ]
+        assert [t1.get(snapshot, i) for i in range(1, 4)] == [
+            obj(i, None, version) for i in range(1, 4)
+        ]
+
+
 def test_compare_and_swap_many_reports_errors_and_writes_the_rest() -> None:
     db, (t1,) = new_db("t1")
     with db.write_txn(t1) as txn:
