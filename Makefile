@@ -4,7 +4,7 @@
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
-APT_PKGS := clang llvm libbpf-dev bpftool iproute2 containernetworking-plugins etcd-server
+APT_PKGS := clang llvm gcc libbpf-dev bpftool iproute2 containernetworking-plugins etcd-server
 BPF_OBJ  := build/sock_lb.o
 BTF_OBJ  := build/maps.o
 LXC_OBJ  := build/lxc.o
