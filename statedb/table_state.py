@@ -152,8 +152,13 @@ def log_position(log: list[Entry], log_len: int, revision: int) -> int:
 
 #: Keys of ``older`` the sweep checks at least per write transaction while a pass is
 #: under way (or `SWEEP_PER_WRITE` per record written since the last one, whichever is
-#: more, so that a pass keeps up with the writes).
-SWEEP_CHUNK = 512
+#: more, so that a pass keeps up with the writes). Small, because every write
+#: transaction pays for it on the writer's thread (the event loop): checking a key costs
+#: ~1.4 us, ~4 us when its records go (their log slots are vacated by binary search in
+#: a compacted log), so a pass after a long-held snapshot died cost 512 keys, ~3 ms, per
+#: transaction of a 60,000-frontend table (benchmarks/k8s.py --scale, its churn's stall
+#: cluster); 128 bound it to ~0.5 ms and a quarter of the sweep's CPU while it is held.
+SWEEP_CHUNK = 128
 SWEEP_PER_WRITE = 2
 _NO_REVISIONS: frozenset[int] = frozenset()
 

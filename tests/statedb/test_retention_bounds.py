@@ -10,9 +10,10 @@ store), where `Table.retention` counts the primary store's keys.
 from __future__ import annotations
 
 import gc
+import itertools
 from dataclasses import dataclass
 
-from statedb import DB, Index, ReadTxn, Table, keys, ordered
+from statedb import DB, Index, ReadTxn, Table, keys, ordered, table_state
 
 
 @dataclass(frozen=True, slots=True)
@@ -116,7 +117,9 @@ def test_a_dropped_snapshot_frees_what_only_it_saw() -> None:
     check_snapshot(table, first, {i: Row(i, f"a{i}", 0) for i in range(300)})
     del first
     gc.collect()
-    for v in range(8, 12):
+    # The sweep checks SWEEP_CHUNK keys per write transaction: enough transactions for a
+    # pass over every kept version's key (fewer keys than versions), and one more.
+    for v in range(8, 9 + -(-both // table_state.SWEEP_CHUNK)):
         with db.write_txn(table) as w:
             table.insert(w, Row(0, f"x{v}", v))
     after = figures(table, db.read_txn())["older_versions"]
@@ -134,7 +137,8 @@ def test_a_dropped_snapshot_frees_what_only_it_saw() -> None:
     gc.collect()
     # The sweep checks SWEEP_CHUNK keys per write transaction at least: two passes here.
     # (New rows only: the cached view's state sees every current row's version.)
-    for v in range(2):
+    kept = figures(table, db.read_txn())["older_versions"]
+    for v in range(2 * (1 + -(-kept // table_state.SWEEP_CHUNK))):
         with db.write_txn(table) as w:
             table.insert(w, Row(1000 + v, f"new{v}", v))
     with db.write_txn(table) as w:
@@ -168,3 +172,36 @@ def test_keys_created_and_deleted_under_a_held_snapshot_leave_nothing() -> None:
     assert f["older_versions"] <= 2, f
     assert f["log_records"] <= 2 * 100 + ordered.COMPACT_SLACK + 100, f
     check_snapshot(table, held, it_db_rows)
+
+
+def test_a_long_held_snapshot_is_swept_a_bounded_slice_per_write() -> None:
+    """A snapshot held while every row was written again, then dropped: the sweep that
+    frees its versions checks at most `SWEEP_CHUNK` keys per small write transaction
+    (what each such transaction costs the writer's thread), and is done after as many
+    transactions as that takes, the snapshot's rows intact until it goes."""
+    n = 20 * table_state.SWEEP_CHUNK
+    db, table = new_db()
+    with db.write_txn(table) as w:
+        for i in range(n):
+            table.insert(w, Row(i, f"a{i}", 0))
+    held = db.read_txn()
+    with db.write_txn(table) as w:
+        for i in range(n):
+            table.insert(w, Row(i, f"b{i}", 1))
+    # A short-lived reader, dying at each write (as the reconciler's and the probes' do),
+    # keeps a pass due; the held snapshot keeps every row's first version.
+    with db.write_txn(table) as w:
+        table.insert(w, Row(0, "c0", 2))
+    check_snapshot(table, held, {i: Row(i, f"a{i}", 0) for i in range(n)})
+    assert figures(table, db.read_txn())["older_versions"] >= n
+    del held
+    gc.collect()
+    store = table.state(db.read_txn()).store
+    left = [len(store.older)]
+    for v in range(3, 3 + n // table_state.SWEEP_CHUNK + 2):
+        with db.write_txn(table) as w:
+            table.insert(w, Row(1, f"c{v}", v))
+        left.append(len(store.older))
+    # Each transaction's trim checked one slice (two rows written: at most SWEEP_CHUNK).
+    assert all(a - b <= table_state.SWEEP_CHUNK for a, b in itertools.pairwise(left)), left
+    assert left[-1] <= 2, left
