@@ -273,11 +273,14 @@ class Compaction:
     released meanwhile gets its object-less record at publication (`_publish`).
     """
 
-    __slots__ = ("deletions", "kept", "log", "pos", "seen_len")
+    __slots__ = ("deletions", "kept", "log", "pos", "seen_len", "start_len")
 
     def __init__(self, log: list[Entry], log_len: int) -> None:
         self.log = log
         self.pos = 0
+        #: The log's length when the job began: a cached view of a state before it was not
+        #: asked for while the job ran (`compact_log` drops it).
+        self.start_len = log_len
         #: The log's length at the last step (what was appended since is caught up with).
         self.seen_len = log_len
         self.kept: list[Entry] = []
@@ -339,11 +342,15 @@ def compact_log(table: Table[Any], st: TableState) -> TableState:
 
     Runs at commit under the table lock. The new log keeps every live row's latest entry
     and the deletions some change iterator has not seen. Cached ordered views far behind
-    ``st`` are dropped first (`drop_stale_views`, at every commit); the others (at most
-    `replay_limit` records behind: ones some query keeps current) are brought up to ``st``
-    so they stay derivable. The compacted state is a new object: ``st`` may already be
-    visible to readers through the view cache, and a state a reader can see never
-    changes.
+    ``st`` are dropped first (`drop_stale_views`, at every commit); the ones some query
+    asked for while the compaction ran (a view is cached with the state it was last asked
+    for at) are brought up to ``st`` so they stay derivable, and the others are dropped.
+    A view brought up holds the compacted state live, and with it a version of every row
+    written after it, until the log is `replay_limit` records past it: for a view built
+    once and not asked for again (``all()`` at start, the initial prune) that would be
+    every write transaction's trim sweeping those versions again for no reader. The
+    compacted state is a new object: ``st`` may already be visible to readers through the
+    view cache, and a state a reader can see never changes.
     """
     drop_stale_views(table, st)
     table.retired_logs.free_some()
@@ -362,10 +369,11 @@ def compact_log(table: Table[Any], st: TableState) -> TableState:
     for pos, cached in enumerate(table.ordered_cache):
         if cached is None or st.ordered[pos] is not None:
             continue
-        if cached[0].log is st.log:
+        if cached[0].log is st.log and cached[0].log_len >= job.start_len:
             ordered_view(table, st, pos)
         else:
-            # A reader stored an older log's view meanwhile: not derivable from st's log.
+            # Not asked for while the job ran, or an older log's view a reader stored
+            # meanwhile (not derivable from st's log).
             table.ordered_cache[pos] = None
     log = job.publish(table)
     table.retired_logs.retire(st.log)

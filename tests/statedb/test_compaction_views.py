@@ -117,3 +117,38 @@ def test_a_view_far_behind_does_not_hold_row_versions_until_compaction() -> None
         table.insert(txn, Row(1, 0, -1))
     assert table.trimmed_revision == db.root[table.name].revision - 1
     assert list(table.all(db.read_txn())) == expected(db, table)
+
+
+def test_a_view_not_asked_for_while_compacting_is_dropped_and_holds_nothing() -> None:
+    """A view built once just before a compaction (``all()`` at start, the initial prune)
+    and not asked for while it runs is dropped at its end, not brought up to the
+    compacted state: that state would stay live and keep a version of every row written
+    after it. A view a query asks for meanwhile is brought up (see the test above)."""
+    db, table = new_db()
+    first_log = db.root[table.name].log
+    value = 0
+
+    def commit() -> None:
+        nonlocal value
+        value += 1
+        with db.write_txn(table) as txn:
+            for i in range(0, ROWS, 97):
+                table.insert(txn, Row((i + value) % ROWS, (i + value) % 10, value))
+
+    # Just below the log length that starts a compaction, the view is built.
+    while db.root[table.name].log_len + 2 * len(range(0, ROWS, 97)) <= 2 * ROWS + (
+        ordered.COMPACT_SLACK
+    ):
+        commit()
+    list(table.all(db.read_txn()))
+    assert table.ordered_cache[0] is not None
+    while db.root[table.name].log is first_log:
+        commit()
+    assert table.ordered_cache[0] is None
+    # Nothing holds a state from before: the next trim reaches the newest snapshot.
+    with db.write_txn(table) as txn:
+        table.insert(txn, Row(1, 1, -1))
+    assert table.trimmed_revision == db.root[table.name].revision - 1
+    assert list(table.all(db.read_txn())) == expected(db, table)
+    group = [r for r in expected(db, table) if r.group == 3]
+    assert list(table.list(db.read_txn(), BY_GROUP.query(3))) == group
