@@ -27,7 +27,8 @@ bytecode: $(STAMP)
 # rebuilt only when a file it was compiled from changed (about 35 s of gcc); without mypyc
 # or a C compiler it says why and the converter runs from its source. The agent imports the
 # build only while it matches the sources (sources/native.py); STATEWRIGHT_PURE_PYTHON=1
-# skips it here and there.
+# skips it here and there. The same step builds statedb's row builder (statedb/_rowbuild.c,
+# a few seconds; statedb/rowbuild.py imports it only while built from that source).
 native: $(STAMP)
 	@$(PY) -m sources.native_build
 
@@ -83,8 +84,10 @@ lint: setup
 	$(PY) -m mypy
 
 # The whole suite runs with the compiled converter where it is built; the converter's and
-# its callers' tests run again on its source (STATEWRIGHT_PURE_PYTHON=1, about a minute).
-PURE_TESTS := tests/sources tests/test_sync_phases.py
+# its callers' tests run again on its source (STATEWRIGHT_PURE_PYTHON=1, about a minute),
+# and so do the row builders' (statedb's rows built in Python).
+PURE_TESTS := tests/sources tests/test_sync_phases.py tests/statedb/test_rows.py \
+	tests/statedb/test_rowbuild.py tests/tables/test_addrs_of_keys.py
 pytest: setup
 	$(PY) -m pytest -q
 	STATEWRIGHT_PURE_PYTHON=1 $(PY) -m pytest -q $(PURE_TESTS)

@@ -29,6 +29,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from sources import native
+from statedb import rowbuild
 
 
 def module_file(root: Path, module: str) -> Path | None:
@@ -174,6 +175,58 @@ def build(root: Path, force: bool = False, quiet: bool = True) -> str:
     return f"built from {len(files)} files into {native.BUILD_DIR}"
 
 
+def compile_row_builder(root: Path, scratch: Path, quiet: bool) -> Path:
+    """Compiles ``statedb/_rowbuild.c`` (`statedb.rowbuild`'s helper) in `scratch`;
+    returns the extension module's path."""
+    from setuptools import Extension, setup
+
+    lib = scratch / "lib"
+    extension = Extension(rowbuild.MODULE, [str(root / rowbuild.SOURCE)])
+    with _cwd(str(scratch)):
+        setup(
+            name="statewright-rowbuild",
+            ext_modules=[extension],
+            script_args=[
+                *(["-q"] if quiet else []),
+                "build_ext",
+                "--build-lib",
+                str(lib),
+                "--build-temp",
+                str(scratch / "temp"),
+            ],
+        )
+    built = sorted(path for path in lib.rglob("*") if path.is_file())
+    if len(built) != 1:
+        raise RuntimeError(f"setuptools built {built}: expected one extension module")
+    return built[0]
+
+
+def build_row_builder(root: Path, force: bool = False, quiet: bool = True) -> str:
+    """Builds `statedb.rowbuild`'s compiled helper unless it is current; returns what
+    was done. Its stamp holds the C source's digest: no other file goes into it."""
+    if native.pure_forced():
+        return f"not built: {native.PURE_ENV} is set"
+    if not force and rowbuild.current_extension(root)[0] is not None:
+        return "up to date"
+    why_not = missing_tools()
+    if why_not is not None:
+        return f"not built: {why_not}; rows are built in Python"
+    digest = rowbuild.source_digest(root)
+    stamp = root / rowbuild.STAMP
+    stamp.unlink(missing_ok=True)
+    with tempfile.TemporaryDirectory(prefix="statewright-rowbuild-") as scratch:
+        built = compile_row_builder(root, Path(scratch), quiet)
+        target = root / rowbuild.BUILD_DIR
+        target.mkdir(parents=True, exist_ok=True)
+        for old in target.iterdir():
+            old.unlink()
+        os.replace(built, target / built.name)
+    staged = stamp.with_suffix(".tmp")
+    staged.write_text(json.dumps({"extension": built.name, "digest": digest}, indent=1) + "\n")
+    os.replace(staged, stamp)
+    return f"built into {rowbuild.BUILD_DIR}"
+
+
 def main(argv: list[str] | None = None) -> int:
     """Command line: ``python -m sources.native_build [--force] [--verbose]``."""
     parser = argparse.ArgumentParser(prog="python -m sources.native_build", description=__doc__)
@@ -181,12 +234,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--verbose", action="store_true", help="show setuptools' output")
     parser.add_argument("--root", type=Path, default=native.repo_root(), help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
-    try:
-        outcome = build(args.root.resolve(), force=args.force, quiet=not args.verbose)
-    except (Exception, SystemExit) as err:  # mypy's and setuptools' failures exit
-        print(f"setup: compiled converter: build failed: {err!r}", file=sys.stderr)
-        return 1
-    print(f"setup: compiled converter: {outcome}")
+    root, quiet = args.root.resolve(), not args.verbose
+    for what, step in (("row builder", build_row_builder), ("converter", build)):
+        try:
+            outcome = step(root, force=args.force, quiet=quiet)
+        except (Exception, SystemExit) as err:  # mypy's and setuptools' failures exit
+            print(f"setup: compiled {what}: build failed: {err!r}", file=sys.stderr)
+            return 1
+        print(f"setup: compiled {what}: {outcome}")
     return 0
 
 

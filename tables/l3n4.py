@@ -25,6 +25,7 @@ from itertools import repeat
 from typing import Any, ClassVar
 
 from statedb import keys as keycodec
+from statedb import rowbuild
 from statedb.errors import InputError
 
 IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
@@ -398,12 +399,17 @@ addr_of_key: Callable[[bytes], L3n4Addr] = functools.partial(_bytes_new, L3n4Add
 
 def addrs_of_keys(keys: list[bytes]) -> list[L3n4Addr]:
     """``[addr_of_key(k) for k in keys]`` in one call: the addresses of a slice's keys
-    (about 300 instructions less per key than a call of the partial for each)."""
+    (about 300 instructions less per key than a call of the partial for each; a
+    tenth of the cost per key by `statedb.rowbuild`'s compiled helper, when built)."""
+    if _COMPILED:
+        return _new_keys(L3n4Addr, keys)
     return list(map(_bytes_new, _L3N4ADDRS, keys))
 
 
 #: ``L3n4Addr`` without end, for `addrs_of_keys`' map (stateless: one for every call).
 _L3N4ADDRS = repeat(L3n4Addr)
+_COMPILED = rowbuild.COMPILED
+_new_keys = rowbuild.new_keys
 
 
 def encode_addr_key(value: Any) -> bytes:
