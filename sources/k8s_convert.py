@@ -80,7 +80,7 @@ from tables.l3n4 import (
     L3n4Addr,
     addr_key_suffix,
     addr_of_key,
-    addrs_of_keys,
+    addrs_of_ipv4,
     new_addr,
     parse_protocol,
 )
@@ -1357,20 +1357,18 @@ def _plain_endpoint_backends(
     distinct. None for any other slice, which `_endpoint_backends` converts (and checks)
     from the start: this loop only takes what it would make of a plain one.
 
-    The endpoints are checked and their keys made in one loop; the addresses and the
-    backends are then made in one call each. ``common``: the slice's weight, the source
-    and whether backends in address order are to be an `OrderedBackends`."""
+    The endpoints are checked and their addresses' texts taken in one loop; the
+    addresses and the backends are then made in one call each. ``common``: the slice's
+    weight, the source and whether backends in address order are to be an
+    `OrderedBackends`."""
     weight, source, mark_order = common
     _, port_names, prefix, suffix = port_key
-    keys: list[bytes] = []
-    add_key = keys.append
-    pton, af_inet = _inet_pton, _AF_INET
+    texts: list[Any] = []
+    add_text = texts.append
     d_node = d_zone = None
     rest: Any = None
     # Each endpoint's shared rest, once the endpoints are on more than one node or zone.
     rests: list[Any] | None = None
-    last = b""  # the key before (keys in increasing order are distinct)
-    ordered = True
     try:
         for ep in endpoints:
             if type(ep) is not dict:
@@ -1399,29 +1397,27 @@ def _plain_endpoint_backends(
             if rest is None or node != d_node or zone != d_zone:
                 if type(node) is not str or type(zone) is not str:
                     return None
-                if rests is None and keys:
-                    rests = [rest] * len(keys)
+                if rests is None and texts:
+                    rests = [rest] * len(texts)
                 d_node, d_zone = node, zone
                 rest = _active_backend_rest(node, zone, port_names, weight, source)
             if rests is not None:
                 rests.append(rest)
-            # One address (else ValueError), a dotted-quad IPv4 string (else TypeError or
-            # OSError) straight to bytes: inet_pton accepts what ipaddress accepts (see
-            # _parse_ip). Anything else through the general loop.
-            (ip,) = addrs
-            k = prefix + pton(af_inet, ip) + suffix
-            if k <= last:
-                ordered = False
-            last = k
-            add_key(k)
-    except (KeyError, OSError, ValueError, TypeError):
+            (ip,) = addrs  # one address (else ValueError)
+            add_text(ip)
+    except (KeyError, ValueError, TypeError):
         # No addresses or conditions (KeyError), or an address as above.
         return None
+    # Each a dotted-quad IPv4 string straight to its key: inet_pton accepts what
+    # ipaddress accepts (see _parse_ip). Anything else through the general loop.
+    made = addrs_of_ipv4(prefix, texts, suffix)
+    if made is None:
+        return None
+    addresses, ordered = made  # (addresses in increasing order are distinct)
     if type(endpoints) is list:
         # Each endpoint's one IPv4 address is in its key: for the slice's origin row.
-        remember_addresses(endpoints, keys, len(prefix))
-    n = len(keys)
-    addresses = addrs_of_keys(keys)
+        remember_addresses(endpoints, addresses, len(prefix))
+    n = len(addresses)
     if not ordered and len(set(addresses)) != n:
         return None  # an address twice: merged by the general loop
     params = backend_params_of(addresses, repeat(rest, n) if rests is None else rests)

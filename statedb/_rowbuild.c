@@ -16,6 +16,7 @@
 #include <Python.h>
 #include <structmember.h>
 #include <string.h>
+#include <arpa/inet.h>
 
 /* The offset of the writable object slot `descr` (a member descriptor) in objects of
  * `cls`, or -1 with TypeError set. */
@@ -225,6 +226,74 @@ fail:
     return NULL;
 }
 
+static PyObject *
+new_ipv4_keys(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 4 || !PyType_Check(args[0])
+        || !PyType_IsSubtype((PyTypeObject *)args[0], &PyBytes_Type)
+        || !PyBytes_CheckExact(args[1]) || !PyBytes_CheckExact(args[3])) {
+        PyErr_SetString(PyExc_TypeError,
+                        "new_ipv4_keys(cls: a bytes subclass, prefix: bytes, texts, suffix: bytes)");
+        return NULL;
+    }
+    PyTypeObject *cls = (PyTypeObject *)args[0];
+    const char *prefix = PyBytes_AS_STRING(args[1]), *suffix = PyBytes_AS_STRING(args[3]);
+    Py_ssize_t plen = PyBytes_GET_SIZE(args[1]), slen = PyBytes_GET_SIZE(args[3]);
+    PyObject *texts = PySequence_Fast(args[2], "new_ipv4_keys: texts must be iterable");
+    if (texts == NULL)
+        return NULL;
+    Py_ssize_t count = PySequence_Fast_GET_SIZE(texts);
+    PyObject *out = PyList_New(count);
+    if (out == NULL)
+        goto fail;
+    Py_ssize_t klen = plen + 4 + slen;
+    const char *last = NULL; /* the key before */
+    int increasing = 1;
+    for (Py_ssize_t i = 0; i < count; i++) {
+        PyObject *t = PySequence_Fast_GET_ITEM(texts, i);
+        if (!PyUnicode_Check(t))
+            goto not_ipv4; /* socket.inet_pton: TypeError */
+        Py_ssize_t size;
+        const char *text = PyUnicode_AsUTF8AndSize(t, &size);
+        if (text == NULL) {
+            if (!PyErr_ExceptionMatches(PyExc_UnicodeError))
+                goto fail;
+            PyErr_Clear(); /* socket.inet_pton: UnicodeEncodeError */
+            goto not_ipv4;
+        }
+        unsigned char packed[4];
+        if ((Py_ssize_t)strlen(text) != size /* socket.inet_pton: ValueError */
+            || inet_pton(AF_INET, text, packed) != 1 /* socket.inet_pton: OSError */)
+            goto not_ipv4;
+        PyObject *o = cls->tp_alloc(cls, klen);
+        if (o == NULL)
+            goto fail;
+        char *key = PyBytes_AS_STRING(o); /* zeroed by tp_alloc, its closing NUL too */
+        memcpy(key, prefix, plen);
+        memcpy(key + plen, packed, 4);
+        memcpy(key + plen + 4, suffix, slen);
+        _Py_COMP_DIAG_PUSH
+        _Py_COMP_DIAG_IGNORE_DEPR_DECLS
+        ((PyBytesObject *)o)->ob_shash = -1; /* not hashed yet */
+        _Py_COMP_DIAG_POP
+        PyList_SET_ITEM(out, i, o);
+        if (last != NULL && memcmp(last, key, klen) >= 0)
+            increasing = 0;
+        last = key;
+    }
+    Py_DECREF(texts);
+    PyObject *result = Py_BuildValue("(NO)", out, increasing ? Py_True : Py_False);
+    return result;
+not_ipv4:
+    Py_DECREF(texts);
+    Py_DECREF(out);
+    Py_RETURN_NONE;
+fail:
+    Py_DECREF(texts);
+    Py_XDECREF(out); /* its unset items are NULL, which a list's dealloc skips */
+    return NULL;
+}
+
 /* A row builder: ``builder(v1, ..., vn)`` is a new row of its class with its n slots
  * set to the values, in order (see statedb.rows.slot_builder). */
 typedef struct {
@@ -366,6 +435,8 @@ static PyMethodDef methods[] = {
      "new_rows(cls, slot_a, slot_b, firsts, seconds) -> list: see statedb.rowbuild."},
     {"new_keys", (PyCFunction)(void (*)(void))new_keys, METH_FASTCALL,
      "new_keys(cls, keys) -> list: see statedb.rowbuild."},
+    {"new_ipv4_keys", (PyCFunction)(void (*)(void))new_ipv4_keys, METH_FASTCALL,
+     "new_ipv4_keys(cls, prefix, texts, suffix) -> (list, bool) | None: see statedb.rowbuild."},
     {NULL, NULL, 0, NULL},
 };
 

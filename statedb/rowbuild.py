@@ -3,14 +3,15 @@
 A loader that builds a row per item (a slice's backends: an address key, a backend's
 parameters and its row per endpoint) spends most of its time making objects: an empty
 object, its slots stored, its class swapped in (`statedb.rows.assignable_twin`), about
-1,500 instructions each in the interpreter. `new_rows` and `new_keys` build a whole
-list of them in one call. Compiled (``statedb/_rowbuild.c``, built by `make setup` into
-``build/native/statedb/``), an object costs about a tenth of that; the Python
-equivalents below are used where the helper is not built (a plain ``pip install``,
-no C compiler), is stale, or ``STATEWRIGHT_PURE_PYTHON`` is set. Both build the same
-objects: as ``object.__new__(cls)`` (no ``__init__``) with the two slots stored, and
-as ``bytes.__new__(cls, key)``. Callers that have a faster Python path of their own
-test `COMPILED` and keep it for the pure case.
+1,500 instructions each in the interpreter. `new_rows`, `new_keys` and `new_ipv4_keys`
+build a whole list of them in one call, and `row_builder` makes the one-row builders of
+`statedb.rows.slot_builder`. Compiled (``statedb/_rowbuild.c``, built by `make setup`
+into ``build/native/statedb/``), an object costs about a tenth of that. The Python
+equivalents below are used where the helper is not built (a plain ``pip install``, no C
+compiler), is stale, or ``STATEWRIGHT_PURE_PYTHON`` is set. Both build the same objects:
+as ``object.__new__(cls)`` (no ``__init__``) with the slots stored, and as
+``bytes.__new__(cls, key)``. Callers that have a faster Python path of their own test
+`COMPILED` and keep it for the pure case.
 
 The build is current when its stamp's digest is that of the C source now in the tree
 and its extension file fits this interpreter (checked once, at import).
@@ -21,8 +22,10 @@ from __future__ import annotations
 import hashlib
 import importlib.machinery
 import importlib.util
+import itertools
 import json
 import os
+import socket
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any, TypeVar
@@ -68,6 +71,21 @@ def py_new_keys(cls: type[B], keys: Iterable[bytes]) -> list[B]:
             raise TypeError(f"new_keys: a key must be bytes, got {type(k).__name__}")
         out.append(bytes.__new__(cls, k))
     return out
+
+
+def py_new_ipv4_keys(
+    cls: type[B], prefix: bytes, texts: Iterable[Any], suffix: bytes
+) -> tuple[list[B], bool] | None:
+    """``[bytes.__new__(cls, prefix + socket.inet_pton(AF_INET, t) + suffix) for t in
+    texts]`` (keys holding IPv4 addresses, as `statedb.keys` lays them out in a longer
+    key) and whether they are in strictly increasing order (so distinct); None when a
+    text is not one that ``inet_pton`` takes (not a string, or not a dotted quad)."""
+    pton, af_inet = socket.inet_pton, socket.AF_INET
+    try:
+        keys = [bytes.__new__(cls, prefix + pton(af_inet, t) + suffix) for t in texts]
+    except (OSError, ValueError, TypeError):
+        return None
+    return keys, all(a < b for a, b in itertools.pairwise(keys))
 
 
 def _check_slots(cls: type, slot_a: Any, slot_b: Any) -> None:
@@ -133,6 +151,9 @@ COMPILED: bool = _compiled is not None
 #: Compiled when current, else the Python equivalent.
 new_rows: Callable[..., list[Any]] = _compiled.new_rows if COMPILED else py_new_rows
 new_keys: Callable[..., list[Any]] = _compiled.new_keys if COMPILED else py_new_keys
+new_ipv4_keys: Callable[..., tuple[list[Any], bool] | None] = (
+    _compiled.new_ipv4_keys if COMPILED else py_new_ipv4_keys
+)
 #: ``row_builder(cls, slots, name)``: a C callable ``name(v1, ..., vn)`` that builds a
 #: ``cls`` with the member descriptors ``slots`` set to the values (positional only, as
 #: many as slots); for `statedb.rows.slot_builder`. None when not compiled.

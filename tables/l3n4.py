@@ -406,10 +406,39 @@ def addrs_of_keys(keys: list[bytes]) -> list[L3n4Addr]:
     return list(map(_bytes_new, _L3N4ADDRS, keys))
 
 
+def addrs_of_ipv4(
+    prefix: bytes, texts: list[Any], suffix: bytes
+) -> tuple[list[L3n4Addr], bool] | None:
+    """``addrs_of_keys([prefix + inet_pton(AF_INET, t) + suffix for t in texts])``: the
+    addresses of IPv4 texts between a key's first bytes (`V4_KEY_PREFIX`) and its last
+    (`addr_key_suffix`), in one call, and whether they are in increasing order (so
+    distinct); None when a text is not one ``socket.inet_pton`` takes as IPv4 (a dotted
+    quad string). Compiled by `statedb.rowbuild`, when built:
+    about a quarter of the cost of parsing, joining and copying each."""
+    if _COMPILED:
+        return _new_ipv4_keys(L3n4Addr, prefix, texts, suffix)
+    pton, af_inet = socket.inet_pton, socket.AF_INET
+    keys: list[bytes] = []
+    add = keys.append  # (a loop: a comprehension would make a function and cells per call)
+    last = b""
+    increasing = True
+    try:
+        for t in texts:
+            k = prefix + pton(af_inet, t) + suffix
+            if k <= last:
+                increasing = False
+            last = k
+            add(k)
+    except (OSError, ValueError, TypeError):
+        return None
+    return list(map(_bytes_new, _L3N4ADDRS, keys)), increasing
+
+
 #: ``L3n4Addr`` without end, for `addrs_of_keys`' map (stateless: one for every call).
 _L3N4ADDRS = repeat(L3n4Addr)
 _COMPILED = rowbuild.COMPILED
 _new_keys = rowbuild.new_keys
+_new_ipv4_keys = rowbuild.new_ipv4_keys
 
 
 def encode_addr_key(value: Any) -> bytes:

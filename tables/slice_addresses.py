@@ -21,13 +21,13 @@ and they are alive anyway until the batch is written.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 #: What `remember` was given while `holding`: id of an ``endpoints`` list -> (the list,
 #: its keys, the offset of the address in each key). Empty otherwise: a caller may test
 #: it before calling `packed` (the same dict always; cleared, never replaced).
-HELD: dict[int, tuple[list[Any], list[bytes], int]] = {}
+HELD: dict[int, tuple[list[Any], Sequence[bytes], int]] = {}
 _holding = False
 
 
@@ -46,7 +46,7 @@ def holding() -> Iterator[None]:
         HELD.clear()
 
 
-def remember(endpoints: list[Any], keys: list[bytes], offset: int) -> None:
+def remember(endpoints: list[Any], keys: Sequence[bytes], offset: int) -> None:
     """Say that each endpoint of ``endpoints`` (an EndpointSlice's list, not changed
     afterwards) has exactly one address, an IPv4 one whose 4 bytes (``inet_pton``) are
     ``keys[i][offset:offset + 4]`` for endpoint i. Kept only while `holding`."""

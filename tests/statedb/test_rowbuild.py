@@ -206,3 +206,26 @@ def test_compiled_row_builder_checks_its_slots_and_arguments() -> None:
             make(Pair, slots, "bad")
     with pytest.raises(TypeError):
         make(Other, (LEFT,), "other")
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    texts=st.lists(
+        st.integers(0, 2**32 - 1).map(lambda i: ".".join(str(b) for b in i.to_bytes(4, "big")))
+        | st.text(alphabet="0123456789.x\0", max_size=16)
+        | st.sampled_from([None, b"1.2.3.4", "\udc80", "1.2.3.4"]),
+        max_size=8,
+    ),
+    prefix=st.binary(max_size=12),
+    suffix=st.binary(max_size=5),
+)
+def test_compiled_ipv4_keys_are_the_pythons(
+    texts: list[Any], prefix: bytes, suffix: bytes
+) -> None:
+    want = rowbuild.py_new_ipv4_keys(Key, prefix, texts, suffix)
+    got = rowbuild.new_ipv4_keys(Key, prefix, texts, suffix)
+    assert got == want
+    if got is not None:
+        keys, _ = got
+        assert [type(k) for k in keys] == [Key] * len(texts)
+        assert [hash(k) for k in keys] == [hash(bytes(k)) for k in keys]
