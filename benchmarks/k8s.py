@@ -161,6 +161,7 @@ from reconciler.status import StatusKind
 from sources import k8s_json, native
 from sources.k8s_client import ClientSettings, K8sClient
 from sources.k8s_source import K8sSource
+from statedb import rowbuild
 from statedb.gc_tuning import (
     STEADY_GC_THRESHOLDS,
     YOUNG_COLLECT_INTERVAL,
@@ -340,6 +341,8 @@ async def run(
     result: dict[str, Any] = {"services": n, "backends_per_service": BACKENDS_PER_SERVICE}
     # Which Kubernetes converter ran: compiled (mypyc) or its source (sources/native.py).
     result["converter"] = native.describe()
+    # Which row builder ran: compiled (statedb/_rowbuild.c) or Python (statedb/rowbuild.py).
+    result["row_builder"] = rowbuild.WHY
     ctx = multiprocessing.get_context("spawn")
     parent, child = ctx.Pipe()
     with tempfile.TemporaryDirectory(prefix=f"statewright-k8s-bench-{os.getpid()}-") as tmp:

@@ -49,6 +49,7 @@ import anyio.abc
 
 from bpf.pinning import PinDirLockedError, PinDirLockError, lock_pin_dir
 from sources import native
+from statedb import rowbuild
 from statewright.agent.components.api import ApiComponent, ApiConfig
 from statewright.agent.components.conntrack import CTComponent, CTConfig
 from statewright.agent.components.debug import DebugComponent
@@ -212,6 +213,7 @@ class Agent:
                 self.ready = True
                 log.info("agent: started; health %s", self.hive.overall())
                 log.info("agent: Kubernetes converter %s", native.describe())
+                log.info("agent: row builder %s", rowbuild.WHY)
                 task_status.started()
                 await stop_requested.wait()
                 log.info("agent: stopping")

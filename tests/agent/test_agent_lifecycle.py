@@ -422,3 +422,17 @@ def test_the_startup_log_names_the_kubernetes_converter(tmp_path: Path) -> None:
     compiled = native.current_build(native.repo_root())[0] is not None
     kind = "compiled" if compiled and not native.pure_forced() else "pure"
     assert f"agent: Kubernetes converter {kind}: " in log
+
+
+def test_the_startup_log_names_the_row_builder(tmp_path: Path) -> None:
+    """The compiled row builder (statedb/_rowbuild.c) where its current build is there
+    (and STATEWRIGHT_PURE_PYTHON is not set), else the Python one; the log says which."""
+    from sources import native
+    from statedb import rowbuild
+
+    with running_agent(tmp_path) as agent:
+        assert stop_agent(agent.proc) == 0
+        log = agent.logs()
+    current = rowbuild.current_extension(Path(rowbuild.__file__).resolve().parent.parent)[0]
+    kind = "compiled" if current is not None and not native.pure_forced() else "pure"
+    assert f"agent: row builder {kind}: " in log
