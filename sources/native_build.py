@@ -27,6 +27,7 @@ import sysconfig
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 from sources import native
 from statedb import rowbuild
@@ -113,31 +114,38 @@ def compile_extension(root: Path, scratch: Path, quiet: bool) -> list[Path]:
     mypyc makes two: the module itself (a shim) and its code, ``<module>__mypyc``.
     """
     from mypyc.build import mypycify
-    from setuptools import setup
 
     source = module_file(root, native.MODULE)
     assert source is not None, native.MODULE
     lib = scratch / "lib"
     with _cwd(str(scratch)):
         extensions = mypycify([str(source)], opt_level="3", target_dir=str(scratch / "c"))
-        setup(
-            name="statewright-native",
-            ext_modules=extensions,
-            script_args=[
-                *(["-q"] if quiet else []),
-                "build_ext",
-                "--build-lib",
-                str(lib),
-                "--build-temp",
-                str(scratch / "temp"),
-            ],
-        )
+        _build_ext("statewright-native", extensions, scratch, quiet)
     package = native.MODULE.rsplit(".", 1)[0]
     built = sorted(path for path in lib.rglob("*") if path.is_file())
     outside = [path for path in built if path.parent != lib / package.replace(".", "/")]
     if not built or outside:
         raise RuntimeError(f"mypyc built {built}: expected extension modules of {package} only")
     return built
+
+
+def _build_ext(name: str, extensions: list[Any], scratch: Path, quiet: bool) -> None:
+    """setuptools' ``build_ext`` of ``extensions`` (run inside `scratch`): the modules go
+    to ``scratch/lib``, the objects to ``scratch/temp``."""
+    from setuptools import setup
+
+    setup(
+        name=name,
+        ext_modules=extensions,
+        script_args=[
+            *(["-q"] if quiet else []),
+            "build_ext",
+            "--build-lib",
+            str(scratch / "lib"),
+            "--build-temp",
+            str(scratch / "temp"),
+        ],
+    )
 
 
 def install(root: Path, extensions: list[Path], files: list[str], digest: str) -> None:
@@ -178,23 +186,12 @@ def build(root: Path, force: bool = False, quiet: bool = True) -> str:
 def compile_row_builder(root: Path, scratch: Path, quiet: bool) -> Path:
     """Compiles ``statedb/_rowbuild.c`` (`statedb.rowbuild`'s helper) in `scratch`;
     returns the extension module's path."""
-    from setuptools import Extension, setup
+    from setuptools import Extension
 
     lib = scratch / "lib"
     extension = Extension(rowbuild.MODULE, [str(root / rowbuild.SOURCE)])
     with _cwd(str(scratch)):
-        setup(
-            name="statewright-rowbuild",
-            ext_modules=[extension],
-            script_args=[
-                *(["-q"] if quiet else []),
-                "build_ext",
-                "--build-lib",
-                str(lib),
-                "--build-temp",
-                str(scratch / "temp"),
-            ],
-        )
+        _build_ext("statewright-rowbuild", [extension], scratch, quiet)
     built = sorted(path for path in lib.rglob("*") if path.is_file())
     if len(built) != 1:
         raise RuntimeError(f"setuptools built {built}: expected one extension module")
