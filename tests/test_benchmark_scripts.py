@@ -17,6 +17,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.procs import descendants
+
 BENCHMARKS = Path(__file__).resolve().parent.parent / "benchmarks"
 SCRIPTS = sorted(p.name for p in BENCHMARKS.glob("*.py") if p.name != "__init__.py")
 
@@ -59,14 +61,6 @@ def test_soak_tiny_run_prints_every_key() -> None:
         assert {"where", "size_kb_diff", "count_diff"} <= set(row)
 
 
-def _children(pid: int) -> list[int]:
-    out: list[int] = []
-    for task in Path(f"/proc/{pid}/task").iterdir():
-        text = (task / "children").read_text().split()
-        out.extend(int(c) for c in text)
-    return out
-
-
 @pytest.mark.kernel
 def test_soak_stopped_by_sigterm_removes_what_it_started() -> None:
     """A soak ended by SIGTERM (``timeout``, ``kill``) stops its agent and fake server and
@@ -85,7 +79,7 @@ def test_soak_stopped_by_sigterm_removes_what_it_started() -> None:
             assert proc.poll() is None, proc.stderr.read() if proc.stderr else ""
             assert time.monotonic() < deadline, "the soak's agent never pinned its maps"
             time.sleep(0.2)
-        started = _descendants(proc.pid)
+        started = descendants(proc.pid)
         assert len(started) >= 2  # the fake server and the agent
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=90) == 128 + signal.SIGTERM
@@ -102,16 +96,6 @@ def test_soak_stopped_by_sigterm_removes_what_it_started() -> None:
             time.sleep(0.1)
     assert not pin_dir.exists()
     assert not list(Path(tempfile.gettempdir()).glob(f"statewright-soak-{proc.pid}-*"))
-
-
-def _descendants(pid: int) -> list[int]:
-    found: list[int] = []
-    todo = [pid]
-    while todo:
-        for child in _children(todo.pop()):
-            found.append(child)
-            todo.append(child)
-    return found
 
 
 def _zombie(pid: int) -> bool:

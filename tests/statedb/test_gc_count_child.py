@@ -20,6 +20,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.procs import children
+
 ROOT = Path(__file__).resolve().parents[2]
 
 #: Prints the parent's pid, then counts with a child whose full collection takes a minute.
@@ -33,14 +35,6 @@ gc_tuning.count_frozen_garbage(timeout=120)
 """
 
 
-def _children(pid: int) -> list[int]:
-    out: list[int] = []
-    for task in os.listdir(f"/proc/{pid}/task"):
-        text = Path(f"/proc/{pid}/task/{task}/children").read_text()
-        out += [int(c) for c in text.split()]
-    return out
-
-
 @contextmanager
 def _slow_counting_child() -> Iterator[tuple[subprocess.Popen[str], int]]:
     """A process counting with a child whose collection takes a minute: (it, the child);
@@ -51,7 +45,7 @@ def _slow_counting_child() -> Iterator[tuple[subprocess.Popen[str], int]]:
     try:
         assert proc.stdout is not None and proc.stdout.readline() == "counting\n"
         deadline = time.monotonic() + 30
-        while not (kids := _children(proc.pid)):
+        while not (kids := children(proc.pid)):
             assert time.monotonic() < deadline, "no counting child"
             time.sleep(0.01)
         child = kids[0]
