@@ -21,6 +21,7 @@ and they are alive anyway until the batch is written.
 from __future__ import annotations
 
 import contextlib
+import struct
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -49,7 +50,8 @@ def holding() -> Iterator[None]:
 def remember(endpoints: list[Any], keys: Sequence[bytes], offset: int) -> None:
     """Say that each endpoint of ``endpoints`` (an EndpointSlice's list, not changed
     afterwards) has exactly one address, an IPv4 one whose 4 bytes (``inet_pton``) are
-    ``keys[i][offset:offset + 4]`` for endpoint i. Kept only while `holding`."""
+    ``keys[i][offset:offset + 4]`` for endpoint i; the keys are all of one length (the
+    converter's: one prefix, the address, one suffix). Kept only while `holding`."""
     if _holding:
         HELD[id(endpoints)] = (endpoints, keys, offset)
 
@@ -61,5 +63,22 @@ def packed(endpoints: Any) -> bytes | None:
     if entry is None or entry[0] is not endpoints or not entry[1]:
         return None
     _, keys, start = entry
-    end = start + 4
-    return b"".join([k[start:end] for k in keys])
+    # The keys joined, and every key's 4 bytes taken out of that in one unpack: a
+    # fifth of the instructions of slicing each key.
+    return b"".join(_picker(len(keys), start, len(keys[0])).unpack(b"".join(keys)))
+
+
+#: (keys, offset, key length) -> the `struct.Struct` that unpacks the 4 bytes at the
+#: offset of each of that many keys of that length, joined.
+_PICKERS: dict[tuple[int, int, int], struct.Struct] = {}
+_PICKERS_MAX = 256
+
+
+def _picker(n: int, offset: int, length: int) -> struct.Struct:
+    found = _PICKERS.get((n, offset, length))
+    if found is None:
+        if len(_PICKERS) >= _PICKERS_MAX:
+            _PICKERS.clear()  # slices of many sizes: only costs making them again
+        one = f"{offset}x4s{length - offset - 4}x"
+        found = _PICKERS[(n, offset, length)] = struct.Struct(one * n)
+    return found
