@@ -409,6 +409,9 @@ def reconciler_config(
         "retry_min_backoff": cfg.retry_backoff_min,
         "retry_max_backoff": max(cfg.retry_backoff_max, cfg.retry_backoff_min),
         "prune_interval": 1800.0,
+        # A new frontend of the initial sync costs a fraction of a churned one: its chunks
+        # grow (fewer calls, each with its fixed cost per map) within the same time budget.
+        "target_chunk_max": 256,
     }
     settings.update(overrides)
     return Config(

@@ -44,6 +44,16 @@ class Config(Generic[O]):
     #: or that many `Operations` calls); the round yields to the event loop between two
     #: such chunks, so a large round does not hold the loop for its whole length.
     target_chunk_size: int = 16
+    #: When above ``target_chunk_size``, the chunks of a round with `BatchOperations` grow
+    #: while they are cheap, up to this many objects: a chunk that took at most half of
+    #: ``target_chunk_budget`` seconds (by ``clock``) doubles the next one, one that took
+    #: longer than the budget halves it, never below ``target_chunk_size``; each round
+    #: starts at ``target_chunk_size``. For a target whose cost per object varies (the LB
+    #: maps: a new frontend of the initial sync against a churned one): fewer, larger calls
+    #: where objects are cheap, the same bound on a loop turn where they are not. None:
+    #: every chunk is ``target_chunk_size``.
+    target_chunk_max: int | None = None
+    target_chunk_budget: float = 0.005
     rate_limit: RateLimit | None = field(default_factory=RateLimit)
     retry_min_backoff: float = 0.01
     retry_max_backoff: float = 30.0
@@ -84,6 +94,13 @@ class Config(Generic[O]):
             )
         if self.target_chunk_size <= 0:
             problems.append(f"target_chunk_size must be > 0, got {self.target_chunk_size}")
+        if self.target_chunk_max is not None and self.target_chunk_max < self.target_chunk_size:
+            problems.append(
+                f"target_chunk_max ({self.target_chunk_max}) must be >= target_chunk_size "
+                f"({self.target_chunk_size}) or None"
+            )
+        if self.target_chunk_budget <= 0:
+            problems.append(f"target_chunk_budget must be > 0, got {self.target_chunk_budget}")
         if self.retry_min_backoff <= 0:
             problems.append(f"retry_min_backoff must be > 0, got {self.retry_min_backoff}")
         if self.retry_max_backoff < self.retry_min_backoff:

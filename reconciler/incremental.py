@@ -353,18 +353,26 @@ class Incremental(Generic[O]):
         yielding to the event loop between chunks; a chunk whose call raises gets the error
         on every entry the call left without a result. Given the round's ``updates``
         (``entries[i]`` is ``updates.work[i]``), the rows a writer replaced during a yield
-        are left out of the chunks after it (`_superseded`)."""
-        chunk = self.config.target_chunk_size
+        are left out of the chunks after it (`_superseded`). With ``Config.target_chunk_max``
+        the chunks grow while they are cheap (`next_chunk_size`)."""
+        cfg = self.config
+        size = low = cfg.target_chunk_size
+        high = cfg.target_chunk_max or low
+        now = cfg.clock.now
         base = self.table.revision(txn)
-        for lo in range(0, len(entries), chunk):
-            part = entries[lo : lo + chunk]
+        lo, count = 0, len(entries)
+        while lo < count:
+            hi = lo + size
+            part = entries[lo:hi]
             if lo:
                 await anyio.lowlevel.checkpoint()
-                if updates is not None and self._superseded(updates, lo, lo + chunk, base):
+                if updates is not None and self._superseded(updates, lo, hi, base):
                     skipped = updates.skipped
                     part = [e for i, e in enumerate(part, lo) if i not in skipped]
-                    if not part:
-                        continue
+            lo = hi
+            if not part:
+                continue
+            start = now() if high > low else 0.0
             try:
                 await settle(call(txn, part))
             except Exception as exc:
@@ -372,6 +380,8 @@ class Incremental(Generic[O]):
                 for e in part:
                     if e.result is None:
                         e.result = exc
+            if high > low:
+                size = next_chunk_size(size, now() - start, low, high, cfg.target_chunk_budget)
 
     def _superseded(self, updates: Updates[O], lo: int, hi: int, base: int) -> bool:
         """Add to ``updates.skipped`` the change-stream rows among ``work[lo:hi]`` that a
@@ -618,6 +628,17 @@ class Incremental(Generic[O]):
             return False
         table.insert(wtxn, self.config.set_object_status(cur[0], status))
         return True
+
+
+def next_chunk_size(size: int, took: float, low: int, high: int, budget: float) -> int:
+    """The size of a round's next chunk after one of ``size`` objects took ``took`` seconds
+    (see ``Config.target_chunk_max``): doubled while a chunk takes at most half of
+    ``budget``, halved once one takes more, within [``low``, ``high``]."""
+    if took * 2 <= budget:
+        return min(size * 2, high)
+    if took > budget:
+        return max(size // 2, low)
+    return size
 
 
 __all__ = ["Incremental", "RetryItem", "Updates", "error_text"]

@@ -25,6 +25,8 @@ from reconciler import (
     status_pending,
     status_set_accessors,
 )
+from reconciler.clock import SystemClock
+from reconciler.incremental import next_chunk_size
 from statedb import DB, Index, ReadTxn, Table, keys
 from tests.reconciler.helpers import (
     Harness,
@@ -117,6 +119,68 @@ class ChunkRecordingOps(MockBatchOps):
     def delete_batch(self, txn: ReadTxn, batch: list[BatchEntry[TestObject]]) -> None:
         self.calls.append(([-e.obj.id for e in batch], -1, self.ticks))
         super().delete_batch(txn, batch)
+
+
+class SteppedClock(SystemClock):
+    """The real clock plus ``offset`` seconds, which a target moves to stand for its cost."""
+
+    def __init__(self) -> None:
+        self.offset = 0.0
+
+    def now(self) -> float:
+        return super().now() + self.offset
+
+
+class CostlyBatchOps(MockBatchOps):
+    """Records the size of each update_batch call and moves ``clock`` on by ``cost``
+    seconds per object in it."""
+
+    def __init__(self, clock: SteppedClock) -> None:
+        super().__init__()
+        self.clock = clock
+        self.cost = 0.0
+        self.sizes: list[int] = []
+
+    def update_batch(self, txn: ReadTxn, batch: list[BatchEntry[TestObject]]) -> None:
+        self.sizes.append(len(batch))
+        self.clock.offset += self.cost * len(batch)
+        super().update_batch(txn, batch)
+
+
+def test_chunks_grow_while_cheap_within_the_budget() -> None:
+    """With target_chunk_max, a round's chunks double while one takes at most half the
+    budget, stay once one takes more (up to the budget), and every round starts again at
+    target_chunk_size; all objects are still applied once."""
+    clock = SteppedClock()
+    ops = CostlyBatchOps(clock)
+    with Harness(
+        ops=ops, batch=True, clock=clock, target_chunk_size=2, target_chunk_max=8,
+        target_chunk_budget=1.0,
+    ) as h:
+        with h.db.write_txn(h.table) as w:
+            for i in range(1, 23):
+                h.table.insert(w, TestObject(i))
+        h.expect_table({i: DONE for i in range(1, 23)})
+        assert ops.sizes == [2, 4, 8, 8]
+        ops.sizes.clear()
+        ops.cost = 0.2  # a chunk of 2 takes 0.4 s (doubles), one of 4 takes 0.8 s (stays)
+        with h.db.write_txn(h.table) as w:
+            for i in range(23, 33):
+                h.table.insert(w, TestObject(i))
+        h.expect_table({i: DONE for i in range(1, 33)})
+        assert ops.sizes == [2, 4, 4]
+
+
+def test_next_chunk_size_doubles_holds_and_halves_within_bounds() -> None:
+    """`next_chunk_size`: at most half the budget doubles (to the maximum), more than the
+    budget halves (to the minimum), in between keeps the size."""
+    assert next_chunk_size(16, 0.002, 16, 256, 0.005) == 32
+    assert next_chunk_size(128, 0.0025, 16, 256, 0.005) == 256
+    assert next_chunk_size(256, 0.0, 16, 256, 0.005) == 256
+    assert next_chunk_size(64, 0.004, 16, 256, 0.005) == 64
+    assert next_chunk_size(64, 0.005, 16, 256, 0.005) == 64
+    assert next_chunk_size(64, 0.006, 16, 256, 0.005) == 32
+    assert next_chunk_size(16, 0.1, 16, 256, 0.005) == 16
 
 
 @pytest.mark.parametrize("backend", ["asyncio", "trio"])
@@ -390,6 +454,14 @@ def test_config_validation_names_the_problem() -> None:
                               incremental_round_size=0))
     with pytest.raises(ValueError, match="target_chunk_size must be > 0"):
         Reconciler(db, Config(table, MockOps(), get_status, set_status, target_chunk_size=0))
+    with pytest.raises(ValueError, match="target_chunk_max"):
+        Reconciler(
+            db,
+            Config(table, MockOps(), get_status, set_status, target_chunk_size=8,
+                   target_chunk_max=4),
+        )
+    with pytest.raises(ValueError, match="target_chunk_budget must be > 0"):
+        Reconciler(db, Config(table, MockOps(), get_status, set_status, target_chunk_budget=0))
     with pytest.raises(ValueError, match="retry_max_backoff"):
         Reconciler(db, Config(table, MockOps(), get_status, set_status,
                               retry_min_backoff=2.0, retry_max_backoff=1.0))
