@@ -27,6 +27,9 @@ from hypothesis import strategies as st
 
 from statedb import DB, Index, ReadTxn, Table, WriteTxn, keys, ordered
 
+#: Collections traverse only what the test made (tests/statedb/conftest.py).
+pytestmark = pytest.mark.usefixtures("frozen_heap")
+
 IDS = range(4)
 VALUES = range(3)
 

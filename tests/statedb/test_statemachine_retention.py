@@ -34,6 +34,10 @@ from tests.statedb.test_statemachine import (
     machine_settings,
 )
 
+#: Collections traverse only what the test made (tests/statedb/conftest.py); each example
+#: freezes what the examples before it left (`HeldSnapshotMachine.__init__`).
+pytestmark = pytest.mark.usefixtures("frozen_heap")
+
 #: Snapshots the machine holds at most beside the base machine's kept ones.
 MAX_HELD = 3
 
@@ -42,6 +46,10 @@ class HeldSnapshotMachine(StateDBMachine):
     """`StateDBMachine` plus long-held snapshots, dropped at random, and tiny retention steps."""
 
     def __init__(self) -> None:
+        # What exists before this example (hypothesis's record of the examples run so far:
+        # 150,000 objects by the last ones) is frozen, so the collection of `teardown`
+        # traverses only what this example made; `frozen_heap` unfreezes after the test.
+        gc.freeze()
         super().__init__()
         self.held: list[tuple[ReadTxn, Model]] = []
         self.patches = pytest.MonkeyPatch()
