@@ -89,8 +89,8 @@ lint: setup
 PURE_TESTS := tests/sources tests/test_sync_phases.py tests/statedb/test_rows.py \
 	tests/statedb/test_rowbuild.py tests/tables/test_addrs_of_keys.py
 pytest: setup
-	$(PY) -m pytest -q
-	STATEWRIGHT_PURE_PYTHON=1 $(PY) -m pytest -q $(PURE_TESTS)
+	$(PY) -m pytest -q --durations=15
+	STATEWRIGHT_PURE_PYTHON=1 $(PY) -m pytest -q --durations=5 $(PURE_TESTS)
 
 test: lint pytest
 
