@@ -701,15 +701,20 @@ def soak(args: argparse.Namespace) -> dict[str, Any]:
             out["rss_mb_after_sync"] = round(_agent_rss_mb(run.agent.pid), 1)
             out.update(_churn_phase(args, run, reader, parent))
         finally:
-            with contextlib.suppress(Exception):
-                parent.send(("stop",))
-            server.join(timeout=30)
-            if server.is_alive():
-                server.kill()
-                server.join()
+            # The agent before the API server it lists from: SIGTERM during the agent's
+            # start (a soak stopped early) is acted on once the start is done, which
+            # with the server gone waits out the retries (10 s).
             if reader is not None:
                 reader.close()
-            run.stop_agent()
+            try:
+                run.stop_agent()
+            finally:
+                with contextlib.suppress(Exception):
+                    parent.send(("stop",))
+                server.join(timeout=30)
+                if server.is_alive():
+                    server.kill()
+                    server.join()
     return out
 
 
