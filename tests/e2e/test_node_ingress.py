@@ -20,6 +20,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -121,6 +122,13 @@ def _blocked(client: Client, host: str, port: int = BACKEND_PORT) -> bool:
     return "id" not in result and "timed out" in str(result.get("error", ""))
 
 
+def _concurrently(*checks: Callable[[], bool]) -> list[bool]:
+    """The results of ``checks``, run at the same time: each a connection from a pod's
+    client of its own (a dropped SYN is a 3 s timeout; three in turn took 9 s)."""
+    with ThreadPoolExecutor(len(checks)) as pool:
+        return list(pool.map(lambda check: check(), checks))
+
+
 def _ping(pod_netns: str, host: str) -> bool:
     """One ICMP echo from a pod's namespace answered (flow_probe.py ping)."""
     cmd = ["ip", "netns", "exec", pod_netns, sys.executable, PROBE, "ping", host]
@@ -155,7 +163,8 @@ def test_ingress_policy_ct_and_restart(node: NodeEnv) -> None:
     # the server's own outgoing flows (and their replies) keep working
     since = node.write(POLICY, ingress_policy(None))
     timings["default_deny_s"] = _wait(node, "default deny", lambda: _blocked(client, s4), since)
-    assert _blocked(client, s6) and _blocked(other, s4) and _blocked(client2, s4)
+    assert _concurrently(lambda: _blocked(client, s6), lambda: _blocked(other, s4),
+                         lambda: _blocked(client2, s4)) == [True, True, True]
     for conn in established:
         assert flows.ping(conn) == {"ok": True}
     assert _served(server_out, c4)
@@ -169,9 +178,11 @@ def test_ingress_policy_ct_and_restart(node: NodeEnv) -> None:
     since = node.write(POLICY, ingress_policy(ALLOW_CLIENTS))
     timings["allow_s"] = _wait(node, "allow rule", lambda: _served(client, s4), since)
     assert _served(client, s6)
-    assert _blocked(other, s4)         # another label
-    assert _blocked(client2, s4)       # the label, another namespace
-    assert _blocked(client, s4, ECHO_PORT)  # another port
+    assert _concurrently(
+        lambda: _blocked(other, s4),              # another label
+        lambda: _blocked(client2, s4),            # the label, another namespace
+        lambda: _blocked(client, s4, ECHO_PORT),  # another port
+    ) == [True, True, True]
 
     # the agent SIGKILLed: pinned links and CT keep established flows and the policy;
     # restarted, it adopts them and new flows work again
