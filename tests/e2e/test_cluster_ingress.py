@@ -58,13 +58,15 @@ def cluster() -> Iterator[ClusterEnv]:
 
 
 def _result(env: ClusterEnv, node: int, pod: str, host: str) -> dict[str, Any]:
-    n = env.node(node)
-    clients = _CLIENTS.setdefault((id(env), pod), n.client_in(n.pods[pod]))
-    result: dict[str, Any] = clients.tcp(host, BACKEND_PORT)[0]
+    key = (id(env), node, pod)
+    if key not in _CLIENTS:  # one client process per pod, started at its first check
+        n = env.node(node)
+        _CLIENTS[key] = n.client_in(n.pods[pod])
+    result: dict[str, Any] = _CLIENTS[key].tcp(host, BACKEND_PORT)[0]
     return result
 
 
-_CLIENTS: dict[tuple[int, str], Any] = {}
+_CLIENTS: dict[tuple[int, int, str], Any] = {}
 
 
 def _served(env: ClusterEnv, node: int, pod: str, host: str) -> bool:
