@@ -21,6 +21,7 @@ from __future__ import annotations
 import enum
 import time
 from dataclasses import dataclass, field
+from operator import attrgetter
 from typing import Any
 
 from reconciler.status import Status, StatusKind, status_pending
@@ -298,14 +299,16 @@ def _human_duration(seconds: float) -> str:
     return f"{h // 24}d"
 
 
-#: Primary index: the frontend address (``ip:port/PROTO[/i]``).
+#: Primary index: the frontend address (``ip:port/PROTO[/i]``). The keys are read by
+#: C-level attribute getters: every write reads its row's key, and a status write (the
+#: reconciler's compare-and-swap) two rows'.
 frontend_address_index: Index[Frontend, Any] = Index(
-    "address", key=lambda f: f.address, encode=encode_addr_key, parse=parse_addr_key
+    "address", key=attrgetter("address"), encode=encode_addr_key, parse=parse_addr_key
 )
 
 #: Secondary index: the service name.
 frontend_service_index: Index[Frontend, str] = Index(
-    "service", key=lambda f: f.service_name, encode=keycodec.string, unique=False
+    "service", key=attrgetter("service_name"), encode=keycodec.string, unique=False
 )
 
 

@@ -423,8 +423,9 @@ def parse_cidr(text: str) -> IPNetwork:
         raise ValueError(f"invalid CIDR {text!r}") from None
 
 
-#: Primary index: the service name (prefix queries by namespace work: ``foo/``).
-service_name_index: Index[Service, str] = Index("name", key=lambda s: s.name)
+#: Primary index: the service name (prefix queries by namespace work: ``foo/``), read by
+#: a C-level attribute getter (every write of a row reads its key).
+service_name_index: Index[Service, str] = Index("name", key=operator.attrgetter("name"))
 
 
 def new_services_table() -> Table[Service]:
