@@ -401,6 +401,10 @@ def bulk_writes(
     return w
 
 
+#: The orphans of a frontend that has none (shared: `PendingFrontend.orphans` is read only).
+_NO_ORPHANS: tuple[tuple[Addr, int], ...] = ()
+
+
 class PendingFrontend:
     """One frontend between its prepared writes and its master: what the later steps need."""
 
@@ -434,8 +438,8 @@ class PendingFrontend:
         self.master_key: bytes | None = None
         #: Backends the frontend dropped that no one else references (address and id),
         #: left in the backends map until its master no longer counts them (see
-        #: `RoundWriter.write`).
-        self.orphans: list[tuple[Addr, int]] = []
+        #: `RoundWriter.write`); read only.
+        self.orphans: Sequence[tuple[Addr, int]] = _NO_ORPHANS
 
 
 def new_pending(
@@ -462,7 +466,7 @@ def new_pending(
     p.active = active
     p.inactive = inactive
     p.master_flags = master_flags
-    p.orphans = orphans if orphans else []
+    p.orphans = orphans if orphans else _NO_ORPHANS
     p.head = head
     p.master_key = master_key
     return p
