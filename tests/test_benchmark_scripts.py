@@ -7,7 +7,10 @@ root first. ``--help`` imports everything the script imports and runs nothing.
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -73,20 +76,33 @@ def test_soak_stopped_by_sigterm_removes_what_it_started() -> None:
     pin_dir = Path(f"/sys/fs/bpf/statewright-soak-{proc.pid}")
     started: list[int] = []
     try:
-        deadline = time.monotonic() + 120
-        # Until the agent pinned its maps: every process of the run is up.
-        while not (pin_dir / "lb4_backends").exists():
-            assert proc.poll() is None, proc.stderr.read() if proc.stderr else ""
-            assert time.monotonic() < deadline, "the soak's agent never pinned its maps"
-            time.sleep(0.2)
-        started = descendants(proc.pid)
-        assert len(started) >= 2  # the fake server and the agent
-        proc.send_signal(signal.SIGTERM)
-        assert proc.wait(timeout=90) == 128 + signal.SIGTERM
+        try:
+            deadline = time.monotonic() + 120
+            # Until the agent pinned its maps: every process of the run is up.
+            while not (pin_dir / "lb4_backends").exists():
+                assert proc.poll() is None, proc.stderr.read() if proc.stderr else ""
+                assert time.monotonic() < deadline, "the soak's agent never pinned its maps"
+                time.sleep(0.2)
+            started = descendants(proc.pid)
+            assert len(started) >= 2  # the fake server and the agent
+            proc.send_signal(signal.SIGTERM)
+            assert proc.wait(timeout=90) == 128 + signal.SIGTERM
+        finally:
+            if proc.poll() is None:
+                started = started or descendants(proc.pid)
+                proc.kill()
+                proc.wait()
+        _assert_soak_left_nothing(proc.pid, started, pin_dir)
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+        _remove_soak_leftovers(proc.pid, started, pin_dir)
+
+
+def _soak_temp_dirs(soak_pid: int) -> list[Path]:
+    return list(Path(tempfile.gettempdir()).glob(f"statewright-soak-{soak_pid}-*"))
+
+
+def _assert_soak_left_nothing(soak_pid: int, started: list[int], pin_dir: Path) -> None:
+    """No process the soak started is left, nor its pinned maps or temporary directory."""
     # multiprocessing's resource tracker leaves by itself once its parent is gone (it reads
     # EOF): give every process a few seconds, then none may be left.
     deadline = time.monotonic() + 15
@@ -95,7 +111,19 @@ def test_soak_stopped_by_sigterm_removes_what_it_started() -> None:
             assert time.monotonic() < deadline, f"process {pid} left running"
             time.sleep(0.1)
     assert not pin_dir.exists()
-    assert not list(Path(tempfile.gettempdir()).glob(f"statewright-soak-{proc.pid}-*"))
+    assert not _soak_temp_dirs(soak_pid)
+
+
+def _remove_soak_leftovers(soak_pid: int, started: list[int], pin_dir: Path) -> None:
+    """What a failed run left: its processes (by PID, those the soak started), its pinned
+    maps and its temporary directories. Nothing when the run cleaned up after itself."""
+    for pid in started:
+        if Path(f"/proc/{pid}").exists() and not _zombie(pid):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+    shutil.rmtree(pin_dir, ignore_errors=True)
+    for path in _soak_temp_dirs(soak_pid):
+        shutil.rmtree(path, ignore_errors=True)
 
 
 def _zombie(pid: int) -> bool:
